@@ -1,0 +1,150 @@
+"""Array kinds the library accepts, and the one place that looks inside them.
+
+The hot path calls :func:`signature` per argument: a tuple that fixes everything the
+miss path validated (kind, shape, dtype, strides, device). Conversions between kinds
+are bound into a plan on a miss. NumPy is always present; CuPy and PyTorch are used
+only if the caller already imported them (never imported here on the hot path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+
+from adaptive.errors import InputTypeError
+
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayInfo:
+    """What the miss path knows of one array argument."""
+
+    kind: str            # "numpy" | "cupy" | "torch" | "cuda"  (the last: __cuda_array_interface__)
+    shape: tuple
+    dtype: str           # one of DTYPE_NAMES, or the foreign name when unsupported
+    contiguous: bool
+    device: str          # "cpu" or "cuda:N"
+
+
+def _numpy_sig(a):
+    return (np.ndarray, a.shape, a.dtype, a.strides)
+
+
+def _cupy_sig(a):
+    return (type(a), a.shape, a.dtype, a.strides, a.data.device_id)
+
+
+def _torch_sig(t):
+    return (type(t), tuple(t.shape), t.dtype, t.stride(), t.device)
+
+
+def _cai_sig(a):
+    cai = a.__cuda_array_interface__
+    return (type(a), tuple(cai["shape"]), cai["typestr"], cai.get("strides"))
+
+
+_SIGNATURES = {np.ndarray: _numpy_sig}
+
+
+def _signature_fn(tp):
+    """Find (once per type) how to sign arrays of this type."""
+    module = tp.__module__.split(".")[0]
+    if issubclass(tp, np.ndarray):
+        fn = _numpy_sig
+    elif module == "cupy" or module == "cupy_backends":
+        fn = _cupy_sig
+    elif module == "torch":
+        fn = _torch_sig
+    elif hasattr(tp, "__cuda_array_interface__"):
+        fn = _cai_sig
+    elif hasattr(tp, "signature") and hasattr(tp, "info"):   # SparseWeight and friends
+        fn = tp.signature
+    else:
+        return None
+    _SIGNATURES[tp] = fn
+    return fn
+
+
+def signature(x):
+    """A small hashable tuple fixing kind, shape, dtype, layout and device of ``x``."""
+    fn = _SIGNATURES.get(type(x))
+    if fn is None:
+        fn = _signature_fn(type(x))
+        if fn is None:
+            raise InputTypeError(f"expected an array (NumPy, CuPy, PyTorch tensor or an object "
+                                 f"with __cuda_array_interface__), got {type(x).__name__}")
+    return fn(x)
+
+
+def _torch_dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def info(x) -> ArrayInfo:
+    """Describe an array (miss path only)."""
+    signature(x)  # raises the clear type error for non-arrays
+    if isinstance(x, np.ndarray):
+        return ArrayInfo("numpy", x.shape, x.dtype.name, x.flags.c_contiguous, "cpu")
+    module = type(x).__module__.split(".")[0]
+    if module in ("cupy", "cupy_backends"):
+        return ArrayInfo("cupy", x.shape, x.dtype.name, x.flags.c_contiguous,
+                         f"cuda:{x.data.device_id}")
+    if module == "torch":
+        device = "cpu" if x.device.type == "cpu" else f"cuda:{x.device.index or 0}"
+        return ArrayInfo("torch", tuple(x.shape), _torch_dtype_name(x.dtype), x.is_contiguous(),
+                         device)
+    if hasattr(x, "info") and hasattr(type(x), "signature"):
+        return x.info()
+    cai = x.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"]).name
+    shape = tuple(cai["shape"])
+    strides = cai.get("strides")
+    contiguous = strides is None or tuple(strides) == _c_strides(shape, np.dtype(cai["typestr"]).itemsize)
+    return ArrayInfo("cuda", shape, dtype, contiguous, "cuda:?")
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def to_numpy(x):
+    """A NumPy view (host arrays) or copy (device arrays) of ``x``."""
+    if isinstance(x, np.ndarray):
+        return x
+    module = type(x).__module__.split(".")[0]
+    if module in ("cupy", "cupy_backends"):
+        return x.get()
+    if module == "torch":
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            raise InputTypeError("bfloat16 tensors cannot run on the host backend (NumPy has "
+                                 "no bfloat16); use the cuda backend or convert to float32")
+        return t.numpy()
+    if hasattr(x, "__cuda_array_interface__"):
+        cupy = sys.modules.get("cupy") or __import__("cupy")
+        return cupy.asarray(x).get()
+    raise InputTypeError(f"cannot read a {type(x).__name__} as a NumPy array")
+
+
+def from_numpy(result: np.ndarray, like):
+    """Return ``result`` in the array type of ``like`` (the caller's first array)."""
+    if isinstance(like, np.ndarray):
+        return result
+    module = type(like).__module__.split(".")[0]
+    if module == "torch":
+        torch = sys.modules["torch"]
+        return torch.from_numpy(result).to(like.device)
+    if module in ("cupy", "cupy_backends"):
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(like.data.device_id):
+            return cupy.asarray(result)
+    return result

@@ -1,0 +1,109 @@
+"""The host backend: NumPy/SciPy variants on the CPU; the BLAS thread count is a config.
+
+Thread counts are process-wide in BLAS libraries, so the backend remembers the count it
+last set and only calls into threadpoolctl's controllers when a candidate needs another.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+from adaptive import arrays
+from adaptive.backends.pysource import load_entry
+from adaptive.errors import InputTypeError
+
+_NP_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+
+
+class HostBackend:
+    name = "host"
+    native_kind = "numpy"
+
+    def __init__(self):
+        self.device = "cpu"
+        self._blas = None
+        self._threads = None
+        self._peaks = None
+
+    # ---- device description -----------------------------------------------------------------
+    def limits(self) -> dict:
+        from adaptive import config
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cap = config.get().max_threads
+        return {"cpu_count": min(cpus, cap) if cap else cpus}
+
+    def fingerprint(self) -> dict:
+        return {"backend": "host", "name": platform.processor() or platform.machine(),
+                "cpu_count": self.limits()["cpu_count"], "numpy": np.__version__,
+                "python": sys.version.split()[0]}
+
+    def peaks(self) -> dict:
+        """Measured once per process: float32 BLAS rate and copy bandwidth."""
+        if self._peaks is None:
+            rng = np.random.default_rng(0)
+            a = rng.standard_normal((768, 768), dtype=np.float32)
+            np.matmul(a, a)
+            t = min(_wall(lambda: np.matmul(a, a)) for _ in range(3))
+            flops = 2 * 768**3 / t
+            src = rng.standard_normal(8 << 20).astype(np.float32)
+            dst = np.empty_like(src)
+            bw = min(_wall(lambda: np.copyto(dst, src)) for _ in range(3))
+            self._peaks = {"flops_per_s": {d: flops for d in ("float16", "float32", "float64")},
+                           "bytes_per_s": 2 * src.nbytes / bw}
+        return self._peaks
+
+    # ---- arrays -----------------------------------------------------------------------------
+    def adapter(self, kind: str):
+        if kind == "numpy":
+            return None
+        if kind in ("torch", "cupy", "cuda"):
+            return arrays.to_numpy, arrays.from_numpy
+        raise InputTypeError(f"the host backend cannot take {kind} arrays")
+
+    def empty(self, shape: tuple, dtype: str):
+        return np.empty(shape, _NP_DTYPES[dtype])
+
+    # ---- running ----------------------------------------------------------------------------
+    def set_threads(self, n: int) -> None:
+        if self._blas is None:
+            from threadpoolctl import ThreadpoolController
+            self._blas = ThreadpoolController().select(user_api="blas").lib_controllers
+        for lib in self._blas:
+            lib.set_num_threads(n)
+        self._threads = n
+
+    def prepare(self, candidate, problem, op):
+        fn = load_entry(candidate.variant)
+        config = candidate.config
+        threads = config.pop("threads", None)
+        kwargs = {**config, **problem.params_dict}
+        bound = functools.partial(fn, **kwargs) if kwargs else fn
+        if threads is None:
+            def run(args, out):
+                bound(*args, out=out)
+        else:
+            def run(args, out):
+                if self._threads != threads:
+                    self.set_threads(threads)
+                bound(*args, out=out)
+        return run
+
+    def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            fn(args, out)
+            times.append((time.perf_counter_ns() - t0) / 1e6)
+        return times
+
+
+def _wall(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

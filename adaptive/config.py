@@ -1,0 +1,99 @@
+"""Every ``ADAPTIVE_*`` environment variable, typed, with its default and one line of doc.
+
+Read once into a frozen :class:`Config`; ``with override(field=value):`` swaps it in-process
+(tests, benchmarks). Code reads ``config.get()`` on a miss, never on the hot path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _cache_dir_default() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "adaptive")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    backend: str = dataclasses.field(default="auto", metadata={
+        "env": "ADAPTIVE_BACKEND", "doc": "default backend: auto (cuda if a GPU is present), cuda, host"})
+    variant_path: str = dataclasses.field(default="", metadata={
+        "env": "ADAPTIVE_VARIANT_PATH", "doc": "extra variant folders, ':'-separated"})
+    packs: str = dataclasses.field(default="", metadata={
+        "env": "ADAPTIVE_PACKS", "doc": "variant packs to load at start, ':'-separated"})
+    counter_log: str = dataclasses.field(default="", metadata={
+        "env": "ADAPTIVE_COUNTER_LOG", "doc": "append a counter-log record of launches to this path"})
+    counter_log_every: int = dataclasses.field(default=1, metadata={
+        "env": "ADAPTIVE_COUNTER_LOG_EVERY", "doc": "log every Nth launch"})
+    cache_dir: str = dataclasses.field(default_factory=_cache_dir_default, metadata={
+        "env": "ADAPTIVE_CACHE_DIR", "doc": "content-addressed cache of compiled kernels"})
+    sample_every: int = dataclasses.field(default=64, metadata={
+        "env": "ADAPTIVE_SAMPLE_EVERY", "doc": "time one in N warm launches for feedback (0: never)"})
+    max_threads: int = dataclasses.field(default=0, metadata={
+        "env": "ADAPTIVE_MAX_THREADS", "doc": "host backend: largest thread count tried (0: all cores)"})
+
+
+def _parse(field: dataclasses.Field, text: str):
+    if field.type in ("int", int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{field.metadata['env']}={text!r}: expected an integer") from None
+    return text
+
+
+def from_env(environ: dict | None = None) -> Config:
+    """Build a :class:`Config` from the environment (or the given mapping)."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for field in dataclasses.fields(Config):
+        text = environ.get(field.metadata["env"])
+        if text is not None and text != "":
+            values[field.name] = _parse(field, text)
+    return Config(**values)
+
+
+_lock = threading.Lock()
+_current: Config | None = None
+
+
+def get() -> Config:
+    """The configuration in force (read from the environment on first use)."""
+    global _current
+    if _current is None:
+        with _lock:
+            if _current is None:
+                _current = from_env()
+    return _current
+
+
+@contextlib.contextmanager
+def override(**changes) -> Iterator[Config]:
+    """Temporarily replace fields of the configuration in this process."""
+    global _current
+    names = {f.name for f in dataclasses.fields(Config)}
+    for name in changes:
+        if name not in names:
+            from adaptive.errors import UnknownNameError
+            raise UnknownNameError("config field", name, names)
+    previous = get()
+    _current = dataclasses.replace(previous, **changes)
+    try:
+        yield _current
+    finally:
+        _current = previous
+
+
+def describe() -> str:
+    """One line per environment variable: name, default, doc."""
+    lines = []
+    for field in dataclasses.fields(Config):
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        lines.append(f"{field.metadata['env']:<28} default {default!r:<24} {field.metadata['doc']}")
+    return "\n".join(lines)

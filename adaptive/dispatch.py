@@ -1,0 +1,348 @@
+"""The dispatcher: key → decision cache → plan → run, with sampled feedback.
+
+The hot path (:meth:`Dispatcher.launch`) is one key computation, one dict lookup and
+the plan's run. Everything else — validation, candidate enumeration, the policy,
+compilation, conversion set-up — happens in :meth:`Dispatcher._miss`, under a lock that
+hits never take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+
+from adaptive import arrays, config
+from adaptive.backends import Backend, get_backend
+from adaptive.errors import InputTypeError, InputValueError, NoCandidateError
+from adaptive.ops import OPS, Op, Problem, get_op
+from adaptive.policy import Context, Decision, MeasureEach, Policy
+from adaptive.space import as_config
+from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
+
+log = logging.getLogger("adaptive")
+
+
+@dataclasses.dataclass(eq=False)
+class Plan:
+    """A candidate bound to one key: its prepared kernel, output allocation and conversions."""
+
+    candidate: Candidate
+    problem: Problem
+    key: tuple
+    run: Callable            # run(args, out) -> result in the caller's array type
+    decision: Decision | None = None
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+def _plan_runner(fn, alloc, adapter, out_sig):
+    """Specialise the per-call closure once, so a hit does no branching on set-up facts."""
+    if adapter is None:
+        def run(args, out):
+            if out is None:
+                out = alloc()
+            elif arrays.signature(out) != out_sig:
+                raise _bad_out(out, out_sig)
+            fn(args, out)
+            return out
+        return run
+    to_native, from_native = adapter
+
+    def run_converted(args, out):
+        native = tuple(a if hasattr(type(a), "signature") else to_native(a) for a in args)
+        result = alloc()
+        fn(native, result)
+        result = from_native(result, args[-1])
+        if out is None:
+            return result
+        if arrays.signature(out) != out_sig:
+            raise _bad_out(out, out_sig)
+        out[...] = result
+        return out
+    return run_converted
+
+
+def _bad_out(out, expected_sig) -> Exception:
+    try:
+        got = arrays.info(out)
+    except InputTypeError:
+        return InputTypeError(f"out must be an array like the inputs, got {type(out).__name__}")
+    return InputValueError(f"out has shape {got.shape}, dtype {got.dtype}, "
+                           f"contiguous={got.contiguous}; expected shape {expected_sig[1]}, "
+                           f"dtype {expected_sig[2]}, C-contiguous, same array type as inputs")
+
+
+class Dispatcher:
+    """Chooses and runs variants for one backend and device.
+
+    Args:
+        backend: "auto" (cuda where a GPU is present, else host), "cuda" or "host", or a
+            backend instance.
+        device: CUDA device ordinal (cuda backend only).
+        policy: how a miss is decided (default :class:`~adaptive.policy.MeasureEach`).
+        registry: the variants to choose from (default: built-in + ``ADAPTIVE_VARIANT_PATH``).
+
+    Example:
+        >>> d = Dispatcher(backend="host")
+        >>> c = d.launch("gemm", a, b)
+    """
+
+    def __init__(self, backend: str | Backend = "auto", device: int | None = None,
+                 policy: Policy | None = None, registry: Registry | None = None):
+        self.backend = backend if isinstance(backend, Backend) else get_backend(backend, device)
+        self.registry = registry if registry is not None else shared_registry()
+        self.policy = policy if policy is not None else MeasureEach()
+        self.limits = self.backend.limits()
+        self._plans: dict[tuple, Plan] = {}
+        self._pinned: dict[tuple, Plan] = {}
+        self._prepared: dict[tuple, Plan] = {}
+        self._configs: dict[str, list[dict]] = {}
+        self._lock = threading.RLock()
+        self._tick = itertools.count(1)
+        self.sample_every = config.get().sample_every
+        self.listeners: list[Callable[[Plan, float], None]] = []
+        self.stats = {"misses": 0, "samples": 0}
+        ref = weakref.ref(self)
+        self.registry.subscribe(lambda op: (d := ref()) is not None and d.forget(op))
+
+    # ---- hot path ---------------------------------------------------------------------------
+    def launch(self, op: str, *args, out=None, variant: str | None = None,
+               config: Mapping | None = None, **params):
+        """Run ``op`` on ``args`` with the best known candidate; see :func:`adaptive.launch`."""
+        o = OPS.get(op) or get_op(op)
+        key = o.key(args, params)
+        if variant is not None or config is not None:
+            plan = self._pinned_plan(o, key, args, params, variant, config)
+        else:
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._miss(o, key, args, params)
+        if self.sample_every and next(self._tick) % self.sample_every == 0:
+            return self._sampled(plan, args, out)
+        return plan.run(args, out)
+
+    # ---- miss path --------------------------------------------------------------------------
+    def _miss(self, op: Op, key: tuple, args, params) -> Plan:
+        problem = op.problem(args, params)
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                return plan
+            t0 = time.perf_counter()
+            candidates = self._candidates(op, problem)
+            ctx = Context(op, problem, key, functools.partial(self._measure, op, problem, key,
+                                                              args))
+            decision = self.policy.decide(ctx, candidates)
+            plan = self._prepare(op, problem, key, decision.candidate, args[-1])
+            tuning_ms = (time.perf_counter() - t0) * 1e3
+            plan = dataclasses.replace(plan, decision=dataclasses.replace(
+                decision, tuning_ms=decision.tuning_ms or tuning_ms))
+            self._plans[key] = plan
+            self.stats["misses"] += 1
+            log.debug("miss %s -> %s (%s)", key, decision.candidate.label, decision.reason)
+        return plan
+
+    def _candidates(self, op: Op, problem: Problem, variants: list[Variant] | None = None):
+        scope = problem.scope()
+        out = []
+        pool = variants if variants is not None else self.registry.variants(op.name,
+                                                                            self.backend.name)
+        for v in pool:
+            configs = self._configs.get(v.id)
+            if configs is None:
+                configs = self._configs[v.id] = v.space.configs(self.limits)
+            out += [make_candidate(v, c) for c in configs if v.fits(scope, c)]
+        if not out:
+            why = "; ".join(f"{v.name}: {v.why_not(scope) or 'no config fits this device'}"
+                            for v in pool) or "no variants registered"
+            raise NoCandidateError(f"no {self.backend.name} variant of {op.name} fits "
+                                   f"{dict(problem.dims)} {problem.dtype} ({why})")
+        return out
+
+    def _prepare(self, op: Op, problem: Problem, key: tuple, candidate: Candidate,
+                 like) -> Plan:
+        pkey = (key, candidate)
+        plan = self._prepared.get(pkey)
+        if plan is None:
+            fn = self.backend.prepare(candidate, problem, op)
+            shape = op.out_shape(problem)
+            alloc = functools.partial(self.backend.empty, shape, problem.dtype)
+            adapter = self.backend.adapter(problem.kind)
+            sample = alloc() if adapter is None else adapter[1](alloc(), like)
+            out_sig = arrays.signature(sample)
+            flops, nbytes = op.roofline(problem)
+            plan = Plan(candidate, problem, key, _plan_runner(fn, alloc, adapter, out_sig),
+                        flops=flops, bytes=nbytes)
+            self._prepared[pkey] = plan
+        return plan
+
+    def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate) -> float:
+        """One timed run of ``candidate`` on the real input; ``inf`` if it fails."""
+        try:
+            plan = self._prepare(op, problem, key, candidate, args[-1])
+            t0 = time.perf_counter_ns()
+            self._run_sync(plan, args)
+            return (time.perf_counter_ns() - t0) / 1e6
+        except Exception as exc:  # noqa: BLE001 (failures are data inside search)
+            log.warning("candidate %s failed on %s: %s", candidate.label, key, exc)
+            return math.inf
+
+    def _run_sync(self, plan: Plan, args):
+        result = plan.run(args, None)
+        sync = getattr(self.backend, "synchronize", None)
+        if sync is not None:
+            sync()
+        return result
+
+    def _pinned_plan(self, op, key, args, params, variant, config_) -> Plan:
+        pkey = (key, variant, as_config(config_) if config_ else None)
+        plan = self._pinned.get(pkey)
+        if plan is not None:
+            return plan
+        if variant is None:
+            raise InputValueError("config= needs variant= too (a config belongs to a variant)")
+        problem = op.problem(args, params)
+        v = self.registry.get(op.name, variant)
+        if v.backend != self.backend.name:
+            raise InputValueError(f"variant {v.id} runs on the {v.backend} backend, but this "
+                                  f"dispatcher uses {self.backend.name}")
+        if config_ is not None:
+            cfg = v.space.check(config_, self.limits, v.name)
+            why = v.why_not(problem.scope(), cfg)
+            if why:
+                raise InputValueError(f"variant {v.id} with config {cfg} does not fit this input "
+                                      f"({dict(problem.dims)} {problem.dtype}): {why}")
+            candidate = make_candidate(v, cfg)
+        else:
+            pool = self._candidates(op, problem, [v])
+            if len(pool) == 1:
+                candidate = pool[0]
+            else:
+                ctx = Context(op, problem, key, functools.partial(self._measure, op, problem, key,
+                                                                  args))
+                candidate = self.policy.decide(ctx, pool).candidate
+        with self._lock:
+            plan = self._prepare(op, problem, key, candidate, args[-1])
+            self._pinned[pkey] = plan
+        return plan
+
+    # ---- feedback ---------------------------------------------------------------------------
+    def _sampled(self, plan: Plan, args, out):
+        t0 = time.perf_counter_ns()
+        result = plan.run(args, out)
+        sync = getattr(self.backend, "synchronize", None)
+        if sync is not None:
+            sync()
+        time_ms = (time.perf_counter_ns() - t0) / 1e6
+        self.stats["samples"] += 1
+        self.feedback(plan, time_ms)
+        return result
+
+    def feedback(self, plan: Plan, time_ms: float) -> None:
+        """Give a measured time of ``plan`` to the policy and to every listener."""
+        self.policy.observe(plan.key, plan.candidate, time_ms)
+        for listener in list(self.listeners):
+            try:
+                listener(plan, time_ms)
+            except Exception:  # noqa: BLE001 (a listener never breaks a launch)
+                log.exception("listener %r failed", listener)
+
+    # ---- introspection ----------------------------------------------------------------------
+    def candidates(self, op: str, *args, **params) -> list[Candidate]:
+        """The candidates that fit this input on this dispatcher's backend."""
+        o = get_op(op)
+        return self._candidates(o, o.problem(args, params))
+
+    def decision(self, op: str, *args, **params) -> Decision | None:
+        """The cached decision for this input, or None before its first launch."""
+        o = get_op(op)
+        plan = self._plans.get(o.key(args, params))
+        return plan.decision if plan else None
+
+    def forget(self, op: str | None = None) -> None:
+        """Drop cached decisions (for one op, or all): the next launch re-decides."""
+        with self._lock:
+            for table, op_of in ((self._plans, lambda k: k[0]), (self._pinned, lambda k: k[0][0]),
+                                 (self._prepared, lambda k: k[0][0])):
+                for k in [k for k in table if op is None or op_of(k) == op]:
+                    del table[k]
+            self._configs = {k: v for k, v in self._configs.items()
+                             if op is not None and not k.startswith(op + "/")}
+
+    def __repr__(self) -> str:
+        return (f"Dispatcher(backend={self.backend.name!r}, device={self.backend.device!r}, "
+                f"policy={self.policy.name!r}, plans={len(self._plans)})")
+
+
+# ---- process-wide defaults -----------------------------------------------------------------
+
+_registry: Registry | None = None
+_defaults: dict[str, Dispatcher] = {}
+_by_type: dict[type, Dispatcher] = {}
+_defaults_lock = threading.RLock()
+
+
+def shared_registry() -> Registry:
+    """The registry shared by the default dispatchers (packs and promotions land here)."""
+    global _registry
+    if _registry is None:
+        with _defaults_lock:
+            if _registry is None:
+                _registry = default_registry()
+    return _registry
+
+
+def _device_of(x) -> str:
+    if hasattr(type(x), "signature") and hasattr(x, "info"):
+        return x.info().device
+    return arrays.info(x).device
+
+
+def default_dispatcher(args=(), device: str | None = None) -> Dispatcher:
+    """The process's dispatcher for the device the arguments live on (created once)."""
+    if device is None:
+        if not args:
+            raise InputTypeError("launch needs at least one array argument")
+        device = _device_of(args[-1])
+    d = _defaults.get(device)
+    if d is None:
+        with _defaults_lock:
+            d = _defaults.get(device)
+            if d is None:
+                want = config.get().backend
+                if device == "cpu":
+                    d = Dispatcher("cuda" if want == "cuda" else "host")
+                else:
+                    if want == "host":
+                        d = Dispatcher("host")
+                    else:
+                        d = Dispatcher("cuda", device=int(device.split(":")[1]))
+                _defaults[device] = d
+                if device == "cpu" and args and type(args[-1]).__module__ == "numpy":
+                    _by_type[type(args[-1])] = d
+    return d
+
+
+def launch(op: str, *args, out=None, **params):
+    """Run ``op`` on ``args`` with the variant chosen for this input; see adaptive.launch."""
+    d = _by_type.get(type(args[-1])) if args else None
+    if d is None:
+        d = default_dispatcher(args)
+    return d.launch(op, *args, out=out, **params)
+
+
+def reset_defaults() -> None:
+    """Forget the default dispatchers and registry (tests; after changing config)."""
+    global _registry
+    with _defaults_lock:
+        _defaults.clear()
+        _by_type.clear()
+        _registry = None
+

@@ -1,0 +1,215 @@
+"""What every op provides: validation, the hot-path key, features, roofline, reference.
+
+An op is stateless; one instance per op name lives in :data:`adaptive.ops.OPS`. The
+dispatcher calls :meth:`Op.key` on every launch and everything else on a miss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from adaptive import arrays
+from adaptive.arrays import ArrayInfo
+from adaptive.errors import InputTypeError, InputValueError, UnknownNameError
+
+KEY_VERSION = 1  # bump when the meaning of keys changes: old caches and packs are then ignored
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+NUMPY_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A validated input: the op, named dims, dtype, where the data lives, and params."""
+
+    op: str
+    dims: tuple[tuple[str, int], ...]
+    dtype: str
+    kind: str
+    device: str
+    params: tuple[tuple[str, object], ...] = ()
+    extra: tuple[tuple[str, float], ...] = ()   # op-specific statistics (density, ...)
+
+    def dim(self, name: str) -> int:
+        return dict(self.dims)[name]
+
+    @property
+    def dims_dict(self) -> dict:
+        return dict(self.dims)
+
+    @property
+    def params_dict(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def extra_dict(self) -> dict:
+        return dict(self.extra)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def scope(self) -> dict:
+        """Names a manifest's ``requires`` and grid expressions may use."""
+        scope = {**self.dims_dict, **self.extra_dict, "dtype": self.dtype,
+                 "itemsize": self.itemsize}
+        for name, value in self.params:
+            scope[name] = value
+        return scope
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """A keyword parameter of an op (not an array): its type and default."""
+
+    name: str
+    types: tuple
+    default: object
+    doc: str
+
+
+class Op:
+    """Base class. Subclasses set the class attributes and implement the abstract methods."""
+
+    name: str = ""
+    arrays: tuple[str, ...] = ()          # names of the array arguments, in order
+    params: tuple[Param, ...] = ()
+    dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
+    # relative error bound ||out - ref|| / ||ref|| per input dtype
+    tolerance: Mapping[str, float] = {"float16": 5e-3, "bfloat16": 3e-2, "float32": 1e-4,
+                                      "float64": 1e-10}
+
+    # ---- hot path ----------------------------------------------------------------------
+    def key(self, args: Sequence, params: Mapping) -> tuple:
+        """Small hashable key; equal keys mean equal validation outcome and equal plan."""
+        try:
+            sigs = tuple(map(arrays.signature, args))
+        except InputTypeError:
+            self.problem(args, params)  # raises the precise, argument-naming error
+            raise
+        return (self.name, sigs, tuple(params.items())) if params else (self.name, sigs)
+
+    # ---- miss path ---------------------------------------------------------------------
+    def problem(self, args: Sequence, params: Mapping) -> Problem:
+        """Validate the arguments and describe them; raise a clear error if they are bad."""
+        if len(args) != len(self.arrays):
+            raise InputTypeError(
+                f"{self.name} takes {len(self.arrays)} array arguments "
+                f"({', '.join(self.arrays)}), got {len(args)}")
+        infos = []
+        for name, value in zip(self.arrays, args):
+            try:
+                arrays.signature(value)
+            except InputTypeError:
+                raise InputTypeError(
+                    f"{self.name}: argument {name!r} must be an array (NumPy, CuPy, PyTorch or "
+                    f"__cuda_array_interface__), got {type(value).__name__}") from None
+            infos.append(arrays.info(value))
+        devices = {i.device for i in infos}
+        if len(devices) > 1:
+            where = ", ".join(f"{n} on {i.device}" for n, i in zip(self.arrays, infos))
+            raise InputValueError(f"{self.name}: arguments are on different devices ({where}); "
+                                  "move them to one device first")
+        kinds = {i.kind for i in infos if i.kind != "sparse"}
+        if len(kinds) > 1:
+            where = ", ".join(f"{n} is {i.kind}" for n, i in zip(self.arrays, infos))
+            raise InputTypeError(f"{self.name}: arguments mix array types ({where}); "
+                                 "pass one array type")
+        dtypes = {i.dtype for i in infos}
+        if len(dtypes) > 1:
+            where = ", ".join(f"{n} is {i.dtype}" for n, i in zip(self.arrays, infos))
+            raise InputTypeError(f"{self.name}: arguments have different dtypes ({where})")
+        dtype = infos[0].dtype
+        if dtype not in self.dtypes:
+            raise InputTypeError(f"{self.name}: unsupported dtype {dtype}; expected one of "
+                                 f"{', '.join(self.dtypes)}")
+        for name, i in zip(self.arrays, infos):
+            if not i.contiguous:
+                raise InputValueError(f"{self.name}: argument {name!r} is not C-contiguous; "
+                                      "pass a contiguous array (e.g. np.ascontiguousarray)")
+            if any(n == 0 for n in i.shape):
+                raise InputValueError(f"{self.name}: argument {name!r} has an empty dimension "
+                                      f"(shape {i.shape}); every dimension must be at least 1")
+        checked = self._params(params)
+        dims, extra = self.check_shapes(infos, args, checked)
+        kind = next((i.kind for i in infos if i.kind != "sparse"), infos[0].kind)
+        return Problem(self.name, tuple(dims.items()), dtype, kind, infos[0].device,
+                       tuple(checked.items()), tuple(extra.items()))
+
+    def _params(self, params: Mapping) -> dict:
+        known = {p.name: p for p in self.params}
+        out = {}
+        for name, value in params.items():
+            if name not in known:
+                raise UnknownNameError(f"parameter of {self.name}", name, known)
+            p = known[name]
+            if value is not None and not isinstance(value, p.types):
+                expected = " or ".join(t.__name__ for t in p.types)
+                raise InputTypeError(f"{self.name}: parameter {name!r} must be {expected}, "
+                                     f"got {type(value).__name__}")
+            out[name] = value
+        for p in self.params:
+            out.setdefault(p.name, p.default)
+        return out
+
+    @staticmethod
+    def _rank(op: str, name: str, info: ArrayInfo, rank: int, layout: str):
+        if len(info.shape) != rank:
+            raise InputValueError(f"{op}: argument {name!r} must have rank {rank} ({layout}), "
+                                  f"got shape {info.shape}")
+
+    def check_shapes(self, infos: list[ArrayInfo], args: Sequence, params: dict):
+        """Return (dims, extra) or raise. Subclasses implement."""
+        raise NotImplementedError
+
+    def out_shape(self, problem: Problem) -> tuple:
+        raise NotImplementedError
+
+    def roofline(self, problem: Problem) -> tuple[float, float]:
+        """(flops, bytes): the least work and the fewest bytes moved through memory."""
+        raise NotImplementedError
+
+    def features(self, problem: Problem) -> dict[str, float]:
+        """Numeric features for the cost model: log2 of dims, dtype size, op statistics."""
+        feats = {f"log2_{name}": math.log2(max(value, 1)) for name, value in problem.dims}
+        feats["itemsize"] = float(problem.itemsize)
+        for name, value in problem.extra:
+            feats[name] = float(value)
+        for name, value in problem.params:
+            if isinstance(value, (bool, int, float)):
+                feats[f"param_{name}"] = float(value)
+        flops, nbytes = self.roofline(problem)
+        feats["log2_flops"] = math.log2(max(flops, 1.0))
+        feats["log2_bytes"] = math.log2(max(nbytes, 1.0))
+        feats["log2_intensity"] = feats["log2_flops"] - feats["log2_bytes"]
+        return feats
+
+    def reference(self, *inputs: np.ndarray, **params) -> np.ndarray:
+        """The float64 NumPy result (inputs upcast); the ground truth in every test."""
+        raise NotImplementedError
+
+    def make_inputs(self, dims: Mapping[str, int], dtype: str, rng: np.random.Generator,
+                    **stats) -> tuple:
+        """Fresh random NumPy inputs (never zeros) for these dims."""
+        raise NotImplementedError
+
+    def error(self, out, ref: np.ndarray) -> float:
+        """Relative error ||out - ref|| / ||ref|| in float64; inf when out has NaN/Inf."""
+        out = np.asarray(arrays.to_numpy(out), dtype=np.float64)
+        if out.shape != ref.shape:
+            raise InputValueError(f"{self.name}: result shape {out.shape} != reference "
+                                  f"shape {ref.shape}")
+        if not np.all(np.isfinite(out)):
+            return math.inf
+        denom = float(np.linalg.norm(ref)) or 1.0
+        return float(np.linalg.norm(out - ref)) / denom
+
+
+def random_array(rng: np.random.Generator, shape, dtype: str, scale: float = 1.0) -> np.ndarray:
+    """Standard-normal values in the given dtype (bfloat16 is generated as float32)."""
+    np_dtype = NUMPY_DTYPES.get(dtype, np.float32)
+    return (rng.standard_normal(shape) * scale).astype(np_dtype)

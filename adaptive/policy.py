@@ -1,0 +1,90 @@
+"""Selection policies: how a miss turns a list of candidates into a decision.
+
+A policy sees a :class:`Context` (the op, the validated problem, a way to measure a
+candidate on the real input) and returns a :class:`Decision`. It may also receive
+sampled observations of later calls through :meth:`Policy.observe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from adaptive.ops.base import Op, Problem
+from adaptive.variants import Candidate
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The choice for one key, and why it was made (shown by ``adaptive.explain``)."""
+
+    candidate: Candidate
+    reason: str
+    observed_ms: tuple[tuple[str, float], ...] = ()     # label -> measured time
+    predicted_ms: tuple[tuple[str, float], ...] = ()    # label -> model estimate
+    tuning_ms: float = 0.0                               # time spent deciding
+
+    @property
+    def observed(self) -> dict:
+        return dict(self.observed_ms)
+
+
+@dataclasses.dataclass
+class Context:
+    """What a policy may use on a miss."""
+
+    op: Op
+    problem: Problem
+    key: tuple
+    measure: Callable[[Candidate], float]   # run once on the real input; time in ms (inf: failed)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+
+    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
+        """Choose one of ``candidates`` (non-empty) for ``ctx.problem``."""
+
+    def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> None:
+        """A sampled timing of a later call with this decision."""
+
+
+class MeasureEach:
+    """Run every candidate once on the real input and keep the fastest.
+
+    The foundation's policy: exact for the input at hand, but each new key costs one
+    run of every candidate. The learned policy replaces it.
+    """
+
+    name = "measure-each"
+
+    def __init__(self, max_candidates: int | None = None):
+        self.max_candidates = max_candidates
+
+    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
+        pool = list(candidates)[: self.max_candidates] if self.max_candidates else candidates
+        times = [(c, ctx.measure(c)) for c in pool]
+        best, best_ms = min(times, key=lambda ct: ct[1])
+        if math.isinf(best_ms):
+            reasons = "; ".join(c.label for c, _ in times)
+            raise RuntimeError(f"every candidate failed: {reasons}")
+        return Decision(best, f"fastest of {len(times)} measured once on this input",
+                        observed_ms=tuple((c.label, t) for c, t in times))
+
+    def observe(self, key, candidate, time_ms) -> None:
+        pass
+
+
+class Fixed:
+    """Always the first candidate (the manifest's order): a baseline for benchmarks."""
+
+    name = "first"
+
+    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
+        return Decision(candidates[0], "first candidate in manifest order")
+
+    def observe(self, key, candidate, time_ms) -> None:
+        pass
