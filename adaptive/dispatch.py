@@ -183,10 +183,14 @@ class Dispatcher:
             self._prepared[pkey] = plan
         return plan
 
-    def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate) -> float:
-        """One timed run of ``candidate`` on the real input; ``inf`` if it fails."""
+    def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate,
+                 warmup: int = 0) -> float:
+        """One timed run of ``candidate`` on the real input (after ``warmup`` untimed runs,
+        which absorb one-time costs such as building a sparse format); ``inf`` if it fails."""
         try:
             plan = self._prepare(op, problem, key, candidate, args[-1])
+            for _ in range(warmup):
+                self._run_sync(plan, args)
             t0 = time.perf_counter_ns()
             self._run_sync(plan, args)
             return (time.perf_counter_ns() - t0) / 1e6

@@ -38,7 +38,8 @@ class Context:
     op: Op
     problem: Problem
     key: tuple
-    measure: Callable[[Candidate], float]   # run once on the real input; time in ms (inf: failed)
+    # measure(candidate, warmup=0): one timed run on the real input, in ms (inf: it failed)
+    measure: Callable[..., float]
 
 
 @runtime_checkable
@@ -66,12 +67,12 @@ class MeasureEach:
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         pool = list(candidates)[: self.max_candidates] if self.max_candidates else candidates
-        times = [(c, ctx.measure(c)) for c in pool]
+        times = [(c, ctx.measure(c, warmup=1)) for c in pool]
         best, best_ms = min(times, key=lambda ct: ct[1])
         if math.isinf(best_ms):
             reasons = "; ".join(c.label for c, _ in times)
             raise RuntimeError(f"every candidate failed: {reasons}")
-        return Decision(best, f"fastest of {len(times)} measured once on this input",
+        return Decision(best, f"fastest of {len(times)} timed once (after a warm-up) on this input",
                         observed_ms=tuple((c.label, t) for c, t in times))
 
     def observe(self, key, candidate, time_ms) -> None:

@@ -1,0 +1,225 @@
+"""``adaptive bench``: the main job. A mixed workload through ``launch`` against every
+single fixed candidate and the per-input oracle, plus the hot-path overhead.
+
+Every (input, candidate) pair is timed up front (warm-up, then the median of several
+runs); the fixed candidates and the oracle are totals over that table, and the
+adaptive run goes live through a fresh :class:`~adaptive.Dispatcher`, tuning included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from adaptive.ops import OPS
+
+# (op, dims, dtype, stats) per input; the "quick" stream is a subset with smaller sizes
+_FULL = {
+    "gemm": [({"M": m, "N": n, "K": k}, "float32", {})
+             for m, n, k in ((8, 512, 512), (64, 256, 1024), (512, 512, 512), (1024, 1024, 256),
+                             (2048, 64, 2048), (1, 4096, 1024), (1536, 1536, 1536))],
+    "spmm": [({"M": 2048, "N": n, "K": 2048}, "float32", {"density": d, "block": blk})
+             for n in (16, 128) for d, blk in ((0.5, 0), (0.1, 32), (0.01, 0), (0.001, 0))],
+    "attention": [({"B": 2, "H": 4, "Lq": lq, "Lk": lk, "D": 64}, "float32", {})
+                  for lq, lk in ((1, 512), (1, 4096), (128, 128), (512, 512), (1024, 1024),
+                                 (2048, 2048))],
+    "softmax": [({"R": r, "C": c}, "float32", {})
+                for r, c in ((8, 32000), (4096, 128), (2048, 2048), (64, 4096), (16384, 512))],
+}
+_QUICK = {
+    "gemm": [({"M": m, "N": n, "K": k}, "float32", {})
+             for m, n, k in ((8, 256, 256), (256, 256, 256), (512, 128, 512))],
+    "spmm": [({"M": 512, "N": 32, "K": 512}, "float32", {"density": d, "block": blk})
+             for d, blk in ((0.5, 0), (0.1, 32), (0.005, 0))],
+    "attention": [({"B": 1, "H": 2, "Lq": lq, "Lk": lk, "D": 32}, "float32", {})
+                  for lq, lk in ((1, 512), (128, 128), (512, 512))],
+    "softmax": [({"R": r, "C": c}, "float32", {})
+                for r, c in ((8, 8192), (2048, 256), (512, 1024))],
+}
+
+
+@dataclasses.dataclass
+class OpReport:
+    op: str
+    inputs: int
+    calls: int
+    oracle_ms: float
+    fixed_best: str
+    fixed_best_ms: float
+    adaptive_ms: float          # live, tuning included
+    adaptive_steady_ms: float   # the adaptive choices, priced from the table
+    tuning_ms: float
+    choices: dict
+
+    @property
+    def fixed_ratio(self) -> float:
+        return self.fixed_best_ms / self.oracle_ms
+
+    @property
+    def adaptive_ratio(self) -> float:
+        return self.adaptive_steady_ms / self.oracle_ms
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up (first-touch, thread start, format caches)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return statistics.median(times)
+
+
+def _to_backend(args, backend_name: str):
+    if backend_name == "host":
+        return args
+    import cupy
+    return tuple(a if not isinstance(a, np.ndarray) else cupy.asarray(a) for a in args)
+
+
+def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats: int = 5,
+              calls_per_input: int = 10, ops: list[str] | None = None, progress=print):
+    """Time the workload; return one :class:`OpReport` per op."""
+    from adaptive.dispatch import Dispatcher
+    rng = np.random.default_rng(seed)
+    streams = _QUICK if quick else _FULL
+    table_d = Dispatcher(backend)
+    sync = getattr(table_d.backend, "synchronize", lambda: None)
+    reports = []
+    for op_name in ops or list(streams):
+        op = OPS[op_name]
+        inputs = [_to_backend(op.make_inputs(dims, dtype, rng, **stats), table_d.backend.name)
+                  for dims, dtype, stats in streams[op_name]]
+        # the table: every candidate on every input
+        table: list[dict[str, float]] = []
+        for args in inputs:
+            row = {}
+            for cand in table_d.candidates(op_name, *args):
+                def call(c=cand, a=args):
+                    table_d.launch(op_name, *a, variant=c.variant.name, config=c.config)
+                    sync()
+                try:
+                    row[cand.label] = _median_ms(call, repeats)
+                except Exception as exc:  # noqa: BLE001 (a failing candidate is data)
+                    progress(f"  {op_name}: {cand.label} failed: {exc}")
+                    row[cand.label] = math.inf
+            table.append(row)
+        progress(f"  {op_name}: timed {sum(len(r) for r in table)} (input, candidate) pairs")
+        # the stream: every input calls_per_input times, interleaved in a seeded order
+        order = [i for i in range(len(inputs)) for _ in range(calls_per_input)]
+        rng.shuffle(order)
+        oracle = sum(min(table[i].values()) for i in order)
+        labels = set().union(*table)
+        fixed = {lab: sum(table[i].get(lab, math.inf) for i in order) for lab in labels}
+        best_label = min(fixed, key=fixed.get)
+        live = Dispatcher(table_d.backend)
+        t0 = time.perf_counter_ns()
+        for i in order:
+            live.launch(op_name, *inputs[i])
+        sync()
+        adaptive_ms = (time.perf_counter_ns() - t0) / 1e6
+        chosen = [live.decision(op_name, *args) for args in inputs]
+        steady = sum(table[i][chosen[i].candidate.label] for i in order)
+        choices: dict[str, int] = {}
+        for d in chosen:
+            choices[d.candidate.label] = choices.get(d.candidate.label, 0) + 1
+        reports.append(OpReport(op_name, len(inputs), len(order), oracle, best_label,
+                                fixed[best_label], adaptive_ms, steady,
+                                sum(d.tuning_ms for d in chosen), choices))
+    return reports
+
+
+def run_overhead(backend: str = "host", n: int = 20000, rounds: int = 7) -> dict:
+    """Warm ``launch`` against calling the chosen variant's entry directly (host, tiny gemm)."""
+    import adaptive
+    from adaptive.backends.pysource import load_entry
+    from adaptive.dispatch import Dispatcher
+    d = Dispatcher(backend)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 4)).astype(np.float32)
+    b = rng.standard_normal((4, 4)).astype(np.float32)
+    out = np.empty((4, 4), np.float32)
+    d.launch("gemm", a, b, out=out)
+    plan = d._plans[OPS["gemm"].key((a, b), {})]
+    entry = load_entry(plan.candidate.variant)
+    direct_times, launch_times, module_times = [], [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            entry(a, b, out=out)
+        direct_times.append((time.perf_counter_ns() - t0) / n / 1e3)
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            d.launch("gemm", a, b, out=out)
+        launch_times.append((time.perf_counter_ns() - t0) / n / 1e3)
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            adaptive.launch("gemm", a, b, out=out)
+        module_times.append((time.perf_counter_ns() - t0) / n / 1e3)
+    direct, via, module = (statistics.median(t) for t in (direct_times, launch_times,
+                                                             module_times))
+    return {"direct_us": direct, "dispatcher_launch_us": via, "module_launch_us": module,
+            "overhead_us": via - direct, "module_overhead_us": module - direct,
+            "variant": plan.candidate.label}
+
+
+def format_mixed(reports) -> str:
+    head = (f"{'op':<10} {'inputs':>6} {'calls':>5} {'oracle ms':>10} {'best fixed':<28} "
+            f"{'ratio':>6} {'adaptive ms':>11} {'steady':>7} {'tuning ms':>9}  choices")
+    lines = [head, "-" * len(head)]
+    for r in reports:
+        choices = ", ".join(f"{k}×{v}" for k, v in sorted(r.choices.items(), key=lambda kv: -kv[1]))
+        lines.append(f"{r.op:<10} {r.inputs:>6} {r.calls:>5} {r.oracle_ms:>10.2f} "
+                     f"{r.fixed_best:<28.28} {r.fixed_ratio:>6.2f} {r.adaptive_ms:>11.2f} "
+                     f"{r.adaptive_ratio:>7.3f} {r.tuning_ms:>9.1f}  {choices}")
+    total_oracle = sum(r.oracle_ms for r in reports)
+    total_fixed = sum(r.fixed_best_ms for r in reports)
+    total_steady = sum(r.adaptive_steady_ms for r in reports)
+    lines.append(f"all ops: best-fixed/oracle {total_fixed / total_oracle:.3f}, "
+                 f"adaptive-steady/oracle {total_steady / total_oracle:.3f} "
+                 "(ratio and steady: time over the per-input oracle; 1.000 is optimal)")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mode", nargs="?", default="all",
+                        choices=("all", "mixed", "overhead", "selection"),
+                        help="which benchmark (default: all)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "host", "cuda"))
+    parser.add_argument("--quick", action="store_true", help="small inputs, for CI")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ops", default="", help="comma-separated subset of ops")
+
+
+def run(args) -> int:
+    from adaptive.backends import resolve_name
+    backend = resolve_name(args.backend)
+    print(f"adaptive bench: backend={backend} quick={args.quick} seed={args.seed}", flush=True)
+    ops = [o for o in args.ops.split(",") if o] or None
+    if args.mode in ("all", "selection"):
+        try:
+            from adaptive.selection import main_report
+        except ImportError:
+            if args.mode == "selection":
+                print("selection benchmark not available in this build", file=sys.stderr)
+                return 2
+        else:
+            print(main_report(backend=backend, quick=args.quick, seed=args.seed), flush=True)
+    if args.mode in ("all", "overhead"):
+        o = run_overhead("host")
+        print(f"\nhot path (host, warm, tiny gemm, {o['variant']}): variant called directly "
+              f"{o['direct_us']:.2f} µs, Dispatcher.launch {o['dispatcher_launch_us']:.2f} µs "
+              f"(+{o['overhead_us']:.2f} µs), adaptive.launch {o['module_launch_us']:.2f} µs "
+              f"(+{o['module_overhead_us']:.2f} µs); target +5 µs", flush=True)
+    if args.mode in ("all", "mixed"):
+        reports = run_mixed(backend, quick=args.quick, seed=args.seed, ops=ops,
+                            progress=lambda s: print(s, flush=True))
+        print("\nmixed workload through launch vs every fixed candidate and the oracle")
+        print(format_mixed(reports))
+    return 0
