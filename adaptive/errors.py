@@ -84,3 +84,17 @@ class VariantRunError(AdaptiveError, RuntimeError):
 
 class BackendUnavailableError(AdaptiveError, RuntimeError):
     """A backend was asked for but cannot run here (no GPU, CuPy missing)."""
+
+
+class PackError(AdaptiveError, ValueError):
+    """A variant pack that is refused (truncated, corrupted, hash mismatch, unknown schema).
+
+    Nothing from a refused pack is loaded.
+    """
+
+    def __init__(self, path: str, problem: str):
+        self.path, self.problem = str(path), problem
+        super().__init__(self.path, problem)
+
+    def __str__(self) -> str:
+        return f"pack {self.path}: {self.problem}"
