@@ -37,6 +37,28 @@ class Config:
         "env": "ADAPTIVE_SAMPLE_EVERY", "doc": "time one in N warm launches for feedback (0: never)"})
     max_threads: int = dataclasses.field(default=0, metadata={
         "env": "ADAPTIVE_MAX_THREADS", "doc": "host backend: largest thread count tried (0: all cores)"})
+    regen_generator: str = dataclasses.field(default="off", metadata={
+        "env": "ADAPTIVE_REGEN", "doc": "background regeneration: off, parametric, hf, openai"})
+    regen_threshold: float = dataclasses.field(default=0.25, metadata={
+        "env": "ADAPTIVE_REGEN_THRESHOLD", "doc": "regenerate a hot key whose efficiency stays below"})
+    regen_min_samples: int = dataclasses.field(default=8, metadata={
+        "env": "ADAPTIVE_REGEN_MIN_SAMPLES", "doc": "sampled launches of a key before it can trigger"})
+    regen_interval_s: float = dataclasses.field(default=300.0, metadata={
+        "env": "ADAPTIVE_REGEN_INTERVAL_S", "doc": "least time between two regeneration requests"})
+    regen_budget_s: float = dataclasses.field(default=600.0, metadata={
+        "env": "ADAPTIVE_REGEN_BUDGET_S", "doc": "wall-time budget of one regeneration loop"})
+    regen_candidates: int = dataclasses.field(default=16, metadata={
+        "env": "ADAPTIVE_REGEN_CANDIDATES", "doc": "candidates one regeneration loop may verify"})
+    verify_timeout_s: float = dataclasses.field(default=60.0, metadata={
+        "env": "ADAPTIVE_VERIFY_TIMEOUT_S", "doc": "verifier: seconds one candidate may take"})
+    llm_model: str = dataclasses.field(default="", metadata={
+        "env": "ADAPTIVE_LLM_MODEL", "doc": "hf generator: local path or hub id of a causal LM"})
+    openai_base_url: str = dataclasses.field(default="", metadata={
+        "env": "ADAPTIVE_OPENAI_BASE_URL", "doc": "openai generator: endpoint, e.g. http://host:8000/v1"})
+    openai_model: str = dataclasses.field(default="", metadata={
+        "env": "ADAPTIVE_OPENAI_MODEL", "doc": "openai generator: model name"})
+    openai_api_key: str = dataclasses.field(default="", metadata={
+        "env": "ADAPTIVE_OPENAI_API_KEY", "doc": "openai generator: key (else OPENAI_API_KEY)"})
 
 
 def _parse(field: dataclasses.Field, text: str):
@@ -45,6 +67,11 @@ def _parse(field: dataclasses.Field, text: str):
             return int(text)
         except ValueError:
             raise ValueError(f"{field.metadata['env']}={text!r}: expected an integer") from None
+    if field.type in ("float", float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{field.metadata['env']}={text!r}: expected a number") from None
     return text
 
 
