@@ -73,6 +73,8 @@ def signature(x):
     fn = _SIGNATURES.get(type(x))
     if fn is None:
         fn = _signature_fn(type(x))
+        if fn is None and hasattr(x, "__cuda_array_interface__"):   # set on the instance
+            fn = _cai_sig
         if fn is None:
             raise InputTypeError(f"expected an array (NumPy, CuPy, PyTorch tensor or an object "
                                  f"with __cuda_array_interface__), got {type(x).__name__}")
@@ -103,7 +105,16 @@ def info(x) -> ArrayInfo:
     shape = tuple(cai["shape"])
     strides = cai.get("strides")
     contiguous = strides is None or tuple(strides) == _c_strides(shape, np.dtype(cai["typestr"]).itemsize)
-    return ArrayInfo("cuda", shape, dtype, contiguous, "cuda:?")
+    return ArrayInfo("cuda", shape, dtype, contiguous, _cai_device(cai))
+
+
+def _cai_device(cai) -> str:
+    """The device holding a __cuda_array_interface__ buffer (asks the driver through CuPy)."""
+    try:
+        import cupy
+        return f"cuda:{cupy.cuda.runtime.pointerGetAttributes(cai['data'][0]).device}"
+    except Exception:  # noqa: BLE001 (no CuPy or no driver: the device cannot be known)
+        return "cuda:?"
 
 
 def _c_strides(shape, itemsize):

@@ -1,0 +1,35 @@
+"""``adaptive bench`` runs on the host backend and its report is consistent."""
+
+from __future__ import annotations
+
+import math
+
+from adaptive import bench, cli
+
+
+def test_mixed_report_is_consistent():
+    reports = bench.run_mixed("host", quick=True, seed=3, repeats=2, calls_per_input=3,
+                              ops=["softmax", "spmm"], progress=lambda s: None)
+    assert [r.op for r in reports] == ["softmax", "spmm"]
+    for r in reports:
+        assert r.calls == 3 * r.inputs
+        # the oracle is a lower bound of every fixed choice and of the adaptive choices
+        assert r.oracle_ms <= r.fixed_best_ms + 1e-9
+        assert r.oracle_ms <= r.adaptive_steady_ms + 1e-9
+        assert math.isfinite(r.adaptive_ms) and r.adaptive_ms > 0
+        assert sum(r.choices.values()) == r.inputs
+    text = bench.format_mixed(reports)
+    assert "softmax" in text and "adaptive-steady/oracle" in text
+
+
+def test_overhead_is_measured():
+    o = bench.run_overhead("host", n=500, rounds=3)
+    assert o["direct_us"] > 0 and o["dispatcher_launch_us"] > 0
+    assert o["variant"].startswith("host_blas")
+
+
+def test_cli_runs(capsys):
+    assert cli.main(["bench", "mixed", "--quick", "--backend", "host", "--ops", "softmax"]) == 0
+    out = capsys.readouterr().out
+    assert "mixed workload" in out and "softmax" in out
+    assert cli.main([]) == 0

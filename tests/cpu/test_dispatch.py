@@ -1,0 +1,147 @@
+"""The dispatcher: decisions are cached per key, pinned choices are honoured, results come
+back in the caller's array type, the default dispatcher is shared and thread-safe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import adaptive
+from adaptive.dispatch import default_dispatcher
+from adaptive.ops import OPS
+from adaptive.policy import Decision, Fixed
+
+
+def test_launch_caches_one_decision_per_key(rng):
+    d = adaptive.Dispatcher(backend="host")
+    a = rng.standard_normal((33, 17)).astype(np.float32)
+    b = rng.standard_normal((17, 9)).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_allclose(d.launch("gemm", a, b), a @ b, rtol=1e-4, atol=1e-5)
+    assert d.stats["misses"] == 1
+    decision = d.decision("gemm", a, b)
+    assert isinstance(decision, Decision) and decision.candidate in d.candidates("gemm", a, b)
+    assert len(decision.observed) == len(d.candidates("gemm", a, b))
+    d.launch("gemm", b.T.copy(), a.T.copy())
+    assert d.stats["misses"] == 2
+
+
+def test_pinned_variant_runs_that_variant(rng):
+    class Recording(Fixed):
+        def decide(self, ctx, candidates):
+            raise AssertionError("a pinned variant with a full config needs no policy")
+
+    d = adaptive.Dispatcher(backend="host", policy=Recording())
+    x = rng.standard_normal((64, 40)).astype(np.float32)
+    y = d.launch("softmax", x, variant="host_blocked", config={"rows": 8})
+    np.testing.assert_allclose(y, OPS["softmax"].reference(x), rtol=1e-5)
+    y = d.launch("softmax", x, variant="host_numpy")
+    np.testing.assert_allclose(y, OPS["softmax"].reference(x), rtol=1e-5)
+
+
+def test_policy_is_pluggable(rng):
+    d = adaptive.Dispatcher(backend="host", policy=Fixed())
+    x = rng.standard_normal((20, 30)).astype(np.float32)
+    d.launch("softmax", x)
+    assert d.decision("softmax", x).candidate == d.candidates("softmax", x)[0]
+
+
+def test_candidates_follow_requires(rng):
+    x_small = rng.standard_normal((4, 10)).astype(np.float32)
+    x_big = rng.standard_normal((600, 10)).astype(np.float32)
+    small = {c.label for c in adaptive.candidates("softmax", x_small)}
+    big = {c.label for c in adaptive.candidates("softmax", x_big)}
+    assert small == {"host_numpy"}
+    assert {"host_blocked[rows=8]", "host_blocked[rows=512]"} <= big
+
+
+def test_module_launch_uses_one_default_dispatcher(rng):
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    b = rng.standard_normal((6, 7)).astype(np.float32)
+    np.testing.assert_allclose(adaptive.launch("gemm", a, b), a @ b, rtol=1e-5)
+    assert default_dispatcher((a,)) is default_dispatcher((b,))
+
+
+def test_default_dispatcher_is_thread_safe(rng):
+    adaptive.reset_defaults()
+    a = rng.standard_normal((31, 29)).astype(np.float32)
+    b = rng.standard_normal((29, 23)).astype(np.float32)
+    ref = a @ b
+    seen, errors = set(), []
+
+    def work():
+        try:
+            for _ in range(20):
+                np.testing.assert_allclose(adaptive.launch("gemm", a, b), ref, rtol=1e-4)
+            seen.add(id(default_dispatcher((a,))))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(seen) == 1
+    assert default_dispatcher((a,)).stats["misses"] == 1
+
+
+def test_registry_change_drops_cached_decisions(rng, tmp_path):
+    from adaptive.variants import Registry, builtin_folder, load_folder
+    registry = Registry(load_folder(builtin_folder()))
+    d = adaptive.Dispatcher(backend="host", registry=registry)
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    d.launch("softmax", x)
+    assert d.decision("softmax", x) is not None
+    registry.remove("softmax", "host_blocked")
+    assert d.decision("softmax", x) is None
+    d.launch("softmax", x)
+    assert d.decision("softmax", x).candidate.variant.name == "host_numpy"
+
+
+def test_torch_cpu_tensors_come_back_as_tensors(rng):
+    torch = pytest.importorskip("torch")
+    a = torch.from_numpy(rng.standard_normal((8, 5)).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal((5, 3)).astype(np.float32))
+    c = adaptive.Dispatcher(backend="host").launch("gemm", a, b)
+    assert isinstance(c, torch.Tensor)
+    np.testing.assert_allclose(c.numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
+
+
+def test_import_leaves_heavy_dependencies_out():
+    code = ("import sys, adaptive, numpy as np\n"
+            "adaptive.launch('gemm', np.ones((2, 2), 'f4'), np.ones((2, 2), 'f4'))\n"
+            "heavy = {'torch', 'transformers', 'sklearn', 'cupy', 'matplotlib', "
+            "'prometheus_client', 'cupti'}\n"
+            "print(sorted(heavy & set(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]", f"heavy modules imported by import adaptive + a host launch: {out}"
+
+
+def test_config_override_and_env():
+    from adaptive import config
+    c = config.from_env({"ADAPTIVE_SAMPLE_EVERY": "7", "ADAPTIVE_BACKEND": "host"})
+    assert (c.sample_every, c.backend) == (7, "host")
+    with pytest.raises(ValueError, match="ADAPTIVE_SAMPLE_EVERY='x': expected an integer"):
+        config.from_env({"ADAPTIVE_SAMPLE_EVERY": "x"})
+    with config.override(sample_every=3):
+        assert config.get().sample_every == 3
+    assert config.get().sample_every != 3 or config.from_env().sample_every == 3
+    with pytest.raises(adaptive.UnknownNameError, match="did you mean 'sample_every'"):
+        with config.override(sample_evry=1):
+            pass
+
+
+def test_errors_survive_pickling():
+    import pickle
+    for err in (adaptive.UnknownNameError("op", "gem", ["gemm"]),
+                adaptive.ManifestError("m.toml", "variant[0].name", "missing"),
+                adaptive.CompileError("k", {"BM": 64}, "error: x", "int main;")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
+    assert "   1 | int main;" in str(adaptive.CompileError("k", {}, "log", "int main;"))

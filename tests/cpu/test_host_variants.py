@@ -1,0 +1,84 @@
+"""Every host candidate matches the float64 reference on fresh random inputs, odd and tiny
+shapes included, within the op's tolerance; outputs are poisoned first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import adaptive
+from adaptive.ops import OPS
+
+SHAPES = {
+    "gemm": [{"M": 1, "N": 1, "K": 1}, {"M": 7, "N": 13, "K": 5}, {"M": 65, "N": 33, "K": 129},
+             {"M": 1, "N": 300, "K": 97}],
+    "softmax": [{"R": 1, "C": 1}, {"R": 3, "C": 1001}, {"R": 257, "C": 31}],
+    "attention": [{"B": 1, "H": 1, "Lq": 1, "Lk": 1, "D": 8},
+                  {"B": 2, "H": 3, "Lq": 17, "Lk": 17, "D": 16},
+                  {"B": 1, "H": 2, "Lq": 1, "Lk": 301, "D": 32},
+                  {"B": 1, "H": 1, "Lq": 70, "Lk": 1100, "D": 24}],
+    "spmm": [{"M": 1, "N": 1, "K": 1}, {"M": 37, "N": 5, "K": 71}, {"M": 130, "N": 17, "K": 67}],
+}
+DTYPES = {"gemm": ("float32", "float16"), "softmax": ("float32", "float16"),
+          "attention": ("float32", "float16"), "spmm": ("float32", "float16")}
+
+
+def _cases():
+    for op, shapes in SHAPES.items():
+        for dims in shapes:
+            for dtype in DTYPES[op]:
+                extras = [{}]
+                if op == "attention":
+                    extras = [{"causal": False}, {"causal": True}]
+                if op == "spmm":
+                    extras = [{"density": 0.3, "block": 0}, {"density": 0.2, "block": 16}]
+                for extra in extras:
+                    tag = ",".join(f"{k}={v}" for k, v in {**dims, **extra}.items())
+                    yield pytest.param(op, dims, dtype, extra, id=f"{op}-{dtype}-{tag}")
+
+
+@pytest.fixture(scope="module")
+def host():
+    return adaptive.Dispatcher(backend="host")
+
+
+@pytest.mark.parametrize("op_name,dims,dtype,extra", list(_cases()))
+def test_every_candidate_matches_reference(host, rng, op_name, dims, dtype, extra):
+    op = OPS[op_name]
+    params = {k: v for k, v in extra.items() if k == "causal"}
+    stats = {k: v for k, v in extra.items() if k != "causal"}
+    args = op.make_inputs(dims, dtype, rng, **stats)
+    ref = op.reference(*args, **params)
+    assert np.abs(ref).max() > 0, "reference must not be trivially zero"
+    cands = host.candidates(op_name, *args, **params)
+    assert cands, "every op has at least one host candidate"
+    for cand in cands:
+        out = np.full(op.out_shape(op.problem(args, params)), np.nan, dtype=args[-1].dtype)
+        result = host.launch(op_name, *args, out=out, variant=cand.variant.name,
+                             config=cand.config, **params)
+        assert result is out, f"{cand.label}: the given out must be returned"
+        err = op.error(out, ref)
+        assert err <= op.tolerance[dtype], f"{cand.label}: relative error {err:.2e}"
+
+
+def test_error_detects_unwritten_and_nan(rng):
+    op = OPS["gemm"]
+    a, b = op.make_inputs({"M": 9, "N": 7, "K": 5}, "float32", rng)
+    ref = op.reference(a, b)
+    partial = (a @ b).copy()
+    partial[-1] = np.nan
+    assert op.error(partial, ref) == np.inf
+    wrong = (a @ b).copy()
+    wrong[0, 0] += 10.0
+    assert op.error(wrong, ref) > op.tolerance["float32"]
+
+
+@pytest.mark.parametrize("op_name", sorted(OPS))
+def test_inputs_are_fresh_and_nonzero(rng, op_name):
+    op = OPS[op_name]
+    dims = SHAPES[op_name][-1]
+    first = op.make_inputs(dims, "float32", rng)
+    second = op.make_inputs(dims, "float32", rng)
+    a, b = first[-1], second[-1]
+    assert np.count_nonzero(a) > 0.9 * a.size
+    assert not np.array_equal(a, b)

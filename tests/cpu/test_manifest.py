@@ -1,0 +1,130 @@
+"""Variants as data: the loader builds the registry and rejects malformed manifests
+with the file and the field named."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from adaptive import ManifestError
+from adaptive.errors import ExpressionError
+from adaptive.expr import Expr
+from adaptive.ops import OPS
+from adaptive.variants import Registry, builtin_folder, load_folder, load_manifest
+
+GOOD = """
+op = "softmax"
+
+[[variant]]
+name = "mine"
+backend = "host"
+language = "python"
+source = "mine.py"
+entry = "run"
+requires = ["C > 1"]
+[variant.space]
+rows = [1, 2, 4]
+constraints = ["rows <= cpu_count * 4"]
+"""
+
+
+def write(tmp_path, text, source=True):
+    folder = tmp_path / "softmax"
+    folder.mkdir(exist_ok=True)
+    (folder / "manifest.toml").write_text(textwrap.dedent(text))
+    if source:
+        (folder / "mine.py").write_text("def run(x, out, rows):\n    out[...] = x\n")
+    return folder / "manifest.toml"
+
+
+def test_builtin_folder_covers_every_op():
+    variants = load_folder(builtin_folder())
+    assert {v.op for v in variants} == set(OPS)
+    assert all(v.source for v in variants if v.language == "python" and v.backend == "host")
+
+
+def test_good_manifest_loads(tmp_path):
+    (v,) = load_manifest(write(tmp_path, GOOD))
+    assert (v.op, v.name, v.entry, v.space.names) == ("softmax", "mine", "run", ("rows",))
+    assert "def run" in v.source
+    assert [c["rows"] for c in v.space.configs({"cpu_count": 1})] == [1, 2, 4]
+    assert v.fits({"C": 5}) and not v.fits({"C": 1})
+    registry = Registry(load_folder(tmp_path))
+    assert registry.get("softmax", "mine") is not None
+
+
+@pytest.mark.parametrize("edit,field,problem", [
+    (('name = "mine"\n', ""), "variant[0].name", "missing"),
+    (('backend = "host"', 'backend = "tpu"'), "variant[0] (mine).backend", "expected one of"),
+    (('language = "python"', 'language = "rust"'), "variant[0] (mine).language", "expected one"),
+    (('source = "mine.py"', 'source = "nope.py"'), "variant[0] (mine).source", "not found"),
+    (('op = "softmax"', 'op = "softmx"'), "op", "did you mean 'softmax'"),
+    (('entry = "run"', 'entry = 3'), "variant[0] (mine).entry", "non-empty string"),
+    (('rows = [1, 2, 4]', 'rows = []'), "variant[0] (mine)", "non-empty list"),
+    (('requires = ["C > 1"]', 'requires = ["__import__(1)"]'), "variant[0] (mine)", "calls"),
+    (('requires = ["C > 1"]', 'requires = ["x.y"]'), "variant[0] (mine)", "Attribute"),
+    (('constraints = ["rows <= cpu_count * 4"]', 'constraints = ["rows <= zzz"]'),
+     "variant[0] (mine)", "neither parameters nor device limits"),
+    (('entry = "run"', 'entry = "run"\nlaunchh = 1'), "variant[0] (mine).launchh", "unknown"),
+])
+def test_bad_manifest_names_file_and_field(tmp_path, edit, field, problem):
+    path = write(tmp_path, GOOD.replace(*edit))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    err = info.value
+    assert err.path == str(path) and err.field == field, str(err)
+    assert problem in str(err)
+    assert str(path) in str(err)
+
+
+def test_toml_syntax_error(tmp_path):
+    path = write(tmp_path, GOOD + "\n[[variant]\n")
+    with pytest.raises(ManifestError, match="<toml>"):
+        load_manifest(path)
+
+
+def test_cuda_variant_needs_grid_and_block(tmp_path):
+    folder = tmp_path / "gemm"
+    folder.mkdir()
+    (folder / "k.cu").write_text("extern \"C\" __global__ void k() {}\n")
+    (folder / "manifest.toml").write_text(textwrap.dedent("""
+        op = "gemm"
+        [[variant]]
+        name = "k"
+        backend = "cuda"
+        language = "cuda"
+        source = "k.cu"
+        entry = "k"
+        [variant.launch]
+        grid = ["1"]
+    """))
+    with pytest.raises(ManifestError, match=r"launch\.block"):
+        load_manifest(folder / "manifest.toml")
+
+
+def test_duplicate_names(tmp_path):
+    text = GOOD + GOOD.split("\n", 2)[2].replace('op = "softmax"', "")
+    with pytest.raises(ManifestError, match="duplicate names: mine"):
+        load_manifest(write(tmp_path, text))
+
+
+def test_expressions_are_whitelisted():
+    assert Expr("ceil_div(M, BM) * BM >= M")(M=10, BM=4) is True
+    for bad in ("open('x')", "x.__class__", "[i for i in y]", "lambda: 1", "a[0]"):
+        with pytest.raises(ExpressionError):
+            Expr(bad)
+    with pytest.raises(ExpressionError, match="needs BM"):
+        Expr("M % BM")(M=3)
+
+
+def test_registry_rejects_duplicates_and_notifies(tmp_path):
+    (v,) = load_manifest(write(tmp_path, GOOD))
+    seen = []
+    registry = Registry()
+    registry.subscribe(seen.append)
+    registry.add(v)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.add(v)
+    registry.add(v, replace=True)
+    assert seen == ["softmax", "softmax"]
