@@ -12,7 +12,8 @@ def collect() -> dict:
     from adaptive.dispatch import shared_registry
     registry = shared_registry()
     info = {
-        "config": {k: getattr(config.get(), k) for k in config.Config.__dataclass_fields__},
+        "config": {k: ("<set>" if "key" in k and getattr(config.get(), k) else
+                       getattr(config.get(), k)) for k in config.Config.__dataclass_fields__},
         "gpu_available": gpu_available(),
         "default_backend": resolve_name(config.get().backend),
         "variants": {op: sorted(f"{v.name} ({v.backend})" for v in registry.variants(op))
