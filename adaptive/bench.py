@@ -216,7 +216,8 @@ def run(args) -> int:
         print(f"\nhot path (host, warm, tiny gemm, {o['variant']}): variant called directly "
               f"{o['direct_us']:.2f} µs, Dispatcher.launch {o['dispatcher_launch_us']:.2f} µs "
               f"(+{o['overhead_us']:.2f} µs), adaptive.launch {o['module_launch_us']:.2f} µs "
-              f"(+{o['module_overhead_us']:.2f} µs); target +5 µs", flush=True)
+              f"(+{o['module_overhead_us']:.2f} µs); launch/direct ratio "
+              f"{o['module_launch_us'] / o['direct_us']:.2f}; target: at most +5 µs", flush=True)
     if args.mode in ("all", "mixed"):
         reports = run_mixed(backend, quick=args.quick, seed=args.seed, ops=ops,
                             progress=lambda s: print(s, flush=True))
