@@ -1,0 +1,125 @@
+"""``adaptive.explain``: for one input, the ranked candidates and why the choice was made."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from adaptive.ops import get_op
+
+
+@dataclasses.dataclass(frozen=True)
+class ExplainRow:
+    """One candidate: the model's estimate, what was observed, and its part in the choice."""
+
+    label: str
+    predicted_ms: float = math.nan
+    sigma: float = math.nan          # model uncertainty, log units (0.1 ≈ ±10 %)
+    observed_ms: float = math.nan    # median of the timed calls
+    samples: int = 0
+    status: str = ""                 # chosen | exploring | explored | ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The dispatcher's view of one input; ``str()`` gives a table."""
+
+    op: str
+    key: tuple
+    input: str                       # dims, dtype and params, readable
+    policy: str
+    state: str                       # committed | exploring | undecided
+    chosen: str
+    reason: str
+    floor_ms: float
+    rows: tuple[ExplainRow, ...]
+
+    def __str__(self) -> str:
+        def ms(x: float) -> str:
+            return "-" if math.isnan(x) else f"{x:.4g}"
+        lines = [f"{self.op} {self.input}: {self.state} (policy {self.policy})",
+                 f"choice: {self.chosen or '-'}; {self.reason or 'no decision yet'}",
+                 f"roofline floor: {ms(self.floor_ms)} ms"]
+        head = f"{'candidate':<34} {'predicted ms':>12} {'± %':>6} {'observed ms':>11} " \
+               f"{'n':>3}  status"
+        lines += [head, "-" * len(head)]
+        for r in self.rows:
+            spread = "-" if math.isnan(r.sigma) else f"{100 * math.expm1(r.sigma):.0f}"
+            lines.append(f"{r.label:<34.34} {ms(r.predicted_ms):>12} {spread:>6} "
+                         f"{ms(r.observed_ms):>11} {r.samples:>3}  {r.status}")
+        return "\n".join(lines)
+
+
+def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
+    """Show, for this input, the ranked candidates with predicted and observed times.
+
+    Nothing is launched: an input not seen yet shows the model's ranking alone.
+
+    Args:
+        op: the op name, as for :func:`adaptive.launch`.
+        *args, **params: the input, as for :func:`adaptive.launch`.
+        dispatcher: whose decisions to show (default: the input's default dispatcher).
+
+    Returns:
+        An :class:`Explanation`; ``print()`` it for a table.
+
+    Example:
+        >>> print(adaptive.explain("softmax", x))
+    """
+    if dispatcher is None:
+        from adaptive.dispatch import default_dispatcher
+        dispatcher = default_dispatcher(args)
+    o = get_op(op)
+    key = o.key(args, params)
+    problem = o.problem(args, params)
+    candidates = dispatcher.candidates(op, *args, **params)
+    plan = dispatcher._plans.get(key)
+    decision = plan.decision if plan is not None else None
+    policy = dispatcher.policy
+    state_of = getattr(policy, "state", None)
+    state = state_of(key) if state_of is not None else None
+    predicted: dict = {}
+    observed: dict = {}
+    floor = 0.0
+    if state is not None:
+        floor = state.floor_ms
+        predicted = {c.label: (state.predicted_ms(c), sd) for c, (_, sd) in
+                     state.predicted.items()}
+        observed = {c.label: [t for t in ts if math.isfinite(t)] or ts
+                    for c, ts in state.observed.items() if ts}
+    elif getattr(policy, "model", None) is not None:
+        from adaptive.model import candidate_row, resources_of
+        from adaptive.observation import floor_ms
+        floor = floor_ms(*o.roofline(problem), dispatcher.backend.peaks(), problem.dtype)
+        feats = o.features(problem)
+        rows = [candidate_row(feats, op, c.variant.name, c.config, resources_of(c))
+                for c in candidates]
+        dist = policy.model.predict_dist(rows)
+        if dist is not None:
+            scale = floor if floor > 0 else 1.0
+            predicted = {c.label: (math.exp(m) * scale, s)
+                         for c, m, s in zip(candidates, *dist)}
+    if decision is not None:
+        for label, t in decision.observed_ms:
+            observed.setdefault(label, [t])
+        for label, t in decision.predicted_ms:
+            predicted.setdefault(label, (t, math.nan))
+    chosen = decision.candidate.label if decision is not None else ""
+    exploring = plan is not None and plan.provisional
+    explore = {c.label for c in decision.explore} if decision is not None else set()
+    rows = []
+    for c in candidates:
+        p_ms, sd = predicted.get(c.label, (math.nan, math.nan))
+        seen = observed.get(c.label, [])
+        status = ("exploring" if exploring and c.label in explore else
+                  "chosen" if c.label == chosen else "explored" if seen else "")
+        rows.append(ExplainRow(c.label, p_ms, sd, statistics.median(seen) if seen else math.nan,
+                               len(seen), status))
+    rows.sort(key=lambda r: (math.isnan(r.predicted_ms), r.predicted_ms,
+                             math.isnan(r.observed_ms), r.observed_ms))
+    where = "undecided" if plan is None else "exploring" if exploring else "committed"
+    reason = state.reason if state is not None else (decision.reason if decision else "")
+    shown = " ".join([", ".join(f"{k}={v}" for k, v in problem.dims), problem.dtype]
+                     + [f"{k}={v}" for k, v in problem.params + problem.extra])
+    return Explanation(op, key, shown, policy.name, where, chosen, reason, floor, tuple(rows))

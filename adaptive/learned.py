@@ -1,0 +1,255 @@
+"""The learned policy: rank with the cost model, explore on real calls, commit, watch drift.
+
+On a miss :class:`Learned` predicts every candidate in one batched call and returns at
+once: the best-predicted candidate runs this call, and later calls of the key rotate
+through the few candidates whose optimistic estimate (mean - z·sigma) is within a regret
+bound of the best. Once each has been timed ``samples`` times the policy commits to the
+fastest observed; the dispatcher then serves the key with a plain plan. Sampled timings
+of committed keys are compared with what exploring observed; a sustained drift (a clock
+drop, another process) re-opens exploration. With no model yet it explores a few diverse
+candidates, never all of them.
+
+The policy does not know how times arrive (host timer, CUDA events harvested later): it
+only sees :meth:`Learned.observe` calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import threading
+from collections import deque
+from collections.abc import Sequence
+
+from adaptive.policy import Context, Decision
+from adaptive.variants import Candidate
+
+
+@dataclasses.dataclass
+class KeyState:
+    """What the policy knows about one key (read by :func:`adaptive.explain`)."""
+
+    op: str
+    features: dict
+    floor_ms: float
+    device: dict
+    candidates: tuple[Candidate, ...]          # in predicted order (best first)
+    predicted: dict                            # candidate -> (mean, sigma) in log units
+    explore: tuple[Candidate, ...]
+    observed: dict                             # candidate -> list of times (ms)
+    committed: Candidate | None = None
+    expected_ms: float = math.nan
+    reason: str = ""
+    recent: deque = dataclasses.field(default_factory=lambda: deque(maxlen=8))
+    explorations: int = 0                      # how many times exploration was opened
+
+    def predicted_ms(self, c: Candidate) -> float:
+        if c not in self.predicted:
+            return math.nan
+        mean = self.predicted[c][0]
+        return math.exp(mean) * (self.floor_ms if self.floor_ms > 0 else 1.0)
+
+
+class Learned:
+    """Choose with a learned cost model; explore only where the model is unsure.
+
+    Args:
+        model: a :class:`~adaptive.model.LiveModel` (or None: a fresh one, fitted from the
+            observations this policy makes, refitted in the background).
+        regret_bound: explore candidates whose optimistic time is within this fraction of
+            the best prediction (0.2: at most 20 % slower, optimistically).
+        z: how optimistic: mean - z·sigma in log units.
+        max_explore: most candidates explored per key (cold or not).
+        samples: timed calls per explored candidate before committing.
+        drift_ratio: re-explore when the median of recent samples leaves
+            [expected / ratio, expected · ratio].
+        drift_window: how many recent samples that median covers.
+    """
+
+    name = "learned"
+
+    def __init__(self, model=None, regret_bound: float = 0.2, z: float = 1.0,
+                 max_explore: int = 4, samples: int = 2, drift_ratio: float = 1.5,
+                 drift_window: int = 4):
+        if model is None:
+            from adaptive.model import LiveModel
+            model = LiveModel()
+        if not 1 <= max_explore:
+            raise ValueError(f"max_explore must be at least 1, got {max_explore}")
+        if samples < 1 or drift_window < 1 or drift_ratio <= 1.0 or regret_bound < 0:
+            raise ValueError("expected samples >= 1, drift_window >= 1, drift_ratio > 1 and "
+                             f"regret_bound >= 0; got {samples}, {drift_window}, {drift_ratio}, "
+                             f"{regret_bound}")
+        self.model = model
+        self.regret_bound = regret_bound
+        self.z = z
+        self.max_explore = max_explore
+        self.samples = samples
+        self.drift_ratio = drift_ratio
+        self.drift_window = drift_window
+        self.keys: dict[tuple, KeyState] = {}
+        self.stats = {"decisions": 0, "cold": 0, "commits": 0, "drifts": 0, "explore_calls": 0}
+        self._lock = threading.Lock()
+
+    # ---- miss ---------------------------------------------------------------------------
+    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
+        from adaptive.model import candidate_row, resources_of
+        op = ctx.op.name
+        features = ctx.op.features(ctx.problem)
+        device = ctx.device()
+        rows = [candidate_row(features, op, c.variant.name, c.config, resources_of(c), device)
+                for c in candidates]
+        dist = self.model.predict_dist(rows)
+        floor = ctx.floor_ms()
+        if dist is None:
+            ranked = _diverse(candidates)
+            predicted = {}
+            explore = tuple(ranked[: self.max_explore])
+            why = f"cold (no model yet): exploring {len(explore)} diverse candidates of " \
+                  f"{len(candidates)}"
+        else:
+            mean, sigma = dist
+            order = sorted(range(len(candidates)), key=lambda i: mean[i])
+            ranked = [candidates[i] for i in order]
+            predicted = {candidates[i]: (float(mean[i]), float(sigma[i])) for i in order}
+            best = mean[order[0]]
+            reach = best + math.log1p(self.regret_bound)
+            explore = tuple(candidates[i] for i in order
+                            if mean[i] - self.z * sigma[i] <= reach)[: self.max_explore]
+            why = (f"model ranked {len(candidates)}; {len(explore)} within "
+                   f"{self.regret_bound:.0%} of the best optimistically")
+        state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
+                         {c: [] for c in explore}, reason=why, explorations=1)
+        with self._lock:
+            self.keys[ctx.key] = state
+            self.stats["decisions"] += 1
+            self.stats["cold"] += dist is None
+        predicted_ms = tuple((c.label, state.predicted_ms(c)) for c in ranked if c in predicted)
+        if len(explore) == 1:
+            state.committed = explore[0]
+            state.reason = why + "; committed without exploring"
+            return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
+        return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
+
+    # ---- feedback -----------------------------------------------------------------------
+    def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> Decision | None:
+        state = self.keys.get(key)
+        if state is None:
+            return None
+        with self._lock:
+            if candidate in state.observed:
+                state.observed[candidate].append(time_ms)
+            if state.committed is None:
+                return self._after_explore_sample(state, candidate, time_ms)
+            if candidate != state.committed:
+                return None
+            self._learn(state, candidate, time_ms)
+            state.recent.append(time_ms)
+            return self._check_drift(state)
+
+    def _after_explore_sample(self, state: KeyState, candidate, time_ms) -> Decision | None:
+        if candidate not in state.observed:
+            return None
+        self.stats["explore_calls"] += 1
+        self._learn(state, candidate, time_ms)
+        if any(len(state.observed[c]) < self.samples for c in state.explore):
+            return None
+        medians = {c: _median(state.observed[c][-self.samples:]) for c in state.explore}
+        best = min(medians, key=medians.get)
+        if math.isinf(medians[best]):
+            failed = ", ".join(c.label for c in state.explore)
+            state.reason = f"every explored candidate failed ({failed})"
+            state.explore = tuple(c for c in state.candidates if c not in medians)[
+                : self.max_explore]
+            if not state.explore:
+                raise RuntimeError(f"every candidate of {state.op} failed on this input")
+            state.observed = {c: [] for c in state.explore}
+            return Decision(state.explore[0], state.reason, explore=state.explore)
+        state.committed, state.expected_ms = best, medians[best]
+        state.recent.clear()
+        others = sorted((t, c.label) for c, t in medians.items() if c != best)
+        runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
+        state.reason = (f"committed after timing {len(medians)} candidates {self.samples}x on "
+                        f"real calls: {best.label} {medians[best]:.4g} ms{runner}")
+        self.stats["commits"] += 1
+        return Decision(best, state.reason, observed_ms=tuple(
+            (c.label, t) for c, t in medians.items()), predicted_ms=tuple(
+            (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
+
+    def _check_drift(self, state: KeyState) -> Decision | None:
+        if len(state.recent) < self.drift_window:
+            return None
+        now = _median(list(state.recent)[-self.drift_window:])
+        ratio = now / state.expected_ms if state.expected_ms > 0 else 1.0
+        if 1 / self.drift_ratio <= ratio <= self.drift_ratio:
+            return None
+        self.stats["drifts"] += 1
+        state.reason = (f"drift: {state.committed.label} now {now:.4g} ms, expected "
+                        f"{state.expected_ms:.4g} ms; re-exploring {len(state.explore)}")
+        current = state.committed
+        explore = (current,) + tuple(c for c in state.explore if c != current)
+        state.committed, state.explore = None, explore
+        state.observed = {c: [] for c in explore}
+        state.explorations += 1
+        if len(explore) == 1:
+            state.committed = current
+            state.expected_ms = now
+            state.recent.clear()
+            return None
+        return Decision(current, state.reason, explore=explore)
+
+    def _learn(self, state: KeyState, candidate: Candidate, time_ms: float) -> None:
+        if not (math.isfinite(time_ms) and time_ms > 0):
+            return
+        from adaptive.model import candidate_row, resources_of, target
+        row = candidate_row(state.features, state.op, candidate.variant.name, candidate.config,
+                            resources_of(candidate), state.device)
+        self.model.add([row], [target(time_ms, state.floor_ms)])
+
+    def add_observations(self, rows, weight: float = 1.0) -> None:
+        """Measurements made elsewhere (a pack, a counter log): the model's base rows."""
+        from adaptive.model import training_set
+        ts = training_set(rows)
+        if len(ts):
+            self.model.extend_base(ts, weight)
+
+    # ---- introspection ------------------------------------------------------------------
+    def state(self, key: tuple) -> KeyState | None:
+        """What the policy knows about ``key`` (None before its first miss)."""
+        return self.keys.get(key)
+
+    def forget(self) -> None:
+        with self._lock:
+            self.keys.clear()
+
+
+def _median(times: list[float]) -> float:
+    finite = [t for t in times if math.isfinite(t)]
+    return statistics.median(finite) if finite else math.inf
+
+
+def _diverse(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates in an order that covers variants first, then each variant's config range.
+
+    Within a variant: the middle config, then the extremes, then the rest; across
+    variants: round robin, manifest order.
+    """
+    by_variant: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        by_variant.setdefault(c.variant.id, []).append(c)
+    queues = []
+    for pool in by_variant.values():
+        order = [len(pool) // 2, 0, len(pool) - 1] + list(range(len(pool)))
+        seen, queue = set(), []
+        for i in order:
+            if i not in seen:
+                seen.add(i)
+                queue.append(pool[i])
+        queues.append(queue)
+    out = []
+    while any(queues):
+        for q in queues:
+            if q:
+                out.append(q.pop(0))
+    return out

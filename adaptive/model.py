@@ -1,0 +1,371 @@
+"""The cost model: a tree ensemble predicting log(time / roofline floor), with uncertainty.
+
+A row is a dict of named numeric features — the op's features, the candidate's variant
+(one-hot) and config values, the kernel's resources and the device state — so rows from
+packs, counter logs and live samples line up by name, and an absent column is 0. The
+target is ``log(time_ms / floor_ms)``: how far from the roofline a candidate runs, which
+carries across sizes far better than raw time. The spread of the ensemble's trees is the
+uncertainty the policy explores with.
+
+This module imports scikit-learn at the top; ``import adaptive`` never imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+from scipy.stats import rankdata
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.ensemble import ExtraTreesRegressor
+from sklearn.utils.validation import check_is_fitted
+
+from adaptive.observation import Observation
+
+FEATURE_VERSION = 1   # bump when row names or meanings change: older fitted state is refused
+MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
+
+
+def candidate_row(op_features: Mapping[str, float], op: str, variant: str, config: Mapping,
+                  resources: Mapping | None = None, device: Mapping | None = None
+                  ) -> dict[str, float]:
+    """One model row for a candidate on an input; every value is a float, names are stable."""
+    row = {f"op.{k}": float(v) for k, v in op_features.items()}
+    row[f"variant={op}/{variant}"] = 1.0
+    for name, value in config.items():
+        if isinstance(value, (bool, int, float)):
+            row[f"cfg.{name}"] = float(value)
+            if value > 0:
+                row[f"cfg.log2_{name}"] = math.log2(value)
+        else:
+            row[f"cfg.{name}={value}"] = 1.0
+    for prefix, table in (("res", resources), ("dev", device)):
+        for name, value in (table or {}).items():
+            if isinstance(value, (bool, int, float)):
+                row[f"{prefix}.{name}"] = float(value)
+    return row
+
+
+def resources_of(candidate) -> dict:
+    """A candidate's kernel resources (registers, shared bytes, spills), if the variant has them.
+
+    ``Variant.resources`` is either one flat table or a table per candidate label.
+    """
+    res = candidate.variant.resources
+    if not res:
+        return {}
+    per_label = res.get(candidate.label)
+    if isinstance(per_label, Mapping):
+        return dict(per_label)
+    return {k: v for k, v in res.items() if isinstance(v, (int, float))}
+
+
+def target(time_ms: float, floor_ms: float) -> float:
+    """log(time / floor); with no floor known, log(time in ms)."""
+    return math.log(time_ms / floor_ms) if floor_ms > 0 else math.log(time_ms)
+
+
+def input_key(op: str, features: Mapping[str, float], dtype: str = "") -> tuple:
+    """Group rows by input (for held-out evaluation): op, dtype and rounded features."""
+    return (op, dtype, tuple(sorted((k, round(float(v), 4)) for k, v in features.items())))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSet:
+    """Rows, targets and the input each row belongs to."""
+
+    rows: list[dict]
+    y: np.ndarray
+    groups: list[tuple]
+    labels: list[str]     # "op/variant[config]" per row: which candidate
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def subset(self, index: Sequence[int]) -> TrainingSet:
+        return TrainingSet([self.rows[i] for i in index], self.y[list(index)],
+                           [self.groups[i] for i in index], [self.labels[i] for i in index])
+
+
+def training_set(observations: Sequence[Observation],
+                 resources: Callable[[Observation], Mapping] | None = None) -> TrainingSet:
+    """Model rows from measurement rows (a pack, a counter log, a benchmark table).
+
+    Rows with a non-finite or non-positive time are failures: they stay out of the fit
+    (the policy never explores a candidate that failed).
+    """
+    rows, ys, groups, labels = [], [], [], []
+    for obs in observations:
+        if not (math.isfinite(obs.time_ms) and obs.time_ms > 0):
+            continue
+        res = resources(obs) if resources else {}
+        rows.append(candidate_row(obs.features, obs.op, obs.variant, obs.config, res, obs.device))
+        ys.append(target(obs.time_ms, obs.floor_ms))
+        groups.append(input_key(obs.op, obs.features, obs.dtype))
+        cfg = ",".join(f"{k}={v}" for k, v in sorted(obs.config.items()))
+        labels.append(f"{obs.op}/{obs.variant}[{cfg}]" if cfg else f"{obs.op}/{obs.variant}")
+    return TrainingSet(rows, np.asarray(ys, dtype=np.float64), groups, labels)
+
+
+class CostModel(RegressorMixin, BaseEstimator):
+    """Regression of log(time / floor) with a per-prediction uncertainty.
+
+    Follows scikit-learn's contract: ``__init__`` only stores, ``fit`` sets trailing-underscore
+    attributes and returns ``self``, ``predict`` checks it is fitted. ``X`` is either a list
+    of feature dicts (see :func:`candidate_row`; names are fixed at fit, unknown ones are
+    ignored, absent ones are 0) or a 2-D numeric array.
+
+    Args:
+        n_estimators: trees in the ensemble; their spread is the uncertainty.
+        min_samples_leaf: smallest leaf (larger: smoother, more spread).
+        random_state: seed of the ensemble.
+
+    Example:
+        >>> m = CostModel().fit(ts.rows, ts.y)
+        >>> mean, sigma = m.predict_dist(rows)     # log(time / floor), log units
+    """
+
+    def __init__(self, n_estimators: int = 48, min_samples_leaf: int = 2,
+                 random_state: int = 0):
+        self.n_estimators = n_estimators
+        self.min_samples_leaf = min_samples_leaf
+        self.random_state = random_state
+
+    def _matrix(self, X, fitting: bool = False) -> np.ndarray:
+        is_dicts = len(X) > 0 and isinstance(X[0], Mapping) if isinstance(X, (list, tuple)) \
+            else False
+        if not is_dicts:
+            M = np.asarray(X, dtype=np.float64)
+            if M.ndim != 2:
+                raise ValueError(f"CostModel expects a 2-D array or a list of feature dicts, "
+                                 f"got an array of shape {M.shape}")
+            if fitting:
+                self.feature_names_ = None
+            elif getattr(self, "feature_names_", None) is not None:
+                raise ValueError("this CostModel was fitted on feature dicts; pass dicts")
+            return M
+        if fitting:
+            self.feature_names_ = sorted(set().union(*(r.keys() for r in X)))
+        elif self.feature_names_ is None:
+            raise ValueError("this CostModel was fitted on an array; pass an array")
+        index = {name: j for j, name in enumerate(self.feature_names_)}
+        M = np.zeros((len(X), len(index)))
+        for i, row in enumerate(X):
+            for name, value in row.items():
+                j = index.get(name)
+                if j is not None:
+                    M[i, j] = value
+        return M
+
+    def fit(self, X, y, sample_weight=None) -> CostModel:
+        """Fit on rows ``X`` and targets ``y`` (log(time / floor)); returns ``self``."""
+        M = self._matrix(X, fitting=True)
+        y = np.asarray(y, dtype=np.float64)
+        if M.shape[0] != y.shape[0]:
+            raise ValueError(f"X has {M.shape[0]} rows but y has {y.shape[0]} values")
+        if M.shape[0] < 2:
+            raise ValueError(f"CostModel needs at least 2 rows to fit, got {M.shape[0]}")
+        if not np.all(np.isfinite(y)):
+            raise ValueError("y has NaN or Inf; drop failed measurements before fitting")
+        self.ensemble_ = ExtraTreesRegressor(
+            n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
+            bootstrap=True, random_state=self.random_state, n_jobs=1).fit(
+            M, y, sample_weight=sample_weight)
+        self.n_features_in_ = M.shape[1]
+        self.n_rows_ = M.shape[0]
+        self.feature_version_ = FEATURE_VERSION
+        return self
+
+    def predict(self, X) -> np.ndarray:
+        """Predicted log(time / floor) per row."""
+        check_is_fitted(self, "ensemble_")
+        return self.ensemble_.predict(self._matrix(X))
+
+    def predict_dist(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, sigma) per row in log units, from the trees' spread; one batched call."""
+        check_is_fitted(self, "ensemble_")
+        M = self._matrix(X)
+        per_tree = np.stack([t.predict(M) for t in self.ensemble_.estimators_])
+        return per_tree.mean(axis=0), np.maximum(per_tree.std(axis=0), MIN_SIGMA)
+
+
+class LiveModel:
+    """A :class:`CostModel` refitted in a background thread as rows arrive.
+
+    Readers call :meth:`predict_dist` and always see one whole model: a refit builds a new
+    model off the calling thread and swaps it in with one assignment. Pack rows (``base``)
+    are kept; live rows are kept up to ``max_rows``, newest last.
+
+    Args:
+        base: rows to start from (a pack's measurements); fitted at once if 2 or more.
+        refit_every: refit after this many new rows.
+        background: refit on a daemon thread (False: refit inline; tests, benchmarks).
+    """
+
+    def __init__(self, base: TrainingSet | None = None, refit_every: int = 24,
+                 max_rows: int = 20000, background: bool = True,
+                 make: Callable[[], CostModel] = CostModel):
+        self.refit_every = refit_every
+        self.max_rows = max_rows
+        self.background = background
+        self._make = make
+        self._base_rows: list[dict] = []
+        self._base_y: list[float] = []
+        self._base_w: list[float] = []
+        self._rows: list[dict] = []
+        self._y: list[float] = []
+        self._pending = 0
+        self._dirty = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.model: CostModel | None = None
+        self.generation = 0
+        self.last_error: str = ""
+        if base is not None:
+            self.extend_base(base)
+
+    def predict_dist(self, rows: list[dict]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, sigma) from the current model, or None before the first fit."""
+        model = self.model   # one read: a concurrent swap cannot mix two models
+        return None if model is None else model.predict_dist(rows)
+
+    def extend_base(self, ts: TrainingSet, weight: float = 1.0) -> None:
+        """Add rows that are always kept (a pack's measurements; ``weight`` < 1: another
+        device) and refit now (in the background when ``background``)."""
+        with self._lock:
+            self._base_rows += ts.rows
+            self._base_y += [float(v) for v in ts.y]
+            self._base_w += [float(weight)] * len(ts)
+        self._start_refit(force=True)
+
+    def add(self, rows: Sequence[dict], y: Sequence[float]) -> None:
+        """Queue rows; start a refit once ``refit_every`` have arrived since the last one."""
+        with self._lock:
+            self._rows += rows
+            self._y += [float(v) for v in y]
+            if len(self._rows) > self.max_rows:
+                del self._rows[: -self.max_rows], self._y[: -self.max_rows]
+            self._pending += len(rows)
+        self._start_refit()
+
+    def _start_refit(self, force: bool = False) -> None:
+        with self._lock:
+            running = self._thread is not None and self._thread.is_alive()
+            wanted = force or self._pending >= self.refit_every
+            if running and wanted:
+                self._dirty = True
+            due = wanted and not running
+            if due:
+                self._pending = 0
+                if self.background:
+                    self._thread = threading.Thread(target=self._refit, daemon=True,
+                                                    name="adaptive-model-refit")
+                    self._thread.start()
+        if due and not self.background:
+            self._refit()
+
+    def wait(self, timeout_s: float = 30.0) -> bool:
+        """Wait for a running refit; True when none is running afterwards."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
+    def _refit(self) -> None:
+        while True:
+            with self._lock:
+                self._dirty = False
+                rows = self._base_rows + self._rows
+                y = np.asarray(self._base_y + self._y, dtype=np.float64)
+                w = np.asarray(self._base_w + [1.0] * len(self._rows))
+            if len(rows) < 2:
+                return
+            try:
+                fitted = self._make().fit(rows, y, sample_weight=w)
+            except Exception as exc:  # noqa: BLE001 (a failed refit keeps the previous model)
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                return
+            self.model = fitted   # the atomic swap
+            self.generation += 1
+            with self._lock:
+                if not self._dirty:   # rows that arrived during the fit get their own refit
+                    return
+
+
+@dataclasses.dataclass(frozen=True)
+class Accuracy:
+    """Ranking quality on held-out inputs, beside a baseline that ignores the input."""
+
+    keys: int
+    spearman: float
+    top1: float
+    top3: float
+    baseline_spearman: float
+    baseline_top1: float
+    baseline_top3: float
+
+    def __str__(self) -> str:
+        return (f"model accuracy on {self.keys} held-out inputs: spearman {self.spearman:.2f} "
+                f"(baseline {self.baseline_spearman:.2f}), top-1 {self.top1:.0%} "
+                f"(baseline {self.baseline_top1:.0%}), top-3 {self.top3:.0%} "
+                f"(baseline {self.baseline_top3:.0%})")
+
+
+def ranking_scores(pred: np.ndarray, ts: TrainingSet) -> tuple[float, float, float, int]:
+    """Mean per-input Spearman correlation, top-1 and top-3 hit rates of ``pred``."""
+    by_key: dict[tuple, list[int]] = {}
+    for i, g in enumerate(ts.groups):
+        by_key.setdefault(g, []).append(i)
+    rhos, top1, top3, n = [], 0, 0, 0
+    for index in by_key.values():
+        if len(index) < 2:
+            continue
+        p, t = pred[index], ts.y[index]
+        n += 1
+        best = int(np.argmin(t))
+        order = np.argsort(p, kind="stable")
+        top1 += int(order[0] == best or t[order[0]] <= t[best])
+        top3 += int(best in order[:3])
+        if np.ptp(p) > 0 and np.ptp(t) > 0:
+            rhos.append(float(np.corrcoef(rankdata(p), rankdata(t))[0, 1]))
+        else:
+            rhos.append(0.0)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    return float(np.mean(rhos)), top1 / n, top3 / n, n
+
+
+def held_out_accuracy(ts: TrainingSet, test_fraction: float = 0.3, seed: int = 0,
+                      make: Callable[[], CostModel] = CostModel,
+                      test: TrainingSet | None = None) -> Accuracy:
+    """Fit on some inputs, rank the candidates of the others; compare with a baseline.
+
+    The baseline predicts each candidate's mean target over the training inputs (the
+    "best fixed candidate" order), so it knows candidates but not inputs.
+    """
+    if test is None:
+        keys = sorted(set(ts.groups))
+        rng = np.random.default_rng(seed)
+        held = set(map(tuple, [keys[i] for i in rng.permutation(len(keys))[
+            : max(1, int(round(test_fraction * len(keys))))]]))
+        train = ts.subset([i for i, g in enumerate(ts.groups) if g not in held])
+        test = ts.subset([i for i, g in enumerate(ts.groups) if g in held])
+    else:
+        train = ts
+    if len(train) < 2 or len(test) < 2:
+        raise ValueError(f"held-out accuracy needs rows on both sides, got {len(train)} train "
+                         f"and {len(test)} test rows")
+    model = make().fit(train.rows, train.y)
+    spearman, top1, top3, n = ranking_scores(model.predict(test.rows), test)
+    means: dict[str, list[float]] = {}
+    for label, y in zip(train.labels, train.y):
+        means.setdefault(label, []).append(y)
+    fallback = float(train.y.mean())
+    base = np.array([float(np.mean(means[lb])) if lb in means else fallback
+                     for lb in test.labels])
+    b_spearman, b_top1, b_top3, _ = ranking_scores(base, test)
+    return Accuracy(n, spearman, top1, top3, b_spearman, b_top1, b_top3)
