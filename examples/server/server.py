@@ -117,6 +117,12 @@ class Handler(BaseHTTPRequestHandler):
         self.server.count("errors_4xx" if status < 500 else "errors_5xx")
         self._reply(status, {"error": message, "status": int(status)})
 
+    def send_error(self, code, message=None, explain=None):
+        # http.server's own rejections (bad request line, oversized headers) in JSON too
+        self.close_connection = True
+        self.request_version = "HTTP/1.0"   # always send a status line and headers
+        self._error(HTTPStatus(code), message or HTTPStatus(code).phrase)
+
     def do_GET(self):
         if self.path == "/healthz":
             self._reply(200, {"status": "ok", "dispatch": self.server.dispatch})
