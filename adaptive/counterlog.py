@@ -392,9 +392,20 @@ def counter_log(path: str | os.PathLike, sample_every: int = 1, **options) -> It
             clog.attach(d)
         yield clog
     finally:
+        global _closed_dropped
+        stats = clog.close()
         with _active_lock:
             _active.remove(clog)
-        clog.close()
+            _closed_dropped += stats.dropped
+
+
+_closed_dropped = 0
+
+
+def dropped_records_total() -> int:
+    """Records dropped by every counter log of this process, open or closed."""
+    with _active_lock:
+        return _closed_dropped + sum(clog.stats.dropped for clog in _active)
 
 
 def active_logs() -> list[CounterLog]:
