@@ -1,0 +1,506 @@
+"""Variant packs: variants + measurements + the device they were measured on, in one file.
+
+A pack is a msgpack file (layout in ``docs/pack-format.md``): an outer map with a magic
+string, the schema version, a sha256, and two byte strings — the header (creation time,
+creator, device fingerprint) and the body (variants as source text + manifest entry,
+measurement rows, optional cubins). The hash covers header and body and is checked
+before either is decoded; nothing is pickled: the cost model is refitted from the rows.
+
+Loading a pack runs its code (Python variant source, CUDA kernels): load only packs
+you trust. :func:`load_pack` refuses a truncated, corrupted or hash-mismatched file and
+an unknown schema with :class:`~adaptive.errors.PackError`, and then loads nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import msgpack
+
+from adaptive.errors import ManifestError, PackError
+from adaptive.observation import Observation
+from adaptive.variants import Registry, Variant, variant_from_dict
+
+log = logging.getLogger("adaptive")
+
+MAGIC = "adaptive-pack"
+SCHEMA_VERSION = 1          # bump when the layout or the meaning of a field changes
+FOREIGN_WEIGHT = 0.25       # weight of rows measured on another device
+# fingerprint fields that identify a device; driver and library versions do not
+IDENTITY_KEYS = ("backend", "name", "cc", "compute_capability", "sm_count", "cpu_count")
+
+
+class PackDeviceWarning(UserWarning):
+    """A pack measured on another device was loaded; its rows are down-weighted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cubin:
+    """A compiled kernel image carried by a pack (content address from ``adaptive.kcache``)."""
+
+    key: str                 # kcache.kernel_key(source, options, arch, compiler)
+    variant: str             # "op/name"
+    config: Mapping
+    arch: str                # "sm_90"
+    image: bytes
+    resources: Mapping = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "variant": self.variant, "config": dict(self.config),
+                "arch": self.arch, "image": bytes(self.image),
+                "resources": dict(self.resources)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pack:
+    """The decoded contents of a pack file."""
+
+    header: Mapping
+    variants: tuple[Variant, ...] = ()
+    rows: tuple[Observation, ...] = ()
+    cubins: tuple[Cubin, ...] = ()
+    failures: tuple[Mapping, ...] = ()   # {op, dims, dtype, variant, config, reason}
+    sha256: str = ""                     # of header + body as stored ("" before writing)
+
+    @property
+    def fingerprint(self) -> dict:
+        return dict(self.header.get("fingerprint", {}))
+
+    @property
+    def ops(self) -> list[str]:
+        return sorted({v.op for v in self.variants} | {r.op for r in self.rows})
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadReport:
+    """What :func:`load_pack` did."""
+
+    path: str
+    sha256: str
+    variants_added: tuple[str, ...]
+    variants_present: tuple[str, ...]    # already registered with the same source
+    variants_skipped: tuple[str, ...]    # registered with other source, or unknown op
+    rows: int
+    weight: float
+    same_device: bool
+
+
+def new_pack(variants: Iterable[Variant], rows: Iterable[Observation], fingerprint: Mapping,
+             cubins: Iterable[Cubin] = (), failures: Iterable[Mapping] = (),
+             build: Mapping | None = None, created_s: float | None = None) -> Pack:
+    """A pack with a fresh header (schema, creation time, creator, device fingerprint)."""
+    from adaptive import __version__
+    from adaptive.ops import KEY_VERSION
+    header = {"schema": SCHEMA_VERSION, "created_s": time.time() if created_s is None else
+              created_s, "creator": f"adaptive {__version__}", "key_version": KEY_VERSION,
+              "fingerprint": dict(fingerprint), "build": dict(build or {})}
+    return Pack(header, tuple(variants), tuple(rows), tuple(cubins), tuple(failures))
+
+
+# ---- encoding ---------------------------------------------------------------------------------
+
+def _pack_bytes(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def encode(pack: Pack) -> tuple[bytes, str]:
+    """The file's bytes and the sha256 of header + body."""
+    body = {"variants": [v.to_dict() for v in pack.variants],
+            "rows": [r.to_dict() for r in pack.rows],
+            "cubins": [c.to_dict() for c in pack.cubins],
+            "failures": [dict(f) for f in pack.failures]}
+    header = dict(pack.header)
+    header["counts"] = {name: len(body[name]) for name in body}
+    header_bytes, body_bytes = _pack_bytes(header), _pack_bytes(body)
+    digest = hashlib.sha256(header_bytes + body_bytes).hexdigest()
+    outer = {"magic": MAGIC, "schema": SCHEMA_VERSION, "sha256": digest,
+             "header": header_bytes, "body": body_bytes}
+    return _pack_bytes(outer), digest
+
+
+def _outer(data: bytes, where: str) -> dict:
+    """The outer map, checked for magic, schema and hash; nothing inside is decoded yet."""
+    try:
+        outer = msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # noqa: BLE001 (msgpack raises several kinds)
+        raise PackError(where, f"not a readable pack: the file is truncated or corrupted "
+                        f"({type(exc).__name__}: {exc}); rebuild it or copy it again") from None
+    if not isinstance(outer, dict) or outer.get("magic") != MAGIC:
+        raise PackError(where, f"not an adaptive pack (expected a msgpack map with magic "
+                        f"{MAGIC!r}); pass a file written by `adaptive pack build`")
+    schema = outer.get("schema")
+    if schema != SCHEMA_VERSION:
+        raise PackError(where, f"unknown schema version {schema!r}; this adaptive reads "
+                        f"schema {SCHEMA_VERSION}: rebuild the pack with this version")
+    header, body, digest = outer.get("header"), outer.get("body"), outer.get("sha256")
+    if not isinstance(header, bytes) or not isinstance(body, bytes) or not isinstance(digest,
+                                                                                      str):
+        raise PackError(where, "corrupted: header, body or sha256 missing or of the wrong "
+                        "type; rebuild the pack")
+    actual = hashlib.sha256(header + body).hexdigest()
+    if actual != digest:
+        raise PackError(where, f"hash mismatch: the file says sha256 {digest[:16]}…, its "
+                        f"contents hash to {actual[:16]}…; it was modified or corrupted: "
+                        "rebuild the pack or copy it again")
+    return outer
+
+
+def decode(data: bytes, where: str = "<bytes>") -> Pack:
+    """Verify and decode a pack's bytes; :class:`PackError` if anything is wrong."""
+    outer = _outer(data, where)
+    try:
+        header = msgpack.unpackb(outer["header"], raw=False)
+        body = msgpack.unpackb(outer["body"], raw=False)
+    except Exception as exc:  # noqa: BLE001
+        raise PackError(where, f"corrupted header or body ({exc})") from None
+    if not isinstance(header, dict) or not isinstance(body, dict):
+        raise PackError(where, "corrupted: header and body must be maps")
+    try:
+        variants = tuple(variant_from_dict(d, d.get("op", ""), None, f"{where} variants", i)
+                         for i, d in enumerate(body.get("variants", [])))
+        for v in variants:
+            if not v.op:
+                raise ManifestError(f"{where} variants", f"{v.name}.op", "missing")
+        rows = tuple(Observation.from_dict(d) for d in body.get("rows", []))
+        cubins = tuple(Cubin(**d) for d in body.get("cubins", []))
+        failures = tuple(dict(f) for f in body.get("failures", []))
+    except (ManifestError, ValueError, TypeError, AttributeError) as exc:
+        raise PackError(where, f"invalid contents: {exc}") from None
+    return Pack(header, variants, rows, cubins, failures, outer["sha256"])
+
+
+def read_pack(path: str | os.PathLike) -> Pack:
+    """Read, verify and decode a pack file (nothing is registered or executed)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PackError(str(path), f"cannot read: {exc.strerror}") from None
+    return decode(data, str(path))
+
+
+def peek_header(path: str | os.PathLike) -> dict:
+    """The header of a verified pack without decoding its body (for ``show`` and matching)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PackError(str(path), f"cannot read: {exc.strerror}") from None
+    outer = _outer(data, str(path))
+    header = msgpack.unpackb(outer["header"], raw=False)
+    return header | {"sha256": outer["sha256"], "size_bytes": len(data)}
+
+
+def write_pack(pack: Pack, path: str | os.PathLike) -> str:
+    """Write atomically (temp file + ``os.replace``); return the sha256 of header + body."""
+    data, digest = encode(pack)
+    atomic_write(Path(path), data)
+    return digest
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)   # mkstemp makes it private; a pack is meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ---- devices ----------------------------------------------------------------------------------
+
+def same_device(a: Mapping, b: Mapping) -> bool:
+    """True when two fingerprints name the same kind of device (versions may differ)."""
+    shared = [k for k in IDENTITY_KEYS if k in a and k in b]
+    return bool(shared) and all(a[k] == b[k] for k in shared) and "backend" in shared
+
+
+def describe_device(fp: Mapping) -> str:
+    parts = [str(fp.get("name", "?"))]
+    for k in ("cc", "compute_capability", "sm_count", "cpu_count"):
+        if k in fp:
+            parts.append(f"{k}={fp[k]}")
+    return f"{fp.get('backend', '?')}: " + ", ".join(parts)
+
+
+def current_fingerprint(backend: str) -> dict | None:
+    """The fingerprint of this machine's device for ``backend``; None if it has none."""
+    from adaptive.backends import get_backend
+    try:
+        return get_backend(backend).fingerprint()
+    except Exception:  # noqa: BLE001 (no such device here)
+        return None
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+_loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # registry -> {sha256}
+_load_lock = threading.RLock()
+
+
+def load_pack(path: str | os.PathLike, registry: Registry | None = None,
+              fingerprint: Mapping | None = None) -> LoadReport:
+    """Verify a pack, then add its variants to the registry and its rows to the dispatchers.
+
+    The hash is checked before anything is decoded; any problem raises
+    :class:`~adaptive.errors.PackError` and nothing is loaded. A pack measured on another
+    device loads with a :class:`PackDeviceWarning` and its rows get weight
+    :data:`FOREIGN_WEIGHT`. Loading the same pack twice into a registry is a no-op.
+    Packs carry code (kernel and Python source): load only packs you trust.
+
+    Args:
+        path: the pack file.
+        registry: where variants go (default: the shared registry of default dispatchers).
+        fingerprint: the device to compare with (default: this machine's device for the
+            pack's backend).
+
+    Returns:
+        A :class:`LoadReport`.
+
+    Example:
+        >>> adaptive.load_pack("h200.msgpack").rows
+        1840
+    """
+    from adaptive import dispatch
+    pack = read_pack(path)
+    shared = registry is None or registry is dispatch.shared_registry()
+    registry = dispatch.shared_registry() if shared else registry
+    if fingerprint is None:
+        fingerprint = current_fingerprint(pack.fingerprint.get("backend", "host"))
+    match = fingerprint is not None and same_device(pack.fingerprint, fingerprint)
+    with _load_lock:
+        done = _loaded.setdefault(registry, set())
+        if pack.sha256 in done:
+            return LoadReport(str(path), pack.sha256, (), tuple(v.id for v in pack.variants),
+                              (), 0, 1.0 if match else FOREIGN_WEIGHT, match)
+        add, present, skipped = _plan_variants(pack, registry, str(path))
+        usable = {v.id for v in add} | {v.id for v in present}
+        rows = [r for r in pack.rows if f"{r.op}/{r.variant}" in usable]
+        weight = 1.0 if match else FOREIGN_WEIGHT
+        if not match:
+            here = describe_device(fingerprint) if fingerprint else "no such device here"
+            warnings.warn(f"pack {path} was measured on {describe_device(pack.fingerprint)}, "
+                          f"not this device ({here}); its {len(rows)} rows are down-weighted to "
+                          f"{weight}", PackDeviceWarning, stacklevel=2)
+        from adaptive.ops import KEY_VERSION
+        if pack.header.get("key_version") != KEY_VERSION:
+            log.warning("pack %s: key version %s != %s; its rows are ignored", path,
+                        pack.header.get("key_version"), KEY_VERSION)
+            rows = []
+        for v in add:
+            registry.add(dataclasses.replace(v, origin=f"pack {path}"))
+        done.add(pack.sha256)
+    _install_cubins(pack)
+    if rows:
+        rows = [dataclasses.replace(r, source="pack") for r in rows]
+        if shared:
+            dispatch.add_observations(rows, weight)
+        else:
+            dispatch.add_observations(rows, weight, registry=registry)
+    log.info("loaded pack %s: %d variants added, %d rows (weight %s)", path, len(add),
+             len(rows), weight)
+    return LoadReport(str(path), pack.sha256, tuple(v.id for v in add),
+                      tuple(v.id for v in present), tuple(skipped), len(rows), weight, match)
+
+
+def _plan_variants(pack: Pack, registry: Registry, where: str):
+    """Split the pack's variants into new, already present, and skipped (with a warning)."""
+    from adaptive.ops import OPS
+    add, present, skipped = [], [], []
+    for v in pack.variants:
+        if v.op not in OPS:
+            skipped.append(v.id)
+            log.warning("pack %s: variant %s is of unknown op %r; skipped", where, v.id, v.op)
+            continue
+        known = {x.name: x for x in registry.variants(v.op)}.get(v.name)
+        if known is None:
+            add.append(v)
+        elif _code_of(known) == _code_of(v):
+            present.append(v)
+        else:
+            skipped.append(v.id)
+            log.warning("pack %s: variant %s differs from the registered one (from %s); kept "
+                        "the registered one and ignored the pack's rows for it", where, v.id,
+                        known.origin)
+    return add, present, skipped
+
+
+def _code_of(v: Variant) -> dict:
+    """What decides a variant's behaviour (not its doc, provenance or measured resources)."""
+    d = v.to_dict()
+    for k in ("doc", "provenance", "resources", "source_name"):
+        d.pop(k)
+    return d
+
+
+def _install_cubins(pack: Pack) -> None:
+    """Hand carried cubins to the kernel cache when this build has one (else ignore them)."""
+    if not pack.cubins:
+        return
+    try:
+        from adaptive import config
+        from adaptive.kcache import KernelCache
+        cache = KernelCache(config.get().cache_dir)
+    except ImportError:
+        return
+    for c in pack.cubins:
+        try:
+            if cache.get(c.key) is None:
+                cache.put(c.key, bytes(c.image), dict(c.resources))
+        except Exception as exc:  # noqa: BLE001 (a cache failure only costs a compile)
+            log.warning("pack cubin %s not cached: %s", c.key[:12], exc)
+
+
+_startup_done: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> {device}
+
+
+def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadReport]:
+    """``ADAPTIVE_PACKS`` and the shipped packs matching ``backend``'s device, once per
+    registry and device (a dispatcher on the shared registry calls this when created)."""
+    from adaptive import config, dispatch
+    from adaptive.packs import shipped_packs
+    registry = dispatch.shared_registry() if registry is None else registry
+    fp = backend.fingerprint()
+    with _load_lock:
+        done = _startup_done.setdefault(registry, set())
+        if describe_device(fp) in done:
+            return []
+        done.add(describe_device(fp))
+    reports = []
+    for p in [p for p in config.get().packs.split(":") if p]:
+        mine = _backend_of(p) == backend.name
+        reports.append(load_pack(p, registry, fp if mine else None))
+    for p in shipped_packs():
+        try:
+            if same_device(_cached_header(p).get("fingerprint", {}), fp):
+                reports.append(load_pack(p, registry, fp))
+        except PackError as exc:
+            log.error("shipped pack refused: %s", exc)
+    return reports
+
+
+@functools.lru_cache(maxsize=32)
+def _header_at(path: str, mtime_ns: int, size: int) -> dict:
+    return peek_header(path)
+
+
+def _cached_header(path: Path) -> dict:
+    st = path.stat()
+    return _header_at(str(path), st.st_mtime_ns, st.st_size)
+
+
+def _backend_of(path: str) -> str | None:
+    try:
+        return peek_header(path).get("fingerprint", {}).get("backend")
+    except PackError:
+        return None   # load_pack reports the problem
+
+
+# ---- merge and diff ---------------------------------------------------------------------------
+
+def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
+    """One pack with every variant and row of ``packs`` (identical rows once).
+
+    The packs must come from the same kind of device (unless ``allow_other_devices``, in
+    which case the first pack's fingerprint is kept) and agree on every shared variant.
+    """
+    if not packs:
+        raise ValueError("merge needs at least one pack")
+    fp = packs[0].fingerprint
+    for p in packs[1:]:
+        if not same_device(fp, p.fingerprint) and not allow_other_devices:
+            raise PackError("<merge>", f"packs come from different devices "
+                            f"({describe_device(fp)} and {describe_device(p.fingerprint)}); "
+                            "keep them as separate packs (several can be loaded) or pass "
+                            "--allow-other-devices")
+    variants: dict[str, Variant] = {}
+    for p in packs:
+        for v in p.variants:
+            if v.id in variants and _code_of(variants[v.id]) != _code_of(v):
+                raise PackError("<merge>", f"variant {v.id} differs between the packs (source "
+                                f"hash {variants[v.id].source_hash[:12]} vs "
+                                f"{v.source_hash[:12]}); rename one before merging")
+            variants.setdefault(v.id, v)
+    rows, seen = [], set()
+    for p in packs:
+        for r in p.rows:
+            k = msgpack.packb(r.to_dict(), use_bin_type=True)
+            if k not in seen:
+                seen.add(k)
+                rows.append(r)
+    cubins = {c.key: c for p in packs for c in p.cubins}
+    failures = [f for p in packs for f in p.failures]
+    build = {"merged_from": [p.sha256 for p in packs]}
+    return new_pack(variants.values(), rows, fp, cubins.values(), failures, build)
+
+
+def row_key(r: Observation) -> tuple:
+    """(op, dims, dtype, variant, config): rows with equal keys measure the same thing."""
+    return (r.op, tuple(sorted(r.dims.items())), r.dtype, r.variant,
+            tuple(sorted((k, str(v)) for k, v in r.config.items())))
+
+
+def diff(a: Pack, b: Pack) -> dict:
+    """Variants added, removed and changed; per shared measurement the time ratio b/a;
+    per input the best candidate in each pack where they differ."""
+    va, vb = {v.id: v for v in a.variants}, {v.id: v for v in b.variants}
+    ta, tb = _best_times(a.rows), _best_times(b.rows)
+    shared = sorted(set(ta) & set(tb))
+    ratios = {k: tb[k] / ta[k] for k in shared if ta[k] > 0 and math.isfinite(tb[k])}
+    best_a, best_b = _best_per_input(ta), _best_per_input(tb)
+    changed_best = {k: (best_a[k], best_b[k]) for k in sorted(set(best_a) & set(best_b))
+                    if best_a[k][0] != best_b[k][0]}
+    return {
+        "same_device": same_device(a.fingerprint, b.fingerprint),
+        "variants_added": sorted(set(vb) - set(va)),
+        "variants_removed": sorted(set(va) - set(vb)),
+        "variants_changed": sorted(k for k in set(va) & set(vb)
+                                   if _code_of(va[k]) != _code_of(vb[k])),
+        "rows": (len(a.rows), len(b.rows)),
+        "only_in_a": len(set(ta) - set(tb)), "only_in_b": len(set(tb) - set(ta)),
+        "ratios": ratios,
+        "best_changed": changed_best,
+    }
+
+
+def best_per_input(rows: Iterable[Observation]) -> dict[tuple, tuple[str, float]]:
+    """(op, dims, dtype) -> (label of the fastest candidate measured, its time in ms)."""
+    return _best_per_input(_best_times(rows))
+
+
+def _best_times(rows: Iterable[Observation]) -> dict[tuple, float]:
+    out: dict[tuple, float] = {}
+    for r in rows:
+        k = row_key(r)
+        out[k] = min(out.get(k, math.inf), r.time_ms)
+    return out
+
+
+def _best_per_input(times: Mapping[tuple, float]) -> dict[tuple, tuple[str, float]]:
+    """(op, dims, dtype) -> (label of the fastest candidate, its time)."""
+    best: dict[tuple, tuple[str, float]] = {}
+    for (op, dims, dtype, variant, cfg), t in times.items():
+        label = variant + (f"[{','.join(f'{k}={v}' for k, v in cfg)}]" if cfg else "")
+        k = (op, dims, dtype)
+        if k not in best or t < best[k][1]:
+            best[k] = (label, t)
+    return best

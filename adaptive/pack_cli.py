@@ -1,0 +1,188 @@
+"""``adaptive pack``: build, show, diff and merge variant packs.
+
+    adaptive pack build --ops gemm,softmax --shapes default -o h200.msgpack
+    adaptive pack build --from-log run.alog -o from-log.msgpack
+    adaptive pack show h200.msgpack [--best]
+    adaptive pack diff old.msgpack new.msgpack
+    adaptive pack merge a.msgpack b.msgpack -o both.msgpack
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import datetime
+import math
+import sys
+from pathlib import Path
+
+from adaptive import pack as packs
+from adaptive.errors import AdaptiveError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    b = sub.add_parser("build", help="measure candidates on this machine and write a pack")
+    b.add_argument("-o", "--out", required=True, help="the pack file to write")
+    b.add_argument("--ops", default="", help="comma-separated ops (default: all in --shapes)")
+    b.add_argument("--shapes", default="default",
+                   help="a preset (quick, default) or a .json/.toml file {op: [{dims: ...}]}")
+    b.add_argument("--backend", default="auto", choices=("auto", "cuda", "host"))
+    b.add_argument("--workers", type=int, default=None,
+                   help="worker processes (default: one per GPU; one on the host backend)")
+    b.add_argument("--warmup", type=int, default=2, help="untimed runs per candidate")
+    b.add_argument("--repeats", type=int, default=7, help="timed runs per candidate")
+    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    b.add_argument("--cubins", action="store_true", help="carry compiled kernels (cuda)")
+    b.add_argument("--deadline-s", type=float, default=None,
+                   help="start no case after this many seconds (the pack says how many ran)")
+    b.add_argument("--fresh", action="store_true", help="ignore a journal of an earlier run")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
+                   help="build from counter logs instead of measuring")
+    s = sub.add_parser("show", help="header, device and contents of a pack")
+    s.add_argument("pack")
+    s.add_argument("--best", action="store_true", help="the fastest candidate per input")
+    s.add_argument("--failures", action="store_true", help="list the candidates that failed")
+    d = sub.add_parser("diff", help="what changed between two packs")
+    d.add_argument("a")
+    d.add_argument("b")
+    m = sub.add_parser("merge", help="one pack from several (same device)")
+    m.add_argument("packs", nargs="+")
+    m.add_argument("-o", "--out", required=True)
+    m.add_argument("--allow-other-devices", action="store_true",
+                   help="merge packs of different devices (keeps the first's fingerprint)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return {"build": _build, "show": _show, "diff": _diff, "merge": _merge}[args.action](args)
+    except (AdaptiveError, ValueError, FileNotFoundError) as exc:
+        print(f"adaptive pack {args.action}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"adaptive pack {args.action}: interrupted; run the same command again to resume",
+              file=sys.stderr)
+        return 130
+
+
+# ---- build ---------------------------------------------------------------------------------------
+
+def _build(args) -> int:
+    ops = [o for o in args.ops.split(",") if o]
+    if args.from_log:
+        pack = build_from_logs(args.from_log, args.out, ops)
+    else:
+        from adaptive.packs.build import Settings, build_pack, load_shapes
+        if args.repeats < 1 or args.warmup < 1:
+            raise ValueError(f"--repeats and --warmup must be at least 1, got {args.repeats} "
+                             f"and {args.warmup}")
+        cases = load_shapes(args.shapes, ops)
+        settings = Settings(warmup=args.warmup, repeats=args.repeats, seed=args.seed,
+                            cubins=args.cubins)
+        pack = build_pack(cases, args.out, args.backend, args.workers, settings, args.fresh,
+                          not args.no_progress, args.deadline_s, info={"shapes": args.shapes})
+    size = Path(args.out).stat().st_size
+    print(f"wrote {args.out}: {len(pack.variants)} variants, {len(pack.rows)} rows, "
+          f"{len(pack.failures)} failures, {size / 1e3:.1f} kB, sha256 {pack.sha256[:16]}")
+    return 0
+
+
+def build_from_logs(logs: list[str], out: str, ops: list[str] | None = None) -> packs.Pack:
+    """A pack from counter logs: their rows, the registry's variants they name, and the
+    device fingerprint of the log header (or this machine's, when the header has none)."""
+    from adaptive import counterlog
+    from adaptive.dispatch import shared_registry
+    rows, headers = [], []
+    for path in logs:
+        contents = counterlog.read_log(path)
+        headers += contents.headers
+        rows += counterlog.to_observations(contents)
+    if ops:
+        rows = [r for r in rows if r.op in ops]
+    registry = shared_registry()
+    known = {(v.op, v.name): v for op in registry.ops() for v in registry.variants(op)}
+    kept = [r for r in rows if (r.op, r.variant) in known]
+    if not kept:
+        raise ValueError(f"no usable rows in {', '.join(logs)} ({len(rows)} rows, none of a "
+                         "registered variant)")
+    fp = next((h["fingerprint"] for h in headers if h.get("fingerprint")), None)
+    if fp is None:
+        backends = collections.Counter(r.device.get("backend") or "host" for r in kept)
+        fp = packs.current_fingerprint(backends.most_common(1)[0][0]) or {}
+    variants = [known[k] for k in sorted({(r.op, r.variant) for r in kept})]
+    build = {"from_logs": [str(p) for p in logs], "rows_skipped": len(rows) - len(kept)}
+    pack = packs.new_pack(variants, kept, fp, build=build)
+    digest = packs.write_pack(pack, out)
+    return dataclasses.replace(pack, sha256=digest)
+
+
+# ---- show / diff / merge -------------------------------------------------------------------------
+
+def _show(args) -> int:
+    header = packs.peek_header(args.pack)
+    pack = packs.read_pack(args.pack)
+    created = datetime.datetime.fromtimestamp(header.get("created_s", 0), datetime.timezone.utc)
+    print(f"{args.pack}: schema {header['schema']}, {header['size_bytes'] / 1e3:.1f} kB, "
+          f"sha256 {pack.sha256[:16]} (verified)")
+    print(f"  created {created:%Y-%m-%d %H:%M:%S} UTC by {header.get('creator', '?')}")
+    print(f"  device  {packs.describe_device(pack.fingerprint)}")
+    others = {k: v for k, v in pack.fingerprint.items() if k not in packs.IDENTITY_KEYS}
+    if others:
+        print("          " + ", ".join(f"{k}={v}" for k, v in sorted(others.items())))
+    build = header.get("build", {})
+    if build:
+        print("  build   " + ", ".join(f"{k}={v}" for k, v in build.items() if k != "settings"))
+    print(f"  {len(pack.variants)} variants, {len(pack.rows)} rows, {len(pack.cubins)} cubins, "
+          f"{len(pack.failures)} failures")
+    inputs = collections.defaultdict(set)
+    for r in pack.rows:
+        inputs[r.op].add(packs.row_key(r)[:3])
+    by_op = collections.defaultdict(list)
+    for v in pack.variants:
+        by_op[v.op].append(v.name)
+    for op in pack.ops:
+        print(f"  {op:<10} {len(inputs[op]):>4} inputs  {sum(r.op == op for r in pack.rows):>6} "
+              f"rows  variants: {', '.join(sorted(by_op[op]))}")
+    if args.best:
+        best = packs.best_per_input(pack.rows)
+        for (op, dims, dtype), (label, t) in sorted(best.items()):
+            shape = ",".join(f"{k}={v}" for k, v in dims)
+            print(f"    {op:<10} {shape:<36} {dtype:<9} {t:>10.4f} ms  {label}")
+    if args.failures:
+        for f in pack.failures:
+            print(f"    FAIL {f.get('op')}/{f.get('variant')} {f.get('config')} "
+                  f"{f.get('dims')} {f.get('dtype')}: {f.get('reason')}")
+    return 0
+
+
+def _diff(args) -> int:
+    a, b = packs.read_pack(args.a), packs.read_pack(args.b)
+    d = packs.diff(a, b)
+    print(f"a: {args.a} ({packs.describe_device(a.fingerprint)}, {d['rows'][0]} rows)")
+    print(f"b: {args.b} ({packs.describe_device(b.fingerprint)}, {d['rows'][1]} rows)")
+    if not d["same_device"]:
+        print("   (different devices: times are not comparable one to one)")
+    for name in ("variants_added", "variants_removed", "variants_changed"):
+        if d[name]:
+            print(f"{name.replace('_', ' ')}: {', '.join(d[name])}")
+    ratios = sorted(d["ratios"].values())
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        print(f"{len(ratios)} shared measurements: time b/a geometric mean {geo:.3f}, "
+              f"min {ratios[0]:.3f}, max {ratios[-1]:.3f}")
+    print(f"only in a: {d['only_in_a']} measurements, only in b: {d['only_in_b']}")
+    for (op, dims, dtype), ((la, ta), (lb, tb)) in d["best_changed"].items():
+        shape = ",".join(f"{k}={v}" for k, v in dims)
+        print(f"  best changed {op} {shape} {dtype}: {la} ({ta:.4f} ms) -> {lb} ({tb:.4f} ms)")
+    return 0
+
+
+def _merge(args) -> int:
+    loaded = [packs.read_pack(p) for p in args.packs]
+    merged = packs.merge(loaded, args.allow_other_devices)
+    digest = packs.write_pack(merged, args.out)
+    print(f"wrote {args.out}: {len(merged.variants)} variants, {len(merged.rows)} rows from "
+          f"{len(loaded)} packs, sha256 {digest[:16]}")
+    return 0

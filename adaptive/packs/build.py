@@ -1,0 +1,384 @@
+"""Building a pack: measure every candidate on a sample of inputs on this machine.
+
+Inputs come from a shape list (a preset or a JSON/TOML file), one :class:`Case` each.
+Every case gets fresh random inputs from ``Op.make_inputs``; every candidate that fits
+is checked against the float64 reference (when cheap), warmed up, then timed several
+times (median and spread). One worker per GPU (one on the host backend) pulls cases;
+each finished case is appended to a journal (``OUT.partial``), so an interrupted build
+resumes where it stopped. The pack is written atomically at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+import tomllib
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+import msgpack
+
+from adaptive.errors import PackError
+from adaptive.observation import Measurement, Observation, floor_ms
+from adaptive.packs.presets import PRESETS
+
+log = logging.getLogger("adaptive")
+JOURNAL_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One input class to measure: op, dims, dtype, op params and generator statistics."""
+
+    op: str
+    dims: tuple[tuple[str, int], ...]
+    dtype: str = "float32"
+    params: tuple[tuple[str, object], ...] = ()
+    stats: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def id(self) -> str:
+        parts = [self.op, ",".join(f"{k}={v}" for k, v in self.dims), self.dtype]
+        parts += [",".join(f"{k}={v}" for k, v in t) for t in (self.params, self.stats) if t]
+        return " ".join(parts)
+
+    @classmethod
+    def from_dict(cls, op: str, d: Mapping) -> Case:
+        from adaptive.ops import get_op
+        get_op(op)
+        unknown = set(d) - {"dims", "dtype", "params", "stats"}
+        if unknown or not isinstance(d.get("dims"), Mapping):
+            raise ValueError(f"shape entry for {op} {dict(d)}: expected keys dims (a table of "
+                             f"ints), dtype, params, stats; got {sorted(d)}")
+        return cls(op, tuple(d["dims"].items()), d.get("dtype", "float32"),
+                   tuple(sorted(d.get("params", {}).items())),
+                   tuple(sorted(d.get("stats", {}).items())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How each candidate is measured."""
+
+    warmup: int = 2
+    repeats: int = 7
+    budget_ms: float = 250.0          # fewer repeats (at least 3) for slow candidates
+    check_max_flops: float = 2e9      # compare with the float64 reference below this
+    seed: int = 0
+    cubins: bool = False              # carry compiled kernels (cuda)
+
+
+def load_shapes(spec: str, ops: Iterable[str] | None = None) -> list[Case]:
+    """Cases from a preset name or a ``.json`` / ``.toml`` file ``{op: [{dims: {...}}]}``."""
+    if spec in PRESETS:
+        table = PRESETS[spec]
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise ValueError(f"--shapes {spec!r}: neither a preset ({', '.join(PRESETS)}) nor "
+                             "a file")
+        text = path.read_text()
+        table = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    ops = list(ops) if ops else list(table)
+    missing = [op for op in ops if op not in table]
+    if missing:
+        raise ValueError(f"shapes {spec!r} have no entries for {', '.join(missing)}; they "
+                         f"cover {', '.join(table)}")
+    return [Case.from_dict(op, d) for op in ops for d in table[op]]
+
+
+# ---- measuring one case (runs in a worker) -----------------------------------------------------
+
+def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
+    """Rows and failures of every candidate on fresh inputs for ``case``."""
+    from adaptive.ops import get_op
+    op, backend = get_op(case.op), dispatcher.backend
+    rng = _rng(settings.seed, case.id)
+    inputs = op.make_inputs(dict(case.dims), case.dtype, rng, **dict(case.stats))
+    params = dict(case.params)
+    adapter = backend.adapter("numpy")
+    native = tuple(a if adapter is None or hasattr(type(a), "signature") else adapter[0](a)
+                   for a in inputs)
+    problem = op.problem(native, params)
+    flops, nbytes = op.roofline(problem)
+    ref = op.reference(*inputs, **params) if flops <= settings.check_max_flops else None
+    floor = floor_ms(flops, nbytes, backend.peaks(), problem.dtype)
+    features = op.features(problem)
+    state = getattr(backend, "state", None)
+    rows, failures, cubins = [], [], []
+    for cand in dispatcher.candidates(case.op, *native, **params):
+        base = {"op": case.op, "dims": problem.dims_dict, "dtype": problem.dtype,
+                "variant": cand.variant.name, "config": cand.config}
+        try:
+            m = _measure(backend, op, problem, cand, native, ref, settings)
+        except Exception as exc:  # noqa: BLE001 (a failing candidate is data)
+            failures.append(base | {"reason": f"{type(exc).__name__}: {exc}"[:500]})
+            continue
+        rows.append(Observation(**base, time_ms=m.median_ms, floor_ms=floor, features=features,
+                                samples=len(m.samples_ms), spread_ms=m.spread_ms,
+                                device=dict(state()) if state else {},
+                                timestamp_s=time.time(), source="pack").to_dict())
+        if settings.cubins and cand.variant.language == "cuda":
+            cubins += _cubin(backend, cand, problem.dtype)
+    return {"case": case.id, "rows": rows, "failures": failures, "cubins": cubins}
+
+
+def _measure(backend, op, problem, cand, args, ref, settings: Settings) -> Measurement:
+    fn = backend.prepare(cand, problem, op)
+    out = backend.empty(op.out_shape(problem), problem.dtype)
+    first = backend.time_ms(fn, args, out, 1)[0]
+    if ref is not None:
+        err = op.error(out, ref)
+        tol = op.tolerance.get(problem.dtype, 1e-2)
+        if not err <= tol:
+            raise ValueError(f"wrong result: relative error {err:.3g} > tolerance {tol:g}")
+    if settings.warmup > 1:
+        backend.time_ms(fn, args, out, settings.warmup - 1)
+    repeats = settings.repeats
+    if first > 0 and first * repeats > settings.budget_ms:
+        repeats = max(3, int(settings.budget_ms / first))
+    return Measurement(tuple(backend.time_ms(fn, args, out, repeats)), settings.warmup)
+
+
+def _cubin(backend, cand, dtype: str) -> list[dict]:
+    from adaptive import nvrtc
+    try:
+        k = nvrtc.compile_candidate(cand.variant, cand.config, dtype, backend.arch)
+        return [{"key": k.key, "variant": cand.variant.id, "config": cand.config,
+                 "arch": backend.arch, "image": k.path.read_bytes(),
+                 "resources": dict(k.resources)}]
+    except Exception as exc:  # noqa: BLE001 (a pack without this cubin still works)
+        log.warning("no cubin for %s: %s", cand.label, exc)
+        return []
+
+
+def _rng(seed: int, case_id: str):
+    import numpy as np
+    return np.random.default_rng([seed, zlib.crc32(case_id.encode())])
+
+
+def make_dispatcher(backend: str, device: int | None = None):
+    """A dispatcher on a fresh default registry (no startup packs: measure only our own)."""
+    from adaptive.dispatch import Dispatcher
+    from adaptive.variants import default_registry
+    return Dispatcher(backend, device=device, registry=default_registry())
+
+
+# ---- the journal --------------------------------------------------------------------------------
+
+class Journal:
+    """Append-only msgpack stream beside the output: a plan record, then one per case."""
+
+    def __init__(self, path: Path, plan: Mapping):
+        self.path, self.plan = path, dict(plan)
+        self.done: dict[str, dict] = {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        records, good = [], 0
+        if path.exists():
+            with open(path, "rb") as f:
+                unpacker = msgpack.Unpacker(f, raw=False)
+                try:
+                    for record in unpacker:
+                        records.append(record)
+                        good = unpacker.tell()
+                except (ValueError, msgpack.UnpackException):
+                    pass   # a torn last record: keep what came before it
+        if records and (not isinstance(records[0], dict) or records[0].get("plan") != self.plan):
+            raise PackError(str(path), "this journal belongs to another build (other ops, "
+                            "shapes, settings or device); delete it or pass --fresh")
+        for record in records[1:]:
+            if isinstance(record, dict) and isinstance(record.get("case"), str):
+                self.done[record["case"]] = record
+        if good == 0:
+            self.done.clear()
+            self._append_raw({"journal": JOURNAL_VERSION, "plan": self.plan}, truncate=0)
+        elif good < path.stat().st_size:
+            os.truncate(path, good)
+
+    def _append_raw(self, record: Mapping, truncate: int | None = None) -> None:
+        mode = "wb" if truncate == 0 else "ab"
+        with open(self.path, mode) as f:
+            f.write(msgpack.packb(record, use_bin_type=True))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def add(self, result: Mapping) -> None:
+        self._append_raw(result)
+        self.done[result["case"]] = dict(result)
+
+
+def plan_of(cases: list[Case], backend: str, fingerprint: Mapping, settings: Settings) -> dict:
+    from adaptive.pack import describe_device
+    h = hashlib.sha256(json.dumps([c.id for c in cases]).encode()).hexdigest()
+    return {"cases_sha256": h, "backend": backend, "device": describe_device(fingerprint),
+            "settings": dataclasses.asdict(settings)}
+
+
+# ---- progress -----------------------------------------------------------------------------------
+
+class Progress:
+    """A small progress bar on stderr (a line per 10 % when stderr is not a terminal)."""
+
+    def __init__(self, total: int, done: int = 0, stream=None):
+        self.total, self.done, self.stream = total, done, stream or sys.stderr
+        self.t0, self.tty, self._last = time.monotonic(), self.stream.isatty(), -1
+
+    def update(self, label: str) -> None:
+        self.done += 1
+        frac = self.done / max(self.total, 1)
+        if not self.tty and int(frac * 10) == self._last and self.done < self.total:
+            return
+        self._last = int(frac * 10)
+        bar = "#" * int(frac * 30)
+        elapsed = time.monotonic() - self.t0
+        end = "\r" if self.tty and self.done < self.total else "\n"
+        self.stream.write(f"[{bar:<30}] {self.done}/{self.total} {elapsed:5.0f}s {label[:60]}"
+                          f"{' ' * 10}{end}")
+        self.stream.flush()
+
+
+def count_gpus() -> int:
+    try:
+        import cupy
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def precompile(backend_name: str, arch: str, ops: Iterable[str]) -> None:
+    """Fill the kernel cache for every CUDA candidate of ``ops`` on all cores (NVRTC)."""
+    from adaptive import nvrtc
+    from adaptive.variants import default_registry
+    if backend_name != "cuda" or not nvrtc.available():
+        return
+    reg = default_registry()
+    workers = max(1, (os.cpu_count() or 2) - 1)
+    for op in ops:
+        nvrtc.check_all(reg, op, arch, workers=workers)
+
+
+# ---- the build ----------------------------------------------------------------------------------
+
+def run_case(dispatcher, case: Case, settings: Settings) -> dict:
+    """:func:`measure_case`, with a case that cannot run at all recorded as a failure."""
+    try:
+        return measure_case(dispatcher, case, settings)
+    except Exception as exc:  # noqa: BLE001 (failures are data)
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        return {"case": case.id, "rows": [], "cubins": [],
+                "failures": [{"op": case.op, "dims": dict(case.dims), "dtype": case.dtype,
+                              "variant": "", "config": {}, "reason": reason}]}
+
+
+def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
+               workers: int | None = None, settings: Settings = Settings(),
+               fresh: bool = False, progress: bool = True, deadline_s: float | None = None,
+               on_case: Callable[[dict], None] | None = None, info: Mapping | None = None):
+    """Measure ``cases`` on this machine and write the pack to ``out``; return the Pack.
+
+    Resumes from ``out.partial`` when it exists (same cases, settings and device). With
+    ``deadline_s``, cases not started by then are left out (the header says how many).
+    """
+    from adaptive import pack as packs
+    from adaptive.backends import resolve_name
+    backend = resolve_name(backend)
+    if workers is None:
+        workers = max(1, count_gpus()) if backend == "cuda" else 1
+    d = make_dispatcher(backend, 0 if backend == "cuda" else None)
+    fp = d.backend.fingerprint()
+    out = Path(out)
+    journal_path = out.with_name(out.name + ".partial")
+    if fresh and journal_path.exists():
+        journal_path.unlink()
+    journal = Journal(journal_path, plan_of(cases, backend, fp, settings))
+    todo = [c for c in cases if c.id not in journal.done]
+    resumed = len(cases) - len(todo)
+    bar = Progress(len(cases), resumed) if progress else None
+    t0 = time.monotonic()
+    if todo:
+        precompile(backend, getattr(d.backend, "arch", ""), sorted({c.op for c in todo}))
+
+    def record(result: dict) -> None:
+        journal.add(result)
+        if bar:
+            bar.update(result["case"])
+        if on_case:
+            on_case(result)
+
+    def in_time() -> bool:
+        return deadline_s is None or time.monotonic() - t0 < deadline_s
+
+    if workers <= 1 or len(todo) <= 1:
+        for c in todo:
+            if not in_time():
+                break
+            record(run_case(d, c, settings))
+    else:
+        _run_workers(backend, workers, todo, settings, record, in_time)
+    done = [journal.done[c.id] for c in cases if c.id in journal.done]
+    rows = [Observation.from_dict(r) for res in done for r in res["rows"]]
+    used = {(r.op, r.variant) for r in rows}
+    variants = [v for op in sorted({c.op for c in cases}) for v in d.registry.variants(op)
+                if (v.op, v.name) in used]
+    cubins = {c["key"]: packs.Cubin(**c) for res in done for c in res.get("cubins", [])}
+    failures = [f for res in done for f in res["failures"]]
+    build = {"cases": len(cases), "cases_done": len(done), "cases_resumed": resumed,
+             "time_s": round(time.monotonic() - t0, 3), "workers": workers,
+             "settings": dataclasses.asdict(settings), **(info or {})}
+    pack = packs.new_pack(variants, rows, fp, cubins.values(), failures, build)
+    digest = packs.write_pack(pack, out)
+    journal_path.unlink()
+    return dataclasses.replace(pack, sha256=digest)
+
+
+def _worker(backend: str, device: int | None, settings: Settings, tasks, results) -> None:
+    d = make_dispatcher(backend, device)
+    while True:
+        case = tasks.get()
+        if case is None:
+            return
+        results.put(run_case(d, case, settings))
+
+
+def _run_workers(backend, workers, todo, settings, record, in_time) -> None:
+    """One process per GPU (spawned: CUDA does not survive fork); cases from one queue."""
+    import multiprocessing as mp
+    import queue as queue_mod
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_worker, daemon=True, name=f"adaptive-pack-{i}",
+                         args=(backend, i if backend == "cuda" else None, settings, tasks,
+                               results)) for i in range(workers)]
+    for p in procs:
+        p.start()
+    pending = list(todo)
+    in_flight = 0
+    try:
+        while pending or in_flight:
+            while pending and in_flight < workers and in_time():
+                tasks.put(pending.pop(0))
+                in_flight += 1
+            if not in_flight:
+                break
+            try:
+                result = results.get(timeout=2.0)
+            except queue_mod.Empty:
+                if not any(p.is_alive() for p in procs):
+                    raise RuntimeError("every pack worker died; run the build again to resume "
+                                       "from the journal") from None
+                continue
+            in_flight -= 1
+            record(result)
+    finally:
+        for _ in procs:
+            tasks.put(None)
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()

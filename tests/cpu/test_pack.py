@@ -1,0 +1,415 @@
+"""Variant packs: format round-trip, refusals that load nothing, device mismatch, merge and
+diff, building on the host backend, resuming an interrupted build, the CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+
+import msgpack
+import numpy as np
+import pytest
+
+import adaptive
+from adaptive import config, dispatch
+from adaptive import pack as packs
+from adaptive.errors import PackError
+from adaptive.observation import Observation
+from adaptive.ops import OPS
+from adaptive.packs.build import Journal, Settings, build_pack, load_shapes
+from adaptive.policy import MeasureEach
+from adaptive.variants import Registry, default_registry, variant_from_dict
+
+SOFTMAX_SRC = '''
+import numpy as np
+
+def softmax_pack(x, out, rows=1):
+    xf = x.astype(np.float64)
+    e = np.exp(xf - xf.max(axis=1, keepdims=True))
+    out[...] = e / e.sum(axis=1, keepdims=True)
+'''
+HOST_FP = {"backend": "host", "name": "test-cpu", "cpu_count": 2, "numpy": "x"}
+FAST = Settings(warmup=1, repeats=3)
+
+
+class Recording(MeasureEach):
+    """MeasureEach that keeps what ``add_observations`` gives it."""
+
+    def __init__(self):
+        super().__init__()
+        self.given: list[tuple[list, float]] = []
+
+    def add_observations(self, rows, weight):
+        self.given.append((list(rows), weight))
+
+
+def _variant(name="pack_softmax", source=SOFTMAX_SRC):
+    return variant_from_dict({"name": name, "backend": "host", "language": "python",
+                              "entry": "softmax_pack", "source": source, "op": "softmax",
+                              "space": {"rows": [1, 2]}, "provenance": {"by": "test"}},
+                             "softmax")
+
+
+def _row(variant="pack_softmax", time_ms=0.5, r=7, c=33, cfg=None):
+    return Observation("softmax", {"R": r, "C": c}, "float32", variant, cfg or {"rows": 1},
+                       time_ms, floor_ms=0.01, features={"log2_R": 2.8}, samples=5,
+                       spread_ms=0.02, counters={"sm_clock_mhz": 1980.0}, source="bench")
+
+
+def _cubin():
+    return packs.Cubin("ab" * 32, "softmax/pack_softmax", {"rows": 1}, "sm_90",
+                       bytes(range(256)) * 4, {"registers": 32})
+
+
+@pytest.fixture
+def small_pack(tmp_path):
+    pack = packs.new_pack([_variant()], [_row(), _row(time_ms=0.7, cfg={"rows": 2})], HOST_FP,
+                          cubins=[_cubin()], failures=[{"op": "softmax", "reason": "x"}])
+    path = tmp_path / "small.msgpack"
+    packs.write_pack(pack, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def quick_pack(tmp_path_factory):
+    path = tmp_path_factory.mktemp("packs") / "quick.msgpack"
+    return path, build_pack(load_shapes("quick"), path, "host", settings=FAST, progress=False)
+
+
+@pytest.fixture
+def isolated():
+    """A fresh registry and a dispatcher on it whose policy records the rows it is given."""
+    reg = Registry(default_registry().variants("softmax"))
+    policy = Recording()
+    return reg, dispatch.Dispatcher("host", registry=reg, policy=policy), policy
+
+
+# ---- format -----------------------------------------------------------------------------------
+
+def test_round_trip_keeps_every_field(small_pack):
+    pack = packs.read_pack(small_pack)
+    assert pack.header["schema"] == packs.SCHEMA_VERSION
+    assert pack.header["fingerprint"] == HOST_FP
+    assert pack.header["creator"] == f"adaptive {adaptive.__version__}"
+    assert pack.header["counts"] == {"variants": 1, "rows": 2, "cubins": 1, "failures": 1}
+    assert [v.to_dict() for v in pack.variants] == [_variant().to_dict()]
+    assert pack.rows == (_row(), _row(time_ms=0.7, cfg={"rows": 2}))
+    assert pack.cubins == (_cubin(),)
+    assert len(pack.sha256) == 64
+    assert oct(small_pack.stat().st_mode & 0o777) == "0o644"
+
+
+def test_built_pack_round_trips(quick_pack):
+    path, built = quick_pack
+    again = packs.read_pack(path)
+    assert again.sha256 == built.sha256
+    assert again.rows == built.rows
+    assert {v.id for v in again.variants} == {v.id for v in built.variants}
+
+
+def _outer(path):
+    return msgpack.unpackb(path.read_bytes(), raw=False)
+
+
+def _write_outer(path, outer):
+    path.write_bytes(msgpack.packb(outer, use_bin_type=True))
+
+
+def _refused(path, isolated, match):
+    reg, d, policy = isolated
+    before = (len(reg), reg.generation, dispatch.shared_observations())
+    with pytest.raises(PackError, match=match):
+        packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
+    assert (len(reg), reg.generation, dispatch.shared_observations()) == before
+    assert policy.given == []
+    with pytest.raises(Exception):
+        reg.get("softmax", "pack_softmax")
+
+
+@pytest.mark.parametrize("keep", [0, 1, 10, 0.5, -1], ids=lambda k: f"keep={k}")
+def test_truncated_pack_is_refused(small_pack, isolated, keep):
+    data = small_pack.read_bytes()
+    n = int(len(data) * keep) if isinstance(keep, float) else keep % len(data)
+    small_pack.write_bytes(data[:n])
+    _refused(small_pack, isolated, "truncated or corrupted|not an adaptive pack")
+
+
+def test_every_flipped_byte_is_refused(small_pack, isolated):
+    data = small_pack.read_bytes()
+    reg, d, policy = isolated
+    for i in range(len(data)):
+        bad = bytearray(data)
+        bad[i] ^= 0x5A
+        with pytest.raises(PackError):
+            packs.decode(bytes(bad), f"flip@{i}")
+    small_pack.write_bytes(bytes(bad))
+    _refused(small_pack, isolated, None)
+
+
+@pytest.mark.parametrize("part", ["header", "body"])
+def test_hash_mismatch_is_refused(small_pack, isolated, part):
+    outer = _outer(small_pack)
+    inner = msgpack.unpackb(outer[part], raw=False)
+    if part == "header":
+        inner["fingerprint"]["name"] = "NVIDIA H200"   # a lie about the device
+    else:
+        inner["rows"][0]["time_ms"] = 1e-9               # a lie about a measurement
+    outer[part] = msgpack.packb(inner, use_bin_type=True)
+    _write_outer(small_pack, outer)
+    _refused(small_pack, isolated, "hash mismatch")
+
+
+def test_unknown_schema_is_refused(small_pack, isolated):
+    outer = _outer(small_pack)
+    outer["schema"] = packs.SCHEMA_VERSION + 1
+    _write_outer(small_pack, outer)
+    _refused(small_pack, isolated, "unknown schema version 2")
+
+
+def test_not_a_pack_is_refused(tmp_path, isolated):
+    path = tmp_path / "other.msgpack"
+    path.write_bytes(msgpack.packb({"format": "adaptive-counter-log", "version": 1}))
+    _refused(path, isolated, "not an adaptive pack")
+    with pytest.raises(PackError, match="cannot read"):
+        packs.read_pack(tmp_path / "missing.msgpack")
+
+
+def test_invalid_contents_with_a_valid_hash_are_refused(tmp_path, isolated):
+    pack = packs.new_pack([_variant()], [_row()], HOST_FP)
+    data, _ = packs.encode(pack)
+    outer = msgpack.unpackb(data, raw=False)
+    body = msgpack.unpackb(outer["body"], raw=False)
+    body["variants"][0]["language"] = "fortran"
+    outer["body"] = msgpack.packb(body, use_bin_type=True)
+    import hashlib
+    outer["sha256"] = hashlib.sha256(outer["header"] + outer["body"]).hexdigest()
+    path = tmp_path / "bad.msgpack"
+    _write_outer(path, outer)
+    _refused(path, isolated, "invalid contents.*language")
+
+
+def test_failed_write_leaves_the_old_file(small_pack, monkeypatch):
+    before = small_pack.read_bytes()
+
+    def boom(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        packs.write_pack(packs.new_pack([], [], HOST_FP), small_pack)
+    assert small_pack.read_bytes() == before
+    assert [p.name for p in small_pack.parent.iterdir()] == [small_pack.name]
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+def test_load_adds_variants_and_rows_and_the_variant_runs(small_pack, isolated, rng):
+    reg, d, policy = isolated
+    report = packs.load_pack(small_pack, registry=reg, fingerprint=dict(HOST_FP, numpy="y"))
+    assert report.same_device and report.weight == 1.0
+    assert report.variants_added == ("softmax/pack_softmax",) and report.rows == 2
+    assert reg.get("softmax", "pack_softmax").origin == f"pack {small_pack}"
+    [(rows, weight)] = policy.given
+    assert weight == 1.0 and [r.time_ms for r in rows] == [0.5, 0.7]
+    assert all(r.source == "pack" for r in rows)
+    x = OPS["softmax"].make_inputs({"R": 7, "C": 33}, "float32", rng)[0]
+    out = d.launch("softmax", x, variant="pack_softmax", config={"rows": 2})
+    assert OPS["softmax"].error(out, OPS["softmax"].reference(x)) < 1e-6
+    again = packs.load_pack(small_pack, registry=reg, fingerprint=HOST_FP)
+    assert again.variants_added == () and again.rows == 0 and len(policy.given) == 1
+
+
+def test_other_device_loads_with_a_warning_and_down_weighted(small_pack, isolated):
+    reg, d, policy = isolated
+    h200 = {"backend": "cuda", "name": "NVIDIA H200", "cc": 90, "sm_count": 132}
+    with pytest.warns(packs.PackDeviceWarning, match="down-weighted"):
+        report = packs.load_pack(small_pack, registry=reg, fingerprint=h200)
+    assert not report.same_device and report.weight == packs.FOREIGN_WEIGHT
+    assert [w for _, w in policy.given] == [packs.FOREIGN_WEIGHT]
+
+
+def test_same_device_ignores_versions_but_not_identity():
+    a = {"backend": "cuda", "name": "NVIDIA H200", "cc": 90, "sm_count": 132,
+         "driver_version": 12080}
+    assert packs.same_device(a, dict(a, driver_version=13000, nvrtc="13.0"))
+    assert not packs.same_device(a, dict(a, sm_count=114))
+    assert not packs.same_device(a, dict(a, name="NVIDIA H100"))
+    assert not packs.same_device(a, HOST_FP)
+    assert not packs.same_device({}, {})
+
+
+def test_variant_differing_from_the_registered_one_is_skipped(tmp_path, isolated):
+    reg, d, policy = isolated
+    builtin = reg.get("softmax", "host_numpy")
+    changed = dataclasses.replace(builtin, source=builtin.source + "\n# changed\n")
+    same = reg.get("softmax", "host_blocked")
+    rows = [_row("host_numpy", cfg={}), _row("host_blocked", cfg={"rows": 8})]
+    path = tmp_path / "p.msgpack"
+    packs.write_pack(packs.new_pack([changed, same], rows, HOST_FP), path)
+    report = packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
+    assert report.variants_skipped == ("softmax/host_numpy",)
+    assert report.variants_present == ("softmax/host_blocked",)
+    assert reg.get("softmax", "host_numpy") is builtin
+    [(given, _)] = policy.given
+    assert [r.variant for r in given] == ["host_blocked"]
+
+
+def test_adaptive_packs_env_loads_into_new_dispatchers(small_pack, monkeypatch):
+    monkeypatch.setenv("ADAPTIVE_PACKS", str(small_pack))
+    dispatch.reset_defaults()
+    try:
+        with config.override(packs=str(small_pack)), pytest.warns(packs.PackDeviceWarning):
+            d = dispatch.Dispatcher("host", policy=Recording())
+            assert dispatch.shared_registry().get("softmax", "pack_softmax").source == \
+                SOFTMAX_SRC
+            assert d.stats["prior_rows"] == 2 and len(d.policy.given) == 1
+            later = dispatch.Dispatcher("host", policy=Recording())
+            assert [len(r) for r, _ in later.policy.given] == [2]   # rows reach later ones too
+    finally:
+        dispatch.reset_defaults()
+
+
+# ---- merge and diff ---------------------------------------------------------------------------
+
+def test_merge_unions_and_deduplicates(tmp_path):
+    a = packs.new_pack([_variant()], [_row(), _row(r=9)], HOST_FP)
+    b = packs.new_pack([_variant(), _variant("other")], [_row(), _row(r=11)], HOST_FP)
+    m = packs.merge([a, b])
+    assert sorted(v.name for v in m.variants) == ["other", "pack_softmax"]
+    assert sorted(r.dims["R"] for r in m.rows) == [7, 9, 11]
+    packs.write_pack(m, tmp_path / "m.msgpack")
+    assert packs.read_pack(tmp_path / "m.msgpack").rows == m.rows
+
+
+def test_merge_refuses_other_devices_and_conflicting_variants():
+    a = packs.new_pack([_variant()], [_row()], HOST_FP)
+    other = packs.new_pack([], [_row()], {"backend": "cuda", "name": "NVIDIA H200", "cc": 90})
+    with pytest.raises(PackError, match="different devices"):
+        packs.merge([a, other])
+    assert packs.merge([a, other], allow_other_devices=True).fingerprint == HOST_FP
+    clash = packs.new_pack([_variant(source=SOFTMAX_SRC + "\n")], [], HOST_FP)
+    with pytest.raises(PackError, match="differs between the packs"):
+        packs.merge([a, clash])
+
+
+def test_diff_reports_variants_ratios_and_best_changes():
+    a = packs.new_pack([_variant()], [_row(time_ms=1.0), _row(time_ms=2.0, cfg={"rows": 2})],
+                       HOST_FP)
+    b = packs.new_pack([_variant(), _variant("other")],
+                       [_row(time_ms=0.5), _row(time_ms=0.25, cfg={"rows": 2}),
+                        _row(time_ms=3.0, r=99)], HOST_FP)
+    d = packs.diff(a, b)
+    assert d["variants_added"] == ["softmax/other"] and d["variants_removed"] == []
+    assert sorted(d["ratios"].values()) == [0.125, 0.5]
+    assert d["only_in_b"] == 1 and d["only_in_a"] == 0
+    [(labels)] = d["best_changed"].values()
+    assert labels == (("pack_softmax[rows=1]", 1.0), ("pack_softmax[rows=2]", 0.25))
+
+
+# ---- building ---------------------------------------------------------------------------------
+
+def test_quick_build_on_the_host_measures_every_fitting_candidate(quick_pack):
+    path, pack = quick_pack
+    cases = load_shapes("quick")
+    assert pack.header["build"]["cases_done"] == len(cases) and not pack.failures
+    assert pack.fingerprint["backend"] == "host"
+    assert not path.with_name(path.name + ".partial").exists()
+    d = dispatch.Dispatcher("host", registry=default_registry())
+    for case in cases:
+        op = OPS[case.op]
+        args = op.make_inputs(dict(case.dims), case.dtype, np.random.default_rng(0),
+                              **dict(case.stats))
+        want = {c.label for c in d.candidates(case.op, *args, **dict(case.params))}
+        got = {packs.best_per_input([r])[(case.op, tuple(sorted(case.dims)), case.dtype)][0]
+               for r in pack.rows if r.op == case.op and r.dims == dict(case.dims)}
+        assert got == want, case.id
+    for r in pack.rows:
+        assert 0 < r.time_ms < 1e3 and r.samples == 3 and r.floor_ms > 0 and r.features
+
+
+def test_build_resumes_after_an_interruption(tmp_path):
+    cases = load_shapes("quick", ["softmax", "gemm"])
+    out = tmp_path / "r.msgpack"
+    seen = []
+
+    def stop_after_two(result):
+        seen.append(result["case"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        build_pack(cases, out, "host", settings=FAST, progress=False, on_case=stop_after_two)
+    journal = out.with_name(out.name + ".partial")
+    assert journal.exists() and not out.exists()
+    with open(journal, "ab") as f:
+        f.write(b"\x82\xa4case")          # a record torn by the interruption
+    resumed = []
+    pack = build_pack(cases, out, "host", settings=FAST, progress=False,
+                      on_case=lambda r: resumed.append(r["case"]))
+    assert resumed == [c.id for c in cases[2:]]
+    assert {packs.row_key(r)[:3] for r in pack.rows} == {
+        (c.op, tuple(sorted(c.dims)), c.dtype) for c in cases}
+    assert pack.header["build"]["cases_resumed"] == 2 and not journal.exists()
+
+
+def test_journal_of_another_build_is_refused(tmp_path):
+    path = tmp_path / "j.partial"
+    Journal(path, {"cases_sha256": "a"})
+    with pytest.raises(PackError, match="another build"):
+        Journal(path, {"cases_sha256": "b"})
+
+
+def test_build_with_a_deadline_keeps_what_ran(tmp_path):
+    cases = load_shapes("quick", ["softmax"])
+    pack = build_pack(cases, tmp_path / "d.msgpack", "host", settings=FAST, progress=False,
+                      deadline_s=0.0)
+    assert pack.header["build"]["cases_done"] == 0 and pack.rows == ()
+
+
+def test_shapes_file_and_bad_shapes(tmp_path):
+    f = tmp_path / "s.json"
+    f.write_text('{"softmax": [{"dims": {"R": 5, "C": 17}, "dtype": "float32"}]}')
+    [case] = load_shapes(str(f))
+    assert case.id == "softmax R=5,C=17 float32"
+    with pytest.raises(ValueError, match="neither a preset"):
+        load_shapes("nope")
+    with pytest.raises(ValueError, match="no entries for gemm"):
+        load_shapes(str(f), ["gemm"])
+    f.write_text('{"softmax": [{"shape": [5, 17]}]}')
+    with pytest.raises(ValueError, match="expected keys dims"):
+        load_shapes(str(f))
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+def test_cli_build_show_diff_merge(tmp_path, capsys, small_pack):
+    from adaptive.cli import main
+    out = tmp_path / "c.msgpack"
+    assert main(["pack", "build", "--shapes", "quick", "--ops", "softmax", "--backend", "host",
+                 "--repeats", "3", "--no-progress", "-o", str(out)]) == 0
+    assert main(["pack", "show", str(out), "--best"]) == 0
+    text = capsys.readouterr().out
+    assert "(verified)" in text and "host_numpy" in text and "softmax" in text
+    assert main(["pack", "diff", str(out), str(out)]) == 0
+    assert "geometric mean 1.000" in capsys.readouterr().out
+    assert main(["pack", "merge", str(out), str(out), "-o", str(tmp_path / "m.msgpack")]) == 0
+    small_pack.write_bytes(small_pack.read_bytes()[:-3])
+    assert main(["pack", "show", str(small_pack)]) == 2
+    assert "truncated or corrupted" in capsys.readouterr().err
+
+
+def test_build_from_counter_log(tmp_path, rng):
+    counterlog = pytest.importorskip("adaptive.counterlog")
+    log_path = tmp_path / "run.alog"
+    d = dispatch.Dispatcher("host", registry=default_registry())
+    with counterlog.counter_log(log_path, sample_every=1):
+        for r, c in ((5, 17), (64, 96)):
+            x = OPS["softmax"].make_inputs({"R": r, "C": c}, "float32", rng)[0]
+            for _ in range(3):
+                d.launch("softmax", x)
+    from adaptive.pack_cli import build_from_logs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pack = build_from_logs([str(log_path)], str(tmp_path / "l.msgpack"))
+    assert len(pack.rows) == 6 and {r.source for r in pack.rows} == {"log"}
+    assert {v.op for v in pack.variants} == {"softmax"}
+    assert packs.read_pack(tmp_path / "l.msgpack").rows == pack.rows
