@@ -16,6 +16,8 @@ from adaptive.errors import (AdaptiveError, BackendUnavailableError, CompileErro
                              InputTypeError, InputValueError, ManifestError, NoCandidateError,
                              UnknownNameError, VariantRunError)
 from adaptive.ops import OPS, SparseWeight
+from adaptive.errors import PackError
+from adaptive.pack import LoadReport, load_pack
 from adaptive.policy import Decision, MeasureEach
 from adaptive.variants import Candidate, Registry, Variant, load_folder
 
@@ -38,5 +40,6 @@ __all__ = [
     "Dispatcher", "InputTypeError", "InputValueError", "ManifestError", "MeasureEach",
     "NoCandidateError", "OPS", "Plan", "Registry", "SparseWeight", "UnknownNameError",
     "Variant", "VariantRunError", "__version__", "candidates", "config", "launch",
+    "LoadReport", "PackError", "load_pack",
     "load_folder", "reset_defaults", "shared_registry",
 ]

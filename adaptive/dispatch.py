@@ -16,11 +16,12 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from adaptive import arrays, config
 from adaptive.backends import Backend, get_backend
 from adaptive.errors import InputTypeError, InputValueError, NoCandidateError
+from adaptive.observation import Observation
 from adaptive.ops import OPS, Op, Problem, get_op
 from adaptive.policy import Context, Decision, MeasureEach, Policy
 from adaptive.space import as_config
@@ -111,6 +112,9 @@ class Dispatcher:
         self.stats = {"misses": 0, "samples": 0}
         ref = weakref.ref(self)
         self.registry.subscribe(lambda op: (d := ref()) is not None and d.forget(op))
+        _live.add(self)
+        if registry is None:
+            _join_shared(self)
 
     # ---- hot path ---------------------------------------------------------------------------
     def launch(self, op: str, *args, out=None, variant: str | None = None,
@@ -258,6 +262,27 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 (a listener never breaks a launch)
                 log.exception("listener %r failed", listener)
 
+    def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
+        """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
+
+        Rows of variants this dispatcher cannot run are dropped; the rest go to the
+        policy's optional ``add_observations(rows, weight)``, and the cached decisions of
+        their ops are dropped so the next launch re-decides. ``weight`` < 1 marks rows
+        measured on another device.
+        """
+        ops = {r.op for r in rows}
+        mine = {(v.op, v.name) for op in ops for v in self.registry.variants(op,
+                                                                             self.backend.name)}
+        rows = [r for r in rows if (r.op, r.variant) in mine]
+        if not rows:
+            return
+        hook = getattr(self.policy, "add_observations", None)
+        if hook is not None:
+            hook(rows, weight)
+        self.stats["prior_rows"] = self.stats.get("prior_rows", 0) + len(rows)
+        for op in {r.op for r in rows}:
+            self.forget(op)
+
     # ---- introspection ----------------------------------------------------------------------
     def candidates(self, op: str, *args, **params) -> list[Candidate]:
         """The candidates that fit this input on this dispatcher's backend."""
@@ -291,6 +316,40 @@ _registry: Registry | None = None
 _defaults: dict[str, Dispatcher] = {}
 _by_type: dict[type, Dispatcher] = {}
 _defaults_lock = threading.RLock()
+_live: weakref.WeakSet = weakref.WeakSet()          # every dispatcher, for add_observations
+_observations: list[tuple[tuple[Observation, ...], float]] = []   # for the shared registry
+
+
+def add_observations(rows: Sequence[Observation], weight: float = 1.0,
+                     registry: Registry | None = None) -> None:
+    """Give measurements made elsewhere to every dispatcher on ``registry`` (default: the
+    shared one), present and — for the shared registry — future ones."""
+    rows = tuple(rows)
+    with _defaults_lock:
+        if registry is None:
+            registry = shared_registry()
+            _observations.append((rows, weight))
+        targets = [d for d in list(_live) if d.registry is registry]
+    for d in targets:
+        d.add_observations(rows, weight)
+
+
+def shared_observations() -> list[tuple[tuple[Observation, ...], float]]:
+    """(rows, weight) batches given to the shared registry's dispatchers so far (packs)."""
+    with _defaults_lock:
+        return list(_observations)
+
+
+def _join_shared(d: Dispatcher) -> None:
+    """A new dispatcher on the shared registry: startup packs, then the rows so far."""
+    from adaptive.pack import load_startup_packs
+    with _defaults_lock:
+        batches = list(_observations)
+    for rows, weight in batches:
+        d.add_observations(rows, weight)
+    load_startup_packs(d.backend)   # rows of packs loaded now reach d through _live
+
+
 
 
 def shared_registry() -> Registry:
@@ -348,5 +407,6 @@ def reset_defaults() -> None:
     with _defaults_lock:
         _defaults.clear()
         _by_type.clear()
+        _observations.clear()
         _registry = None
 
