@@ -1,0 +1,35 @@
+"""Background regeneration: trigger → queue → generator → isolated verifier → promotion.
+
+Heavy dependencies load on use: ``transformers``/``torch`` only inside the hf generator,
+CuPy only inside the verifier's worker process.
+"""
+
+from __future__ import annotations
+
+from adaptive.regen.chat import ChatGenerator, OpenAIGenerator, Reply, TransformersGenerator
+from adaptive.regen.loop import LoopResult, pick_winner, promote, run_loop
+from adaptive.regen.parametric import Generator, Parametric
+from adaptive.regen.regenerator import Regenerator
+from adaptive.regen.report import Check, Outcome, Stage, VerifyReport
+from adaptive.regen.request import Attempt, Budget, Proposal, Request
+from adaptive.regen.source import variant_from_source, verify
+from adaptive.regen.verifier import Job, Verifier, static_check
+
+GENERATORS = {"parametric": Parametric, "hf": TransformersGenerator, "openai": OpenAIGenerator}
+
+
+def make_generator(name: str, registry=None, **kwargs) -> Generator:
+    """A generator by name: ``parametric``, ``hf`` or ``openai``."""
+    if name not in GENERATORS:
+        from adaptive.errors import UnknownNameError
+        raise UnknownNameError("generator", name, GENERATORS)
+    if name == "parametric":
+        return Parametric(registry, **kwargs)
+    return GENERATORS[name](**kwargs)
+
+
+__all__ = ["Attempt", "Budget", "ChatGenerator", "Check", "GENERATORS", "Generator", "Job",
+           "LoopResult", "OpenAIGenerator", "Outcome", "Parametric", "Proposal", "Regenerator",
+           "Reply", "Request", "Stage", "TransformersGenerator", "Verifier", "VerifyReport",
+           "make_generator", "pick_winner", "promote", "run_loop", "static_check",
+           "variant_from_source", "verify"]

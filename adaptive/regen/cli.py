@@ -1,0 +1,103 @@
+"""``adaptive regen --op OP --shape ... --generator ...``: one regeneration loop, with progress.
+
+Measures the current best for the input class on this machine's backend (the
+dispatcher's own choice), then runs generate → verify → feedback within the budget and
+prints each verdict as it comes. ``--promote-to FILE`` writes the winner as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from adaptive.ops import OPS
+    parser.add_argument("--op", required=True, choices=sorted(OPS))
+    parser.add_argument("--shape", required=True, help="target dims, e.g. M=512,N=512,K=256")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--generator", default="parametric", choices=("parametric", "hf",
+                                                                       "openai"))
+    parser.add_argument("--backend", default="auto", help="auto, cuda or host")
+    parser.add_argument("--model", help="hf: path or hub id; openai: model name")
+    parser.add_argument("--base-url", help="openai: endpoint, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--candidates", type=int, help="candidate budget")
+    parser.add_argument("--budget-s", type=float, help="wall-time budget in seconds")
+    parser.add_argument("--timeout", type=float, help="verifier limit per candidate (s)")
+    parser.add_argument("--write", metavar="FILE", help="write the winner (variant + report) "
+                        "as JSON")
+    parser.add_argument("--json", action="store_true", help="print the loop's result as JSON")
+
+
+def measured_request(op_name: str, dims: dict, dtype: str, backend: str = "auto"):
+    """Run the dispatcher once on fresh inputs; a Request with its choice as the best."""
+    from adaptive.dispatch import Dispatcher
+    from adaptive.observation import floor_ms
+    from adaptive.ops import get_op
+    from adaptive.regen.request import Request
+    from adaptive.regen.shapes import check_dims, make_inputs
+    op = get_op(op_name)
+    check_dims(op, dims)
+    d = Dispatcher(backend)
+    inputs = make_inputs(op, dims, dtype, 0, "normal")
+    if d.backend.name == "cuda":
+        import cupy
+        inputs = tuple(cupy.asarray(x) if hasattr(x, "dtype") else x for x in inputs)
+    d.launch(op_name, *inputs)
+    plan = d._plans[op.key(inputs, {})]
+    times = [d._measure(op, plan.problem, plan.key, inputs, plan.candidate) for _ in range(5)]
+    best_ms = min(times)
+    floor = floor_ms(plan.flops, plan.bytes, d.backend.peaks(), dtype)
+    return Request(op=op_name, dims=dims, dtype=dtype, backend=d.backend.name,
+                   best=plan.candidate, best_ms=best_ms, floor_ms=floor, samples=len(times),
+                   stats=plan.problem.extra_dict, features=op.features(plan.problem),
+                   observed_ms=plan.decision.observed if plan.decision else {},
+                   limits=d.limits, reason="requested from the command line"), d.registry
+
+
+def run(args: argparse.Namespace) -> int:
+    from adaptive.regen import Budget, Verifier, make_generator, run_loop
+    from adaptive.regen.shapes import parse_dims
+    try:
+        dims = parse_dims(args.shape)
+        request, registry = measured_request(args.op, dims, args.dtype, args.backend)
+        kwargs = {}
+        if args.generator == "hf" and args.model:
+            kwargs["model"] = args.model
+        if args.generator == "openai":
+            kwargs.update({k: v for k, v in (("model", args.model),
+                                              ("base_url", args.base_url)) if v})
+        generator = make_generator(args.generator, registry, **kwargs)
+        default = Budget.from_config()
+        budget = Budget(wall_s=args.budget_s or default.wall_s,
+                        candidates=args.candidates or default.candidates)
+    except ValueError as exc:
+        print(f"adaptive regen: {exc}", file=sys.stderr)
+        return 2
+    print(f"{request.label}: current best {request.best.label} "
+          f"{request.best_ms:.4g} ms (efficiency {request.efficiency:.1%}); "
+          f"generator {args.generator}, budget {budget.candidates} candidates / "
+          f"{budget.wall_s:.0f} s", flush=True)
+    t0 = time.monotonic()
+
+    def progress(attempt, i, n):
+        r = attempt.report
+        mark = "ok " if r.ok else "-- "
+        speed = f" {r.speedup:.2f}x" if r.ok and math.isfinite(r.baseline_ms) else ""
+        print(f"[{i:>3}/{n}] {time.monotonic() - t0:6.1f}s {mark}{r.verdict}{speed}", flush=True)
+
+    result = run_loop(request, generator, Verifier(timeout_s=args.timeout), budget, registry,
+                      progress=progress)
+    print(result.summary())
+    if args.write and result.promoted is not None:
+        from pathlib import Path
+        Path(args.write).write_text(json.dumps(result.promoted.to_dict(), indent=2))
+        print(f"wrote {args.write}")
+    if args.json:
+        print(json.dumps({"summary": result.summary(), "stopped": result.stopped,
+                          "wall_s": result.wall_s,
+                          "attempts": [a.report.to_dict() for a in result.attempts]}, indent=2))
+    return 0

@@ -1,0 +1,112 @@
+"""What the verifier runs a candidate on: target and edge shapes, seeds, value distributions.
+
+Edge shapes are derived from the target's named dims: sizes that are odd (so not a
+multiple of any power-of-two tile), tiny, and one element. Dims that are a model
+constant (attention's head size) keep their target value, since variants legitimately
+require them. Value distributions vary the inputs beyond the op's own generator so a
+kernel tuned to one value range (or one that ignores the data) is caught.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+DISTRIBUTIONS = ("normal", "uniform", "shifted")
+FIXED_DIMS = {"attention": ("D",)}       # model constants the edge shapes keep
+DEFAULT_DIMS = {                          # `adaptive verify` without --shape
+    "gemm": {"M": 192, "N": 160, "K": 96},
+    "softmax": {"R": 96, "C": 1000},
+    "attention": {"B": 2, "H": 3, "Lq": 77, "Lk": 77, "D": 64},
+    "spmm": {"M": 192, "N": 64, "K": 160},
+}
+BIG_FLOPS = 2e9                           # above this, fewer seeds at the target shape
+
+
+def edge_shapes(op: str, target: Mapping[str, int]) -> list[tuple[str, dict]]:
+    """``[(label, dims)]``: the target first, then odd, tiny and one-element shapes."""
+    fixed = FIXED_DIMS.get(op, ())
+
+    def shape(fn) -> dict:
+        return {n: (v if n in fixed else max(1, fn(v))) for n, v in target.items()}
+
+    out = [("target", dict(target)),
+           ("odd", shape(lambda v: _odd(min(v, 257)))),
+           ("odd-small", shape(lambda v: _odd(min(v, 37)))),
+           ("tiny", shape(lambda v: min(v, 3))),
+           ("one", shape(lambda v: 1))]
+    seen, unique = set(), []
+    for label, dims in out:
+        key = tuple(sorted(dims.items()))
+        if key not in seen:
+            seen.add(key)
+            unique.append((label, dims))
+    return unique
+
+
+def _odd(v: int) -> int:
+    return v if v % 2 == 1 or v <= 1 else v - 1
+
+
+def parse_dims(text: str) -> dict[str, int]:
+    """``"M=128,N=64,K=32"`` → ``{"M": 128, "N": 64, "K": 32}``; clear error otherwise."""
+    dims = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"shape part {part!r}: expected NAME=POSITIVE_INT, e.g. M=128")
+        dims[name.strip()] = int(value)
+    if not dims:
+        raise ValueError(f"shape {text!r}: expected NAME=INT pairs separated by commas")
+    return dims
+
+
+def check_dims(op, dims: Mapping[str, int]) -> None:
+    """Raise if ``dims`` does not name exactly the op's dims."""
+    want = set(DEFAULT_DIMS.get(op.name, dims))
+    if op.name == "attention":
+        want = {"B", "H", "Lq", "Lk", "D"}
+    if set(dims) != want:
+        raise ValueError(f"{op.name} shape names {sorted(dims)}; expected exactly "
+                         f"{sorted(want)} (e.g. {_example(op.name)})")
+
+
+def _example(op: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in DEFAULT_DIMS.get(op, {}).items())
+
+
+def seeds_for(flops: float, n_seeds: int) -> int:
+    return n_seeds if flops < BIG_FLOPS else max(2, n_seeds // 2)
+
+
+def distribute(inputs: tuple, distribution: str, rng: np.random.Generator) -> tuple:
+    """Re-draw the dense float inputs in another value distribution (same shapes, dtypes)."""
+    if distribution == "normal":
+        return inputs
+    out = []
+    for x in inputs:
+        if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+            out.append(x)
+            continue
+        scale = float(np.max(np.abs(x))) if x.size else 1.0
+        scale = scale if math.isfinite(scale) and scale > 0 else 1.0
+        if distribution == "uniform":
+            y = rng.uniform(-scale, scale, x.shape)
+        elif distribution == "shifted":          # all positive, off-centre: tests cancellation
+            y = np.abs(x.astype(np.float64)) + 0.5 * scale
+        else:
+            raise ValueError(f"unknown distribution {distribution!r}; known: {DISTRIBUTIONS}")
+        out.append(y.astype(x.dtype))
+    return tuple(out)
+
+
+def make_inputs(op, dims: Mapping[str, int], dtype: str, seed: int, distribution: str,
+                stats: Mapping | None = None) -> tuple:
+    """Fresh NumPy inputs for ``op`` at ``dims`` (never zeros), in one value distribution."""
+    rng = np.random.default_rng(seed)
+    kwargs = {}
+    if op.name == "spmm" and stats:
+        kwargs = {k: stats[k] for k in ("density", "block") if k in stats}
+    return distribute(op.make_inputs(dims, dtype, rng, **kwargs), distribution, rng)

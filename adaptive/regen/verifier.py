@@ -1,0 +1,243 @@
+"""The verifier, parent side: candidates run in a separate process with a time limit.
+
+A candidate that faults, hangs, calls ``os._exit`` or corrupts the CUDA context takes
+down only the worker process (:mod:`adaptive.regen.worker`); the verifier records a
+``crash`` or ``timeout`` verdict for it and starts a fresh worker for the rest. Several
+candidates share one worker while they behave, which saves the start-up (imports, CUDA
+context) per candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from adaptive.regen.report import Outcome, Stage, VerifyReport, rejected
+from adaptive.variants import Candidate, Variant
+
+STARTUP_S = 30.0          # imports and CUDA context before the first job starts
+POLL_S = 0.02
+SANITIZER_EXIT = 97
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One candidate to verify at one target input class."""
+
+    variant: Variant
+    config: Mapping[str, object]
+    dims: Mapping[str, int]
+    dtype: str = "float32"
+    params: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    stats: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    baseline: Candidate | None = None            # the current best, timed alongside
+
+    def to_dict(self, verifier: Verifier) -> dict:
+        d = {"variant": self.variant.to_dict(), "config": dict(self.config),
+             "dims": dict(self.dims), "dtype": self.dtype, "params": dict(self.params),
+             "stats": dict(self.stats), "seeds": verifier.seeds, "reps": verifier.reps,
+             "timing_s": verifier.timing_s, "cache_dir": verifier.cache_dir}
+        if self.baseline is not None:
+            d["baseline"] = {"variant": self.baseline.variant.to_dict(),
+                             "config": self.baseline.config}
+        return d
+
+
+def static_check(variant: Variant) -> str | None:
+    """Why the source cannot be the variant's implementation, or None. Cheap, no execution."""
+    src, entry = variant.source, variant.entry
+    if not src.strip():
+        return "the source is empty"
+    if not re.fullmatch(r"[A-Za-z_]\w*", entry):
+        return f"entry {entry!r} is not an identifier"
+    if variant.language == "python":
+        if not re.search(rf"^\s*def\s+{entry}\s*\(", src, re.M):
+            return (f"the source defines no function {entry!r} (expected a Python "
+                    f"`def {entry}(..., out)` writing into out)")
+    elif variant.language == "cuda":
+        if not re.search(rf"__global__[^;{{]*\b{entry}\s*\(", src):
+            return (f"the source defines no kernel {entry!r} (expected `extern \"C\" "
+                    f"__global__ void {entry}(...)` following the op's convention)")
+    return None
+
+
+class Verifier:
+    """Verifies candidates in an isolated worker process.
+
+    Args:
+        timeout_s: wall time one candidate may take (default ``ADAPTIVE_VERIFY_TIMEOUT_S``).
+        seeds: random seeds per shape (at least 5; value distributions rotate with them).
+        reps: timed repetitions at the target shape.
+        sanitize: run accepted CUDA candidates under compute-sanitizer memcheck and
+            racecheck: "auto" (where installed and a GPU is present), "on" or "off".
+        cache_dir: kernel cache for NVRTC output (default ``ADAPTIVE_CACHE_DIR``).
+    """
+
+    def __init__(self, timeout_s: float | None = None, seeds: int = 5, reps: int = 10,
+                 timing_s: float = 3.0, sanitize: str = "auto", cache_dir: str | None = None,
+                 python: str = sys.executable):
+        from adaptive import config
+        if seeds < 5:
+            raise ValueError(f"seeds={seeds}: the verifier needs at least 5 seeds")
+        if sanitize not in ("auto", "on", "off"):
+            raise ValueError(f"sanitize={sanitize!r}: expected 'auto', 'on' or 'off'")
+        self.timeout_s = float(timeout_s or config.get().verify_timeout_s)
+        self.seeds, self.reps, self.timing_s = seeds, reps, timing_s
+        self.sanitize, self.python = sanitize, python
+        self.cache_dir = cache_dir or config.get().cache_dir
+
+    # ---- public ----------------------------------------------------------------------------
+    def verify(self, job: Job) -> VerifyReport:
+        """The verdict on one candidate."""
+        return self.verify_many([job])[0]
+
+    def verify_many(self, jobs: Sequence[Job]) -> list[VerifyReport]:
+        """Verdicts in order; one misbehaving candidate never affects another's verdict."""
+        dicts = [j.to_dict(self) for j in jobs]
+        reports: dict[int, VerifyReport] = {}
+        for i, job in enumerate(jobs):
+            why = static_check(job.variant)
+            if why:
+                reports[i] = rejected(dicts[i], Stage.SOURCE, why)
+        self._run(dicts, reports, prefix=())
+        out = [reports[i] for i in range(len(jobs))]
+        if self._sanitizer_wanted(jobs):
+            out = [self._sanitized(d, r) if r.ok and r.language == "cuda" else r
+                   for d, r in zip(dicts, out)]
+        return out
+
+    # ---- the worker process ----------------------------------------------------------------
+    def _run(self, dicts: list[dict], reports: dict, prefix: tuple[str, ...],
+             timeout_scale: float = 1.0) -> str:
+        """Run every job without a report; restart the worker after a crash or a hang."""
+        output = ""
+        with tempfile.TemporaryDirectory(prefix="adaptive-verify-") as tmp:
+            attempt = 0
+            while len(reports) < len(dicts):
+                attempt += 1
+                todo = [dict(d, skip=i in reports) for i, d in enumerate(dicts)]
+                jobs_path = Path(tmp) / f"jobs{attempt}.json"
+                results_path = Path(tmp) / f"results{attempt}.jsonl"
+                log_path = Path(tmp) / f"log{attempt}.txt"
+                jobs_path.write_text(json.dumps(todo))
+                results_path.write_text("")
+                output = self._one_worker(dicts, reports, prefix, jobs_path, results_path,
+                                          log_path, timeout_scale)
+        return output
+
+    def _one_worker(self, dicts, reports, prefix, jobs_path, results_path, log_path,
+                    timeout_scale) -> str:
+        cmd = [*prefix, self.python, "-m", "adaptive.regen.worker", str(jobs_path),
+               str(results_path)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        running, started_at = None, time.monotonic()
+        limit = self.timeout_s * timeout_scale
+        seen = 0
+        timed_out = False
+        while True:
+            done = proc.poll() is not None
+            lines = results_path.read_text().splitlines()
+            for line in lines[seen:]:
+                if not line.endswith("}"):
+                    break                                   # half-written: read it next time
+                record = json.loads(line)
+                seen += 1
+                if "start" in record:
+                    running, started_at = record["start"], time.monotonic()
+                else:
+                    reports[record["index"]] = VerifyReport.from_dict(record["report"])
+                    running = None
+            if done:
+                break
+            waited = time.monotonic() - started_at
+            if (running is not None and waited > limit) or (running is None and
+                                                               waited > STARTUP_S + limit):
+                _kill(proc)
+                timed_out = True
+                break
+            time.sleep(POLL_S)
+        output = log_path.read_text(errors="replace")[-4000:]
+        pending = [i for i in range(len(dicts)) if i not in reports]
+        if running is None and pending and not timed_out and proc.returncode == 0:
+            running = pending[0]           # exited cleanly with jobs left: blame the next
+        if timed_out:
+            who = running if running is not None else pending[0]
+            what = "its first job" if running is None else "the candidate"
+            reports[who] = rejected(dicts[who], Stage.TIMEOUT, f"{what} ran past the "
+                                    f"verifier's limit of {limit:.1f} s (hang or infinite loop);"
+                                    f" the isolated process was killed")
+        elif running is not None and running not in reports:
+            reports[running] = rejected(dicts[running], Stage.CRASH, _death(proc.returncode,
+                                                                            output))
+        elif pending and proc.returncode not in (0, 3):
+            for i in pending:              # died before starting any job: nothing can run
+                reports[i] = rejected(dicts[i], Stage.CRASH, _death(proc.returncode, output))
+        return output
+
+    # ---- compute-sanitizer -----------------------------------------------------------------
+    def _sanitizer_wanted(self, jobs: Sequence[Job]) -> bool:
+        if self.sanitize == "off" or not any(j.variant.language == "cuda" for j in jobs):
+            return False
+        if shutil.which("compute-sanitizer") is None:
+            if self.sanitize == "on":
+                raise RuntimeError("sanitize='on' but compute-sanitizer is not on PATH; install "
+                                   "the CUDA toolkit's sanitizer or pass sanitize='auto'")
+            return False
+        from adaptive.backends import gpu_available
+        return gpu_available()
+
+    def _sanitized(self, job: dict, report: VerifyReport) -> VerifyReport:
+        """Re-run the small shapes (one seed set, untimed) under memcheck, then racecheck."""
+        results = {}
+        small = dict(job, small_only=True, timing=False)
+        for tool in ("memcheck", "racecheck"):
+            prefix = ("compute-sanitizer", "--tool", tool, "--error-exitcode",
+                      str(SANITIZER_EXIT), "--print-limit", "20")
+            reports: dict = {}
+            text = self._run([small], reports, prefix, timeout_scale=20.0)
+            got = reports.get(0)
+            if got is not None and got.stage is Stage.CRASH and f"code {SANITIZER_EXIT}" in \
+                    got.detail:
+                return dataclasses.replace(
+                    report, outcome=Outcome.REJECTED,
+                    stage=Stage.SANITIZER, detail=f"compute-sanitizer {tool}:\n{text[-3000:]}",
+                    sanitizer={**results, tool: "errors"})
+            results[tool] = "clean" if got is not None and got.ok else (
+                f"inconclusive ({got.verdict if got else 'no report'})")
+        return dataclasses.replace(report, sanitizer=results)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _death(returncode: int | None, output: str) -> str:
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        how = f"the isolated process was killed by {name}"
+    elif returncode == 3:
+        how = "the CUDA context was lost (the worker exited after a CUDA error)"
+    else:
+        how = f"the isolated process exited with code {returncode} before reporting"
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    return f"{how} while running the candidate" + (f"\n{tail}" if tail else "")

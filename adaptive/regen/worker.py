@@ -1,0 +1,335 @@
+"""The verifier's isolated process: ``python -m adaptive.regen.worker JOBS.json RESULTS.jsonl``.
+
+Runs each job (one candidate: variant dict + config + target dims) through compile,
+correctness and timing, and appends ``{"start": i}`` before and ``{"index": i, "report":
+{...}}`` after each to RESULTS, flushed, so the parent knows which candidate was running
+when this process hung or died. Nothing here is trusted by the caller: the parent
+reads only that file. After a CUDA error the context is unusable, so the process exits
+and the parent starts a fresh one for the remaining jobs.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from adaptive import arrays
+from adaptive.regen import shapes
+from adaptive.regen.report import Check, Outcome, Stage, VerifyReport, rejected
+
+SENTINEL = 1536.0                # first poison: exact in float16/32, far from every output
+EXIT_CONTEXT_LOST = 3
+
+
+class Reject(Exception):
+    def __init__(self, stage: Stage, detail: str, fatal: bool = False):
+        super().__init__(detail)
+        self.stage, self.detail, self.fatal = stage, detail, fatal
+
+
+def _gpu() -> bool:
+    from adaptive.backends import gpu_available
+    return gpu_available()
+
+
+def _compile(variant, config: dict, dtype: str, cache_dir: str | None) -> tuple[float, dict]:
+    """Compile (NVRTC for cuda, Python's compiler for python); (compile_ms, resources)."""
+    t0 = time.perf_counter()
+    if variant.language == "python":
+        try:
+            compile(variant.source, f"<candidate {variant.name}>", "exec")
+        except SyntaxError as exc:
+            raise Reject(Stage.COMPILE, "".join(traceback.format_exception_only(exc))) from None
+        return (time.perf_counter() - t0) * 1e3, {}
+    from adaptive import nvrtc
+    from adaptive.errors import CompileError
+    from adaptive.kcache import KernelCache
+    if not nvrtc.available():
+        raise Reject(Stage.COMPILE, "NVRTC is not installed here (pip install "
+                     "adaptive-dispatch[nvrtc]); cannot compile a cuda candidate")
+    try:
+        kernel = nvrtc.compile_candidate(variant, config, dtype,
+                                         cache=KernelCache(cache_dir) if cache_dir else None)
+    except CompileError as exc:
+        raise Reject(Stage.COMPILE, exc.log or str(exc)) from None
+    except ValueError as exc:
+        raise Reject(Stage.COMPILE, str(exc)) from None
+    return (time.perf_counter() - t0) * 1e3, dict(kernel.resources)
+
+
+class Runner:
+    """Runs one candidate on one backend, synchronising the whole device after each call."""
+
+    def __init__(self, backend, op, candidate):
+        self.backend, self.op, self.candidate = backend, op, candidate
+        self.cuda = backend.name == "cuda"
+        self._prepared: dict = {}
+
+    def native(self, inputs: tuple) -> tuple:
+        if not self.cuda:
+            return inputs
+        import cupy
+        return tuple(cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in inputs)
+
+    def sync(self) -> None:
+        if self.cuda:
+            import cupy
+            cupy.cuda.runtime.deviceSynchronize()
+
+    def problem(self, native: tuple, params: dict):
+        return self.op.problem(native, params)
+
+    def call(self, problem, native: tuple, out) -> None:
+        fn = self._prepared.get(problem)
+        if fn is None:
+            try:
+                fn = self._prepared[problem] = self.backend.prepare(self.candidate, problem,
+                                                                    self.op)
+            except Exception as exc:  # noqa: BLE001 (a candidate's failure is data)
+                raise Reject(Stage.LOAD, _exc_text(exc), fatal=self.cuda) from None
+        try:
+            fn(native, out)
+            self.sync()
+        except Reject:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise Reject(Stage.RUN, _exc_text(exc), fatal=self.cuda) from None
+
+    def empty(self, problem):
+        return self.backend.empty(self.op.out_shape(problem), problem.dtype)
+
+
+def _exc_text(exc: BaseException) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return "".join(lines[-12:])
+
+
+def _elem_error(out: np.ndarray, ref: np.ndarray) -> float:
+    mag = np.abs(ref)
+    keep = mag > 1e-2 * float(mag.max()) if mag.size else mag
+    if not np.any(keep):
+        return 0.0
+    return float(np.max(np.abs(out[keep] - ref[keep]) / mag[keep]))
+
+
+def _compare(op, dims, seed, dist, r1, r2, ref, tol) -> Check:
+    """Judge two candidate runs (poisoned with SENTINEL, then NaN) against the reference."""
+    label = f"dims {dims}, seed {seed}, {dist} values"
+    finite_ref = np.isfinite(ref)
+    unwritten = int(np.count_nonzero((r1 == SENTINEL) & (ref != SENTINEL)))
+    if unwritten:
+        raise Reject(Stage.UNWRITTEN, f"{unwritten} of {r1.size} output elements were never "
+                     f"written (the poison value survived) at {label}")
+    nan2 = int(np.count_nonzero(np.isnan(r2) & np.isfinite(r1)))
+    if nan2:
+        raise Reject(Stage.UNWRITTEN, f"{nan2} of {r2.size} output elements were not written on "
+                     f"the second call with the same input (stale or cached result?) at {label}")
+    bad = int(np.count_nonzero(~np.isfinite(r1) & finite_ref))
+    if bad:
+        raise Reject(Stage.NONFINITE, f"{bad} of {r1.size} output elements are NaN or Inf where "
+                     f"the reference is finite at {label}")
+    e1, e2 = op.error(r1, ref), op.error(r2, ref)
+    elem = _elem_error(r1, ref)
+    problem = ""
+    if e1 > tol:
+        raise Reject(Stage.WRONG, f"relative error {e1:.3e} > tolerance {tol:.1e} at {label} "
+                     f"(largest element-wise relative error {elem:.3e})")
+    if e2 > tol:
+        raise Reject(Stage.WRONG, f"the second call on the same input is wrong (relative error "
+                     f"{e2:.3e} > {tol:.1e}; the first was {e1:.3e}) at {label}: stale state?")
+    if not np.array_equal(r1, r2, equal_nan=True):
+        diff = float(np.max(np.abs(r1.astype(np.float64) - r2.astype(np.float64))))
+        scale = float(np.linalg.norm(ref)) / math.sqrt(max(ref.size, 1)) or 1.0
+        if diff > tol * scale * 10:
+            raise Reject(Stage.RACE, f"two runs on the same input differ by up to {diff:.3e} "
+                         f"(tolerance {tol:.1e}) at {label}: a race or uninitialised read")
+        problem = f"non-deterministic bits (max difference {diff:.2e}, within tolerance)"
+    return Check(dict(dims), seed, dist, e1, elem, True, problem)
+
+
+def _inputs_unchanged(native: tuple, saved: tuple, label: str) -> None:
+    for i, (now, before) in enumerate(zip(native, saved)):
+        if before is None:
+            continue
+        if not np.array_equal(arrays.to_numpy(now), before, equal_nan=True):
+            raise Reject(Stage.INPUT_MODIFIED, f"input #{i} was modified by the call at {label}; "
+                         "a variant must treat its inputs as read-only")
+
+
+def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]:
+    """Every edge shape × seed × distribution; returns (checks, skipped shape labels)."""
+    op, dtype, params = runner.op, job["dtype"], dict(job.get("params", {}))
+    tol = op.tolerance[dtype]
+    checks, skipped = [], []
+    for label, dims in shapes.edge_shapes(op.name, job["dims"]):
+        if job.get("small_only") and label == "target" and len(shapes.edge_shapes(
+                op.name, job["dims"])) > 1:
+            continue
+        probe = shapes.make_inputs(op, dims, dtype, 0, "normal", job.get("stats"))
+        try:
+            problem = runner.problem(runner.native(probe), params)
+        except Exception as exc:  # noqa: BLE001 (an edge shape the op itself refuses)
+            skipped.append(f"{label} {dims}: {exc}")
+            continue
+        if not variant.fits(problem.scope(), config):
+            skipped.append(f"{label} {dims}: {variant.why_not(problem.scope(), config)}")
+            continue
+        flops, _ = op.roofline(problem)
+        for i in range(shapes.seeds_for(flops, job.get("seeds", 5))):
+            seed = int(job.get("seed0", 1)) * 1000 + len(checks)
+            dist = shapes.DISTRIBUTIONS[i % len(shapes.DISTRIBUTIONS)]
+            inputs = shapes.make_inputs(op, dims, dtype, seed, dist, job.get("stats"))
+            saved = tuple(np.array(x, copy=True) if isinstance(x, np.ndarray) else None
+                          for x in inputs)
+            native = runner.native(inputs)
+            where = f"dims {dims}, seed {seed}"
+            out = runner.empty(problem)
+            out.fill(SENTINEL)
+            runner.call(problem, native, out)
+            r1 = np.array(arrays.to_numpy(out), dtype=np.float64)
+            ref = op.reference(*inputs, **params)
+            out.fill(float("nan"))
+            runner.call(problem, native, out)
+            r2 = np.array(arrays.to_numpy(out), dtype=np.float64)
+            _inputs_unchanged(native, saved, where)
+            checks.append(_compare(op, dims, seed, dist, r1, r2, ref, tol))
+    if not checks:
+        raise Reject(Stage.WRONG, "no shape to check: the variant's requires exclude the target "
+                     "and every edge shape: " + "; ".join(skipped))
+    return checks, skipped
+
+
+def time_candidates(runners: list[Runner], job) -> tuple[list[list[float]], bool]:
+    """Interleaved timing at the target shape, caches flushed and input sets rotated."""
+    op, dtype, params = runners[0].op, job["dtype"], dict(job.get("params", {}))
+    sets = [runners[0].native(shapes.make_inputs(op, job["dims"], dtype, 7000 + i, "normal",
+                                                 job.get("stats"))) for i in range(3)]
+    problem = runners[0].problem(sets[0], params)
+    outs = [r.empty(problem) for r in runners]
+    cuda = runners[0].cuda
+    if cuda:
+        import cupy
+        l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
+        flush_buf = cupy.empty(max(2 * l2, 1 << 20), dtype=cupy.uint8)
+    else:
+        flush_buf = np.empty(32 << 20, dtype=np.uint8)
+    samples: list[list[float]] = [[] for _ in runners]
+    reps, warmup, budget_s = int(job.get("reps", 10)), 2, float(job.get("timing_s", 3.0))
+    t_end = time.perf_counter() + budget_s
+    for rep in range(warmup + reps):
+        for k, runner in enumerate(runners):
+            native = sets[(rep + k) % len(sets)]
+            flush_buf.fill(rep & 0xFF)
+            if cuda:
+                import cupy
+                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+                start.record()
+                runner.call(problem, native, outs[k])
+                stop.record()
+                stop.synchronize()
+                ms = cupy.cuda.get_elapsed_time(start, stop)
+            else:
+                t0 = time.perf_counter_ns()
+                runner.call(problem, native, outs[k])
+                ms = (time.perf_counter_ns() - t0) / 1e6
+            if rep >= warmup:
+                samples[k].append(ms)
+        if rep >= warmup and time.perf_counter() > t_end:
+            break
+    return samples, True
+
+
+def verify_job(job: dict) -> VerifyReport:
+    from adaptive.backends import get_backend
+    from adaptive.ops import get_op
+    from adaptive.variants import make_candidate, variant_from_dict
+    t0 = time.perf_counter()
+    op = get_op(job["variant"]["op"])
+    variant = variant_from_dict(job["variant"], op.name, where="<candidate>")
+    config = dict(job.get("config", {}))
+    execute = job.get("execute", True) and (variant.backend == "host" or _gpu())
+    notes = []
+    compile_ms, resources = _compile(variant, config, job["dtype"], job.get("cache_dir"))
+    base = dict(op=op.name, variant=variant.name, config=config, backend=variant.backend,
+                language=variant.language, target_dims=dict(job["dims"]), dtype=job["dtype"],
+                compile_ms=compile_ms, resources=resources)
+    if not execute:
+        return VerifyReport(outcome=Outcome.COMPILED_ONLY, executed=False,
+                            notes=("no GPU on this machine: compiled with NVRTC only",),
+                            wall_s=time.perf_counter() - t0, device="none", **base)
+    backend = get_backend(variant.backend)
+    runner = Runner(backend, op, make_candidate(variant, config))
+    checks, skipped = check_correctness(runner, variant, config, job)
+    if not job.get("timing", True):
+        return VerifyReport(outcome=Outcome.ACCEPTED, checks=tuple(checks),
+                            skipped_shapes=tuple(skipped), notes=("not timed",),
+                            wall_s=time.perf_counter() - t0, **base)
+    runners, baseline = [runner], ""
+    if job.get("baseline"):
+        b = job["baseline"]
+        bv = variant_from_dict(b["variant"], op.name, where="<baseline>")
+        bc = make_candidate(bv, b.get("config", {}))
+        runners.append(Runner(backend, op, bc))
+        baseline = bc.label
+    try:
+        samples, flushed = time_candidates(runners, job)
+    except Reject as exc:
+        if exc.stage is Stage.LOAD and len(runners) > 1:   # the baseline failed, not us
+            notes.append(f"baseline {baseline} could not be timed: {exc.detail}")
+            runners, baseline = runners[:1], ""
+            samples, flushed = time_candidates(runners, job)
+        else:
+            raise
+    median = [statistics.median(s) if s else math.inf for s in samples]
+    return VerifyReport(
+        outcome=Outcome.ACCEPTED, checks=tuple(checks), skipped_shapes=tuple(skipped),
+        time_ms=median[0], samples_ms=tuple(samples[0]), baseline=baseline,
+        baseline_ms=median[1] if len(median) > 1 else math.inf, l2_flushed=flushed,
+        notes=tuple(notes), wall_s=time.perf_counter() - t0,
+        device=json.dumps(backend.fingerprint(), sort_keys=True), **base)
+
+
+def _write(fh, record: dict) -> None:
+    fh.write(json.dumps(record) + "\n")
+    fh.flush()
+    os.fsync(fh.fileno())
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m adaptive.regen.worker JOBS.json RESULTS.jsonl", file=sys.stderr)
+        return 2
+    faulthandler.enable()          # a segfaulting candidate leaves its Python traceback
+    with open(argv[0]) as fh:
+        jobs = json.load(fh)
+    with open(argv[1], "a") as out:
+        for i, job in enumerate(jobs):
+            if job.get("skip"):
+                continue
+            _write(out, {"start": i})
+            t0 = time.perf_counter()
+            fatal = False
+            try:
+                report = verify_job(job)
+            except Reject as exc:
+                report = rejected(job, exc.stage, exc.detail, wall_s=time.perf_counter() - t0)
+                fatal = exc.fatal
+            except Exception as exc:  # noqa: BLE001 (the verifier's own bug: say so)
+                report = rejected(job, Stage.RUN, "verifier error: " + _exc_text(exc),
+                                  wall_s=time.perf_counter() - t0)
+            _write(out, {"index": i, "report": report.to_dict()})
+            if fatal:
+                return EXIT_CONTEXT_LOST
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
