@@ -19,6 +19,7 @@ and config per op (what a library without adaptation would hard-code).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import threading
 
@@ -26,8 +27,10 @@ import numpy as np
 
 import adaptive
 
+log = logging.getLogger("adaptive.example.block")
 # The fixed choice per op for --dispatch static: the variant a hand-written server would
-# call. The config is the variant's first that fits the first input (then kept).
+# call. The config is the variant's first that fits the first input (then kept); a name
+# not registered falls back, with a warning, to the op's first variant.
 STATIC_CHOICES = {
     "host": {"gemm": "host_blas", "attention": "host_materialised", "softmax": "host_numpy",
              "spmm": "host_csr"},
@@ -116,10 +119,11 @@ class AdaptiveBlock:
         dispatch: "adaptive" (the library chooses) or "static" (one fixed variant per op).
         device: "host" (NumPy) or "cuda" (CuPy).
         dtype: "float32" or "float16".
+        static: op -> variant name for static dispatch, overriding :data:`STATIC_CHOICES`.
     """
 
     def __init__(self, shape: BlockShape, dispatch: str = "adaptive", device: str = "host",
-                 dtype: str = "float32", seed: int = 0):
+                 dtype: str = "float32", seed: int = 0, static: dict | None = None):
         if dispatch not in ("adaptive", "static"):
             raise ValueError(f"dispatch must be 'adaptive' or 'static', got {dispatch!r}")
         if device == "cuda":
@@ -136,6 +140,7 @@ class AdaptiveBlock:
             arr = self.xp.asarray(value.astype(dtype))
             leaf = name.rsplit(".", 1)[-1]
             self.w[name] = adaptive.SparseWeight(arr) if leaf in ("w_up", "w_down") else arr
+        self.static_names = dict(static or {})     # op -> variant, overriding STATIC_CHOICES
         self._static: dict[str, tuple[str, dict]] = {}
         self._static_lock = threading.Lock()
 
@@ -150,14 +155,14 @@ class AdaptiveBlock:
         choice = self._static.get(name)
         if choice is None:
             with self._static_lock:
-                wanted = STATIC_CHOICES[self.device][name]
-                pool = [c for c in adaptive.candidates(name, *args, **params)
-                        if c.variant.name == wanted]
-                if not pool:
-                    raise RuntimeError(f"static dispatch: variant {name}/{wanted} is not "
-                                       f"registered for the {self.device} backend or does not "
-                                       f"fit the first input; edit STATIC_CHOICES in {__file__}")
-                choice = self._static[name] = (wanted, pool[0].config)
+                pool = adaptive.candidates(name, *args, **params)
+                wanted = self.static_names.get(name) or STATIC_CHOICES[self.device][name]
+                fixed = [c for c in pool if c.variant.name == wanted] or pool[:1]
+                if fixed[0].variant.name != wanted:
+                    log.warning("static dispatch: %s/%s is not registered on %s or does not "
+                                "fit; pinning %s instead (choose with --static %s=NAME)", name,
+                                wanted, self.device, fixed[0].label, name)
+                choice = self._static[name] = (fixed[0].variant.name, fixed[0].config)
         return choice
 
     def static_choices(self) -> dict[str, str]:
@@ -232,9 +237,10 @@ def reference(shape: BlockShape, weights: dict, x: np.ndarray) -> tuple[float, n
 
 
 def build(shape: BlockShape, dispatch: str, device: str, dtype: str, seed: int = 0,
-          torch_sparse: bool = False):
+          torch_sparse: bool = False, static: dict | None = None):
     """The callable model for a dispatch mode: (activations [L, d]) -> (norm, token, prob)."""
     if dispatch == "torch":
         from torch_block import TorchBlock   # torch is imported only in this mode
         return TorchBlock(shape, device=device, dtype=dtype, seed=seed, sparse=torch_sparse)
-    return AdaptiveBlock(shape, dispatch=dispatch, device=device, dtype=dtype, seed=seed)
+    return AdaptiveBlock(shape, dispatch=dispatch, device=device, dtype=dtype, seed=seed,
+                         static=static)

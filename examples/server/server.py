@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -104,6 +105,12 @@ def _check_length(length: int, shape: BlockShape) -> int:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"       # keep-alive: the load generator reuses connections
     server: InferenceServer
+
+    def setup(self):
+        super().setup()
+        # headers and body go out in two writes: without this, Nagle's algorithm and the
+        # client's delayed ACK add ~40 ms to every keep-alive response
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _reply(self, status: int, payload: dict) -> None:
         body = json.dumps(payload).encode()
@@ -239,6 +246,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "float16"), default=None,
                    help="default float16 on cuda, float32 on the host")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    p.add_argument("--static", action="append", default=[], metavar="OP=VARIANT",
+                   help="static mode: pin this variant for an op (repeatable)")
     p.add_argument("--torch-sparse", action="store_true",
                    help="torch mode: pruned weights as torch.sparse CSR instead of dense")
     for field in ("d_model", "heads", "d_ff", "vocab", "layers", "max_seq", "pad_to"):
@@ -268,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
                        max_seq=args.max_seq, pad_to=args.pad_to)
     device = resolve_device(args.device)
     dtype = args.dtype or ("float16" if device == "cuda" else "float32")
-    model = build(shape, args.dispatch, device, dtype, torch_sparse=args.torch_sparse)
+    static = dict(item.split("=", 1) for item in args.static if "=" in item)
+    if len(static) != len(args.static):
+        parser.error(f"--static takes OP=VARIANT, got {args.static}")
+    model = build(shape, args.dispatch, device, dtype, torch_sparse=args.torch_sparse,
+                  static=static)
     model(input_activations(shape, model.host_weights, seq_len=min(8, shape.max_seq)))  # fail fast
     if args.metrics_port:
         start_metrics(args.metrics_port)
