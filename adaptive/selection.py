@@ -1,0 +1,411 @@
+"""The selection benchmark: how well, and at what tuning cost, each policy picks candidates.
+
+Three seeded streams of inputs (decode-heavy, a long-sequence burst, a uniform mix) go
+through five ways of choosing: the per-input oracle, the best single fixed candidate, a
+Triton-style exhaustive autotune of every new key, the foundation's measure-each, and
+the learned policy (cold, and started from a "pack" measured on other inputs).
+
+Every (input, candidate) pair is timed once up front (warm-up, median of ``repeats``)
+into a table. Oracle, fixed and autotune are *replayed* against that table (autotune
+pays 1 warm-up + 3 timed runs of every candidate on first sight). Measure-each and the
+learned policy run *live* through :meth:`Dispatcher.launch`: their total, first-result
+and steady-state wall times are measured; their steady-state choice quality
+(``steady/oracle``) and the learned policy's exploration regret are priced from the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+import time
+
+import numpy as np
+
+from adaptive.ops import OPS
+
+AUTOTUNE_RUNS = 4   # Triton-style: warm-up + 3 timed runs of every candidate on a new key
+
+
+def _spec(op, dtype="float32", stats=None, params=None, **dims):
+    return (op, tuple(dims.items()), dtype, tuple((stats or {}).items()),
+            tuple((params or {}).items()))
+
+
+def _streams(quick: bool, cuda: bool):
+    """stream name -> function(rng) -> one input spec (op, dims, dtype, stats, params)."""
+    big = 4 if cuda else 1
+    lk_top = 14 if cuda else (10 if quick else 12)
+
+    def decode(rng):
+        if rng.random() < 0.7:
+            lk = int(2 ** rng.integers(7, lk_top + 1))
+            return _spec("attention", B=int(rng.choice([1, 2])), H=4 * big, Lq=1, Lk=lk, D=64,
+                         params={"causal": True})
+        n = int(rng.choice([256, 512, 1024])) * big
+        return _spec("gemm", M=int(rng.choice([1, 4, 16])), N=n, K=n)
+
+    def burst(rng):
+        lmax = 12 if cuda else (9 if quick else 10)
+        length = int(2 ** rng.integers(7, lmax + 1))
+        if rng.random() < 0.75:
+            return _spec("attention", B=1, H=2 * big, Lq=length, Lk=length, D=64,
+                         params={"causal": bool(rng.random() < 0.5)})
+        return _spec("softmax", R=2 * big * length, C=length)
+
+    def uniform(rng):
+        op = str(rng.choice(["gemm", "spmm", "softmax", "attention"]))
+        side = [64, 128, 256, 512] if not cuda else [256, 1024, 2048, 4096]
+        if op == "gemm":
+            m, n, k = (int(rng.choice(side)) for _ in range(3))
+            return _spec("gemm", M=m, N=n, K=k)
+        if op == "spmm":
+            d = float(rng.choice([0.5, 0.1, 0.02, 0.005]))
+            blk = int(rng.choice([0, 16, 32]))
+            return _spec("spmm", stats={"density": d, "block": blk}, M=side[-1], N=int(
+                rng.choice([16, 64, 128])), K=side[-1])
+        if op == "softmax":
+            return _spec("softmax", R=int(rng.choice(side)) * 4, C=int(rng.choice(side)) * 2)
+        length = int(rng.choice(side))
+        return _spec("attention", B=1, H=2 * big, Lq=length, Lk=length, D=64)
+
+    return {"decode-heavy": decode, "long-burst": burst, "uniform-mix": uniform}
+
+
+@dataclasses.dataclass
+class PolicyResult:
+    """One policy on one stream; times in ms."""
+
+    policy: str
+    source: str                  # "replayed" (from the table) or "live" (through launch)
+    total_ms: float              # the whole stream, tuning included
+    steady_ms: float             # the stream again with every key decided (per source)
+    steady_ratio: float          # steady choices priced from the table / oracle
+    first_result_ms: float       # mean over new keys: miss + tuning + first run
+    first_result_max_ms: float
+    regret_ms: float             # exploration/tuning work beyond the oracle's time
+    explored: int = 0            # candidate runs spent on exploring/tuning
+
+
+@dataclasses.dataclass
+class StreamReport:
+    stream: str
+    keys: int
+    calls: int
+    candidates: int              # (input, candidate) pairs in the table
+    oracle_ms: float
+    results: list[PolicyResult]
+
+
+@dataclasses.dataclass
+class SelectionReport:
+    backend: str
+    quick: bool
+    seed: int
+    streams: list[StreamReport]
+    accuracy: object             # adaptive.model.Accuracy on the stream inputs
+    hot_path: dict               # warm-hit cost, learned vs measure-each
+    max_threads: int = 0         # host BLAS thread cap in force (0: all cores)
+
+    def result(self, stream: str, policy: str) -> PolicyResult:
+        """The live result of ``policy`` on ``stream`` where there is one, else the replayed."""
+        s = next(s for s in self.streams if s.stream == stream)
+        found = [r for r in s.results if r.policy == policy]
+        return next((r for r in found if r.source == "live"), found[0])
+
+    def steady_ratio(self, policy: str) -> float:
+        """Steady-state time of ``policy``'s choices over the oracle's, all streams together."""
+        num = sum(self.result(s.stream, policy).steady_ratio * s.oracle_ms for s in self.streams)
+        return num / sum(s.oracle_ms for s in self.streams)
+
+    def __str__(self) -> str:
+        out = [f"selection benchmark: backend={self.backend} quick={self.quick} "
+               f"seed={self.seed} max_threads={self.max_threads or 'all'}"]
+        head = (f"  {'policy':<16} {'source':<8} {'total ms':>9} {'steady ms':>9} "
+                f"{'steady/oracle':>13} {'1st result ms':>13} {'max':>7} "
+                f"{'regret ms':>9} {'runs':>5}")
+        for s in self.streams:
+            out += ["", f"{s.stream}: {s.keys} inputs, {s.calls} calls, {s.candidates} "
+                        f"(input, candidate) pairs timed; oracle {s.oracle_ms:.2f} ms", head]
+            for r in s.results:
+                out.append(f"  {r.policy:<16} {r.source:<8} {r.total_ms:>9.2f} "
+                           f"{r.steady_ms:>9.2f} {r.steady_ratio:>13.3f} "
+                           f"{r.first_result_ms:>13.3f} {r.first_result_max_ms:>7.2f} "
+                           f"{r.regret_ms:>9.2f} {r.explored:>5}")
+        out += ["", "steady/oracle over all streams: " + ", ".join(
+            f"{p} {self.steady_ratio(p):.3f}" for p in ("best-fixed", "measure-each",
+                                                        "learned-cold", "learned-pack")),
+                str(self.accuracy) + " (model fitted on the pack inputs only)",
+                f"warm hit: learned {self.hot_path['learned_us']:.2f} µs, measure-each "
+                f"{self.hot_path['measure_each_us']:.2f} µs per launch; ratio "
+                f"{self.hot_path['ratio']:.3f} (target <= 1.05); with 1-in-"
+                f"{self.hot_path['sample_every']} sampling: learned "
+                f"{self.hot_path['learned_sampled_us']:.2f} µs, measure-each "
+                f"{self.hot_path['measure_each_sampled_us']:.2f} µs",
+                "replayed: priced from the up-front table; live: wall time through "
+                "Dispatcher.launch. steady/oracle prices each policy's final choices from "
+                "the table."]
+        return "\n".join(out)
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+def _inputs(spec, rng, backend_name: str):
+    op, dims, dtype, stats, params = spec
+    args = OPS[op].make_inputs(dict(dims), dtype, rng, **dict(stats))
+    if backend_name != "host":
+        import cupy
+        args = tuple(cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+    return args, dict(params)
+
+
+def _time_table(d, specs, inputs, repeats: int, sync):
+    """{spec: {label: median ms}} and the Observation rows of the same timings."""
+    from adaptive.model import candidate_row  # noqa: F401 (sklearn is needed below anyway)
+    from adaptive.observation import Observation, floor_ms
+    peaks = d.backend.peaks()
+    table, rows = {}, []
+    for spec in specs:
+        args, params = inputs[spec]
+        op = OPS[spec[0]]
+        problem = op.problem(args, params)
+        floor = floor_ms(*op.roofline(problem), peaks, problem.dtype)
+        feats = op.features(problem)
+        times = {}
+        for cand in d.candidates(spec[0], *args, **params):
+            def call(c=cand):
+                d.launch(spec[0], *args, variant=c.variant.name, config=c.config, **params)
+                sync()
+            try:
+                call()
+                samples = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter_ns()
+                    call()
+                    samples.append((time.perf_counter_ns() - t0) / 1e6)
+                t = statistics.median(samples)
+            except Exception:  # noqa: BLE001 (a failing candidate is data)
+                t = math.inf
+            times[cand.label] = t
+            rows.append(Observation(spec[0], dict(problem.dims), problem.dtype,
+                                    cand.variant.name, cand.config, t, floor, feats,
+                                    samples=repeats, source="bench"))
+        table[spec] = times
+    return table, rows
+
+
+# ---- replayed policies ----------------------------------------------------------------------
+
+def _replayed(table, stream) -> tuple[float, list[PolicyResult]]:
+    best = {s: min(t.values()) for s, t in table.items()}
+    oracle = sum(best[s] for s in stream)
+    out = [PolicyResult("oracle", "replayed", oracle, oracle, 1.0, 0.0, 0.0, 0.0)]
+    fixed_total, fixed_steady = 0.0, 0.0
+    for op in sorted({s[0] for s in stream}):
+        calls = [s for s in stream if s[0] == op]
+        common = set.intersection(*(set(table[s]) for s in set(calls)))
+        label = min(common, key=lambda lb: sum(table[s][lb] for s in calls))
+        fixed_steady += sum(table[s][label] for s in calls)
+    fixed_total = fixed_steady
+    out.append(PolicyResult("best-fixed", "replayed", fixed_total, fixed_steady,
+                            fixed_steady / oracle, 0.0, 0.0, 0.0))
+    for name, runs in (("autotune", AUTOTUNE_RUNS), ("measure-each", 2)):
+        seen, total, firsts, explored = set(), 0.0, [], 0
+        for s in stream:
+            if s not in seen:
+                seen.add(s)
+                tuning = runs * sum(t for t in table[s].values() if math.isfinite(t))
+                explored += runs * len(table[s])
+                firsts.append(tuning + best[s])
+                total += tuning
+            total += best[s]
+        out.append(PolicyResult(name, "replayed", total, oracle, 1.0, statistics.mean(firsts),
+                                max(firsts), total - oracle, explored))
+    return oracle, out
+
+
+# ---- live policies --------------------------------------------------------------------------
+
+def _live(name, dispatcher, stream, inputs, table, oracle, sync) -> PolicyResult:
+    firsts, seen = [], set()
+    t_start = time.perf_counter_ns()
+    for s in stream:
+        args, params = inputs[s]
+        t0 = time.perf_counter_ns()
+        dispatcher.launch(s[0], *args, **params)
+        sync()
+        if s not in seen:
+            seen.add(s)
+            firsts.append((time.perf_counter_ns() - t0) / 1e6)
+    total = (time.perf_counter_ns() - t_start) / 1e6
+    for _ in range(3):   # let exploring keys finish: steady state means every key decided
+        for s in dict.fromkeys(stream):
+            plan = dispatcher._plans.get(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
+            while plan is not None and plan.provisional:
+                dispatcher.launch(s[0], *inputs[s][0], **inputs[s][1])
+                plan = dispatcher._plans.get(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
+    t0 = time.perf_counter_ns()
+    for s in stream:
+        args, params = inputs[s]
+        dispatcher.launch(s[0], *args, **params)
+    sync()
+    steady_live = (time.perf_counter_ns() - t0) / 1e6
+    choice = {s: dispatcher.decision(s[0], *inputs[s][0], **inputs[s][1]).candidate.label
+              for s in set(stream)}
+    steady_ratio = sum(table[s][choice[s]] for s in stream) / oracle
+    best = {s: min(table[s].values()) for s in set(stream)}
+    regret, explored = 0.0, 0
+    policy = dispatcher.policy
+    if hasattr(policy, "keys"):   # learned: price the explored calls from the table
+        for key, state in policy.keys.items():
+            spec = next((s for s in seen if OPS[s[0]].key(*inputs[s]) == key), None)
+            for cand, ts in state.observed.items():
+                if spec is not None and cand.label in table[spec]:
+                    regret += len(ts) * (table[spec][cand.label] - best[spec])
+                    explored += len(ts)
+    else:                          # measure-each: its miss-time sweep is the tuning work
+        for s in seen:
+            dec = dispatcher.decision(s[0], *inputs[s][0], **inputs[s][1])
+            regret += dec.tuning_ms
+            explored += 2 * len(table[s])
+    return PolicyResult(name, "live", total, steady_live, steady_ratio, statistics.mean(firsts),
+                        max(firsts), regret, explored)
+
+
+def _hot_path(backend, rounds: int, n: int) -> dict:
+    """Warm-hit cost of launch under the learned policy vs measure-each (tiny softmax)."""
+    from adaptive.dispatch import Dispatcher
+    from adaptive.learned import Learned
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    if backend.name != "host":
+        import cupy
+        x = cupy.asarray(x)
+    ds = {"learned": Dispatcher(backend, policy=Learned()),
+          "measure_each": Dispatcher(backend)}
+    for d in ds.values():
+        while True:   # until the key is committed
+            d.launch("softmax", x)
+            plan = d._plans[OPS["softmax"].key((x,), {})]
+            if not plan.provisional:
+                break
+    sample_every = next(iter(ds.values())).sample_every
+    out = {"sample_every": sample_every}
+    for suffix, every in (("_us", 0), ("_sampled_us", sample_every)):
+        times = {k: [] for k in ds}
+        for _ in range(rounds):
+            for k, d in ds.items():
+                d.sample_every = every
+                t0 = time.perf_counter_ns()
+                for _ in range(n):
+                    d.launch("softmax", x)
+                times[k].append((time.perf_counter_ns() - t0) / n / 1e3)
+        for k in ds:
+            out[k + suffix] = min(times[k])
+    out["ratio"] = out["learned_us"] / out["measure_each_us"]
+    return out
+
+
+def run_selection(backend: str = "host", quick: bool = False, seed: int = 0,
+                  progress=None, max_threads: int | None = None) -> SelectionReport:
+    """Run the selection benchmark; see the module docstring for what is live or replayed.
+
+    Args:
+        backend: "host" or "cuda" (or "auto").
+        quick: small inputs and short streams (CI).
+        seed: seeds the streams, the inputs and the models.
+        max_threads: host BLAS thread cap; default 1 in quick host runs, because
+            multi-threaded timings on a shared CI machine do not reproduce from the
+            up-front table to the live run.
+    """
+    from adaptive import config
+    from adaptive.backends import resolve_name
+    if max_threads is None:
+        max_threads = 1 if quick and resolve_name(backend) == "host" else \
+            config.get().max_threads
+    with config.override(max_threads=max_threads):
+        report = _run(backend, quick, seed, progress or (lambda s: None))
+    report.max_threads = max_threads
+    return report
+
+
+def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
+    from adaptive.backends import get_backend
+    from adaptive.dispatch import Dispatcher
+    from adaptive.learned import Learned
+    from adaptive.model import LiveModel, held_out_accuracy, training_set
+    from adaptive.policy import MeasureEach
+    be = get_backend(backend)
+    sync = getattr(be, "synchronize", None) or (lambda: None)
+    rng = np.random.default_rng(seed)
+    n_keys, n_calls, repeats = (8, 160, 3) if quick else (16, 600, 5)
+    streams = {}
+    for name, draw in _streams(quick, be.name != "host").items():
+        keys = list(dict.fromkeys(draw(rng) for _ in range(8 * n_keys)))[:n_keys]
+        weights = 1.0 / np.arange(1, len(keys) + 1)    # Zipf: a few hot keys, a long tail
+        picks = rng.choice(len(keys), size=n_calls, p=weights / weights.sum())
+        streams[name] = [keys[i] for i in picks]
+    pack_specs = []   # the "pack": other inputs from the same distributions
+    for name, draw in _streams(quick, be.name != "host").items():
+        stream_keys = set(streams[name])
+        fresh = [s for s in dict.fromkeys(draw(rng) for _ in range(16 * n_keys))
+                 if s not in stream_keys]
+        pack_specs += fresh[: n_keys]
+    specs = list(dict.fromkeys(s for st in streams.values() for s in st)) + [
+        s for s in dict.fromkeys(pack_specs) if not any(s in st for st in streams.values())]
+    inputs = {s: _inputs(s, rng, be.name) for s in specs}
+    table_d = Dispatcher(be)
+    table_d.sample_every = 0
+    table, rows = _time_table(table_d, specs, inputs, repeats, sync)
+    say(f"timed {sum(len(t) for t in table.values())} (input, candidate) pairs")
+    stream_specs = {s for st in streams.values() for s in st}
+    pack_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s not in stream_specs]
+    test_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s in stream_specs]
+    pack_ts = training_set(pack_rows)
+    accuracy = held_out_accuracy(pack_ts, test=training_set(test_rows))
+    reports = []
+    for name, stream in streams.items():
+        oracle, results = _replayed(table, stream)
+        for label, policy in (
+                ("measure-each", MeasureEach()),
+                ("learned-cold", Learned(LiveModel())),
+                ("learned-pack", Learned(_packed(pack_ts)))):
+            d = Dispatcher(be, policy=policy)
+            results.append(_live(label, d, stream, inputs, table, oracle, sync))
+        keys = set(stream)
+        reports.append(StreamReport(name, len(keys), len(stream),
+                                    sum(len(table[s]) for s in keys), oracle, results))
+        say(f"{name}: done")
+    hot = _hot_path(be, rounds=21 if quick else 31, n=1000 if quick else 5000)
+    return SelectionReport(be.name, quick, seed, reports, accuracy, hot)
+
+
+def _packed(pack_ts):
+    """A live model started from the pack rows, its first fit done before the stream."""
+    from adaptive.model import LiveModel
+    model = LiveModel(pack_ts)
+    model.wait()
+    return model
+
+
+def _row_specs(table, specs):
+    """The spec of each table row, in the order _time_table wrote them."""
+    return [s for s in specs for _ in table[s]]
+
+
+def main_report(backend: str = "host", quick: bool = False, seed: int = 0) -> str:
+    """The benchmark as text (``adaptive bench selection`` prints this)."""
+    return str(run_selection(backend, quick, seed, progress=lambda s: print("  " + s,
+                                                                              flush=True)))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="auto", choices=("auto", "host", "cuda"))
+    parser.add_argument("--quick", action="store_true", help="small inputs, for CI")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    from adaptive.backends import resolve_name
+    print(main_report(resolve_name(args.backend), args.quick, args.seed))
+    return 0
