@@ -1,0 +1,268 @@
+"""The cuda backend: CUDA-language variants as cubins launched through CuPy, and library
+variants (cuBLAS, cuSPARSE) as Python functions over CuPy arrays.
+
+A CUDA variant × config × dtype is compiled once (NVRTC via ``cuda.bindings`` into the
+content-addressed :class:`~adaptive.kcache.KernelCache`, else CuPy's own compiler),
+loaded with ``cupy.RawModule(path=...)``, and bound into a generated launcher with its
+grid, block, shared memory and argument slots fixed (:mod:`adaptive.backends.cuda_args`):
+a warm call evaluates the argument pointers and launches, nothing else.
+
+Arrays: CuPy arrays run natively; PyTorch tensors and ``__cuda_array_interface__``
+objects are read in place (their device pointers), and results come back as tensors
+(``torch.from_dlpack``, no copy) or CuPy arrays. Work is issued on the caller's current
+stream: CuPy's, or PyTorch's current stream when the inputs are tensors. NumPy inputs
+are copied in and the result copied out. bfloat16 is handled as raw 16-bit memory
+(``int16`` CuPy arrays) inside the backend, because CuPy has no bfloat16 dtype; tensors
+get ``torch.bfloat16`` back.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+
+import numpy as np
+
+from adaptive import nvrtc
+from adaptive.backends import cuda_args
+from adaptive.backends.pysource import load_entry
+from adaptive.errors import CompileError, InputTypeError, InputValueError
+from adaptive.expr import compile_expr
+from adaptive.kcache import KernelCache
+
+log = logging.getLogger("adaptive")
+
+_NATIVE = {"float16": np.float16, "bfloat16": np.int16, "float32": np.float32,
+           "float64": np.float64}
+
+
+class _StreamRef:
+    """What CuPy's launcher needs of a stream: ``.ptr``."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+
+@functools.lru_cache(maxsize=64)
+def _stream_ref(ptr: int) -> _StreamRef:
+    return _StreamRef(ptr)
+
+
+def torch_stream() -> _StreamRef:
+    """PyTorch's current stream on the current device, as a CuPy-launchable ref."""
+    return _stream_ref(sys.modules["torch"].cuda.current_stream().cuda_stream)
+
+
+class CudaBackend:
+    """Runs cuda variants on one GPU.
+
+    Args:
+        device: CUDA device ordinal.
+    """
+
+    name = "cuda"
+    native_kind = "cupy"
+
+    def __init__(self, device: int = 0):
+        import cupy
+        self._cp = cupy
+        self.index = int(device)
+        self.device = f"cuda:{self.index}"
+        props = cupy.cuda.runtime.getDeviceProperties(self.index)
+        self._props = props
+        self.cc = props["major"] * 10 + props["minor"]
+        self.arch = f"sm_{props['major']}{props['minor']}"
+        self._limits = {
+            "max_threads_per_block": int(props["maxThreadsPerBlock"]),
+            "max_shared_bytes": int(props.get("sharedMemPerBlockOptin",
+                                              props["sharedMemPerBlock"])),
+            "sm_count": int(props["multiProcessorCount"]),
+            "warp_size": int(props["warpSize"]),
+            "max_registers_per_block": int(props["regsPerBlock"]),
+            "l2_bytes": int(props["l2CacheSize"]),
+            "cc": self.cc,
+        }
+        self._modules: dict = {}
+        self._lock = threading.Lock()
+        self._peaks = None
+        from adaptive import config
+        self._cache = KernelCache(config.get().cache_dir)
+
+    # ---- device description -----------------------------------------------------------------
+    def limits(self) -> dict:
+        return dict(self._limits)
+
+    def fingerprint(self) -> dict:
+        rt = self._cp.cuda.runtime
+        name = self._props["name"]
+        fp = {"backend": "cuda", "name": name.decode() if isinstance(name, bytes) else name,
+              "cc": self.cc, "sm_count": self._limits["sm_count"],
+              "driver_version": rt.driverGetVersion(), "runtime_version": rt.runtimeGetVersion(),
+              "cupy": self._cp.__version__, "mem_bytes": int(self._props["totalGlobalMem"])}
+        if nvrtc.available():
+            fp["nvrtc"] = nvrtc.compiler_version()
+        return fp
+
+    def peaks(self) -> dict:
+        """Measured once per process: copy bandwidth and cuBLAS rate for fp16/fp32."""
+        if self._peaks is None:
+            from adaptive.backends.cuda_peaks import measure_peaks
+            self._peaks = measure_peaks(self._cp)
+        return self._peaks
+
+    # ---- arrays -----------------------------------------------------------------------------
+    def adapter(self, kind: str):
+        cp = self._cp
+        if kind == "cupy":
+            return None
+        if kind == "numpy":
+            return cp.asarray, _to_host
+        if kind == "torch":
+            return _identity, _to_torch
+        if kind == "cuda":
+            return _identity, _identity_like
+        raise InputTypeError(f"the cuda backend cannot take {kind} arrays; pass CuPy arrays, "
+                             "PyTorch CUDA tensors, __cuda_array_interface__ objects or NumPy")
+
+    def empty(self, shape: tuple, dtype: str):
+        return self._cp.empty(shape, _NATIVE[dtype])
+
+    def synchronize(self) -> None:
+        self._cp.cuda.Device(self.index).synchronize()
+
+    # ---- compiling --------------------------------------------------------------------------
+    def function(self, variant, config: dict, dtype: str):
+        """The loaded kernel function (a CuPy ``Function``) and its resources."""
+        key = (variant.id, variant.source_hash, tuple(sorted(config.items())), dtype)
+        hit = self._modules.get(key)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._modules.get(key)
+            if hit is None:
+                hit = self._modules[key] = self._load(variant, config, dtype)
+        return hit
+
+    def _load(self, variant, config: dict, dtype: str):
+        cp = self._cp
+        if nvrtc.available():
+            kernel = nvrtc.compile_candidate(variant, config, dtype, self.arch, self._cache)
+            module = cp.RawModule(path=str(kernel.path))
+            resources = kernel.resources
+        else:  # CuPy's own NVRTC: no ptxas report, so no resources
+            source = nvrtc.full_source(variant.source, dtype, variant.source_name or "v.cu")
+            options = ("-std=c++17", *nvrtc.macro_options(config), *variant.options)
+            module = cp.RawModule(code=source, options=options)
+            resources = {}
+        try:
+            raw = module.get_function(variant.entry)
+            fn = raw.kernel
+        except Exception as exc:  # noqa: BLE001 (CuPy raises its own compile errors)
+            raise CompileError(variant.name, config, f"{type(exc).__name__}: {exc}",
+                               variant.source) from None
+        return raw, fn, dict(resources)
+
+    # ---- running ----------------------------------------------------------------------------
+    def prepare(self, candidate, problem, op):
+        variant, config = candidate.variant, candidate.config
+        if variant.language == "python":
+            return self._prepare_library(variant, config, problem)
+        return self._prepare_kernel(variant, config, problem, op)
+
+    def launch_geometry(self, variant, config: dict, problem) -> dict:
+        """Grid, block, dynamic shared bytes and workspace bytes for this plan."""
+        scope = {**problem.scope(), **self._limits, **config}
+        launch = variant.launch
+        grid = tuple(int(compile_expr(str(e))(scope)) for e in launch["grid"])
+        block = tuple(int(compile_expr(str(e))(scope)) for e in launch["block"])
+        smem = int(compile_expr(str(launch.get("shared_bytes", 0)))(scope))
+        ws = int(compile_expr(str(launch.get("workspace_bytes", 0)))(scope))
+        threads = int(np.prod(block))
+        if threads > self._limits["max_threads_per_block"] or min(block) < 1 or min(grid) < 1:
+            raise InputValueError(f"{variant.id}: block {block} / grid {grid} cannot launch "
+                                  f"(max {self._limits['max_threads_per_block']} threads)")
+        if smem > self._limits["max_shared_bytes"]:
+            raise InputValueError(f"{variant.id}: {smem} bytes of dynamic shared memory exceed "
+                                  f"the device's {self._limits['max_shared_bytes']}")
+        return {"grid": grid, "block": block, "shared_bytes": smem, "workspace_bytes": ws,
+                "scope": scope}
+
+    def _prepare_kernel(self, variant, config, problem, op):
+        raw, fn, _ = self.function(variant, config, problem.dtype)
+        geo = self.launch_geometry(variant, config, problem)
+        if geo["shared_bytes"] > 48 * 1024:
+            raw.max_dynamic_shared_size_bytes = geo["shared_bytes"]
+        workspace = None
+        if geo["workspace_bytes"]:
+            workspace = self._cp.zeros(geo["workspace_bytes"], np.uint8)
+        names = [str(n) for n in variant.launch.get("args", [])]
+        if not names:
+            raise InputValueError(f"{variant.id}: a cuda variant needs launch.args")
+        slots, env = cuda_args.bind(op, names, problem.kind, geo["scope"], problem, workspace)
+        stream_code, extra = "None", {}
+        if problem.kind == "torch":
+            stream_code, extra = "_stream()", {"_stream": torch_stream}
+        launch = cuda_args.make_launcher(slots, env, fn, geo["grid"], geo["block"],
+                                         geo["shared_bytes"], stream_code, extra)
+        launch.workspace = workspace  # keeps the buffer alive with the plan
+        return launch
+
+    def _prepare_library(self, variant, config, problem):
+        fn = load_entry(variant)
+        kwargs = {**config, **problem.params_dict}
+        bound = functools.partial(fn, **kwargs) if kwargs else fn
+        kind, bf16 = problem.kind, problem.dtype == "bfloat16"
+        cp = self._cp
+        if kind in ("cupy", "numpy"):
+            def run(args, out):
+                bound(*args, out=out)
+            return run
+        if kind == "torch":
+            def run_torch(args, out):
+                native = [a if hasattr(type(a), "signature") else
+                          cp.from_dlpack(a.view(sys.modules["torch"].int16) if bf16 else a)
+                          for a in args]
+                with cp.cuda.ExternalStream(torch_stream().ptr):
+                    bound(*native, out=out)
+            return run_torch
+
+        def run_cai(args, out):
+            native = [a if hasattr(type(a), "signature") else cp.asarray(a) for a in args]
+            bound(*native, out=out)
+        return run_cai
+
+    def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
+        """CUDA-event times of ``fn(args, out)`` on the current stream, one per run."""
+        cp = self._cp
+        times = []
+        for _ in range(repeats):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn(args, out)
+            stop.record()
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop))
+        return times
+
+
+def _identity(x):
+    return x
+
+
+def _identity_like(result, like):
+    return result
+
+
+def _to_host(result, like):
+    return result.get()
+
+
+def _to_torch(result, like):
+    torch = sys.modules["torch"]
+    t = torch.from_dlpack(result)
+    return t.view(torch.bfloat16) if like.dtype == torch.bfloat16 else t
+

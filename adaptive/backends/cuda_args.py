@@ -1,0 +1,146 @@
+"""Kernel argument vocabulary: what each name in a manifest's ``launch.args`` passes.
+
+A CUDA variant lists its kernel parameters by name (``args = ["a", "b", "out", "M",
+"N", "K"]``). When a plan is built each name is bound once to a *slot*: either a constant
+(a dim, a param, a config value, a device limit, the workspace pointer) or a per-call
+value (an input array, the output, something derived from an input). The warm call then
+only evaluates the per-call slots. Resolution order for a name:
+
+1. ``out`` (the result), an array name of the op (``a``, ``b``, ``x``, ``q``...);
+2. ``workspace``: a zero-initialised device buffer of ``launch.workspace_bytes`` bytes,
+   one per plan (kernels that use it as counters must leave it zeroed);
+3. a per-op provider (:func:`register`), e.g. spmm's ``w_csr_indptr``;
+4. a scalar from the plan scope: dims, op params, config values, device limits.
+
+Scalars are ``int32`` (bools 0/1, ``None`` is an error) and ``float32`` for floats;
+``name:i64``, ``name:u64``, ``name:f32``, ``name:i32`` force a type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from adaptive.errors import InputValueError
+
+SCALAR_TYPES = {"i32": np.int32, "i64": np.int64, "u64": np.uint64, "f32": np.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgProvider:
+    """How to produce one kernel argument that is not an array, dim or param.
+
+    Exactly one of ``plan`` and ``call`` is set:
+      * ``plan(problem, scope) -> value``: computed once per plan (a constant);
+      * ``call(arg) -> value``: computed on every call from ``args[index]`` (e.g. a device
+        pointer of a format cached on a :class:`~adaptive.SparseWeight`).
+    Values are what CuPy's kernel launcher accepts: a ``cupy.ndarray``, or a NumPy
+    scalar (``np.uint64(ptr)`` for a raw device pointer, ``np.int32``, ``np.float32``).
+    """
+
+    doc: str
+    plan: Callable | None = None
+    call: Callable | None = None
+    index: int = 0
+
+    def __post_init__(self):
+        if (self.plan is None) == (self.call is None):
+            raise ValueError("an ArgProvider needs exactly one of plan= and call=")
+
+
+PROVIDERS: dict[str, dict[str, ArgProvider]] = {}
+
+
+def register(op: str, name: str, provider: ArgProvider) -> None:
+    """Add (or replace) the provider of argument ``name`` for ``op``'s CUDA variants."""
+    PROVIDERS.setdefault(op, {})[name] = provider
+
+
+def _attention_scale(problem, scope):
+    scale = scope.get("scale")
+    return np.float32(1.0 / np.sqrt(scope["D"]) if scale is None else scale)
+
+
+register("attention", "scale", ArgProvider("logit scale; 1/sqrt(D) when not given",
+                                           plan=_attention_scale))
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One bound kernel argument: ``code`` is a Python expression over the call's names."""
+
+    name: str
+    code: str
+    constant: object = None
+
+
+def pointer_code(kind: str, ref: str) -> str:
+    """Expression giving the device pointer of array ``ref`` for an input of ``kind``."""
+    if kind in ("cupy", "numpy"):        # numpy inputs were copied into CuPy arrays
+        return ref
+    if kind == "torch":
+        return f"_u64({ref}.data_ptr())"
+    return f"_u64({ref}.__cuda_array_interface__['data'][0])"
+
+
+def bind(op, names: list[str], kind: str, scope: Mapping, problem,
+         workspace=None) -> tuple[list[Slot], dict]:
+    """Bind each argument name to a slot; returns slots and the constants they name."""
+    slots, env = [], {}
+    providers = PROVIDERS.get(op.name, {})
+    for i, spec in enumerate(names):
+        name, _, typ = spec.partition(":")
+        if typ and typ not in SCALAR_TYPES:
+            raise InputValueError(f"{op.name}: argument {spec!r} has unknown type {typ!r}; "
+                                  f"expected one of {', '.join(SCALAR_TYPES)}")
+        const = f"_c{i}"
+        if name == "out":
+            slots.append(Slot(name, "out"))
+        elif name in op.arrays:
+            slots.append(Slot(name, pointer_code(kind, f"args[{op.arrays.index(name)}]")))
+        elif name == "workspace":
+            if workspace is None:
+                raise InputValueError(f"{op.name}: argument 'workspace' needs "
+                                      "launch.workspace_bytes in the manifest")
+            env[const] = workspace
+            slots.append(Slot(name, const, workspace))
+        elif name in providers:
+            p = providers[name]
+            if p.plan is not None:
+                env[const] = p.plan(problem, scope)
+                slots.append(Slot(name, const, env[const]))
+            else:
+                env[f"_p{i}"] = p.call
+                slots.append(Slot(name, f"_p{i}(args[{p.index}])"))
+        elif name in scope:
+            value = scope[name]
+            if value is None or isinstance(value, str):
+                raise InputValueError(f"{op.name}: kernel argument {name!r} is {value!r}; a "
+                                      "scalar argument must be a number or bool")
+            if typ:
+                value = SCALAR_TYPES[typ](value)
+            elif isinstance(value, (bool, int, np.integer)):
+                value = np.int32(value)
+            else:
+                value = np.float32(value)
+            env[const] = value
+            slots.append(Slot(name, const, value))
+        else:
+            known = sorted({"out", "workspace", *op.arrays, *providers, *scope})
+            raise InputValueError(f"{op.name}: unknown kernel argument {name!r}; known names: "
+                                  f"{', '.join(known)}")
+    return slots, env
+
+
+def make_launcher(slots: list[Slot], env: dict, function, grid: tuple, block: tuple,
+                  shared_bytes: int, stream_code: str = "None", extra: dict | None = None):
+    """A ``launch(args, out)`` function, generated once per plan (no per-call branching)."""
+    arg_text = ", ".join(s.code for s in slots) + ("," if len(slots) == 1 else "")
+    src = (f"def launch(args, out):\n"
+           f"    _f(_grid, _block, ({arg_text}), _smem, {stream_code})\n")
+    namespace = {"_f": function, "_grid": grid, "_block": block, "_smem": shared_bytes,
+                 "_u64": np.uint64, **env, **(extra or {})}
+    exec(compile(src, "<adaptive launcher>", "exec"), namespace)  # noqa: S102 (our own text)
+    return namespace["launch"]

@@ -1,0 +1,51 @@
+"""Roofline peaks of a GPU, measured once per process with a short probe (~0.2 s).
+
+Copy bandwidth counts bytes read plus bytes written of a device-to-device copy of
+1 GiB; matrix rates are cuBLAS (``cupy.matmul``) at 4096³ on random data, median of
+several runs after a warm-up. bfloat16 takes the float16 rate (same tensor-core peak).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+
+def _median_ms(cp, fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def copy_bytes_per_s(cp, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    src = cp.empty(nbytes // 4, np.float32)
+    src.fill(1.0)
+    dst = cp.empty_like(src)
+    ms = _median_ms(cp, lambda: dst.__setitem__(Ellipsis, src), repeats)
+    return 2 * nbytes / (ms / 1e3)
+
+
+def matmul_flops_per_s(cp, dtype, n: int = 4096, repeats: int = 5) -> float:
+    rng = cp.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32).astype(dtype)
+    b = rng.standard_normal((n, n), dtype=np.float32).astype(dtype)
+    out = cp.empty((n, n), dtype)
+    ms = _median_ms(cp, lambda: cp.matmul(a, b, out=out), repeats)
+    return 2.0 * n**3 / (ms / 1e3)
+
+
+def measure_peaks(cp) -> dict:
+    """``{"flops_per_s": {dtype: rate}, "bytes_per_s": rate}`` for this device."""
+    f16 = matmul_flops_per_s(cp, np.float16)
+    f32 = matmul_flops_per_s(cp, np.float32)
+    return {"flops_per_s": {"float16": f16, "bfloat16": f16, "float32": f32,
+                            "float64": f32 / 2},
+            "bytes_per_s": copy_bytes_per_s(cp)}

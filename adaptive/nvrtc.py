@@ -1,0 +1,298 @@
+"""Compile CUDA variants with NVRTC (``cuda.bindings.nvrtc``), without a GPU.
+
+A candidate (variant × config) for one dtype and arch becomes one cubin: the source is
+the dtype prelude (:func:`prelude`) followed by the variant's text; the config enters as
+``-D<NAME>=<value>`` macros. ptxas' verbose report (``--ptxas-options=-v``) is parsed
+into resources (registers, static shared memory, spills) that are kept with the cubin
+in the :class:`~adaptive.kcache.KernelCache` and become cost-model features.
+
+Also the ``adaptive nvrtc-check [--arch sm_90] [--op OP]`` command, which compiles every
+CUDA variant × config × dtype in the registry and prints each result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from adaptive.errors import CompileError
+from adaptive.kcache import CachedKernel, KernelCache, kernel_key
+
+DEFAULT_ARCH = "sm_90"
+
+# Device limits of an H100/H200 (sm_90) for enumerating configs without a GPU.
+SM90_LIMITS = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132,
+               "warp_size": 32, "max_registers_per_block": 65536, "l2_bytes": 60 << 20,
+               "cc": 90, "cpu_count": 1}
+
+_CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
+           "float64": "double"}
+
+
+def prelude(dtype: str) -> str:
+    """Text put before every CUDA variant: fp16/bf16 headers, ``T`` and conversions.
+
+    ``T`` is the element type of the op's arrays; ``to_f32(T)`` / ``from_f32<T>(float)``
+    convert; ``ADAPTIVE_DTYPE_<NAME>`` is defined (e.g. ``ADAPTIVE_DTYPE_FLOAT16``);
+    ``INFINITY`` is defined (NVRTC has no <math.h>).
+    """
+    if dtype not in _CTYPES:
+        raise ValueError(f"no CUDA element type for dtype {dtype!r}; expected one of "
+                         f"{', '.join(_CTYPES)}")
+    return (
+        "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+        f"#define ADAPTIVE_DTYPE_{dtype.upper()} 1\n"
+        f"typedef {_CTYPES[dtype]} T;\n"
+        "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
+        "__device__ __forceinline__ float to_f32(float x) { return x; }\n"
+        "__device__ __forceinline__ float to_f32(double x) { return (float)x; }\n"
+        "__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }\n"
+        "__device__ __forceinline__ float to_f32(__nv_bfloat16 x) "
+        "{ return __bfloat162float(x); }\n"
+        "template <typename U> __device__ __forceinline__ U from_f32(float x);\n"
+        "template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }\n"
+        "template <> __device__ __forceinline__ double from_f32<double>(float x) "
+        "{ return x; }\n"
+        "template <> __device__ __forceinline__ __half from_f32<__half>(float x) "
+        "{ return __float2half_rn(x); }\n"
+        "template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) "
+        "{ return __float2bfloat16_rn(x); }\n"
+    )
+
+
+def full_source(variant_source: str, dtype: str, source_name: str = "variant.cu") -> str:
+    """Prelude + variant text; ``#line`` keeps compiler messages on the file's own lines."""
+    return f"{prelude(dtype)}#line 1 \"{source_name}\"\n{variant_source}"
+
+
+def macro_options(config: Mapping) -> tuple[str, ...]:
+    """``-DNAME=value`` for each config entry (bools as 0/1), sorted by name."""
+    out = []
+    for name, value in sorted(config.items()):
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, (int, float, str)):
+            raise ValueError(f"config value {name}={value!r} cannot be a macro")
+        out.append(f"-D{name}={value}")
+    return tuple(out)
+
+
+# ---- the compiler ---------------------------------------------------------------------------
+
+def available() -> bool:
+    """True when ``cuda.bindings.nvrtc`` imports (the ``nvrtc`` extra is installed)."""
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def include_dirs() -> tuple[str, ...]:
+    """CUDA header folders from the ``nvidia`` wheels (runtime, crt, cccl), then CUDA_PATH."""
+    import os
+    dirs = []
+    try:
+        import nvidia
+        for base in map(Path, nvidia.__path__):
+            for pattern in ("cu*/include", "cu*/include/cccl", "cuda_runtime/include",
+                            "cuda_nvrtc/include", "cuda_cccl/include", "cuda_crt/include"):
+                dirs += [str(p) for p in sorted(base.glob(pattern)) if p.is_dir()]
+    except ImportError:
+        pass
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(env):
+            dirs.append(str(Path(os.environ[env]) / "include"))
+    dirs.append("/usr/local/cuda/include")
+    return tuple(dict.fromkeys(d for d in dirs if Path(d).is_dir()))
+
+
+@functools.lru_cache(maxsize=1)
+def compiler_version() -> str:
+    """``nvrtc-<major>.<minor>`` (part of every cache key)."""
+    from cuda.bindings import nvrtc
+    _, major, minor = nvrtc.nvrtcVersion()
+    return f"nvrtc-{major}.{minor}"
+
+
+def _check(result, what: str):
+    from cuda.bindings import nvrtc
+    err = result[0]
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"{what} failed: {err}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def base_options(arch: str) -> tuple[str, ...]:
+    return (f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v",
+            *(f"-I{d}" for d in include_dirs()))
+
+
+def compile_source(source: str, options: tuple[str, ...], arch: str = DEFAULT_ARCH,
+                   name: str = "variant.cu") -> tuple[bytes, str]:
+    """(cubin, log) for ``source``; raises ``RuntimeError(log)`` when NVRTC rejects it."""
+    from cuda.bindings import nvrtc
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []),
+                  "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in (*base_options(arch), *options)]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, buf)
+        log = buf.rstrip(b"\0 ").decode(errors="replace")
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(log or str(err))
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        _check((nvrtc.nvrtcGetCUBIN(prog, cubin)[0], None), "nvrtcGetCUBIN")
+        return cubin, log
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+_PTXAS = {
+    "registers": re.compile(r"Used (\d+) registers"),
+    "shared_bytes": re.compile(r"(\d+) bytes smem"),
+    "stack_bytes": re.compile(r"(\d+) bytes stack frame"),
+    "spill_store_bytes": re.compile(r"(\d+) bytes spill stores"),
+    "spill_load_bytes": re.compile(r"(\d+) bytes spill loads"),
+}
+
+
+def parse_ptxas(log: str, entry: str | None = None) -> dict[str, int]:
+    """Resources of ``entry`` (or of the first kernel) from ptxas' ``-v`` report."""
+    if entry is not None:
+        start = log.find(f"Compiling entry function '{entry}'")
+        if start >= 0:
+            nxt = log.find("Compiling entry function", start + 1)
+            log = log[start:nxt if nxt > 0 else None]
+    out = {}
+    for field, pattern in _PTXAS.items():
+        m = pattern.search(log)
+        out[field] = int(m.group(1)) if m else 0
+    return out
+
+
+def compile_candidate(variant, config: Mapping, dtype: str, arch: str = DEFAULT_ARCH,
+                      cache: KernelCache | None = None) -> CachedKernel:
+    """The cubin of ``variant`` with ``config`` for ``dtype`` (from the cache if present).
+
+    Raises :class:`~adaptive.errors.CompileError` with the numbered source and the log.
+    """
+    source = full_source(variant.source, dtype, variant.source_name or f"{variant.name}.cu")
+    options = macro_options(config) + tuple(variant.options)
+    return compile_cached(source, options, arch, variant.entry, variant.name, dict(config),
+                          cache)
+
+
+def compile_cached(source: str, options: tuple[str, ...], arch: str, entry: str,
+                   label: str, config: dict, cache: KernelCache | None) -> CachedKernel:
+    if cache is None:
+        from adaptive import config as cfg
+        cache = KernelCache(cfg.get().cache_dir)
+    key = kernel_key(source, options, arch, compiler_version())
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    try:
+        cubin, log = compile_source(source, options, arch)
+    except RuntimeError as exc:
+        raise CompileError(label, config, str(exc), source) from None
+    return cache.put(key, cubin, parse_ptxas(log, entry))
+
+
+# ---- enumeration (the check and the CPU test share it) --------------------------------------
+
+def variant_dtypes(variant, config: Mapping | None = None) -> list[str]:
+    """The op's dtypes that this variant's ``requires`` admit, judged on the conditions
+    that name only ``dtype``, ``itemsize`` and config parameters (not the input's dims)."""
+    from adaptive.ops import get_op
+    from adaptive.ops.base import DTYPE_BYTES
+    out = []
+    for dtype in get_op(variant.op).dtypes:
+        scope = {"dtype": dtype, "itemsize": DTYPE_BYTES[dtype], **(config or {})}
+        if all(r(scope) for r in variant.requires if r.names <= scope.keys()):
+            out.append(dtype)
+    return out
+
+
+def cuda_jobs(registry, op: str | None = None,
+              limits: Mapping = SM90_LIMITS) -> Iterator[tuple]:
+    """Every (variant, config, dtype) of a CUDA-language variant that can launch."""
+    ops = [op] if op else registry.ops()
+    for name in ops:
+        for v in registry.variants(name, "cuda"):
+            if v.language != "cuda":
+                continue
+            for config in v.space.configs(limits):
+                for dtype in variant_dtypes(v, config):
+                    yield v, config, dtype
+
+
+def _job(args) -> tuple[bool, dict, str, float]:
+    source, options, arch, entry, label, config, cache_dir = args
+    t0 = time.perf_counter()
+    try:
+        kernel = compile_cached(source, options, arch, entry, label, config,
+                                KernelCache(cache_dir))
+        return True, kernel.resources, "", time.perf_counter() - t0
+    except CompileError as exc:
+        return False, {}, exc.log, time.perf_counter() - t0
+
+
+def check_all(registry, op: str | None = None, arch: str = DEFAULT_ARCH,
+              cache_dir: str | None = None, workers: int = 2) -> list[dict]:
+    """Compile every CUDA candidate; one result dict per (variant, config, dtype)."""
+    from adaptive import config as cfg
+    cache_dir = cache_dir or cfg.get().cache_dir
+    jobs = list(cuda_jobs(registry, op))
+    payload = []
+    for v, config, dtype in jobs:
+        source = full_source(v.source, dtype, v.source_name or f"{v.name}.cu")
+        options = macro_options(config) + tuple(v.options)
+        payload.append((source, options, arch, v.entry, v.name, config, cache_dir))
+    if workers > 1 and len(payload) > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results = list(pool.map(_job, payload, chunksize=4))
+    else:
+        results = [_job(p) for p in payload]
+    return [{"op": v.op, "variant": v.name, "config": config, "dtype": dtype, "ok": ok,
+             "resources": res, "log": log, "time_s": t}
+            for (v, config, dtype), (ok, res, log, t) in zip(jobs, results)]
+
+
+# ---- CLI ------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--arch", default=DEFAULT_ARCH, help="GPU arch (default sm_90)")
+    parser.add_argument("--op", default=None, help="only this op's variants")
+    parser.add_argument("--workers", type=int, default=2, help="compile processes")
+    parser.add_argument("--quiet", action="store_true", help="print failures only")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not available():
+        print("adaptive nvrtc-check: cuda.bindings is not installed; "
+              "pip install 'adaptive-dispatch[nvrtc]'", file=sys.stderr)
+        return 2
+    from adaptive.dispatch import shared_registry
+    results = check_all(shared_registry(), args.op, args.arch, workers=args.workers)
+    failed = [r for r in results if not r["ok"]]
+    for r in results:
+        if r["ok"] and not args.quiet:
+            res = r["resources"]
+            print(f"ok   {r['op']}/{r['variant']} {r['dtype']} {r['config']} "
+                  f"regs={res.get('registers')} smem={res.get('shared_bytes')} "
+                  f"spills={res.get('spill_store_bytes')} ({r['time_s'] * 1e3:.0f} ms)")
+    for r in failed:
+        print(f"FAIL {r['op']}/{r['variant']} {r['dtype']} {r['config']}\n{r['log']}")
+    print(f"{len(results) - len(failed)}/{len(results)} compiled for {args.arch}")
+    return 1 if failed else 0

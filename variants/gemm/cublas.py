@@ -1,0 +1,25 @@
+"""gemm through cuBLAS: cupy.matmul for float16/float32; cublasGemmEx for bfloat16, which
+the cuda backend hands over as int16 arrays (raw 16-bit memory; CuPy has no bfloat16)."""
+
+import cupy
+import numpy as np
+
+_CUDA_R_16BF = 14
+_CUBLAS_COMPUTE_32F = 68
+_CUBLAS_GEMM_DEFAULT = -1
+_ONE = np.ones(1, np.float32)
+_ZERO = np.zeros(1, np.float32)
+
+
+def gemm_cublas(a, b, out):
+    if a.dtype != np.int16:
+        cupy.matmul(a, b, out=out)
+        return
+    from cupy_backends.cuda.libs import cublas
+    m, k = a.shape
+    n = b.shape[1]
+    handle = cupy.cuda.device.get_cublas_handle()
+    # row-major out = a @ b is column-major out^T = b^T a^T: swap the operands
+    cublas.gemmEx(handle, 0, 0, n, m, k, _ONE.ctypes.data, b.data.ptr, _CUDA_R_16BF, n,
+                  a.data.ptr, _CUDA_R_16BF, k, _ZERO.ctypes.data, out.data.ptr, _CUDA_R_16BF,
+                  n, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
