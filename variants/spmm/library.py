@@ -1,0 +1,50 @@
+"""spmm through NVIDIA's libraries on the weight's cached device forms.
+
+``spmm_cublas_dense``: cuBLAS GEMM on the dense form (wins at high density).
+``spmm_cusparse_csr``: cuSPARSE SpMM (generic API) on the CSR form, with row-major b and
+out described as such (no transposes or copies) and float32 accumulation for float16.
+"""
+
+import cupy
+import numpy as np
+
+from adaptive.backends.cuda_sparse import device_csr, device_dense
+
+_CUDA_R = {np.dtype(np.float16): 2, np.dtype(np.float32): 0}   # cudaDataType
+_CUDA_R_32F = 0
+_INDEX_32I = 2            # CUSPARSE_INDEX_32I
+_INDEX_BASE_ZERO = 0
+_ORDER_ROW = 2            # CUSPARSE_ORDER_ROW
+_OP_N = 0
+_SPMM_ALG_DEFAULT = 0
+_ONE = np.ones(1, np.float32)
+_ZERO = np.zeros(1, np.float32)
+
+
+def spmm_cublas_dense(w, b, out):
+    cupy.matmul(device_dense(w), b, out=out)
+
+
+def spmm_cusparse_csr(w, b, out):
+    from cupy_backends.cuda.libs import cusparse
+    indptr, indices, values = device_csr(w)
+    m, k = w.shape
+    n = b.shape[1]
+    dt = _CUDA_R[b.dtype]
+    handle = cupy.cuda.device.get_cusparse_handle()
+    cusparse.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    a_desc = cusparse.createCsr(m, k, values.size, indptr.data.ptr, indices.data.ptr,
+                                values.data.ptr, _INDEX_32I, _INDEX_32I, _INDEX_BASE_ZERO, dt)
+    b_desc = cusparse.createDnMat(k, n, n, b.data.ptr, dt, _ORDER_ROW)
+    c_desc = cusparse.createDnMat(m, n, n, out.data.ptr, dt, _ORDER_ROW)
+    try:
+        size = cusparse.spMM_bufferSize(handle, _OP_N, _OP_N, _ONE.ctypes.data, a_desc, b_desc,
+                                        _ZERO.ctypes.data, c_desc, _CUDA_R_32F,
+                                        _SPMM_ALG_DEFAULT)
+        buf = cupy.empty(max(size, 1), cupy.uint8)
+        cusparse.spMM(handle, _OP_N, _OP_N, _ONE.ctypes.data, a_desc, b_desc,
+                      _ZERO.ctypes.data, c_desc, _CUDA_R_32F, _SPMM_ALG_DEFAULT, buf.data.ptr)
+    finally:
+        cusparse.destroySpMat(a_desc)
+        cusparse.destroyDnMat(b_desc)
+        cusparse.destroyDnMat(c_desc)
