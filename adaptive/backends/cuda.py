@@ -27,6 +27,7 @@ import numpy as np
 
 from adaptive import nvrtc
 from adaptive.backends import cuda_args
+from adaptive.backends import cuda_sparse  # noqa: F401 (registers spmm's w_csr_*/w_bsr* args)
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import CompileError, InputTypeError, InputValueError
 from adaptive.expr import compile_expr
