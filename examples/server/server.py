@@ -220,22 +220,21 @@ class InferenceServer(ThreadingHTTPServer):
         return out
 
 
-def start_metrics(port: int) -> bool:
-    """Serve adaptive's Prometheus metrics on ``port``; False (with a message) if unavailable."""
+def start_metrics(port: int, host: str = "127.0.0.1"):
+    """Serve adaptive's Prometheus metrics; None (with a message saying why) if unavailable."""
     import adaptive
     serve = getattr(adaptive, "serve_metrics", None)
     if serve is None:
         print("metrics: this adaptive build has no serve_metrics(); serving without metrics",
-              file=sys.stderr)
-        return False
+              file=sys.stderr, flush=True)
+        return None
     try:
-        serve(port)
+        metrics = serve(port, addr=host)
     except ImportError as exc:
-        print(f"metrics: {exc}; install it with `pip install prometheus-client` (or the "
-              "package's [metrics] extra); serving without metrics", file=sys.stderr)
-        return False
-    print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
-    return True
+        print(f"metrics: off ({exc}); serving without metrics", file=sys.stderr, flush=True)
+        return None
+    print(f"metrics at http://{host}:{metrics.port}/metrics", flush=True)
+    return metrics
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -245,7 +244,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("auto", "host", "cuda"), default="auto")
     p.add_argument("--dtype", choices=("float32", "float16"), default=None,
                    help="default float16 on cuda, float32 on the host")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (0: any free port)")
     p.add_argument("--static", action="append", default=[], metavar="OP=VARIANT",
                    help="static mode: pin this variant for an op (repeatable)")
     p.add_argument("--torch-sparse", action="store_true",
@@ -283,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     model = build(shape, args.dispatch, device, dtype, torch_sparse=args.torch_sparse,
                   static=static)
     model(input_activations(shape, model.host_weights, seq_len=min(8, shape.max_seq)))  # fail fast
-    if args.metrics_port:
-        start_metrics(args.metrics_port)
+    if args.metrics_port is not None:
+        start_metrics(args.metrics_port, args.host)
     server = InferenceServer((args.host, args.port), model, shape, args.dispatch)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     host, port = server.server_address[:2]

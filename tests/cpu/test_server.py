@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +32,17 @@ SHAPE_ARGS = ["--d-model", "64", "--heads", "2", "--d-ff", "192", "--vocab", "96
 
 
 class Server:
-    def __init__(self, dispatch: str):
+    def __init__(self, dispatch: str, *extra: str, env: dict | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, str(SERVER_DIR / "server.py"), "--port", "0", "--device", "host",
-             "--dispatch", dispatch, *SHAPE_ARGS],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        line = self.proc.stdout.readline()   # "serving ... at http://127.0.0.1:PORT"
-        if "serving" not in line:
+             "--dispatch", dispatch, *SHAPE_ARGS, *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+        self.metrics_url = None
+        line = self.proc.stdout.readline()
+        if line.startswith("metrics at "):
+            self.metrics_url = line.split()[-1]
+            line = self.proc.stdout.readline()
+        if "serving" not in line:          # "serving ... at http://127.0.0.1:PORT"
             self.proc.kill()
             raise RuntimeError(f"server did not start: {line!r} {self.proc.stderr.read()}")
         self.url = line.split()[-1]
@@ -225,3 +231,42 @@ def test_torch_mode_matches_reference(weights, rng):
     ref_norm, probs = reference(SHAPE, weights, x)
     assert norm == pytest.approx(ref_norm, rel=1e-4)
     assert prob == pytest.approx(probs[token], rel=1e-3)
+
+
+def test_static_override_and_prometheus_metrics(rng):
+    pytest.importorskip("prometheus_client")
+    s = Server("static", "--static", "spmm=host_bsr", "--metrics-port", "0")
+    try:
+        for length in rng.integers(1, 256, 6):
+            assert s.infer({"seq_len": int(length), "seed": 1})[0] == 200
+        assert s.request("GET", "/stats")[1]["static_choices"]["spmm"].startswith("host_bsr[")
+        assert s.metrics_url is not None
+        text = urllib.request.urlopen(s.metrics_url, timeout=10).read().decode()
+        launches = {}
+        for line in text.splitlines():
+            if line.startswith("adaptive_launches_total{"):
+                labels, value = line.rsplit(" ", 1)
+                launches[labels] = float(value)
+        ops = {op for op in ("gemm", "attention", "spmm", "softmax")
+               if any(f'op="{op}"' in k for k in launches)}
+        assert ops == {"gemm", "attention", "spmm", "softmax"}, text[:2000]
+        spmm = {k: v for k, v in launches.items() if 'op="spmm"' in k}
+        assert all('variant="host_bsr"' in k for k in spmm), spmm    # the pinned variant
+        assert sum(spmm.values()) >= 6 * 2 * SHAPE.layers   # two per layer per request
+    finally:
+        assert s.stop() == 0
+
+
+def test_server_without_prometheus_client_says_so_and_serves(tmp_path):
+    fake = tmp_path / "prometheus_client"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('No module named prometheus_client')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    s = Server("adaptive", "--metrics-port", "0", env=env)
+    try:
+        assert s.metrics_url is None
+        assert s.infer({"seq_len": 9})[0] == 200
+    finally:
+        s.proc.terminate()
+        _, err = s.proc.communicate(timeout=10)
+    assert "metrics: off" in err and "prometheus-client" in err
