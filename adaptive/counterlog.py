@@ -428,11 +428,23 @@ def _on_new_dispatcher(d: dispatch.Dispatcher) -> None:
                 cfg.counter_log, sample_every=max(cfg.counter_log_every, 1)).open()
             with _active_lock:
                 _active.append(clog)
-            atexit.register(clog.close)
+            atexit.register(close_configured)
         if clog not in logs:
             logs.append(clog)
     for clog in logs:
         clog.attach(d)
+
+
+def close_configured() -> None:
+    """Close the ``ADAPTIVE_COUNTER_LOG`` logs now (otherwise at interpreter exit)."""
+    global _closed_dropped
+    for path in list(_configured):
+        clog = _configured.pop(path)
+        stats = clog.close()
+        with _active_lock:
+            if clog in _active:
+                _active.remove(clog)
+            _closed_dropped += stats.dropped
 
 
 dispatch.new_dispatcher_hooks.append(_on_new_dispatcher)

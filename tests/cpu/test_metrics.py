@@ -1,0 +1,159 @@
+"""The Prometheus endpoint, scraped over loopback: exact launch counts, the kernel-time
+histogram in seconds, misses, regeneration requests, dropped log records and device
+gauges from a sampler reading fake NVML."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+import urllib.request
+
+import numpy as np
+import pytest
+
+pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+import adaptive  # noqa: E402
+from adaptive import metrics  # noqa: E402
+from adaptive.dispatch import Dispatcher  # noqa: E402
+from profilers import NvmlSampler  # noqa: E402
+
+
+def scrape(server) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read()
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+@pytest.fixture
+def server():
+    s = adaptive.serve_metrics(0, nvml=False)
+    yield s
+    s.close()
+
+
+def test_launches_histogram_misses_regen_counted(server, rng):
+    d = Dispatcher("host")                     # created after the server: attached by hook
+    d.sample_every = 5
+    x = rng.standard_normal((13, 29)).astype(np.float32)
+    a = rng.standard_normal((17, 9)).astype(np.float32)
+    b = rng.standard_normal((9, 4)).astype(np.float32)
+    for _ in range(25):
+        y = d.launch("softmax", x)
+    ref = adaptive.OPS["softmax"].reference(x)
+    assert adaptive.OPS["softmax"].error(y, ref) < 1e-4
+    for _ in range(7):
+        d.launch("gemm", a, b)
+    soft = d.decision("softmax", x).candidate.variant.name
+    gemm = d.decision("gemm", a, b).candidate.variant.name
+    before = value(scrape(server), "adaptive_regeneration_requests_total", op="spmm") or 0
+    adaptive.count_regeneration_request("spmm")
+    adaptive.count_regeneration_request("spmm")
+    got = scrape(server)
+    assert value(got, "adaptive_launches_total", op="softmax", variant=soft, backend="host") == 25
+    assert value(got, "adaptive_launches_total", op="gemm", variant=gemm, backend="host") == 7
+    # every 5th of 32 launches was sampled: 6 timings, in seconds
+    n_soft = value(got, "adaptive_kernel_time_seconds_count", op="softmax", variant=soft,
+                   backend="host")
+    n_gemm = value(got, "adaptive_kernel_time_seconds_count", op="gemm", variant=gemm,
+                   backend="host")
+    assert n_soft + n_gemm == 6
+    total_s = value(got, "adaptive_kernel_time_seconds_sum", op="softmax", variant=soft,
+                    backend="host")
+    assert 0 < total_s < 1.0                    # seconds, not milliseconds
+    assert value(got, "adaptive_kernel_time_seconds_bucket", op="softmax", variant=soft,
+                 backend="host", le="1e-06") <= n_soft
+    assert value(got, "adaptive_kernel_time_seconds_bucket", op="softmax", variant=soft,
+                 backend="host", le="+Inf") == n_soft
+    assert value(got, "adaptive_decision_cache_misses_total", backend="host") >= 2
+    assert value(got, "adaptive_regeneration_requests_total", op="spmm") == before + 2
+    labels = {k for (_, ls) in got for k, _ in ls}
+    assert labels <= {"op", "variant", "backend", "le", "gpu"}      # no shapes as labels
+
+
+def test_dropped_log_records_are_exported(server, rng, tmp_path):
+    d = Dispatcher("host")
+    d.sample_every = 0
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    b = rng.standard_normal((6, 7)).astype(np.float32)
+    before = value(scrape(server), "adaptive_counter_log_dropped_records_total")
+    with adaptive.counter_log(tmp_path / "m.alog", queue_size=2, flush_interval_s=60.0):
+        for _ in range(12):
+            d.launch("gemm", a, b)
+    after = value(scrape(server), "adaptive_counter_log_dropped_records_total")
+    assert after - before == 10
+
+
+class _Nvml:
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return 1980 if which == 1 else 2619
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 250_500
+
+    def nvmlDeviceGetTemperature(self, h, s):
+        return 51
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return types.SimpleNamespace(gpu=64, memory=10)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return 0
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        return types.SimpleNamespace(isSupportedDevice=0)
+
+
+def test_device_gauges_in_base_units():
+    sampler = NvmlSampler(0, nvml=_Nvml())
+    sampler.sample_once()
+    server = adaptive.serve_metrics(0, nvml=False, samplers={0: sampler})
+    try:
+        got = scrape(server)
+    finally:
+        server.close()
+    assert value(got, "adaptive_gpu_sm_clock_hertz", gpu="0") == pytest.approx(1.98e9)
+    assert value(got, "adaptive_gpu_power_watts", gpu="0") == pytest.approx(250.5)
+    assert value(got, "adaptive_gpu_utilization_ratio", gpu="0") == pytest.approx(0.64)
+    assert value(got, "adaptive_gpu_sm_active_ratio", gpu="0") is None   # no GPM here
+
+
+def test_close_detaches_and_counting_is_one_cheap_hook(rng):
+    d = Dispatcher("host")
+    assert d.recorder is None                       # metrics off: the launch path as before
+    server = adaptive.serve_metrics(0, nvml=False)
+    assert isinstance(d.recorder, metrics._CountingRecorder)
+    server.close()
+    assert d.recorder is None and not d.listeners
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=2)
+
+
+def test_buckets_reach_down_to_microseconds():
+    assert metrics.KERNEL_TIME_BUCKETS_S[0] == 1e-6
+    assert list(metrics.KERNEL_TIME_BUCKETS_S) == sorted(metrics.KERNEL_TIME_BUCKETS_S)
+
+
+def test_import_adaptive_leaves_heavy_modules_out():
+    code = ("import sys, adaptive; bad = [m for m in ('prometheus_client', 'matplotlib', "
+            "'cupy', 'pynvml', 'cupti') if m in sys.modules]; print(bad); "
+            "sys.exit(1 if bad else 0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
