@@ -45,7 +45,8 @@ def _neighbours(value, known: Sequence) -> list:
     """Other values for one knob: the manifest's values and powers of two around ``value``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return [v for v in known if v != value]
-    near = [value * 2, value // 2 if isinstance(value, int) else value / 2]
+    half = (lambda v, d: v // d) if isinstance(value, int) else (lambda v, d: v / d)
+    near = [value * 2, half(value, 2), value * 4, half(value, 4)]
     if isinstance(value, int) and value > 2 and not (value & (value - 1)) == 0:
         near += [1 << (value.bit_length() - 1), 1 << value.bit_length()]
     out = []

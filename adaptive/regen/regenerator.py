@@ -143,6 +143,11 @@ class Regenerator:
             return False
         self._requested.add(request.key)
         self.requests.append(request)
+        try:
+            from adaptive.metrics import count_regeneration_request
+            count_regeneration_request(request.op)
+        except ImportError:
+            pass
         self._wake.set()
         return True
 
