@@ -1,0 +1,190 @@
+"""The learned policy and the dispatcher's provisional plans, on replayed timings.
+
+The timings a policy sees are replayed from a table (fake the device, not the logic);
+the end-to-end tests run real host variants through Dispatcher.launch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+
+import adaptive  # noqa: E402
+from adaptive.dispatch import Dispatcher  # noqa: E402
+from adaptive.learned import Learned, _diverse  # noqa: E402
+from adaptive.model import LiveModel, training_set  # noqa: E402
+from adaptive.observation import Observation  # noqa: E402
+from adaptive.ops import OPS  # noqa: E402
+from adaptive.policy import Context  # noqa: E402
+
+
+def softmax_context(rng, rows=300, cols=96):
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    d = Dispatcher("host")
+    op = OPS["softmax"]
+
+    def no_sweep(*_, **__):
+        raise AssertionError("the learned policy must not measure on a miss")
+    ctx = Context(op, op.problem((x,), {}), op.key((x,), {}), no_sweep)
+    return ctx, d.candidates("softmax", x), x
+
+
+def replayed_model(candidates, fast_label: str, rng) -> LiveModel:
+    """A model fitted on recorded rows where ``fast_label`` is 3x faster than the rest."""
+    rows = []
+    op = OPS["softmax"]
+    for r in (64, 128, 256, 512, 1024):
+        x = rng.standard_normal((r, 96)).astype(np.float32)
+        p = op.problem((x,), {})
+        feats = op.features(p)
+        for c in candidates:
+            if c.variant.fits(p.scope(), c.config):
+                t = (1.0 if c.label == fast_label else 3.0) * r * 1e-3
+                rows.append(Observation("softmax", dict(p.dims), p.dtype, c.variant.name,
+                                        c.config, t * math.exp(rng.normal(0, 0.02)),
+                                        r * 1e-3, feats))   # floor: the time normalised
+    return LiveModel(training_set(rows), background=False)
+
+
+def test_cold_policy_explores_a_few_diverse_candidates_without_a_sweep(rng):
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=3)
+    d = policy.decide(ctx, cands)
+    assert len(d.explore) == 3 < len(cands)
+    assert d.candidate == d.explore[0]
+    assert {c.variant.name for c in d.explore} == {"host_numpy", "host_blocked"}
+    assert "cold" in d.reason
+
+
+def test_diverse_order_covers_variants_then_config_extremes(rng):
+    _, cands, _ = softmax_context(rng, rows=1000)
+    labels = [c.label for c in _diverse(cands)]
+    assert labels[:3] == ["host_numpy", "host_blocked[rows=128]", "host_blocked[rows=8]"]
+    assert sorted(labels) == sorted(c.label for c in cands)
+
+
+def test_model_ranking_explores_only_plausible_candidates_and_commits(rng):
+    ctx, cands, _ = softmax_context(rng)
+    fast = "host_blocked[rows=32]"
+    policy = Learned(replayed_model(cands, fast, rng), regret_bound=0.2, samples=2)
+    d = policy.decide(ctx, cands)
+    assert d.candidate.label == fast
+    assert len(d.explore) <= 2       # the others are predicted 3x slower
+    predicted = dict(d.predicted_ms)
+    assert predicted[fast] == min(predicted.values())
+    # replay: whatever was explored, the truth is that rows=32 is fastest
+    truth = {c: (0.1 if c.label == fast else 0.3) for c in cands}
+    update = None
+    for c in (d.explore or (d.candidate,)) * 2:
+        update = policy.observe(ctx.key, c, truth[c]) or update
+    if d.explore:
+        assert update is not None and not update.explore and update.candidate.label == fast
+        assert "committed" in update.reason
+    assert policy.state(ctx.key).committed.label == fast
+
+
+def test_commit_picks_the_fastest_observed_not_the_predicted(rng):
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=2)
+    d = policy.decide(ctx, cands)
+    times = dict(zip(d.explore, (0.5, 0.2, 0.9)))
+    decisions = [policy.observe(ctx.key, c, times[c]) for _ in range(2) for c in d.explore]
+    assert decisions[:-1] == [None] * 5
+    assert decisions[-1].candidate == d.explore[1]
+    assert dict(decisions[-1].observed_ms)[d.explore[1].label] == pytest.approx(0.2)
+
+
+def test_drift_reopens_exploration_and_a_steady_key_stays(rng):
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1, drift_window=3,
+                     drift_ratio=1.5)
+    d = policy.decide(ctx, cands)
+    a, b = d.explore
+    policy.observe(ctx.key, a, 0.10)
+    commit = policy.observe(ctx.key, b, 0.20)
+    assert commit.candidate == a
+    for t in (0.11, 0.09, 0.12, 0.10):
+        assert policy.observe(ctx.key, a, t) is None
+    assert policy.observe(ctx.key, b, 5.0) is None          # not the committed candidate
+    assert policy.observe(ctx.key, a, 0.4) is None           # one outlier is not drift
+    out = policy.observe(ctx.key, a, 0.42)                    # median of 3 is now 0.4
+    assert out is not None and out.explore[0] == a and set(out.explore) == {a, b}
+    assert "drift" in out.reason and policy.stats["drifts"] == 1
+    assert policy.state(ctx.key).committed is None
+
+
+def test_parameters_are_validated():
+    with pytest.raises(ValueError, match="max_explore"):
+        Learned(LiveModel(background=False), max_explore=0)
+    with pytest.raises(ValueError, match="drift_ratio > 1"):
+        Learned(LiveModel(background=False), drift_ratio=1.0)
+
+
+def test_dispatcher_explores_on_real_calls_then_serves_a_plain_plan(rng):
+    x = rng.standard_normal((257, 301)).astype(np.float32)
+    ref = OPS["softmax"].reference(x)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=2)
+    d = Dispatcher("host", policy=policy)
+    d.sample_every = 0
+    key = OPS["softmax"].key((x,), {})
+    y = d.launch("softmax", x)                       # a miss returns at once: one run
+    assert np.max(np.abs(y - ref)) < 1e-5
+    plan = d._plans[key]
+    assert plan.provisional and len(plan.decision.explore) == 3
+    assert d.stats["samples"] == 1                   # only the call itself was timed
+    for _ in range(5):
+        y = d.launch("softmax", x)
+        assert np.max(np.abs(y - ref)) < 1e-5        # every explored candidate is correct
+    plan = d._plans[key]
+    assert not plan.provisional and not plan.decision.explore
+    assert plan.run is d._prepared[(key, plan.candidate)].run   # the committed hot path
+    observed = policy.state(key).observed
+    assert plan.candidate.label == min(observed, key=lambda c: np.median(observed[c])).label
+    text = str(adaptive.explain("softmax", x, dispatcher=d))
+    assert "committed" in text and plan.candidate.label in text and "explored" in text
+
+
+def test_failed_exploration_candidate_falls_back_and_is_recorded(rng):
+    x = rng.standard_normal((40, 33)).astype(np.float32)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
+    d = Dispatcher("host", policy=policy)
+    d.sample_every = 0
+    key = OPS["softmax"].key((x,), {})
+    d.launch("softmax", x)
+    second = d._plans[key].decision.explore[1]
+    pooled = d._prepared[(key, second)]
+
+    def broken(args, out):
+        raise RuntimeError("kernel fault")
+    d._prepared[(key, second)] = type(pooled)(**{**pooled.__dict__, "run": broken})
+    d._plans[key] = d._plan_for(d._plans[key].decision, [d._prepared[(key, c)] for c in
+                                                         d._plans[key].decision.explore])
+    d.launch("softmax", x)                           # the first candidate's turn
+    y = d.launch("softmax", x)                       # the broken one's turn: falls back
+    np.testing.assert_allclose(y, OPS["softmax"].reference(x), rtol=1e-5, atol=1e-6)
+    assert policy.state(key).observed[second] == [math.inf]
+    assert d._plans[key].candidate != second
+
+
+def test_forget_key_redecides_only_that_key(rng):
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 16)).astype(np.float32)
+    d = Dispatcher("host")
+    d.launch("softmax", a)
+    d.launch("softmax", b)
+    d.forget_key(OPS["softmax"].key((a,), {}))
+    assert d.decision("softmax", a) is None and d.decision("softmax", b) is not None
+
+
+def test_explain_before_any_launch_shows_the_model_ranking(rng):
+    ctx, cands, x = softmax_context(rng)
+    fast = "host_blocked[rows=32]"
+    d = Dispatcher("host", policy=Learned(replayed_model(cands, fast, rng)))
+    e = adaptive.explain("softmax", x, dispatcher=d)
+    assert e.state == "undecided" and e.rows[0].label == fast
+    assert all(not math.isnan(r.predicted_ms) for r in e.rows)
+    assert "R=300, C=96" in str(e)

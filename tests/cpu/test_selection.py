@@ -1,0 +1,59 @@
+"""The selection benchmark on the host backend, quick form (what CI runs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("sklearn")
+
+from adaptive.selection import AUTOTUNE_RUNS, run_selection  # noqa: E402
+
+POLICIES = ("oracle", "best-fixed", "autotune", "measure-each", "learned-cold", "learned-pack")
+
+
+@pytest.fixture(scope="module")
+def report():
+    r = run_selection("host", quick=True, seed=0)
+    print(r)
+    return r
+
+
+def test_every_stream_reports_every_policy_from_one_run(report):
+    assert [s.stream for s in report.streams] == ["decode-heavy", "long-burst", "uniform-mix"]
+    for s in report.streams:
+        names = [r.policy for r in s.results]
+        assert sorted(set(names)) == sorted(POLICIES)
+        sources = {(r.policy, r.source) for r in s.results}
+        assert ("measure-each", "live") in sources and ("learned-pack", "live") in sources
+        assert ("autotune", "replayed") in sources
+        oracle = report.result(s.stream, "oracle")
+        assert oracle.total_ms == pytest.approx(s.oracle_ms) and oracle.steady_ratio == 1.0
+        for r in s.results:
+            assert math.isfinite(r.total_ms) and r.steady_ratio >= 1.0 - 1e-9
+    text = str(report)
+    assert "replayed" in text and "live" in text and "warm hit" in text
+
+
+def test_learned_policy_is_within_15_percent_of_the_oracle_in_steady_state(report):
+    assert report.steady_ratio("learned-pack") <= 1.15, str(report)
+
+
+def test_learned_policy_explores_on_real_calls_not_in_a_sweep(report):
+    for s in report.streams:
+        learned = report.result(s.stream, "learned-pack")
+        autotune = report.result(s.stream, "autotune")
+        assert learned.explored < autotune.explored
+        # autotune runs every candidate AUTOTUNE_RUNS times before its first result
+        assert autotune.explored == AUTOTUNE_RUNS * s.candidates
+
+
+def test_a_warm_hit_costs_what_the_foundation_hot_path_costs(report):
+    print(f"warm-hit ratio learned / measure-each: {report.hot_path['ratio']:.3f}")
+    assert report.hot_path["ratio"] < 1.5    # the same code path; the margin is timer noise
+
+
+def test_model_accuracy_is_reported_on_the_stream_inputs(report):
+    acc = report.accuracy
+    assert acc.keys >= 10 and -1.0 <= acc.spearman <= 1.0 and 0.0 <= acc.top1 <= acc.top3 <= 1.0
