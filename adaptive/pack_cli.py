@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from adaptive import pack as packs
+from adaptive.packs import compare
 from adaptive.errors import AdaptiveError
 
 
@@ -138,7 +139,7 @@ def _show(args) -> int:
           f"{len(pack.failures)} failures")
     inputs = collections.defaultdict(set)
     for r in pack.rows:
-        inputs[r.op].add(packs.row_key(r)[:3])
+        inputs[r.op].add(compare.row_key(r)[:3])
     by_op = collections.defaultdict(list)
     for v in pack.variants:
         by_op[v.op].append(v.name)
@@ -146,7 +147,7 @@ def _show(args) -> int:
         print(f"  {op:<10} {len(inputs[op]):>4} inputs  {sum(r.op == op for r in pack.rows):>6} "
               f"rows  variants: {', '.join(sorted(by_op[op]))}")
     if args.best:
-        best = packs.best_per_input(pack.rows)
+        best = compare.best_per_input(pack.rows)
         for (op, dims, dtype), (label, t) in sorted(best.items()):
             shape = ",".join(f"{k}={v}" for k, v in dims)
             print(f"    {op:<10} {shape:<36} {dtype:<9} {t:>10.4f} ms  {label}")
@@ -159,7 +160,7 @@ def _show(args) -> int:
 
 def _diff(args) -> int:
     a, b = packs.read_pack(args.a), packs.read_pack(args.b)
-    d = packs.diff(a, b)
+    d = compare.diff(a, b)
     print(f"a: {args.a} ({packs.describe_device(a.fingerprint)}, {d['rows'][0]} rows)")
     print(f"b: {args.b} ({packs.describe_device(b.fingerprint)}, {d['rows'][1]} rows)")
     if not d["same_device"]:
@@ -181,7 +182,7 @@ def _diff(args) -> int:
 
 def _merge(args) -> int:
     loaded = [packs.read_pack(p) for p in args.packs]
-    merged = packs.merge(loaded, args.allow_other_devices)
+    merged = compare.merge(loaded, args.allow_other_devices)
     digest = packs.write_pack(merged, args.out)
     print(f"wrote {args.out}: {len(merged.variants)} variants, {len(merged.rows)} rows from "
           f"{len(loaded)} packs, sha256 {digest[:16]}")

@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -102,21 +101,22 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
     rng = _rng(settings.seed, case.id)
     inputs = op.make_inputs(dict(case.dims), case.dtype, rng, **dict(case.stats))
     params = dict(case.params)
-    adapter = backend.adapter("numpy")
-    native = tuple(a if adapter is None or hasattr(type(a), "signature") else adapter[0](a)
-                   for a in inputs)
-    problem = op.problem(native, params)
+    caller = _on_device(inputs, case.dtype, backend.name)
+    problem = op.problem(caller, params)
+    adapter = backend.adapter(problem.kind) or (_same, _same)
+    native = tuple(a if hasattr(type(a), "signature") else adapter[0](a) for a in caller)
     flops, nbytes = op.roofline(problem)
     ref = op.reference(*inputs, **params) if flops <= settings.check_max_flops else None
     floor = floor_ms(flops, nbytes, backend.peaks(), problem.dtype)
     features = op.features(problem)
     state = getattr(backend, "state", None)
     rows, failures, cubins = [], [], []
-    for cand in dispatcher.candidates(case.op, *native, **params):
+    for cand in dispatcher.candidates(case.op, *caller, **params):
         base = {"op": case.op, "dims": problem.dims_dict, "dtype": problem.dtype,
                 "variant": cand.variant.name, "config": cand.config}
         try:
-            m = _measure(backend, op, problem, cand, native, ref, settings)
+            m = _measure(backend, op, problem, cand, native, ref, settings,
+                         lambda out: adapter[1](out, caller[-1]))
         except Exception as exc:  # noqa: BLE001 (a failing candidate is data)
             failures.append(base | {"reason": f"{type(exc).__name__}: {exc}"[:500]})
             continue
@@ -129,12 +129,13 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
     return {"case": case.id, "rows": rows, "failures": failures, "cubins": cubins}
 
 
-def _measure(backend, op, problem, cand, args, ref, settings: Settings) -> Measurement:
+def _measure(backend, op, problem, cand, args, ref, settings: Settings,
+             to_caller) -> Measurement:
     fn = backend.prepare(cand, problem, op)
     out = backend.empty(op.out_shape(problem), problem.dtype)
     first = backend.time_ms(fn, args, out, 1)[0]
     if ref is not None:
-        err = op.error(out, ref)
+        err = op.error(_host_float(to_caller(out)), ref)
         tol = op.tolerance.get(problem.dtype, 1e-2)
         if not err <= tol:
             raise ValueError(f"wrong result: relative error {err:.3g} > tolerance {tol:g}")
@@ -144,6 +145,31 @@ def _measure(backend, op, problem, cand, args, ref, settings: Settings) -> Measu
     if first > 0 and first * repeats > settings.budget_ms:
         repeats = max(3, int(settings.budget_ms / first))
     return Measurement(tuple(backend.time_ms(fn, args, out, repeats)), settings.warmup)
+
+
+def _same(x, like=None):
+    return x
+
+
+def _on_device(inputs: tuple, dtype: str, backend: str) -> tuple:
+    """Inputs where the backend's variants read them without a copy: NumPy on the host,
+    CuPy on the GPU (bfloat16 as PyTorch tensors: CuPy has no bfloat16)."""
+    if backend == "host":
+        return inputs
+    import cupy
+    if dtype == "bfloat16":
+        import torch
+        return tuple(a if hasattr(type(a), "signature") else
+                     torch.from_numpy(a).to(device="cuda", dtype=torch.bfloat16) for a in inputs)
+    return tuple(a if hasattr(type(a), "signature") else cupy.asarray(a) for a in inputs)
+
+
+def _host_float(x):
+    """A float32/64 NumPy copy of a result in any array type (bfloat16 tensors included)."""
+    if type(x).__module__.split(".")[0] == "torch":
+        return x.float().cpu().numpy()
+    from adaptive import arrays
+    return arrays.to_numpy(x)
 
 
 def _cubin(backend, cand, dtype: str) -> list[dict]:
@@ -283,7 +309,8 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     """Measure ``cases`` on this machine and write the pack to ``out``; return the Pack.
 
     Resumes from ``out.partial`` when it exists (same cases, settings and device). With
-    ``deadline_s``, cases not started by then are left out (the header says how many).
+    ``deadline_s``, cases not started by then are left out (the header says how many) and
+    the journal is kept, so the same call later measures the rest.
     """
     from adaptive import pack as packs
     from adaptive.backends import resolve_name
@@ -333,11 +360,17 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
              "settings": dataclasses.asdict(settings), **(info or {})}
     pack = packs.new_pack(variants, rows, fp, cubins.values(), failures, build)
     digest = packs.write_pack(pack, out)
-    journal_path.unlink()
+    if len(done) == len(cases):   # else keep it: the same call resumes the rest
+        journal_path.unlink()
     return dataclasses.replace(pack, sha256=digest)
 
 
 def _worker(backend: str, device: int | None, settings: Settings, tasks, results) -> None:
+    if device is not None:   # this process sees one GPU, as device 0
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(device + 1)]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[device]
+        device = 0
     d = make_dispatcher(backend, device)
     while True:
         case = tasks.get()

@@ -14,12 +14,13 @@ import pytest
 import adaptive
 from adaptive import config, dispatch
 from adaptive import pack as packs
+from adaptive.packs import compare
 from adaptive.errors import PackError
 from adaptive.observation import Observation
 from adaptive.ops import OPS
 from adaptive.packs.build import Journal, Settings, build_pack, load_shapes
 from adaptive.policy import MeasureEach
-from adaptive.variants import Registry, default_registry, variant_from_dict
+from adaptive.variants import Registry, default_registry, make_candidate, variant_from_dict
 
 SOFTMAX_SRC = '''
 import numpy as np
@@ -274,7 +275,7 @@ def test_adaptive_packs_env_loads_into_new_dispatchers(small_pack, monkeypatch):
 def test_merge_unions_and_deduplicates(tmp_path):
     a = packs.new_pack([_variant()], [_row(), _row(r=9)], HOST_FP)
     b = packs.new_pack([_variant(), _variant("other")], [_row(), _row(r=11)], HOST_FP)
-    m = packs.merge([a, b])
+    m = compare.merge([a, b])
     assert sorted(v.name for v in m.variants) == ["other", "pack_softmax"]
     assert sorted(r.dims["R"] for r in m.rows) == [7, 9, 11]
     packs.write_pack(m, tmp_path / "m.msgpack")
@@ -285,11 +286,11 @@ def test_merge_refuses_other_devices_and_conflicting_variants():
     a = packs.new_pack([_variant()], [_row()], HOST_FP)
     other = packs.new_pack([], [_row()], {"backend": "cuda", "name": "NVIDIA H200", "cc": 90})
     with pytest.raises(PackError, match="different devices"):
-        packs.merge([a, other])
-    assert packs.merge([a, other], allow_other_devices=True).fingerprint == HOST_FP
+        compare.merge([a, other])
+    assert compare.merge([a, other], allow_other_devices=True).fingerprint == HOST_FP
     clash = packs.new_pack([_variant(source=SOFTMAX_SRC + "\n")], [], HOST_FP)
     with pytest.raises(PackError, match="differs between the packs"):
-        packs.merge([a, clash])
+        compare.merge([a, clash])
 
 
 def test_diff_reports_variants_ratios_and_best_changes():
@@ -298,7 +299,7 @@ def test_diff_reports_variants_ratios_and_best_changes():
     b = packs.new_pack([_variant(), _variant("other")],
                        [_row(time_ms=0.5), _row(time_ms=0.25, cfg={"rows": 2}),
                         _row(time_ms=3.0, r=99)], HOST_FP)
-    d = packs.diff(a, b)
+    d = compare.diff(a, b)
     assert d["variants_added"] == ["softmax/other"] and d["variants_removed"] == []
     assert sorted(d["ratios"].values()) == [0.125, 0.5]
     assert d["only_in_b"] == 1 and d["only_in_a"] == 0
@@ -320,7 +321,7 @@ def test_quick_build_on_the_host_measures_every_fitting_candidate(quick_pack):
         args = op.make_inputs(dict(case.dims), case.dtype, np.random.default_rng(0),
                               **dict(case.stats))
         want = {c.label for c in d.candidates(case.op, *args, **dict(case.params))}
-        got = {packs.best_per_input([r])[(case.op, tuple(sorted(case.dims)), case.dtype)][0]
+        got = {compare.best_per_input([r])[(case.op, tuple(sorted(case.dims)), case.dtype)][0]
                for r in pack.rows if r.op == case.op and r.dims == dict(case.dims)}
         assert got == want, case.id
     for r in pack.rows:
@@ -346,9 +347,40 @@ def test_build_resumes_after_an_interruption(tmp_path):
     pack = build_pack(cases, out, "host", settings=FAST, progress=False,
                       on_case=lambda r: resumed.append(r["case"]))
     assert resumed == [c.id for c in cases[2:]]
-    assert {packs.row_key(r)[:3] for r in pack.rows} == {
+    assert {compare.row_key(r)[:3] for r in pack.rows} == {
         (c.op, tuple(sorted(c.dims)), c.dtype) for c in cases}
     assert pack.header["build"]["cases_resumed"] == 2 and not journal.exists()
+
+
+def test_build_with_two_worker_processes(tmp_path):
+    cases = load_shapes("quick", ["softmax", "gemm"])
+    pack = build_pack(cases, tmp_path / "w.msgpack", "host", workers=2, settings=FAST,
+                      progress=False)
+    assert pack.header["build"]["workers"] == 2 and pack.header["build"]["cases_done"] == 4
+    assert {r.op for r in pack.rows} == {"softmax", "gemm"} and not pack.failures
+
+
+def test_cubins_travel_into_the_kernel_cache(tmp_path, isolated):
+    nvrtc = pytest.importorskip("adaptive.nvrtc")
+    if not nvrtc.available():
+        pytest.skip("NVRTC (cuda.bindings) is not installed")
+    from adaptive.kcache import KernelCache
+    from adaptive.packs.build import _cubin
+    warp_row = default_registry().get("softmax", "warp_row")
+    cand = make_candidate(warp_row, {"WARPS": 2, "VEC": 4})
+
+    class Sm90:
+        arch = "sm_90"
+    with config.override(cache_dir=str(tmp_path / "build-cache")):
+        [c] = _cubin(Sm90(), cand, "float32")
+    assert c["image"][:4] == b"\x7fELF" and c["resources"]["registers"] > 0
+    path = tmp_path / "c.msgpack"
+    packs.write_pack(packs.new_pack([], [], HOST_FP, cubins=[packs.Cubin(**c)]), path)
+    reg, _, _ = isolated
+    with config.override(cache_dir=str(tmp_path / "fresh-cache")):
+        packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
+        hit = KernelCache(str(tmp_path / "fresh-cache")).get(c["key"])
+    assert hit is not None and hit.path.read_bytes() == c["image"]
 
 
 def test_journal_of_another_build_is_refused(tmp_path):

@@ -1,0 +1,105 @@
+"""Comparing and combining packs: :func:`merge`, :func:`diff`, the best candidate per input.
+
+Rows are matched by :func:`row_key` (op, dims, dtype, variant, config); variants by id and
+by the code that decides their behaviour (source, entry, space, launch), not their docs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgpack
+
+from adaptive.errors import PackError
+from adaptive.observation import Observation
+from adaptive.pack import Pack, _code_of, describe_device, new_pack, same_device
+from adaptive.variants import Variant
+
+def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
+    """One pack with every variant and row of ``packs`` (identical rows once).
+
+    The packs must come from the same kind of device (unless ``allow_other_devices``, in
+    which case the first pack's fingerprint is kept) and agree on every shared variant.
+    """
+    if not packs:
+        raise ValueError("merge needs at least one pack")
+    fp = packs[0].fingerprint
+    for p in packs[1:]:
+        if not same_device(fp, p.fingerprint) and not allow_other_devices:
+            raise PackError("<merge>", f"packs come from different devices "
+                            f"({describe_device(fp)} and {describe_device(p.fingerprint)}); "
+                            "keep them as separate packs (several can be loaded) or pass "
+                            "--allow-other-devices")
+    variants: dict[str, Variant] = {}
+    for p in packs:
+        for v in p.variants:
+            if v.id in variants and _code_of(variants[v.id]) != _code_of(v):
+                raise PackError("<merge>", f"variant {v.id} differs between the packs (source "
+                                f"hash {variants[v.id].source_hash[:12]} vs "
+                                f"{v.source_hash[:12]}); rename one before merging")
+            variants.setdefault(v.id, v)
+    rows, seen = [], set()
+    for p in packs:
+        for r in p.rows:
+            k = msgpack.packb(r.to_dict(), use_bin_type=True)
+            if k not in seen:
+                seen.add(k)
+                rows.append(r)
+    cubins = {c.key: c for p in packs for c in p.cubins}
+    failures = [f for p in packs for f in p.failures]
+    build = {"merged_from": [p.sha256 for p in packs]}
+    return new_pack(variants.values(), rows, fp, cubins.values(), failures, build)
+
+
+def row_key(r: Observation) -> tuple:
+    """(op, dims, dtype, variant, config): rows with equal keys measure the same thing."""
+    return (r.op, tuple(sorted(r.dims.items())), r.dtype, r.variant,
+            tuple(sorted((k, str(v)) for k, v in r.config.items())))
+
+
+def diff(a: Pack, b: Pack) -> dict:
+    """Variants added, removed and changed; per shared measurement the time ratio b/a;
+    per input the best candidate in each pack where they differ."""
+    va, vb = {v.id: v for v in a.variants}, {v.id: v for v in b.variants}
+    ta, tb = _best_times(a.rows), _best_times(b.rows)
+    shared = sorted(set(ta) & set(tb))
+    ratios = {k: tb[k] / ta[k] for k in shared if ta[k] > 0 and math.isfinite(tb[k])}
+    best_a, best_b = _best_per_input(ta), _best_per_input(tb)
+    changed_best = {k: (best_a[k], best_b[k]) for k in sorted(set(best_a) & set(best_b))
+                    if best_a[k][0] != best_b[k][0]}
+    return {
+        "same_device": same_device(a.fingerprint, b.fingerprint),
+        "variants_added": sorted(set(vb) - set(va)),
+        "variants_removed": sorted(set(va) - set(vb)),
+        "variants_changed": sorted(k for k in set(va) & set(vb)
+                                   if _code_of(va[k]) != _code_of(vb[k])),
+        "rows": (len(a.rows), len(b.rows)),
+        "only_in_a": len(set(ta) - set(tb)), "only_in_b": len(set(tb) - set(ta)),
+        "ratios": ratios,
+        "best_changed": changed_best,
+    }
+
+
+def best_per_input(rows: Iterable[Observation]) -> dict[tuple, tuple[str, float]]:
+    """(op, dims, dtype) -> (label of the fastest candidate measured, its time in ms)."""
+    return _best_per_input(_best_times(rows))
+
+
+def _best_times(rows: Iterable[Observation]) -> dict[tuple, float]:
+    out: dict[tuple, float] = {}
+    for r in rows:
+        k = row_key(r)
+        out[k] = min(out.get(k, math.inf), r.time_ms)
+    return out
+
+
+def _best_per_input(times: Mapping[tuple, float]) -> dict[tuple, tuple[str, float]]:
+    """(op, dims, dtype) -> (label of the fastest candidate, its time)."""
+    best: dict[tuple, tuple[str, float]] = {}
+    for (op, dims, dtype, variant, cfg), t in times.items():
+        label = variant + (f"[{','.join(f'{k}={v}' for k, v in cfg)}]" if cfg else "")
+        k = (op, dims, dtype)
+        if k not in best or t < best[k][1]:
+            best[k] = (label, t)
+    return best
