@@ -1,0 +1,196 @@
+"""spmm and attention cuda variants against float64 references, on fresh random inputs.
+
+Every config of every cuda variant runs on one odd shape; the other cases (odd N, other
+densities, Lq != Lk, decode, causal or not, bf16 through PyTorch tensors, fp32) run the
+first config of each variant that fits. Outputs are poisoned with NaN before each run,
+so an unwritten element fails the error check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptive.nvrtc import SM90_LIMITS
+from adaptive.ops import get_op
+from adaptive.variants import load_manifest, builtin_folder
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda_candidates(op: str) -> list[tuple[str, dict]]:
+    out = []
+    for v in load_manifest(builtin_folder() / op / "manifest.toml"):
+        if v.backend == "cuda":
+            out += [(v.name, c) for c in v.space.configs(SM90_LIMITS)]
+    return out
+
+
+def _label(name: str, config: dict) -> str:
+    return name + ("[" + ",".join(f"{k}={v}" for k, v in config.items()) + "]" if config else "")
+
+
+SPMM = _cuda_candidates("spmm")
+ATTN = _cuda_candidates("attention")
+SPMM_VARIANTS = sorted({n for n, _ in SPMM})
+ATTN_VARIANTS = sorted({n for n, _ in ATTN})
+
+
+@pytest.fixture(scope="module")
+def dispatcher():
+    from adaptive.dispatch import Dispatcher
+    return Dispatcher(backend="cuda")
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+    return cupy
+
+
+def _fits(dispatcher, op, name, config, args, params) -> bool:
+    v = dispatcher.registry.get(op, name)
+    problem = get_op(op).problem(args, params)
+    return v.fits(problem.scope(), config) and v.space.admits(config, dispatcher.limits)
+
+
+# ---- spmm -------------------------------------------------------------------------------------
+
+def _spmm_inputs(cp, rng, dtype, m, n, k, density, block):
+    from adaptive.ops.sparse import SparseWeight
+    op = get_op("spmm")
+    w_host, b = op.make_inputs({"M": m, "N": n, "K": k}, dtype, rng, density=density, block=block)
+    dense = w_host.csr().toarray().astype(dtype)
+    w = SparseWeight(cp.asarray(dense), dtype=dtype)
+    return w, cp.asarray(b), op.reference(w, b)
+
+
+def _run_spmm(dispatcher, cp, name, config, w, b, ref, dtype):
+    op = get_op("spmm")
+    out = cp.full(ref.shape, np.nan, dtype)
+    dispatcher.launch("spmm", w, b, out=out, variant=name, config=config or None)
+    cp.cuda.Device().synchronize()
+    err = op.error(out, ref)
+    assert err < op.tolerance[dtype], f"{_label(name, config)} {dtype}: rel. error {err:.3g}"
+
+
+@pytest.mark.parametrize("name,config", SPMM, ids=[_label(n, c) for n, c in SPMM])
+def test_spmm_every_config(dispatcher, cp, rng, name, config):
+    dtype = "float16" if "mma" in name else ("float32" if rng.random() < 0.5 else "float16")
+    w, b, ref = _spmm_inputs(cp, rng, dtype, 77, 40, 93, 0.15, 16)
+    if not _fits(dispatcher, "spmm", name, config, (w, b), {}):
+        pytest.skip(f"{_label(name, config)} does not fit N=40 {dtype}")
+    _run_spmm(dispatcher, cp, name, config, w, b, ref, dtype)
+
+
+SPMM_CASES = [  # dtype, M, N, K, density, block
+    ("float16", 131, 17, 75, 0.1, 0),
+    ("float32", 131, 17, 75, 0.1, 0),
+    ("float16", 200, 64, 257, 0.3, 32),
+    ("float32", 65, 33, 129, 0.05, 64),
+    ("float16", 64, 256, 512, 0.01, 0),
+    ("float16", 33, 1, 47, 0.5, 0),
+]
+
+
+@pytest.mark.parametrize("name", SPMM_VARIANTS)
+@pytest.mark.parametrize("case", SPMM_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_spmm_shapes(dispatcher, cp, rng, name, case):
+    dtype, m, n, k, density, block = case
+    w, b, ref = _spmm_inputs(cp, rng, dtype, m, n, k, density, block)
+    fitting = [c for v, c in SPMM if v == name and _fits(dispatcher, "spmm", v, c, (w, b), {})]
+    if not fitting:
+        pytest.skip(f"{name} does not fit {case}")
+    _run_spmm(dispatcher, cp, name, fitting[0], w, b, ref, dtype)
+    _run_spmm(dispatcher, cp, name, fitting[-1], w, b, ref, dtype)
+
+
+def test_spmm_device_formats_are_cached(dispatcher, cp, rng):
+    from adaptive.backends.cuda_sparse import device_bsr, device_csr
+    w, b, ref = _spmm_inputs(cp, rng, "float16", 96, 32, 64, 0.2, 32)
+    _run_spmm(dispatcher, cp, "csr_rowsplit", {"VEC": 4, "LANES_N": 8, "WARPS": 4}, w, b, ref,
+              "float16")
+    assert device_csr(w)[0] is device_csr(w)[0]
+    indptr, indices, values = device_bsr(w, 32)
+    assert values.shape[1:] == (32, 32) and values.dtype == np.float16
+    assert int(indptr[-1]) == values.shape[0] == indices.size
+
+
+# ---- attention --------------------------------------------------------------------------------
+
+def _attn_inputs(cp, rng, dtype, b, h, lq, lk, d):
+    op = get_op("attention")
+    q, k, v = op.make_inputs({"B": b, "H": h, "Lq": lq, "Lk": lk, "D": d}, "float32", rng)
+    if dtype == "bfloat16":
+        import torch
+        dev = [torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, k, v)]
+        host = [t.float().cpu().numpy() for t in dev]
+    else:
+        dev = [cp.asarray(x.astype(dtype)) for x in (q, k, v)]
+        host = [x.astype(dtype) for x in (q, k, v)]
+    return dev, host
+
+
+def _run_attn(dispatcher, cp, name, config, dtype, dev, host, causal):
+    op = get_op("attention")
+    ref = op.reference(*host, causal=causal)
+    if dtype == "bfloat16":
+        import torch
+        out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        dispatcher.launch("attention", *dev, out=out, variant=name, config=config or None,
+                          causal=causal)
+        torch.cuda.synchronize()
+        got = out.float().cpu().numpy()
+    else:
+        out = cp.full(ref.shape, np.nan, dtype)
+        dispatcher.launch("attention", *dev, out=out, variant=name, config=config or None,
+                          causal=causal)
+        cp.cuda.Device().synchronize()
+        got = out
+    err = op.error(got, ref)
+    assert err < op.tolerance[dtype], (f"{_label(name, config)} {dtype} causal={causal}: "
+                                       f"rel. error {err:.3g}")
+
+
+@pytest.mark.parametrize("name,config", ATTN, ids=[_label(n, c) for n, c in ATTN])
+def test_attention_every_config(dispatcher, cp, rng, name, config):
+    d = config.get("HD", 64)
+    lq = 5 if name == "decode_global" else 67
+    dev, host = _attn_inputs(cp, rng, "float16", 2, 3, lq, 67, d)
+    for causal in (False, True):
+        if _fits(dispatcher, "attention", name, config, dev, {"causal": causal}):
+            _run_attn(dispatcher, cp, name, config, "float16", dev, host, causal)
+
+
+ATTN_CASES = [  # dtype, B, H, Lq, Lk, D
+    ("float16", 1, 2, 33, 129, 128),
+    ("bfloat16", 2, 2, 77, 77, 64),
+    ("bfloat16", 1, 3, 1, 301, 128),
+    ("float16", 3, 1, 1, 1, 64),
+    ("float16", 2, 2, 7, 250, 128),
+    ("float32", 2, 2, 31, 45, 64),
+    ("float16", 1, 1, 300, 300, 128),
+]
+
+
+@pytest.mark.parametrize("name", ATTN_VARIANTS)
+@pytest.mark.parametrize("case", ATTN_CASES, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_attention_shapes(dispatcher, cp, rng, name, case, causal):
+    dtype, b, h, lq, lk, d = case
+    dev, host = _attn_inputs(cp, rng, dtype, b, h, lq, lk, d)
+    fitting = [c for v, c in ATTN
+               if v == name and _fits(dispatcher, "attention", v, c, dev, {"causal": causal})]
+    if not fitting:
+        pytest.skip(f"{name} does not fit {case} causal={causal}")
+    _run_attn(dispatcher, cp, name, fitting[0], dtype, dev, host, causal)
+
+
+def test_attention_rejects_misfits(dispatcher, cp, rng):
+    from adaptive.errors import InputValueError, NoCandidateError
+    dev, _ = _attn_inputs(cp, rng, "float16", 1, 1, 9, 17, 64)
+    with pytest.raises(InputValueError, match="HD == D"):
+        dispatcher.launch("attention", *dev, variant="flash_mma",
+                          config={"HD": 128, "BC": 64, "NWARPS": 4})
+    with pytest.raises(NoCandidateError, match="Lq == Lk"):
+        dispatcher.launch("attention", *dev, variant="sdpa_torch", causal=True)
