@@ -383,7 +383,6 @@ def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadRe
         done = _startup_done.setdefault(registry, set())
         if describe_device(fp) in done:
             return []
-        done.add(describe_device(fp))
     reports = []
     for p in [p for p in config.get().packs.split(":") if p]:
         mine = _backend_of(p) == backend.name
@@ -394,6 +393,8 @@ def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadRe
                 reports.append(load_pack(p, registry, fp))
         except PackError as exc:
             log.error("shipped pack refused: %s", exc)
+    with _load_lock:
+        done.add(describe_device(fp))   # only now: a refused ADAPTIVE_PACKS raises again
     return reports
 
 

@@ -270,6 +270,21 @@ def test_adaptive_packs_env_loads_into_new_dispatchers(small_pack, monkeypatch):
         dispatch.reset_defaults()
 
 
+def test_refused_adaptive_packs_entry_fails_dispatcher_creation(small_pack):
+    small_pack.write_bytes(small_pack.read_bytes()[:100])
+    dispatch.reset_defaults()
+    try:
+        with config.override(packs=str(small_pack)):
+            for _ in range(2):   # every attempt says so, none half-loads
+                with pytest.raises(PackError, match="truncated"):
+                    dispatch.Dispatcher("host")
+                assert "pack_softmax" not in {
+                    v.name for v in dispatch.shared_registry().variants("softmax")}
+                assert dispatch.shared_observations() == []
+    finally:
+        dispatch.reset_defaults()
+
+
 # ---- merge and diff ---------------------------------------------------------------------------
 
 def test_merge_unions_and_deduplicates(tmp_path):
