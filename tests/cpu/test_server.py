@@ -270,3 +270,20 @@ def test_server_without_prometheus_client_says_so_and_serves(tmp_path):
         s.proc.terminate()
         _, err = s.proc.communicate(timeout=10)
     assert "metrics: off" in err and "prometheus-client" in err
+
+
+EXAMPLES = [("build_pack.py", ["--out", "{tmp}/p.pack", "--lengths", "64", "--repeats", "2"],
+             "loaded: "),
+            ("analyse_counter_log.py", [], "usable as cost-model training rows"),
+            ("torch_interop.py", [], "nn.Module with AdaptiveLinear")]
+
+
+@pytest.mark.parametrize("script,args,expect", EXAMPLES, ids=[e[0] for e in EXAMPLES])
+def test_examples_run(script, args, expect, tmp_path):
+    if script == "torch_interop.py":
+        pytest.importorskip("torch")
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert expect in proc.stdout
