@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from adaptive.observation import floor_ms
 from adaptive.ops.base import Op, Problem
 from adaptive.variants import Candidate
 
@@ -25,6 +26,9 @@ class Decision:
     observed_ms: tuple[tuple[str, float], ...] = ()     # label -> measured time
     predicted_ms: tuple[tuple[str, float], ...] = ()    # label -> model estimate
     tuning_ms: float = 0.0                               # time spent deciding
+    # non-empty: a provisional decision; later calls of the key rotate through these
+    # candidates (``candidate`` first), timed, until the policy's observe() commits
+    explore: tuple[Candidate, ...] = ()
 
     @property
     def observed(self) -> dict:
@@ -40,6 +44,19 @@ class Context:
     key: tuple
     # measure(candidate, warmup=0): one timed run on the real input, in ms (inf: it failed)
     measure: Callable[..., float]
+    peaks: Callable[[], Mapping] | None = None          # the backend's peak rates
+    device_state: Callable[[], Mapping] | None = None   # clocks, utilisation, throttling
+
+    def floor_ms(self) -> float:
+        """Roofline floor of this input on this device in ms (0 when peaks are unknown)."""
+        if self.peaks is None:
+            return 0.0
+        flops, nbytes = self.op.roofline(self.problem)
+        return floor_ms(flops, nbytes, self.peaks(), self.problem.dtype)
+
+    def device(self) -> dict:
+        """The device state now ({} when the backend has no sampler)."""
+        return dict(self.device_state()) if self.device_state is not None else {}
 
 
 @runtime_checkable
@@ -49,8 +66,12 @@ class Policy(Protocol):
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         """Choose one of ``candidates`` (non-empty) for ``ctx.problem``."""
 
-    def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> None:
-        """A sampled timing of a later call with this decision."""
+    def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> Decision | None:
+        """A timing of a later call of ``key`` that ran ``candidate``.
+
+        Returns None to keep the key's plan, or a new :class:`Decision` for the key (commit
+        after exploring; re-explore after drift); the dispatcher swaps it in.
+        """
 
 
 class MeasureEach:
