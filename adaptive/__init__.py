@@ -18,6 +18,8 @@ from adaptive.errors import (AdaptiveError, BackendUnavailableError, CompileErro
 from adaptive.ops import OPS, SparseWeight
 from adaptive.errors import PackError
 from adaptive.pack import LoadReport, load_pack
+from adaptive.explain import Explanation, explain
+from adaptive.learned import Learned
 from adaptive.policy import Decision, MeasureEach
 from adaptive.variants import Candidate, Registry, Variant, load_folder
 
@@ -42,4 +44,5 @@ __all__ = [
     "Variant", "VariantRunError", "__version__", "candidates", "config", "launch",
     "LoadReport", "PackError", "load_pack",
     "load_folder", "reset_defaults", "shared_registry",
+    "Explanation", "Learned", "explain",
 ]

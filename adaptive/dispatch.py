@@ -41,6 +41,7 @@ class Plan:
     decision: Decision | None = None
     flops: float = 0.0
     bytes: float = 0.0
+    provisional: bool = False   # run rotates through the decision's exploration list
 
 
 def _plan_runner(fn, alloc, adapter, out_sig):
@@ -142,12 +143,14 @@ class Dispatcher:
             t0 = time.perf_counter()
             candidates = self._candidates(op, problem)
             ctx = Context(op, problem, key, functools.partial(self._measure, op, problem, key,
-                                                              args))
+                                                              args), self.backend.peaks,
+                          getattr(self.backend, "device_state", None))
             decision = self.policy.decide(ctx, candidates)
-            plan = self._prepare(op, problem, key, decision.candidate, args[-1])
+            pool = [self._prepare(op, problem, key, c, args[-1])
+                    for c in decision.explore or (decision.candidate,)]
             tuning_ms = (time.perf_counter() - t0) * 1e3
-            plan = dataclasses.replace(plan, decision=dataclasses.replace(
-                decision, tuning_ms=decision.tuning_ms or tuning_ms))
+            plan = self._plan_for(dataclasses.replace(
+                decision, tuning_ms=decision.tuning_ms or tuning_ms), pool)
             self._plans[key] = plan
             self.stats["misses"] += 1
             log.debug("miss %s -> %s (%s)", key, decision.candidate.label, decision.reason)
@@ -243,6 +246,8 @@ class Dispatcher:
 
     # ---- feedback ---------------------------------------------------------------------------
     def _sampled(self, plan: Plan, args, out):
+        if plan.provisional:   # an exploring plan times every call itself
+            return plan.run(args, out)
         t0 = time.perf_counter_ns()
         result = plan.run(args, out)
         sync = getattr(self.backend, "synchronize", None)
@@ -254,13 +259,57 @@ class Dispatcher:
         return result
 
     def feedback(self, plan: Plan, time_ms: float) -> None:
-        """Give a measured time of ``plan`` to the policy and to every listener."""
-        self.policy.observe(plan.key, plan.candidate, time_ms)
+        """Give a measured time of ``plan`` to the policy and to every listener.
+
+        Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
+        answers with a new decision (commit, re-explore) the key's plan is swapped.
+        """
+        update = self.policy.observe(plan.key, plan.candidate, time_ms)
+        if update is not None:
+            self._revise(plan.key, update)
         for listener in list(self.listeners):
             try:
                 listener(plan, time_ms)
             except Exception:  # noqa: BLE001 (a listener never breaks a launch)
                 log.exception("listener %r failed", listener)
+
+    def _plan_for(self, decision: Decision, pool: list[Plan]) -> Plan:
+        """The plan serving a decision: plain when committed, rotating while exploring."""
+        plan = dataclasses.replace(pool[0], decision=decision)
+        if not decision.explore:
+            return plan
+        turn = itertools.count()
+        sampled = self._sampled
+
+        def explore(args, out):
+            p = pool[next(turn) % len(pool)]
+            try:
+                return sampled(p, args, out)
+            except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
+                if p is pool[0]:
+                    raise
+                log.warning("explored candidate %s failed on %s: %s", p.candidate.label,
+                            p.key, exc)
+                self.feedback(p, math.inf)
+                return pool[0].run(args, out)
+        return dataclasses.replace(plan, run=explore, provisional=True)
+
+    def _revise(self, key: tuple, decision: Decision) -> None:
+        with self._lock:
+            if key not in self._plans:
+                return
+            pool = [self._prepared.get((key, c)) for c in decision.explore or
+                    (decision.candidate,)]
+            if any(p is None for p in pool):   # not prepared here: decide again on next call
+                del self._plans[key]
+                return
+            self._plans[key] = self._plan_for(decision, pool)
+            log.debug("revised %s -> %s (%s)", key, decision.candidate.label, decision.reason)
+
+    def forget_key(self, key: tuple) -> None:
+        """Drop one key's decision: its next launch decides again."""
+        with self._lock:
+            self._plans.pop(key, None)
 
     def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
