@@ -1,0 +1,282 @@
+"""The regeneration loop end to end on the host backend: trigger, parametric search,
+promotion and re-ranking; a tiny local causal LM whose garbage the verifier rejects; an
+OpenAI-compatible loopback server whose second reply fixes the first after feedback."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import importlib.util
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from adaptive import cli
+from adaptive.dispatch import Dispatcher
+from adaptive.regen import (Budget, OpenAIGenerator, Parametric, Regenerator, Request, Stage,
+                            Verifier, make_generator, run_loop)
+from adaptive.regen.prompt import build_prompt, extract_code
+from adaptive.space import Space
+from adaptive.variants import Registry, default_registry, make_candidate
+
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None and \
+    importlib.util.find_spec("torch") is not None
+
+
+def _stripped_registry() -> Registry:
+    """softmax on the host with only its slowest config: one row per block."""
+    reg = default_registry()
+    slow = dataclasses.replace(reg.get("softmax", "host_blocked"),
+                               space=Space((("rows", (1,)),)))
+    return Registry([slow])
+
+
+def _request(reg: Registry, dims=None, rows=1) -> Request:
+    best = make_candidate(reg.get("softmax", "host_blocked"), {"rows": rows})
+    return Request(op="softmax", dims=dims or {"R": 64, "C": 48}, dtype="float32",
+                   backend="host", best=best, best_ms=1.0, floor_ms=0.01,
+                   limits={"cpu_count": 2}, reason="test")
+
+
+# ---- the loop with the parametric generator, triggered from sampled launches --------------
+
+def test_trigger_parametric_loop_promotes_and_dispatcher_reranks(rng):
+    reg = _stripped_registry()
+    d = Dispatcher("host", registry=reg)
+    d.sample_every = 1
+    regen = Regenerator(registry=reg, verifier=Verifier(timeout_s=30), threshold=1.0,
+                        min_samples=3, interval_s=0.0, budget=Budget(wall_s=60, candidates=6))
+    regen.attach(d).start()
+    try:
+        x = rng.standard_normal((3000, 40)).astype(np.float32)
+        ref = np.exp(x - x.max(axis=1, keepdims=True))
+        ref /= ref.sum(axis=1, keepdims=True)
+        for _ in range(4):
+            np.testing.assert_allclose(d.launch("softmax", x), ref, rtol=1e-5, atol=1e-7)
+        assert regen.wait_idle(120)
+    finally:
+        regen.stop()
+    assert len(regen.requests) == 1                          # de-duplicated per key
+    req = regen.requests[0]
+    assert "efficiency" in req.reason and req.best.label == "host_blocked[rows=1]"
+    assert req.samples >= 3 and req.floor_ms > 0 and req.features["log2_R"] > 11
+    (result,) = regen.results
+    assert result.promoted is not None, result.summary()
+    winner = result.promoted
+    assert winner.provenance["generator"] == "parametric"
+    assert winner.provenance["verifier"]["outcome"] == "accepted"
+    assert winner.provenance["request"]["best"] == "host_blocked[rows=1]"
+    assert reg.get("softmax", winner.name) is winner
+    assert winner.to_dict()["provenance"]["verifier"]["checks"]     # ready for a pack
+    # the dispatcher re-ranked on its next launch and serves the promoted variant
+    np.testing.assert_allclose(d.launch("softmax", x), ref, rtol=1e-5, atol=1e-7)
+    assert d.decision("softmax", x).candidate.variant.name == winner.name
+    assert result.winner.report.speedup > 1.03
+
+
+def test_parametric_proposes_new_points_not_the_known_ones():
+    reg = default_registry()
+    req = _request(reg, dims={"R": 4000, "C": 8}, rows=32)
+    gen = Parametric(reg)
+    proposals = gen.propose(req, [], 8)
+    rows = [p.config["rows"] for p in proposals]
+    assert rows and not set(rows) & {8, 32, 128, 512}       # the manifest's are measured
+    assert 64 in rows and 16 in rows                         # neighbours of the best
+    assert all(p.variant.space.configs({"cpu_count": 2}) == [p.config] for p in proposals)
+    assert len({p.variant.name for p in proposals}) == len(proposals)
+    # respects requires (rows < R) and finishes
+    small = _request(reg, dims={"R": 40, "C": 8}, rows=32)
+    assert all(p.config["rows"] < 40 for p in gen.propose(small, [], 16))
+
+
+def test_failures_trigger_and_rate_limit_with_dedup():
+    reg = default_registry()
+    now = [0.0]
+    d = Dispatcher("host", registry=reg)
+    regen = Regenerator(registry=reg, generator=Parametric(reg, max_points=0), threshold=0.0,
+                        min_samples=2, interval_s=100.0, clock=lambda: now[0])
+    regen.attach(d)
+    xs = [np.ones((8, 5 + i), np.float32) for i in range(2)]
+    plans = []
+    for x in xs:
+        d.launch("softmax", x)
+        plans.append(next(p for p in d._plans.values() if p.problem.dim("C") == x.shape[1]))
+    for p in plans:                    # every sampled run failed: both keys qualify
+        for _ in range(3):
+            d.feedback(p, math.inf)
+    regen.start()
+    try:
+        assert regen.wait_idle(30)
+        assert len(regen.requests) == 1                         # the second is rate-limited
+        assert regen.requests[0].reason.startswith("all 2 sampled runs failed")
+        now[0] = 150.0
+        d.feedback(plans[1], math.inf)
+        d.feedback(plans[0], math.inf)                          # already requested: never again
+        assert regen.wait_idle(30)
+    finally:
+        regen.stop()
+    assert [r.key for r in regen.requests] == [plans[0].key, plans[1].key]
+    assert all(r.stopped == "generator exhausted" for r in regen.results)
+
+
+def test_listener_does_no_work_on_the_calling_thread():
+    reg = default_registry()
+    d = Dispatcher("host", registry=reg)
+    regen = Regenerator(registry=reg, threshold=1.0, min_samples=1).attach(d)
+    x = np.ones((4, 4), np.float32)
+    d.launch("softmax", x)
+    plan = next(iter(d._plans.values()))
+    for _ in range(5):
+        d.feedback(plan, 1.0)            # not started: observations only queue up
+    assert regen.requests == [] and len(regen._inbox) == 5
+
+
+# ---- prompts and code extraction ------------------------------------------------------------
+
+def test_extract_code_from_r1_style_replies():
+    code = "def f(x, out):\n    out[...] = x\n"
+    r1 = f"reasoning ```python\ndef f(x, out): pass\n``` more\n</think>\nHere:\n```python\n{code}```"
+    assert extract_code(r1, "f") == (code, "fenced block defining the entry")
+    two = f"```python\nimport numpy\n```\n```python\n{code}```\n```text\nnotes\n```"
+    assert extract_code(two, "f")[0] == code
+    assert extract_code("<think>never closed", "f")[0] == ""
+    assert extract_code(code, "f") == (code, "whole answer (no fenced code block)")
+    assert extract_code("", "f", reasoning="thoughts")[0] == ""
+    cu = 'extern "C" __global__ void k(const T* x, T* out, int R, int C) {}'
+    assert extract_code(f"```cuda\n{cu}\n```", "k")[0].strip() == cu
+
+
+def test_prompt_carries_contract_reference_best_and_feedback():
+    reg = default_registry()
+    req = dataclasses.replace(_request(reg), counters={"dram_util": 0.31})
+    template = req.best.variant
+    prompt = build_prompt(req, template, [])
+    assert "def softmax_blocked(x, out, rows)" in prompt                 # the contract
+    assert "def reference(self, x)" in prompt                            # the reference
+    assert template.source.strip().splitlines()[-1].strip() in prompt    # the best source
+    assert "dram_util=0.31" in prompt and "efficiency 1.0%" in prompt
+    assert "Previous attempt" not in prompt
+
+
+# ---- a tiny local causal LM -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    if not HAS_TRANSFORMERS:
+        pytest.skip("transformers/torch not installed (pip install 'adaptive-dispatch[llm]')")
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    words = ["[UNK]", "[EOS]", "def", "softmax_blocked", "(", ")", ":", "out", "x", "=",
+             "np", ".", "exp", "return", "```", "python", "</think>", "rows", "[", "]", "..."]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
+                                                eos_token="[EOS]", pad_token="[EOS]")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=len(words), n_positions=4096, n_embd=16,
+                                  n_layer=1, n_head=2, bos_token_id=1, eos_token_id=1)
+    path = tmp_path_factory.mktemp("tiny-lm")
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(path)
+    fast.save_pretrained(path)
+    return str(path)
+
+
+def test_tiny_local_lm_garbage_is_rejected_with_a_clear_verdict(tiny_lm):
+    reg = default_registry()
+    gen = make_generator("hf", model=tiny_lm, max_tokens=24, seed=1, device="cpu")
+    result = run_loop(_request(reg), gen, Verifier(timeout_s=20), Budget(60, 2), registry=reg)
+    assert len(result.attempts) == 2 and result.winner is None and result.promoted is None
+    for a in result.attempts:
+        assert a.report.stage in (Stage.SOURCE, Stage.COMPILE), a.report.verdict
+        assert "rejected at stage" in a.report.verdict
+    assert "defines no function 'softmax_blocked'" in result.attempts[0].report.detail or \
+        result.attempts[0].report.stage is Stage.COMPILE
+    assert "Previous attempt" in gen.prompts[1] and "rejected" in gen.prompts[1]
+
+
+# ---- an OpenAI-compatible endpoint on loopback ----------------------------------------------
+
+WRONG = """<think>I will just copy the input.</think>
+```python
+def softmax_blocked(x, out, rows):
+    out[...] = x
+```"""
+RIGHT = """```python
+import numpy as np
+
+def softmax_blocked(x, out, rows):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    out[...] = e / e.sum(axis=1, keepdims=True)
+```"""
+
+
+@pytest.fixture
+def chat_server():
+    seen: list[dict] = []
+    replies = [{"content": WRONG},
+               {"content": RIGHT, "reasoning_content": "the error said wrong; use exp"}]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                         "body": body})
+            msg = replies[min(len(seen), len(replies)) - 1]
+            data = json.dumps({"choices": [{"message": {"role": "assistant", **msg}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_endpoint_feedback_reaches_the_second_request(chat_server):
+    url, seen = chat_server
+    reg = default_registry()
+    gen = OpenAIGenerator(base_url=url, model="deepseek-r1", api_key="k-test", timeout_s=30)
+    result = run_loop(_request(reg, dims={"R": 64, "C": 48}), gen, Verifier(timeout_s=20),
+                      Budget(60, 2), registry=None)
+    first, second = result.attempts
+    assert first.report.stage is Stage.WRONG, first.report.verdict
+    assert second.report.ok, second.report.detail
+    assert len(seen) == 2
+    assert seen[0]["path"] == "/v1/chat/completions" and seen[0]["auth"] == "Bearer k-test"
+    body = seen[0]["body"]
+    assert body["model"] == "deepseek-r1" and body["temperature"] == 0.6
+    assert body["top_p"] == 0.95 and [m["role"] for m in body["messages"]] == ["user"]
+    assert "Previous attempt" not in body["messages"][0]["content"]
+    fed_back = seen[1]["body"]["messages"][0]["content"]
+    assert "rejected at stage 'wrong'" in fed_back
+    assert first.report.detail.splitlines()[0] in fed_back
+    assert first.proposal.variant.provenance["generator"] == "openai"
+
+
+def test_openai_generator_needs_an_endpoint():
+    from adaptive import config
+    with config.override(openai_base_url="", openai_model=""):
+        with pytest.raises(ValueError, match="ADAPTIVE_OPENAI_BASE_URL"):
+            OpenAIGenerator()
+    with pytest.raises(ValueError, match="http"):
+        OpenAIGenerator(base_url="127.0.0.1:1", model="m")
+
+
+def test_regen_cli_runs_one_loop(capsys):
+    assert cli.main(["regen", "--op", "softmax", "--shape", "R=600,C=24", "--backend", "host",
+                     "--candidates", "2", "--budget-s", "60", "--timeout", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "current best" in out and "[  2/2]" in out and "2 candidates" in out
+    assert cli.main(["regen", "--op", "softmax", "--shape", "R=6,X=2"]) == 2
