@@ -1,0 +1,1 @@
+"""GPU benchmarks run by scripts/gpu-check: every ``benchmarks/gpu_*.py`` module."""

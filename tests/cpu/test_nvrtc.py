@@ -1,0 +1,119 @@
+"""Every CUDA variant x config x dtype in the registry compiles for sm_90 with NVRTC.
+
+Enumerated from the registry (all ops, whoever added them), compiled by a pool of two
+processes into the kernel cache (so reruns are fast). A failure names the variant, the
+config, the dtype and carries NVRTC's log.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptive import nvrtc
+from adaptive.errors import CompileError, InputValueError
+from adaptive.kcache import KernelCache, kernel_key
+from adaptive.ops import get_op
+
+pytestmark = pytest.mark.skipif(not nvrtc.available(),
+                                reason="cuda.bindings is not installed (pip install .[nvrtc])")
+
+
+def _registry():
+    from adaptive.dispatch import shared_registry
+    return shared_registry()
+
+
+def _cuda_variant_ids():
+    reg = _registry()
+    return [v.id for op in reg.ops() for v in reg.variants(op, "cuda") if v.language == "cuda"]
+
+
+@pytest.fixture(scope="module")
+def results():
+    return nvrtc.check_all(_registry(), workers=2)
+
+
+@pytest.mark.parametrize("variant_id", _cuda_variant_ids())
+def test_every_config_compiles(results, variant_id):
+    op, name = variant_id.split("/")
+    mine = [r for r in results if r["op"] == op and r["variant"] == name]
+    assert mine, f"{variant_id}: no config of it can launch on sm_90 (check its space)"
+    failed = [r for r in mine if not r["ok"]]
+    report = "\n\n".join(f"{variant_id} {r['dtype']} config={r['config']}:\n{r['log']}"
+                         for r in failed[:3])
+    assert not failed, f"{len(failed)}/{len(mine)} configs failed to compile:\n{report}"
+    for r in mine:
+        assert r["resources"]["registers"] > 0, f"no ptxas report for {variant_id} {r}"
+
+
+def test_ptxas_report_is_parsed():
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+           "ptxas info    : Function properties for k\n"
+           "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 72 registers, used 1 barriers, 4352 bytes smem\n")
+    assert nvrtc.parse_ptxas(log, "k") == {"registers": 72, "shared_bytes": 4352,
+                                           "stack_bytes": 8, "spill_store_bytes": 4,
+                                           "spill_load_bytes": 12}
+
+
+def test_compile_error_has_numbered_source_and_log(tmp_path):
+    src = nvrtc.full_source("extern \"C\" __global__ void k(T* o) { o[0] = undefined_x; }",
+                            "float32", "bad.cu")
+    with pytest.raises(CompileError) as info:
+        nvrtc.compile_cached(src, ("-DBM=64",), "sm_90", "k", "bad", {"BM": 64},
+                             KernelCache(tmp_path))
+    text = str(info.value)
+    assert "undefined_x" in info.value.log and "bad.cu(1)" in info.value.log
+    assert "   1 | " in text and info.value.config == {"BM": 64}
+
+
+def test_cache_hit_and_corruption_is_a_miss(tmp_path):
+    src = nvrtc.full_source("extern \"C\" __global__ void k(T* o, int n) { o[0] = n; }",
+                            "float32", "k.cu")
+    cache = KernelCache(tmp_path)
+    first = nvrtc.compile_cached(src, (), "sm_90", "k", "k", {}, cache)
+    key = kernel_key(src, (), "sm_90", nvrtc.compiler_version())
+    assert first.key == key and cache.get(key).path == first.path
+    data = bytearray(first.path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    first.path.write_bytes(bytes(data))
+    assert cache.get(key) is None, "a cubin whose hash does not match must be a miss"
+    again = nvrtc.compile_cached(src, (), "sm_90", "k", "k", {}, cache)
+    assert cache.get(key) is not None and again.resources["registers"] > 0
+
+
+def test_macros_and_prelude():
+    assert nvrtc.macro_options({"BN": 64, "CACHE": True}) == ("-DBN=64", "-DCACHE=1")
+    assert "typedef __nv_bfloat16 T;" in nvrtc.prelude("bfloat16")
+    with pytest.raises(ValueError, match="float8"):
+        nvrtc.prelude("float8")
+
+
+def test_argument_binding_resolves_names_and_rejects_unknown():
+    from adaptive.backends import cuda_args
+    op = get_op("gemm")
+    problem = op.problem((np.ones((3, 5), "f4"), np.ones((5, 7), "f4")), {})
+    scope = {**problem.scope(), "BM": 64}
+    slots, env = cuda_args.bind(op, ["a", "b", "out", "M", "N", "K", "BM", "K:i64"], "torch",
+                                scope, problem)
+    assert [s.code for s in slots[:3]] == ["_u64(args[0].data_ptr())",
+                                           "_u64(args[1].data_ptr())", "out"]
+    consts = [s.constant for s in slots[3:]]
+    assert consts == [3, 7, 5, 64, 5] and isinstance(consts[-1], np.int64)
+    assert isinstance(consts[0], np.int32)
+    with pytest.raises(InputValueError, match="unknown kernel argument 'bogus'"):
+        cuda_args.bind(op, ["a", "bogus"], "cupy", scope, problem)
+    with pytest.raises(InputValueError, match="workspace_bytes"):
+        cuda_args.bind(op, ["workspace"], "cupy", scope, problem)
+
+
+def test_generated_launcher_passes_slots_in_order():
+    from adaptive.backends import cuda_args
+    calls = []
+    op = get_op("softmax")
+    problem = op.problem((np.ones((4, 9), "f4"),), {})
+    slots, env = cuda_args.bind(op, ["x", "out", "R", "C"], "cupy", problem.scope(), problem)
+    launch = cuda_args.make_launcher(slots, env, lambda *a: calls.append(a), (4,), (32,), 0)
+    launch(("X",), "OUT")
+    assert calls == [((4,), (32,), ("X", "OUT", 4, 9), 0, None)]
