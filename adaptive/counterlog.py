@@ -8,10 +8,12 @@ the records. When the queue or the event ring is full, records are dropped and c
 a call is never delayed.
 
 On disk: frames ``[crc32(payload), payload]`` where ``payload`` is a packed map; the
-first frame is a header (``format``, ``version``). Files rotate by size: ``log`` →
+first frame is a header (``format``, ``version``), each later one a batch of up to
+``BATCH_ROWS`` records written together (per-plan fields once per file, then compact rows;
+see ``ROW_FIELDS``). :func:`read_log` gives back one dict per record. Files rotate by size: ``log`` →
 ``log.1`` → ``log.2`` …; a new log moves an existing file aside the same way. The reader
-tolerates a truncated last frame (a killed process) and names the byte offset of any
-corrupt one.
+tolerates a truncated last frame (a killed process loses at most its last batch) and
+names the byte offset of any corrupt one.
 
     >>> with adaptive.counter_log("/tmp/run.alog", sample_every=1):
     ...     serve()
@@ -21,6 +23,7 @@ corrupt one.
 from __future__ import annotations
 
 import atexit
+import bisect
 import collections
 import contextlib
 import dataclasses
@@ -46,6 +49,10 @@ log = logging.getLogger("adaptive.counterlog")
 FORMAT = "adaptive-counter-log"
 VERSION = 1
 _HEADER_KEYS = ("format", "version")
+# a batch frame holds up to BATCH_ROWS records as rows of these fields; "plan" indexes the
+# batch's or an earlier batch's "plans" (per file), "state" its "states" (-1: none)
+ROW_FIELDS = ("seq", "plan", "time_s", "time_ms", "timer", "state")
+BATCH_ROWS = 1024
 
 
 class CounterLogError(AdaptiveError, ValueError):
@@ -100,7 +107,7 @@ class _LogRecorder(Recorder):
         self.owner, self.every, self.timer = owner, owner.sample_every, timer
         self.backend = d.backend
         self._count = itertools.count(1)
-        self.static: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.static: dict = {}                      # plan -> its fixed record fields
         self.peaks = _peaks(d.backend)
 
     def __call__(self, plan, args, out):
@@ -181,6 +188,9 @@ class CounterLog:
         self._file = None
         self._thread: threading.Thread | None = None
         self._seq = 0
+        self._file_bytes = 0
+        self._plan_ids: dict = {}
+        self._pack = msgpack.Packer(use_bin_type=True).pack    # the writer thread's own
 
     # ---- hot path (caller's thread) ----------------------------------------------------
     def submit(self, item: tuple) -> None:
@@ -284,26 +294,56 @@ class CounterLog:
             items.append(queue.popleft())
         for timer in list(self._timers.values()):
             items += [(*tag, time_ms, "cuda_event") for tag, time_ms in timer.harvest()]
-        items.sort(key=lambda item: item[1])
-        f = self._file
-        for rec, time_s, plan, time_ms, timer in items:
-            self._seq += 1
-            record = {"seq": self._seq, "time_s": time_s, **self._static(rec, plan),
-                      "time_ms": time_ms, "timer": timer}
-            sampler = self.samplers.get(_cuda_index(rec.backend)) if timer != "host" else None
-            if sampler is not None:
-                snap = sampler.at(time_s)
-                if snap is not None:
-                    record["device_state"] = snap.to_dict()
-            self.stats.bytes_written += f.write(_frame(record))
-            self.stats.written += 1
-            if f.tell() >= self.max_bytes:
-                f.flush()
-                self._rotate()
-                f = self._file
         if items:
-            f.flush()
+            items.sort(key=lambda item: item[1])
+            for i in range(0, len(items), BATCH_ROWS):
+                self._write_batch(items[i:i + BATCH_ROWS])
+            self._file.flush()
         self.stats.dropped = self._queue_dropped + sum(t.dropped for t in self._timers.values())
+
+    def _write_batch(self, items: list[tuple]) -> None:
+        """One frame: the plans and device states first seen in this file, then one row per
+        record (see ROW_FIELDS); packed by one msgpack call."""
+        plan_ids, plans, rows = self._plan_ids, [], []
+        states, state_ids = [], {}
+        sampled = bool(self.samplers)
+        histories: dict = {}
+        for rec, time_s, plan, time_ms, timer in items:
+            pid = plan_ids.get(plan)
+            if pid is None:
+                pid = plan_ids[plan] = len(plan_ids)
+                plans.append([pid, self._static(rec, plan)])
+            sid = -1
+            if sampled and timer != "host":
+                snap = self._snapshot(rec, time_s, histories)
+                if snap is not None:
+                    sid = state_ids.get(id(snap))
+                    if sid is None:
+                        sid = state_ids[id(snap)] = len(states)
+                        states.append(snap.to_dict())
+            self._seq += 1
+            rows.append((self._seq, pid, time_s, time_ms, timer, sid))
+        payload = self._pack({"plans": plans, "states": states, "rows": rows})
+        frame = b"\x92" + self._pack(zlib.crc32(payload)) + self._pack(payload)
+        self._file.write(frame)
+        self._file_bytes += len(frame)
+        self.stats.written += len(rows)
+        self.stats.bytes_written += len(frame)
+        if self._file_bytes >= self.max_bytes:
+            self._rotate()
+
+    def _snapshot(self, rec, time_s: float, histories: dict):
+        """The device snapshot nearest before ``time_s`` (history read once per batch)."""
+        index = _cuda_index(rec.backend)
+        found = histories.get(index)
+        if found is None:
+            sampler = self.samplers.get(index)
+            snaps = sampler.snapshots() if sampler is not None else []
+            found = histories[index] = ([s.time_s for s in snaps], snaps)
+        times, snaps = found
+        if not snaps:
+            return None
+        return snaps[max(bisect.bisect_right(times, time_s) - 1, 0)]
 
     def _static(self, rec: _LogRecorder, plan) -> dict:
         """The part of a record fixed per plan, built once."""
@@ -330,7 +370,9 @@ class CounterLog:
         self._file = open(self.path, "wb")
         header = {"format": FORMAT, "version": VERSION, "created_s": time.time(),
                   "pid": os.getpid(), "host": platform.node(), "sample_every": self.sample_every}
-        self.stats.bytes_written += self._file.write(_frame(header))
+        self._file_bytes = self._file.write(_frame(header))
+        self._plan_ids = {}                         # plan -> id, per file (files stand alone)
+        self.stats.bytes_written += self._file_bytes
 
     def _shift(self) -> None:
         """``path`` → ``path.1`` → … → ``path.{backups}``; the oldest falls off."""
@@ -350,9 +392,13 @@ class CounterLog:
         self.stats.rotations += 1
 
 
+def _pack(value) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
 def _frame(record: dict) -> bytes:
-    payload = msgpack.packb(record, use_bin_type=True)
-    return msgpack.packb([zlib.crc32(payload), payload], use_bin_type=True)
+    payload = _pack(record)
+    return b"\x92" + _pack(zlib.crc32(payload)) + _pack(payload)     # [crc32, payload]
 
 
 # ---- the public context manager and the ADAPTIVE_COUNTER_LOG hook ---------------------------
@@ -469,7 +515,7 @@ def read_file(path: str | os.PathLike) -> tuple[dict, list[dict], int]:
         data = f.read()
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1 << 20))
     unpacker.feed(data)
-    header, records, offset = None, [], 0
+    header, records, offset, plans = None, [], 0, {}
     while True:
         offset = unpacker.tell()
         try:
@@ -479,11 +525,11 @@ def read_file(path: str | os.PathLike) -> tuple[dict, list[dict], int]:
         except Exception as exc:  # noqa: BLE001 (msgpack raises several kinds)
             raise _corrupt(path, offset, f"not msgpack ({type(exc).__name__}: {exc})",
                            len(records)) from None
-        record = _unframe(path, offset, frame, len(records))
+        payload = _unframe(path, offset, frame, len(records))
         if header is None:
-            header = _check_header(path, record)
+            header = _check_header(path, payload)
         else:
-            records.append(record)
+            records += _expand(path, offset, payload, plans, len(records))
     truncated = len(data) - offset
     if header is None and truncated == 0:
         raise CounterLogError(f"{path} is empty; expected an adaptive counter log "
@@ -511,6 +557,25 @@ def _unframe(path, offset, frame, n) -> dict:
     if not isinstance(record, dict):
         raise _corrupt(path, offset, f"payload is a {type(record).__name__}, not a map", n)
     return record
+
+
+def _expand(path, offset, batch: dict, plans: dict, n: int) -> list[dict]:
+    """The records of one batch frame; ``plans`` carries plan fields across frames."""
+    try:
+        for pid, static in batch["plans"]:
+            plans[pid] = static
+        states = batch["states"]
+        out = []
+        for seq, pid, time_s, time_ms, timer, sid in batch["rows"]:
+            record = {"seq": seq, "time_s": time_s, **plans[pid], "time_ms": time_ms,
+                      "timer": timer}
+            if sid >= 0:
+                record["device_state"] = states[sid]
+            out.append(record)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise _corrupt(path, offset, f"malformed batch ({type(exc).__name__}: {exc})",
+                       n) from None
+    return out
 
 
 def _corrupt(path, offset, why, n) -> CounterLogError:

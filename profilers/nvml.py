@@ -221,6 +221,10 @@ class NvmlSampler:
                 return snap
         return history[0] if history else None
 
+    def snapshots(self) -> list[DeviceSnapshot]:
+        """The kept history, oldest first."""
+        return list(self._history)
+
     @property
     def refused(self) -> dict[str, str]:
         """Fields the device did not report, and why."""

@@ -16,7 +16,7 @@ from adaptive.counterlog import (CounterLog, CounterLogError, counter_log, read_
                                  to_observations)
 from adaptive.dispatch import Dispatcher
 from adaptive.ops import get_op
-from profilers import EventTimer
+from profilers import EventTimer, NvmlSampler
 
 
 @pytest.fixture
@@ -90,16 +90,19 @@ def test_sampled_launches_are_logged_with_their_synchronised_time(tmp_path, rng)
 def test_rotation_keeps_backups_and_reads_in_order(tmp_path, rng, host):
     path = tmp_path / "rot.alog"
     a, b = gemm_inputs(rng, 5, 3, 2)
-    with counter_log(path, max_bytes=4096, backups=2, flush_interval_s=0.01) as clog:
-        for _ in range(150):
+    # the writer sleeps; the test drains every 20 launches: one batch frame each
+    with counter_log(path, max_bytes=4096, backups=2, flush_interval_s=60.0) as clog:
+        for i in range(1, 601):
             host.launch("gemm", a, b)
+            if i % 20 == 0:
+                clog._drain()
     assert clog.stats.rotations >= 3                        # more than the backups kept
     assert sorted(os.listdir(tmp_path)) == ["rot.alog", "rot.alog.1", "rot.alog.2"]
     assert not os.path.exists(f"{path}.3")
     for name in ("rot.alog.1", "rot.alog.2"):
         assert os.path.getsize(tmp_path / name) >= 4096
     seqs = [r["seq"] for r in read_log(path).records]
-    assert seqs == list(range(seqs[0], 151)) and seqs[0] > 1    # oldest fell off
+    assert seqs == list(range(seqs[0], 601)) and seqs[0] > 1    # oldest fell off
     assert len(read_log(path, rotated=False).records) < len(seqs)
 
 
@@ -115,10 +118,13 @@ def test_a_new_log_moves_the_old_one_aside(tmp_path, rng, host):
 
 
 def write_log(path, rng, host, n=12):
+    """Two batch frames of n/2 records each."""
     a, b = gemm_inputs(rng, 6, 5, 4)
-    with counter_log(path):
-        for _ in range(n):
+    with counter_log(path, flush_interval_s=60.0) as clog:
+        for i in range(n):
             host.launch("gemm", a, b)
+            if i == n // 2 - 1:
+                clog._drain()
     return path.read_bytes()
 
 
@@ -128,7 +134,9 @@ def test_truncated_last_record_is_skipped_with_a_warning(tmp_path, rng, host, ca
     path.write_bytes(data[:-7])                               # a killed writer
     caplog.set_level(logging.WARNING)
     contents = read_log(path)
-    assert len(contents.records) == 11 and contents.truncated_bytes > 7
+    # the last batch is lost, the first one intact
+    assert [r["seq"] for r in contents.records] == list(range(1, 7))
+    assert contents.truncated_bytes > 7
     assert any("incomplete" in r.message for r in caplog.records)
 
 
@@ -191,6 +199,34 @@ def test_env_var_logs_new_dispatchers(tmp_path, rng):
     assert Dispatcher("host").recorder is None                # env var off again
 
 
+class _Nvml:
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return 1410 if which == 1 else 2619
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 300_250                                # mW
+
+    def nvmlDeviceGetTemperature(self, h, s):
+        return 40
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        raise RuntimeError("Not Supported")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return 0
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        raise RuntimeError("Not Supported")
+
+
 class _Stream:
     def __init__(self):
         self.recorded = self.completed = 0
@@ -218,6 +254,9 @@ def test_gpu_path_writes_event_times_after_they_complete(tmp_path, rng, host):
     timer = EventTimer(4, events=(lambda: _Event(stream), lambda s, e: e.at_ms - s.at_ms))
     clog = CounterLog(tmp_path / "gpu.alog", flush_interval_s=0.01).open()
     clog._timers[0] = timer
+    sampler = NvmlSampler(0, nvml=_Nvml())
+    sampler.sample_once()
+    clog.samplers[None] = sampler           # the host backend's "device index" is None
     rec = counterlog._LogRecorder(clog, host, timer)
     clog._recorders[host] = rec
     counterlog.install_recorder(host, rec)
@@ -232,6 +271,8 @@ def test_gpu_path_writes_event_times_after_they_complete(tmp_path, rng, host):
     assert stats.written == 4 and stats.dropped == 2 and host.recorder is None
     assert [r["timer"] for r in recs] == ["cuda_event"] * 4
     assert [r["time_ms"] for r in recs] == pytest.approx([0.125] * 4)
+    assert [r["device_state"]["sm_clock_mhz"] for r in recs] == [1410] * 4
+    assert recs[0]["device_state"]["power_w"] == pytest.approx(300.25)
 
 
 def test_cli_show_export_plot(tmp_path, rng, host, capsys):
