@@ -11,6 +11,7 @@ resumes where it stopped. The pack is written atomically at the end.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -277,16 +278,55 @@ def count_gpus() -> int:
         return 0
 
 
-def precompile(backend_name: str, arch: str, ops: Iterable[str]) -> None:
-    """Fill the kernel cache for every CUDA candidate of ``ops`` on all cores (NVRTC)."""
-    from adaptive import nvrtc
+def precompile(backend_name: str, arch: str, cases: Iterable[Case]) -> list[str]:
+    """Fill the kernel cache with every CUDA candidate of the cases' ops and dtypes, on all
+    cores (NVRTC needs no GPU); return the compile errors (those candidates fail later)."""
+    from adaptive import config, nvrtc
     from adaptive.variants import default_registry
     if backend_name != "cuda" or not nvrtc.available():
-        return
-    reg = default_registry()
-    workers = max(1, (os.cpu_count() or 2) - 1)
-    for op in ops:
-        nvrtc.check_all(reg, op, arch, workers=workers)
+        return []
+    wanted = {(c.op, c.dtype) for c in cases}
+    cache_dir = config.get().cache_dir
+    jobs = [(v.op, v.name, cfg, dtype, arch, cache_dir)
+            for op in sorted({op for op, _ in wanted})
+            for v, cfg, dtype in nvrtc.cuda_jobs(default_registry(), op)
+            if (op, dtype) in wanted]
+    if not jobs:
+        return []
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    workers = max(1, min(len(jobs), (os.cpu_count() or 2) - 1))
+    t0 = time.monotonic()
+    # fork is safe here although the parent holds a CUDA context: children only run NVRTC,
+    # which never touches the driver (as in ``adaptive nvrtc-check``)
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    try:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context(method)) as pool:
+            errors = [e for e in pool.map(_compile_job, jobs, chunksize=4) if e]
+    except Exception as exc:  # noqa: BLE001 (kernels then compile when first measured)
+        log.warning("precompiling failed (%s); kernels compile as they are measured", exc)
+        return []
+    log.info("precompiled %d kernels in %.1f s (%d failed)", len(jobs), time.monotonic() - t0,
+             len(errors))
+    return errors
+
+
+@functools.lru_cache(maxsize=1)
+def _registry():
+    from adaptive.variants import default_registry
+    return default_registry()
+
+
+def _compile_job(job) -> str | None:
+    op, name, cfg, dtype, arch, cache_dir = job
+    from adaptive import nvrtc
+    from adaptive.kcache import KernelCache
+    try:
+        nvrtc.compile_candidate(_registry().get(op, name), cfg, dtype, arch,
+                                KernelCache(cache_dir))
+        return None
+    except Exception as exc:  # noqa: BLE001 (a compile error is data: the candidate fails)
+        return f"{op}/{name} {cfg} {dtype}: {str(exc)[:300]}"
 
 
 # ---- the build ----------------------------------------------------------------------------------
@@ -329,7 +369,7 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     bar = Progress(len(cases), resumed) if progress else None
     t0 = time.monotonic()
     if todo:
-        precompile(backend, getattr(d.backend, "arch", ""), sorted({c.op for c in todo}))
+        precompile(backend, getattr(d.backend, "arch", ""), todo)
 
     def record(result: dict) -> None:
         journal.add(result)
