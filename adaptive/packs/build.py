@@ -71,7 +71,8 @@ class Settings:
     budget_ms: float = 250.0          # fewer repeats (at least 3) for slow candidates
     check_max_flops: float = 2e9      # compare with the float64 reference below this
     seed: int = 0
-    cubins: bool = False              # carry compiled kernels (cuda)
+    cubins: bool = False              # carry compiled kernels (cuda) ...
+    cubin_within: float = 1.5         # ... of the candidates within this factor of the best
 
 
 def load_shapes(spec: str, ops: Iterable[str] | None = None) -> list[Case]:
@@ -110,8 +111,8 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
     ref = op.reference(*inputs, **params) if flops <= settings.check_max_flops else None
     floor = floor_ms(flops, nbytes, backend.peaks(), problem.dtype)
     features = op.features(problem)
-    state = getattr(backend, "state", None)
-    rows, failures, cubins = [], [], []
+    state = getattr(backend, "device_state", None)   # clocks, utilisation (as live rows)
+    rows, failures, cubins, timed = [], [], [], []
     for cand in dispatcher.candidates(case.op, *caller, **params):
         base = {"op": case.op, "dims": problem.dims_dict, "dtype": problem.dtype,
                 "variant": cand.variant.name, "config": cand.config}
@@ -125,8 +126,13 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
                                 samples=len(m.samples_ms), spread_ms=m.spread_ms,
                                 device=dict(state()) if state else {},
                                 timestamp_s=time.time(), source="pack").to_dict())
-        if settings.cubins and cand.variant.language == "cuda":
-            cubins += _cubin(backend, cand, problem.dtype)
+        if cand.variant.language == "cuda":
+            timed.append((m.median_ms, cand))
+    if settings.cubins and timed:
+        best_ms = min(t for t, _ in timed)
+        for t, cand in timed:
+            if t <= best_ms * settings.cubin_within:
+                cubins += _cubin(backend, cand, problem.dtype)
     return {"case": case.id, "rows": rows, "failures": failures, "cubins": cubins}
 
 
