@@ -70,6 +70,7 @@ class Settings:
     repeats: int = 7
     budget_ms: float = 250.0          # fewer repeats (at least 3) for slow candidates
     check_max_flops: float = 2e9      # compare with the float64 reference below this
+    check_max_bytes: float = 32e6     # and below this much memory traffic (copies, float64)
     seed: int = 0
     cubins: bool = False              # carry compiled kernels (cuda) ...
     cubin_within: float = 1.5         # ... of the candidates within this factor of the best
@@ -108,7 +109,8 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
     adapter = backend.adapter(problem.kind) or (_same, _same)
     native = tuple(a if hasattr(type(a), "signature") else adapter[0](a) for a in caller)
     flops, nbytes = op.roofline(problem)
-    ref = op.reference(*inputs, **params) if flops <= settings.check_max_flops else None
+    cheap = flops <= settings.check_max_flops and nbytes <= settings.check_max_bytes
+    ref = op.reference(*inputs, **params) if cheap else None
     floor = floor_ms(flops, nbytes, backend.peaks(), problem.dtype)
     features = op.features(problem)
     state = getattr(backend, "device_state", None)   # clocks, utilisation (as live rows)
