@@ -367,6 +367,20 @@ def test_build_resumes_after_an_interruption(tmp_path):
     assert pack.header["build"]["cases_resumed"] == 2 and not journal.exists()
 
 
+def test_wrong_or_failing_candidates_become_failures_not_rows():
+    from adaptive.packs.build import Case, measure_case
+    wrong = _variant("wrong", SOFTMAX_SRC.replace("out[...] = e / e.sum", "out[...] = e * e.sum"))
+    broken = _variant("broken", SOFTMAX_SRC.replace("xf = x.astype", "xf = x.nope"))
+    reg = Registry([_variant(), wrong, broken])
+    d = dispatch.Dispatcher("host", registry=reg)
+    case = Case("softmax", (("R", 9), ("C", 31)))
+    result = measure_case(d, case, FAST)
+    assert {r["variant"] for r in result["rows"]} == {"pack_softmax"}
+    reasons = {f["variant"]: f["reason"] for f in result["failures"]}
+    assert "wrong result: relative error" in reasons["wrong"]
+    assert "AttributeError" in reasons["broken"]
+
+
 def test_build_with_two_worker_processes(tmp_path):
     cases = load_shapes("quick", ["softmax", "gemm"])
     pack = build_pack(cases, tmp_path / "w.msgpack", "host", workers=2, settings=FAST,
