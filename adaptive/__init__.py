@@ -11,11 +11,13 @@ The public API is this module's ``__all__``; everything else is internal.
 from __future__ import annotations
 
 from adaptive import config
+from adaptive.counterlog import counter_log
 from adaptive.dispatch import Dispatcher, Plan, launch, reset_defaults, shared_registry
 from adaptive.errors import (AdaptiveError, BackendUnavailableError, CompileError,
                              InputTypeError, InputValueError, ManifestError, NoCandidateError,
                              UnknownNameError, VariantRunError)
 from adaptive.ops import OPS, SparseWeight
+from adaptive.metrics import count_regeneration_request, serve_metrics
 from adaptive.errors import PackError
 from adaptive.pack import LoadReport, load_pack
 from adaptive.explain import Explanation, explain
@@ -41,8 +43,9 @@ __all__ = [
     "AdaptiveError", "BackendUnavailableError", "Candidate", "CompileError", "Decision",
     "Dispatcher", "InputTypeError", "InputValueError", "ManifestError", "MeasureEach",
     "NoCandidateError", "OPS", "Plan", "Registry", "SparseWeight", "UnknownNameError",
-    "Variant", "VariantRunError", "__version__", "candidates", "config", "launch",
+    "Variant", "VariantRunError", "__version__", "candidates", "config",
+    "count_regeneration_request", "counter_log", "launch",
     "LoadReport", "PackError", "load_pack",
-    "load_folder", "reset_defaults", "shared_registry",
+    "load_folder", "reset_defaults", "serve_metrics", "shared_registry",
     "Explanation", "Learned", "explain",
 ]

@@ -111,11 +111,14 @@ class Dispatcher:
         self.sample_every = config.get().sample_every
         self.listeners: list[Callable[[Plan, float], None]] = []
         self.stats = {"misses": 0, "samples": 0}
+        self.recorder: Callable | None = None   # recorder(plan, args, out): counter log, metrics
         ref = weakref.ref(self)
         self.registry.subscribe(lambda op: (d := ref()) is not None and d.forget(op))
         _live.add(self)
         if registry is None:
             _join_shared(self)
+        for hook in list(new_dispatcher_hooks):
+            hook(self)
 
     # ---- hot path ---------------------------------------------------------------------------
     def launch(self, op: str, *args, out=None, variant: str | None = None,
@@ -131,6 +134,8 @@ class Dispatcher:
                 plan = self._miss(o, key, args, params)
         if self.sample_every and next(self._tick) % self.sample_every == 0:
             return self._sampled(plan, args, out)
+        if self.recorder is not None:
+            return self.recorder(plan, args, out)
         return plan.run(args, out)
 
     # ---- miss path --------------------------------------------------------------------------
@@ -367,6 +372,13 @@ _by_type: dict[type, Dispatcher] = {}
 _defaults_lock = threading.RLock()
 _live: weakref.WeakSet = weakref.WeakSet()          # every dispatcher, for add_observations
 _observations: list[tuple[tuple[Observation, ...], float]] = []   # for the shared registry
+# called with each new Dispatcher (the counter log and metrics attach their recorders here)
+new_dispatcher_hooks: list[Callable[[Dispatcher], None]] = []
+
+
+def live_dispatchers() -> list[Dispatcher]:
+    """Every dispatcher alive in this process."""
+    return list(_live)
 
 
 def add_observations(rows: Sequence[Observation], weight: float = 1.0,
@@ -397,8 +409,6 @@ def _join_shared(d: Dispatcher) -> None:
     for rows, weight in batches:
         d.add_observations(rows, weight)
     load_startup_packs(d.backend)   # rows of packs loaded now reach d through _live
-
-
 
 
 def shared_registry() -> Registry:
