@@ -175,16 +175,17 @@ class Regenerator:
         while self._inbox:
             listener, plan, time_ms = self._inbox.popleft()
             st = self._stats.get(plan.key)
-            if st is None or st.plan is not plan:      # new key, or re-ranked: start over
+            if st is None:       # per key, over every candidate it was served (or explored) by
                 st = self._stats[plan.key] = _KeyStats(plan=plan)
                 peaks = listener.backend.peaks()
                 st.floor_ms = floor_ms(plan.flops, plan.bytes, peaks, plan.problem.dtype)
             st.samples += 1
             if math.isfinite(time_ms) and time_ms > 0:
-                st.best_ms = min(st.best_ms, time_ms)
+                if time_ms < st.best_ms:
+                    st.best_ms, st.plan = time_ms, plan
             else:
                 st.failures += 1
-            self._consider(listener, plan, st)
+            self._consider(listener, st.plan, st)
 
     def _consider(self, listener, plan, st: _KeyStats) -> None:
         if st.samples < self.min_samples or plan.key in self._requested:

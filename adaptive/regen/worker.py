@@ -87,7 +87,7 @@ class Runner:
     def problem(self, native: tuple, params: dict):
         return self.op.problem(native, params)
 
-    def call(self, problem, native: tuple, out) -> None:
+    def prepared(self, problem):
         fn = self._prepared.get(problem)
         if fn is None:
             try:
@@ -95,9 +95,14 @@ class Runner:
                                                                     self.op)
             except Exception as exc:  # noqa: BLE001 (a candidate's failure is data)
                 raise Reject(Stage.LOAD, _exc_text(exc), fatal=self.cuda) from None
+        return fn
+
+    def call(self, problem, native: tuple, out, sync: bool = True) -> None:
+        fn = self.prepared(problem)
         try:
             fn(native, out)
-            self.sync()
+            if sync:
+                self.sync()
         except Reject:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -232,9 +237,12 @@ def time_candidates(runners: list[Runner], job) -> tuple[list[list[float]], bool
                 import cupy
                 start, stop = cupy.cuda.Event(), cupy.cuda.Event()
                 start.record()
-                runner.call(problem, native, outs[k])
+                runner.call(problem, native, outs[k], sync=False)   # events time the GPU only
                 stop.record()
-                stop.synchronize()
+                try:
+                    stop.synchronize()
+                except Exception as exc:  # noqa: BLE001 (an asynchronous fault shows here)
+                    raise Reject(Stage.RUN, _exc_text(exc), fatal=True) from None
                 ms = cupy.cuda.get_elapsed_time(start, stop)
             else:
                 t0 = time.perf_counter_ns()

@@ -1,0 +1,117 @@
+"""Planted bad CUDA kernels (``tests/gpu/planted/*.cu``) through the isolated verifier:
+every one is rejected and this process's CUDA context stays healthy; good kernels pass."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adaptive.regen import Job, Outcome, Stage, Verifier
+from adaptive.space import Space
+from adaptive.variants import Variant, default_registry, make_candidate
+
+pytestmark = pytest.mark.gpu
+
+PLANTED = Path(__file__).parent / "planted"
+DIMS = {"R": 200, "C": 512}          # C a multiple of 128: the odd-size bug hides at the target
+ROWS = {"ROWS": 4}
+
+# expected stage(s) of each planted kernel without the sanitizer
+EXPECTED = {
+    "partial_write": {Stage.UNWRITTEN},
+    "nan": {Stage.NONFINITE},
+    "returns_input": {Stage.WRONG},
+    "caches_across_calls": {Stage.UNWRITTEN},
+    "wrong_on_odd_sizes": {Stage.UNWRITTEN, Stage.WRONG},
+    "hangs": {Stage.TIMEOUT},
+    "illegal_address": {Stage.RUN, Stage.CRASH},
+}
+NEEDS_SANITIZER = {"oob_write", "race"}
+
+
+def planted(name: str) -> Variant:
+    path = PLANTED / f"{name}.cu"
+    if name == "race":
+        space, launch = Space((("THREADS", (256,)),)), {"grid": ["R"], "block": ["THREADS"]}
+    else:
+        space = Space((("ROWS", (4,)),))
+        launch = {"grid": ["ceil_div(R, ROWS)"], "block": [32, "ROWS"]}
+    return Variant(name, "softmax", "cuda", "cuda", "planted", source=path.read_text(),
+                   source_name=path.name, space=space,
+                   launch={**launch, "args": ["x", "out", "R", "C"]})
+
+
+def _config(name: str) -> dict:
+    return {"THREADS": 256} if name == "race" else dict(ROWS)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    names = [*EXPECTED, "good"]
+    verifier = Verifier(timeout_s=20, sanitize="off",
+                        cache_dir=str(tmp_path_factory.mktemp("kernels")))
+    jobs = [Job(planted(n), _config(n), DIMS, "float32") for n in names]
+    jobs.append(Job(planted("good"), _config("good"), DIMS, "float16"))
+    got = verifier.verify_many(jobs)
+    return dict(zip([*names, "good_fp16"], got))
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_planted_kernel_is_rejected(reports, name):
+    r = reports[name]
+    assert r.outcome is Outcome.REJECTED, r.verdict
+    assert r.stage in EXPECTED[name], f"{r.verdict}\n{r.detail}"
+
+
+def test_odd_size_bug_is_found_at_an_edge_shape(reports):
+    assert str(DIMS) not in reports["wrong_on_odd_sizes"].detail
+
+
+def test_good_kernels_accepted_after_the_bad_ones(reports):
+    for key in ("good", "good_fp16"):
+        r = reports[key]
+        assert r.ok, f"{r.verdict}\n{r.detail}"
+        assert r.executed and len({c.seed for c in r.checks}) >= 5
+        assert r.resources.get("registers", 0) > 0 and 0 < r.time_ms < 10
+
+
+def test_asking_process_is_unharmed(reports):
+    import cupy as cp
+    x = cp.asarray(np.random.default_rng(0).standard_normal((64, 33), dtype=np.float32))
+    e = cp.exp(x - x.max(axis=1, keepdims=True))
+    y = e / e.sum(axis=1, keepdims=True)
+    cp.cuda.runtime.deviceSynchronize()
+    np.testing.assert_allclose(cp.asnumpy(y).sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_SANITIZER))
+def test_sanitizer_catches_what_results_cannot(name, tmp_path):
+    if shutil.which("compute-sanitizer") is None:
+        pytest.skip("compute-sanitizer is not installed")
+    verifier = Verifier(timeout_s=60, sanitize="on", cache_dir=str(tmp_path))
+    r = verifier.verify(Job(planted(name), _config(name), DIMS, "float32"))
+    if r.ok and any("inconclusive" in v for v in r.sanitizer.values()):
+        pytest.skip(f"compute-sanitizer could not run here: {r.sanitizer}")
+    assert r.outcome is Outcome.REJECTED, f"{r.verdict} sanitizer={r.sanitizer}"
+
+
+def test_builtin_softmax_variants_accepted_with_baseline(tmp_path):
+    reg = default_registry()
+    cuda = [v for v in reg.variants("softmax", "cuda")]
+    if not cuda:
+        pytest.skip("no cuda softmax variants registered")
+    limits = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132}
+    jobs = []
+    base = None
+    for v in cuda:
+        cfg = v.space.configs(limits)[0]
+        cand = make_candidate(v, cfg)
+        base = base or cand
+        jobs.append(Job(v, cfg, {"R": 1000, "C": 700}, "float16", baseline=base))
+    reports = Verifier(timeout_s=60, sanitize="off", cache_dir=str(tmp_path)).verify_many(jobs)
+    for r in reports:
+        assert r.ok, f"{r.verdict}\n{r.detail}"
+        assert r.baseline and r.baseline_ms < 10
