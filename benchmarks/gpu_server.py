@@ -1,7 +1,9 @@
 """End-to-end serving benchmark: adaptive vs static vs plain PyTorch on one request stream.
 
-    PYTHONPATH=$PWD python3 benchmarks/gpu_server.py --out $OUT          # H200, < 3 min
-    python benchmarks/gpu_server.py --device host --quick                 # a dry run on CPU
+    PYTHONPATH=$PWD python3 benchmarks/gpu_server.py --out $OUT     # H200, about 2 minutes
+    python benchmarks/gpu_server.py --device host --quick            # a dry run on the CPU
+
+``scripts/gpu-check`` calls :func:`main` (``main(out_dir) -> list[dict]`` summary rows).
 
 Each dispatch mode serves the example transformer block (examples/server) from its own
 in-process HTTP server in turn; the same seeded load (long-tailed sequence lengths,
@@ -17,6 +19,7 @@ latency (client side, HTTP included), p50 server time, and mean SM activity.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -28,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))                        # profilers, when run as a script
 sys.path.insert(0, str(ROOT / "examples" / "server"))
 
 from block import BlockShape, build, input_activations  # noqa: E402
@@ -148,48 +152,95 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(out_dir: str, device: str = "auto", modes: str = ",".join(MODES),
+        requests: int = 20000, duration_s: float = 12.0, warmup_s: float = 25.0,
+        concurrency: int = 8, quick: bool = False) -> dict:
+    """Run every mode on one request stream; write gpu_server.json; return the payload."""
+    device = resolve_device(device)
+    shape = QUICK_SHAPE if quick or device == "host" else GPU_SHAPE
+    if quick:
+        duration_s, warmup_s = min(duration_s, 3.0), min(warmup_s, 10.0)
+    dtype = "float16" if device == "cuda" else "float32"
+    stream = make_stream(requests, seed=0, rate=0.0, seq_median=shape.max_seq / 8,
+                         seq_sigma=0.9, seq_max=shape.max_seq, burst_mean=4.0)
+    sampler = DeviceSampler(enabled=device == "cuda")
+    print(f"gpu_server: {device} {dtype} {shape}; sampler: {sampler.status}", flush=True)
+    knobs = argparse.Namespace(duration_s=duration_s, warmup_s=warmup_s, concurrency=concurrency)
+    results = []
+    for mode in modes.split(","):
+        t0 = time.perf_counter()
+        try:
+            results.append(run_mode(mode, shape, device, dtype, stream, knobs, sampler))
+        except Exception as exc:  # noqa: BLE001 (one mode failing still reports the others)
+            results.append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
+        print(f"  {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
+    print(table(results))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": "gpu_server", "device": device, "dtype": dtype,
+               "shape": dataclasses.asdict(shape), "concurrency": concurrency,
+               "duration_s": duration_s, "sampler": sampler.status, "results": results}
+    tmp = out / f".gpu_server.json.{os.getpid()}"
+    tmp.write_text(json.dumps(payload, indent=2, default=str))
+    os.replace(tmp, out / "gpu_server.json")
+    return payload
+
+
+def summary_rows(payload: dict) -> list[dict]:
+    """gpu-check rows: per mode throughput, p99 and SM activity; adaptive's ratios."""
+    rows, by_mode = [], {}
+    for r in payload["results"]:
+        if "error" in r:
+            rows.append({"case": r["mode"], "value": "FAILED", "unit": "", "note": r["error"][:80],
+                         "rc": 1})
+            continue
+        load, dev = r["load"], r["device"]
+        by_mode[r["mode"]] = load
+        sm = dev.get("sm_active_ratio")
+        note = (f"p50 {load['latency_ms'].get('p50', 0):.2f} ms, p99 "
+                f"{load['latency_ms'].get('p99', 0):.2f} ms, SM active "
+                + ("-" if sm is None else f"{sm:.2f}")
+                + f", {load['ok']}/{load['sent']} ok, warm-up {r['warmup_s']:.0f} s "
+                f"({r['warmed_lengths']}/{r['lengths']} lengths)")
+        rows.append({"case": f"{r['mode']} throughput", "value": f"{load['throughput_rps']:.1f}",
+                     "unit": "req/s", "note": note})
+    for base in ("static", "torch"):
+        if "adaptive" in by_mode and base in by_mode and by_mode[base]["throughput_rps"] > 0:
+            a, b = by_mode["adaptive"], by_mode[base]
+            rows.append({"case": f"adaptive / {base}",
+                         "value": f"{a['throughput_rps'] / b['throughput_rps']:.2f}",
+                         "unit": "x req/s", "note": "p99 ratio "
+                         f"{a['latency_ms']['p99'] / b['latency_ms']['p99']:.2f} (lower is better)"})
+    return rows
+
+
+def main(out_dir: str) -> list[dict]:
+    """gpu-check entry point: the full run on the GPU (about 2 minutes); summary rows."""
+    if resolve_device("auto") != "cuda":
+        return [{"case": "skipped", "value": "-", "unit": "", "note": "no CUDA device"}]
+    return summary_rows(run(out_dir))
+
+
+def cli(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON")
     p.add_argument("--device", choices=("auto", "cuda", "host"), default="auto")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--requests", type=int, default=20000)
-    p.add_argument("--duration-s", type=float, default=15.0, help="timed load per mode")
-    p.add_argument("--warmup-s", type=float, default=30.0, help="warm-up cap per mode")
+    p.add_argument("--duration-s", type=float, default=12.0, help="timed load per mode")
+    p.add_argument("--warmup-s", type=float, default=25.0, help="warm-up cap per mode")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--quick", action="store_true", help="tiny model, short run (dry run)")
     args = p.parse_args(argv)
-    device = resolve_device(args.device)
-    if args.device == "auto" and device != "cuda":
+    if args.device == "auto" and resolve_device("auto") != "cuda":
         print("gpu_server: SKIP (no CUDA device; use --device host for a dry run)")
         return 0
-    shape = QUICK_SHAPE if args.quick or device == "host" else GPU_SHAPE
-    if args.quick:
-        args.duration_s, args.warmup_s = min(args.duration_s, 3.0), min(args.warmup_s, 10.0)
-    dtype = "float16" if device == "cuda" else "float32"
-    stream = make_stream(args.requests, seed=0, rate=0.0, seq_median=shape.max_seq / 8,
-                         seq_sigma=0.9, seq_max=shape.max_seq, burst_mean=4.0)
-    sampler = DeviceSampler(enabled=device == "cuda")
-    print(f"gpu_server: {device} {dtype} {shape}; sampler: {sampler.status}", flush=True)
-    results = []
-    for mode in args.modes.split(","):
-        t0 = time.perf_counter()
-        try:
-            results.append(run_mode(mode, shape, device, dtype, stream, args, sampler))
-        except Exception as exc:  # noqa: BLE001 (one mode failing still reports the others)
-            results.append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
-        print(f"  {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
-    print(table(results))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": "gpu_server", "device": device, "dtype": dtype,
-               "shape": shape.__dict__, "concurrency": args.concurrency,
-               "sampler": sampler.status, "results": results}
-    tmp = out / f".gpu_server.json.{os.getpid()}"
-    tmp.write_text(json.dumps(payload, indent=2, default=str))
-    os.replace(tmp, out / "gpu_server.json")
-    return 0 if all("error" not in r for r in results) else 1
+    payload = run(args.out, args.device, args.modes, args.requests, args.duration_s,
+                  args.warmup_s, args.concurrency, args.quick)
+    for row in summary_rows(payload):
+        print(f"{row['case']:<22} {row['value']:>8} {row['unit']:<8} {row.get('note', '')}")
+    return 0 if all("error" not in r for r in payload["results"]) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

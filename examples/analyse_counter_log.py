@@ -32,7 +32,7 @@ def record_demo_log(path: str) -> None:
     shape = BlockShape()
     model = build(shape, "adaptive", "host", "float32")
     with adaptive.counter_log(path, sample_every=1) as clog:
-        for length in (8, 40, 100, 200, 400, 700, 1000) * 3:
+        for length in (8, 60, 130, 300, 500) * 2:
             model(input_activations(shape, model.host_weights, seq_len=length, seed=length))
     print(f"recorded {clog.stats.written} launches to {path}\n")
 

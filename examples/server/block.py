@@ -19,6 +19,7 @@ and config per op (what a library without adaptation would hard-code).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import threading
@@ -28,14 +29,16 @@ import numpy as np
 import adaptive
 
 log = logging.getLogger("adaptive.example.block")
-# The fixed choice per op for --dispatch static: the variant a hand-written server would
-# call. The config is the variant's first that fits the first input (then kept); a name
-# not registered falls back, with a warning, to the op's first variant.
+# The fixed choice per op for --dispatch static: the variant (and preferred config values)
+# a hand-written server would call. Of that variant's configs that fit the first input,
+# the one matching most preferred values is kept for good; a variant not registered
+# falls back, with a warning, to the op's first candidate.
 STATIC_CHOICES = {
-    "host": {"gemm": "host_blas", "attention": "host_materialised", "softmax": "host_numpy",
-             "spmm": "host_csr"},
-    "cuda": {"gemm": "cublas", "attention": "three_pass", "softmax": "block_per_row",
-             "spmm": "cusparse_csr"},
+    "host": {"gemm": ("host_blas", {}), "attention": ("host_materialised", {}),
+             "softmax": ("host_numpy", {}), "spmm": ("host_csr", {})},
+    "cuda": {"gemm": ("cublas", {}), "attention": ("three_pass", {}),
+             "softmax": ("block_row", {"THREADS": 256, "VEC": 8, "CACHE": 0}),
+             "spmm": ("cusparse_csr", {})},
 }
 DISPATCH_MODES = ("adaptive", "static", "torch")
 
@@ -78,8 +81,9 @@ class Summary:
     time_ms: float
 
 
+@functools.lru_cache(maxsize=2)   # one model served several ways shares its weights
 def make_weights(shape: BlockShape, seed: int = 0) -> dict[str, np.ndarray]:
-    """Float32 host weights; the MLP weights block-pruned to ``shape.density``."""
+    """Float32 host weights (read-only); the MLP weights block-pruned to ``shape.density``."""
     rng = np.random.default_rng(seed)
     d, f = shape.d_model, shape.d_ff
 
@@ -99,6 +103,8 @@ def make_weights(shape: BlockShape, seed: int = 0) -> dict[str, np.ndarray]:
     for i in range(shape.layers):
         weights |= {f"{i}.w_qkv": dense(d, 3 * d), f"{i}.w_o": dense(d, d),
                     f"{i}.w_up": pruned(f, d), f"{i}.w_down": pruned(d, f)}
+    for w in weights.values():
+        w.flags.writeable = False
     return weights
 
 
@@ -156,13 +162,17 @@ class AdaptiveBlock:
         if choice is None:
             with self._static_lock:
                 pool = adaptive.candidates(name, *args, **params)
-                wanted = self.static_names.get(name) or STATIC_CHOICES[self.device][name]
-                fixed = [c for c in pool if c.variant.name == wanted] or pool[:1]
-                if fixed[0].variant.name != wanted:
+                wanted, prefer = STATIC_CHOICES[self.device][name]
+                if name in self.static_names:
+                    wanted, prefer = self.static_names[name], {}
+                fits = [c for c in pool if c.variant.name == wanted] or pool[:1]
+                if fits[0].variant.name != wanted:
                     log.warning("static dispatch: %s/%s is not registered on %s or does not "
                                 "fit; pinning %s instead (choose with --static %s=NAME)", name,
-                                wanted, self.device, fixed[0].label, name)
-                choice = self._static[name] = (fixed[0].variant.name, fixed[0].config)
+                                wanted, self.device, fits[0].label, name)
+                best = max(fits, key=lambda c: sum(c.config.get(k) == v
+                                                   for k, v in prefer.items()))
+                choice = self._static[name] = (best.variant.name, best.config)
         return choice
 
     def static_choices(self) -> dict[str, str]:

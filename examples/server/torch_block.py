@@ -28,7 +28,7 @@ class TorchBlock:
         self.host_weights = make_weights(shape, seed)
         self.w = {}
         for name, value in self.host_weights.items():
-            t = torch.from_numpy(value).to(self.device, self.dtype)
+            t = torch.from_numpy(value.copy()).to(self.device, self.dtype)   # weights are read-only
             if sparse and name.rsplit(".", 1)[-1] in ("w_up", "w_down"):
                 t = t.to_sparse_csr()
             self.w[name] = t

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -235,6 +236,7 @@ def test_torch_mode_matches_reference(weights, rng):
 
 def test_static_override_and_prometheus_metrics(rng):
     pytest.importorskip("prometheus_client")
+    from adaptive.metrics import DEVICE_GAUGES
     s = Server("static", "--static", "spmm=host_bsr", "--metrics-port", "0")
     try:
         for length in rng.integers(1, 256, 6):
@@ -250,6 +252,13 @@ def test_static_override_and_prometheus_metrics(rng):
         ops = {op for op in ("gemm", "attention", "spmm", "softmax")
                if any(f'op="{op}"' in k for k in launches)}
         assert ops == {"gemm", "attention", "spmm", "softmax"}, text[:2000]
+        exported = set(re.findall(r"^# TYPE (\w+) (\w+)", text, re.M))
+        names = {n for n, _ in exported} | {n + "_total" for n, t in exported if t == "counter"}
+        names |= {n + s for n, t in exported if t == "histogram" for s in ("_bucket", "_sum")}
+        names |= {g[0] for g in DEVICE_GAUGES.values()}          # no GPU here: no samples
+        dashboard = (SERVER_DIR / "grafana-dashboard.json").read_text()
+        used = set(re.findall(r"\b(adaptive_\w+?)(?:\{|\[|\)|\b)", dashboard))
+        assert used and used <= names, f"dashboard queries unknown metrics {used - names}"
         spmm = {k: v for k, v in launches.items() if 'op="spmm"' in k}
         assert all('variant="host_bsr"' in k for k in spmm), spmm    # the pinned variant
         assert sum(spmm.values()) >= 6 * 2 * SHAPE.layers   # two per layer per request
