@@ -229,11 +229,15 @@ def reference(shape: BlockShape, weights: dict, x: np.ndarray) -> tuple[float, n
     """The block in float64 NumPy, unpadded: (norm of the output, next-token probabilities)."""
     x = np.asarray(x, np.float64)
     w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
-    ln = lambda t: (t - t.mean(1, keepdims=True)) / np.sqrt(t.var(1, keepdims=True) + 1e-5)  # noqa: E731
     length, d, heads = x.shape[0], shape.d_model, shape.heads
     mask = np.triu(np.ones((length, length), bool), 1)
+
+    def ln(t):
+        return (t - t.mean(1, keepdims=True)) / np.sqrt(t.var(1, keepdims=True) + 1e-5)
+
     for i in range(shape.layers):
-        q, k, v = (ln(x) @ w[f"{i}.w_qkv"]).reshape(length, 3, heads, d // heads).transpose(1, 2, 0, 3)
+        qkv = (ln(x) @ w[f"{i}.w_qkv"]).reshape(length, 3, heads, d // heads)
+        q, k, v = qkv.transpose(1, 2, 0, 3)
         s = np.where(mask, -np.inf, q @ k.transpose(0, 2, 1) / math.sqrt(d // heads))
         p = np.exp(s - s.max(-1, keepdims=True))
         a = (p / p.sum(-1, keepdims=True)) @ v                      # [H, L, Dh]
