@@ -9,7 +9,7 @@ from __future__ import annotations
 from adaptive.regen.chat import ChatGenerator, OpenAIGenerator, Reply, TransformersGenerator
 from adaptive.regen.loop import LoopResult, pick_winner, promote, run_loop
 from adaptive.regen.parametric import Generator, Parametric
-from adaptive.regen.regenerator import Regenerator
+from adaptive.regen.regenerator import Regenerator, disable, enable
 from adaptive.regen.report import Check, Outcome, Stage, VerifyReport
 from adaptive.regen.request import Attempt, Budget, Proposal, Request
 from adaptive.regen.source import variant_from_source, verify
@@ -28,8 +28,10 @@ def make_generator(name: str, registry=None, **kwargs) -> Generator:
     return GENERATORS[name](**kwargs)
 
 
-__all__ = ["Attempt", "Budget", "ChatGenerator", "Check", "GENERATORS", "Generator", "Job",
-           "LoopResult", "OpenAIGenerator", "Outcome", "Parametric", "Proposal", "Regenerator",
-           "Reply", "Request", "Stage", "TransformersGenerator", "Verifier", "VerifyReport",
-           "make_generator", "pick_winner", "promote", "run_loop", "static_check",
-           "variant_from_source", "verify"]
+__all__ = [
+    "Attempt", "Budget", "ChatGenerator", "Check", "GENERATORS", "Generator", "Job",
+    "LoopResult", "OpenAIGenerator", "Outcome", "Parametric", "Proposal", "Regenerator",
+    "Reply", "Request", "Stage", "TransformersGenerator", "Verifier", "VerifyReport",
+    "disable", "enable", "make_generator", "pick_winner", "promote", "run_loop",
+    "static_check", "variant_from_source", "verify",
+]

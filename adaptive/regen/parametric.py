@@ -104,11 +104,13 @@ class Parametric:
         if len(tried) >= self.max_points or not templates:
             return []
         centres = self._centres(request, history, templates)
+        per_centre = max(1, limit // 2)     # spread each round over several families
         out: list[Proposal] = []
         for template, config, note_base in centres:
+            taken = 0
             known_values = dict(template.space.params)
             known = self._known(request, template)
-            for width in (1, 2):
+            for width in (1, 2):            # single-knob moves first; pairs when they ran out
                 for names in itertools.combinations(sorted(config), width):
                     for values in itertools.product(*(_neighbours(config[n], known_values[n])
                                                       for n in names)):
@@ -124,31 +126,40 @@ class Parametric:
                                 "generator": self.name, "template": template.id,
                                 "mutation": f"{note_base}: {change}"})
                         out.append(Proposal(variant, new, self.name, f"{note_base}: {change}"))
+                        taken += 1
                         if len(out) >= limit:
                             return out
-                if out:
-                    break               # single-knob moves first; pairs only when they ran out
-            if out:
-                return out
+                        if taken >= per_centre:
+                            break
+                    if taken >= per_centre:
+                        break
+                if taken:
+                    break
         return out
 
     def _centres(self, request, history, templates) -> list[tuple[Variant, dict, str]]:
-        """Configs to mutate around, best first: verified winners, the current best, each
-        template's manifest configs."""
+        """Configs to mutate around: the best verified winner, the current best, one point
+        of every other template, then the other winners and manifest points."""
         by_id = {t.id: t for t in templates}
-        out = []
+        winners = []
         accepted = sorted((a for a in history if a.report.ok and a.report.speedup > 1.0),
                           key=lambda a: -a.report.speedup)     # beat the best beside them
         for a in accepted:
             t = by_id.get(a.proposal.variant.provenance.get("template"))
             if t is not None:
-                out.append((t, dict(a.proposal.config), f"around {a.proposal.label}"))
+                winners.append((t, dict(a.proposal.config), f"around {a.proposal.label}"))
+        first, rest = winners[:1], winners[1:]
         if request.best is not None:
             bv = request.best.variant
             t = by_id.get(bv.provenance.get("template", bv.id))
             if t is not None:
-                out.append((t, request.best.config, f"around the current best {request.best.label}"))
-        for t in templates:
-            for c in t.space.configs(request.limits):
-                out.append((t, c, f"around {t.name} manifest point"))
-        return out
+                first.append((t, request.best.config,
+                              f"around the current best {request.best.label}"))
+        points = [(t, c, f"around {t.name} manifest point")
+                  for t in templates for c in t.space.configs(request.limits)]
+        heads, seen = [], {t.id for t, _, _ in first}
+        for p in points:
+            if p[0].id not in seen:
+                seen.add(p[0].id)
+                heads.append(p)
+        return first + heads + rest + points

@@ -54,7 +54,7 @@ def build_prompt(request: Request, template: Variant, history: Sequence[Attempt]
              "for the input class below."]
     contract = convention(op.name) if lang == "cuda" else python_contract(op, template)
     parts.append("## Contract (calling convention; a candidate must follow it exactly)\n"
-                 + (contract or f"Same kernel signature as the current best below."))
+                 + (contract or "Same kernel signature as the current best below."))
     try:
         ref = inspect.getsource(type(op).reference)
     except (OSError, TypeError):

@@ -228,3 +228,74 @@ class Regenerator:
             self._stats.pop(request.key, None)
         if self.on_result is not None:
             self.on_result(result)
+
+
+# ---- the process-wide service (``ADAPTIVE_REGEN`` or adaptive.regen.enable()) -----------------
+
+_service: Regenerator | None = None
+_service_lock = threading.Lock()
+
+
+def enable(generator: Generator | str | None = None, **kwargs) -> Regenerator:
+    """Regenerate in the background for every dispatcher on the shared registry, now and
+    later; winners are promoted into the shared registry. Idempotent.
+
+    Args:
+        generator: a generator or its name ("parametric", "hf", "openai"); default
+            ``ADAPTIVE_REGEN`` (parametric when that is "off").
+        **kwargs: passed to :class:`Regenerator` (threshold, budget, verifier, ...).
+    """
+    global _service
+    from adaptive import config, dispatch
+    with _service_lock:
+        if _service is None:
+            registry = dispatch.shared_registry()
+            if generator is None or isinstance(generator, str):
+                from adaptive.regen import make_generator
+                name = generator or config.get().regen_generator
+                generator = make_generator("parametric" if name == "off" else name, registry)
+            service = Regenerator(generator=generator, registry=registry, **kwargs)
+            for d in dispatch.live_dispatchers():
+                if d.registry is registry:
+                    service.attach(d)
+            dispatch.new_dispatcher_hooks.append(_attach_new)
+            _service = service.start()
+    return _service
+
+
+def disable() -> None:
+    """Stop the background service (after its loop in progress) and detach it."""
+    global _service
+    from adaptive import dispatch
+    with _service_lock:
+        service, _service = _service, None
+    if service is None:
+        return
+    if _attach_new in dispatch.new_dispatcher_hooks:
+        dispatch.new_dispatcher_hooks.remove(_attach_new)
+    for d in dispatch.live_dispatchers():
+        d.listeners[:] = [x for x in d.listeners if not (isinstance(x, _Listener)
+                                                         and x.inbox is service._inbox)]
+    service.stop()
+
+
+def _attach_new(d) -> None:
+    service = _service
+    if service is not None and d.registry is service.registry:
+        service.attach(d)
+
+
+def _from_environment(d) -> None:
+    """A new-dispatcher hook: start the service when ``ADAPTIVE_REGEN`` asks for it."""
+    from adaptive import config
+    if _service is None and config.get().regen_generator != "off":
+        enable()
+
+
+def _install_hook() -> None:
+    from adaptive import dispatch
+    if _from_environment not in dispatch.new_dispatcher_hooks:
+        dispatch.new_dispatcher_hooks.append(_from_environment)
+
+
+_install_hook()

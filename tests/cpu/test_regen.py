@@ -138,7 +138,8 @@ def test_listener_does_no_work_on_the_calling_thread():
 
 def test_extract_code_from_r1_style_replies():
     code = "def f(x, out):\n    out[...] = x\n"
-    r1 = f"reasoning ```python\ndef f(x, out): pass\n``` more\n</think>\nHere:\n```python\n{code}```"
+    r1 = ("reasoning ```python\ndef f(x, out): pass\n``` more\n</think>\nHere:\n"
+          f"```python\n{code}```")
     assert extract_code(r1, "f") == (code, "fenced block defining the entry")
     two = f"```python\nimport numpy\n```\n```python\n{code}```\n```text\nnotes\n```"
     assert extract_code(two, "f")[0] == code
@@ -280,3 +281,24 @@ def test_regen_cli_runs_one_loop(capsys):
     out = capsys.readouterr().out
     assert "current best" in out and "[  2/2]" in out and "2 candidates" in out
     assert cli.main(["regen", "--op", "softmax", "--shape", "R=6,X=2"]) == 2
+
+
+def test_environment_starts_the_service_for_new_dispatchers():
+    from adaptive import config, regen
+
+    def ours(d, service):
+        return [x for x in d.listeners if getattr(x, "inbox", None) is service._inbox]
+
+    with config.override(regen_generator="parametric", regen_interval_s=3600.0):
+        try:
+            d = Dispatcher("host")
+            service = regen.enable()             # idempotent: the one the hook started
+            assert isinstance(service.generator, Parametric)
+            assert len(ours(d, service)) == 1 and service.registry is d.registry
+            assert regen.enable() is service
+        finally:
+            regen.disable()
+    assert ours(d, service) == []
+    with config.override(regen_generator="off"):
+        assert not any(getattr(x, "inbox", None) is not None for x in
+                       Dispatcher("host").listeners)

@@ -6,14 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import textwrap
 
-import numpy as np
 import pytest
 
 import adaptive
 from adaptive import cli
-from adaptive.regen import Job, Outcome, Stage, Verifier, static_check, verify
+from adaptive.regen import Job, Outcome, Stage, Verifier, static_check
 from adaptive.regen.shapes import edge_shapes, parse_dims
 from adaptive.variants import Variant, default_registry, make_candidate
 
