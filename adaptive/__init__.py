@@ -24,6 +24,7 @@ from adaptive.explain import Explanation, explain
 from adaptive.learned import Learned
 from adaptive.policy import Decision, MeasureEach
 from adaptive.variants import Candidate, Registry, Variant, load_folder
+from adaptive.regen.source import verify
 
 __version__ = "0.1.0"
 
@@ -48,4 +49,5 @@ __all__ = [
     "LoadReport", "PackError", "load_pack",
     "load_folder", "reset_defaults", "serve_metrics", "shared_registry",
     "Explanation", "Learned", "explain",
+    "verify",
 ]
