@@ -104,6 +104,7 @@ def _check_length(length: int, shape: BlockShape) -> int:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"       # keep-alive: the load generator reuses connections
+    timeout = 60                        # seconds; a client that stalls mid-request is dropped
     server: InferenceServer
 
     def setup(self):
@@ -112,17 +113,19 @@ class Handler(BaseHTTPRequestHandler):
         # client's delayed ACK add ~40 ms to every keep-alive response
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def _reply(self, status: int, payload: dict) -> None:
+    def _reply(self, status: int, payload: dict, headers: dict | None = None) -> None:
         body = json.dumps(payload).encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def _error(self, status: HTTPStatus, message: str) -> None:
+    def _error(self, status: HTTPStatus, message: str, headers: dict | None = None) -> None:
         self.server.count("errors_4xx" if status < 500 else "errors_5xx")
-        self._reply(status, {"error": message, "status": int(status)})
+        self._reply(status, {"error": message, "status": int(status)}, headers)
 
     def send_error(self, code, message=None, explain=None):
         # http.server's own rejections (bad request line, oversized headers) in JSON too
@@ -177,7 +180,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_PUT(self):
         self._drain()
         self._error(HTTPStatus.METHOD_NOT_ALLOWED, f"{self.command} is not supported; "
-                    "use POST /infer")
+                    "use POST /infer", {"Allow": "GET, POST"})
 
     do_DELETE = do_PATCH = do_PUT
 
