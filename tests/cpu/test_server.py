@@ -296,3 +296,20 @@ def test_examples_run(script, args, expect, tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert expect in proc.stdout
+
+
+def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu_server
+    payload = gpu_server.run(str(tmp_path), device="host", requests=300, duration_s=1.0,
+                             warmup_s=5.0, concurrency=2, quick=True)
+    assert [r["mode"] for r in payload["results"]] == ["adaptive", "static", "torch"]
+    assert all("error" not in r for r in payload["results"]), payload["results"]
+    assert json.loads((tmp_path / "gpu_server.json").read_text())["device"] == "host"
+    rows = gpu_server.summary_rows(payload)
+    assert [r["case"] for r in rows] == ["adaptive throughput", "static throughput",
+                                         "torch throughput", "adaptive / static",
+                                         "adaptive / torch"]
+    assert all(float(r["value"]) > 0 and r["unit"] for r in rows)
+    assert gpu_server.main(str(tmp_path))[0]["case"] == "skipped"     # no GPU here
