@@ -29,6 +29,7 @@ import numpy as np
 import adaptive
 
 log = logging.getLogger("adaptive.example.block")
+
 # The fixed choice per op for --dispatch static: the variant (and preferred config values)
 # a hand-written server would call. Of that variant's configs that fit the first input,
 # the one matching most preferred values is kept for good; a variant not registered
