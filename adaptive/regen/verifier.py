@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -46,7 +47,8 @@ class Job:
         d = {"variant": self.variant.to_dict(), "config": dict(self.config),
              "dims": dict(self.dims), "dtype": self.dtype, "params": dict(self.params),
              "stats": dict(self.stats), "seeds": verifier.seeds, "reps": verifier.reps,
-             "timing_s": verifier.timing_s, "cache_dir": verifier.cache_dir}
+             "timing_s": verifier.timing_s, "cache_dir": verifier.cache_dir,
+             "seed0": verifier.seed if verifier.seed is not None else secrets.randbelow(10**6)}
         if self.baseline is not None:
             d["baseline"] = {"variant": self.baseline.variant.to_dict(),
                              "config": self.baseline.config}
@@ -81,11 +83,13 @@ class Verifier:
         sanitize: run accepted CUDA candidates under compute-sanitizer memcheck and
             racecheck: "auto" (where installed and a GPU is present), "on" or "off".
         cache_dir: kernel cache for NVRTC output (default ``ADAPTIVE_CACHE_DIR``).
+        seed: base of the input seeds (None: fresh per candidate; each check's seed is in
+            the report, so a failure reproduces).
     """
 
     def __init__(self, timeout_s: float | None = None, seeds: int = 5, reps: int = 10,
                  timing_s: float = 3.0, sanitize: str = "auto", cache_dir: str | None = None,
-                 python: str = sys.executable):
+                 seed: int | None = None, python: str = sys.executable):
         from adaptive import config
         if seeds < 5:
             raise ValueError(f"seeds={seeds}: the verifier needs at least 5 seeds")
@@ -93,7 +97,7 @@ class Verifier:
             raise ValueError(f"sanitize={sanitize!r}: expected 'auto', 'on' or 'off'")
         self.timeout_s = float(timeout_s or config.get().verify_timeout_s)
         self.seeds, self.reps, self.timing_s = seeds, reps, timing_s
-        self.sanitize, self.python = sanitize, python
+        self.sanitize, self.python, self.seed = sanitize, python, seed
         self.cache_dir = cache_dir or config.get().cache_dir
 
     # ---- public ----------------------------------------------------------------------------

@@ -273,7 +273,9 @@ def verify_job(job: dict) -> VerifyReport:
         return VerifyReport(outcome=Outcome.COMPILED_ONLY, executed=False,
                             notes=("no GPU on this machine: compiled with NVRTC only",),
                             wall_s=time.perf_counter() - t0, device="none", **base)
-    backend = get_backend(variant.backend)
+    from adaptive import config as cfg
+    with cfg.override(cache_dir=job.get("cache_dir") or cfg.get().cache_dir):
+        backend = get_backend(variant.backend)     # loads the cubin compiled above
     runner = Runner(backend, op, make_candidate(variant, config))
     checks, skipped = check_correctness(runner, variant, config, job)
     if not job.get("timing", True):
