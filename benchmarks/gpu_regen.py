@@ -29,12 +29,12 @@ BUDGET_S = 75.0
 CANDIDATES = 20
 
 
-def _time_all(d, timer, op_name, x, out):
+def _time_all(d, timer, op_name, x, out, backend):
     """[(median_ms, variant, config)] for every candidate that fits, best first."""
     from adaptive.ops.base import DTYPE_BYTES
     scope = {**DIMS, "dtype": DTYPE, "itemsize": DTYPE_BYTES[DTYPE]}
     quick = []
-    for v in d.registry.variants(op_name, "cuda"):
+    for v in d.registry.variants(op_name, backend):
         for c in v.space.configs(d.limits):
             if not v.fits(scope, c):
                 continue
@@ -70,24 +70,46 @@ def _stripped(timed, best_ms):
     return Registry(variants), keep[0][0]
 
 
-def main(out_dir: str) -> list[dict]:
-    import cupy as cp
+class _HostTimer:
+    """The CUDA-event Timer's interface on the host (for a dry run without a GPU)."""
 
+    def time_ms(self, fn, warmup: int = 3, reps: int = 20) -> dict:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append((time.perf_counter_ns() - t0) / 1e6)
+        return {"median_ms": float(np.median(times))}
+
+
+def main(out_dir: str, backend: str = "cuda", dims: dict | None = None) -> list[dict]:
+    """The benchmark (``backend="host"`` with small ``dims`` is a dry run of the logic)."""
     from adaptive import Dispatcher, config
     from adaptive.observation import floor_ms
     from adaptive.ops import get_op
     from adaptive.policy import MeasureEach
     from adaptive.regen import Budget, Parametric, Regenerator, Verifier
-    from benchmarks.timing import Timer
 
+    global DIMS, DTYPE
+    DIMS = dict(dims or DIMS)
     t_start = time.perf_counter()
     op = get_op("softmax")
-    x = cp.asarray(op.make_inputs(DIMS, DTYPE, np.random.default_rng(0))[0])
-    out = cp.empty_like(x)
+    x = op.make_inputs(DIMS, DTYPE, np.random.default_rng(0))[0]
     with config.override(sample_every=0):
-        full = Dispatcher("cuda", policy=MeasureEach())
-    timer = Timer(cp, full.limits["l2_bytes"])
-    timed = _time_all(full, timer, "softmax", x, out)
+        full = Dispatcher(backend, policy=MeasureEach())
+    if backend == "cuda":
+        import cupy as cp
+
+        from benchmarks.timing import Timer
+        x = cp.asarray(x)
+        timer = Timer(cp, full.limits["l2_bytes"])
+        sync = cp.cuda.runtime.deviceSynchronize
+    else:
+        timer, sync = _HostTimer(), (lambda: None)
+    out = full.backend.empty(x.shape, DTYPE)
+    timed = _time_all(full, timer, "softmax", x, out, backend)
     best_ms, best_v, best_c = timed[0]
     problem = op.problem((x,), {})
     floor = floor_ms(*op.roofline(problem), full.backend.peaks(), DTYPE)
@@ -96,18 +118,18 @@ def main(out_dir: str) -> list[dict]:
     n_stripped = len(registry)
 
     with config.override(sample_every=0):
-        d = Dispatcher("cuda", policy=MeasureEach(), registry=registry)
+        d = Dispatcher(backend, policy=MeasureEach(), registry=registry)
     d.launch("softmax", x, out=out)
     served_before = timer.time_ms(lambda: d.launch("softmax", x, out=out))["median_ms"]
     regen = Regenerator(generator=Parametric(registry), registry=registry,
                         verifier=Verifier(timeout_s=60, sanitize="off", reps=20),
                         threshold=threshold, min_samples=5, interval_s=0.0,
-                        budget=Budget(wall_s=BUDGET_S, candidates=CANDIDATES))
+                        budget=Budget(wall_s=BUDGET_S, candidates=CANDIDATES), batch=6)
     regen.attach(d).start()
     d.sample_every = 1
     for _ in range(8):
         d.launch("softmax", x, out=out)
-    cp.cuda.runtime.deviceSynchronize()
+    sync()
     regen.wait_idle(BUDGET_S + 60)
     regen.stop()
     d.sample_every = 0

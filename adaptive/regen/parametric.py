@@ -42,17 +42,22 @@ def derived_variant(template: Variant, config: Mapping, suffix: str, **changes) 
 
 
 def _neighbours(value, known: Sequence) -> list:
-    """Other values for one knob: the manifest's values and powers of two around ``value``."""
+    """Other values for one knob: powers of two around ``value`` (0 and 1 reach each other,
+    so flags flip), then the manifest's values, nearest first."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return [v for v in known if v != value]
-    half = (lambda v, d: v // d) if isinstance(value, int) else (lambda v, d: v / d)
-    near = [value * 2, half(value, 2), value * 4, half(value, 4)]
-    if isinstance(value, int) and value > 2 and not (value & (value - 1)) == 0:
-        near += [1 << (value.bit_length() - 1), 1 << value.bit_length()]
+    if isinstance(value, int):
+        near = [value * 2, value // 2, value * 4, value // 4]
+        near = [v for v in near if v > 0] + ([1] if value == 0 else []) + \
+            ([0] if value == 1 else [])
+        if value > 2 and value & (value - 1):
+            near += [1 << (value.bit_length() - 1), 1 << value.bit_length()]
+    else:
+        near = [value * 2, value / 2, value * 4, value / 4]
+    by_distance = sorted(known, key=lambda k: abs(math.log2((abs(k) + 1) / (abs(value) + 1))))
     out = []
-    for v in [*near, *sorted(known, key=lambda k: abs(math.log2(max(k, 1e-9) / max(value,
-                                                                                    1e-9))))]:
-        if v and v != value and v not in out:
+    for v in [*near, *by_distance]:
+        if v != value and v not in out:
             out.append(v)
     return out
 
@@ -104,9 +109,10 @@ class Parametric:
         if len(tried) >= self.max_points or not templates:
             return []
         centres = self._centres(request, history, templates)
-        per_centre = max(1, limit // 2)     # spread each round over several families
         out: list[Proposal] = []
-        for template, config, note_base in centres:
+        for rank, (template, config, note_base) in enumerate(centres):
+            # half a round around the best centre, then one move around each of the others
+            per_centre = max(1, limit // 2) if rank == 0 else 1
             taken = 0
             known_values = dict(template.space.params)
             known = self._known(request, template)

@@ -65,6 +65,7 @@ class Regenerator:
         interval_s: least time between two requests (``ADAPTIVE_REGEN_INTERVAL_S``).
         budget: per request (default from ``ADAPTIVE_REGEN_BUDGET_S`` / ``_CANDIDATES``).
         on_result: called on the worker thread with each :class:`LoopResult`.
+        batch: candidates verified per worker process in one round of a loop.
 
     Example:
         >>> regen = Regenerator().attach(dispatcher).start()
@@ -77,7 +78,8 @@ class Regenerator:
                  min_samples: int | None = None, interval_s: float | None = None,
                  budget: Budget | None = None,
                  on_result: Callable[[LoopResult], None] | None = None,
-                 max_pending: int = 8, clock: Callable[[], float] = time.monotonic):
+                 max_pending: int = 8, batch: int = 4,
+                 clock: Callable[[], float] = time.monotonic):
         from adaptive import config
         c = config.get()
         self.threshold = c.regen_threshold if threshold is None else threshold
@@ -85,7 +87,7 @@ class Regenerator:
         self.interval_s = c.regen_interval_s if interval_s is None else interval_s
         self.budget = budget or Budget.from_config()
         self.generator, self.registry, self.verifier = generator, registry, verifier
-        self.on_result = on_result
+        self.on_result, self.batch = on_result, batch
         self.results: list[LoopResult] = []
         self.requests: list[Request] = []
         self._clock = clock
@@ -220,7 +222,8 @@ class Regenerator:
         from adaptive.regen.parametric import Parametric
         generator = self.generator or Parametric(self.registry)
         log.info("regenerating %s: %s", request.label, request.reason)
-        result = run_loop(request, generator, self.verifier, self.budget, self.registry)
+        result = run_loop(request, generator, self.verifier, self.budget, self.registry,
+                          batch=self.batch)
         log.info("%s", result.summary())
         self.results.append(result)
         if result.promoted is not None:

@@ -87,6 +87,9 @@ def test_parametric_proposes_new_points_not_the_known_ones():
     assert 64 in rows and 16 in rows                         # neighbours of the best
     assert all(p.variant.space.configs({"cpu_count": 2}) == [p.config] for p in proposals)
     assert len({p.variant.name for p in proposals}) == len(proposals)
+    from adaptive.regen.parametric import _neighbours
+    assert 1 in _neighbours(0, [0]) and 0 in _neighbours(1, [1])      # flags flip
+    assert 2048 in _neighbours(1024, [1024]) and 3 not in _neighbours(4, [4])
     # respects requires (rows < R) and finishes
     small = _request(reg, dims={"R": 40, "C": 8}, rows=32)
     assert all(p.config["rows"] < 40 for p in gen.propose(small, [], 16))
