@@ -92,7 +92,7 @@ def main(out_dir: str, backend: str = "cuda", dims: dict | None = None) -> list[
     from adaptive.policy import MeasureEach
     from adaptive.regen import Budget, Parametric, Regenerator, Verifier
 
-    global DIMS, DTYPE
+    global DIMS
     DIMS = dict(dims or DIMS)
     t_start = time.perf_counter()
     op = get_op("softmax")
