@@ -2,7 +2,7 @@
 
 Measures the current best for the input class on this machine's backend (the
 dispatcher's own choice), then runs generate → verify → feedback within the budget and
-prints each verdict as it comes. ``--promote-to FILE`` writes the winner as JSON.
+prints each verdict as it comes. ``--pack FILE`` writes the winner as a variant pack.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", type=int, help="candidate budget")
     parser.add_argument("--budget-s", type=float, help="wall-time budget in seconds")
     parser.add_argument("--timeout", type=float, help="verifier limit per candidate (s)")
-    parser.add_argument("--write", metavar="FILE", help="write the winner (variant + report) "
-                        "as JSON")
+    parser.add_argument("--pack", metavar="FILE", help="write the winner (variant, verifier "
+                        "report, timing) as a variant pack")
     parser.add_argument("--json", action="store_true", help="print the loop's result as JSON")
 
 
@@ -92,10 +92,9 @@ def run(args: argparse.Namespace) -> int:
     result = run_loop(request, generator, Verifier(timeout_s=args.timeout), budget, registry,
                       progress=progress)
     print(result.summary())
-    if args.write and result.promoted is not None:
-        from pathlib import Path
-        Path(args.write).write_text(json.dumps(result.promoted.to_dict(), indent=2))
-        print(f"wrote {args.write}")
+    if args.pack and result.promoted is not None:
+        from adaptive.regen.loop import write_pack
+        print(f"wrote {args.pack} (sha256 {write_pack(result, args.pack)[:12]})")
     if args.json:
         print(json.dumps({"summary": result.summary(), "stopped": result.stopped,
                           "wall_s": result.wall_s,

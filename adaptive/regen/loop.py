@@ -117,3 +117,22 @@ def run_loop(request: Request, generator: Generator, verifier: Verifier | None =
     promoted = promote(registry, request, winner) if winner and registry is not None else None
     return LoopResult(request, tuple(attempts), winner, promoted, stopped,
                       time.monotonic() - t0)
+
+
+def write_pack(result: LoopResult, path: str) -> str:
+    """Write the promoted variant (its verifier report in the provenance) and its verified
+    timing as a variant pack (:mod:`adaptive.pack`); returns the pack's sha256."""
+    from adaptive.observation import Observation
+    from adaptive.pack import current_fingerprint, new_pack
+    from adaptive.pack import write_pack as write
+    if result.promoted is None or result.winner is None:
+        raise ValueError(f"nothing to pack: {result.summary()}")
+    r, req = result.winner.report, result.request
+    row = Observation(op=req.op, dims=dict(req.dims), dtype=req.dtype,
+                      variant=result.promoted.name, config=dict(result.winner.proposal.config),
+                      time_ms=r.time_ms, floor_ms=req.floor_ms, features=dict(req.features),
+                      samples=len(r.samples_ms), timestamp_s=time.time(), source="regen")
+    fingerprint = current_fingerprint(req.backend) or {"backend": req.backend}
+    pack = new_pack([result.promoted], [row], fingerprint,
+                    build={"regen": result.summary()})
+    return write(pack, path)

@@ -43,7 +43,7 @@ def _request(reg: Registry, dims=None, rows=1) -> Request:
 
 # ---- the loop with the parametric generator, triggered from sampled launches --------------
 
-def test_trigger_parametric_loop_promotes_and_dispatcher_reranks(rng):
+def test_trigger_parametric_loop_promotes_and_dispatcher_reranks(rng, tmp_path):
     reg = _stripped_registry()
     d = Dispatcher("host", registry=reg)
     d.sample_every = 1
@@ -71,6 +71,14 @@ def test_trigger_parametric_loop_promotes_and_dispatcher_reranks(rng):
     assert winner.provenance["request"]["best"] == "host_blocked[rows=1]"
     assert reg.get("softmax", winner.name) is winner
     assert winner.to_dict()["provenance"]["verifier"]["checks"]     # ready for a pack
+    from adaptive.pack import read_pack
+    from adaptive.regen.loop import write_pack
+    path = tmp_path / "regen.msgpack"
+    write_pack(result, str(path))
+    (packed,) = read_pack(path).variants
+    assert packed.name == winner.name and packed.source == winner.source
+    assert packed.provenance["verifier"]["outcome"] == "accepted"
+    assert read_pack(path).rows[0].time_ms == result.winner.report.time_ms
     # the dispatcher re-ranked on its next launch and serves the promoted variant
     np.testing.assert_allclose(d.launch("softmax", x), ref, rtol=1e-5, atol=1e-7)
     assert d.decision("softmax", x).candidate.variant.name == winner.name

@@ -77,6 +77,15 @@ def softmax_blocked(x, out, rows):
     e = np.exp(x - x.max(axis=1, keepdims=True))
     out[...] = e / e[:, :full].sum(axis=1, keepdims=True)
 """),
+    # one wrong element among thousands: under the norm-wise tolerance, not element-wise
+    "one_wrong_element": (Stage.WRONG, """
+def softmax_blocked(x, out, rows):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    out[...] = e / e.sum(axis=1, keepdims=True)
+    rms = np.sqrt(np.mean(out.astype(np.float64) ** 2))
+    small = np.where(np.abs(out) > 0.15 * rms, np.abs(out), np.inf)
+    out.flat[np.argmin(small)] += 1e-3 * rms
+"""),
     "hangs": (Stage.TIMEOUT, """
 def softmax_blocked(x, out, rows):
     while True:
@@ -140,6 +149,7 @@ def test_rejection_details_say_what_happened(planted_reports):
     assert "killed" in planted_reports["hangs"].detail
     assert "IndexError: tile index out of range" in planted_reports["raises"].detail
     assert "line 3" in planted_reports["syntax_error"].detail
+    assert planted_reports["one_wrong_element"].detail.startswith("element-wise")
     assert "defines no function 'softmax_blocked'" in planted_reports["no_entry"].detail
     # the odd-size bug shows at an edge shape, not at the target
     assert str(DIMS) not in planted_reports["wrong_on_odd_sizes"].detail
