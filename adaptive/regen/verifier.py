@@ -29,6 +29,7 @@ from adaptive.variants import Candidate, Variant
 STARTUP_S = 30.0          # imports and CUDA context before the first job starts
 POLL_S = 0.02
 SANITIZER_EXIT = 97
+SANITIZER_MIN_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Verifier:
 
     # ---- the worker process ----------------------------------------------------------------
     def _run(self, dicts: list[dict], reports: dict, prefix: tuple[str, ...],
-             timeout_scale: float = 1.0) -> str:
+             limit_s: float | None = None) -> str:
         """Run every job without a report; restart the worker after a crash or a hang."""
         output = ""
         with tempfile.TemporaryDirectory(prefix="adaptive-verify-") as tmp:
@@ -136,11 +137,11 @@ class Verifier:
                 jobs_path.write_text(json.dumps(todo))
                 results_path.write_text("")
                 output = self._one_worker(dicts, reports, prefix, jobs_path, results_path,
-                                          log_path, timeout_scale)
+                                          log_path, limit_s or self.timeout_s)
         return output
 
     def _one_worker(self, dicts, reports, prefix, jobs_path, results_path, log_path,
-                    timeout_scale) -> str:
+                    limit: float) -> str:
         cmd = [*prefix, self.python, "-m", "adaptive.regen.worker", str(jobs_path),
                str(results_path)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -148,7 +149,6 @@ class Verifier:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         running, started_at = None, time.monotonic()
-        limit = self.timeout_s * timeout_scale
         seen = 0
         timed_out = False
         while True:
@@ -211,7 +211,8 @@ class Verifier:
             prefix = ("compute-sanitizer", "--tool", tool, "--error-exitcode",
                       str(SANITIZER_EXIT), "--print-limit", "20")
             reports: dict = {}
-            text = self._run([small], reports, prefix, timeout_scale=20.0)
+            text = self._run([small], reports, prefix,   # the sanitizer is slow to start
+                             limit_s=max(SANITIZER_MIN_S, 5 * self.timeout_s))
             got = reports.get(0)
             if got is not None and got.stage is Stage.CRASH and f"code {SANITIZER_EXIT}" in \
                     got.detail:

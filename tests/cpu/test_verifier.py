@@ -273,3 +273,14 @@ def test_cuda_candidate_is_compiled_only_without_gpu(tmp_path):
     assert good.resources.get("registers", 0) > 0, good.resources
     assert bad.stage is Stage.COMPILE and "error" in bad.detail
     assert os.listdir(tmp_path)                       # the cubin went to the given cache
+
+
+def test_target_excluded_by_requires_is_checked_at_edges_but_not_timed(template):
+    from adaptive.expr import compile_expr
+    v = dataclasses.replace(_variant(template, "short_rows", GOOD),
+                            requires=(compile_expr("R < 40"),))
+    r = Verifier(timeout_s=20).verify(Job(v, {"rows": 8}, DIMS))
+    assert r.ok, r.detail
+    assert any(s.startswith("target ") for s in r.skipped_shapes)
+    assert all(c.dims["R"] < 40 for c in r.checks) and len(r.checks) >= 5
+    assert r.time_ms == float("inf") and "not timed" in r.notes[0]
