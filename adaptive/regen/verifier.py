@@ -153,17 +153,19 @@ class Verifier:
         timed_out = False
         while True:
             done = proc.poll() is not None
-            lines = results_path.read_text().splitlines()
-            for line in lines[seen:]:
-                if not line.endswith("}"):
-                    break                                   # half-written: read it next time
-                record = json.loads(line)
-                seen += 1
-                if "start" in record:
-                    running, started_at = record["start"], time.monotonic()
-                else:
-                    reports[record["index"]] = VerifyReport.from_dict(record["report"])
-                    running = None
+            lines = results_path.read_text().split("\n")[:-1]   # complete lines only
+            try:
+                for line in lines[seen:]:
+                    record = json.loads(line)
+                    seen += 1
+                    if "start" in record:
+                        running, started_at = record["start"], time.monotonic()
+                    else:
+                        reports[record["index"]] = VerifyReport.from_dict(record["report"])
+                        running = None
+            except (ValueError, KeyError, TypeError):   # the candidate wrote into our stream
+                _kill(proc)
+                break
             if done:
                 break
             waited = time.monotonic() - started_at
