@@ -72,7 +72,7 @@ class SparseWeight:
         self._sig = (SparseWeight, self.shape, dtype, device, _bucket(self.density),
                      _bucket(self.block_density[32]))
         self._formats: dict = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a format may be built from another (bsr from csr)
 
     def _block_density(self, b: int) -> float:
         csr = self._host_csr
