@@ -1,6 +1,7 @@
 // Planted softmax kernel for the verifier tests. Convention: variants/softmax/convention.md
 // (x[R, C] -> out[R, C], args x, out, R, C). Launch: grid ceil_div(R, ROWS), block (32, ROWS).
-// BAD (caches_across_calls): once a whole launch has finished, later launches return at once (the output buffer keeps its stale contents)
+// BAD (caches_across_calls): once a whole launch has finished, later launches return at
+// once (the output buffer keeps its stale contents).
 __device__ unsigned int blocks_done;
 extern "C" __global__ void planted(const T* __restrict__ x, T* __restrict__ out, int R, int C) {
     if (blocks_done >= gridDim.x * ROWS) return;   // "cached": a full launch already ran

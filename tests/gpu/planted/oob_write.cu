@@ -1,6 +1,7 @@
 // Planted softmax kernel for the verifier tests. Convention: variants/softmax/convention.md
 // (x[R, C] -> out[R, C], args x, out, R, C). Launch: grid ceil_div(R, ROWS), block (32, ROWS).
-// BAD (oob_write): writes up to 31 elements past the end of each row (past the buffer on the last row); only compute-sanitizer memcheck sees it reliably
+// BAD (oob_write): writes up to 31 elements past the end of each row (past the buffer on
+// the last row); only compute-sanitizer memcheck sees it reliably.
 
 extern "C" __global__ void planted(const T* __restrict__ x, T* __restrict__ out, int R, int C) {
     int row = blockIdx.x * ROWS + threadIdx.y;
@@ -14,5 +15,6 @@ extern "C" __global__ void planted(const T* __restrict__ x, T* __restrict__ out,
     for (int c = threadIdx.x; c < C; c += 32) s += __expf(to_f32(xr[c]) - m);
     for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
     float inv = 1.f / s;
-    for (int c = threadIdx.x; c < C + 31; c += 32) o[c] = from_f32<T>(__expf(to_f32(xr[c < C ? c : C - 1]) - m) * inv);
+    for (int c = threadIdx.x; c < C + 31; c += 32)
+        o[c] = from_f32<T>(__expf(to_f32(xr[c < C ? c : C - 1]) - m) * inv);
 }

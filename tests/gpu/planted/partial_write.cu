@@ -14,5 +14,6 @@ extern "C" __global__ void planted(const T* __restrict__ x, T* __restrict__ out,
     for (int c = threadIdx.x; c < C; c += 32) s += __expf(to_f32(xr[c]) - m);
     for (int k = 16; k > 0; k >>= 1) s += __shfl_xor_sync(0xffffffffu, s, k);
     float inv = 1.f / s;
-    for (int c = threadIdx.x; c < C - 1; c += 32) o[c] = from_f32<T>(__expf(to_f32(xr[c]) - m) * inv);
+    for (int c = threadIdx.x; c < C - 1; c += 32)
+        o[c] = from_f32<T>(__expf(to_f32(xr[c]) - m) * inv);
 }
