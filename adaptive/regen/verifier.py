@@ -86,11 +86,13 @@ class Verifier:
         cache_dir: kernel cache for NVRTC output (default ``ADAPTIVE_CACHE_DIR``).
         seed: base of the input seeds (None: fresh per candidate; each check's seed is in
             the report, so a failure reproduces).
+        sanitizer_tools: compute-sanitizer tools run on accepted CUDA candidates.
     """
 
     def __init__(self, timeout_s: float | None = None, seeds: int = 5, reps: int = 10,
                  timing_s: float = 3.0, sanitize: str = "auto", cache_dir: str | None = None,
-                 seed: int | None = None, python: str = sys.executable):
+                 seed: int | None = None, python: str = sys.executable,
+                 sanitizer_tools: tuple[str, ...] = ("memcheck", "racecheck")):
         from adaptive import config
         if seeds < 5:
             raise ValueError(f"seeds={seeds}: the verifier needs at least 5 seeds")
@@ -99,6 +101,7 @@ class Verifier:
         self.timeout_s = float(timeout_s or config.get().verify_timeout_s)
         self.seeds, self.reps, self.timing_s = seeds, reps, timing_s
         self.sanitize, self.python, self.seed = sanitize, python, seed
+        self.sanitizer_tools = tuple(sanitizer_tools)
         self.cache_dir = cache_dir or config.get().cache_dir
 
     # ---- public ----------------------------------------------------------------------------
@@ -209,7 +212,7 @@ class Verifier:
         """Re-run the small shapes (one seed set, untimed) under memcheck, then racecheck."""
         results = {}
         small = dict(job, small_only=True, timing=False)
-        for tool in ("memcheck", "racecheck"):
+        for tool in self.sanitizer_tools:
             prefix = ("compute-sanitizer", "--tool", tool, "--error-exitcode",
                       str(SANITIZER_EXIT), "--print-limit", "20")
             reports: dict = {}

@@ -29,7 +29,7 @@ EXPECTED = {
     "hangs": {Stage.TIMEOUT},
     "illegal_address": {Stage.RUN, Stage.CRASH},
 }
-NEEDS_SANITIZER = {"oob_write", "race"}
+NEEDS_SANITIZER = {"oob_write": "memcheck", "race": "racecheck"}
 
 
 def planted(name: str) -> Variant:
@@ -91,8 +91,9 @@ def test_asking_process_is_unharmed(reports):
 def test_sanitizer_catches_what_results_cannot(name, tmp_path):
     if shutil.which("compute-sanitizer") is None:
         pytest.skip("compute-sanitizer is not installed")
-    verifier = Verifier(timeout_s=60, sanitize="on", cache_dir=str(tmp_path))
-    r = verifier.verify(Job(planted(name), _config(name), DIMS, "float32"))
+    verifier = Verifier(timeout_s=60, sanitize="on", cache_dir=str(tmp_path),
+                        sanitizer_tools=(NEEDS_SANITIZER[name],))
+    r = verifier.verify(Job(planted(name), _config(name), {"R": 64, "C": 96}, "float32"))
     if r.ok and any("inconclusive" in v for v in r.sanitizer.values()):
         pytest.skip(f"compute-sanitizer could not run here: {r.sanitizer}")
     assert r.outcome is Outcome.REJECTED, f"{r.verdict} sanitizer={r.sanitizer}"
