@@ -126,9 +126,9 @@ class Verifier:
 
     # ---- the worker process ----------------------------------------------------------------
     def _run(self, dicts: list[dict], reports: dict, prefix: tuple[str, ...],
-             limit_s: float | None = None) -> str:
+             limit_s: float | None = None) -> tuple[str, int | None]:
         """Run every job without a report; restart the worker after a crash or a hang."""
-        output = ""
+        output, returncode = "", None
         with tempfile.TemporaryDirectory(prefix="adaptive-verify-") as tmp:
             attempt = 0
             while len(reports) < len(dicts):
@@ -139,12 +139,13 @@ class Verifier:
                 log_path = Path(tmp) / f"log{attempt}.txt"
                 jobs_path.write_text(json.dumps(todo))
                 results_path.write_text("")
-                output = self._one_worker(dicts, reports, prefix, jobs_path, results_path,
-                                          log_path, limit_s or self.timeout_s)
-        return output
+                output, returncode = self._one_worker(dicts, reports, prefix, jobs_path,
+                                                      results_path, log_path,
+                                                      limit_s or self.timeout_s)
+        return output, returncode
 
     def _one_worker(self, dicts, reports, prefix, jobs_path, results_path, log_path,
-                    limit: float) -> str:
+                    limit: float) -> tuple[str, int | None]:
         cmd = [*prefix, self.python, "-m", "adaptive.regen.worker", str(jobs_path),
                str(results_path)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -194,7 +195,7 @@ class Verifier:
         elif pending and proc.returncode not in (0, 3):
             for i in pending:              # died before starting any job: nothing can run
                 reports[i] = rejected(dicts[i], Stage.CRASH, _death(proc.returncode, output))
-        return output
+        return output, proc.returncode
 
     # ---- compute-sanitizer -----------------------------------------------------------------
     def _sanitizer_wanted(self, jobs: Sequence[Job]) -> bool:
@@ -216,17 +217,19 @@ class Verifier:
             prefix = ("compute-sanitizer", "--tool", tool, "--error-exitcode",
                       str(SANITIZER_EXIT), "--print-limit", "20")
             reports: dict = {}
-            text = self._run([small], reports, prefix,   # the sanitizer is slow to start
-                             limit_s=max(SANITIZER_MIN_S, 5 * self.timeout_s))
+            text, rc = self._run([small], reports, prefix,   # the sanitizer starts slowly
+                                 limit_s=max(SANITIZER_MIN_S, 5 * self.timeout_s))
             got = reports.get(0)
-            if got is not None and got.stage is Stage.CRASH and f"code {SANITIZER_EXIT}" in \
-                    got.detail:
+            found = rc == SANITIZER_EXIT or re.search(r"ERROR SUMMARY: [1-9]", text) or (
+                got is not None and got.stage is Stage.CRASH and f"code {SANITIZER_EXIT}"
+                in got.detail)
+            if found:
                 return dataclasses.replace(
                     report, outcome=Outcome.REJECTED,
                     stage=Stage.SANITIZER, detail=f"compute-sanitizer {tool}:\n{text[-3000:]}",
                     sanitizer={**results, tool: "errors"})
-            results[tool] = "clean" if got is not None and got.ok else (
-                f"inconclusive ({got.verdict if got else 'no report'})")
+            results[tool] = "clean" if got is not None and got.ok and rc == 0 else (
+                f"inconclusive (exit {rc}; {got.verdict if got else 'no report'})")
         return dataclasses.replace(report, sanitizer=results)
 
 

@@ -284,3 +284,24 @@ def test_target_excluded_by_requires_is_checked_at_edges_but_not_timed(template)
     assert any(s.startswith("target ") for s in r.skipped_shapes)
     assert all(c.dims["R"] < 40 for c in r.checks) and len(r.checks) >= 5
     assert r.time_ms == float("inf") and "not timed" in r.notes[0]
+
+
+@pytest.mark.parametrize("errors", [0, 2])
+def test_sanitizer_verdict_from_exit_code_and_summary(template, tmp_path, monkeypatch, errors):
+    """A stand-in compute-sanitizer (runs the worker, then reports) drives the verdict."""
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/bin/sh\nshift 6\n\"$@\"\nrc=$?\n"
+                    f"echo '========= ERROR SUMMARY: {errors} errors'\n"
+                    f"if [ {errors} -gt 0 ]; then exit 97; fi\nexit $rc\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    v = Verifier(timeout_s=20, sanitizer_tools=("memcheck",))
+    job = Job(_variant(template, "good", GOOD), {"rows": 8}, DIMS)
+    report = v.verify(job)
+    assert report.ok
+    judged = v._sanitized(job.to_dict(v), report)
+    if errors:
+        assert judged.stage is Stage.SANITIZER and not judged.ok
+        assert "ERROR SUMMARY: 2 errors" in judged.detail
+    else:
+        assert judged.ok and judged.sanitizer == {"memcheck": "clean"}
