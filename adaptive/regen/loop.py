@@ -79,7 +79,8 @@ def promote(registry: Registry, request: Request, attempt: Attempt) -> Variant:
 def run_loop(request: Request, generator: Generator, verifier: Verifier | None = None,
              budget: Budget | None = None, registry: Registry | None = None,
              progress: Callable[[Attempt, int, int], None] | None = None,
-             batch: int = 4, min_speedup: float = MIN_SPEEDUP) -> LoopResult:
+             batch: int = 4, min_speedup: float = MIN_SPEEDUP,
+             cancelled: Callable[[], bool] | None = None) -> LoopResult:
     """Run one closed loop for ``request``; promote into ``registry`` when given.
 
     Args:
@@ -91,6 +92,7 @@ def run_loop(request: Request, generator: Generator, verifier: Verifier | None =
         progress: called with (attempt, index, budget.candidates) after each verdict.
         batch: proposals verified per worker process (the parametric generator can
             fill a batch; model-backed generators propose one at a time).
+        cancelled: checked between rounds; True ends the loop (no promotion).
     """
     verifier = verifier or Verifier()
     budget = budget or Budget.from_config()
@@ -101,6 +103,9 @@ def run_loop(request: Request, generator: Generator, verifier: Verifier | None =
         if time.monotonic() - t0 > budget.wall_s:
             stopped = "wall-time budget spent"
             break
+        if cancelled is not None and cancelled():
+            return LoopResult(request, tuple(attempts), None, None, "cancelled",
+                              time.monotonic() - t0)
         limit = min(batch, budget.candidates - len(attempts))
         proposals = generator.propose(request, list(attempts), limit)[:limit]
         if not proposals:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 
 from adaptive.regen.request import Attempt, Request
@@ -61,7 +62,7 @@ def build_prompt(request: Request, template: Variant, history: Sequence[Attempt]
         ref = ""
     if ref:
         parts.append("## Reference (float64 NumPy; correctness is judged against it)\n"
-                     f"```python\n{inspect.cleandoc(ref) if ref.startswith(' ') else ref}```")
+                     f"```python\n{textwrap.dedent(ref)}```")
     dims = ", ".join(f"{k}={v}" for k, v in request.dims.items())
     params = ", ".join(f"{k}={v}" for k, v in request.params.items() if v is not None)
     parts.append(f"## Input class\n{dims}; dtype {request.dtype}" + (f"; {params}" if params

@@ -223,7 +223,7 @@ class Regenerator:
         generator = self.generator or Parametric(self.registry)
         log.info("regenerating %s: %s", request.label, request.reason)
         result = run_loop(request, generator, self.verifier, self.budget, self.registry,
-                          batch=self.batch)
+                          batch=self.batch, cancelled=self._stop.is_set)
         log.info("%s", result.summary())
         self.results.append(result)
         if result.promoted is not None:
