@@ -54,8 +54,13 @@ def build_prompt(request: Request, template: Variant, history: Sequence[Attempt]
              f"faster, correct {lang.upper() if lang == 'cuda' else 'Python'} implementation "
              "for the input class below."]
     contract = convention(op.name) if lang == "cuda" else python_contract(op, template)
+    if lang == "cuda":
+        contract = (contract or "Same kernel signature as the current best below.") + (
+            "\n\nThe library prepends a prelude: the fp16/bf16 headers, the element type `T`, "
+            "`float to_f32(T)` and `T from_f32<T>(float)`. Config values arrive as macros "
+            "(-DNAME=value); grid and block come from the launch expressions shown below.")
     parts.append("## Contract (calling convention; a candidate must follow it exactly)\n"
-                 + (contract or "Same kernel signature as the current best below."))
+                 + (contract or "Same signature as the current best below."))
     try:
         ref = inspect.getsource(type(op).reference)
     except (OSError, TypeError):
