@@ -46,17 +46,18 @@ def _neighbours(value, known: Sequence) -> list:
     so flags flip), then the manifest's values, nearest first."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return [v for v in known if v != value]
+    flip = []
     if isinstance(value, int):
-        near = [value * 2, value // 2, value * 4, value // 4]
-        near = [v for v in near if v > 0] + ([1] if value == 0 else []) + \
-            ([0] if value == 1 else [])
+        near = [v for v in (value * 2, value // 2, value * 4, value // 4) if v > 0]
         if value > 2 and value & (value - 1):
             near += [1 << (value.bit_length() - 1), 1 << value.bit_length()]
+        if set(known) <= {0, 1}:              # looks like a flag: 0 <-> 1, tried last
+            flip = [1 - value] if value in (0, 1) else []
     else:
         near = [value * 2, value / 2, value * 4, value / 4]
     by_distance = sorted(known, key=lambda k: abs(math.log2((abs(k) + 1) / (abs(value) + 1))))
     out = []
-    for v in [*near, *by_distance]:
+    for v in [*near, *by_distance, *flip]:
         if v != value and v not in out:
             out.append(v)
     return out

@@ -313,3 +313,31 @@ def test_environment_starts_the_service_for_new_dispatchers():
     with config.override(regen_generator="off"):
         assert not any(getattr(x, "inbox", None) is not None for x in
                        Dispatcher("host").listeners)
+
+
+def test_parametric_loop_on_cuda_variants_compiles_with_nvrtc(tmp_path):
+    """Without a GPU the loop runs the CUDA candidates through NVRTC only: no promotion."""
+    from adaptive import nvrtc
+    from adaptive.backends import gpu_available
+    if not nvrtc.available() or gpu_available():
+        pytest.skip("needs NVRTC and no GPU (tests/gpu covers the executed path)")
+    reg = default_registry()
+    cuda = reg.variants("softmax", "cuda")
+    if not cuda:
+        pytest.skip("no cuda softmax variants registered")
+    limits = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132}
+    template = cuda[0]
+    scope = {"R": 300, "C": 200, "dtype": "float16", "itemsize": 2}
+    config = next(c for c in template.space.configs(limits) if template.fits(scope, c))
+    req = Request(op="softmax", dims={"R": 300, "C": 200}, dtype="float16", backend="cuda",
+                  best=make_candidate(template, config), best_ms=0.05, floor_ms=0.001,
+                  limits=limits, reason="test")
+    prompt = build_prompt(req, template, [])
+    assert "void entry(const T* x, T* out, int R, int C)" in prompt and "to_f32" in prompt
+    result = run_loop(req, Parametric(reg), Verifier(timeout_s=60, cache_dir=str(tmp_path)),
+                      Budget(120, 3), registry=reg)
+    assert len(result.attempts) == 3 and result.promoted is None
+    for a in result.attempts:
+        assert a.report.outcome.value == "compiled-only", a.report.verdict
+        assert a.report.resources.get("registers", 0) > 0
+        assert a.proposal.config != config
