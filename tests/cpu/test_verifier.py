@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,7 @@ def softmax_blocked(x, out, rows):
 """),
     "exits": (Stage.CRASH, """
 import os
+from pathlib import Path
 def softmax_blocked(x, out, rows):
     os._exit(0)
 """),
@@ -305,3 +307,24 @@ def test_sanitizer_verdict_from_exit_code_and_summary(template, tmp_path, monkey
         assert "ERROR SUMMARY: 2 errors" in judged.detail
     else:
         assert judged.ok and judged.sanitizer == {"memcheck": "clean"}
+
+
+def test_verify_cli_on_a_cuda_file_compiles_only(tmp_path, capsys, monkeypatch):
+    from adaptive import nvrtc
+    from adaptive.backends import gpu_available
+    if not nvrtc.available() or gpu_available():
+        pytest.skip("needs NVRTC and no GPU")
+    if not any(v.name == "warp_row" for v in default_registry().variants("softmax", "cuda")):
+        pytest.skip("no warp_row variant to borrow the launch from")
+    monkeypatch.setenv("ADAPTIVE_CACHE_DIR", str(tmp_path / "cache"))
+    src = (Path(__file__).parents[1] / "gpu" / "planted" / "good.cu").read_text()
+    kernel = tmp_path / "my_softmax.cu"
+    kernel.write_text(src.replace("ROWS", "WARPS"))
+    assert cli.main(["verify", str(kernel), "--op", "softmax", "--like", "warp_row",
+                     "--config", '{"WARPS": 2, "VEC": 1}', "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert "my_softmax[VEC=1,WARPS=2]: compiled only" in out
+    kernel.write_text(src.replace("ROWS", "WARPS").replace("fmaxf(m,", "fmaxf(m"))
+    assert cli.main(["verify", str(kernel), "--op", "softmax", "--like", "warp_row",
+                     "--config", '{"WARPS": 2, "VEC": 1}']) == 1
+    assert "rejected at stage 'compile'" in capsys.readouterr().out
