@@ -199,7 +199,8 @@ def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]
             skipped.append(f"{label} {dims}: {variant.why_not(problem.scope(), config)}")
             continue
         flops, _ = op.roofline(problem)
-        for i in range(shapes.seeds_for(flops, job.get("seeds", 5))):
+        elems = math.prod(op.out_shape(problem))
+        for i in range(shapes.seeds_for(flops, elems, job.get("seeds", 5))):
             seed = int(job.get("seed0", 1)) * 1000 + len(checks)
             dist = shapes.DISTRIBUTIONS[i % len(shapes.DISTRIBUTIONS)]
             inputs = shapes.make_inputs(op, dims, dtype, seed, dist, job.get("stats"))
