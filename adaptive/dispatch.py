@@ -124,14 +124,23 @@ class Dispatcher:
     def launch(self, op: str, *args, out=None, variant: str | None = None,
                config: Mapping | None = None, **params):
         """Run ``op`` on ``args`` with the best known candidate; see :func:`adaptive.launch`."""
+        if variant is None and config is None:
+            return self.run(op, args, out, params)
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
-        if variant is not None or config is not None:
-            plan = self._pinned_plan(o, key, args, params, variant, config)
-        else:
-            plan = self._plans.get(key)
-            if plan is None:
-                plan = self._miss(o, key, args, params)
+        plan = self._pinned_plan(o, key, args, params, variant, config)
+        return self._execute(plan, args, out)
+
+    def run(self, op: str, args: tuple, out, params: dict):
+        """The hot path with arguments already packed (what ``launch`` calls)."""
+        o = OPS.get(op) or get_op(op)
+        key = o.key(args, params)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._miss(o, key, args, params)
+        return self._execute(plan, args, out)
+
+    def _execute(self, plan: Plan, args: tuple, out):
         if self.sample_every and next(self._tick) % self.sample_every == 0:
             return self._sampled(plan, args, out)
         if self.recorder is not None:
@@ -368,7 +377,9 @@ class Dispatcher:
 
 _registry: Registry | None = None
 _defaults: dict[str, Dispatcher] = {}
-_by_type: dict[type, Dispatcher] = {}
+# hot-path routing of module-level launch: array type -> getter(array) -> Dispatcher | None
+_by_type: dict[type, Callable] = {}
+_by_device_key: dict = {}
 _defaults_lock = threading.RLock()
 _live: weakref.WeakSet = weakref.WeakSet()          # every dispatcher, for add_observations
 _observations: list[tuple[tuple[Observation, ...], float]] = []   # for the shared registry
@@ -447,17 +458,34 @@ def default_dispatcher(args=(), device: str | None = None) -> Dispatcher:
                     else:
                         d = Dispatcher("cuda", device=int(device.split(":")[1]))
                 _defaults[device] = d
-                if device == "cpu" and args and type(args[-1]).__module__ == "numpy":
-                    _by_type[type(args[-1])] = d
+        if args:
+            _route(args[-1], d)
     return d
+
+
+def _route(x, d: Dispatcher) -> None:
+    """Remember how to find ``d`` from arrays like ``x`` without describing them again."""
+    tp = type(x)
+    module = tp.__module__.split(".")[0]
+    if module == "numpy":
+        _by_type[tp] = lambda _x, _d=d: _d
+    elif module in ("cupy", "cupy_backends"):
+        _by_device_key[("cupy", x.data.device_id)] = d
+        _by_type[tp] = lambda _x: _by_device_key.get(("cupy", _x.data.device_id))
+    elif module == "torch":
+        _by_device_key[("torch", x.device)] = d
+        _by_type[tp] = lambda _x: _by_device_key.get(("torch", _x.device))
 
 
 def launch(op: str, *args, out=None, **params):
     """Run ``op`` on ``args`` with the variant chosen for this input; see adaptive.launch."""
-    d = _by_type.get(type(args[-1])) if args else None
+    route = _by_type.get(type(args[-1])) if args else None
+    d = route(args[-1]) if route is not None else None
     if d is None:
         d = default_dispatcher(args)
-    return d.launch(op, *args, out=out, **params)
+    if "variant" in params or "config" in params:
+        return d.launch(op, *args, out=out, **params)
+    return d.run(op, args, out, params)
 
 
 def reset_defaults() -> None:
@@ -466,6 +494,7 @@ def reset_defaults() -> None:
     with _defaults_lock:
         _defaults.clear()
         _by_type.clear()
+        _by_device_key.clear()
         _observations.clear()
         _registry = None
 
