@@ -109,9 +109,11 @@ class Op:
                     f"{self.name}: argument {name!r} must be an array (NumPy, CuPy, PyTorch or "
                     f"__cuda_array_interface__), got {type(value).__name__}") from None
             infos.append(arrays.info(value))
-        devices = {i.device for i in infos}
+        # a SparseWeight is static and builds its formats on whichever device uses it
+        dense = [(n, i) for n, i in zip(self.arrays, infos) if i.kind != "sparse"]
+        devices = {i.device for _, i in dense}
         if len(devices) > 1:
-            where = ", ".join(f"{n} on {i.device}" for n, i in zip(self.arrays, infos))
+            where = ", ".join(f"{n} on {i.device}" for n, i in dense)
             raise InputValueError(f"{self.name}: arguments are on different devices ({where}); "
                                   "move them to one device first")
         kinds = {i.kind for i in infos if i.kind != "sparse"}
@@ -136,8 +138,8 @@ class Op:
                                       f"(shape {i.shape}); every dimension must be at least 1")
         checked = self._params(params)
         dims, extra = self.check_shapes(infos, args, checked)
-        kind = next((i.kind for i in infos if i.kind != "sparse"), infos[0].kind)
-        return Problem(self.name, tuple(dims.items()), dtype, kind, infos[0].device,
+        kind, device = dense[0][1].kind, dense[0][1].device
+        return Problem(self.name, tuple(dims.items()), dtype, kind, device,
                        tuple(checked.items()), tuple(extra.items()))
 
     def _params(self, params: Mapping) -> dict:

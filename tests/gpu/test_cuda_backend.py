@@ -79,7 +79,7 @@ def test_torch_bfloat16_gemm_through_every_path(dispatcher, rng):
     a = torch.from_numpy(rng.standard_normal((70, 96)).astype(np.float32)).cuda().bfloat16()
     b = torch.from_numpy(rng.standard_normal((96, 40)).astype(np.float32)).cuda().bfloat16()
     ref = a.double().cpu().numpy() @ b.double().cpu().numpy()
-    for variant, config in (("cublas", None), ("tc_mma", {"BM": 64, "BN": 64, "WARPS_M": 2,
+    for variant, config in (("cublas", None), ("tc_mma", {"BM": 128, "BN": 64, "WARPS_M": 2,
                                                           "WARPS_N": 2, "STAGES": 2})):
         out = dispatcher.launch("gemm", a, b, variant=variant, config=config)
         assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16, variant
