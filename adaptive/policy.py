@@ -110,3 +110,19 @@ class Fixed:
 
     def observe(self, key, candidate, time_ms) -> None:
         pass
+
+
+POLICIES = ("learned", "measure-each", "first")
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy by name (``ADAPTIVE_POLICY``); the learned one loads scikit-learn."""
+    if name == "learned":
+        from adaptive.learned import Learned
+        return Learned()
+    if name == "measure-each":
+        return MeasureEach()
+    if name == "first":
+        return Fixed()
+    from adaptive.errors import UnknownNameError
+    raise UnknownNameError("policy", name, POLICIES)
