@@ -18,7 +18,9 @@ SHAPES = {
              {"M": 200, "N": 136, "K": 72}, {"M": 3, "N": 300, "K": 4100},
              {"M": 64, "N": 128, "K": 4096}],
     "softmax": [{"R": 64, "C": 1024}, {"R": 33, "C": 77}, {"R": 5, "C": 3000},
-                {"R": 1000, "C": 8}],
+                {"R": 1000, "C": 8},
+                # rows over several 16-byte items per thread (reg_row): vector, then scalar
+                {"R": 7, "C": 12000}, {"R": 3, "C": 12002}],
 }
 
 
