@@ -1,0 +1,266 @@
+// attention, FlashAttention-2-style fused kernel (float16 / bfloat16) on mma.sync tensor
+// cores: out[b, h] = softmax(q kᵀ · scale [+ causal mask]) v for q [B, H, Lq, D], k and v
+// [B, H, Lk, D]. A CTA owns BR = 32 * NWARPS query rows of one (b, h); each warp owns 32
+// rows (two m16 tiles), so every K/V fragment read from shared memory by ldmatrix feeds
+// four mma instead of two (the 16-rows-per-warp kernel is bound by shared-memory reads).
+// The q tile lives in shared memory (ldmatrix per k-step; 32 rows of q in registers would
+// not fit beside the 32 x HD fp32 output). K and V tiles of BC keys are staged by
+// cp.async: V(j) loads while S = Q K(j)ᵀ is computed and K(j+1) while P V(j) is.
+// P goes from the S accumulators to fp16/bf16 A fragments in registers (the C layout of
+// m16n8 matches the A layout of m16k16). exp2 with scale·log2(e) folded in (ex2.approx).
+// Causal: the mask is bottom-right aligned (row i sees keys j <= i + Lk - Lq), key tiles
+// past a CTA's last diagonal are skipped and the heaviest row blocks are issued first.
+// Keys past Lk read as zero and are masked; rows past Lq are computed but never stored.
+// Config macros: HD (head dim; must equal D), BC (keys per tile), NWARPS.
+// Dynamic shared memory: (BR + 2 * BC) * (HD + 8) * 2 bytes.
+
+#ifndef HD
+#define HD 128
+#endif
+#ifndef BC
+#define BC 64
+#endif
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+#define MT 2                    // m16 tiles per warp
+#define WR (16 * MT)            // query rows per warp
+#define BR (WR * NWARPS)        // query rows per CTA
+#define NTHREADS (NWARPS * 32)
+#define LDS (HD + 8)            // padded rows: conflict-free ldmatrix and cp.async
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+#if defined(ADAPTIVE_DTYPE_BFLOAT16)
+#define MMA_TYPE "bf16"
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+#else
+#define MMA_TYPE "f16"
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
+}
+#endif
+
+__device__ __forceinline__ float ex2(float x) {          // 2^x; ex2(-inf) = +0
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+// ldmatrix from a 32-bit shared-memory address (fewer registers than generic pointers)
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ROWS rows of a [n, HD] matrix starting at row r0 into shared memory (row stride LDS);
+// rows past n are zero-filled. 16-byte cp.async, NTHREADS threads.
+template <int ROWS>
+__device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ src, int r0, int n) {
+    static_assert(sizeof(T) == 2, "16-bit elements (offsets below are in bytes)");
+    constexpr int RSTEP = NTHREADS / (HD / 8);             // rows per pass of the CTA
+    static_assert(ROWS % RSTEP == 0, "tile rows must divide among the threads");
+    const int rt = threadIdx.x / (HD / 8), col = (threadIdx.x % (HD / 8)) * 8;
+    const T* s0 = src + (size_t)(r0 + rt) * HD + col;
+    const unsigned d0 = smem_u32(dst + rt * LDS + col);
+    #pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+        const bool in = r0 + rt + i * RSTEP < n;
+        cp_async16(d0 + i * RSTEP * LDS * 2, in ? (const void*)(s0 + (size_t)i * RSTEP * HD)
+                                               : (const void*)src, in ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                 T* __restrict__ out, int Lq, int Lk, float scale, int causal)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* q_s = reinterpret_cast<T*>(smem_raw);
+    T* k_s = q_s + BR * LDS;
+    T* v_s = k_s + BC * LDS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const size_t bh = blockIdx.y;
+    const T* qb = q + bh * Lq * HD;
+    const T* kb = k + bh * Lk * HD;
+    const T* vb = v + bh * Lk * HD;
+    // causal: the row blocks with the most key tiles are issued first
+    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int cta_row0 = mb * BR;
+    const int row0 = cta_row0 + warp * WR;                   // this warp's first query row
+    const int shift = Lk - Lq;                               // causal: row i sees j <= i + shift
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    // Keys this CTA needs: all, or (causal) up to its last row's diagonal.
+    int kv_end = Lk;
+    if (causal) kv_end = max(0, min(Lk, cta_row0 + BR + shift));
+    const int n_tiles = (kv_end + BC - 1) / BC;
+
+    load_rows<BR>(q_s, qb, cta_row0, Lq);
+    if (n_tiles > 0) load_rows<BC>(k_s, kb, 0, Lk);
+    cp_async_commit();
+
+    float o[MT][HD / 8][4];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int i = 0; i < HD / 8; ++i)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][i][e] = 0.f;
+    float m_run[MT][2], l_run[MT][2];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) { m_run[mt][r] = NEG_INF; l_run[mt][r] = 0.f; }
+
+    // per-lane ldmatrix addresses (bytes); tiles advance by constant offsets
+    const unsigned q_warp = smem_u32(q_s + (warp * WR + (lane & 15)) * LDS + (lane >> 4) * 8);
+    const unsigned k_lane = smem_u32(k_s + ((lane & 7) + ((lane >> 4) << 3)) * LDS
+                                     + ((lane >> 3) & 1) * 8);
+    const unsigned v_lane = smem_u32(v_s + (lane & 15) * LDS + (lane >> 4) * 8);
+
+    for (int jt = 0; jt < n_tiles; ++jt) {
+        const int j0 = jt * BC;
+        cp_async_wait_all();
+        __syncthreads();                       // K(j) (and q) visible; all done with V(j-1)
+        load_rows<BC>(v_s, vb, j0, Lk);
+        cp_async_commit();
+
+        float s[MT][BC / 8][4];
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            #pragma unroll
+            for (int i = 0; i < BC / 8; ++i)
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][i][e] = 0.f;
+        #pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            unsigned qa[MT][4];
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], q_warp + (mt * 16 * LDS + ks * 16) * 2);
+            #pragma unroll
+            for (int np = 0; np < BC / 16; ++np) {
+                unsigned bf[4];
+                ldmatrix_x4(bf, k_lane + (np * 16 * LDS + ks * 16) * 2);
+                #pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma16816(s[mt][2 * np], qa[mt], bf);
+                    mma16816(s[mt][2 * np + 1], qa[mt], bf + 2);
+                }
+            }
+        }
+
+        // mask, online softmax update, P to 16-bit A fragments (rows g and g + 8 per tile)
+        const bool edge = (j0 + BC > Lk) || (causal && j0 + BC - 1 > row0 + shift);
+        unsigned pk[MT][BC / 8][2];
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            float mx[2] = {NEG_INF, NEG_INF};
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; ++nt) {
+                #pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = s[mt][nt][e] * scale_log2;
+                    if (edge) {
+                        const int key = j0 + nt * 8 + 2 * t + (e & 1);
+                        const int row = row0 + mt * 16 + g + (e >> 1) * 8;
+                        if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
+                    }
+                    s[mt][nt][e] = x;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                }
+            }
+            float alpha[2];
+            #pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float m_new = fmaxf(m_run[mt][r], mx[r]);
+                const float m_use = m_new == NEG_INF ? 0.f : m_new;   // row fully masked so far
+                alpha[r] = ex2(m_run[mt][r] - m_use);
+                m_run[mt][r] = m_new;
+                mx[r] = m_use;
+                l_run[mt][r] *= alpha[r];
+            }
+            #pragma unroll
+            for (int nt = 0; nt < BC / 8; ++nt) {
+                const float p0 = ex2(s[mt][nt][0] - mx[0]), p1 = ex2(s[mt][nt][1] - mx[0]);
+                const float p2 = ex2(s[mt][nt][2] - mx[1]), p3 = ex2(s[mt][nt][3] - mx[1]);
+                l_run[mt][0] += p0 + p1;
+                l_run[mt][1] += p2 + p3;
+                pk[mt][nt][0] = pack2(p0, p1);
+                pk[mt][nt][1] = pack2(p2, p3);
+            }
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; ++dt) {
+                o[mt][dt][0] *= alpha[0]; o[mt][dt][1] *= alpha[0];
+                o[mt][dt][2] *= alpha[1]; o[mt][dt][3] *= alpha[1];
+            }
+        }
+
+        cp_async_wait_all();
+        __syncthreads();                       // V(j) visible; every warp is done with K(j)
+        if (jt + 1 < n_tiles) load_rows<BC>(k_s, kb, j0 + BC, Lk);
+        cp_async_commit();
+
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            #pragma unroll
+            for (int dp = 0; dp < HD / 16; ++dp) {
+                unsigned bf[4];
+                ldmatrix_x4_trans(bf, v_lane + (kk * 16 * LDS + dp * 16) * 2);
+                #pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const unsigned pf[4] = {pk[mt][2 * kk][0], pk[mt][2 * kk][1],
+                                            pk[mt][2 * kk + 1][0], pk[mt][2 * kk + 1][1]};
+                    mma16816(o[mt][2 * dp], pf, bf);
+                    mma16816(o[mt][2 * dp + 1], pf, bf + 2);
+                }
+            }
+        }
+    }
+    cp_async_wait_all();
+
+    T* ob = out + bh * Lq * HD;
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = l_run[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int row = row0 + mt * 16 + g + r * 8;
+            if (row >= Lq) continue;
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; ++dt) {
+                *reinterpret_cast<unsigned*>(ob + (size_t)row * HD + dt * 8 + 2 * t) =
+                    pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+            }
+        }
+    }
+}
