@@ -46,39 +46,45 @@ def _cai_sig(a):
     return (type(a), tuple(cai["shape"]), cai["typestr"], cai.get("strides"))
 
 
-_SIGNATURES = {np.ndarray: _numpy_sig}
+def _instance_sig(x):
+    """Types whose instances may carry ``__cuda_array_interface__`` themselves (or not)."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return _cai_sig(x)
+    raise InputTypeError(f"expected an array (NumPy, CuPy, PyTorch tensor or an object "
+                         f"with __cuda_array_interface__), got {type(x).__name__}")
 
 
 def _signature_fn(tp):
     """Find (once per type) how to sign arrays of this type."""
     module = tp.__module__.split(".")[0]
     if issubclass(tp, np.ndarray):
-        fn = _numpy_sig
-    elif module == "cupy" or module == "cupy_backends":
-        fn = _cupy_sig
-    elif module == "torch":
-        fn = _torch_sig
-    elif hasattr(tp, "__cuda_array_interface__"):
-        fn = _cai_sig
-    elif hasattr(tp, "signature") and hasattr(tp, "info"):   # SparseWeight and friends
-        fn = tp.signature
-    else:
-        return None
-    _SIGNATURES[tp] = fn
-    return fn
+        return _numpy_sig
+    if module == "cupy" or module == "cupy_backends":
+        return _cupy_sig
+    if module == "torch":
+        return _torch_sig
+    if hasattr(tp, "__cuda_array_interface__"):
+        return _cai_sig
+    if hasattr(tp, "signature") and hasattr(tp, "info"):   # SparseWeight and friends
+        return tp.signature
+    return _instance_sig
+
+
+class _Signers(dict):
+    """type -> its signature function; a new type is looked up once (``__missing__``)."""
+
+    def __missing__(self, tp):
+        fn = self[tp] = _signature_fn(tp)
+        return fn
+
+
+# the hot path's table: ``SIGNERS[type(x)](x)`` is ``signature(x)`` without a call layer
+SIGNERS: dict = _Signers({np.ndarray: _numpy_sig})
 
 
 def signature(x):
     """A small hashable tuple fixing kind, shape, dtype, layout and device of ``x``."""
-    fn = _SIGNATURES.get(type(x))
-    if fn is None:
-        fn = _signature_fn(type(x))
-        if fn is None and hasattr(x, "__cuda_array_interface__"):   # set on the instance
-            fn = _cai_sig
-        if fn is None:
-            raise InputTypeError(f"expected an array (NumPy, CuPy, PyTorch tensor or an object "
-                                 f"with __cuda_array_interface__), got {type(x).__name__}")
-    return fn(x)
+    return SIGNERS[type(x)](x)
 
 
 def _torch_dtype_name(dtype) -> str:

@@ -24,7 +24,6 @@ from adaptive.errors import InputTypeError, InputValueError, NoCandidateError
 from adaptive.observation import Observation
 from adaptive.ops import OPS, Op, Problem, get_op
 from adaptive.policy import Context, Decision, MeasureEach, Policy
-from adaptive.space import as_config
 from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
 
 log = logging.getLogger("adaptive")
@@ -47,10 +46,13 @@ class Plan:
 def _plan_runner(fn, alloc, adapter, out_sig):
     """Specialise the per-call closure once, so a hit does no branching on set-up facts."""
     if adapter is None:
+        out_type = out_sig[0]
+        sign = arrays.SIGNERS[out_type]   # bound once: the type test guards it
+
         def run(args, out):
             if out is None:
                 out = alloc()
-            elif arrays.signature(out) != out_sig:
+            elif type(out) is not out_type or sign(out) != out_sig:
                 raise _bad_out(out, out_sig)
             fn(args, out)
             return out
@@ -108,10 +110,10 @@ class Dispatcher:
         self._configs: dict[str, list[dict]] = {}
         self._lock = threading.RLock()
         self._tick = itertools.count(1)
+        self._recorder: Callable | None = None
         self.sample_every = config.get().sample_every
         self.listeners: list[Callable[[Plan, float], None]] = []
         self.stats = {"misses": 0, "samples": 0}
-        self.recorder: Callable | None = None   # recorder(plan, args, out): counter log, metrics
         ref = weakref.ref(self)
         self.registry.subscribe(lambda op: (d := ref()) is not None and d.forget(op))
         _live.add(self)
@@ -121,6 +123,28 @@ class Dispatcher:
             hook(self)
 
     # ---- hot path ---------------------------------------------------------------------------
+    # ``_plain``: no sampling and no recorder, so a hit runs the plan directly (one test)
+    @property
+    def sample_every(self) -> int:
+        """Time one launch in this many synchronously for the policy (0: never)."""
+        return self._sample_every
+
+    @sample_every.setter
+    def sample_every(self, every: int) -> None:
+        self._sample_every = every
+        self._plain = not every and self._recorder is None
+
+    @property
+    def recorder(self) -> Callable | None:
+        """``recorder(plan, args, out)`` runs each launch instead of the plan (counter log,
+        metrics); it calls ``plan.run`` itself."""
+        return self._recorder
+
+    @recorder.setter
+    def recorder(self, recorder: Callable | None) -> None:
+        self._recorder = recorder
+        self._plain = not self._sample_every and recorder is None
+
     def launch(self, op: str, *args, out=None, variant: str | None = None,
                config: Mapping | None = None, **params):
         """Run ``op`` on ``args`` with the best known candidate; see :func:`adaptive.launch`."""
@@ -128,7 +152,12 @@ class Dispatcher:
             return self.run(op, args, out, params)
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
-        plan = self._pinned_plan(o, key, args, params, variant, config)
+        # config items in the caller's order: another order is one more entry, same plan
+        plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
+        if plan is None:
+            plan = self._pinned_plan(o, key, args, params, variant, config)
+        if self._plain:
+            return plan.run(args, out)
         return self._execute(plan, args, out)
 
     def run(self, op: str, args: tuple, out, params: dict):
@@ -138,13 +167,15 @@ class Dispatcher:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._miss(o, key, args, params)
+        if self._plain:
+            return plan.run(args, out)
         return self._execute(plan, args, out)
 
     def _execute(self, plan: Plan, args: tuple, out):
-        if self.sample_every and next(self._tick) % self.sample_every == 0:
+        if self._sample_every and next(self._tick) % self._sample_every == 0:
             return self._sampled(plan, args, out)
-        if self.recorder is not None:
-            return self.recorder(plan, args, out)
+        if self._recorder is not None:
+            return self._recorder(plan, args, out)
         return plan.run(args, out)
 
     # ---- miss path --------------------------------------------------------------------------
@@ -227,10 +258,7 @@ class Dispatcher:
         return result
 
     def _pinned_plan(self, op, key, args, params, variant, config_) -> Plan:
-        pkey = (key, variant, as_config(config_) if config_ else None)
-        plan = self._pinned.get(pkey)
-        if plan is not None:
-            return plan
+        pkey = (key, variant, tuple(config_.items()) if config_ else None)
         if variant is None:
             raise InputValueError("config= needs variant= too (a config belongs to a variant)")
         problem = op.problem(args, params)
@@ -483,7 +511,7 @@ def launch(op: str, *args, out=None, **params):
     d = route(args[-1]) if route is not None else None
     if d is None:
         d = default_dispatcher(args)
-    if "variant" in params or "config" in params:
+    if params and ("variant" in params or "config" in params):
         return d.launch(op, *args, out=out, **params)
     return d.run(op, args, out, params)
 

@@ -140,7 +140,30 @@ def make_launcher(slots: list[Slot], env: dict, function, grid: tuple, block: tu
     arg_text = ", ".join(s.code for s in slots) + ("," if len(slots) == 1 else "")
     src = (f"def launch(args, out):\n"
            f"    _f(_grid, _block, ({arg_text}), _smem, {stream_code})\n")
+    env, u64 = _as_kernel_args(env, function)
     namespace = {"_f": function, "_grid": grid, "_block": block, "_smem": shared_bytes,
-                 "_u64": np.uint64, **env, **(extra or {})}
+                 "_u64": u64, **env, **(extra or {})}
     exec(compile(src, "<adaptive launcher>", "exec"), namespace)  # noqa: S102 (our own text)
     return namespace["launch"]
+
+
+def _as_kernel_args(env: dict, function) -> tuple[dict, Callable]:
+    """Constants in the form CuPy's ``Function`` passes through untouched (its ``CPointer``
+    holders), and the raw-pointer wrapper: otherwise every call converts each NumPy scalar
+    (``x.view(...)`` plus a holder) again. Other callables get the values unchanged."""
+    if not type(function).__module__.startswith("cupy"):
+        return env, np.uint64
+    from cupy.cuda import function as cuda_function
+    try:
+        holders = {1: cuda_function.CInt8, 2: cuda_function.CInt16, 4: cuda_function.CInt32,
+                   8: cuda_function.CInt64}
+        pointer = cuda_function.CIntptr
+    except AttributeError:   # a CuPy without these holders: plain values still launch
+        return env, np.uint64
+    out = {}
+    for name, value in env.items():
+        if isinstance(value, np.generic) and value.dtype.itemsize in holders:
+            size = value.dtype.itemsize
+            value = holders[size](int(value.view(f"i{size}")))
+        out[name] = value
+    return out, pointer
