@@ -23,7 +23,7 @@ from adaptive.backends import Backend, get_backend
 from adaptive.errors import InputTypeError, InputValueError, NoCandidateError
 from adaptive.observation import Observation
 from adaptive.ops import OPS, Op, Problem, get_op
-from adaptive.policy import Context, Decision, MeasureEach, Policy
+from adaptive.policy import Context, Decision, Policy, make_policy
 from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
 
 log = logging.getLogger("adaptive")
@@ -90,7 +90,9 @@ class Dispatcher:
         backend: "auto" (cuda where a GPU is present, else host), "cuda" or "host", or a
             backend instance.
         device: CUDA device ordinal (cuda backend only).
-        policy: how a miss is decided (default :class:`~adaptive.policy.MeasureEach`).
+        policy: how a miss is decided (default from ``ADAPTIVE_POLICY``:
+            :class:`~adaptive.policy.MeasureEach`, or ``learned`` for
+            :class:`~adaptive.learned.Learned`).
         registry: the variants to choose from (default: built-in + ``ADAPTIVE_VARIANT_PATH``).
 
     Example:
@@ -102,7 +104,7 @@ class Dispatcher:
                  policy: Policy | None = None, registry: Registry | None = None):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, device)
         self.registry = registry if registry is not None else shared_registry()
-        self.policy = policy if policy is not None else MeasureEach()
+        self.policy = policy if policy is not None else make_policy(config.get().policy)
         self.limits = self.backend.limits()
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
@@ -174,8 +176,8 @@ class Dispatcher:
     def _execute(self, plan: Plan, args: tuple, out):
         if self._sample_every and next(self._tick) % self._sample_every == 0:
             return self._sampled(plan, args, out)
-        if self._recorder is not None:
-            return self._recorder(plan, args, out)
+        if self._recorder is not None and not plan.provisional:  # exploring calls reach
+            return self._recorder(plan, args, out)                   # listeners when timed
         return plan.run(args, out)
 
     # ---- miss path --------------------------------------------------------------------------
