@@ -132,20 +132,20 @@ def _attn_inputs(cp, rng, dtype, b, h, lq, lk, d):
     return dev, host
 
 
-def _run_attn(dispatcher, cp, name, config, dtype, dev, host, causal):
+def _run_attn(dispatcher, cp, name, config, dtype, dev, host, causal, scale=None):
     op = get_op("attention")
-    ref = op.reference(*host, causal=causal)
+    ref = op.reference(*host, causal=causal, scale=scale)
     if dtype == "bfloat16":
         import torch
         out = torch.full(ref.shape, float("nan"), dtype=torch.bfloat16, device="cuda")
         dispatcher.launch("attention", *dev, out=out, variant=name, config=config or None,
-                          causal=causal)
+                          causal=causal, scale=scale)
         torch.cuda.synchronize()
         got = out.float().cpu().numpy()
     else:
         out = cp.full(ref.shape, np.nan, dtype)
         dispatcher.launch("attention", *dev, out=out, variant=name, config=config or None,
-                          causal=causal)
+                          causal=causal, scale=scale)
         cp.cuda.Device().synchronize()
         got = out
     err = op.error(got, ref)
@@ -185,6 +185,19 @@ def test_attention_shapes(dispatcher, cp, rng, name, case, causal):
     if not fitting:
         pytest.skip(f"{name} does not fit {case} causal={causal}")
     _run_attn(dispatcher, cp, name, fitting[0], dtype, dev, host, causal)
+
+
+@pytest.mark.parametrize("name", ATTN_VARIANTS)
+@pytest.mark.parametrize("scale", [-0.2, 0.0, 0.3])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_attention_explicit_scale(dispatcher, cp, rng, name, scale, causal):
+    """A given scale (negative and zero included) is honoured, not replaced by 1/sqrt(D)."""
+    dev, host = _attn_inputs(cp, rng, "float16", 1, 2, 45, 70, 128)
+    fitting = [c for v, c in ATTN
+               if v == name and _fits(dispatcher, "attention", v, c, dev, {"causal": causal})]
+    if not fitting:
+        pytest.skip(f"{name} does not fit 45x70 causal={causal}")
+    _run_attn(dispatcher, cp, name, fitting[0], "float16", dev, host, causal, scale=scale)
 
 
 def test_attention_rejects_misfits(dispatcher, cp, rng):

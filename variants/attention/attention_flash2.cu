@@ -94,6 +94,20 @@ __device__ __forceinline__ void load_rows(T* dst, const T* __restrict__ src, int
     }
 }
 
+// The sign bit of every element of the ROWS x HD tile that this thread's load_rows wrote.
+template <int ROWS>
+__device__ __forceinline__ void negate_rows(T* dst) {
+    constexpr int RSTEP = NTHREADS / (HD / 8);
+    const int rt = threadIdx.x / (HD / 8), col = (threadIdx.x % (HD / 8)) * 8;
+    #pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+        uint4* p = reinterpret_cast<uint4*>(dst + (rt + i * RSTEP) * LDS + col);
+        uint4 x = *p;
+        x.x ^= 0x80008000u; x.y ^= 0x80008000u; x.z ^= 0x80008000u; x.w ^= 0x80008000u;
+        *p = x;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                  T* __restrict__ out, int Lq, int Lk, float scale, int causal)
@@ -113,7 +127,10 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     const int cta_row0 = mb * BR;
     const int row0 = cta_row0 + warp * WR;                   // this warp's first query row
     const int shift = Lk - Lq;                               // causal: row i sees j <= i + shift
-    const float scale_log2 = scale * 1.4426950408889634f;
+    // Scores stay unscaled: max over raw s, then p = 2^(s·c - m·c) with one FFMA, where
+    // c = |scale|·log2(e) > 0 (a negative scale negates the q tile instead, exactly; a zero
+    // scale becomes a tiny one, so masked -inf · c stays -inf and the softmax stays uniform).
+    const float c_log2 = fmaxf(fabsf(scale) * 1.4426950408889634f, 1e-30f);
 
     // Keys this CTA needs: all, or (causal) up to its last row's diagonal.
     int kv_end = Lk;
@@ -123,6 +140,10 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     load_rows<BR>(q_s, qb, cta_row0, Lq);
     if (n_tiles > 0) load_rows<BC>(k_s, kb, 0, Lk);
     cp_async_commit();
+    if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
+        cp_async_wait_all();
+        negate_rows<BR>(q_s);   // the barrier at the top of the loop publishes them
+    }
 
     float o[MT][HD / 8][4];
     #pragma unroll
@@ -184,7 +205,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             for (int nt = 0; nt < BC / 8; ++nt) {
                 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float x = s[mt][nt][e] * scale_log2;
+                    float x = s[mt][nt][e];
                     if (edge) {
                         const int key = j0 + nt * 8 + 2 * t + (e & 1);
                         const int row = row0 + mt * 16 + g + (e >> 1) * 8;
@@ -201,24 +222,29 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
                 const float m_new = fmaxf(m_run[mt][r], mx[r]);
                 const float m_use = m_new == NEG_INF ? 0.f : m_new;   // row fully masked so far
-                alpha[r] = ex2(m_run[mt][r] - m_use);
+                alpha[r] = ex2((m_run[mt][r] - m_use) * c_log2);
                 m_run[mt][r] = m_new;
-                mx[r] = m_use;
+                mx[r] = -m_use * c_log2;            // p = 2^(s·c + mx)
                 l_run[mt][r] *= alpha[r];
             }
             #pragma unroll
             for (int nt = 0; nt < BC / 8; ++nt) {
-                const float p0 = ex2(s[mt][nt][0] - mx[0]), p1 = ex2(s[mt][nt][1] - mx[0]);
-                const float p2 = ex2(s[mt][nt][2] - mx[1]), p3 = ex2(s[mt][nt][3] - mx[1]);
+                const float p0 = ex2(fmaf(s[mt][nt][0], c_log2, mx[0]));
+                const float p1 = ex2(fmaf(s[mt][nt][1], c_log2, mx[0]));
+                const float p2 = ex2(fmaf(s[mt][nt][2], c_log2, mx[1]));
+                const float p3 = ex2(fmaf(s[mt][nt][3], c_log2, mx[1]));
                 l_run[mt][0] += p0 + p1;
                 l_run[mt][1] += p2 + p3;
                 pk[mt][nt][0] = pack2(p0, p1);
                 pk[mt][nt][1] = pack2(p2, p3);
             }
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                o[mt][dt][0] *= alpha[0]; o[mt][dt][1] *= alpha[0];
-                o[mt][dt][2] *= alpha[1]; o[mt][dt][3] *= alpha[1];
+            // rescale the output only when some row's max moved (late tiles rarely move it)
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+                #pragma unroll
+                for (int dt = 0; dt < HD / 8; ++dt) {
+                    o[mt][dt][0] *= alpha[0]; o[mt][dt][1] *= alpha[0];
+                    o[mt][dt][2] *= alpha[1]; o[mt][dt][3] *= alpha[1];
+                }
             }
         }
 
