@@ -181,7 +181,8 @@ def test_attention_shapes(dispatcher, cp, rng, name, case, causal):
     dtype, b, h, lq, lk, d = case
     dev, host = _attn_inputs(cp, rng, dtype, b, h, lq, lk, d)
     fitting = [c for v, c in ATTN
-               if v == name and _fits(dispatcher, "attention", v, c, dev, {"causal": causal})]
+               if v == name and _fits(dispatcher, "attention", v, c, dev,
+                                      {"causal": causal, "scale": scale})]
     if not fitting:
         pytest.skip(f"{name} does not fit {case} causal={causal}")
     _run_attn(dispatcher, cp, name, fitting[0], dtype, dev, host, causal)
@@ -194,7 +195,8 @@ def test_attention_explicit_scale(dispatcher, cp, rng, name, scale, causal):
     """A given scale (negative and zero included) is honoured, not replaced by 1/sqrt(D)."""
     dev, host = _attn_inputs(cp, rng, "float16", 1, 2, 45, 70, 128)
     fitting = [c for v, c in ATTN
-               if v == name and _fits(dispatcher, "attention", v, c, dev, {"causal": causal})]
+               if v == name and _fits(dispatcher, "attention", v, c, dev,
+                                      {"causal": causal, "scale": scale})]
     if not fitting:
         pytest.skip(f"{name} does not fit 45x70 causal={causal}")
     _run_attn(dispatcher, cp, name, fitting[0], "float16", dev, host, causal, scale=scale)
