@@ -82,3 +82,29 @@ def test_inputs_are_fresh_and_nonzero(rng, op_name):
     a, b = first[-1], second[-1]
     assert np.count_nonzero(a) > 0.9 * a.size
     assert not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("scale", [-0.2, 0.0, 0.3, None])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_library_variant_honours_any_scale(rng, scale, causal):
+    """The SDPA variant's source, run on CPU tensors: negative and zero scales are mapped
+    onto positive ones (SDPA returned non-finite output for them on the H200)."""
+    pytest.importorskip("torch")
+    import sys
+    import types
+
+    from adaptive.dispatch import shared_registry
+    variant = shared_registry().get("attention", "sdpa_torch")
+    namespace: dict = {}
+    stub = {"cupy": types.ModuleType("cupy")} if "cupy" not in sys.modules else {}
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as m:   # the module uses CuPy only inside other functions
+        for name, module in stub.items():
+            m.setitem(sys.modules, name, module)
+        exec(compile(variant.source, "library.py", "exec"), namespace)  # noqa: S102
+    fn = namespace[variant.entry]
+    op = OPS["attention"]
+    q, k, v = op.make_inputs({"B": 1, "H": 2, "Lq": 9, "Lk": 9, "D": 16}, "float32", rng)
+    out = np.full(q.shape, np.nan, np.float32)
+    fn(q, k, v, out, causal=causal, scale=scale)
+    assert op.error(out, op.reference(q, k, v, causal=causal, scale=scale)) < 1e-5

@@ -129,10 +129,3 @@ def test_registry_rejects_duplicates_and_notifies(tmp_path):
     registry.add(v, replace=True)
     assert seen == ["softmax", "softmax"]
 
-
-def test_sdpa_variant_refuses_non_positive_scale():
-    """PyTorch SDPA gave non-finite output for scale <= 0 on the H200: it must not be chosen."""
-    (sdpa,) = [v for v in load_folder(builtin_folder()) if v.name == "sdpa_torch"]
-    scope = {"causal": False, "Lq": 4, "Lk": 4}
-    assert sdpa.fits({**scope, "scale": None}) and sdpa.fits({**scope, "scale": 0.5})
-    assert not sdpa.fits({**scope, "scale": 0.0}) and not sdpa.fits({**scope, "scale": -0.2})

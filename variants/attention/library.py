@@ -119,4 +119,9 @@ def attention_sdpa(q, k, v, out, causal=False, scale=None):
     tq, tk, tv, to = (torch.from_dlpack(x) for x in (q, k, v, out))
     if tq.dtype == torch.int16:
         tq, tk, tv, to = (t.view(torch.bfloat16) for t in (tq, tk, tv, to))
+    if scale is not None and scale <= 0:
+        # SDPA gave non-finite output for scale <= 0 on the H200 (2026-11-30, torch 2.11):
+        # softmax((-q)k^T * |s|) is the same function, and scale 0 is q = 0 (uniform weights)
+        tq = -tq if scale < 0 else torch.zeros_like(tq)
+        scale = -scale if scale < 0 else 1.0
     to.copy_(F.scaled_dot_product_attention(tq, tk, tv, is_causal=bool(causal), scale=scale))
