@@ -15,13 +15,14 @@ from adaptive import config, counterlog
 from adaptive.counterlog import (CounterLog, CounterLogError, counter_log, read_file, read_log,
                                  to_observations)
 from adaptive.dispatch import Dispatcher
+from adaptive.policy import MeasureEach
 from adaptive.ops import get_op
 from profilers import EventTimer, NvmlSampler
 
 
 @pytest.fixture
 def host():
-    d = Dispatcher("host")
+    d = Dispatcher("host", policy=MeasureEach())   # one plain plan per key
     d.sample_every = 0          # no synchronised samples: only the log's own records
     return d
 
@@ -34,6 +35,23 @@ def gemm_inputs(rng, m, k, n):
 def check_gemm(c, a, b):
     ref = get_op("gemm").reference(a, b)
     assert get_op("gemm").error(c, ref) < 1e-4
+
+
+def test_exploring_launches_are_logged_once(tmp_path, rng):
+    """Under the learned policy the first calls of a key explore (and are timed for the
+    policy); each call still becomes exactly one record."""
+    from adaptive.learned import Learned
+    d = Dispatcher("host", policy=Learned())
+    d.sample_every = 0
+    path = tmp_path / "explore.alog"
+    with counter_log(path) as clog:
+        for _ in range(12):
+            a, b = gemm_inputs(rng, 48, 40, 24)
+            check_gemm(d.launch("gemm", a, b), a, b)
+    assert clog.stats.written == 12 and clog.stats.dropped == 0
+    recs = read_log(path).records
+    assert [r["seq"] for r in recs] == list(range(1, 13))
+    assert {r["timer"] for r in recs[:2]} == {"sync"}   # exploring calls: timed for the policy
 
 
 def test_round_trip_records_every_launch(tmp_path, rng, host):
@@ -77,7 +95,7 @@ def test_bad_sample_every_is_refused(tmp_path, bad):
 
 
 def test_sampled_launches_are_logged_with_their_synchronised_time(tmp_path, rng):
-    d = Dispatcher("host")
+    d = Dispatcher("host", policy=MeasureEach())   # one plain plan per key
     d.sample_every = 4
     a, b = gemm_inputs(rng, 11, 13, 3)
     with counter_log(tmp_path / "s.alog"):
@@ -189,7 +207,7 @@ def test_env_var_logs_new_dispatchers(tmp_path, rng):
     path = str(tmp_path / "env.alog")
     a, b = gemm_inputs(rng, 10, 3, 7)
     with config.override(counter_log=path, counter_log_every=2):
-        d = Dispatcher("host")
+        d = Dispatcher("host", policy=MeasureEach())   # one plain plan per key
     d.sample_every = 0
     for _ in range(10):
         check_gemm(d.launch("gemm", a, b), a, b)

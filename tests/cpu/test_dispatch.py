@@ -3,6 +3,7 @@ back in the caller's array type, the default dispatcher is shared and thread-saf
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from adaptive.policy import Decision, Fixed
 
 
 def test_launch_caches_one_decision_per_key(rng):
-    d = adaptive.Dispatcher(backend="host")
+    d = adaptive.Dispatcher(backend="host", policy=adaptive.MeasureEach())
     a = rng.standard_normal((33, 17)).astype(np.float32)
     b = rng.standard_normal((17, 9)).astype(np.float32)
     for _ in range(3):
@@ -113,14 +114,19 @@ def test_torch_cpu_tensors_come_back_as_tensors(rng):
 
 
 def test_import_leaves_heavy_dependencies_out():
-    code = ("import sys, adaptive, numpy as np\n"
-            "adaptive.launch('gemm', np.ones((2, 2), 'f4'), np.ones((2, 2), 'f4'))\n"
-            "heavy = {'torch', 'transformers', 'sklearn', 'cupy', 'matplotlib', "
-            "'prometheus_client', 'cupti'}\n"
-            "print(sorted(heavy & set(sys.modules)))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == "[]", f"heavy modules imported by import adaptive + a host launch: {out}"
+    heavy = ("{'torch', 'transformers', 'sklearn', 'cupy', 'matplotlib', 'prometheus_client', "
+             "'cupti'}")
+    launch = "adaptive.launch('gemm', np.ones((2, 2), 'f4'), np.ones((2, 2), 'f4'))\n"
+    for policy, allowed, what in (("learned", "{'sklearn'}", "import adaptive"),
+                                  ("measure-each", "set()", "import adaptive + a host launch")):
+        code = (f"import sys, adaptive, numpy as np\n"
+                f"before = sorted({heavy} & set(sys.modules))\n{launch}"
+                f"after = sorted(({heavy} - {allowed}) & set(sys.modules))\n"
+                "print(before, after)\n")
+        env = {**os.environ, "ADAPTIVE_POLICY": policy}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, env=env).stdout.strip()
+        assert out == "[] []", f"heavy modules imported by {what} ({policy}): {out}"
 
 
 def test_config_override_and_env():

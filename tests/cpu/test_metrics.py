@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 import adaptive  # noqa: E402
 from adaptive import metrics  # noqa: E402
 from adaptive.dispatch import Dispatcher  # noqa: E402
+from adaptive.policy import MeasureEach  # noqa: E402
 from profilers import NvmlSampler  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def server():
 
 
 def test_launches_histogram_misses_regen_counted(server, rng):
-    d = Dispatcher("host")                     # created after the server: attached by hook
+    d = Dispatcher("host", policy=MeasureEach())                     # created after the server: attached by hook
     d.sample_every = 5
     x = rng.standard_normal((13, 29)).astype(np.float32)
     a = rng.standard_normal((17, 9)).astype(np.float32)
@@ -81,7 +82,7 @@ def test_launches_histogram_misses_regen_counted(server, rng):
 
 
 def test_dropped_log_records_are_exported(server, rng, tmp_path):
-    d = Dispatcher("host")
+    d = Dispatcher("host", policy=MeasureEach())
     d.sample_every = 0
     a = rng.standard_normal((5, 6)).astype(np.float32)
     b = rng.standard_normal((6, 7)).astype(np.float32)
@@ -136,7 +137,7 @@ def test_device_gauges_in_base_units():
 
 
 def test_close_detaches_and_counting_is_one_cheap_hook(rng):
-    d = Dispatcher("host")
+    d = Dispatcher("host", policy=MeasureEach())
     assert d.recorder is None                       # metrics off: the launch path as before
     server = adaptive.serve_metrics(0, nvml=False)
     assert isinstance(d.recorder, metrics._CountingRecorder)

@@ -16,6 +16,7 @@ import pytest
 
 from adaptive import cli
 from adaptive.dispatch import Dispatcher
+from adaptive.policy import MeasureEach
 from adaptive.regen import (Budget, OpenAIGenerator, Parametric, Regenerator, Request, Stage,
                             Verifier, make_generator, run_loop)
 from adaptive.regen.prompt import build_prompt, extract_code
@@ -45,7 +46,7 @@ def _request(reg: Registry, dims=None, rows=1) -> Request:
 
 def test_trigger_parametric_loop_promotes_and_dispatcher_reranks(rng, tmp_path):
     reg = _stripped_registry()
-    d = Dispatcher("host", registry=reg)
+    d = Dispatcher("host", registry=reg, policy=MeasureEach())
     d.sample_every = 1
     regen = Regenerator(registry=reg, verifier=Verifier(timeout_s=30), threshold=1.0,
                         min_samples=3, interval_s=0.0, budget=Budget(wall_s=60, candidates=6))
@@ -106,7 +107,7 @@ def test_parametric_proposes_new_points_not_the_known_ones():
 def test_failures_trigger_and_rate_limit_with_dedup():
     reg = default_registry()
     now = [0.0]
-    d = Dispatcher("host", registry=reg)
+    d = Dispatcher("host", registry=reg, policy=MeasureEach())
     regen = Regenerator(registry=reg, generator=Parametric(reg, max_points=0), threshold=0.0,
                         min_samples=2, interval_s=100.0, clock=lambda: now[0])
     regen.attach(d)
@@ -135,7 +136,7 @@ def test_failures_trigger_and_rate_limit_with_dedup():
 
 def test_listener_does_no_work_on_the_calling_thread():
     reg = default_registry()
-    d = Dispatcher("host", registry=reg)
+    d = Dispatcher("host", registry=reg, policy=MeasureEach())
     regen = Regenerator(registry=reg, threshold=1.0, min_samples=1).attach(d)
     x = np.ones((4, 4), np.float32)
     d.launch("softmax", x)
