@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = argparse.ArgumentParser(prog=f"adaptive {name}", description=COMMANDS[name][1])
     module.add_arguments(sub)
     args = sub.parse_args(argv[1:])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except BrokenPipeError:   # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
