@@ -180,23 +180,23 @@ def decode(data: bytes, where: str = "<bytes>") -> Pack:
     return Pack(header, variants, rows, cubins, failures, outer["sha256"])
 
 
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise PackError(str(path), f"cannot read: {exc.strerror}") from None
+
+
 def read_pack(path: str | os.PathLike) -> Pack:
     """Read, verify and decode a pack file (nothing is registered or executed)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PackError(str(path), f"cannot read: {exc.strerror}") from None
-    return decode(data, str(path))
+    return decode(_read_bytes(path), str(path))
 
 
 def peek_header(path: str | os.PathLike) -> dict:
     """The header of a verified pack without decoding its body (for ``show`` and matching)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise PackError(str(path), f"cannot read: {exc.strerror}") from None
+    data = _read_bytes(path)
     outer = _outer(data, str(path))
     header = msgpack.unpackb(outer["header"], raw=False)
     return header | {"sha256": outer["sha256"], "size_bytes": len(data)}
