@@ -157,26 +157,26 @@ class Learned:
             return None
         # the fastest of each candidate's samples: a first call may pay one-time costs
         # (a sparse format built lazily, a cold cache) and any call may meet interference
-        medians = {c: min(state.observed[c][-self.samples:]) for c in state.explore}
-        best = min(medians, key=medians.get)
-        if math.isinf(medians[best]):
+        fastest = {c: min(state.observed[c][-self.samples:]) for c in state.explore}
+        best = min(fastest, key=fastest.get)
+        if math.isinf(fastest[best]):
             failed = ", ".join(c.label for c in state.explore)
             state.reason = f"every explored candidate failed ({failed})"
-            state.explore = tuple(c for c in state.candidates if c not in medians)[
+            state.explore = tuple(c for c in state.candidates if c not in fastest)[
                 : self.max_explore]
             if not state.explore:
                 raise RuntimeError(f"every candidate of {state.op} failed on this input")
             state.observed = {c: [] for c in state.explore}
             return Decision(state.explore[0], state.reason, explore=state.explore)
-        state.committed, state.expected_ms = best, medians[best]
+        state.committed, state.expected_ms = best, fastest[best]
         state.recent.clear()
-        others = sorted((t, c.label) for c, t in medians.items() if c != best)
+        others = sorted((t, c.label) for c, t in fastest.items() if c != best)
         runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
-        state.reason = (f"committed after timing {len(medians)} candidates {self.samples}x on "
-                        f"real calls: {best.label} {medians[best]:.4g} ms{runner}")
+        state.reason = (f"committed after timing {len(fastest)} candidates {self.samples}x on "
+                        f"real calls: {best.label} {fastest[best]:.4g} ms{runner}")
         self.stats["commits"] += 1
         return Decision(best, state.reason, observed_ms=tuple(
-            (c.label, t) for c, t in medians.items()), predicted_ms=tuple(
+            (c.label, t) for c, t in fastest.items()), predicted_ms=tuple(
             (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
 
     def _check_drift(self, state: KeyState) -> Decision | None:
