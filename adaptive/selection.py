@@ -3,7 +3,11 @@
 Three seeded streams of inputs (decode-heavy, a long-sequence burst, a uniform mix) go
 through five ways of choosing: the per-input oracle, the best single fixed candidate, a
 Triton-style exhaustive autotune of every new key, the foundation's measure-each, and
-the learned policy (cold, and started from a "pack" measured on other inputs).
+the learned policy: cold (no pack), started from a pack of other inputs measured in the
+same run (``learned-pack``), and, where one was measured on this very device, started
+from the shipped pack (``learned-shipped``). Each live policy gets a dispatcher of its
+own on a fresh registry, so no pack reaches one unless the benchmark loads it there, the
+way a server does (``load_pack``).
 
 Every (input, candidate) pair is timed once up front (warm-up, median of ``repeats``)
 into a table. Oracle, fixed and autotune are *replayed* against that table (autotune
@@ -19,7 +23,9 @@ import argparse
 import dataclasses
 import math
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,29 +40,37 @@ def _spec(op, dtype="float32", stats=None, params=None, **dims):
 
 
 def _streams(quick: bool, cuda: bool):
-    """stream name -> function(rng) -> one input spec (op, dims, dtype, stats, params)."""
+    """stream name -> function(rng) -> one input spec (op, dims, dtype, stats, params).
+
+    On CUDA every stream is float16, the dtype an inference server runs (and the one the
+    tensor-core variants serve). The uniform mix there draws each op equally often over
+    the regimes a server meets (decode and prefill attention, one token to thousands in a
+    projection, pruned weights from half full to nearly empty, rows of 128 to 32000), with
+    sizes chosen so no single op's calls dominate the total.
+    """
     big = 4 if cuda else 1
     lk_top = 14 if cuda else (10 if quick else 12)
+    dt = "float16" if cuda else "float32"
 
     def decode(rng):
         if rng.random() < 0.7:
             lk = int(2 ** rng.integers(7, lk_top + 1))
-            return _spec("attention", B=int(rng.choice([1, 2])), H=4 * big, Lq=1, Lk=lk, D=64,
-                         params={"causal": True})
+            return _spec("attention", dt, B=int(rng.choice([1, 2])), H=4 * big, Lq=1, Lk=lk,
+                         D=64, params={"causal": True})
         n = int(rng.choice([256, 512, 1024])) * big
-        return _spec("gemm", M=int(rng.choice([1, 4, 16])), N=n, K=n)
+        return _spec("gemm", dt, M=int(rng.choice([1, 4, 16])), N=n, K=n)
 
     def burst(rng):
         lmax = 12 if cuda else (9 if quick else 10)
         length = int(2 ** rng.integers(7, lmax + 1))
         if rng.random() < 0.75:
-            return _spec("attention", B=1, H=2 * big, Lq=length, Lk=length, D=64,
+            return _spec("attention", dt, B=1, H=2 * big, Lq=length, Lk=length, D=64,
                          params={"causal": bool(rng.random() < 0.5)})
-        return _spec("softmax", R=2 * big * length, C=length)
+        return _spec("softmax", dt, R=2 * big * length, C=length)
 
-    def uniform(rng):
+    def uniform_host(rng):
         op = str(rng.choice(["gemm", "spmm", "softmax", "attention"]))
-        side = [64, 128, 256, 512] if not cuda else [256, 1024, 2048, 4096]
+        side = [64, 128, 256, 512]
         if op == "gemm":
             m, n, k = (int(rng.choice(side)) for _ in range(3))
             return _spec("gemm", M=m, N=n, K=k)
@@ -68,9 +82,29 @@ def _streams(quick: bool, cuda: bool):
         if op == "softmax":
             return _spec("softmax", R=int(rng.choice(side)) * 4, C=int(rng.choice(side)) * 2)
         length = int(rng.choice(side))
-        return _spec("attention", B=1, H=2 * big, Lq=length, Lk=length, D=64)
+        return _spec("attention", B=1, H=2, Lq=length, Lk=length, D=64)
 
-    return {"decode-heavy": decode, "long-burst": burst, "uniform-mix": uniform}
+    def uniform_cuda(rng):
+        op = str(rng.choice(["gemm", "spmm", "softmax", "attention"]))
+        if op == "gemm":
+            n = int(rng.choice([1024, 2048, 4096]))
+            return _spec("gemm", dt, M=int(rng.choice([1, 16, 64, 256, 1024])), N=n,
+                         K=int(rng.choice([1024, 2048, 4096])))
+        if op == "spmm":
+            d = float(rng.choice([0.5, 0.1, 0.01, 0.001]))
+            return _spec("spmm", dt, stats={"density": d, "block": int(rng.choice([0, 32]))},
+                         M=4096, N=int(rng.choice([16, 64, 128, 256])), K=4096)
+        if op == "softmax":
+            cols = int(rng.choice([128, 512, 1024, 4096, 32000]))
+            rows = int(rng.choice([1, 8, 64, 512, 4096]))
+            return _spec("softmax", dt, R=max(1, min(rows, (1 << 23) // cols)), C=cols)
+        length = int(rng.choice([128, 256, 512, 1024, 2048]))
+        lq = 1 if rng.random() < 0.4 else length
+        return _spec("attention", dt, B=int(rng.choice([1, 4])), H=16, Lq=lq, Lk=length,
+                     D=128, params={"causal": True})
+
+    return {"decode-heavy": decode, "long-burst": burst,
+            "uniform-mix": uniform_cuda if cuda else uniform_host}
 
 
 @dataclasses.dataclass
@@ -107,6 +141,7 @@ class SelectionReport:
     accuracy: object             # adaptive.model.Accuracy on the stream inputs
     hot_path: dict               # warm-hit cost, learned vs measure-each
     max_threads: int = 0         # host BLAS thread cap in force (0: all cores)
+    shipped: str = ""            # the shipped pack for this device ("" where none)
 
     def result(self, stream: str, policy: str) -> PolicyResult:
         """The live result of ``policy`` on ``stream`` where there is one, else the replayed."""
@@ -118,6 +153,61 @@ class SelectionReport:
         """Steady-state time of ``policy``'s choices over the oracle's, all streams together."""
         num = sum(self.result(s.stream, policy).steady_ratio * s.oracle_ms for s in self.streams)
         return num / sum(s.oracle_ms for s in self.streams)
+
+    def targets(self) -> list[tuple[str, str, bool]]:
+        """(target, measured, met) for the selection targets, from this one run."""
+        learned = [p for p in ("learned-pack", "learned-shipped")
+                   if p != "learned-shipped" or self.shipped]
+        out = []
+        for p in learned:
+            ratios = [self.result(s.stream, p).steady_ratio for s in self.streams]
+            out.append((f"{p}: steady state within 5% of the oracle on each stream",
+                        ", ".join(f"{r:.3f}" for r in ratios), max(ratios) <= 1.05))
+            mix = next((s for s in self.streams if s.stream == "uniform-mix"), None)
+            if mix is not None:
+                gain = (self.result(mix.stream, "best-fixed").steady_ratio
+                        / self.result(mix.stream, p).steady_ratio)
+                out.append((f"{p}: >= 1.2x faster than the best fixed candidate on the "
+                            "uniform mix", f"{gain:.3f}x", gain >= 1.2))
+            firsts = [self.result(s.stream, p).first_result_ms for s in self.streams]
+            out.append((f"{p}: first result of a new key under 5 ms (mean per stream)",
+                        ", ".join(f"{t:.2f} ms" for t in firsts), max(firsts) < 5.0))
+            shares = [self.result(s.stream, p).explored
+                      / max(1, self.result(s.stream, "autotune").explored)
+                      for s in self.streams]
+            out.append((f"{p}: tuning runs under 10% of exhaustive autotune's",
+                        ", ".join(f"{x:.1%}" for x in shares), max(shares) < 0.10))
+        if self.shipped:
+            for s in self.streams:
+                a = self.result(s.stream, "learned-shipped")
+                b = self.result(s.stream, "learned-cold")
+                out.append((f"{s.stream}: shipped pack at least as good as none (first "
+                            "result, steady/oracle)",
+                            f"{a.first_result_ms:.2f} vs {b.first_result_ms:.2f} ms, "
+                            f"{a.steady_ratio:.3f} vs {b.steady_ratio:.3f}",
+                            a.first_result_ms <= b.first_result_ms
+                            and a.steady_ratio <= b.steady_ratio))
+        out.append(("warm hit no costlier than the foundation's hot path",
+                    f"ratio {self.hot_path['ratio']:.3f}", self.hot_path["ratio"] <= 1.05))
+        return out
+
+    def targets_table(self) -> str:
+        rows = ["| target | measured | status |", "| --- | --- | --- |"]
+        rows += [f"| {t} | {m} | {'met' if ok else 'NOT met'} |" for t, m, ok in
+                 self.targets()]
+        return "\n".join(rows)
+
+    def _shipped_line(self) -> str:
+        if not self.shipped:
+            return "shipped pack: none for this device (learned-shipped not run)"
+        parts = []
+        for s in self.streams:
+            a, b = self.result(s.stream, "learned-shipped"), self.result(s.stream,
+                                                                         "learned-cold")
+            parts.append(f"{s.stream} first result {a.first_result_ms:.2f} vs "
+                         f"{b.first_result_ms:.2f} ms, steady/oracle {a.steady_ratio:.3f} vs "
+                         f"{b.steady_ratio:.3f}")
+        return f"shipped pack {self.shipped} (with vs without): " + "; ".join(parts)
 
     def __str__(self) -> str:
         out = [f"selection benchmark: backend={self.backend} quick={self.quick} "
@@ -133,9 +223,11 @@ class SelectionReport:
                            f"{r.steady_ms:>9.2f} {r.steady_ratio:>13.3f} "
                            f"{r.first_result_ms:>13.3f} {r.first_result_max_ms:>7.2f} "
                            f"{r.regret_ms:>9.2f} {r.explored:>5}")
+        learned = ("learned-cold", "learned-pack") + (("learned-shipped",) if self.shipped
+                                                       else ())
         out += ["", "steady/oracle over all streams: " + ", ".join(
-            f"{p} {self.steady_ratio(p):.3f}" for p in ("best-fixed", "measure-each",
-                                                        "learned-cold", "learned-pack")),
+            f"{p} {self.steady_ratio(p):.3f}" for p in ("best-fixed", "measure-each")
+            + learned), self._shipped_line(),
                 str(self.accuracy) + " (model fitted on the pack inputs only)",
                 f"warm hit: learned {self.hot_path['learned_us']:.2f} µs, measure-each "
                 f"{self.hot_path['measure_each_us']:.2f} µs per launch; ratio "
@@ -331,7 +423,6 @@ def run_selection(backend: str = "host", quick: bool = False, seed: int = 0,
 
 def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
     from adaptive.backends import get_backend
-    from adaptive.dispatch import Dispatcher
     from adaptive.learned import Learned
     from adaptive.model import LiveModel, held_out_accuracy, training_set
     from adaptive.policy import MeasureEach
@@ -354,38 +445,76 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
     specs = list(dict.fromkeys(s for st in streams.values() for s in st)) + [
         s for s in dict.fromkeys(pack_specs) if not any(s in st for st in streams.values())]
     inputs = {s: _inputs(s, rng, be.name) for s in specs}
-    table_d = Dispatcher(be)
+    shipped = _shipped_pack(be)
+    if shipped:   # its cubins spare the table the compiles (what a server on this GPU gets)
+        from adaptive.pack import _install_cubins, read_pack
+        _install_cubins(read_pack(shipped))
+    table_d = _dispatcher(be, MeasureEach())
     table_d.sample_every = 0
     table, rows = _time_table(table_d, specs, inputs, repeats, sync)
     say(f"timed {sum(len(t) for t in table.values())} (input, candidate) pairs")
     stream_specs = {s for st in streams.values() for s in st}
     pack_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s not in stream_specs]
     test_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s in stream_specs]
-    pack_ts = training_set(pack_rows)
-    accuracy = held_out_accuracy(pack_ts, test=training_set(test_rows))
+    accuracy = held_out_accuracy(training_set(pack_rows), test=training_set(test_rows))
+    say(f"shipped pack for this device: {shipped or 'none'}")
     reports = []
-    for name, stream in streams.items():
-        oracle, results = _replayed(table, stream)
-        for label, policy in (
-                ("measure-each", MeasureEach()),
-                ("learned-cold", Learned(LiveModel())),
-                ("learned-pack", Learned(_packed(pack_ts)))):
-            d = Dispatcher(be, policy=policy)
-            results.append(_live(label, d, stream, inputs, table, oracle, sync))
-        keys = set(stream)
-        reports.append(StreamReport(name, len(keys), len(stream),
-                                    sum(len(table[s]) for s in keys), oracle, results))
-        say(f"{name}: done")
+    with tempfile.TemporaryDirectory(prefix="adaptive-selection-") as tmp:
+        local_pack = _write_pack(be, pack_rows, Path(tmp) / "selection-pack.msgpack")
+        for name, stream in streams.items():
+            oracle, results = _replayed(table, stream)
+            live = [("measure-each", _dispatcher(be, MeasureEach())),
+                    ("learned-cold", _dispatcher(be, Learned(LiveModel()))),
+                    ("learned-pack", _dispatcher(be, Learned(LiveModel()), local_pack))]
+            if shipped:
+                live.append(("learned-shipped",
+                             _dispatcher(be, Learned(LiveModel()), shipped)))
+            for label, d in live:
+                results.append(_live(label, d, stream, inputs, table, oracle, sync))
+            keys = set(stream)
+            reports.append(StreamReport(name, len(keys), len(stream),
+                                        sum(len(table[s]) for s in keys), oracle, results))
+            say(f"{name}: done")
     hot = _hot_path(be, rounds=21 if quick else 31, n=1000 if quick else 5000)
-    return SelectionReport(be.name, quick, seed, reports, accuracy, hot)
+    return SelectionReport(be.name, quick, seed, reports, accuracy, hot, shipped=shipped or "")
 
 
-def _packed(pack_ts):
-    """A live model started from the pack rows, its first fit done before the stream."""
-    from adaptive.model import LiveModel
-    model = LiveModel(pack_ts)
-    model.wait()
-    return model
+def _dispatcher(be, policy, pack: str | None = None):
+    """A dispatcher on its own registry of the built-in variants, so no pack reaches it
+    unless given here; with ``pack``, loaded the way a server loads one (``load_pack``),
+    the model's first fit done before the stream starts."""
+    from adaptive.dispatch import Dispatcher
+    from adaptive.pack import load_pack
+    from adaptive.variants import default_registry
+    d = Dispatcher(be, policy=policy, registry=default_registry())
+    if pack is not None:
+        report = load_pack(pack, registry=d.registry, fingerprint=be.fingerprint())
+        if not report.rows:
+            raise RuntimeError(f"pack {pack} gave no rows for {be.name}: {report}")
+        policy.model.wait()
+    return d
+
+
+def _write_pack(be, rows, path: Path) -> str:
+    """The pack inputs' rows as a real pack file (variants as registered now)."""
+    from adaptive.pack import new_pack, write_pack
+    from adaptive.variants import default_registry
+    reg = default_registry()
+    names = sorted({(r.op, r.variant) for r in rows})
+    write_pack(new_pack([reg.get(op, name) for op, name in names], rows, be.fingerprint(),
+                        build={"by": "adaptive bench selection"}), path)
+    return str(path)
+
+
+def _shipped_pack(be) -> str | None:
+    """The shipped pack measured on this very device, if there is one."""
+    from adaptive.pack import _cached_header, same_device
+    from adaptive.packs import shipped_packs
+    fp = be.fingerprint()
+    for p in shipped_packs():
+        if same_device(_cached_header(p).get("fingerprint", {}), fp):
+            return str(p)
+    return None
 
 
 def _row_specs(table, specs):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 
 pytest.importorskip("sklearn")
@@ -57,3 +59,35 @@ def test_a_warm_hit_costs_what_the_foundation_hot_path_costs(report):
 def test_model_accuracy_is_reported_on_the_stream_inputs(report):
     acc = report.accuracy
     assert acc.keys >= 10 and -1.0 <= acc.spearman <= 1.0 and 0.0 <= acc.top1 <= acc.top3 <= 1.0
+
+
+def test_live_dispatchers_get_a_pack_only_where_the_benchmark_loads_one(tmp_path, rng):
+    from adaptive.backends import get_backend
+    from adaptive.dispatch import Dispatcher
+    from adaptive.learned import Learned
+    from adaptive.model import LiveModel
+    from adaptive.observation import Observation
+    from adaptive.selection import _dispatcher, _write_pack
+    be = get_backend("host")
+    x = rng.standard_normal((37, 53)).astype(np.float32)
+    shared = Dispatcher(be)                      # timed rows, as the table makes them
+    rows = []
+    for c in shared.candidates("softmax", x):
+        shared.launch("softmax", x, variant=c.variant.name, config=c.config)
+        rows.append(Observation("softmax", {"R": 37, "C": 53}, "float32", c.variant.name,
+                                c.config, float(rng.uniform(0.01, 0.1)), 0.005, {}))
+    cold = _dispatcher(be, Learned(LiveModel(background=False)))
+    assert cold.registry is not shared.registry and "prior_rows" not in cold.stats
+    path = _write_pack(be, rows, tmp_path / "p.msgpack")
+    warm = _dispatcher(be, Learned(LiveModel(background=False)), path)
+    assert warm.stats["prior_rows"] == len(rows) and warm.policy.model.model is not None
+    assert "prior_rows" not in cold.stats        # loading into one registry leaves the other
+
+
+def test_shipped_pack_is_compared_with_no_pack_in_the_report(report):
+    text = str(report)
+    if report.shipped:
+        assert "learned-shipped" in text and "with vs without" in text
+    else:
+        assert "none for this device (learned-shipped not run)" in text
+        assert all(r.policy != "learned-shipped" for s in report.streams for r in s.results)
