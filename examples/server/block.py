@@ -130,7 +130,8 @@ class AdaptiveBlock:
     """
 
     def __init__(self, shape: BlockShape, dispatch: str = "adaptive", device: str = "host",
-                 dtype: str = "float32", seed: int = 0, static: dict | None = None):
+                 dtype: str = "float32", seed: int = 0, static: dict | None = None,
+                 policy: str | None = None, fused=None):
         if dispatch not in ("adaptive", "static"):
             raise ValueError(f"dispatch must be 'adaptive' or 'static', got {dispatch!r}")
         if device == "cuda":
@@ -150,19 +151,62 @@ class AdaptiveBlock:
         self.static_names = dict(static or {})     # op -> variant, overriding STATIC_CHOICES
         self._static: dict[str, tuple[str, dict]] = {}
         self._static_lock = threading.Lock()
+        # policy=None: the process's default dispatcher (ADAPTIVE_POLICY); a name: a
+        # dispatcher of this block's own with that policy (on the shared registry, so
+        # loaded packs reach it)
+        self.dispatcher = None
+        if policy is not None:
+            from adaptive.policy import make_policy
+            self.dispatcher = adaptive.Dispatcher(
+                "cuda" if device == "cuda" else "host", device=0 if device == "cuda" else None,
+                policy=make_policy(policy))
+        self._launch = adaptive.launch if self.dispatcher is None else self.dispatcher.launch
+        # the elementwise glue: fused CUDA kernels on the GPU, NumPy expressions on the host
+        # (a test may hand in a Fused over NumPy with emulated kernels)
+        if fused is None and device == "cuda":
+            from fused import Fused, cuda_functions
+            fused = Fused(self.xp, cuda_functions(dtype, self.xp.cuda.Device().id), dtype)
+        self.fused = fused
+        self._tracking: dict | None = None
 
     # ---- one op ----------------------------------------------------------------------------
     def op(self, name: str, *args, **params):
         if self.dispatch == "adaptive":
-            return adaptive.launch(name, *args, **params)
+            out = self._launch(name, *args, **params)
+            if self._tracking is not None:
+                self._track(name, args, params)
+            return out
         variant, config = self._static_choice(name, args, params)
-        return adaptive.launch(name, *args, variant=variant, config=config, **params)
+        return self._launch(name, *args, variant=variant, config=config, **params)
+
+    def _track(self, name: str, args, params) -> None:
+        d = self.dispatcher
+        if d is None:
+            from adaptive.dispatch import default_dispatcher
+            d = default_dispatcher(args)
+        decision = d.decision(name, *args, **params)
+        key = (name, tuple(getattr(a, "shape", None) for a in args), tuple(sorted(params.items())))
+        self._tracking[key] = decision
+
+    def pending_decisions(self, x_host: np.ndarray) -> dict[tuple, str]:
+        """Run one request and return the keys it met that are not committed yet (the
+        learned policy still exploring them), each with its decision's reason; {} when
+        every key is settled. Static dispatch pins its plans: always {} after one run."""
+        self._tracking = {}
+        try:
+            self(x_host)
+            seen = self._tracking
+        finally:
+            self._tracking = None
+        return {k: ("no decision" if dec is None else dec.reason) for k, dec in seen.items()
+                if dec is None or dec.explore}
 
     def _static_choice(self, name, args, params) -> tuple[str, dict]:
         choice = self._static.get(name)
         if choice is None:
             with self._static_lock:
-                pool = adaptive.candidates(name, *args, **params)
+                pool = (adaptive.candidates(name, *args, **params) if self.dispatcher is None
+                        else self.dispatcher.candidates(name, *args, **params))
                 wanted, prefer = STATIC_CHOICES[self.device][name]
                 if name in self.static_names:
                     wanted, prefer = self.static_names[name], {}
@@ -207,8 +251,25 @@ class AdaptiveBlock:
         y_t = self.op("spmm", self.w[f"{i}.w_down"], xp.ascontiguousarray(u))
         return xp.ascontiguousarray(x + y_t.T)
 
+    def _forward_fused(self, x):
+        """The same block with the glue in fused kernels (:mod:`fused`): five per layer."""
+        f, s = self.fused, self.shape
+        _, h, _ = f.layernorm(x)                                            # [P, d]
+        for i in range(s.layers):
+            buf = f.split_heads(self.op("gemm", h, self.w[f"{i}.w_qkv"]), s.heads)
+            a = self.op("attention", buf[0:1], buf[1:2], buf[2:3], causal=True)
+            o = self.op("gemm", f.merge_heads(a), self.w[f"{i}.w_o"])
+            x, _, h_t = f.layernorm(x, o, want_sum=True, want_y=False, want_yt=True)
+            u = f.gelu_(self.op("spmm", self.w[f"{i}.w_up"], h_t))          # [F, P]
+            y_t = self.op("spmm", self.w[f"{i}.w_down"], u)                 # [d, P]
+            last = i == s.layers - 1
+            x, h, _ = f.layernorm(x, y_t, r_transposed=True, want_sum=True, want_y=not last)
+        return x, self.op("softmax", self.op("gemm", x, self.w["w_head"]))
+
     def forward(self, x):
         """Padded activations [P, d] -> (final activations, next-token probabilities)."""
+        if self.fused is not None:
+            return self._forward_fused(x)
         for i in range(self.shape.layers):
             x = self._layer(x, i)
         probs = self.op("softmax", self.op("gemm", x, self.w["w_head"]))   # [P, vocab]
@@ -220,6 +281,8 @@ class AdaptiveBlock:
         padded = np.zeros((self.shape.padded(seq_len), self.shape.d_model), self.dtype)
         padded[:seq_len] = x_host
         x, probs = self.forward(self.xp.asarray(padded))
+        if self.fused is not None:
+            return self.fused.summarise(x, probs, seq_len)               # one copy back
         last = probs[seq_len - 1].astype(self.xp.float32)
         token = int(last.argmax())
         norm = float(self.xp.linalg.norm(x[:seq_len].astype(self.xp.float32)))
@@ -252,10 +315,10 @@ def reference(shape: BlockShape, weights: dict, x: np.ndarray) -> tuple[float, n
 
 
 def build(shape: BlockShape, dispatch: str, device: str, dtype: str, seed: int = 0,
-          torch_sparse: bool = False, static: dict | None = None):
+          torch_sparse: bool = False, static: dict | None = None, policy: str | None = None):
     """The callable model for a dispatch mode: (activations [L, d]) -> (norm, token, prob)."""
     if dispatch == "torch":
         from torch_block import TorchBlock   # torch is imported only in this mode
         return TorchBlock(shape, device=device, dtype=dtype, seed=seed, sparse=torch_sparse)
     return AdaptiveBlock(shape, dispatch=dispatch, device=device, dtype=dtype, seed=seed,
-                         static=static)
+                         static=static, policy=policy)

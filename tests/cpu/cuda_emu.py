@@ -1,0 +1,151 @@
+"""Run simple CUDA kernels on the CPU: one OS thread per CUDA thread, blocks one at a time.
+
+For checking the logic of small kernels (index maths, shared-memory tiles, warp
+shuffles, barriers) on machines without a GPU. The kernel source is compiled by g++
+with a thin emulation of the CUDA built-ins it uses (``threadIdx``, ``__syncthreads``,
+``__shfl_xor_sync``, ``__shared__`` as per-block statics); ``T`` is ``float``. Timing and
+memory-model behaviour are not emulated: a race that real hardware would show may pass.
+
+    lib = build(source, {"kernel": ["ptr", "i32", "f32"]}, tmp_path)
+    lib["kernel"](grid, block, (array, np.int32(3), np.float32(1.0)))
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+HEADER = r"""
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <memory>
+#include <thread>
+#include <vector>
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+static std::barrier<>* emu_block_barrier;
+static std::vector<std::unique_ptr<std::barrier<>>> emu_warp_barriers;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __restrict__
+using std::min; using std::max;
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline int emu_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+template <class V> V __shfl_xor_sync(unsigned, V v, int offset) {
+    static V slots[1024];
+    const int t = emu_tid(), w = t / 32;
+    slots[t] = v;
+    emu_warp_barriers[w]->arrive_and_wait();
+    const V r = slots[(t & ~31) | ((t & 31) ^ offset)];
+    emu_warp_barriers[w]->arrive_and_wait();
+    return r;
+}
+typedef float T;
+inline float to_f32(float x) { return x; }
+template <typename U> inline U from_f32(float x);
+template <> inline float from_f32<float>(float x) { return x; }
+template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                   unsigned by, unsigned bz, F kernel) {
+    gridDim = {gx, gy, gz};
+    blockDim = {bx, by, bz};
+    const unsigned n = bx * by * bz;
+    for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y)
+    for (unsigned x = 0; x < gx; ++x) {
+        std::barrier<> bar(n);
+        emu_block_barrier = &bar;
+        emu_warp_barriers.clear();
+        for (unsigned w = 0; w < (n + 31) / 32; ++w)
+            emu_warp_barriers.emplace_back(new std::barrier<>(std::min(32u, n - 32 * w)));
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < n; ++t)
+            threads.emplace_back([=] {
+                threadIdx = {t % bx, (t / bx) % by, t / (bx * by)};
+                blockIdx = {x, y, z};
+                kernel();
+            });
+        for (auto& th : threads) th.join();
+    }
+}
+#line 1 "kernel.cu"
+"""
+
+_C_TYPES = {"ptr": ("void*", ctypes.c_void_p), "i32": ("int", ctypes.c_int),
+            "i64": ("long long", ctypes.c_longlong), "f32": ("float", ctypes.c_float)}
+
+
+def available() -> bool:
+    """True when g++ is on PATH."""
+    return shutil.which("g++") is not None
+
+
+def _wrapper(name: str, params: list[str], casts: list[str]) -> str:
+    decl = ", ".join(f"{_C_TYPES[p][0]} a{i}" for i, p in enumerate(params))
+    call = ", ".join(f"({c})a{i}" if p == "ptr" else f"a{i}"
+                     for i, (p, c) in enumerate(zip(params, casts)))
+    return (f'extern "C" void emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
+            f"unsigned by, unsigned bz{', ' if decl else ''}{decl}) {{\n"
+            f"    emu_launch(gx, gy, gz, bx, by, bz, [=] {{ {name}({call}); }});\n}}\n")
+
+
+def build(source: str, kernels: Mapping[str, list], workdir: Path) -> dict:
+    """Compile ``source`` with entry points for ``kernels``: name -> parameter list, each
+    "ptr", "i32", "i64", "f32" or ("ptr", "const T*") for a pointer's C type (default
+    ``T*``). Returns name -> ``fn(grid, block, args)`` over NumPy arrays and scalars."""
+    wrappers, specs = [], {}
+    for name, params in kernels.items():
+        kinds = [p[0] if isinstance(p, tuple) else p for p in params]
+        casts = [p[1] if isinstance(p, tuple) else "T*" for p in params]
+        wrappers.append(_wrapper(name, kinds, casts))
+        specs[name] = kinds
+    workdir.mkdir(parents=True, exist_ok=True)
+    src = workdir / "emu.cpp"
+    lib = workdir / "emu.so"
+    src.write_text(HEADER + source + "\n" + "".join(wrappers))
+    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
+                           "-w", "-o", str(lib), str(src)], capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"g++ failed on the emulated kernels:\n{proc.stderr[-4000:]}")
+    dll = ctypes.CDLL(str(lib))
+    out = {}
+    for name, kinds in specs.items():
+        fn = getattr(dll, f"emu_{name}")
+        fn.argtypes = [ctypes.c_uint] * 6 + [_C_TYPES[k][1] for k in kinds]
+        fn.restype = None
+        out[name] = _launcher(fn, kinds, name)
+    return out
+
+
+def _launcher(fn, kinds: list[str], name: str):
+    def launch(grid, block, args):
+        if len(args) != len(kinds):
+            raise TypeError(f"{name}: {len(args)} arguments, expected {len(kinds)}")
+        grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
+        values = []
+        for kind, a in zip(kinds, args):
+            if kind == "ptr":
+                if isinstance(a, np.ndarray):
+                    if a.dtype != np.float32 or not a.flags.c_contiguous:
+                        raise TypeError(f"{name}: emulated kernels take contiguous float32 "
+                                        f"arrays, got {a.dtype}")
+                    values.append(a.ctypes.data)
+                elif isinstance(a, np.integer) and int(a) == 0:
+                    values.append(None)
+                else:
+                    raise TypeError(f"{name}: expected an array or a null pointer, got {a!r}")
+            else:
+                values.append(a.item() if isinstance(a, np.generic) else a)
+        fn(*grid, *block, *values)
+    return launch
