@@ -66,11 +66,6 @@ def kernels(tmp_path_factory):
                                           tmp_path_factory.mktemp("emu")), "float32")
 
 
-@pytest.fixture
-def rng():
-    return np.random.default_rng()
-
-
 def _ln64(s):
     s = np.asarray(s, np.float64)
     return (s - s.mean(1, keepdims=True)) / np.sqrt(s.var(1, keepdims=True) + fused.EPS)
