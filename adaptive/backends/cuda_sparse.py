@@ -11,6 +11,8 @@ kernel-argument providers registered here name these arrays for a manifest's
 ``w_bsr{B}_indptr``, ``_indices``       int32 [ceil(M / B) + 1], int32 [blocks] (B = 16, 32, 64)
 ``w_bsr{B}_values``                     T [blocks, B, B], each block row-major; the matrix is
                                         zero-padded to multiples of B
+``w_bsr{B}_order``                      int32 [ceil(M / B)]: the block rows by their number of
+                                        blocks, most first (ties by row), for balancing
 =====================================  ====================================================
 """
 
@@ -57,6 +59,20 @@ def device_bsr(w, block: int) -> tuple:
     return w.cached(f"cuda{_device_id()}_bsr{block}", build)
 
 
+def rows_by_block_count(indptr: np.ndarray) -> np.ndarray:
+    """Block rows sorted by their number of blocks, most first, ties by row (int32)."""
+    counts = np.diff(np.asarray(indptr, dtype=np.int64))
+    return np.argsort(-counts, kind="stable").astype(np.int32)
+
+
+def device_bsr_order(w, block: int):
+    """``rows_by_block_count`` of ``w``'s BSR with this block size, on the current device."""
+    def build():   # w's lock is reentrant: building from another format is fine
+        import cupy
+        return cupy.asarray(rows_by_block_count(w.bsr(block).indptr))
+    return w.cached(f"cuda{_device_id()}_bsr{block}_order", build)
+
+
 def device_dense(w):
     """The dense [M, K] form of ``w`` in its dtype on the current device."""
     def build():
@@ -82,3 +98,7 @@ for _i, _part in enumerate(_PARTS):
         register("spmm", f"w_bsr{_b}_{_part}",
                  ArgProvider(f"BSR ({_b}x{_b} blocks) {_part} of w on the device",
                              call=_bsr_part(_b, _i), index=0))
+for _b in BLOCK_SIZES:
+    register("spmm", f"w_bsr{_b}_order",
+             ArgProvider(f"BSR ({_b}x{_b} blocks) rows by block count, most first (int32)",
+                         call=lambda w, _b=_b: device_bsr_order(w, _b), index=0))

@@ -91,6 +91,7 @@ SPMM_CASES = [  # dtype, M, N, K, density, block
     ("float16", 64, 256, 512, 0.01, 0),
     ("float16", 33, 1, 47, 0.5, 0),
     ("float16", 40, 24, 4500, 1.0, 32),   # 141 blocks a row: > 32 per warp (index refill)
+    ("float16", 1000, 136, 1000, 0.1, 32),  # 32 block rows of 0..~9 blocks, some empty
 ]
 
 
@@ -104,6 +105,38 @@ def test_spmm_shapes(dispatcher, cp, rng, name, case):
         pytest.skip(f"{name} does not fit {case}")
     _run_spmm(dispatcher, cp, name, fitting[0], w, b, ref, dtype)
     _run_spmm(dispatcher, cp, name, fitting[-1], w, b, ref, dtype)
+
+
+DEEP = [(n, c) for n, c in SPMM if n in ("bsr32_deep_mma", "bsr32_rows_mma")]
+
+
+@pytest.mark.parametrize("n", [136, 45])
+@pytest.mark.parametrize("name,config", DEEP, ids=[_label(n, c) for n, c in DEEP])
+def test_spmm_bsr32_uneven_rows_every_config(dispatcher, cp, rng, name, config, n):
+    """Block rows of very different lengths (two empty, one full), M, K and N off the tiles:
+    the rows kernel pairs them heavy with light and streams them through one pipeline."""
+    from adaptive.ops.sparse import SparseWeight
+    m, k = 301, 330                      # 10 block rows (the last partial), 11 block columns
+    mask = rng.random((10, 11)) < 0.3
+    mask[[1, 4]] = False
+    mask[7] = True
+    full = np.kron(mask, np.ones((32, 32), bool))[:m, :k]
+    values = rng.standard_normal((m, k)).astype(np.float16)
+    values[values == 0] = 1
+    w = SparseWeight(cp.asarray(np.where(full, values, 0).astype(np.float16)), dtype="float16")
+    b = (rng.standard_normal((k, n)) / np.sqrt(0.3 * k)).astype(np.float16)
+    ref = get_op("spmm").reference(w, b)
+    _run_spmm(dispatcher, cp, name, config, w, cp.asarray(b), ref, "float16")
+
+
+def test_spmm_bsr32_row_order_is_cached_and_sorted(dispatcher, cp, rng):
+    from adaptive.backends.cuda_sparse import device_bsr, device_bsr_order
+    w, b, ref = _spmm_inputs(cp, rng, "float16", 300, 32, 400, 0.3, 32)
+    order = device_bsr_order(w, 32)
+    assert order is device_bsr_order(w, 32)
+    counts = np.diff(cp.asnumpy(device_bsr(w, 32)[0]))[cp.asnumpy(order)]
+    assert sorted(cp.asnumpy(order).tolist()) == list(range(10))
+    assert np.all(np.diff(counts) <= 0), counts
 
 
 def test_spmm_device_formats_are_cached(dispatcher, cp, rng):
