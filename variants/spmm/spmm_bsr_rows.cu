@@ -135,14 +135,17 @@ spmm_bsr_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
         total += n;
         end[q] = total;
     }
-    auto load = [&](int j) {   // stage stream position j (CTA-uniform, j < total)
+    auto block_at = [&](int j) {   // the block at stream position j < total
         int blk = first[0] + j;
         #pragma unroll
         for (int q = 1; q < RPC; ++q)
             if (j >= end[q - 1]) blk = first[q] + j;   // the last row that starts at or before j
+        return blk;
+    };
+    auto load = [&](int j, int kb) {   // stage stream position j (CTA-uniform), column block kb
         const int st = j % STAGES;
-        load_stage(a_s + st * A_STAGE, b_s + st * B_STAGE, values + (size_t)blk * (BS * BS),
-                   b, indices[blk] * BS, n0, N, K, vec_ok);
+        load_stage(a_s + st * A_STAGE, b_s + st * B_STAGE,
+                   values + (size_t)block_at(j) * (BS * BS), b, kb * BS, n0, N, K, vec_ok);
     };
 
     float acc[MT][NT][4];
@@ -155,9 +158,12 @@ spmm_bsr_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
 
     #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) load(s);
+        if (s < total) load(s, indices[block_at(s)]);
         cp_async_commit();
     }
+    // the column block of the next position to stage, read one iteration ahead so that its
+    // latency hides behind the mma work
+    int kb_next = STAGES - 1 < total ? indices[block_at(STAGES - 1)] : 0;
 
     const int g = lane >> 2, t = lane & 3;
     int i = 0;   // stream position, carried from row to row
@@ -166,8 +172,10 @@ spmm_bsr_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
         for (; i < end[q]; ++i) {
             cp_async_wait<STAGES - 2>();   // position i landed (this thread's copies) ...
             __syncthreads();               // ... everyone's; stage (i - 1) % STAGES is free
-            if (i + STAGES - 1 < total) load(i + STAGES - 1);
+            const int nxt = i + STAGES - 1;
+            if (nxt < total) load(nxt, kb_next);
             cp_async_commit();
+            kb_next = nxt + 1 < total ? indices[block_at(nxt + 1)] : 0;
             const __half* as = a_s + (i % STAGES) * A_STAGE;
             const __half* bs = b_s + (i % STAGES) * B_STAGE;
             #pragma unroll
