@@ -34,6 +34,57 @@ FIELDS = {"tokens": "list of token ids", "seq_len": "int", "seed": "int"}
 log = logging.getLogger("adaptive.example.server")
 
 
+class WarmupError(RuntimeError):
+    """Warm-up could not settle every padded length in its budget."""
+
+
+def padded_lengths(shape: BlockShape) -> list[int]:
+    """Every padded length a request can produce: multiples of pad_to up to max_seq's."""
+    return list(range(shape.pad_to, shape.padded(shape.max_seq) + 1, shape.pad_to))
+
+
+def warm_up(model, shape: BlockShape, limit_s: float = 300.0, max_per_length: int = 64,
+            min_per_length: int = 2, progress=None) -> dict:
+    """Serve every padded length until the model has nothing left to decide.
+
+    A model with ``pending_decisions`` (adaptive dispatch) gets requests of each length
+    until every key it meets is committed (the learned policy explores on real calls);
+    others get ``min_per_length`` requests per length (compilation, library heuristics).
+    Raises :class:`WarmupError` naming the unsettled keys when a length needs more than
+    ``max_per_length`` requests or the whole warm-up more than ``limit_s`` seconds.
+    """
+    pending_of = getattr(model, "pending_decisions", None)
+    lengths = padded_lengths(shape)
+    t0, total = time.perf_counter(), 0
+    for i, length in enumerate(lengths):
+        x = input_activations(shape, model.host_weights, seq_len=length, seed=length)
+        t_len, pending = time.perf_counter(), {}
+        for n in range(1, max_per_length + 1):
+            if pending_of is not None:
+                pending = pending_of(x)
+            else:
+                model(x)
+            total += 1
+            if not pending and n >= min_per_length:
+                break
+            if time.perf_counter() - t0 > limit_s:
+                raise WarmupError(f"warm-up passed its {limit_s:.0f} s limit at length {length} "
+                                  f"({i}/{len(lengths)} lengths settled); still exploring: "
+                                  f"{_describe(pending)}; raise the limit or load a pack")
+        else:
+            raise WarmupError(f"length {length}: {len(pending)} key(s) still exploring after "
+                              f"{max_per_length} requests: {_describe(pending)}")
+        if progress is not None:
+            progress(f"warm-up {i + 1}/{len(lengths)}: P={length} settled after {n} requests "
+                     f"in {time.perf_counter() - t_len:.2f} s")
+    return {"warmup_s": time.perf_counter() - t0, "warmed_lengths": len(lengths),
+            "lengths": len(lengths), "warmup_requests": total}
+
+
+def _describe(pending: dict) -> str:
+    return "; ".join(f"{k[0]} {k[1]}: {why}" for k, why in list(pending.items())[:4]) or "-"
+
+
 class RequestError(Exception):
     """A client mistake: answered with ``status`` and a message saying what to send."""
 
@@ -249,6 +300,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="default float16 on cuda, float32 on the host")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (0: any free port)")
+    p.add_argument("--policy", choices=("learned", "measure-each", "first"), default=None,
+                   help="adaptive/static: a dispatcher of the block's own with this policy "
+                   "(default: the process's, from ADAPTIVE_POLICY)")
+    p.add_argument("--pack", action="append", default=[], metavar="PATH",
+                   help="load this variant pack before serving (repeatable)")
+    p.add_argument("--warmup", action="store_true",
+                   help="before serving, run every padded length until its decisions settle")
+    p.add_argument("--warmup-limit-s", type=float, default=300.0)
     p.add_argument("--static", action="append", default=[], metavar="OP=VARIANT",
                    help="static mode: pin this variant for an op (repeatable)")
     p.add_argument("--torch-sparse", action="store_true",
@@ -283,9 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     static = dict(item.split("=", 1) for item in args.static if "=" in item)
     if len(static) != len(args.static):
         parser.error(f"--static takes OP=VARIANT, got {args.static}")
+    if args.pack:
+        import adaptive
+        for path in args.pack:
+            report = adaptive.load_pack(path)
+            print(f"pack {path}: {report.rows} rows, weight {report.weight}", file=sys.stderr)
     model = build(shape, args.dispatch, device, dtype, torch_sparse=args.torch_sparse,
-                  static=static)
+                  static=static, policy=args.policy)
     model(input_activations(shape, model.host_weights, seq_len=min(8, shape.max_seq)))  # fail fast
+    if args.warmup:
+        done = warm_up(model, shape, args.warmup_limit_s,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"warm-up: {done['lengths']} lengths in {done['warmup_s']:.1f} s", file=sys.stderr)
     if args.metrics_port is not None:
         start_metrics(args.metrics_port, args.host)
     server = InferenceServer((args.host, args.port), model, shape, args.dispatch)

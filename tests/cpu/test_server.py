@@ -303,9 +303,15 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
     sys.path.insert(0, str(ROOT))
     from benchmarks import gpu_server
     payload = gpu_server.run(str(tmp_path), device="host", requests=300, duration_s=1.0,
-                             warmup_s=5.0, concurrency=2, quick=True)
+                             warmup_limit_s=60.0, concurrency=2, quick=True)
     assert [r["mode"] for r in payload["results"]] == ["adaptive", "static", "torch"]
     assert all("error" not in r for r in payload["results"]), payload["results"]
+    adaptive = payload["results"][0]
+    assert adaptive["policy"] == "learned" and payload["pack"]["rows"] >= 0
+    assert adaptive["warmed_lengths"] == adaptive["lengths"] == 4     # 64..256 by 64
+    assert adaptive["misses_in_load"] == 0, "a key was decided inside the timed window"
+    table = gpu_server.table(payload["results"])
+    assert "adaptive / torch" in table.splitlines()[-1] and "targets" in table
     assert json.loads((tmp_path / "gpu_server.json").read_text())["device"] == "host"
     rows = gpu_server.summary_rows(payload)
     assert [r["case"] for r in rows] == ["adaptive throughput", "static throughput",
@@ -313,3 +319,30 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
                                          "adaptive / torch"]
     assert all(float(r["value"]) > 0 and r["unit"] for r in rows)
     assert gpu_server.main(str(tmp_path))[0]["case"] == "skipped"     # no GPU here
+
+
+def test_warm_up_settles_every_length_or_fails_loudly():
+    from block import build
+    from server import WarmupError, padded_lengths, warm_up
+    shape = BlockShape(d_model=32, heads=2, d_ff=64, vocab=40, layers=2, max_seq=70, pad_to=32)
+    assert padded_lengths(shape) == [32, 64, 96]
+    model = build(shape, "adaptive", "host", "float32", policy="learned")
+    lines = []
+    done = warm_up(model, shape, limit_s=60.0, progress=lines.append)
+    assert done["warmed_lengths"] == done["lengths"] == 3 and len(lines) == 3
+    for length in padded_lengths(shape):        # every key met is committed: nothing left
+        x = input_activations(shape, model.host_weights, seq_len=length, seed=1)
+        assert model.pending_decisions(x) == {}
+    misses = model.dispatcher.stats["misses"]
+    model(input_activations(shape, model.host_weights, seq_len=41, seed=2))
+    assert model.dispatcher.stats["misses"] == misses   # 41 pads to 64: already decided
+
+    class NeverSettles:
+        host_weights = model.host_weights
+
+        def pending_decisions(self, x):
+            return {("gemm", ((x.shape[0], 32),), ()): "still exploring 4 candidates"}
+
+    with pytest.raises(WarmupError, match=r"length 32: 1 key\(s\) still exploring after 3 "
+                       r"requests: gemm .*still exploring 4 candidates"):
+        warm_up(NeverSettles(), shape, max_per_length=3)
