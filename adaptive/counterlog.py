@@ -30,6 +30,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import operator
 import os
 import platform
 import threading
@@ -66,10 +67,14 @@ def _run_plan(plan, args, out):
 
 
 class Recorder:
-    """Base of per-dispatcher launch hooks; chained through ``inner`` so several coexist."""
+    """Base of per-dispatcher launch hooks; chained through ``inner`` so several coexist.
+
+    ``_next(plan, args, out)`` runs the rest of the chain; ``_direct`` is True when this
+    recorder is the last one (it may then call ``plan.run`` itself, one frame less)."""
 
     def __init__(self):
         self._next = _run_plan
+        self._direct = True
 
     @property
     def inner(self):
@@ -78,6 +83,7 @@ class Recorder:
     @inner.setter
     def inner(self, recorder) -> None:
         self._next = _run_plan if recorder is None else recorder
+        self._direct = recorder is None
 
 
 def install_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
@@ -99,36 +105,93 @@ def remove_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
         r = r.inner
 
 
+_now = time.time
+_perf_ns = time.perf_counter_ns
+
+
 class _LogRecorder(Recorder):
-    """Times every ``every``-th launch of one dispatcher into a :class:`CounterLog`."""
+    """Times every ``every``-th launch of one dispatcher into a :class:`CounterLog`.
+
+    This class times host launches (the call is synchronous: a perf-counter pair);
+    with an event ``timer`` it is an :class:`_EventLogRecorder`. Either way the caller's
+    thread only takes a time and appends one tuple; the writer thread builds the record
+    (the per-plan fields once per plan, the device snapshot, the packing)."""
+
+    def __new__(cls, owner: CounterLog, d: dispatch.Dispatcher, timer):
+        if cls is _LogRecorder and timer is not None:
+            cls = _EventLogRecorder
+        return super().__new__(cls)
 
     def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
         super().__init__()
         self.owner, self.every, self.timer = owner, owner.sample_every, timer
         self.backend = d.backend
+        self.index = _cuda_index(d.backend)        # the sampler to read (None: host)
         self._count = itertools.count(1)
         self.static: dict = {}                      # plan -> its fixed record fields
         self.peaks = _peaks(d.backend)
+        self._queue, self._queue_size = owner._queue, owner.queue_size
 
     def __call__(self, plan, args, out):
         if self.every != 1 and next(self._count) % self.every:
             return self._next(plan, args, out)
-        timer = self.timer
-        if timer is not None:                       # cuda: events, harvested by the writer
-            slot = timer.start()
-            result = self._next(plan, args, out)
-            timer.stop(slot, (self, time.time(), plan))
-            return result
-        t0 = time.perf_counter_ns()                 # host: the call is synchronous
-        result = self._next(plan, args, out)
-        self.owner.submit((self, time.time(), plan, (time.perf_counter_ns() - t0) / 1e6,
-                           "host"))
+        t0 = _perf_ns()
+        result = plan.run(args, out) if self._direct else self._next(plan, args, out)
+        t1 = _perf_ns()
+        queue = self._queue
+        if len(queue) < self._queue_size:
+            queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host"))
+        else:
+            self.owner._queue_dropped += 1
         return result
 
     def sampled(self, plan, time_ms: float) -> None:
         """Listener for the dispatcher's sampled (synchronised) launches."""
         if self.every == 1 or next(self._count) % self.every == 0:
-            self.owner.submit((self, time.time(), plan, time_ms, "sync"))
+            self.owner.submit((self, _now(), plan, time_ms, "sync"))
+
+
+class _EventLogRecorder(_LogRecorder):
+    """The cuda recorder: a pre-created event pair from the timer's ring recorded around
+    the launch with the raw runtime call on the launch's stream, and one tuple
+    ``(slot, time_s, plan, recorder)`` appended to the ring's pending queue. A full ring
+    drops the record (counted), never the call."""
+
+    def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
+        super().__init__(owner, d, timer)
+        self._ticket, self._capacity, self._busy = timer.ticket, timer.capacity, timer.busy
+        self._starts, self._ends, self._record = timer.starts, timer.ends, timer.record
+        self._append, self._stream = timer.append_pending, timer.current_stream
+        self._torch_stream = None
+
+    def __call__(self, plan, args, out):
+        if self.every != 1 and next(self._count) % self.every:
+            return self._next(plan, args, out)
+        slot = next(self._ticket) % self._capacity
+        busy = self._busy
+        if busy[slot]:                              # still pending: drop the record
+            self.timer.dropped += 1
+            return self._next(plan, args, out)
+        busy[slot] = True
+        # the launch's stream: CuPy's current one, or PyTorch's for tensors
+        stream = (self._stream() if plan.problem.kind != "torch" else
+                  self._torch()).ptr
+        record = self._record
+        record(self._starts[slot], stream)
+        try:
+            result = plan.run(args, out) if self._direct else self._next(plan, args, out)
+        except BaseException:
+            busy[slot] = False
+            raise
+        record(self._ends[slot], stream)
+        self._append((slot, _now(), plan, self))
+        return result
+
+    def _torch(self):
+        if self._torch_stream is None:
+            from adaptive.backends.cuda import torch_stream
+            self._torch_stream = torch_stream
+        return self._torch_stream()
 
 
 def _peaks(backend) -> dict | None:
@@ -262,8 +325,11 @@ class CounterLog:
         thread.join()
         for sampler in self.samplers.values():
             sampler.stop()
-        self._queue_dropped += sum(t.pending for t in self._timers.values())
-        self.stats.dropped = self._queue_dropped + sum(t.dropped for t in self._timers.values())
+        for timer in self._timers.values():
+            self._queue_dropped += timer.discard_pending() + timer.dropped   # unfinished too
+            timer.close()
+        self._timers.clear()                        # a reopened log makes fresh rings
+        self.stats.dropped = self._queue_dropped
         self._file.close()
         self._file = None
         return self.stats
@@ -293,9 +359,10 @@ class CounterLog:
         while queue:
             items.append(queue.popleft())
         for timer in list(self._timers.values()):
-            items += [(*tag, time_ms, "cuda_event") for tag, time_ms in timer.harvest()]
+            items += [(rec, time_s, plan, time_ms, "cuda_event")
+                      for (_, time_s, plan, rec), time_ms in timer.harvest_entries()]
         if items:
-            items.sort(key=lambda item: item[1])
+            items.sort(key=_time_of)                # mostly in order already: a linear pass
             for i in range(0, len(items), BATCH_ROWS):
                 self._write_batch(items[i:i + BATCH_ROWS])
             self._file.flush()
@@ -308,6 +375,10 @@ class CounterLog:
         states, state_ids = [], {}
         sampled = bool(self.samplers)
         histories: dict = {}
+        # the snapshot found last and the time window it serves ([lo, hi) on one device):
+        # records come in time order, so most share it
+        at_index, lo, hi, at_sid = None, math.inf, -math.inf, -1
+        seq = self._seq
         for rec, time_s, plan, time_ms, timer in items:
             pid = plan_ids.get(plan)
             if pid is None:
@@ -315,14 +386,20 @@ class CounterLog:
                 plans.append([pid, self._static(rec, plan)])
             sid = -1
             if sampled and timer != "host":
-                snap = self._snapshot(rec, time_s, histories)
-                if snap is not None:
-                    sid = state_ids.get(id(snap))
-                    if sid is None:
-                        sid = state_ids[id(snap)] = len(states)
-                        states.append(snap.to_dict())
-            self._seq += 1
-            rows.append((self._seq, pid, time_s, time_ms, timer, sid))
+                if rec.index == at_index and lo <= time_s < hi:
+                    sid = at_sid
+                else:
+                    snap, lo, hi = self._snapshot(rec.index, time_s, histories)
+                    at_index, at_sid = rec.index, -1
+                    if snap is not None:
+                        sid = state_ids.get(id(snap))
+                        if sid is None:
+                            sid = state_ids[id(snap)] = len(states)
+                            states.append(snap.to_dict())
+                        at_sid = sid
+            seq += 1
+            rows.append((seq, pid, time_s, time_ms, timer, sid))
+        self._seq = seq
         payload = self._pack({"plans": plans, "states": states, "rows": rows})
         frame = b"\x92" + self._pack(zlib.crc32(payload)) + self._pack(payload)
         self._file.write(frame)
@@ -332,9 +409,9 @@ class CounterLog:
         if self._file_bytes >= self.max_bytes:
             self._rotate()
 
-    def _snapshot(self, rec, time_s: float, histories: dict):
-        """The device snapshot nearest before ``time_s`` (history read once per batch)."""
-        index = _cuda_index(rec.backend)
+    def _snapshot(self, index, time_s: float, histories: dict):
+        """(the device snapshot nearest before ``time_s``, the window [lo, hi) of times it
+        also serves); the history is read once per batch."""
         found = histories.get(index)
         if found is None:
             sampler = self.samplers.get(index)
@@ -342,8 +419,11 @@ class CounterLog:
             found = histories[index] = ([s.time_s for s in snaps], snaps)
         times, snaps = found
         if not snaps:
-            return None
-        return snaps[max(bisect.bisect_right(times, time_s) - 1, 0)]
+            return None, -math.inf, math.inf
+        i = bisect.bisect_right(times, time_s) - 1
+        if i < 0:                                   # before the first: the oldest one
+            return snaps[0], -math.inf, times[0]
+        return snaps[i], times[i], times[i + 1] if i + 1 < len(times) else math.inf
 
     def _static(self, rec: _LogRecorder, plan) -> dict:
         """The part of a record fixed per plan, built once."""
@@ -390,6 +470,9 @@ class CounterLog:
         self._shift()
         self._start_file()
         self.stats.rotations += 1
+
+
+_time_of = operator.itemgetter(1)
 
 
 def _pack(value) -> bytes:

@@ -15,6 +15,12 @@ the counter log, "off" has neither. The log's writer is idle before every "off" 
 Agreement: per input, the median of the log's event-timed records against CUDA events
 around ``--ref-block`` back-to-back launches of that input alone (divided by the block).
 
+Attribution (``--attribute``, default on): two more modes in the same alternation,
+``events`` (only a pre-created CUDA event pair recorded around each launch with the raw
+runtime call: the GPU-side and driver cost of event timing, nothing else) and ``log``
+(the counter log without the NVML sampler), so the cost of "on" splits into events,
+record handling/writer, and NVML/GPM sampling.
+
 Criteria (issue 6): throughput drop < 3 % for the ``gpu_bound`` stream; log times within
 5 % of the event reference for its inputs. The ``host_bound`` numbers are reported as
 the per-launch cost in microseconds (what logging every call costs when Python is the
@@ -38,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adaptive.backends import resolve_name  # noqa: E402
-from adaptive.counterlog import CounterLog, read_log  # noqa: E402
+from adaptive.counterlog import (CounterLog, Recorder, install_recorder, read_log,  # noqa: E402
+                                 remove_recorder)
 from adaptive.counterlog_cli import plot, summarise  # noqa: E402
 from adaptive.dispatch import Dispatcher  # noqa: E402
 
@@ -123,7 +130,30 @@ def wait_idle(clog: CounterLog, timeout_s: float = 5.0) -> None:
     time.sleep(2 * clog.flush_interval_s)
 
 
-def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args) -> dict:
+class EventsOnly(Recorder):
+    """An event pair from ``timer``'s ring around each launch, nothing else (attribution)."""
+
+    def __init__(self, timer):
+        super().__init__()
+        self.timer = timer
+
+    def __call__(self, plan, args, out):
+        t = self.timer
+        slot = next(t.ticket) % t.capacity
+        if t.busy[slot]:
+            t.dropped += 1
+            return self._next(plan, args, out)
+        t.busy[slot] = True
+        stream = t.current_stream().ptr
+        t.record(t.starts[slot], stream)
+        result = self._next(plan, args, out)
+        t.record(t.ends[slot], stream)
+        t.append_pending((slot,))
+        return result
+
+
+def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args,
+               events: EventsOnly | None) -> dict:
     inputs = make_inputs(device, STREAMS[device][name], seed=len(name))
     t0 = time.perf_counter()
     for op, xs in inputs:                     # decide, compile, warm
@@ -139,25 +169,40 @@ def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args) ->
             d.launch(op, *xs)
 
     clock.time_s(stream)                      # one untimed pass
-    rates = {"off": [], "on": []}
+    modes = ["off", "on"]
+    if args.attribute:
+        modes += ["log"] + (["events"] if events is not None else [])
+    rates = {mode: [] for mode in modes}
     samplers = list(clog.samplers.values())
     for r in range(args.rounds):
-        for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        order = modes[r % len(modes):] + modes[:r % len(modes)]
+        for mode in (order if (r // len(modes)) % 2 == 0 else order[::-1]):
             if mode == "on":
                 for s in samplers:
                     s.start()
+            if mode in ("on", "log"):
                 clog.attach(d)
+            if mode == "events":
+                install_recorder(d, events)
             rates[mode].append(n / clock.time_s(stream))
-            if mode == "on":
+            if mode == "events":
+                remove_recorder(d, events)
+                events.timer.harvest_entries()  # all finished: the ring is free again
+            if mode in ("on", "log"):
                 clog.detach(d)
                 for s in samplers:
                     s.stop()
                 wait_idle(clog)
-    off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    med = {mode: statistics.median(v) for mode, v in rates.items()}
+    off, on = med["off"], med["on"]
     result = {"stream": name, "launches_per_round": n, "rounds": args.rounds,
               "warm_s": round(warm_s, 3), "off_launches_per_s": off, "on_launches_per_s": on,
               "drop": 1 - on / off, "per_launch_cost_us": (1 / on - 1 / off) * 1e6,
-              "off_rates": rates["off"], "on_rates": rates["on"]}
+              "off_rates": rates["off"], "on_rates": rates["on"],
+              "attribution": {mode: {"launches_per_s": med[mode], "drop": 1 - med[mode] / off,
+                                     "per_launch_cost_us": (1 / med[mode] - 1 / off) * 1e6,
+                                     "rates": rates[mode]}
+                              for mode in modes if mode != "off"}}
     result["inputs"] = [{"op": op, "shapes": [list(x.shape) for x in xs],
                          "dtype": str(xs[0].dtype),
                          "reference_ms": reference_ms(d, device, op, xs, args.ref_block)}
@@ -195,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=10, help="rounds per mode")
     p.add_argument("--ref-block", type=int, default=200, help="launches per reference block")
     p.add_argument("--quick", action="store_true", help="short run (dry run)")
+    p.add_argument("--attribute", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time 'events' (event pairs only) and 'log' (no NVML) rounds")
     args = p.parse_args(argv)
     device = resolve_name(args.device)
     if args.device == "auto" and device != "cuda":
@@ -217,7 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     status = {i: {"nvml": s.status, "gpm": s.gpm_status, "refused": s.refused}
               for i, s in clog.samplers.items()}
     print(f"gpu_counterlog: {device}; samplers {status}", flush=True)
-    results = [run_stream(name, d, device, clog, args) for name in ("gpu_bound", "host_bound")]
+    events = None
+    if device == "cuda" and args.attribute:
+        from profilers.events import EventTimer
+        events = EventsOnly(EventTimer(args.launches + 16, d.backend.index))
+    results = [run_stream(name, d, device, clog, args, events)
+               for name in ("gpu_bound", "host_bound")]
     stats = clog.close()
     contents = read_log(log_path)
     agreement(results, contents.records)
@@ -240,6 +292,15 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out / f".gpu_counterlog.json.{os.getpid()}"
     tmp.write_text(json.dumps(payload, indent=2, default=str))
     os.replace(tmp, out / "gpu_counterlog.json")
+    print("  attribution (against off; 'events': event pairs only, 'log': no NVML):")
+    for r in results:
+        for mode, a in r["attribution"].items():
+            print(f"    {r['stream']:<11} {mode:<7} {a['launches_per_s']:>9.0f}/s  drop "
+                  f"{a['drop']:+.2%}  cost {a['per_launch_cost_us']:+.2f} us/launch")
+    print(f"  log: {stats.written} written, {stats.dropped} dropped, {stats.bytes_written} "
+          f"bytes, {len(with_state)} with device state; plot {plot_path}")
+    print(f"  checks: {checks}")
+    print("  side by side (NVML sampling + logging of every call, against both off):")
     for r in results:
         print(f"  {r['stream']:<11} off {r['off_launches_per_s']:>9.0f}/s  on "
               f"{r['on_launches_per_s']:>9.0f}/s  drop {r['drop']:+.2%}  "
@@ -249,9 +310,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"      {i['op']:<8} {i['dtype']:<8} {str(i['shapes']):<26} event "
                   f"{i['reference_ms']:.4f} ms  log {i.get('log_median_ms', float('nan')):.4f} "
                   f"ms  ({'-' if diff is None else f'{diff:+.1%}'})")
-    print(f"  log: {stats.written} written, {stats.dropped} dropped, {stats.bytes_written} "
-          f"bytes, {len(with_state)} with device state; plot {plot_path}")
-    print(f"  checks: {checks}")
     return 0
 
 

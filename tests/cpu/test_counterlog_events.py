@@ -1,0 +1,289 @@
+"""The counter log's cuda path without a GPU: a stand-in ``cupy`` runtime (events recorded
+on streams, finished when the test says so) under the event recorder on a host
+dispatcher. Checks the raw runtime calls (events created once, recorded on the launch's
+stream, timed by ``eventElapsedTime`` alone), the ring (reused only after harvest, full:
+records dropped, calls never), failures, NVML absent and device snapshots by time."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from adaptive import counterlog
+from adaptive.counterlog import CounterLog, read_log
+from adaptive.dispatch import Dispatcher
+from adaptive.ops import get_op
+from adaptive.policy import MeasureEach
+from profilers import EventTimer, NvmlSampler
+
+
+class CUDARuntimeError(RuntimeError):
+    def __init__(self, status: int):
+        super().__init__(f"cudaError {status}")
+        self.status = status
+
+
+class FakeRuntime:
+    """Events on streams: each record gets the stream's clock; an event is complete once
+    ``completed`` reaches its record number. Counts every call."""
+
+    eventDefault = 0
+    CUDARuntimeError = CUDARuntimeError
+
+    def __init__(self):
+        self.created, self.calls, self.recorded, self.completed = 0, [], 0, 0
+        self.at = {}                         # event -> (record number, stream, time_ms)
+        self.clock_ms = 0.0
+        self.fail_status = None
+
+    def eventCreateWithFlags(self, flags):
+        self.created += 1
+        return 1000 + self.created
+
+    def eventRecord(self, event, stream):
+        self.recorded += 1
+        self.calls.append(("record", event, stream))
+        self.at[event] = (self.recorded, stream, self.clock_ms)
+
+    def eventQuery(self, event):
+        self.calls.append(("query", event))
+        return 0 if self.at[event][0] <= self.completed else 600
+
+    def eventElapsedTime(self, start, end):
+        self.calls.append(("elapsed", start, end))
+        if self.fail_status is not None:
+            raise CUDARuntimeError(self.fail_status)
+        if self.at[end][0] > self.completed:
+            raise CUDARuntimeError(600)
+        return self.at[end][2] - self.at[start][2]
+
+    def eventDestroy(self, event):
+        self.calls.append(("destroy", event))
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    rt = FakeRuntime()
+    current = types.SimpleNamespace(ptr=0x5100)
+    cuda = types.SimpleNamespace(runtime=rt, get_current_stream=lambda: current,
+                                 Device=lambda i: __import__("contextlib").nullcontext())
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    return rt, current
+
+
+@pytest.fixture
+def host():
+    d = Dispatcher("host", policy=MeasureEach())
+    d.sample_every = 0
+    return d
+
+
+def timed_launch(d, rt, op, *args, gpu_ms: float):
+    """One launch; the fake GPU takes ``gpu_ms`` between the recorder's two events."""
+    plan = d._plans.get(get_op(op).key(args, {}))
+    if plan is not None and not hasattr(plan, "_timed"):
+        run = plan.run
+
+        def run_on_gpu(a, out):
+            rt.clock_ms += run_on_gpu.gpu_ms
+            return run(a, out)
+        d._plans[plan.key] = dataclasses.replace(plan, run=run_on_gpu)
+        d._plans[plan.key]._timed = run_on_gpu
+        plan = d._plans[plan.key]
+    if plan is not None:
+        plan._timed.gpu_ms = gpu_ms
+    return d.launch(op, *args)
+
+
+def attach(clog, d, timer):
+    clog._timers[0] = timer
+    rec = counterlog._LogRecorder(clog, d, timer)
+    clog._recorders[d] = rec
+    counterlog.install_recorder(d, rec)
+    return rec
+
+
+def test_raw_events_time_every_call_on_the_current_stream(tmp_path, rng, fake_cupy, host):
+    rt, current = fake_cupy
+    x = rng.standard_normal((13, 37)).astype(np.float32)
+    host.launch("softmax", x)                                 # decide first (unlogged)
+    clog = CounterLog(tmp_path / "raw.alog", flush_interval_s=60.0).open()
+    timer = EventTimer(8, None)                               # CupyEvents on the fake
+    assert rt.created == 16
+    rec = attach(clog, host, timer)
+    assert isinstance(rec, counterlog._EventLogRecorder)
+    durations = rng.uniform(0.005, 0.2, size=6)
+    for i, ms in enumerate(durations):
+        current.ptr = 0x5100 + i % 2                          # the caller switches streams
+        y = timed_launch(host, rt, "softmax", x, gpu_ms=ms)
+        ref = get_op("softmax").reference(x)
+        assert np.abs(y - ref).max() < 1e-5
+    records = [c for c in rt.calls if c[0] == "record"]
+    assert len(records) == 12 and rt.created == 16            # no event made per call
+    assert [c[2] for c in records] == [0x5100 + (i // 2) % 2 for i in range(12)]
+    clog._drain()
+    assert clog.stats.written == 0 and timer.pending == 6     # nothing finished yet
+    rt.completed = rt.recorded
+    rt.calls.clear()
+    clog._drain()
+    assert not any(c[0] == "query" for c in rt.calls)         # elapsed alone tells done
+    stats = clog.close()
+    assert stats.written == 6 and stats.dropped == 0
+    recs = read_log(tmp_path / "raw.alog").records
+    assert [r["time_ms"] for r in recs] == pytest.approx(durations, rel=1e-12)
+    for r in recs:
+        assert r["timer"] == "cuda_event" and r["op"] == "softmax"
+        assert r["dims"] == {"R": 13, "C": 37} and r["variant"] and "config" in r
+        assert r["features"] and r["time_s"] > 0
+    assert [c[0] for c in rt.calls[-16:]] == ["destroy"] * 16  # closed: events freed
+
+
+def test_full_ring_drops_records_never_calls_and_reuses_slots_after_harvest(
+        tmp_path, rng, fake_cupy, host):
+    rt, _ = fake_cupy
+    a, b = (rng.standard_normal((9, 6)).astype(np.float32),
+            rng.standard_normal((6, 4)).astype(np.float32))
+    clog = CounterLog(tmp_path / "ring.alog", flush_interval_s=60.0).open()
+    timer = EventTimer(4, None)
+    attach(clog, host, timer)
+    for _ in range(7):
+        c = host.launch("gemm", a, b)
+        assert get_op("gemm").error(c, get_op("gemm").reference(a, b)) < 1e-4
+    assert timer.dropped == 3 and timer.pending == 4
+    first = {c[1] for c in rt.calls if c[0] == "record"}
+    rt.completed = rt.recorded - 2                            # the last pair still running
+    clog._drain()
+    assert clog.stats.written == 3 and timer.pending == 1
+    # slots are taken in turn: the next one is the still-running pair's (dropped), then
+    # the three harvested ones are reused
+    for _ in range(4):
+        host.launch("gemm", a, b)
+    assert timer.dropped == 4 and timer.pending == 4
+    assert {c[1] for c in rt.calls if c[0] == "record"} == first   # the same events
+    rt.completed = rt.recorded
+    stats = clog.close()
+    assert stats.written == 7 and stats.dropped == 4
+    assert len(read_log(tmp_path / "ring.alog").records) == 7
+
+
+def test_failed_launch_frees_its_slot(tmp_path, rng, fake_cupy, host):
+    rt, _ = fake_cupy
+    x = rng.standard_normal((5, 11)).astype(np.float32)
+    host.launch("softmax", x)
+    plan = next(iter(host._plans.values()))
+
+    def broken(args, out):
+        raise RuntimeError("kernel launch failed")
+    host._plans[plan.key] = dataclasses.replace(plan, run=broken)
+    clog = CounterLog(tmp_path / "fail.alog", flush_interval_s=60.0).open()
+    timer = EventTimer(2, None)
+    attach(clog, host, timer)
+    for _ in range(5):
+        with pytest.raises(RuntimeError, match="kernel launch failed"):
+            host.launch("softmax", x)
+    assert timer.pending == 0 and timer.dropped == 0 and not any(timer.busy)
+    host._plans[plan.key] = plan
+    host.launch("softmax", x)
+    rt.completed = rt.recorded
+    assert clog.close().written == 1
+
+
+def test_untimeable_pair_is_dropped_and_counted(tmp_path, rng, fake_cupy, host, caplog):
+    rt, _ = fake_cupy
+    x = rng.standard_normal((3, 7)).astype(np.float32)
+    clog = CounterLog(tmp_path / "err.alog", flush_interval_s=60.0).open()
+    timer = EventTimer(4, None)
+    attach(clog, host, timer)
+    host.launch("softmax", x)
+    rt.completed = rt.recorded
+    rt.fail_status = 400                                      # invalid resource handle
+    clog._drain()
+    rt.fail_status = None
+    host.launch("softmax", x)
+    rt.completed = rt.recorded
+    stats = clog.close()
+    assert stats.written == 1 and stats.dropped == 1
+    assert "event timing failed" in timer.status
+
+
+class _Nvml:
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+
+    def __init__(self):
+        self.sm_mhz = 1000
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return self.sm_mhz if which == 1 else 2619
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 250_000
+
+    def nvmlDeviceGetTemperature(self, h, s):
+        return 40
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        raise RuntimeError("Not Supported")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return 0
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        raise RuntimeError("Not Supported")
+
+
+def test_each_record_gets_the_snapshot_nearest_before_it(tmp_path, rng, host):
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    host.launch("softmax", x)
+    plan = next(iter(host._plans.values()))
+    now = [100.0]
+    nvml = _Nvml()
+    sampler = NvmlSampler(0, nvml=nvml, clock=lambda: now[0])
+    for t, mhz in ((100.0, 1100), (101.0, 1200), (102.0, 1300)):
+        now[0], nvml.sm_mhz = t, mhz
+        sampler.sample_once()
+    clog = CounterLog(tmp_path / "snap.alog", flush_interval_s=60.0).open()
+    clog.samplers[None] = sampler                             # a host dispatcher's device
+    rec = counterlog._LogRecorder(clog, host, None)
+    times = [99.0, 100.0, 100.5, 100.99, 101.0, 101.7, 102.0, 250.0, 100.2]
+    for t in times:
+        clog.submit((rec, t, plan, 0.01, "sync"))
+    clog.submit((rec, 101.5, plan, 0.01, "host"))             # host-timed: no device state
+    clog.close()
+    recs = read_log(tmp_path / "snap.alog").records
+    assert [r["time_s"] for r in recs] == sorted(times + [101.5])
+    by_time = {r["time_s"]: r.get("device_state", {}).get("sm_clock_mhz") for r in recs}
+    assert by_time == {99.0: 1100, 100.0: 1100, 100.2: 1100, 100.5: 1100, 100.99: 1100,
+                       101.0: 1200, 101.5: None, 101.7: 1200, 102.0: 1300, 250.0: 1300}
+
+
+def test_nvml_absent_records_are_written_without_device_state(tmp_path, rng, fake_cupy,
+                                                              host):
+    rt, _ = fake_cupy
+
+    class NoNvml:
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    sampler = NvmlSampler(0, nvml=NoNvml())
+    assert "NVML unavailable" in sampler.status and sampler.sample_once() is None
+    x = rng.standard_normal((6, 6)).astype(np.float32)
+    clog = CounterLog(tmp_path / "nonvml.alog", flush_interval_s=60.0).open()
+    clog.samplers[None] = sampler.start()                     # start: a no-op, says why
+    attach(clog, host, EventTimer(8, None))
+    for _ in range(3):
+        host.launch("softmax", x)
+    rt.completed = rt.recorded
+    stats = clog.close()
+    recs = read_log(tmp_path / "nonvml.alog").records
+    assert stats.written == 3 and all("device_state" not in r for r in recs)
+    assert all(r["timer"] == "cuda_event" for r in recs)
