@@ -42,3 +42,23 @@ def test_every_spmm_kernel_argument_binds(rng, variant):
     assert [s.name for s in slots] == [a.partition(":")[0] for a in variant.launch["args"]]
     w_args = [s for s in slots if s.name.startswith("w_")]
     assert all(s.code.endswith("(args[0])") for s in w_args), w_args
+
+
+@pytest.mark.parametrize("m", [1, 31, 33, 8192, 8200])
+def test_rows_variant_grid_gives_every_block_row_one_cta_slot(m):
+    """bsr32_rows_mma's grid.y is ceil(ceil(M / 32) / RPC): the snake positions of its CTAs
+    (c, 2P - 1 - c, 2P + c, ...) cover every block row once; shared memory fits sm_90."""
+    from adaptive.expr import compile_expr
+    (v,) = [v for v in load_manifest(builtin_folder() / "spmm" / "manifest.toml")
+            if v.name == "bsr32_rows_mma"]
+    rows = -(-m // 32)
+    for config in v.space.configs(SM90_LIMITS):
+        scope = {"M": m, "N": 256, "K": 512, **config, **SM90_LIMITS}
+        grid = [int(compile_expr(str(e))(scope)) for e in v.launch["grid"]]
+        assert grid[0] == -(-256 // config["TN"])
+        p, rpc = grid[1], config["RPC"]
+        slots = [q * p + (p - 1 - c if q % 2 else c) for c in range(p) for q in range(rpc)]
+        assert sorted(s for s in slots if s < rows) == list(range(rows)), (config, grid)
+        smem = int(compile_expr(v.launch["shared_bytes"])(scope))
+        assert smem == config["STAGES"] * 2 * (32 * 40 + 32 * (config["TN"] + 8))
+        assert smem <= SM90_LIMITS["max_shared_bytes"]
