@@ -8,7 +8,7 @@
 //   gelu_inplace        u = gelu_tanh(u)
 //   split_heads         qkv [P, 3, H, Dh] -> [3, H, P, Dh] (q, k, v contiguous)
 //   merge_heads         a [H, P, Dh] -> [P, H * Dh]
-//   summarise           norm of x[:L], argmax and max of probs[L - 1] into float out[3]
+//   summarise           argmax and max of probs[L - 1], per-block sums of squares of x[:L]
 
 #define TR 32           // rows of s per block
 #define TC 32           // columns per shared-memory tile
@@ -144,37 +144,29 @@ extern "C" __global__ void gelu_inplace(T* __restrict__ u, long long n) {
 }
 
 // out[j, h, p, e] = qkv[p, j, h, e] for j in {q, k, v}; grid-stride over qkv's elements.
+// 32-bit index maths (64-bit division is slow): the launcher keeps P * 3 * H * Dh < 2^31.
 extern "C" __global__ void split_heads(const T* __restrict__ qkv, T* __restrict__ out,
                                        int P, int H, int Dh) {
-    const long long n = (long long)P * 3 * H * Dh;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int e = (int)(i % Dh);
-        long long t = i / Dh;
-        const int h = (int)(t % H);
-        t /= H;
-        const int j = (int)(t % 3);
-        const long long p = t / 3;
-        out[(((long long)j * H + h) * P + p) * Dh + e] = qkv[i];
+    const unsigned n = (unsigned)P * 3u * H * Dh;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const unsigned e = i % Dh, t = i / Dh, h = t % H, t2 = t / H, j = t2 % 3u, p = t2 / 3u;
+        out[((j * H + h) * P + p) * Dh + e] = qkv[i];
     }
 }
 
-// out[p, h, e] = a[h, p, e]; grid-stride over out's elements.
+// out[p, h, e] = a[h, p, e]; grid-stride over out's elements (32-bit, as split_heads).
 extern "C" __global__ void merge_heads(const T* __restrict__ a, T* __restrict__ out,
                                        int P, int H, int Dh) {
-    const long long n = (long long)P * H * Dh;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int e = (int)(i % Dh);
-        const long long t = i / Dh;
-        const int h = (int)(t % H);
-        const long long p = t / H;
-        out[i] = a[((long long)h * P + p) * Dh + e];
+    const unsigned n = (unsigned)P * H * Dh;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const unsigned e = i % Dh, t = i / Dh, h = t % H, p = t / H;
+        out[i] = a[(h * P + p) * Dh + e];
     }
 }
 
-// One block of 1024 threads: out = {||x[:L]||₂, argmax probs[L-1] (first of equals), its
-// value}, so a request needs one copy back instead of three.
+// out[0] = argmax probs[L-1] (first of equals), out[1] = its value (block 0), and
+// out[2 + b] = block b's share of the sum of squares of x[:L]; the host adds the shares, so
+// a request needs one small copy back instead of three. Any grid; blockDim a multiple of 32.
 extern "C" __global__ void __launch_bounds__(1024)
 summarise(const T* __restrict__ x, const T* __restrict__ probs, int L, int d, int V,
           float* __restrict__ out) {
@@ -182,17 +174,19 @@ summarise(const T* __restrict__ x, const T* __restrict__ probs, int L, int d, in
     __shared__ int red_i[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     float sq = 0.f;
-    const long long n = (long long)L * d;
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+    const long long n = (long long)L * d, stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
         const float v = to_f32(x[i]);
         sq += v * v;
     }
-    const T* row = probs + (long long)(L - 1) * V;
     float best = -INFINITY;
     int arg = 0x7fffffff;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        const float v = to_f32(row[j]);
-        if (v > best) { best = v; arg = j; }      // j rises: the first of equals stays
+    if (blockIdx.x == 0) {
+        const T* row = probs + (long long)(L - 1) * V;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            const float v = to_f32(row[j]);
+            if (v > best) { best = v; arg = j; }      // j rises: the first of equals stays
+        }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -210,8 +204,10 @@ summarise(const T* __restrict__ x, const T* __restrict__ probs, int L, int d, in
             s += red_sq[w];
             if (red_v[w] > b || (red_v[w] == b && red_i[w] < a)) { b = red_v[w]; a = red_i[w]; }
         }
-        out[0] = sqrtf(s);
-        out[1] = (float)a;
-        out[2] = b;
+        out[2 + blockIdx.x] = s;
+        if (blockIdx.x == 0) {
+            out[0] = (float)a;
+            out[1] = b;
+        }
     }
 }

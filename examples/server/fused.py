@@ -29,6 +29,7 @@ LN_BLOCK = (32, 8, 1)                          # (32, NY) in fused.cu
 EW_THREADS = 256                               # element-wise kernels: threads per block
 EW_MAX_BLOCKS = 132 * 8                        # grid-stride beyond this
 SUMMARY_THREADS = 1024
+SUMMARY_MAX_BLOCKS = 132
 
 _NULL = np.uint64(0)                           # a null pointer argument
 
@@ -60,6 +61,12 @@ def cuda_functions(dtype: str, device: int = 0) -> dict[str, Callable]:
 
 def _ew_grid(n: int) -> tuple[int, int, int]:
     return (max(1, min(EW_MAX_BLOCKS, -(-n // EW_THREADS))), 1, 1)
+
+
+def _check_index_range(name: str, n: int) -> None:
+    if n >= 2**31:
+        raise ValueError(f"{name}: {n} elements; the kernel indexes with 32 bits (< 2**31), "
+                         "split the batch")
 
 
 class Fused:
@@ -125,6 +132,7 @@ class Fused:
             raise ValueError(f"split_heads: {three_d} columns do not split into 3 x {heads} "
                              "heads")
         dh = three_d // (3 * heads)
+        _check_index_range("split_heads", qkv.size)
         out = self.xp.empty((3, heads, p, dh), self.dtype)
         self.fn["split_heads"](_ew_grid(qkv.size), (EW_THREADS, 1, 1),
                                (qkv, out, np.int32(p), np.int32(heads), np.int32(dh)))
@@ -136,6 +144,7 @@ class Fused:
             a = a.reshape(a.shape[1:])
         self._check("merge_heads a", a, 3)
         heads, p, dh = a.shape
+        _check_index_range("merge_heads", a.size)
         out = self.xp.empty((p, heads * dh), self.dtype)
         self.fn["merge_heads"](_ew_grid(a.size), (EW_THREADS, 1, 1),
                                (a, out, np.int32(p), np.int32(heads), np.int32(dh)))
@@ -147,10 +156,14 @@ class Fused:
         self._check("summarise probs", probs, 2)
         if not 1 <= seq_len <= min(x.shape[0], probs.shape[0]):
             raise ValueError(f"summarise: seq_len {seq_len} outside [1, {x.shape[0]}]")
-        out = self.xp.empty(3, np.float32)
-        self.fn["summarise"]((1, 1, 1), (SUMMARY_THREADS, 1, 1), (
+        n = seq_len * x.shape[1]
+        blocks = max(1, min(SUMMARY_MAX_BLOCKS, -(-n // (SUMMARY_THREADS * 16))))
+        out = self.xp.empty(2 + blocks, np.float32)
+        self.fn["summarise"]((blocks, 1, 1), (SUMMARY_THREADS, 1, 1), (
             x, probs, np.int32(seq_len), np.int32(x.shape[1]), np.int32(probs.shape[1]), out))
-        norm, token, prob = (out.get() if hasattr(out, "get") else out).tolist()
+        host = out.get() if hasattr(out, "get") else out
+        token, prob = float(host[0]), float(host[1])
+        norm = float(np.sqrt(host[2:].astype(np.float64).sum()))
         if not 0 <= token < probs.shape[1]:
             raise FloatingPointError(f"summarise: no finite maximum in probs[{seq_len - 1}] "
                                      "(NaN probabilities?)")

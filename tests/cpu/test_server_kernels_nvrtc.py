@@ -132,6 +132,11 @@ def test_summarise(kernels, rng):
         assert norm == pytest.approx(float(np.linalg.norm(x[:length].astype(np.float64))),
                                      rel=1e-5)
         assert token == int(probs[length - 1].argmax()) and prob == probs[length - 1, token]
+    big = rng.standard_normal((40, 900)).astype(np.float32)   # 2 blocks share the norm
+    big_probs = rng.random((40, 77)).astype(np.float32)
+    norm, token, _ = kernels.summarise(big, big_probs, 33)
+    assert norm == pytest.approx(float(np.linalg.norm(big[:33].astype(np.float64))), rel=1e-5)
+    assert token == int(big_probs[32].argmax())
     probs[4, :] = 0.5                                  # ties: the first index wins
     assert kernels.summarise(x, probs, 5)[1:] == (0, 0.5)
     probs[4, :] = np.nan
