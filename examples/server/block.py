@@ -115,7 +115,7 @@ def input_activations(shape: BlockShape, weights: dict, tokens=None, seq_len=Non
     if tokens is not None:
         return weights["embed"][np.asarray(tokens, np.int64)]
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((seq_len, shape.d_model)).astype(np.float32)
+    return rng.standard_normal((seq_len, shape.d_model), dtype=np.float32)
 
 
 class AdaptiveBlock:
@@ -278,11 +278,13 @@ class AdaptiveBlock:
     def __call__(self, x_host: np.ndarray) -> tuple[float, int, float]:
         """Run one request's activations [L, d]; (norm of valid rows, argmax, its prob)."""
         seq_len = x_host.shape[0]
+        if self.fused is not None:     # float32 rows in, padded and cast on the device
+            x32 = self.xp.asarray(np.ascontiguousarray(x_host, np.float32))
+            x, probs = self.forward(self.fused.pad_cast(x32, self.shape.padded(seq_len)))
+            return self.fused.summarise(x, probs, seq_len)               # one copy back
         padded = np.zeros((self.shape.padded(seq_len), self.shape.d_model), self.dtype)
         padded[:seq_len] = x_host
         x, probs = self.forward(self.xp.asarray(padded))
-        if self.fused is not None:
-            return self.fused.summarise(x, probs, seq_len)               # one copy back
         last = probs[seq_len - 1].astype(self.xp.float32)
         token = int(last.argmax())
         norm = float(self.xp.linalg.norm(x[:seq_len].astype(self.xp.float32)))

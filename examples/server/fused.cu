@@ -6,6 +6,7 @@
 //   residual_layernorm  s = x [+ r | + rᵀ]; optionally writes s, layernorm(s) and/or
 //                       layernorm(s)ᵀ ([d, P], the spmm operand), fp32 statistics
 //   gelu_inplace        u = gelu_tanh(u)
+//   pad_cast            float32 [L, d] -> T [P, d], rows L.. zero (a request's input)
 //   split_heads         qkv [P, 3, H, Dh] -> [3, H, P, Dh] (q, k, v contiguous)
 //   merge_heads         a [H, P, Dh] -> [P, H * Dh]
 //   summarise           argmax and max of probs[L - 1], per-block sums of squares of x[:L]
@@ -141,6 +142,15 @@ extern "C" __global__ void gelu_inplace(T* __restrict__ u, long long n) {
         const float v = to_f32(u[i]);
         u[i] = from_f32<T>(0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))));
     }
+}
+
+// dst[p, c] = p < L ? src[p, c] : 0 in T: the request's float32 rows, padded to P on the
+// device (no host-side fp16 conversion or zero padding); 32-bit indices (< 2^31).
+extern "C" __global__ void pad_cast(const float* __restrict__ src, T* __restrict__ dst,
+                                    int L, int P, int d) {
+    const unsigned n = (unsigned)P * d, valid = (unsigned)L * d;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        dst[i] = from_f32<T>(i < valid ? src[i] : 0.f);
 }
 
 // out[j, h, p, e] = qkv[p, j, h, e] for j in {q, k, v}; grid-stride over qkv's elements.

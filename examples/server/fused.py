@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 SOURCE_PATH = Path(__file__).with_name("fused.cu")
-KERNELS = ("residual_layernorm", "gelu_inplace", "split_heads", "merge_heads", "summarise")
+KERNELS = ("residual_layernorm", "gelu_inplace", "pad_cast", "split_heads", "merge_heads",
+           "summarise")
 DTYPES = ("float16", "float32")
 EPS = 1e-5
 
@@ -123,6 +124,20 @@ class Fused:
                              f"{u.dtype} contiguous={u.flags.c_contiguous}")
         self.fn["gelu_inplace"](_ew_grid(u.size), (EW_THREADS, 1, 1), (u, np.int64(u.size)))
         return u
+
+    def pad_cast(self, x32, padded: int):
+        """float32 rows [L, d] -> [padded, d] in the kernels' dtype, rows L.. zero."""
+        if x32.dtype != np.float32 or x32.ndim != 2 or not x32.flags.c_contiguous:
+            raise ValueError(f"pad_cast: expected a C-contiguous 2-d float32 array, got shape "
+                             f"{x32.shape} {x32.dtype}")
+        length, d = x32.shape
+        if padded < length:
+            raise ValueError(f"pad_cast: padded length {padded} < {length} rows")
+        _check_index_range("pad_cast", padded * d)
+        out = self.xp.empty((padded, d), self.dtype)
+        self.fn["pad_cast"](_ew_grid(out.size), (EW_THREADS, 1, 1),
+                            (x32, out, np.int32(length), np.int32(padded), np.int32(d)))
+        return out
 
     def split_heads(self, qkv, heads: int):
         """qkv [P, 3·d] -> [3, heads, P, d / heads]: q, k, v as contiguous [heads, P, Dh]."""

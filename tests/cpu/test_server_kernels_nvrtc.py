@@ -31,6 +31,7 @@ SIGNATURES = {
     "residual_layernorm": [("ptr", "const T*"), ("ptr", "const T*"), "i32", "ptr", "ptr",
                            "ptr", "i32", "i32", "f32"],
     "gelu_inplace": ["ptr", "i64"],
+    "pad_cast": [("ptr", "const float*"), "ptr", "i32", "i32", "i32"],
     "split_heads": [("ptr", "const T*"), "ptr", "i32", "i32", "i32"],
     "merge_heads": [("ptr", "const T*"), "ptr", "i32", "i32", "i32"],
     "summarise": [("ptr", "const T*"), ("ptr", "const T*"), "i32", "i32", "i32",
@@ -107,12 +108,20 @@ def test_layernorm_rejects_bad_shapes(kernels, rng):
         kernels.layernorm(np.asfortranarray(x))
 
 
-def test_gelu_split_merge(kernels, rng):
+def test_gelu_pad_split_merge(kernels, rng):
     u = (rng.standard_normal((17, 29)) * 3).astype(np.float32)
     want = 0.5 * u.astype(np.float64) * (1 + np.tanh(0.7978845608 * (u + 0.044715 * u.astype(
         np.float64) ** 3)))
     assert kernels.gelu_(u) is u
     np.testing.assert_allclose(u, want, atol=1e-6, rtol=1e-5)
+
+    x32 = rng.standard_normal((9, 31)).astype(np.float32)
+    padded = kernels.pad_cast(x32, 14)
+    assert padded.shape == (14, 31)
+    np.testing.assert_array_equal(padded[:9], x32)
+    assert not padded[9:].any()
+    with pytest.raises(ValueError, match="padded length 8 < 9"):
+        kernels.pad_cast(x32, 8)
 
     p, heads, dh = 13, 3, 5
     qkv = rng.standard_normal((p, 3 * heads * dh)).astype(np.float32)

@@ -54,7 +54,7 @@ def test_layernorm_kernels(cp, rng, dtype, p, d):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_gelu_split_merge_summarise(cp, rng, dtype):
+def test_gelu_pad_split_merge_summarise(cp, rng, dtype):
     f = _fused(cp, dtype)
     u = (rng.standard_normal((61, 333)) * 3).astype(dtype)
     g = cp.asarray(u)
@@ -62,6 +62,10 @@ def test_gelu_split_merge_summarise(cp, rng, dtype):
     u64 = u.astype(np.float64)
     want = 0.5 * u64 * (1 + np.tanh(0.7978845608 * (u64 + 0.044715 * u64 ** 3)))
     np.testing.assert_allclose(g.get(), want, **TOL[dtype])
+    x32 = rng.standard_normal((19, 333)).astype(np.float32)
+    padded = f.pad_cast(cp.asarray(x32), 26).get()
+    np.testing.assert_array_equal(padded[:19], x32.astype(dtype))
+    assert padded.shape == (26, 333) and not padded[19:].any()
     p, heads, dh = 77, 5, 24
     qkv = rng.standard_normal((p, 3 * heads * dh)).astype(dtype)
     buf = f.split_heads(cp.asarray(qkv), heads).get()
