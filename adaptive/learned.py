@@ -22,6 +22,8 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+
 from adaptive.policy import Context, Decision
 from adaptive.variants import Candidate
 
@@ -43,12 +45,60 @@ class KeyState:
     reason: str = ""
     recent: deque = dataclasses.field(default_factory=lambda: deque(maxlen=8))
     explorations: int = 0                      # how many times exploration was opened
+    dtype: str = ""
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
             return math.nan
         mean = self.predicted[c][0]
         return math.exp(mean) * (self.floor_ms if self.floor_ms > 0 else 1.0)
+
+
+class Neighbours:
+    """Measured inputs per (op, dtype) with the fastest candidate of each: the prior that
+    "what was fastest on the nearest measured input is worth one exploring call here".
+
+    Filled from pack and counter-log rows and from the policy's own commits. Distance is
+    Euclidean over the op features (log2 sizes, density), so a 4096x4096x1024 gemm is near
+    4096x4096x2048 and far from a 1-row decode. Read on misses only.
+    """
+
+    def __init__(self):
+        self._by: dict[tuple, dict[tuple, tuple[np.ndarray, tuple, float]]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, op: str, dtype: str, features: dict, variant: str, config_items: tuple,
+            time_ms: float) -> None:
+        if not (math.isfinite(time_ms) and time_ms > 0):
+            return
+        names = tuple(sorted(features))
+        point = tuple(round(float(features[k]), 4) for k in names)
+        with self._lock:
+            inputs = self._by.setdefault((op, dtype, names), {})
+            old = inputs.get(point)
+            if old is None or time_ms < old[2]:
+                inputs[point] = (np.asarray(point), (variant, config_items), time_ms)
+
+    def best_near(self, op: str, dtype: str, features: dict, exclude_self: bool = False
+                  ) -> tuple[tuple, float] | None:
+        """((variant, config_items), distance) of the nearest measured input's fastest."""
+        names = tuple(sorted(features))
+        with self._lock:
+            inputs = self._by.get((op, dtype, names))
+            if not inputs:
+                return None
+            here = np.asarray([float(features[k]) for k in names])
+            best = None
+            for point, who, _ in inputs.values():
+                dist = float(np.linalg.norm(point - here))
+                if exclude_self and dist < 1e-3:
+                    continue
+                if best is None or dist < best[1]:
+                    best = (who, dist)
+            return best
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by.values())
 
 
 class Learned:
@@ -61,6 +111,9 @@ class Learned:
             the best prediction (0.2: at most 20 % slower, optimistically).
         z: how optimistic: mean - z·sigma in log units.
         max_explore: most candidates explored per key (cold or not).
+        anchors: explore also the fastest candidate of the nearest measured input
+            (:class:`Neighbours`) and the best-ranked library candidate, in place of the
+            model's last picks (``adaptive pack replay`` measures what they buy).
         samples: timed calls per explored candidate before committing.
         drift_ratio: re-explore when the median of recent samples leaves
             [expected / ratio, expected · ratio].
@@ -71,7 +124,7 @@ class Learned:
 
     def __init__(self, model=None, regret_bound: float = 0.2, z: float = 1.0,
                  max_explore: int = 4, samples: int = 2, drift_ratio: float = 1.5,
-                 drift_window: int = 4):
+                 drift_window: int = 4, anchors: bool = True):
         if model is None:
             from adaptive.model import LiveModel
             model = LiveModel()
@@ -85,11 +138,13 @@ class Learned:
         self.regret_bound = regret_bound
         self.z = z
         self.max_explore = max_explore
+        self.anchors = anchors
         self.samples = samples
         self.drift_ratio = drift_ratio
         self.drift_window = drift_window
         self.keys: dict[tuple, KeyState] = {}
-        self.stats = {"decisions": 0, "cold": 0, "commits": 0, "drifts": 0, "explore_calls": 0}
+        self.neighbours = Neighbours()
+        self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0, "drifts": 0, "explore_calls": 0}
         self._lock = threading.Lock()
 
     # ---- miss ---------------------------------------------------------------------------
@@ -119,8 +174,12 @@ class Learned:
                             if mean[i] - self.z * sigma[i] <= reach)[: self.max_explore]
             why = (f"model ranked {len(candidates)}; {len(explore)} within "
                    f"{self.regret_bound:.0%} of the best optimistically")
+        explore, also = self._anchored(op, ctx.problem.dtype, features, candidates, ranked,
+                                       explore)
+        why += also
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
-                         {c: [] for c in explore}, reason=why, explorations=1)
+                         {c: [] for c in explore}, reason=why, explorations=1,
+                         dtype=ctx.problem.dtype)
         with self._lock:
             self.keys[ctx.key] = state
             self.stats["decisions"] += 1
@@ -131,6 +190,35 @@ class Learned:
             state.reason = why + "; committed without exploring"
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
+
+    def _anchored(self, op, dtype, features, candidates, ranked, explore):
+        """Explore also the fastest candidate of the nearest measured input and the
+        best-ranked library candidate (cuBLAS, SDPA: a committed choice can then not be
+        slower than the library on this input), in place of the model's last picks."""
+        if not self.anchors:
+            return explore, ""
+        anchors, notes = [], []
+        near = self.neighbours.best_near(op, dtype, features)
+        if near is not None:
+            (name, items), dist = near
+            pick = next((c for c in candidates if c.variant.name == name
+                         and c.config_items == items), None)
+            if pick is not None and pick not in explore:
+                anchors.append(pick)
+                notes.append(f"{pick.label}, the fastest on the nearest measured input "
+                             f"(distance {dist:.2f})")
+                self.stats["neighbour_added"] += 1
+        library = next((c for c in ranked if c.variant.language == "python"
+                        and c.variant.backend != "host"), None)
+        if library is not None and library not in explore and library not in anchors:
+            anchors.append(library)
+            notes.append(f"{library.label}, the library's")
+        room = max(0, self.max_explore - 1)
+        anchors = anchors[:room]
+        if not anchors:
+            return explore, ""
+        keep = explore[: max(1, self.max_explore - len(anchors))]
+        return keep + tuple(anchors), "; plus " + " and ".join(notes)
 
     # ---- feedback -----------------------------------------------------------------------
     def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> Decision | None:
@@ -169,6 +257,8 @@ class Learned:
             state.observed = {c: [] for c in state.explore}
             return Decision(state.explore[0], state.reason, explore=state.explore)
         state.committed, state.expected_ms = best, fastest[best]
+        self.neighbours.add(state.op, state.dtype, state.features, best.variant.name,
+                            best.config_items, fastest[best])
         state.recent.clear()
         others = sorted((t, c.label) for c, t in fastest.items() if c != best)
         runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
@@ -212,6 +302,10 @@ class Learned:
     def add_observations(self, rows, weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log): the model's base rows."""
         from adaptive.model import training_set
+        from adaptive.space import as_config
+        for r in rows:
+            self.neighbours.add(r.op, r.dtype, r.features, r.variant, as_config(r.config),
+                                r.time_ms)
         ts = training_set(rows)
         if len(ts):
             self.model.extend_base(ts, weight)

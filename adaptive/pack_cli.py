@@ -5,6 +5,7 @@
     adaptive pack show h200.msgpack [--best]
     adaptive pack diff old.msgpack new.msgpack
     adaptive pack merge a.msgpack b.msgpack -o both.msgpack
+    adaptive pack replay h200.msgpack [--ops gemm,spmm]
 """
 
 from __future__ import annotations
@@ -54,11 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("-o", "--out", required=True)
     m.add_argument("--allow-other-devices", action="store_true",
                    help="merge packs of different devices (keeps the first's fingerprint)")
+    r = sub.add_parser("replay", help="the learned policy on the pack's own measurements, "
+                                      "one input held out at a time (no GPU needed)")
+    r.add_argument("pack")
+    r.add_argument("--ops", default="", help="comma-separated ops (default: all)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        return {"build": _build, "show": _show, "diff": _diff, "merge": _merge}[args.action](args)
+        return {"build": _build, "show": _show, "diff": _diff, "merge": _merge,
+                "replay": _replay}[args.action](args)
     except (AdaptiveError, ValueError, FileNotFoundError) as exc:
         print(f"adaptive pack {args.action}: {exc}", file=sys.stderr)
         return 2
@@ -66,6 +73,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"adaptive pack {args.action}: interrupted; run the same command again to resume",
               file=sys.stderr)
         return 130
+
+
+# ---- replay --------------------------------------------------------------------------------------
+
+def _replay(args) -> int:
+    from adaptive.packs.build import Progress
+    from adaptive.replay import replay
+    ops = [o for o in args.ops.split(",") if o] or None
+    for anchors in (False, True):
+        bar = None
+
+        def step(done: int, total: int, on=anchors) -> None:
+            nonlocal bar
+            bar = bar or Progress(total)
+            bar.update("replay, " + ("with anchors" if on else "model picks only"))
+        print(replay(args.pack, anchors=anchors, ops=ops,
+                     progress=None if args.no_progress else step))
+    return 0
 
 
 # ---- build ---------------------------------------------------------------------------------------

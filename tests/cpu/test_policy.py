@@ -6,6 +6,7 @@ the end-to-end tests run real host variants through Dispatcher.launch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -188,3 +189,62 @@ def test_explain_before_any_launch_shows_the_model_ranking(rng):
     assert e.state == "undecided" and e.rows[0].label == fast
     assert all(not math.isnan(r.predicted_ms) for r in e.rows)
     assert "R=300, C=96" in str(e)
+
+
+def _gemm_miss(rng, m=200, n=300, k=400):
+    from adaptive.variants import default_registry, make_candidate
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    op = OPS["gemm"]
+    problem = op.problem((a, b), {})
+    ctx = Context(op, problem, op.key((a, b), {}), lambda *_, **__: math.inf)
+    cands = [make_candidate(v, cfg) for v in default_registry().variants("gemm", "cuda")
+             for cfg in list(v.space.all_configs())[:4]]
+    return ctx, cands, op.features(problem)
+
+
+@pytest.mark.parametrize("anchors", [True, False])
+def test_anchors_explore_the_nearest_inputs_fastest_and_the_library_candidate(rng, anchors):
+    ctx, cands, feats = _gemm_miss(rng)
+    library = [c for c in cands if c.variant.language == "python"]
+    kernels = [c for c in cands if c.variant.language != "python"]
+    far_pick, near_pick = kernels[-1], kernels[-2]
+    slow = {far_pick: 6.0, near_pick: 5.0} | {c: 10.0 for c in library}
+    rows = [Observation("gemm", {"M": m, "N": 300, "K": 400}, "float16", c.variant.name,
+                        c.config, slow.get(c, 1.0 + 0.01 * i), 0.5,
+                        OPS["gemm"].features(OPS["gemm"].problem(
+                            (np.ones((m, 400), np.float16), np.ones((400, 300), np.float16)),
+                            {})))
+            for m in (64, 128, 512, 1024) for i, c in enumerate(cands)]
+    model = LiveModel(training_set(rows), background=False)   # ranks library and picks last
+    policy = Learned(model, anchors=anchors)
+    far = {k: v + 6.0 for k, v in feats.items()}
+    near = {k: v + 0.1 for k, v in feats.items()}
+    for f, pick in ((far, far_pick), (near, near_pick)):
+        policy.neighbours.add("gemm", "float16", f, pick.variant.name, pick.config_items, 0.5)
+    policy.neighbours.add("gemm", "float32", feats, far_pick.variant.name,
+                          far_pick.config_items, 0.1)               # another dtype: ignored
+    decision = policy.decide(ctx, cands)
+    explored = set(decision.explore)
+    assert library and 2 <= len(decision.explore) <= policy.max_explore
+    assert far_pick not in explored
+    assert (near_pick in explored) == anchors
+    assert any(c in explored for c in library) == anchors
+    if anchors:
+        assert "nearest measured input" in decision.reason and "library" in decision.reason
+
+
+def test_a_commit_teaches_the_neighbours_and_pack_rows_fill_them(rng):
+    ctx, cands, feats = _gemm_miss(rng)
+    policy = Learned(LiveModel(background=False), samples=1)
+    decision = policy.decide(ctx, cands)
+    times = {c: 1.0 + i for i, c in enumerate(decision.explore)}
+    for c in decision.explore:
+        policy.observe(ctx.key, c, times[c])
+    fastest = min(times, key=times.get)
+    (name, items), dist = policy.neighbours.best_near("gemm", "float16", feats)
+    assert (name, items) == (fastest.variant.name, fastest.config_items) and dist < 1e-3
+    row = Observation("gemm", {"M": 1, "N": 2, "K": 3}, "float32", "cublas", {}, 0.2, 0.1,
+                      {"log2_M": 0.0})
+    policy.add_observations([row, dataclasses.replace(row, time_ms=math.inf)])
+    assert policy.neighbours.best_near("gemm", "float32", {"log2_M": 0.5})[0] == ("cublas", ())

@@ -1,0 +1,39 @@
+"""Replaying the learned policy on the shipped H200 pack's measurements (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sklearn")
+
+from adaptive import cli  # noqa: E402
+from adaptive.packs import shipped_packs  # noqa: E402
+from adaptive.replay import replay  # noqa: E402
+
+H200 = next((str(p) for p in shipped_packs() if "h200" in p.name), None)
+pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in this checkout")
+
+
+@pytest.fixture(scope="module")
+def attention():
+    return {a: replay(H200, anchors=a, ops=["attention"]) for a in (True, False)}
+
+
+def test_every_held_out_input_is_priced_from_its_own_measurements(attention):
+    for report in attention.values():
+        assert len(report.cases) == 7
+        for c in report.cases:
+            assert c.op == "attention" and c.ratio >= 1.0 and 1 <= c.explored <= 4
+            assert c.ratio == 1.0 or c.committed != c.best     # ties: another can be 1.0
+
+
+def test_anchors_land_at_least_as_close_to_the_best(attention):
+    with_, without = attention[True], attention[False]
+    assert with_.geomean_ratio() <= without.geomean_ratio()
+    assert with_.geomean_ratio() <= 1.05, str(with_)
+
+
+def test_cli_prints_both_set_ups(capsys):
+    assert cli.main(["pack", "replay", H200, "--ops", "attention", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "model picks only (no anchors)" in out and "\nlearned: committed/best" in out
