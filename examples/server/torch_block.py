@@ -57,7 +57,8 @@ class TorchBlock:
         padded[:seq_len] = x_host
         x = torch.from_numpy(padded).to(self.device, self.dtype)
         x, probs = self.forward(x)
-        last = probs[seq_len - 1].float()
-        token = int(last.argmax())
-        norm = float(torch.linalg.vector_norm(x[:seq_len].float()))
-        return norm, token, float(last[token])
+        with torch.inference_mode():   # one copy back (as the adaptive block's summary)
+            prob, token = probs[seq_len - 1].float().max(0)
+            norm = torch.linalg.vector_norm(x[:seq_len].float())
+            norm, token, prob = torch.stack([norm, token.float(), prob]).tolist()
+        return norm, int(token), prob
