@@ -148,6 +148,11 @@ def run_mode(mode: str, shape: BlockShape, device: str, dtype: str, stream, args
             pstats = getattr(dispatcher.policy, "stats", None)
             if isinstance(pstats, dict):
                 result["policy_stats"] = dict(pstats)
+            result["choices"] = committed_choices(dispatcher.policy)
+            for op, labels in sorted(result["choices"].items()):
+                print(f"  {mode} chose for {op}: " + ", ".join(
+                    f"{label} x{n}" for label, n in sorted(labels.items(), key=lambda t: -t[1])),
+                    flush=True)
         with sampler:
             report = run_load(url, stream, args.concurrency, args.duration_s)
         result |= {"load": report.to_dict(), "device": sampler.summary()}
@@ -162,6 +167,16 @@ def run_mode(mode: str, shape: BlockShape, device: str, dtype: str, stream, args
         del model, server
         free_device_memory(mode)
     return result
+
+
+def committed_choices(policy) -> dict[str, dict[str, int]]:
+    """op -> {candidate label: keys committed to it} (learned policy; {} otherwise)."""
+    out: dict[str, dict[str, int]] = {}
+    for state in getattr(policy, "keys", {}).values():
+        if getattr(state, "committed", None) is not None:
+            labels = out.setdefault(state.op, {})
+            labels[state.committed.label] = labels.get(state.committed.label, 0) + 1
+    return out
 
 
 def _fmt(value, spec: str) -> str:
