@@ -25,6 +25,7 @@ import math
 import statistics
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -449,6 +450,12 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
     if shipped:   # its cubins spare the table the compiles (what a server on this GPU gets)
         from adaptive.pack import _install_cubins, read_pack
         _install_cubins(read_pack(shipped))
+    if be.name == "cuda":   # the rest compile on all cores before anything is timed
+        from adaptive.packs.build import precompile
+        errors = precompile("cuda", getattr(be, "arch", ""), [
+            types.SimpleNamespace(op=s[0], dtype=s[2]) for s in specs])
+        say(f"precompiled the candidates of {len({(s[0], s[2]) for s in specs})} "
+            f"(op, dtype) pairs; {len(errors)} failed to compile")
     table_d = _dispatcher(be, MeasureEach())
     table_d.sample_every = 0
     table, rows = _time_table(table_d, specs, inputs, repeats, sync)
