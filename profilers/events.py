@@ -16,8 +16,10 @@ and a few list operations: no event or stream objects are built per call. A hot 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -211,6 +213,11 @@ class EventTimer:
     def pending(self) -> int:
         """Timings recorded and not yet harvested."""
         return len(self._pending)
+
+    def __del__(self):
+        if not sys.is_finalizing():
+            with contextlib.suppress(Exception):
+                self.close()
 
     def close(self) -> None:
         """Destroy the events (pending ones finish on the device first, CUDA's rule)."""
