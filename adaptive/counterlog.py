@@ -3,9 +3,11 @@
 Each logged launch becomes one record: wall time, op, dims and features, variant and
 config, the time it took (CUDA events harvested later on the cuda backend, a wall-clock
 pair on the host), and the NVML/GPM snapshot nearest before it. The launch only records
-an event pair or appends to a bounded queue; a writer thread builds, packs and writes
-the records. When the queue or the event ring is full, records are dropped and counted;
-a call is never delayed.
+a pre-created event pair (two raw ``cudaEventRecord`` calls on its stream) and appends
+one small tuple, or on the host appends one tuple to a bounded queue; a writer thread
+times the pairs (``cudaEventElapsedTime``, no synchronisation), builds the records from
+per-plan fields made once, attaches the snapshot, packs and writes. When the queue or
+the event ring is full, records are dropped and counted; a call is never delayed.
 
 On disk: frames ``[crc32(payload), payload]`` where ``payload`` is a packed map; the
 first frame is a header (``format``, ``version``), each later one a batch of up to
