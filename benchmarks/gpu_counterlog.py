@@ -15,9 +15,10 @@ the counter log, "off" has neither. The log's writer is idle before every "off" 
 Agreement: per input, the median of the log's event-timed records against CUDA events
 around ``--ref-block`` back-to-back launches of that input alone (divided by the block).
 
-Attribution (``--attribute``, default on): two more modes in the same alternation,
+Attribution (``--attribute``, default on): more modes in the same alternation,
 ``events`` (only a pre-created CUDA event pair recorded around each launch with the raw
-runtime call: the GPU-side and driver cost of event timing, nothing else) and ``log``
+runtime call: the GPU-side and driver cost of event timing, nothing else),
+``events_end`` (one event after each launch: what a single event costs) and ``log``
 (the counter log without the NVML sampler), so the cost of "on" splits into events,
 record handling/writer, and NVML/GPM sampling.
 
@@ -131,11 +132,12 @@ def wait_idle(clog: CounterLog, timeout_s: float = 5.0) -> None:
 
 
 class EventsOnly(Recorder):
-    """An event pair from ``timer``'s ring around each launch, nothing else (attribution)."""
+    """An event pair from ``timer``'s ring around each launch, nothing else (attribution);
+    with ``pairs=False`` only the end event."""
 
-    def __init__(self, timer):
+    def __init__(self, timer, pairs: bool = True):
         super().__init__()
-        self.timer = timer
+        self.timer, self.pairs = timer, pairs
 
     def __call__(self, plan, args, out):
         t = self.timer
@@ -145,7 +147,8 @@ class EventsOnly(Recorder):
             return self._next(plan, args, out)
         t.busy[slot] = True
         stream = t.current_stream().ptr
-        t.record(t.starts[slot], stream)
+        if self.pairs:
+            t.record(t.starts[slot], stream)
         result = self._next(plan, args, out)
         t.record(t.ends[slot], stream)
         t.append_pending((slot,))
@@ -153,7 +156,7 @@ class EventsOnly(Recorder):
 
 
 def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args,
-               events: EventsOnly | None) -> dict:
+               events: dict[str, EventsOnly]) -> dict:
     inputs = make_inputs(device, STREAMS[device][name], seed=len(name))
     t0 = time.perf_counter()
     for op, xs in inputs:                     # decide, compile, warm
@@ -171,7 +174,7 @@ def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args,
     clock.time_s(stream)                      # one untimed pass
     modes = ["off", "on"]
     if args.attribute:
-        modes += ["log"] + (["events"] if events is not None else [])
+        modes += ["log"] + list(events)
     rates = {mode: [] for mode in modes}
     samplers = list(clog.samplers.values())
     for r in range(args.rounds):
@@ -182,12 +185,14 @@ def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args,
                     s.start()
             if mode in ("on", "log"):
                 clog.attach(d)
-            if mode == "events":
-                install_recorder(d, events)
+            if mode in events:
+                install_recorder(d, events[mode])
             rates[mode].append(n / clock.time_s(stream))
-            if mode == "events":
-                remove_recorder(d, events)
-                events.timer.harvest_entries()  # all finished: the ring is free again
+            if mode in events:
+                remove_recorder(d, events[mode])
+                timer = events[mode].timer      # all finished: the ring is free again
+                timer.discard_pending()
+                timer.busy[:] = [False] * timer.capacity
             if mode in ("on", "log"):
                 clog.detach(d)
                 for s in samplers:
@@ -264,10 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     status = {i: {"nvml": s.status, "gpm": s.gpm_status, "refused": s.refused}
               for i, s in clog.samplers.items()}
     print(f"gpu_counterlog: {device}; samplers {status}", flush=True)
-    events = None
+    events = {}
     if device == "cuda" and args.attribute:
         from profilers.events import EventTimer
-        events = EventsOnly(EventTimer(args.launches + 16, d.backend.index))
+        timer = EventTimer(args.launches + 16, d.backend.index)
+        events = {"events": EventsOnly(timer), "events_end": EventsOnly(timer, pairs=False)}
     results = [run_stream(name, d, device, clog, args, events)
                for name in ("gpu_bound", "host_bound")]
     stats = clog.close()
@@ -292,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out / f".gpu_counterlog.json.{os.getpid()}"
     tmp.write_text(json.dumps(payload, indent=2, default=str))
     os.replace(tmp, out / "gpu_counterlog.json")
-    print("  attribution (against off; 'events': event pairs only, 'log': no NVML):")
+    print("  attribution (against off; 'events': event pairs only, 'events_end': one event "
+          "per launch, 'log': no NVML):")
     for r in results:
         for mode, a in r["attribution"].items():
             print(f"    {r['stream']:<11} {mode:<7} {a['launches_per_s']:>9.0f}/s  drop "
