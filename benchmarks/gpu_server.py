@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                        # profilers, when run as a script
 sys.path.insert(0, str(ROOT / "examples" / "server"))
 
-from block import BlockShape, build, input_activations  # noqa: E402
+from block import BlockShape, build  # noqa: E402
 from loadgen import make_stream, run_load  # noqa: E402
 from server import InferenceServer, padded_lengths, resolve_device, warm_up  # noqa: E402
 
