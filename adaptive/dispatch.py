@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import itertools
 import logging
 import math
@@ -113,6 +114,8 @@ class Dispatcher:
         self._lock = threading.RLock()
         self._tick = itertools.count(1)
         self._recorder: Callable | None = None
+        self._timer = None                 # CUDA events for sampled calls (made on first use)
+        self._timer_tried = False
         self.sample_every = config.get().sample_every
         self.listeners: list[Callable[[Plan, float], None]] = []
         self.stats = {"misses": 0, "samples": 0}
@@ -191,7 +194,7 @@ class Dispatcher:
             candidates = self._candidates(op, problem)
             ctx = Context(op, problem, key, functools.partial(self._measure, op, problem, key,
                                                               args), self.backend.peaks,
-                          getattr(self.backend, "device_state", None))
+                          getattr(self.backend, "device_state", None), self.limits)
             decision = self.policy.decide(ctx, candidates)
             pool = [self._prepare(op, problem, key, c, args[-1])
                     for c in decision.explore or (decision.candidate,)]
@@ -281,7 +284,7 @@ class Dispatcher:
                 candidate = pool[0]
             else:
                 ctx = Context(op, problem, key, functools.partial(self._measure, op, problem, key,
-                                                                  args))
+                                                                  args), limits=self.limits)
                 candidate = self.policy.decide(ctx, pool).candidate
         with self._lock:
             plan = self._prepare(op, problem, key, candidate, args[-1])
@@ -292,6 +295,18 @@ class Dispatcher:
     def _sampled(self, plan: Plan, args, out):
         if plan.provisional:   # an exploring plan times every call itself
             return plan.run(args, out)
+        timer = self._timer if self._timer_tried else self._event_timer()
+        if timer is not None:  # GPU: an event pair, read on a later call; nothing waits
+            self.harvest()
+            slot = timer.start(self.backend.stream_ptr(plan.problem.kind))
+            try:
+                result = plan.run(args, out)
+            except BaseException:
+                timer.cancel(slot)
+                raise
+            timer.stop(slot, plan)
+            self.stats["samples"] += 1
+            return result
         t0 = time.perf_counter_ns()
         result = plan.run(args, out)
         sync = getattr(self.backend, "synchronize", None)
@@ -301,6 +316,31 @@ class Dispatcher:
         self.stats["samples"] += 1
         self.feedback(plan, time_ms)
         return result
+
+    def _event_timer(self):
+        """The backend's event timer, made on first use (None: time on the host)."""
+        with self._lock:
+            if not self._timer_tried:
+                make = getattr(self.backend, "event_timer", None)
+                if make is not None:
+                    try:
+                        self._timer = make()
+                    except Exception as exc:  # noqa: BLE001 (said once; host timing then)
+                        log.warning("CUDA event timing is unavailable (%s): sampled calls "
+                                    "are timed on the host, with a synchronise", exc)
+                self._timer_tried = True
+        return self._timer
+
+    def harvest(self) -> int:
+        """Give the policy the event timings the GPU has finished; never waits. Sampled
+        and exploring calls do this themselves; call it to flush after the last one."""
+        timer = self._timer
+        if timer is None or not timer.pending:
+            return 0
+        done = timer.harvest()
+        for plan, time_ms in done:
+            self.feedback(plan, time_ms)
+        return len(done)
 
     def feedback(self, plan: Plan, time_ms: float) -> None:
         """Give a measured time of ``plan`` to the policy and to every listener.
@@ -371,10 +411,22 @@ class Dispatcher:
             return
         hook = getattr(self.policy, "add_observations", None)
         if hook is not None:
-            hook(rows, weight)
+            if "geometry" in inspect.signature(hook).parameters:
+                hook(rows, weight, geometry=self._row_geometry)
+            else:
+                hook(rows, weight)
         self.stats["prior_rows"] = self.stats.get("prior_rows", 0) + len(rows)
         for op in {r.op for r in rows}:
             self.forget(op)
+
+    def _row_geometry(self, row: Observation) -> dict:
+        """Launch-geometry features of a measurement row's candidate on this device."""
+        from adaptive.model import row_geometry
+        try:
+            variant = self.registry.get(row.op, row.variant)
+        except KeyError:
+            return {}
+        return row_geometry(variant, row, self.limits)
 
     # ---- introspection ----------------------------------------------------------------------
     def candidates(self, op: str, *args, **params) -> list[Candidate]:

@@ -28,6 +28,8 @@ FUNCTIONS = {
     "is_pow2": is_pow2, "round_up": lambda a, b: ceil_div(a, b) * b,
 }
 
+_GLOBALS = {"__builtins__": {}, **FUNCTIONS}   # read-only for eval: shared by every call
+
 _ALLOWED = (
     ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.IfExp, ast.Call,
     ast.Name, ast.Load, ast.Constant, ast.Tuple, ast.List,
@@ -66,13 +68,14 @@ class Expr:
         self._code = compile(tree, f"<expr {self.text}>", "eval")
 
     def __call__(self, env: Mapping | None = None, **names):
-        scope = dict(env or {}, **names)
-        missing = self.names - scope.keys()
-        if missing:
+        # a miss evaluates thousands of these: no copy of env unless names are added
+        scope = env if env is not None and not names else dict(env or {}, **names)
+        if not self.names <= scope.keys():
+            missing = self.names - scope.keys()
             raise ExpressionError(
                 f"expression {self.text!r} needs {', '.join(sorted(missing))}; "
                 f"given: {', '.join(sorted(scope)) or 'nothing'}")
-        return eval(self._code, {"__builtins__": {}, **FUNCTIONS}, scope)  # noqa: S307 (whitelisted)
+        return eval(self._code, _GLOBALS, scope)  # noqa: S307 (whitelisted names only)
 
     def __repr__(self) -> str:
         return f"Expr({self.text!r})"

@@ -46,6 +46,7 @@ class KeyState:
     recent: deque = dataclasses.field(default_factory=lambda: deque(maxlen=8))
     explorations: int = 0                      # how many times exploration was opened
     dtype: str = ""
+    rows: dict = dataclasses.field(default_factory=dict)   # candidate -> its model row
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -149,12 +150,15 @@ class Learned:
 
     # ---- miss ---------------------------------------------------------------------------
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
-        from adaptive.model import candidate_row, resources_of
+        from adaptive.model import candidate_row, geometries, resources_of
         op = ctx.op.name
         features = ctx.op.features(ctx.problem)
         device = ctx.device()
-        rows = [candidate_row(features, op, c.variant.name, c.config, resources_of(c), device)
-                for c in candidates]
+        limits = getattr(ctx, "limits", None)
+        geo = geometries([(c.variant, c.config) for c in candidates],
+                         ctx.problem.scope() if limits else {}, limits)
+        rows = [candidate_row(features, op, c.variant.name, c.config, resources_of(c), device, g)
+                for c, g in zip(candidates, geo)]
         dist = self.model.predict_dist(rows)
         floor = ctx.floor_ms()
         if dist is None:
@@ -179,7 +183,7 @@ class Learned:
         why += also
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
                          {c: [] for c in explore}, reason=why, explorations=1,
-                         dtype=ctx.problem.dtype)
+                         dtype=ctx.problem.dtype, rows=dict(zip(candidates, rows)))
         with self._lock:
             self.keys[ctx.key] = state
             self.stats["decisions"] += 1
@@ -295,18 +299,21 @@ class Learned:
         if not (math.isfinite(time_ms) and time_ms > 0):
             return
         from adaptive.model import candidate_row, resources_of, target
-        row = candidate_row(state.features, state.op, candidate.variant.name, candidate.config,
-                            resources_of(candidate), state.device)
+        row = state.rows.get(candidate) or candidate_row(
+            state.features, state.op, candidate.variant.name, candidate.config,
+            resources_of(candidate), state.device)
         self.model.add([row], [target(time_ms, state.floor_ms)])
 
-    def add_observations(self, rows, weight: float = 1.0) -> None:
-        """Measurements made elsewhere (a pack, a counter log): the model's base rows."""
+    def add_observations(self, rows, weight: float = 1.0, geometry=None) -> None:
+        """Measurements made elsewhere (a pack, a counter log): the model's base rows.
+        ``geometry(row)`` gives a row's launch-geometry features on this device (the
+        dispatcher passes it: it knows the variants and the device's limits)."""
         from adaptive.model import training_set
         from adaptive.space import as_config
         for r in rows:
             self.neighbours.add(r.op, r.dtype, r.features, r.variant, as_config(r.config),
                                 r.time_ms)
-        ts = training_set(rows)
+        ts = training_set(rows, geometry=geometry)
         if len(ts):
             self.model.extend_base(ts, weight)
 

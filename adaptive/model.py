@@ -23,17 +23,21 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.utils.validation import check_is_fitted
 
+from adaptive.expr import compile_expr
 from adaptive.observation import Observation
+from adaptive.ops.base import DTYPE_BYTES
 
-FEATURE_VERSION = 1   # bump when row names or meanings change: older fitted state is refused
+FEATURE_VERSION = 2   # bump when row names or meanings change: older fitted state is refused
 MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
 
 
 def candidate_row(op_features: Mapping[str, float], op: str, variant: str, config: Mapping,
-                  resources: Mapping | None = None, device: Mapping | None = None
-                  ) -> dict[str, float]:
+                  resources: Mapping | None = None, device: Mapping | None = None,
+                  geometry: Mapping | None = None) -> dict[str, float]:
     """One model row for a candidate on an input; every value is a float, names are stable."""
     row = {f"op.{k}": float(v) for k, v in op_features.items()}
+    if geometry:
+        row.update(geometry)
     row[f"variant={op}/{variant}"] = 1.0
     for name, value in config.items():
         if isinstance(value, (bool, int, float)):
@@ -61,6 +65,59 @@ def resources_of(candidate) -> dict:
     if isinstance(per_label, Mapping):
         return dict(per_label)
     return {k: v for k, v in res.items() if isinstance(v, (int, float))}
+
+
+def geometry(variant, config: Mapping, scope: Mapping, limits: Mapping | None
+             ) -> dict[str, float]:
+    """Launch-geometry features of a kernel candidate on an input: log2 of the CTAs and of
+    the waves (CTAs / SMs), the last wave's fill, log2 threads per CTA. ``{}`` for library
+    and host variants, or when the device's limits are unknown. For many candidates of
+    one input, :func:`geometries` is cheaper."""
+    return geometries([(variant, config)], scope, limits)[0]
+
+
+def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | None
+               ) -> list[dict[str, float]]:
+    """:func:`geometry` of each (variant, config) on one input (a miss: one call)."""
+    sms = (limits or {}).get("sm_count")
+    if not sms:
+        return [{} for _ in candidates]
+    base = {**scope, **limits}
+    out = []
+    for variant, config in candidates:
+        exprs = _launch_exprs(variant)
+        if exprs is None:
+            out.append({})
+            continue
+        full = base | config
+        try:
+            ctas = math.prod(int(e(full)) for e in exprs[0])
+            threads = math.prod(int(e(full)) for e in exprs[1])
+        except Exception:  # noqa: BLE001 (a candidate that cannot launch here has no geometry)
+            out.append({})
+            continue
+        if ctas < 1 or threads < 1:
+            out.append({})
+            continue
+        waves = ctas / sms
+        out.append({"geo.log2_ctas": math.log2(ctas), "geo.log2_waves": math.log2(waves),
+                    "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads)})
+    return out
+
+
+def _launch_exprs(variant):
+    """(grid expressions, block expressions) of a kernel variant, or None."""
+    launch = variant.launch or {}
+    if variant.language != "cuda" or "grid" not in launch:
+        return None
+    return (tuple(compile_expr(str(e)) for e in launch["grid"]),
+            tuple(compile_expr(str(e)) for e in launch.get("block", ())))
+
+
+def row_geometry(variant, row: Observation, limits: Mapping | None) -> dict[str, float]:
+    """:func:`geometry` of a measurement row (its dims, dtype and config)."""
+    scope = {**row.dims, "dtype": row.dtype, "itemsize": DTYPE_BYTES.get(row.dtype, 4)}
+    return geometry(variant, row.config, scope, limits)
 
 
 def target(time_ms: float, floor_ms: float) -> float:
@@ -91,7 +148,8 @@ class TrainingSet:
 
 
 def training_set(observations: Sequence[Observation],
-                 resources: Callable[[Observation], Mapping] | None = None) -> TrainingSet:
+                 resources: Callable[[Observation], Mapping] | None = None,
+                 geometry: Callable[[Observation], Mapping] | None = None) -> TrainingSet:
     """Model rows from measurement rows (a pack, a counter log, a benchmark table).
 
     Rows with a non-finite or non-positive time are failures: they stay out of the fit
@@ -102,7 +160,9 @@ def training_set(observations: Sequence[Observation],
         if not (math.isfinite(obs.time_ms) and obs.time_ms > 0):
             continue
         res = resources(obs) if resources else {}
-        rows.append(candidate_row(obs.features, obs.op, obs.variant, obs.config, res, obs.device))
+        geo = geometry(obs) if geometry else None
+        rows.append(candidate_row(obs.features, obs.op, obs.variant, obs.config, res, obs.device,
+                                  geo))
         ys.append(target(obs.time_ms, obs.floor_ms))
         groups.append(input_key(obs.op, obs.features, obs.dtype))
         cfg = ",".join(f"{k}={v}" for k, v in sorted(obs.config.items()))

@@ -46,6 +46,7 @@ class Context:
     measure: Callable[..., float]
     peaks: Callable[[], Mapping] | None = None          # the backend's peak rates
     device_state: Callable[[], Mapping] | None = None   # clocks, utilisation, throttling
+    limits: Mapping | None = None                       # the backend's limits (SM count, ...)
 
     def floor_ms(self) -> float:
         """Roofline floor of this input on this device in ms (0 when peaks are unknown)."""

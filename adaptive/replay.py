@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from adaptive.observation import Observation
+from adaptive.ops.base import DTYPE_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,17 +84,22 @@ class _Op:
 
 
 class _Problem:
-    def __init__(self, dtype: str):
-        self.dtype = dtype
+    def __init__(self, row: Observation):
+        self.dtype, self._row = row.dtype, row
+
+    def scope(self) -> dict:
+        return {**self._row.dims, "dtype": self.dtype,
+                "itemsize": DTYPE_BYTES.get(self.dtype, 4)}
 
 
 class _Context:
     """What :meth:`Learned.decide` reads from a miss's context, from the pack's rows."""
 
-    def __init__(self, first: Observation, key: tuple):
+    def __init__(self, first: Observation, key: tuple, limits: dict):
         self.op, self.problem, self.key = _Op(first.op, first.features), _Problem(
-            first.dtype), key
+            first), key
         self._floor_ms = first.floor_ms
+        self.limits = limits
 
     def floor_ms(self) -> float:
         return self._floor_ms
@@ -102,15 +108,23 @@ class _Context:
         return {}
 
 
+def _limits(fingerprint: dict) -> dict:
+    """The limits the grid expressions read, for the pack's device: its SM count, and
+    the sm_90 maxima otherwise (what every shipped pack's GPU has)."""
+    return {"sm_count": int(fingerprint.get("sm_count", 132)), "max_threads_per_block": 1024,
+            "max_shared_bytes": 232448, "warp_size": 32}
+
+
 def replay(pack_path: str, anchors: bool = True, ops: Sequence[str] | None = None,
            progress: Callable[[int, int], None] | None = None, **policy_args
            ) -> ReplayReport:
     """Leave-one-input-out replay of :class:`~adaptive.learned.Learned` on a pack's rows."""
     from adaptive.learned import Learned
-    from adaptive.model import LiveModel
+    from adaptive.model import LiveModel, row_geometry
     from adaptive.pack import read_pack
     from adaptive.variants import make_candidate
     pack = read_pack(pack_path)
+    limits = _limits(pack.fingerprint)
     variants = {(v.op, v.name): v for v in pack.variants}
     rows = [r for r in pack.rows if (r.op, r.variant) in variants]
     groups = _group(rows)
@@ -121,12 +135,14 @@ def replay(pack_path: str, anchors: bool = True, ops: Sequence[str] | None = Non
         if len(mine) < 2:
             continue
         policy = Learned(LiveModel(background=False), anchors=anchors, **policy_args)
-        policy.add_observations([r for k, g in groups.items() if k != key for r in g])
+        policy.add_observations([r for k, g in groups.items() if k != key for r in g],
+                                geometry=lambda r: row_geometry(
+                                    variants[(r.op, r.variant)], r, limits))
         first = mine[0]
         times = {make_candidate(variants[(r.op, r.variant)], r.config): r.time_ms
                  for r in mine}
         cands = list(times)
-        decision = policy.decide(_Context(first, key), cands)
+        decision = policy.decide(_Context(first, key, limits), cands)
         chosen = decision.candidate
         explored = 1
         if decision.explore:

@@ -135,6 +135,18 @@ class CudaBackend:
     def synchronize(self) -> None:
         self._cp.cuda.Device(self.index).synchronize()
 
+    # ---- timing without waiting -------------------------------------------------------------
+    def event_timer(self, capacity: int = 256):
+        """A ring of CUDA event pairs on this device (sampled calls are timed with it and
+        harvested on later calls: nothing waits for the GPU)."""
+        from profilers.events import EventTimer
+        with self._cp.cuda.Device(self.index):
+            return EventTimer(capacity, device=self.index)
+
+    def stream_ptr(self, kind: str) -> int:
+        """The stream a launch of inputs of ``kind`` goes to (PyTorch's for tensors)."""
+        return torch_stream().ptr if kind == "torch" else self._cp.cuda.get_current_stream().ptr
+
     # ---- compiling --------------------------------------------------------------------------
     def function(self, variant, config: dict, dtype: str):
         """The loaded kernel function (a CuPy ``Function``) and its resources."""

@@ -122,3 +122,26 @@ def test_import_adaptive_does_not_import_sklearn():
     code = "import sys, adaptive; print('sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_geometry_features_follow_the_manifest_grid_and_the_sm_count():
+    from adaptive.model import geometry, row_geometry
+    from adaptive.variants import default_registry
+    reg = default_registry()
+    tc = reg.get("gemm", "tc_mma")
+    cfg = {"BM": 64, "BN": 128, "WARPS_M": 2, "WARPS_N": 2}
+    cfg = next(c for c in tc.space.all_configs() if all(c.get(k) == v for k, v in cfg.items()))
+    limits = {"sm_count": 132, "max_shared_bytes": 232448, "max_threads_per_block": 1024}
+    g = geometry(tc, cfg, {"M": 1000, "N": 1000, "K": 64, "itemsize": 2}, limits)
+    ctas = math.ceil(1000 / 64) * math.ceil(1000 / 128)              # 16 x 8 = 128 CTAs
+    assert g["geo.log2_ctas"] == pytest.approx(math.log2(ctas))
+    assert g["geo.log2_waves"] == pytest.approx(math.log2(ctas / 132))
+    assert g["geo.tail"] == pytest.approx(ctas / 132)                 # one partial wave
+    assert g["geo.log2_threads"] == pytest.approx(math.log2(128))
+    assert geometry(reg.get("gemm", "cublas"), {}, {"M": 8, "N": 8, "K": 8}, limits) == {}
+    assert geometry(tc, cfg, {"M": 8, "N": 8, "K": 8}, {}) == {}      # no device: none
+    row = Observation("gemm", {"M": 1000, "N": 1000, "K": 64}, "float16", "tc_mma", cfg,
+                      0.1, 0.01, {})
+    assert row_geometry(tc, row, limits) == g
+    r = candidate_row({"log2_M": 10.0}, "gemm", "tc_mma", cfg, geometry=g)
+    assert r["geo.tail"] == g["geo.tail"] and r["op.log2_M"] == 10.0

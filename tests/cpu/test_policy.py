@@ -248,3 +248,73 @@ def test_a_commit_teaches_the_neighbours_and_pack_rows_fill_them(rng):
                       {"log2_M": 0.0})
     policy.add_observations([row, dataclasses.replace(row, time_ms=math.inf)])
     assert policy.neighbours.best_near("gemm", "float32", {"log2_M": 0.5})[0] == ("cublas", ())
+
+
+class _Event:
+    def __init__(self, gpu):
+        self.gpu, self.t, self.done = gpu, None, False
+
+    def record(self):
+        self.t = self.gpu.clock
+        self.gpu.recorded.append(self)
+
+
+class _EventHost:
+    """The host backend with a fake GPU clock and fake CUDA events: each candidate's run
+    advances the clock by its own cost; events complete only when the test says so."""
+
+    def __new__(cls):
+        from adaptive.backends.host import HostBackend
+
+        class EventHost(HostBackend):
+            def __init__(self):
+                super().__init__()
+                self.clock, self.recorded, self.synced, self.cost = 0.0, [], 0, {}
+
+            def prepare(self, candidate, problem, op):
+                fn = super().prepare(candidate, problem, op)
+                cost = self.cost.setdefault(candidate.label, 1.0 + 0.25 * len(self.cost))
+
+                def run(args, out):
+                    fn(args, out)
+                    self.clock += cost
+                return run
+
+            def synchronize(self):
+                self.synced += 1
+
+            def event_timer(self):
+                from profilers.events import EventTimer
+                return EventTimer(16, events=(lambda: _Event(self), lambda a, b: b.t - a.t))
+
+            def stream_ptr(self, kind):
+                return 0
+
+            def finish(self):          # the GPU catches up
+                for e in self.recorded:
+                    e.done = True
+        return EventHost()
+
+
+def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(rng):
+    be = _EventHost()
+    x = rng.standard_normal((129, 77)).astype(np.float32)
+    ref = OPS["softmax"].reference(x)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=2)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    key = OPS["softmax"].key((x,), {})
+    for _ in range(8):
+        assert np.max(np.abs(d.launch("softmax", x) - ref)) < 1e-5
+    assert d._plans[key].provisional            # timings recorded but the GPU is "behind"
+    assert be.synced == 0 and d.stats["samples"] >= 6
+    be.finish()
+    d.launch("softmax", x)                      # this call harvests the finished pairs
+    plan = d._plans[key]
+    assert not plan.provisional and be.synced == 0
+    explored = policy.state(key).explore
+    assert plan.candidate == min(explored, key=lambda c: be.cost[c.label])
+    assert policy.state(key).expected_ms == pytest.approx(be.cost[plan.candidate.label])
+    be.finish()
+    assert d.harvest() >= 1 and list(policy.state(key).recent)   # samples after the commit
+    assert d.harvest() == 0                     # nothing pending: a flush is free
