@@ -23,9 +23,9 @@ def _cache_dir_default() -> str:
 class Config:
     backend: str = dataclasses.field(default="auto", metadata={
         "env": "ADAPTIVE_BACKEND", "doc": "default backend: auto (cuda if a GPU is present), cuda, host"})
-    policy: str = dataclasses.field(default="measure-each", metadata={
+    policy: str = dataclasses.field(default="learned", metadata={
         "env": "ADAPTIVE_POLICY", "doc": "default policy: learned (cost model, exploring on real "
-        "calls) or measure-each"})
+        "calls; no sweep on a miss) or measure-each (every candidate timed on a miss)"})
     variant_path: str = dataclasses.field(default="", metadata={
         "env": "ADAPTIVE_VARIANT_PATH", "doc": "extra variant folders, ':'-separated"})
     packs: str = dataclasses.field(default="", metadata={
