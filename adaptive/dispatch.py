@@ -91,9 +91,9 @@ class Dispatcher:
         backend: "auto" (cuda where a GPU is present, else host), "cuda" or "host", or a
             backend instance.
         device: CUDA device ordinal (cuda backend only).
-        policy: how a miss is decided (default from ``ADAPTIVE_POLICY``: ``measure-each``,
-            :class:`~adaptive.policy.MeasureEach`; or ``learned``,
-            :class:`~adaptive.learned.Learned`).
+        policy: how a miss is decided (default from ``ADAPTIVE_POLICY``: ``learned``,
+            :class:`~adaptive.learned.Learned`; or ``measure-each``,
+            :class:`~adaptive.policy.MeasureEach`).
         registry: the variants to choose from (default: built-in + ``ADAPTIVE_VARIANT_PATH``).
 
     Example:

@@ -16,10 +16,9 @@ window; a mode whose warm-up cannot finish fails loudly. That time is reported a
 Adaptive uses an explicit policy (default ``learned``) on a dispatcher of its own, with
 the shipped H200 pack loaded first (its measurements train the cost model, so a miss
 explores a few candidates instead of timing all). Static pins one variant per op. Both
-run with the dispatcher's sampled timing off by default (``--sample-every 0``): that
-sampling synchronises the whole device from the request thread
-(``Dispatcher._sampled``), so under concurrent requests it times other requests' work
-too; the choice is printed. While the load runs, an NVML sampler reads
+run with the dispatcher's sampled timing off by default (``--sample-every 0``): the
+requests of all server threads share one CUDA stream, so a sampled event pair brackets
+other requests' kernels too and would read as drift; the choice is printed. While the load runs, an NVML sampler reads
 SM clock, power, utilisation and the GPM SM-activity ratio every 0.1 s.
 
 Writes ``gpu_server.json`` to ``--out`` and prints, last, a table: throughput, p50/p99
@@ -274,8 +273,9 @@ def run(out_dir: str, device: str = "auto", modes: str = ",".join(MODES),
           + (f"{packed['pack']} ({packed['rows']} rows, weight {packed['weight']}, "
              f"same device: {packed['same_device']})" if packed["pack"] else "none")
           + (f"; sampled timing of 1 in {sample_every} launches (adaptive, static)"
-             if sample_every else "; sampled timing off (adaptive, static): it synchronises "
-             "the whole device from the request thread"), flush=True)
+             if sample_every else "; sampled timing off (adaptive, static): the server's "
+             "threads share one stream, so event pairs would bracket other requests' work"),
+          flush=True)
     knobs = argparse.Namespace(duration_s=duration_s, warmup_limit_s=warmup_limit_s,
                                concurrency=concurrency, policy=policy,
                                sample_every=sample_every, verbose_warmup=verbose_warmup)
