@@ -47,11 +47,9 @@ def device_bsr(w, block: int) -> tuple:
     if block not in BLOCK_SIZES:
         raise ValueError(f"BSR block size must be one of {BLOCK_SIZES}, got {block}")
 
-    # the host BSR is itself cached under w's (non-reentrant) lock: fetch it before building
-    bsr = w.bsr(block)
-
-    def build():
+    def build():   # w's lock is reentrant: the host BSR may be built under it
         import cupy
+        bsr = w.bsr(block)
         bsr.sort_indices()
         return (cupy.asarray(bsr.indptr.astype(np.int32)),
                 cupy.asarray(bsr.indices.astype(np.int32)),
