@@ -18,6 +18,7 @@ from adaptive.dispatch import Dispatcher
 from adaptive.policy import MeasureEach
 from adaptive.ops import get_op
 from profilers import EventTimer, NvmlSampler
+from fake_nvml import FakeNvml  # noqa: E402
 
 
 @pytest.fixture
@@ -217,34 +218,6 @@ def test_env_var_logs_new_dispatchers(tmp_path, rng):
     assert Dispatcher("host").recorder is None                # env var off again
 
 
-class _Nvml:
-    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetClockInfo(self, h, which):
-        return 1410 if which == 1 else 2619
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return 300_250                                # mW
-
-    def nvmlDeviceGetTemperature(self, h, s):
-        return 40
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        raise RuntimeError("Not Supported")
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return 0
-
-    def nvmlGpmQueryDeviceSupport(self, h):
-        raise RuntimeError("Not Supported")
-
-
 class _Stream:
     def __init__(self):
         self.recorded = self.completed = 0
@@ -272,7 +245,7 @@ def test_gpu_path_writes_event_times_after_they_complete(tmp_path, rng, host):
     timer = EventTimer(4, events=(lambda: _Event(stream), lambda s, e: e.at_ms - s.at_ms))
     clog = CounterLog(tmp_path / "gpu.alog", flush_interval_s=0.01).open()
     clog._timers[0] = timer
-    sampler = NvmlSampler(0, nvml=_Nvml())
+    sampler = NvmlSampler(0, nvml=FakeNvml(sm_mhz=1410, power_mw=300_250))
     sampler.sample_once()
     clog.samplers[None] = sampler           # the host backend's "device index" is None
     rec = counterlog._LogRecorder(clog, host, timer)

@@ -19,6 +19,7 @@ from adaptive.dispatch import Dispatcher
 from adaptive.ops import get_op
 from adaptive.policy import MeasureEach
 from profilers import EventTimer, NvmlSampler
+from fake_nvml import FakeNvml  # noqa: E402
 
 
 class CUDARuntimeError(RuntimeError):
@@ -210,43 +211,12 @@ def test_untimeable_pair_is_dropped_and_counted(tmp_path, rng, fake_cupy, host, 
     assert "event timing failed" in timer.status
 
 
-class _Nvml:
-    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
-
-    def __init__(self):
-        self.sm_mhz = 1000
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetClockInfo(self, h, which):
-        return self.sm_mhz if which == 1 else 2619
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return 250_000
-
-    def nvmlDeviceGetTemperature(self, h, s):
-        return 40
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        raise RuntimeError("Not Supported")
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return 0
-
-    def nvmlGpmQueryDeviceSupport(self, h):
-        raise RuntimeError("Not Supported")
-
-
 def test_each_record_gets_the_snapshot_nearest_before_it(tmp_path, rng, host):
     x = rng.standard_normal((4, 9)).astype(np.float32)
     host.launch("softmax", x)
     plan = next(iter(host._plans.values()))
     now = [100.0]
-    nvml = _Nvml()
+    nvml = FakeNvml(sm_mhz=1000)
     sampler = NvmlSampler(0, nvml=nvml, clock=lambda: now[0])
     for t, mhz in ((100.0, 1100), (101.0, 1200), (102.0, 1300)):
         now[0], nvml.sm_mhz = t, mhz

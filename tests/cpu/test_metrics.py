@@ -20,6 +20,7 @@ from adaptive import metrics  # noqa: E402
 from adaptive.dispatch import Dispatcher  # noqa: E402
 from adaptive.policy import MeasureEach  # noqa: E402
 from profilers import NvmlSampler  # noqa: E402
+from fake_nvml import FakeNvml  # noqa: E402
 
 
 def scrape(server) -> dict:
@@ -94,36 +95,8 @@ def test_dropped_log_records_are_exported(server, rng, tmp_path):
     assert after - before == 10
 
 
-class _Nvml:
-    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetClockInfo(self, h, which):
-        return 1980 if which == 1 else 2619
-
-    def nvmlDeviceGetPowerUsage(self, h):
-        return 250_500
-
-    def nvmlDeviceGetTemperature(self, h, s):
-        return 51
-
-    def nvmlDeviceGetUtilizationRates(self, h):
-        return types.SimpleNamespace(gpu=64, memory=10)
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
-        return 0
-
-    def nvmlGpmQueryDeviceSupport(self, h):
-        return types.SimpleNamespace(isSupportedDevice=0)
-
-
 def test_device_gauges_in_base_units():
-    sampler = NvmlSampler(0, nvml=_Nvml())
+    sampler = NvmlSampler(0, nvml=FakeNvml(power_mw=250_500, temp_c=51, util=(64, 10), gpm_supported=False))
     sampler.sample_once()
     server = adaptive.serve_metrics(0, nvml=False, samplers={0: sampler})
     try:
