@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import types
 import urllib.request
 
 import numpy as np
