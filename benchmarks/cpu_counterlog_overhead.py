@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     fake = install_fake_cupy()
     from adaptive import counterlog
+    from adaptive.counterlog import recorders
     from adaptive.dispatch import Dispatcher
     from adaptive.policy import MeasureEach
     from profilers import EventTimer, NvmlSampler
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(8):
         sampler.sample_once()
     clog.samplers[None] = sampler                       # the host dispatcher's "device"
-    rec = counterlog._LogRecorder(clog, d, timer)
+    rec = recorders._LogRecorder(clog, d, timer)
     written = []
 
     def drain():
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     d.recorder = None
     clog._recorders.pop(d)
 
-    host = counterlog._LogRecorder(clog, d, None)
+    host = recorders._LogRecorder(clog, d, None)
 
     def host_logged(k):
         d.recorder = host
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     stats = clog.close()
     assert stats.dropped == 0, stats
 
-    where = Path(counterlog.__file__).resolve().parents[1]
+    where = Path(counterlog.__file__).resolve().parents[2]
     print(f"cpu_counterlog_overhead: tree {where}; cupy {'stand-in' if fake else 'real'}; "
           f"{n} launches x {args.rounds} rounds per mode; {stats.written} records written")
     print(f"  {'path':<28} {'off us':>8} {'on us':>8} {'caller +us':>11} {'writer us':>10}")

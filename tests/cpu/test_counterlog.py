@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from adaptive import config, counterlog
+from adaptive.counterlog import format as counterlog_format
+from adaptive.counterlog import recorders
 from adaptive.counterlog import (CounterLog, CounterLogError, counter_log, read_file, read_log,
                                  to_observations)
 from adaptive.dispatch import Dispatcher
@@ -185,7 +187,7 @@ def test_not_a_counter_log_empty_and_newer_version(tmp_path):
     with pytest.raises(CounterLogError, match="empty"):
         read_log(empty)
     newer = tmp_path / "newer.alog"
-    newer.write_bytes(counterlog._frame({"format": counterlog.FORMAT, "version": 99}))
+    newer.write_bytes(counterlog_format._frame({"format": counterlog.FORMAT, "version": 99}))
     with pytest.raises(CounterLogError, match="upgrade adaptive"):
         read_log(newer)
     with pytest.raises(FileNotFoundError, match="no counter log"):
@@ -248,7 +250,7 @@ def test_gpu_path_writes_event_times_after_they_complete(tmp_path, rng, host):
     sampler = NvmlSampler(0, nvml=FakeNvml(sm_mhz=1410, power_mw=300_250))
     sampler.sample_once()
     clog.samplers[None] = sampler           # the host backend's "device index" is None
-    rec = counterlog._LogRecorder(clog, host, timer)
+    rec = recorders._LogRecorder(clog, host, timer)
     clog._recorders[host] = rec
     counterlog.install_recorder(host, rec)
     a, b = gemm_inputs(rng, 7, 7, 7)

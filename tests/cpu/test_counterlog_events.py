@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from adaptive import counterlog
+from adaptive.counterlog import recorders
 from adaptive.counterlog import CounterLog, read_log
 from adaptive.dispatch import Dispatcher
 from adaptive.ops import get_op
@@ -102,7 +103,7 @@ def timed_launch(d, rt, op, *args, gpu_ms: float):
 
 def attach(clog, d, timer):
     clog._timers[0] = timer
-    rec = counterlog._LogRecorder(clog, d, timer)
+    rec = recorders._LogRecorder(clog, d, timer)
     clog._recorders[d] = rec
     counterlog.install_recorder(d, rec)
     return rec
@@ -116,7 +117,7 @@ def test_raw_events_time_every_call_on_the_current_stream(tmp_path, rng, fake_cu
     timer = EventTimer(8, None)                               # CupyEvents on the fake
     assert rt.created == 16
     rec = attach(clog, host, timer)
-    assert isinstance(rec, counterlog._EventLogRecorder)
+    assert isinstance(rec, recorders._EventLogRecorder)
     durations = rng.uniform(0.005, 0.2, size=6)
     for i, ms in enumerate(durations):
         current.ptr = 0x5100 + i % 2                          # the caller switches streams
@@ -223,7 +224,7 @@ def test_each_record_gets_the_snapshot_nearest_before_it(tmp_path, rng, host):
         sampler.sample_once()
     clog = CounterLog(tmp_path / "snap.alog", flush_interval_s=60.0).open()
     clog.samplers[None] = sampler                             # a host dispatcher's device
-    rec = counterlog._LogRecorder(clog, host, None)
+    rec = recorders._LogRecorder(clog, host, None)
     times = [99.0, 100.0, 100.5, 100.99, 101.0, 101.7, 102.0, 250.0, 100.2]
     for t in times:
         clog.submit((rec, t, plan, 0.01, "sync"))

@@ -1,26 +1,4 @@
-"""Counter-logging mode: a msgpack stream of launch records, its writer and its reader.
-
-Each logged launch becomes one record: wall time, op, dims and features, variant and
-config, the time it took (CUDA events harvested later on the cuda backend, a wall-clock
-pair on the host), and the NVML/GPM snapshot nearest before it. The launch only records
-a pre-created event pair (two raw ``cudaEventRecord`` calls on its stream) and appends
-one small tuple, or on the host appends one tuple to a bounded queue; a writer thread
-times the pairs (``cudaEventElapsedTime``, no synchronisation), builds the records from
-per-plan fields made once, attaches the snapshot, packs and writes. When the queue or
-the event ring is full, records are dropped and counted; a call is never delayed.
-
-On disk: frames ``[crc32(payload), payload]`` where ``payload`` is a packed map; the
-first frame is a header (``format``, ``version``), each later one a batch of up to
-``BATCH_ROWS`` records written together (per-plan fields once per file, then compact rows;
-see ``ROW_FIELDS``). :func:`read_log` gives back one dict per record. Files rotate by size: ``log`` →
-``log.1`` → ``log.2`` …; a new log moves an existing file aside the same way. The reader
-tolerates a truncated last frame (a killed process loses at most its last batch) and
-names the byte offset of any corrupt one.
-
-    >>> with adaptive.counter_log("/tmp/run.alog", sample_every=1):
-    ...     serve()
-    >>> rows = adaptive.counterlog.to_observations(adaptive.counterlog.read_log("/tmp/run.alog"))
-"""
+"""The counter log itself (queue, writer thread, rotation) and ``counter_log``."""
 
 from __future__ import annotations
 
@@ -29,7 +7,6 @@ import bisect
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
 import math
 import operator
@@ -39,176 +16,17 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import msgpack
 
 from adaptive import config, dispatch
-from adaptive.errors import AdaptiveError
-from adaptive.observation import Observation, floor_ms
+from adaptive.observation import floor_ms
+from adaptive.counterlog.format import BATCH_ROWS, FORMAT, VERSION, _frame
+from adaptive.counterlog.recorders import (_cuda_index, _LogRecorder, install_recorder,
+                                           remove_recorder)
 
 log = logging.getLogger("adaptive.counterlog")
-
-FORMAT = "adaptive-counter-log"
-VERSION = 1
-_HEADER_KEYS = ("format", "version")
-# a batch frame holds up to BATCH_ROWS records as rows of these fields; "plan" indexes the
-# batch's or an earlier batch's "plans" (per file), "state" its "states" (-1: none)
-ROW_FIELDS = ("seq", "plan", "time_s", "time_ms", "timer", "state")
-BATCH_ROWS = 1024
-
-
-class CounterLogError(AdaptiveError, ValueError):
-    """A counter log that cannot be read: not one, a newer version, or corrupt."""
-
-
-# ---- recorders: the per-launch hook -----------------------------------------------------------
-
-def _run_plan(plan, args, out):
-    return plan.run(args, out)
-
-
-class Recorder:
-    """Base of per-dispatcher launch hooks; chained through ``inner`` so several coexist.
-
-    ``_next(plan, args, out)`` runs the rest of the chain; ``_direct`` is True when this
-    recorder is the last one (it may then call ``plan.run`` itself, one frame less)."""
-
-    def __init__(self):
-        self._next = _run_plan
-        self._direct = True
-
-    @property
-    def inner(self):
-        return None if self._next is _run_plan else self._next
-
-    @inner.setter
-    def inner(self, recorder) -> None:
-        self._next = _run_plan if recorder is None else recorder
-        self._direct = recorder is None
-
-
-def install_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
-    """Put ``recorder`` in front of ``d``'s recorder chain."""
-    recorder.inner = d.recorder
-    d.recorder = recorder
-
-
-def remove_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
-    """Take ``recorder`` out of ``d``'s chain (wherever it is)."""
-    if d.recorder is recorder:
-        d.recorder = recorder.inner
-        return
-    r = d.recorder
-    while isinstance(r, Recorder):
-        if r.inner is recorder:
-            r.inner = recorder.inner
-            return
-        r = r.inner
-
-
-_now = time.time
-_perf_ns = time.perf_counter_ns
-
-
-class _LogRecorder(Recorder):
-    """Times every ``every``-th launch of one dispatcher into a :class:`CounterLog`.
-
-    This class times host launches (the call is synchronous: a perf-counter pair);
-    with an event ``timer`` it is an :class:`_EventLogRecorder`. Either way the caller's
-    thread only takes a time and appends one tuple; the writer thread builds the record
-    (the per-plan fields once per plan, the device snapshot, the packing)."""
-
-    def __new__(cls, owner: CounterLog, d: dispatch.Dispatcher, timer):
-        if cls is _LogRecorder and timer is not None:
-            cls = _EventLogRecorder
-        return super().__new__(cls)
-
-    def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
-        super().__init__()
-        self.owner, self.every, self.timer = owner, owner.sample_every, timer
-        self.backend = d.backend
-        self.index = _cuda_index(d.backend)        # the sampler to read (None: host)
-        self._count = itertools.count(1)
-        self.static: dict = {}                      # plan -> its fixed record fields
-        self.peaks = _peaks(d.backend)
-        self._queue, self._queue_size = owner._queue, owner.queue_size
-
-    def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:
-            return self._next(plan, args, out)
-        t0 = _perf_ns()
-        result = plan.run(args, out) if self._direct else self._next(plan, args, out)
-        t1 = _perf_ns()
-        queue = self._queue
-        if len(queue) < self._queue_size:
-            queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host"))
-        else:
-            self.owner._queue_dropped += 1
-        return result
-
-    def sampled(self, plan, time_ms: float) -> None:
-        """Listener for the dispatcher's sampled (synchronised) launches."""
-        if self.every == 1 or next(self._count) % self.every == 0:
-            self.owner.submit((self, _now(), plan, time_ms, "sync"))
-
-
-class _EventLogRecorder(_LogRecorder):
-    """The cuda recorder: a pre-created event pair from the timer's ring recorded around
-    the launch with the raw runtime call on the launch's stream, and one tuple
-    ``(slot, time_s, plan, recorder)`` appended to the ring's pending queue. A full ring
-    drops the record (counted), never the call."""
-
-    def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
-        super().__init__(owner, d, timer)
-        self._ticket, self._capacity, self._busy = timer.ticket, timer.capacity, timer.busy
-        self._starts, self._ends, self._record = timer.starts, timer.ends, timer.record
-        self._append, self._stream = timer.append_pending, timer.current_stream
-        self._torch_stream = None
-
-    def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:
-            return self._next(plan, args, out)
-        slot = next(self._ticket) % self._capacity
-        busy = self._busy
-        if busy[slot]:                              # still pending: drop the record
-            self.timer.dropped += 1
-            return self._next(plan, args, out)
-        busy[slot] = True
-        # the launch's stream: CuPy's current one, or PyTorch's for tensors
-        stream = (self._stream() if plan.problem.kind != "torch" else
-                  self._torch()).ptr
-        record = self._record
-        record(self._starts[slot], stream)
-        try:
-            result = plan.run(args, out) if self._direct else self._next(plan, args, out)
-        except BaseException:
-            busy[slot] = False
-            raise
-        record(self._ends[slot], stream)
-        self._append((slot, _now(), plan, self))
-        return result
-
-    def _torch(self):
-        if self._torch_stream is None:
-            from adaptive.backends.cuda import torch_stream
-            self._torch_stream = torch_stream
-        return self._torch_stream()
-
-
-def _peaks(backend) -> dict | None:
-    try:
-        return backend.peaks()
-    except Exception as exc:  # noqa: BLE001 (no floor then; the log still works)
-        log.warning("no roofline peaks for %s (%s); records carry no floor_ms", backend.name, exc)
-        return None
-
-
-def _cuda_index(backend) -> int | None:
-    index = getattr(backend, "index", None)
-    if index is None and str(backend.device).startswith("cuda:"):
-        index = int(str(backend.device).split(":")[1])
-    return index
 
 
 # ---- the log ----------------------------------------------------------------------------------
@@ -476,16 +294,6 @@ class CounterLog:
 
 _time_of = operator.itemgetter(1)
 
-
-def _pack(value) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
-
-
-def _frame(record: dict) -> bytes:
-    payload = _pack(record)
-    return b"\x92" + _pack(zlib.crc32(payload)) + _pack(payload)     # [crc32, payload]
-
-
 # ---- the public context manager and the ADAPTIVE_COUNTER_LOG hook ---------------------------
 
 _active: list[CounterLog] = []
@@ -579,155 +387,3 @@ def close_configured() -> None:
 
 
 dispatch.new_dispatcher_hooks.append(_on_new_dispatcher)
-
-
-# ---- reading ----------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class LogContents:
-    """What :func:`read_log` found: records oldest first, the files read, and their headers."""
-
-    records: tuple[dict, ...]
-    files: tuple[str, ...]
-    headers: tuple[dict, ...]
-    truncated_bytes: int = 0     # an incomplete last frame (a killed writer), skipped
-
-
-def read_file(path: str | os.PathLike) -> tuple[dict, list[dict], int]:
-    """(header, records, truncated bytes) of one log file; raises CounterLogError if corrupt."""
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1 << 20))
-    unpacker.feed(data)
-    header, records, offset, plans = None, [], 0, {}
-    while True:
-        offset = unpacker.tell()
-        try:
-            frame = next(unpacker)
-        except StopIteration:
-            break
-        except Exception as exc:  # noqa: BLE001 (msgpack raises several kinds)
-            raise _corrupt(path, offset, f"not msgpack ({type(exc).__name__}: {exc})",
-                           len(records)) from None
-        payload = _unframe(path, offset, frame, len(records))
-        if header is None:
-            header = _check_header(path, payload)
-        else:
-            records += _expand(path, offset, payload, plans, len(records))
-    truncated = len(data) - offset
-    if header is None and truncated == 0:
-        raise CounterLogError(f"{path} is empty; expected an adaptive counter log "
-                              "(write one with adaptive.counter_log)")
-    if header is None:
-        raise _corrupt(path, 0, "the header frame is incomplete", 0)
-    if truncated:
-        log.warning("%s: last record incomplete (%d bytes at offset %d, the writer was probably "
-                    "killed); skipped it", path, truncated, offset)
-    return header, records, truncated
-
-
-def _unframe(path, offset, frame, n) -> dict:
-    if not (isinstance(frame, list) and len(frame) == 2 and isinstance(frame[0], int)
-            and isinstance(frame[1], bytes)):
-        raise _corrupt(path, offset, f"expected a [crc32, payload] frame, got "
-                       f"{type(frame).__name__}", n)
-    crc, payload = frame
-    if zlib.crc32(payload) != crc:
-        raise _corrupt(path, offset, "checksum mismatch", n)
-    try:
-        record = msgpack.unpackb(payload, raw=False)
-    except Exception as exc:  # noqa: BLE001
-        raise _corrupt(path, offset, f"payload is not msgpack ({exc})", n) from None
-    if not isinstance(record, dict):
-        raise _corrupt(path, offset, f"payload is a {type(record).__name__}, not a map", n)
-    return record
-
-
-def _expand(path, offset, batch: dict, plans: dict, n: int) -> list[dict]:
-    """The records of one batch frame; ``plans`` carries plan fields across frames."""
-    try:
-        for pid, static in batch["plans"]:
-            plans[pid] = static
-        states = batch["states"]
-        out = []
-        for seq, pid, time_s, time_ms, timer, sid in batch["rows"]:
-            record = {"seq": seq, "time_s": time_s, **plans[pid], "time_ms": time_ms,
-                      "timer": timer}
-            if sid >= 0:
-                record["device_state"] = states[sid]
-            out.append(record)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise _corrupt(path, offset, f"malformed batch ({type(exc).__name__}: {exc})",
-                       n) from None
-    return out
-
-
-def _corrupt(path, offset, why, n) -> CounterLogError:
-    return CounterLogError(f"{path}: corrupt record at byte {offset}: {why}; the {n} records "
-                           "before it are intact. The file was damaged or is not an adaptive "
-                           "counter log; copy the intact prefix or delete the file")
-
-
-def _check_header(path, header: dict) -> dict:
-    if any(k not in header for k in _HEADER_KEYS) or header["format"] != FORMAT:
-        raise CounterLogError(f"{path} is not an adaptive counter log: its first record has "
-                              f"format={header.get('format')!r}, expected {FORMAT!r}")
-    if header["version"] > VERSION:
-        raise CounterLogError(f"{path} is counter-log version {header['version']}; this "
-                              f"adaptive reads up to version {VERSION}: upgrade adaptive")
-    return header
-
-
-def log_files(path: str | os.PathLike) -> list[str]:
-    """``path`` and its rotated predecessors, oldest first."""
-    path = os.fspath(path)
-    rotated = []
-    i = 1
-    while os.path.exists(f"{path}.{i}"):
-        rotated.append(f"{path}.{i}")
-        i += 1
-    files = rotated[::-1] + ([path] if os.path.exists(path) else [])
-    if not files:
-        raise FileNotFoundError(f"no counter log at {path} (nor rotated {path}.1, ...)")
-    return files
-
-
-def read_log(path: str | os.PathLike, rotated: bool = True) -> LogContents:
-    """Every record of a counter log (and, with ``rotated``, its rotated files), oldest first.
-
-    A truncated last record in a file is skipped with a warning; corruption anywhere else
-    raises :class:`CounterLogError` naming the file and byte offset.
-    """
-    files = log_files(path) if rotated else [os.fspath(path)]
-    records, headers, truncated = [], [], 0
-    for name in files:
-        header, recs, cut = read_file(name)
-        headers.append(header)
-        records += recs
-        truncated += cut
-    return LogContents(tuple(records), tuple(files), tuple(headers), truncated)
-
-
-def to_observations(records: Sequence[dict] | LogContents) -> list[Observation]:
-    """Counter-log records as cost-model training rows (``source="log"``).
-
-    Records without a finite time are skipped; device state goes to ``counters``.
-    """
-    if isinstance(records, LogContents):
-        records = records.records
-    rows = []
-    for r in records:
-        time_ms = r.get("time_ms")
-        if not isinstance(time_ms, (int, float)) or not math.isfinite(time_ms) or time_ms <= 0:
-            continue
-        state = r.get("device_state") or {}
-        rows.append(Observation(
-            op=r["op"], dims=dict(r["dims"]), dtype=r["dtype"], variant=r["variant"],
-            config=dict(r.get("config") or {}), time_ms=float(time_ms),
-            floor_ms=float(r.get("floor_ms") or 0.0), features=dict(r.get("features") or {}),
-            device={"backend": r.get("backend", ""), "device": r.get("device", ""),
-                    "timer": r.get("timer", "")},
-            counters={k: float(v) for k, v in state.items() if isinstance(v, (int, float))},
-            timestamp_s=float(r.get("time_s", 0.0)), source="log"))
-    return rows

@@ -1,0 +1,164 @@
+"""Per-launch recorders: the hook a dispatcher calls on each logged (or counted) launch."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from adaptive import dispatch
+
+if TYPE_CHECKING:
+    from adaptive.counterlog.writer import CounterLog
+
+log = logging.getLogger("adaptive.counterlog")
+
+
+# ---- recorders: the per-launch hook -----------------------------------------------------------
+
+def _run_plan(plan, args, out):
+    return plan.run(args, out)
+
+
+class Recorder:
+    """Base of per-dispatcher launch hooks; chained through ``inner`` so several coexist.
+
+    ``_next(plan, args, out)`` runs the rest of the chain; ``_direct`` is True when this
+    recorder is the last one (it may then call ``plan.run`` itself, one frame less)."""
+
+    def __init__(self):
+        self._next = _run_plan
+        self._direct = True
+
+    @property
+    def inner(self):
+        return None if self._next is _run_plan else self._next
+
+    @inner.setter
+    def inner(self, recorder) -> None:
+        self._next = _run_plan if recorder is None else recorder
+        self._direct = recorder is None
+
+
+def install_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
+    """Put ``recorder`` in front of ``d``'s recorder chain."""
+    recorder.inner = d.recorder
+    d.recorder = recorder
+
+
+def remove_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
+    """Take ``recorder`` out of ``d``'s chain (wherever it is)."""
+    if d.recorder is recorder:
+        d.recorder = recorder.inner
+        return
+    r = d.recorder
+    while isinstance(r, Recorder):
+        if r.inner is recorder:
+            r.inner = recorder.inner
+            return
+        r = r.inner
+
+
+_now = time.time
+_perf_ns = time.perf_counter_ns
+
+
+class _LogRecorder(Recorder):
+    """Times every ``every``-th launch of one dispatcher into a :class:`CounterLog`.
+
+    This class times host launches (the call is synchronous: a perf-counter pair);
+    with an event ``timer`` it is an :class:`_EventLogRecorder`. Either way the caller's
+    thread only takes a time and appends one tuple; the writer thread builds the record
+    (the per-plan fields once per plan, the device snapshot, the packing)."""
+
+    def __new__(cls, owner: CounterLog, d: dispatch.Dispatcher, timer):
+        if cls is _LogRecorder and timer is not None:
+            cls = _EventLogRecorder
+        return super().__new__(cls)
+
+    def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
+        super().__init__()
+        self.owner, self.every, self.timer = owner, owner.sample_every, timer
+        self.backend = d.backend
+        self.index = _cuda_index(d.backend)        # the sampler to read (None: host)
+        self._count = itertools.count(1)
+        self.static: dict = {}                      # plan -> its fixed record fields
+        self.peaks = _peaks(d.backend)
+        self._queue, self._queue_size = owner._queue, owner.queue_size
+
+    def __call__(self, plan, args, out):
+        if self.every != 1 and next(self._count) % self.every:
+            return self._next(plan, args, out)
+        t0 = _perf_ns()
+        result = plan.run(args, out) if self._direct else self._next(plan, args, out)
+        t1 = _perf_ns()
+        queue = self._queue
+        if len(queue) < self._queue_size:
+            queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host"))
+        else:
+            self.owner._queue_dropped += 1
+        return result
+
+    def sampled(self, plan, time_ms: float) -> None:
+        """Listener for the dispatcher's sampled (synchronised) launches."""
+        if self.every == 1 or next(self._count) % self.every == 0:
+            self.owner.submit((self, _now(), plan, time_ms, "sync"))
+
+
+class _EventLogRecorder(_LogRecorder):
+    """The cuda recorder: a pre-created event pair from the timer's ring recorded around
+    the launch with the raw runtime call on the launch's stream, and one tuple
+    ``(slot, time_s, plan, recorder)`` appended to the ring's pending queue. A full ring
+    drops the record (counted), never the call."""
+
+    def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
+        super().__init__(owner, d, timer)
+        self._ticket, self._capacity, self._busy = timer.ticket, timer.capacity, timer.busy
+        self._starts, self._ends, self._record = timer.starts, timer.ends, timer.record
+        self._append, self._stream = timer.append_pending, timer.current_stream
+        self._torch_stream = None
+
+    def __call__(self, plan, args, out):
+        if self.every != 1 and next(self._count) % self.every:
+            return self._next(plan, args, out)
+        slot = next(self._ticket) % self._capacity
+        busy = self._busy
+        if busy[slot]:                              # still pending: drop the record
+            self.timer.dropped += 1
+            return self._next(plan, args, out)
+        busy[slot] = True
+        # the launch's stream: CuPy's current one, or PyTorch's for tensors
+        stream = (self._stream() if plan.problem.kind != "torch" else
+                  self._torch()).ptr
+        record = self._record
+        record(self._starts[slot], stream)
+        try:
+            result = plan.run(args, out) if self._direct else self._next(plan, args, out)
+        except BaseException:
+            busy[slot] = False
+            raise
+        record(self._ends[slot], stream)
+        self._append((slot, _now(), plan, self))
+        return result
+
+    def _torch(self):
+        if self._torch_stream is None:
+            from adaptive.backends.cuda import torch_stream
+            self._torch_stream = torch_stream
+        return self._torch_stream()
+
+
+def _peaks(backend) -> dict | None:
+    try:
+        return backend.peaks()
+    except Exception as exc:  # noqa: BLE001 (no floor then; the log still works)
+        log.warning("no roofline peaks for %s (%s); records carry no floor_ms", backend.name, exc)
+        return None
+
+
+def _cuda_index(backend) -> int | None:
+    index = getattr(backend, "index", None)
+    if index is None and str(backend.device).startswith("cuda:"):
+        index = int(str(backend.device).split(":")[1])
+    return index
