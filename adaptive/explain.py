@@ -74,6 +74,7 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     key = o.key(args, params)
     problem = o.problem(args, params)
     candidates = dispatcher.candidates(op, *args, **params)
+    dispatcher.harvest()   # GPU timings finished since the last call reach the policy first
     plan = dispatcher._plans.get(key)
     decision = plan.decision if plan is not None else None
     policy = dispatcher.policy
