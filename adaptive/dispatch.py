@@ -196,11 +196,12 @@ class Dispatcher:
                                                               args), self.backend.peaks,
                           getattr(self.backend, "device_state", None), self.limits)
             decision = self.policy.decide(ctx, candidates)
-            pool = [self._prepare(op, problem, key, c, args[-1])
-                    for c in decision.explore or (decision.candidate,)]
+            # only the candidate that runs now is prepared: the other explored ones are
+            # prepared on their first turn, so the first result pays for one
+            first = self._prepare(op, problem, key, _first_of(decision), args[-1])
             tuning_ms = (time.perf_counter() - t0) * 1e3
             plan = self._plan_for(dataclasses.replace(
-                decision, tuning_ms=decision.tuning_ms or tuning_ms), pool)
+                decision, tuning_ms=decision.tuning_ms or tuning_ms), first)
             self._plans[key] = plan
             self.stats["misses"] += 1
             log.debug("miss %s -> %s (%s)", key, decision.candidate.label, decision.reason)
@@ -357,37 +358,58 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 (a listener never breaks a launch)
                 log.exception("listener %r failed", listener)
 
-    def _plan_for(self, decision: Decision, pool: list[Plan]) -> Plan:
-        """The plan serving a decision: plain when committed, rotating while exploring."""
-        plan = dataclasses.replace(pool[0], decision=decision)
+    def _plan_for(self, decision: Decision, first: Plan) -> Plan:
+        """The plan serving a decision: plain when committed, rotating while exploring.
+
+        ``first`` serves the decision's first candidate. Each other explored candidate is
+        prepared on its first turn; one that fails to prepare or to run is recorded as
+        failed (``inf``) and that call is served by ``first``.
+        """
+        plan = dataclasses.replace(first, decision=decision)
         if not decision.explore:
             return plan
+        cands = decision.explore
+        pool = [first if c == first.candidate else self._prepared.get((first.key, c))
+                for c in cands]
         turn = itertools.count()
         sampled = self._sampled
 
         def explore(args, out):
-            p = pool[next(turn) % len(pool)]
+            i = next(turn) % len(pool)
+            p = pool[i]
             try:
+                if p is None:
+                    p = pool[i] = self._prepare_like(first, cands[i], args)
                 return sampled(p, args, out)
             except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
-                if p is pool[0]:
+                if p is first:
                     raise
-                log.warning("explored candidate %s failed on %s: %s", p.candidate.label,
-                            p.key, exc)
-                self.feedback(p, math.inf)
-                return pool[0].run(args, out)
+                log.warning("explored candidate %s failed on %s: %s", cands[i].label,
+                            first.key, exc)
+                if p is not None:
+                    self.feedback(p, math.inf)
+                else:
+                    update = self.policy.observe(first.key, cands[i], math.inf)
+                    if update is not None:
+                        self._revise(first.key, update)
+                return first.run(args, out)
         return dataclasses.replace(plan, run=explore, provisional=True)
+
+    def _prepare_like(self, plan: Plan, candidate: Candidate, args) -> Plan:
+        """``candidate`` prepared for ``plan``'s input (an explored candidate's first turn)."""
+        with self._lock:
+            return self._prepare(get_op(plan.problem.op), plan.problem, plan.key, candidate,
+                                 args[-1])
 
     def _revise(self, key: tuple, decision: Decision) -> None:
         with self._lock:
             if key not in self._plans:
                 return
-            pool = [self._prepared.get((key, c)) for c in decision.explore or
-                    (decision.candidate,)]
-            if any(p is None for p in pool):   # not prepared here: decide again on next call
+            first = self._prepared.get((key, _first_of(decision)))
+            if first is None:   # never prepared here: decide again on the next call
                 del self._plans[key]
                 return
-            self._plans[key] = self._plan_for(decision, pool)
+            self._plans[key] = self._plan_for(decision, first)
             log.debug("revised %s -> %s (%s)", key, decision.candidate.label, decision.reason)
 
     def forget_key(self, key: tuple) -> None:
@@ -512,6 +534,11 @@ def shared_registry() -> Registry:
             if _registry is None:
                 _registry = default_registry()
     return _registry
+
+
+def _first_of(decision: Decision) -> Candidate:
+    """The candidate a decision runs first: its first explored one, or its choice."""
+    return decision.explore[0] if decision.explore else decision.candidate
 
 
 def _device_of(x) -> str:

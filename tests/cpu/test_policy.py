@@ -156,19 +156,44 @@ def test_failed_exploration_candidate_falls_back_and_is_recorded(rng):
     d.sample_every = 0
     key = OPS["softmax"].key((x,), {})
     d.launch("softmax", x)
-    second = d._plans[key].decision.explore[1]
-    pooled = d._prepared[(key, second)]
+    first = d._plans[key]
+    second = first.decision.explore[1]
+    pooled = d._prepare_like(first, second, (x,))
 
     def broken(args, out):
         raise RuntimeError("kernel fault")
-    d._prepared[(key, second)] = type(pooled)(**{**pooled.__dict__, "run": broken})
-    d._plans[key] = d._plan_for(d._plans[key].decision, [d._prepared[(key, c)] for c in
-                                                         d._plans[key].decision.explore])
+    d._prepared[(key, second)] = dataclasses.replace(pooled, run=broken)
+    d._plans[key] = d._plan_for(first.decision, d._prepared[(key, first.candidate)])
     d.launch("softmax", x)                           # the first candidate's turn
     y = d.launch("softmax", x)                       # the broken one's turn: falls back
     np.testing.assert_allclose(y, OPS["softmax"].reference(x), rtol=1e-5, atol=1e-6)
     assert policy.state(key).observed[second] == [math.inf]
     assert d._plans[key].candidate != second
+
+
+def test_a_miss_prepares_one_candidate_and_one_that_cannot_be_prepared_is_recorded(rng):
+    x = rng.standard_normal((41, 35)).astype(np.float32)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=1)
+    d = Dispatcher("host", policy=policy)
+    d.sample_every = 0
+    key = OPS["softmax"].key((x,), {})
+    d.launch("softmax", x)
+    explore = d._plans[key].decision.explore
+    assert len(explore) == 3 and [k for k in d._prepared if k[0] == key] == [(key, explore[0])]
+    prepare = d.backend.prepare
+
+    def refuses_the_last(candidate, problem, op):
+        if candidate == explore[2]:
+            raise RuntimeError("compile error")
+        return prepare(candidate, problem, op)
+    d.backend.prepare = refuses_the_last
+    ref = OPS["softmax"].reference(x)
+    for _ in range(3):                               # turns 2 and 3: prepared on first use
+        np.testing.assert_allclose(d.launch("softmax", x), ref, rtol=1e-5, atol=1e-6)
+    state = policy.state(key)
+    assert state.observed[explore[2]] == [math.inf] and (key, explore[1]) in d._prepared
+    plan = d._plans[key]
+    assert not plan.provisional and plan.candidate in explore[:2]
 
 
 def test_forget_key_redecides_only_that_key(rng):
