@@ -80,23 +80,25 @@ class Neighbours:
             if old is None or time_ms < old[2]:
                 inputs[point] = (np.asarray(point), (variant, config_items), time_ms)
 
-    def best_near(self, op: str, dtype: str, features: dict, exclude_self: bool = False
-                  ) -> tuple[tuple, float] | None:
-        """((variant, config_items), distance) of the nearest measured input's fastest."""
+    def fastest_near(self, op: str, dtype: str, features: dict, k: int = 1
+                     ) -> list[tuple[tuple, float]]:
+        """``[((variant, config_items), distance)]``: the fastest candidates of the nearest
+        measured inputs, nearest first, ``k`` distinct candidates at most."""
         names = tuple(sorted(features))
         with self._lock:
             inputs = self._by.get((op, dtype, names))
             if not inputs:
-                return None
-            here = np.asarray([float(features[k]) for k in names])
-            best = None
-            for point, who, _ in inputs.values():
-                dist = float(np.linalg.norm(point - here))
-                if exclude_self and dist < 1e-3:
-                    continue
-                if best is None or dist < best[1]:
-                    best = (who, dist)
-            return best
+                return []
+            here = np.asarray([float(features[n]) for n in names])
+            ranked = sorted((float(np.linalg.norm(point - here)), who)
+                            for point, who, _ in inputs.values())
+        out: list[tuple[tuple, float]] = []
+        for dist, who in ranked:
+            if all(who != w for w, _ in out):
+                out.append((who, dist))
+                if len(out) == k:
+                    break
+        return out
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by.values())
@@ -112,9 +114,10 @@ class Learned:
             the best prediction (0.2: at most 20 % slower, optimistically).
         z: how optimistic: mean - z·sigma in log units.
         max_explore: most candidates explored per key (cold or not).
-        anchors: explore also the fastest candidate of the nearest measured input
+        anchors: explore also the fastest candidates of the nearest measured inputs
             (:class:`Neighbours`) and the best-ranked library candidate, in place of the
             model's last picks (``adaptive pack replay`` measures what they buy).
+        neighbours_k: how many nearest inputs' fastest candidates are anchors.
         samples: timed calls per explored candidate before committing.
         drift_ratio: re-explore when the median of recent samples leaves
             [expected / ratio, expected · ratio].
@@ -125,7 +128,7 @@ class Learned:
 
     def __init__(self, model=None, regret_bound: float = 0.2, z: float = 1.0,
                  max_explore: int = 4, samples: int = 2, drift_ratio: float = 1.5,
-                 drift_window: int = 4, anchors: bool = True):
+                 drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2):
         if model is None:
             from adaptive.model import LiveModel
             model = LiveModel()
@@ -140,6 +143,7 @@ class Learned:
         self.z = z
         self.max_explore = max_explore
         self.anchors = anchors
+        self.neighbours_k = neighbours_k
         self.samples = samples
         self.drift_ratio = drift_ratio
         self.drift_window = drift_window
@@ -196,20 +200,19 @@ class Learned:
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
 
     def _anchored(self, op, dtype, features, candidates, ranked, explore):
-        """Explore also the fastest candidate of the nearest measured input and the
-        best-ranked library candidate (cuBLAS, SDPA: a committed choice can then not be
-        slower than the library on this input), in place of the model's last picks."""
+        """Explore also the fastest candidates of the ``neighbours_k`` nearest measured
+        inputs and the best-ranked library candidate (cuBLAS, SDPA: a committed choice can
+        then not be slower than the library on this input), in place of the model's last
+        picks; the model's best pick always stays."""
         if not self.anchors:
             return explore, ""
         anchors, notes = [], []
-        near = self.neighbours.best_near(op, dtype, features)
-        if near is not None:
-            (name, items), dist = near
-            pick = next((c for c in candidates if c.variant.name == name
-                         and c.config_items == items), None)
-            if pick is not None and pick not in explore:
+        by_id = {(c.variant.name, c.config_items): c for c in candidates}
+        for who, dist in self.neighbours.fastest_near(op, dtype, features, self.neighbours_k):
+            pick = by_id.get(who)
+            if pick is not None and pick not in explore and pick not in anchors:
                 anchors.append(pick)
-                notes.append(f"{pick.label}, the fastest on the nearest measured input "
+                notes.append(f"{pick.label}, the fastest on a near measured input "
                              f"(distance {dist:.2f})")
                 self.stats["neighbour_added"] += 1
         library = next((c for c in ranked if c.variant.language == "python"

@@ -242,7 +242,7 @@ def test_anchors_explore_the_nearest_inputs_fastest_and_the_library_candidate(rn
                             {})))
             for m in (64, 128, 512, 1024) for i, c in enumerate(cands)]
     model = LiveModel(training_set(rows), background=False)   # ranks library and picks last
-    policy = Learned(model, anchors=anchors)
+    policy = Learned(model, anchors=anchors, neighbours_k=1)
     far = {k: v + 6.0 for k, v in feats.items()}
     near = {k: v + 0.1 for k, v in feats.items()}
     for f, pick in ((far, far_pick), (near, near_pick)):
@@ -256,7 +256,11 @@ def test_anchors_explore_the_nearest_inputs_fastest_and_the_library_candidate(rn
     assert (near_pick in explored) == anchors
     assert any(c in explored for c in library) == anchors
     if anchors:
-        assert "nearest measured input" in decision.reason and "library" in decision.reason
+        assert "near measured input" in decision.reason and "library" in decision.reason
+    policy.neighbours_k = 2                          # the two nearest inputs' fastest
+    policy.keys.clear()
+    explored = set(policy.decide(ctx, cands).explore)
+    assert ({far_pick, near_pick} <= explored) == anchors
 
 
 def test_a_commit_teaches_the_neighbours_and_pack_rows_fill_them(rng):
@@ -267,12 +271,13 @@ def test_a_commit_teaches_the_neighbours_and_pack_rows_fill_them(rng):
     for c in decision.explore:
         policy.observe(ctx.key, c, times[c])
     fastest = min(times, key=times.get)
-    (name, items), dist = policy.neighbours.best_near("gemm", "float16", feats)
+    [((name, items), dist)] = policy.neighbours.fastest_near("gemm", "float16", feats)
     assert (name, items) == (fastest.variant.name, fastest.config_items) and dist < 1e-3
     row = Observation("gemm", {"M": 1, "N": 2, "K": 3}, "float32", "cublas", {}, 0.2, 0.1,
                       {"log2_M": 0.0})
     policy.add_observations([row, dataclasses.replace(row, time_ms=math.inf)])
-    assert policy.neighbours.best_near("gemm", "float32", {"log2_M": 0.5})[0] == ("cublas", ())
+    assert policy.neighbours.fastest_near("gemm", "float32", {"log2_M": 0.5}, k=3) == [
+        (("cublas", ()), 0.5)]                      # one input measured: one answer
 
 
 class _Event:
