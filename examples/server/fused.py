@@ -49,10 +49,10 @@ def cuda_functions(dtype: str, device: int = 0) -> dict[str, Callable]:
     import cupy
     from adaptive import nvrtc
     with cupy.cuda.Device(device):
-        major, minor = cupy.cuda.Device(device).compute_capability
+        cc = cupy.cuda.Device(device).compute_capability      # a string: "90" on Hopper
         text = source(dtype)
         if nvrtc.available():
-            kernel = nvrtc.compile_cached(text, (), f"sm_{major}{minor}", KERNELS[0],
+            kernel = nvrtc.compile_cached(text, (), f"sm_{cc}", KERNELS[0],
                                           "examples/server/fused.cu", {"dtype": dtype}, None)
             module = cupy.RawModule(path=str(kernel.path))
         else:
