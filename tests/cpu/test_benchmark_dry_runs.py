@@ -1,0 +1,48 @@
+"""Every GPU benchmark that has a host dry run completes it here, so that a Python error in
+a benchmark shows in CI and never costs device time. (The numbers are not checked: these
+are CPU runs of GPU benchmarks.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRY_RUNS = {
+    "gpu_counterlog": (["--device", "host", "--quick"], "side by side"),
+    "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
+    "gpu_selection": (["--backend", "host", "--quick"], "selection targets"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUNS))
+def test_benchmark_dry_run_completes_on_the_host(name, tmp_path):
+    pytest.importorskip("sklearn")
+    args, last_words = DRY_RUNS[name]
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args,
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert last_words in proc.stdout, proc.stdout[-3000:]
+    assert any(tmp_path.iterdir()), "the benchmark wrote nothing under --out"
+
+
+def test_gpu_spmm_attention_targets_are_computed_from_a_result():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu_spmm_attention import targets
+    result = {"spmm": [{"structure": "block32", "density": 0.1, "N": 256, "times_ms": {
+        "bsr32_mma": 0.02, "cublas_dense": 0.04, "cusparse_csr": 0.5}}],
+        "attention": [{"Lq": 2048, "Lk": 2048, "causal": True, "times_ms": {
+            "flash2_mma": 1.0, "sdpa_torch": 0.4}}, {"Lq": 1, "Lk": 8192, "causal": True,
+                                                        "times_ms": {"decode_global": 0.2}}]}
+    rows = {t: (m, ok) for t, m, ok in targets(result)}
+    spmm = next(v for t, v in rows.items() if t.startswith("spmm N=256"))
+    assert spmm[1] and "2.00x cuBLAS" in spmm[0]
+    attention = next(v for t, v in rows.items() if t.startswith("attention L=2048"))
+    assert not attention[1] and "2.50x SDPA" in attention[0]          # over 2x: not met
+    assert not any(t.startswith("attention L=1 ") for t in rows)      # decode is not L >= 2048
+    assert rows["the best variant differs across inputs"][1]
