@@ -474,3 +474,19 @@ def test_build_from_counter_log(tmp_path, rng):
     assert len(pack.rows) == 6 and {r.source for r in pack.rows} == {"log"}
     assert {v.op for v in pack.variants} == {"softmax"}
     assert packs.read_pack(tmp_path / "l.msgpack").rows == pack.rows
+
+
+def test_shipped_pack_matches_the_built_in_variants():
+    """A built-in variant changed after the shipped pack was measured would drop its rows
+    (the pack's copy is skipped): rebuild the pack with the change (``gpu_pack``)."""
+    import warnings
+    from adaptive.packs import shipped_packs
+    from adaptive.variants import default_registry
+    for path in shipped_packs():
+        pack = packs.read_pack(path)
+        reg = default_registry()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")            # a skipped variant warns
+            report = packs.load_pack(path, registry=reg, fingerprint=pack.fingerprint)
+        assert not report.variants_skipped and report.same_device
+        assert report.rows == len(pack.rows) > 1000, report
