@@ -109,10 +109,17 @@ class CudaBackend:
         return fp
 
     def peaks(self) -> dict:
-        """Measured once per process: copy bandwidth and cuBLAS rate for fp16/fp32."""
+        """Copy bandwidth and cuBLAS rates for fp16/fp32: measured by the first process on
+        this device, then read from the cache folder (:mod:`adaptive.peaks`)."""
         if self._peaks is None:
+            from adaptive import config
             from adaptive.backends.cuda_peaks import measure_peaks
-            self._peaks = measure_peaks(self._cp)
+            from adaptive.peaks import cached_peaks
+
+            def measure():
+                with self._cp.cuda.Device(self.index):
+                    return measure_peaks(self._cp)
+            self._peaks = cached_peaks(self.fingerprint(), measure, config.get().cache_dir)
         return self._peaks
 
     # ---- arrays -----------------------------------------------------------------------------

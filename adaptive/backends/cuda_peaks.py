@@ -1,8 +1,10 @@
-"""Roofline peaks of a GPU, measured once per process with a short probe (~0.2 s).
+"""Roofline peaks of a GPU, measured with a short probe (~0.2 s). :mod:`adaptive.peaks`
+keeps them on disk per device, so only the first process on a device measures.
 
-Copy bandwidth counts bytes read plus bytes written of a device-to-device copy of
-1 GiB; matrix rates are cuBLAS (``cupy.matmul``) at 4096³ on random data, median of
-several runs after a warm-up. bfloat16 takes the float16 rate (same tensor-core peak).
+Copy bandwidth counts bytes read plus bytes written of a device-to-device copy of 256 MiB
+(five times the H200's L2, and little memory taken from a busy server); matrix rates are
+cuBLAS (``cupy.matmul``) at 4096³ on random data, median of several runs after a
+warm-up. bfloat16 takes the float16 rate (same tensor-core peak).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def _median_ms(cp, fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def copy_bytes_per_s(cp, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+def copy_bytes_per_s(cp, nbytes: int = 1 << 28, repeats: int = 5) -> float:
     src = cp.empty(nbytes // 4, np.float32)
     src.fill(1.0)
     dst = cp.empty_like(src)
