@@ -35,7 +35,8 @@ class Config:
     counter_log_every: int = dataclasses.field(default=1, metadata={
         "env": "ADAPTIVE_COUNTER_LOG_EVERY", "doc": "log every Nth launch"})
     cache_dir: str = dataclasses.field(default_factory=_cache_dir_default, metadata={
-        "env": "ADAPTIVE_CACHE_DIR", "doc": "content-addressed cache of compiled kernels"})
+        "env": "ADAPTIVE_CACHE_DIR", "doc": "content-addressed cache of compiled kernels, and "
+        "each GPU's measured roofline peaks"})
     sample_every: int = dataclasses.field(default=64, metadata={
         "env": "ADAPTIVE_SAMPLE_EVERY", "doc": "time one in N warm launches for feedback (0: never)"})
     max_threads: int = dataclasses.field(default=0, metadata={
