@@ -46,7 +46,9 @@ class KeyState:
     recent: deque = dataclasses.field(default_factory=lambda: deque(maxlen=8))
     explorations: int = 0                      # how many times exploration was opened
     dtype: str = ""
-    rows: dict = dataclasses.field(default_factory=dict)   # candidate -> its model row
+    scope: dict = dataclasses.field(default_factory=dict)  # the input, for geometry
+    limits: dict | None = None                                # the device's limits
+    rows: dict = dataclasses.field(default_factory=dict)   # explored candidate -> model row
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -159,8 +161,8 @@ class Learned:
         features = ctx.op.features(ctx.problem)
         device = ctx.device()
         limits = getattr(ctx, "limits", None)
-        geo = geometries([(c.variant, c.config) for c in candidates],
-                         ctx.problem.scope() if limits else {}, limits)
+        scope = ctx.problem.scope() if limits else {}
+        geo = geometries([(c.variant, c.config) for c in candidates], scope, limits)
         rows = [candidate_row(features, op, c.variant.name, c.config, resources_of(c), device, g)
                 for c, g in zip(candidates, geo)]
         dist = self.model.predict_dist(rows)
@@ -187,7 +189,8 @@ class Learned:
         why += also
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
                          {c: [] for c in explore}, reason=why, explorations=1,
-                         dtype=ctx.problem.dtype, rows=dict(zip(candidates, rows)))
+                         dtype=ctx.problem.dtype, scope=scope, limits=limits,
+                         rows={c: r for c, r in zip(candidates, rows) if c in explore})
         with self._lock:
             self.keys[ctx.key] = state
             self.stats["decisions"] += 1
@@ -301,10 +304,13 @@ class Learned:
     def _learn(self, state: KeyState, candidate: Candidate, time_ms: float) -> None:
         if not (math.isfinite(time_ms) and time_ms > 0):
             return
-        from adaptive.model import candidate_row, resources_of, target
-        row = state.rows.get(candidate) or candidate_row(
-            state.features, state.op, candidate.variant.name, candidate.config,
-            resources_of(candidate), state.device)
+        from adaptive.model import candidate_row, geometry, resources_of, target
+        row = state.rows.get(candidate)
+        if row is None:   # explored later than the miss (all first picks failed)
+            row = state.rows[candidate] = candidate_row(
+                state.features, state.op, candidate.variant.name, candidate.config,
+                resources_of(candidate), state.device,
+                geometry(candidate.variant, candidate.config, state.scope, state.limits))
         self.model.add([row], [target(time_ms, state.floor_ms)])
 
     def add_observations(self, rows, weight: float = 1.0, geometry=None) -> None:
