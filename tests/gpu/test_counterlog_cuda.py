@@ -17,11 +17,6 @@ SPIN = r'''extern "C" __global__ void spin(long long cycles) {
     long long t0 = clock64(); while (clock64() - t0 < cycles) {} }'''
 
 
-@pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy")
-
-
 def _spin(cp):
     kernel = cp.RawKernel(SPIN, "spin")
 

@@ -14,11 +14,6 @@ SPIN = r'''extern "C" __global__ void spin(long long cycles) {
 
 
 @pytest.fixture(scope="module")
-def cp():
-    return pytest.importorskip("cupy")
-
-
-@pytest.fixture(scope="module")
 def dispatcher():
     from adaptive import Dispatcher
     return Dispatcher("cuda")

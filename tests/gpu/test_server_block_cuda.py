@@ -18,12 +18,6 @@ TOL = {"float32": dict(atol=1e-4, rtol=1e-4), "float16": dict(atol=2e-2, rtol=1e
 BLOCK_TOL = {"float32": 2e-4, "float16": 2e-2}
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-    return cupy
-
-
 def _fused(cp, dtype):
     import fused
     return fused.Fused(cp, fused.cuda_functions(dtype), dtype)

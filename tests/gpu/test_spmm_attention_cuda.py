@@ -42,12 +42,6 @@ def dispatcher():
     return Dispatcher(backend="cuda")
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-    return cupy
-
-
 def _fits(dispatcher, op, name, config, args, params) -> bool:
     v = dispatcher.registry.get(op, name)
     problem = get_op(op).problem(args, params)
