@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from adaptive import arrays, config
 from adaptive.backends import Backend, get_backend
-from adaptive.errors import InputTypeError, InputValueError, NoCandidateError
+from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
+                             UnknownNameError)
 from adaptive.observation import Observation
 from adaptive.ops import OPS, Op, Problem, get_op
 from adaptive.policy import Context, Decision, Policy, make_policy
@@ -446,7 +447,7 @@ class Dispatcher:
         from adaptive.model import row_geometry
         try:
             variant = self.registry.get(row.op, row.variant)
-        except KeyError:
+        except UnknownNameError:   # removed since (a promotion replaced it): no geometry
             return {}
         return row_geometry(variant, row, self.limits)
 
