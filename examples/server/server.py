@@ -5,7 +5,7 @@
 POST /infer with a JSON object, either token ids or a length and a seed::
 
     {"tokens": [3, 17, 42]}                  # embedded with the model's table
-    {"seq_len": 300, "seed": 7}              # seeded random activations
+    {"seq_len": 300, "seed": 7}              # 300 token ids drawn from the seed
 
 and get back a small summary: {"seq_len", "padded_len", "output_norm", "next_token",
 "next_token_prob", "time_ms", "dispatch"}. GET /healthz and GET /stats describe the
