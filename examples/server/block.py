@@ -88,18 +88,23 @@ def make_weights(shape: BlockShape, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     d, f = shape.d_model, shape.d_ff
 
+    # drawn in float32 and scaled in place: an LLM-sized block has ~1.6e9 weights
     def dense(rows, cols):
-        return (rng.standard_normal((rows, cols)) / math.sqrt(rows)).astype(np.float32)
+        w = rng.standard_normal((rows, cols), dtype=np.float32)
+        w *= np.float32(1.0 / math.sqrt(rows))
+        return w
 
     def pruned(rows, cols):
         nb_r, nb_c = -(-rows // shape.block), -(-cols // shape.block)
         keep = rng.random((nb_r, nb_c)) < shape.density
         keep[rng.integers(nb_r), rng.integers(nb_c)] = True
         mask = np.kron(keep, np.ones((shape.block, shape.block), bool))[:rows, :cols]
-        w = rng.standard_normal((rows, cols)) / math.sqrt(shape.density * cols)
-        return np.where(mask, w, 0.0).astype(np.float32)
+        w = rng.standard_normal((rows, cols), dtype=np.float32)
+        w *= np.float32(1.0 / math.sqrt(shape.density * cols))
+        w *= mask
+        return w
 
-    weights = {"embed": rng.standard_normal((shape.vocab, d)).astype(np.float32),
+    weights = {"embed": rng.standard_normal((shape.vocab, d), dtype=np.float32),
                "w_head": dense(d, shape.vocab)}
     for i in range(shape.layers):
         weights |= {f"{i}.w_qkv": dense(d, 3 * d), f"{i}.w_o": dense(d, d),
