@@ -19,12 +19,16 @@ the shipped H200 pack loaded first (its measurements train the cost model, so a 
 explores a few candidates instead of timing all). Static pins one variant per op. Both
 run with the dispatcher's sampled timing off by default (``--sample-every 0``): the
 requests of all server threads share one CUDA stream, so a sampled event pair brackets
-other requests' kernels too and would read as drift; the choice is printed. While the load runs, an NVML sampler reads
+other requests' kernels too and would read as drift; the choice is printed. ``harness``
+serves a model that computes nothing: the ceiling of the HTTP server, load generator and
+input embedding in this process, so the table shows how close each mode is to being
+bound by the host rather than by its kernels. While the load runs, an NVML sampler reads
 SM clock, power, utilisation and the GPM SM-activity ratio every 0.1 s.
 
 Writes ``gpu_server.json`` to ``--out`` and prints, last, a table: throughput, p50/p99
-latency (client side, HTTP included), p50 server time, mean SM activity, and adaptive's
-ratios against static and torch beside the issue's targets.
+latency (client side, HTTP included), p50 server time, mean SM activity, each mode's share
+of the harness ceiling, and adaptive's ratios against static and torch beside the issue's
+targets.
 """
 
 from __future__ import annotations
@@ -45,11 +49,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))                        # profilers, when run as a script
 sys.path.insert(0, str(ROOT / "examples" / "server"))
 
-from block import BlockShape, build  # noqa: E402
+from block import BlockShape, build, make_weights  # noqa: E402
 from loadgen import make_stream, run_load  # noqa: E402
 from server import InferenceServer, padded_lengths, resolve_device, warm_up  # noqa: E402
 
-MODES = ("adaptive", "static", "torch")
+MODES = ("adaptive", "static", "torch", "harness")
+
+
+class HarnessOnly:
+    """The serving harness alone (HTTP, JSON, the input's embedding) with a model that
+    computes nothing: the ceiling every mode is held under, measured in the same run. A
+    mode close to it is bound by the host, not by its kernels."""
+
+    def __init__(self, shape: BlockShape):
+        self.host_weights = make_weights(shape)   # cached: the same table the modes embed
+
+    def __call__(self, x):
+        return 0.0, 0, 0.0
 DEFAULT_PACK = ROOT / "adaptive" / "packs" / "h200.msgpack"
 # issue 9's bar (the seed document's dynamic-selection gains): adaptive / torch
 TARGETS = {"throughput": 1.23, "p99": 0.82, "sm_active": 0.82 / 0.68}
@@ -125,8 +141,10 @@ def run_mode(mode: str, shape: BlockShape, device: str, dtype: str, stream, args
              sampler: DeviceSampler) -> dict:
     t0 = time.perf_counter()
     # static pins variant and config per op: its dispatcher's policy is never asked
-    policy = None if mode == "torch" else args.policy if mode == "adaptive" else "first"
-    model = build(shape, mode, device, dtype, policy=policy)
+    policy = None if mode in ("torch", "harness") else args.policy if mode == "adaptive" \
+        else "first"
+    model = HarnessOnly(shape) if mode == "harness" else build(shape, mode, device, dtype,
+                                                               policy=policy)
     dispatcher = getattr(model, "dispatcher", None)
     result = {"mode": mode, "policy": policy or "-"}
     if dispatcher is not None:
@@ -214,6 +232,12 @@ def table(results: list[dict]) -> str:
             f" {_fmt(dev.get('sm_active_ratio'), '.2f'):>7}"
             f" {_fmt(dev.get('sm_clock_mhz'), '.0f'):>7}")
     by_mode = {r["mode"]: r for r in results if "error" not in r}
+    ceiling = by_mode.get("harness")
+    if ceiling is not None:
+        top = ceiling["load"]["throughput_rps"]
+        lines.append(f"harness alone (no model): {top:.1f} req/s; " + ", ".join(
+            f"{m} at {by_mode[m]['load']['throughput_rps'] / top:.0%} of it" for m in MODES
+            if m != "harness" and m in by_mode and top > 0))
     a = by_mode.get("adaptive")
     for base in ("static", "torch"):
         b = by_mode.get(base)

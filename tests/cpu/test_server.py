@@ -304,19 +304,23 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
     from benchmarks import gpu_server
     payload = gpu_server.run(str(tmp_path), device="host", requests=300, duration_s=1.0,
                              warmup_limit_s=60.0, concurrency=2, quick=True)
-    assert [r["mode"] for r in payload["results"]] == ["adaptive", "static", "torch"]
+    assert [r["mode"] for r in payload["results"]] == ["adaptive", "static", "torch",
+                                                       "harness"]
     assert all("error" not in r for r in payload["results"]), payload["results"]
+    ceiling = payload["results"][3]["load"]["throughput_rps"]
+    assert all(r["load"]["throughput_rps"] < ceiling for r in payload["results"][:3])
     adaptive = payload["results"][0]
     assert adaptive["policy"] == "learned" and payload["pack"]["rows"] >= 0
     assert adaptive["warmed_lengths"] == adaptive["lengths"] == 4     # 64..256 by 64
     assert adaptive["misses_in_load"] == 0, "a key was decided inside the timed window"
     table = gpu_server.table(payload["results"])
     assert "adaptive / torch" in table.splitlines()[-1] and "targets" in table
+    assert "harness alone (no model)" in table
     assert json.loads((tmp_path / "gpu_server.json").read_text())["device"] == "host"
     rows = gpu_server.summary_rows(payload)
     assert [r["case"] for r in rows] == ["adaptive throughput", "static throughput",
-                                         "torch throughput", "adaptive / static",
-                                         "adaptive / torch"]
+                                         "torch throughput", "harness throughput",
+                                         "adaptive / static", "adaptive / torch"]
     assert all(float(r["value"]) > 0 and r["unit"] for r in rows)
     assert gpu_server.main(str(tmp_path))[0]["case"] == "skipped"     # no GPU here
 
