@@ -179,5 +179,6 @@ def main(out_dir: str, backend: str = "cuda", dims: dict | None = None) -> list[
                "promoted": promoted.to_dict() if promoted else None,
                "served_before_ms": served_before, "served_after_ms": served_after,
                "wall_s": time.perf_counter() - t_start}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     Path(out_dir, "regen.json").write_text(json.dumps(details, indent=1, default=str))
     return rows

@@ -46,3 +46,13 @@ def test_gpu_spmm_attention_targets_are_computed_from_a_result():
     assert not attention[1] and "2.50x SDPA" in attention[0]          # over 2x: not met
     assert not any(t.startswith("attention L=1 ") for t in rows)      # decode is not L >= 2048
     assert rows["the best variant differs across inputs"][1]
+
+
+def test_gpu_regen_logic_runs_on_the_host(tmp_path):
+    pytest.importorskip("sklearn")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu_regen
+    rows = gpu_regen.main(str(tmp_path / "regen"), backend="host", dims={"R": 64, "C": 96})
+    cases = [r["case"] for r in rows]
+    assert "trigger fired" in cases and "loop wall time" in cases, rows
+    assert (tmp_path / "regen" / "regen.json").exists()
