@@ -149,13 +149,18 @@ def test_dispatcher_explores_on_real_calls_then_serves_a_plain_plan(rng):
     assert "committed" in text and plan.candidate.label in text and "explored" in text
 
 
-def test_failed_exploration_candidate_falls_back_and_is_recorded(rng):
-    x = rng.standard_normal((40, 33)).astype(np.float32)
-    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
+def _explored_softmax(rng, rows, cols, max_explore):
+    """A host dispatcher whose learned policy has just missed on a softmax input."""
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    policy = Learned(LiveModel(background=False), max_explore=max_explore, samples=1)
     d = Dispatcher("host", policy=policy)
     d.sample_every = 0
-    key = OPS["softmax"].key((x,), {})
     d.launch("softmax", x)
+    return x, policy, d, OPS["softmax"].key((x,), {})
+
+
+def test_failed_exploration_candidate_falls_back_and_is_recorded(rng):
+    x, policy, d, key = _explored_softmax(rng, 40, 33, max_explore=2)
     first = d._plans[key]
     second = first.decision.explore[1]
     pooled = d._prepare_like(first, second, (x,))
@@ -172,12 +177,7 @@ def test_failed_exploration_candidate_falls_back_and_is_recorded(rng):
 
 
 def test_a_miss_prepares_one_candidate_and_one_that_cannot_be_prepared_is_recorded(rng):
-    x = rng.standard_normal((41, 35)).astype(np.float32)
-    policy = Learned(LiveModel(background=False), max_explore=3, samples=1)
-    d = Dispatcher("host", policy=policy)
-    d.sample_every = 0
-    key = OPS["softmax"].key((x,), {})
-    d.launch("softmax", x)
+    x, policy, d, key = _explored_softmax(rng, 41, 35, max_explore=3)
     explore = d._plans[key].decision.explore
     assert len(explore) == 3 and [k for k in d._prepared if k[0] == key] == [(key, explore[0])]
     prepare = d.backend.prepare
