@@ -13,6 +13,11 @@ kernel-argument providers registered here name these arrays for a manifest's
                                         zero-padded to multiples of B
 ``w_bsr{B}_order``                      int32 [ceil(M / B)]: the block rows by their number of
                                         blocks, most first (ties by row), for balancing
+``w_bsr32_g{G}_ptr``, ``_k``, ``_blk``  the 32x32 block rows in groups of G (G = 4, 8):
+                                        int32 [n_groups + 1], int32 [E] (the column blocks
+                                        present in any row of a group, ascending), int32
+                                        [E * G] (entry e, group row r: the block's index in
+                                        ``w_bsr32_values``, or -1); see ``bsr_row_groups``
 =====================================  ====================================================
 """
 
@@ -24,6 +29,7 @@ from adaptive.backends.cuda_args import ArgProvider, register
 from adaptive.ops.sparse import BLOCK_SIZES
 
 _NP = {"float16": np.float16, "float32": np.float32}
+GROUP_SIZES = (4, 8)   # block rows per group of the w_bsr32_g{G}_* forms
 
 
 def _device_id() -> int:
@@ -71,6 +77,58 @@ def device_bsr_order(w, block: int):
     return w.cached(f"cuda{_device_id()}_bsr{block}_order", build)
 
 
+def bsr_row_groups(indptr: np.ndarray, indices: np.ndarray,
+                   group: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The block rows of a BSR matrix in groups of ``group`` consecutive rows, for kernels
+    that stage each slab of b once per group instead of once per row.
+
+    Args:
+        indptr: int [R + 1], the BSR block-row pointers.
+        indices: int [blocks], column block of each block (no duplicates within a row).
+        group: rows per group, >= 1; the last group may be partial (its missing rows and
+            rows without blocks get -1 everywhere).
+
+    Returns:
+        (ptr int32 [ceil(R / group) + 1], k int32 [E], blk int32 [E * group]): entries
+        ``ptr[g]:ptr[g + 1]`` of group g are the column blocks present in any of its rows,
+        ascending, in ``k``; ``blk[e * group + r]`` is the index (into ``indices`` and the
+        BSR values) of entry e's block in the group's row r, or -1 when that row lacks it.
+    """
+    if group < 1:
+        raise ValueError(f"group must be >= 1 rows, got {group}")
+    indptr = np.asarray(indptr, dtype=np.int64)
+    indices = np.asarray(indices, dtype=np.int64)
+    if indptr.size == 0 or indptr[-1] != indices.size or np.any(np.diff(indptr) < 0):
+        raise ValueError(f"expected BSR indptr [R + 1], non-decreasing, ending at the "
+                         f"{indices.size} indices; got {indptr.size} entries ending at "
+                         f"{indptr[-1] if indptr.size else None}")
+    n_rows = indptr.size - 1
+    n_groups = -(-n_rows // group)
+    rows = np.repeat(np.arange(n_rows, dtype=np.int64), np.diff(indptr))
+    width = int(indices.max()) + 1 if indices.size else 1
+    uniq, inverse = np.unique((rows // group) * width + indices, return_inverse=True)
+    ptr = np.zeros(n_groups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(uniq // width, minlength=n_groups), out=ptr[1:])
+    slots = inverse.reshape(-1) * group + rows % group
+    if np.unique(slots).size != slots.size:
+        raise ValueError("BSR indices repeat a column block within a row: call "
+                         "sort_indices()/sum_duplicates() on the BSR matrix first")
+    blk = np.full(uniq.size * group, -1, dtype=np.int32)
+    blk[slots] = np.arange(indices.size, dtype=np.int32)
+    return ptr.astype(np.int32), (uniq % width).astype(np.int32), blk
+
+
+def device_bsr_groups(w, group: int) -> tuple:
+    """``bsr_row_groups`` of ``w``'s 32x32 BSR (the block order of ``device_bsr(w, 32)``)
+    on the current device: (ptr, k, blk), int32 CuPy arrays."""
+    def build():   # w's lock is reentrant: the host BSR may be built under it
+        import cupy
+        bsr = w.bsr(32)
+        bsr.sort_indices()
+        return tuple(cupy.asarray(x) for x in bsr_row_groups(bsr.indptr, bsr.indices, group))
+    return w.cached(f"cuda{_device_id()}_bsr32_g{group}", build)
+
+
 def device_dense(w):
     """The dense [M, K] form of ``w`` in its dtype on the current device."""
     def build():
@@ -100,3 +158,9 @@ for _b in BLOCK_SIZES:
     register("spmm", f"w_bsr{_b}_order",
              ArgProvider(f"BSR ({_b}x{_b} blocks) rows by block count, most first (int32)",
                          call=lambda w, _b=_b: device_bsr_order(w, _b), index=0))
+for _g in GROUP_SIZES:
+    for _i, _part in enumerate(("ptr", "k", "blk")):
+        register("spmm", f"w_bsr32_g{_g}_{_part}",
+                 ArgProvider(f"BSR (32x32 blocks) rows in groups of {_g}: {_part} (int32)",
+                             call=lambda w, _g=_g, _i=_i: device_bsr_groups(w, _g)[_i],
+                             index=0))
