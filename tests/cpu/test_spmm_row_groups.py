@@ -115,18 +115,25 @@ def test_kernel_walk_over_the_form_gives_the_product(rng, group):
 def test_grouped_variants_grid_covers_every_group(m):
     variants = [v for v in load_manifest(builtin_folder() / "spmm" / "manifest.toml")
                 if v.name.startswith("bsr32_grouped")]
-    assert {v.name for v in variants} == {"bsr32_grouped_mma", "bsr32_grouped4_mma"}
+    assert {v.name for v in variants} == {"bsr32_grouped_mma", "bsr32_grouped4_mma",
+                                          "bsr32_grouped_splitk_mma"}
     for v in variants:
         group = int(next(o for o in v.options if o.startswith("-DGROUP=")).split("=")[1])
         assert f"w_bsr32_g{group}_ptr" in v.launch["args"]
         n_groups = -(-(-(-m // 32)) // group)
         configs = list(v.space.configs(SM90_LIMITS))
-        assert 1 <= len(configs) <= 12
+        assert 1 <= len(configs) <= 8
         for config in configs:
             scope = {"M": m, "N": 200, "K": 512, **config, **SM90_LIMITS}
             grid = [int(compile_expr(str(e))(scope)) for e in v.launch["grid"]]
             block = [int(compile_expr(str(e))(scope)) for e in v.launch["block"]]
-            assert grid == [-(-200 // config["TN"]), n_groups] and block == [group * 32]
+            split = config.get("SPLIT", 1)
+            assert grid == [-(-200 // config["TN"]), n_groups] + ([split] if split > 1 else [])
+            assert block == [group * 32]
+            if split > 1:   # the partial slices, then a counter per (column tile, group)
+                ws = int(compile_expr(v.launch["workspace_bytes"])(scope))
+                assert ws == 4 * split * m * 200 + 4 * grid[0] * grid[1]
+                assert v.launch["args"][-1] == "workspace"
             smem = int(compile_expr(v.launch["shared_bytes"])(scope))
             tn, stages = config["TN"], config["STAGES"]
             assert smem == stages * 2 * (32 * (tn + 8) + group * 32 * 40)

@@ -1,7 +1,8 @@
-"""spmm's bsr32_grouped_mma / bsr32_grouped4_mma (block rows in groups sharing each b slab),
-every config, against float64 references on fresh random inputs with NaN-poisoned outputs:
-empty block rows, a group whose rows share no column block, M, K and N off the tiles (the
-last group partial, N = 45 through the scalar path), an all-zero weight."""
+"""spmm's bsr32_grouped_mma, bsr32_grouped4_mma and bsr32_grouped_splitk_mma (block rows in
+groups sharing each b slab; the last with each group's entries split over CTAs), every
+config, against float64 references on fresh random inputs with NaN-poisoned outputs: empty
+block rows, a group whose rows share no column block, M, K and N off the tiles (the last
+group partial, N = 45 through the scalar path), an all-zero weight, two calls in a row."""
 
 from __future__ import annotations
 
@@ -38,14 +39,16 @@ def _weight(cp, rng, mask, m, k):
 
 
 def _check(dispatcher, cp, name, config, w, b_host):
+    """Two calls with different b: the split-K kernels must leave their workspace reusable."""
     op = get_op("spmm")
-    ref = op.reference(w, b_host)
-    out = cp.full(ref.shape, np.nan, np.float16)
-    dispatcher.launch("spmm", w, cp.asarray(b_host), out=out, variant=name, config=config)
-    cp.cuda.Device().synchronize()
-    assert not bool(cp.isnan(out).any()), f"{_label(name, config)}: elements left unwritten"
-    err = op.error(out, ref)
-    assert err < op.tolerance["float16"], f"{_label(name, config)}: rel. error {err:.3g}"
+    for b_call in (b_host, (-0.5 * b_host).astype(b_host.dtype)):
+        ref = op.reference(w, b_call)
+        out = cp.full(ref.shape, np.nan, np.float16)
+        dispatcher.launch("spmm", w, cp.asarray(b_call), out=out, variant=name, config=config)
+        cp.cuda.Device().synchronize()
+        assert not bool(cp.isnan(out).any()), f"{_label(name, config)}: elements left unwritten"
+        err = op.error(out, ref)
+        assert err < op.tolerance["float16"], f"{_label(name, config)}: rel. error {err:.3g}"
 
 
 @pytest.mark.parametrize("n", [136, 45])

@@ -14,9 +14,15 @@
 // G d / (1 - (1 - d)^G) rows at block density d (1.4 at 10%, G = 8; 2.2 at 25%).
 // Rows of b past K and columns past N read as zero; rows past M and columns past N are not
 // written; a block row without blocks is written as zeros.
-// Config macros: GROUP (4, 8; = warps per CTA), TN (64, 128), STAGES (>= 2).
+// SPLIT > 1 (grid.z = SPLIT) divides each group's entries into SPLIT contiguous shares, one
+// CTA each, for shapes with too few groups x column tiles to fill the GPU: every CTA writes
+// its fp32 partial tile to its slice of `workspace`, and the last CTA of a tile (an atomic
+// counter per tile) adds the other slices to its own registers, writes out and resets the
+// counter to zero (the workspace stays reusable).
+// Config macros: GROUP (4, 8; = warps per CTA), TN (64, 128), STAGES (>= 2), SPLIT (>= 1).
 // Kernel arguments: gptr int32 [n_groups + 1], gk int32 [E] (column block of entry e),
-// gblk int32 [E * GROUP] (the BSR block of entry e in group row r, or -1).
+// gblk int32 [E * GROUP] (the BSR block of entry e in group row r, or -1), and with
+// SPLIT > 1 workspace: SPLIT * M * N floats, then one unsigned counter per CTA tile.
 // Needs T == __half (the prelude of adaptive/nvrtc.py provides T and cuda_fp16.h).
 
 #ifndef GROUP
@@ -27,6 +33,9 @@
 #endif
 #ifndef STAGES
 #define STAGES 3
+#endif
+#ifndef SPLIT
+#define SPLIT 1
 #endif
 
 #define BS 32
@@ -42,6 +51,7 @@
 
 static_assert(TN % 16 == 0, "TN must be a multiple of 16");
 static_assert(STAGES >= 2 && STAGES <= 32, "STAGES must be 2 to 32");
+static_assert(SPLIT >= 1, "SPLIT must be >= 1");
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -106,7 +116,11 @@ __device__ __forceinline__ void load_a(__half* as, const __half* __restrict__ a_
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 spmm_bsr_grouped(const int* __restrict__ gptr, const int* __restrict__ gk,
                  const int* __restrict__ gblk, const __half* __restrict__ values,
-                 const __half* __restrict__ b, __half* __restrict__ out, int M, int N, int K)
+                 const __half* __restrict__ b, __half* __restrict__ out, int M, int N, int K
+#if SPLIT > 1
+                 , float* __restrict__ workspace
+#endif
+                 )
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __half* a_s = reinterpret_cast<__half*>(smem_raw);
@@ -115,7 +129,15 @@ spmm_bsr_grouped(const int* __restrict__ gptr, const int* __restrict__ gk,
     const int grp = blockIdx.y, n0 = blockIdx.x * TN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool vec_ok = (N % 8) == 0;
+#if SPLIT > 1
+    // this CTA's share of the group's entries
+    const int g_start = gptr[grp], g_count = gptr[grp + 1] - g_start;
+    const int share = (g_count + SPLIT - 1) / SPLIT;
+    const int start = g_start + min(g_count, (int)blockIdx.z * share);
+    const int count = min(g_count, ((int)blockIdx.z + 1) * share) - (start - g_start);
+#else
     const int start = gptr[grp], count = gptr[grp + 1] - start;
+#endif
 
     // Stage entry j (CTA-uniform) with column block kb; this warp's A block is blk (-1: none).
     // `present` has bit s set when stage s holds this warp's A block (warp-uniform).
@@ -184,9 +206,55 @@ spmm_bsr_grouped(const int* __restrict__ gptr, const int* __restrict__ gk,
     }
     cp_async_wait<0>();
 
-    // this warp's 32 x TN tile (zeros when its row has no blocks)
     const int g = lane >> 2, t = lane & 3;
     const int row0 = (grp * GROUP + warp) * BS;
+#if SPLIT > 1
+    {
+        // publish this share's partial sums, then let the tile's last CTA add them up
+        float* part = workspace + (size_t)blockIdx.z * M * N;
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            #pragma unroll
+            for (int half_row = 0; half_row < 2; ++half_row) {
+                const int row = row0 + mt * 16 + g + half_row * 8;
+                if (row >= M) continue;
+                #pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int col = n0 + nt * 8 + 2 * t;
+                    if (col < N) part[(size_t)row * N + col] = acc[mt][nt][2 * half_row];
+                    if (col + 1 < N) part[(size_t)row * N + col + 1] = acc[mt][nt][2 * half_row + 1];
+                }
+            }
+        __threadfence();
+        __syncthreads();
+        __shared__ int last;
+        unsigned* counters = reinterpret_cast<unsigned*>(workspace + (size_t)SPLIT * M * N);
+        const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+        if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1u) == SPLIT - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        #pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+            #pragma unroll
+            for (int half_row = 0; half_row < 2; ++half_row) {
+                const int row = row0 + mt * 16 + g + half_row * 8;
+                if (row >= M) continue;
+                #pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int col = n0 + nt * 8 + 2 * t;
+                    for (int z = 0; z < SPLIT; ++z) {
+                        if (z == (int)blockIdx.z) continue;
+                        const float* other = workspace + (size_t)z * M * N + (size_t)row * N + col;
+                        if (col < N) acc[mt][nt][2 * half_row] += __ldcg(other);
+                        if (col + 1 < N) acc[mt][nt][2 * half_row + 1] += __ldcg(other + 1);
+                    }
+                }
+            }
+        if (threadIdx.x == 0) counters[tile] = 0u;   // the workspace stays reusable
+    }
+#endif
+    // this warp's 32 x TN tile (zeros when its row has no blocks)
     #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
