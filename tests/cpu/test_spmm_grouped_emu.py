@@ -39,7 +39,9 @@ inline __half __float2half(float x) { return (__half)x; }
 inline __half __float2half_rn(float x) { return (__half)x; }
 inline __half2 __floats2half2_rn(float a, float b) { return {(__half)a, (__half)b}; }
 template <class V> inline V __ldcg(const V* p) { return *p; }
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 alignas(16) static unsigned char emu_smem[240 * 1024];
 
