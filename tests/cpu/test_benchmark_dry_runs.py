@@ -54,5 +54,7 @@ def test_gpu_regen_logic_runs_on_the_host(tmp_path):
     from benchmarks import gpu_regen
     rows = gpu_regen.main(str(tmp_path / "regen"), backend="host", dims={"R": 64, "C": 96})
     cases = [r["case"] for r in rows]
-    assert "trigger fired" in cases and "loop wall time" in cases, rows
+    # whether the trigger fires depends on host timings (a loaded CI machine may not):
+    # this is a dry run of the code paths, the GPU run checks the outcome
+    assert "trigger fired" in cases and any(c.endswith("exhaustive best") for c in cases), rows
     assert (tmp_path / "regen" / "regen.json").exists()
