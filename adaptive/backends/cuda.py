@@ -142,6 +142,11 @@ class CudaBackend:
     def synchronize(self) -> None:
         self._cp.cuda.Device(self.index).synchronize()
 
+    def _zeros_on(self, nbytes: int, stream_ptr: int):
+        """A zeroed buffer whose memset is queued on ``stream_ptr`` (a workspace's)."""
+        with self._cp.cuda.Device(self.index), self._cp.cuda.ExternalStream(stream_ptr):
+            return self._cp.zeros(nbytes, np.uint8)
+
     # ---- timing without waiting -------------------------------------------------------------
     def event_timer(self, capacity: int = 256):
         """A ring of CUDA event pairs on this device (sampled calls are timed with it and
@@ -218,7 +223,10 @@ class CudaBackend:
             raw.max_dynamic_shared_size_bytes = geo["shared_bytes"]
         workspace = None
         if geo["workspace_bytes"]:
-            workspace = self._cp.zeros(geo["workspace_bytes"], np.uint8)
+            workspace = cuda_args.StreamWorkspaces(
+                self._zeros_on, geo["workspace_bytes"],
+                (lambda: torch_stream().ptr) if problem.kind == "torch" else
+                (lambda: self._cp.cuda.get_current_stream().ptr))
         names = [str(n) for n in variant.launch.get("args", [])]
         if not names:
             raise InputValueError(f"{variant.id}: a cuda variant needs launch.args")
@@ -228,7 +236,7 @@ class CudaBackend:
             stream_code, extra = "_stream()", {"_stream": torch_stream}
         launch = cuda_args.make_launcher(slots, env, fn, geo["grid"], geo["block"],
                                          geo["shared_bytes"], stream_code, extra)
-        launch.workspace = workspace  # keeps the buffer alive with the plan
+        launch.workspace = workspace  # keeps the buffers alive with the plan
         return launch
 
     def _prepare_library(self, variant, config, problem):

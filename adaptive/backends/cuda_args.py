@@ -8,7 +8,9 @@ only evaluates the per-call slots. Resolution order for a name:
 
 1. ``out`` (the result), an array name of the op (``a``, ``b``, ``x``, ``q``...);
 2. ``workspace``: a zero-initialised device buffer of ``launch.workspace_bytes`` bytes,
-   one per plan (kernels that use it as counters must leave it zeroed);
+   one per plan and stream (:class:`StreamWorkspaces`: a plan called from two streams at
+   once must not share split-K partials and tile counters; kernels that use it as
+   counters must leave it zeroed);
 3. a per-op provider (:func:`register`), e.g. spmm's ``w_csr_indptr``;
 4. a scalar from the plan scope: dims, op params, config values, device limits.
 
@@ -19,6 +21,7 @@ Scalars are ``int32`` (bools 0/1, ``None`` is an error) and ``float32`` for floa
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -85,6 +88,35 @@ def pointer_code(kind: str, ref: str) -> str:
     return f"_u64({ref}.__cuda_array_interface__['data'][0])"
 
 
+class StreamWorkspaces:
+    """A plan's workspace, one zeroed buffer per CUDA stream it is launched on.
+
+    Args:
+        zeros: ``zeros(nbytes, stream_ptr)`` -> a zeroed device buffer, its memset ordered
+            on that stream (so the first kernel there sees zeros).
+        nbytes: the buffer size.
+        stream_ptr: ``stream_ptr()`` -> the stream the launch goes to.
+    """
+
+    def __init__(self, zeros: Callable, nbytes: int, stream_ptr: Callable[[], int]):
+        self._zeros, self.nbytes, self._stream_ptr = zeros, int(nbytes), stream_ptr
+        self._buffers: dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        ptr = self._stream_ptr()
+        buf = self._buffers.get(ptr)
+        if buf is None:
+            with self._lock:
+                buf = self._buffers.get(ptr)
+                if buf is None:
+                    buf = self._buffers[ptr] = self._zeros(self.nbytes, ptr)
+        return buf
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+
 def bind(op, names: list[str], kind: str, scope: Mapping, problem,
          workspace=None) -> tuple[list[Slot], dict]:
     """Bind each argument name to a slot; returns slots and the constants they name."""
@@ -105,7 +137,9 @@ def bind(op, names: list[str], kind: str, scope: Mapping, problem,
                 raise InputValueError(f"{op.name}: argument 'workspace' needs "
                                       "launch.workspace_bytes in the manifest")
             env[const] = workspace
-            slots.append(Slot(name, const, workspace))
+            # a StreamWorkspaces is called per launch (the buffer of the current stream)
+            slots.append(Slot(name, f"{const}()") if callable(workspace) else
+                         Slot(name, const, workspace))
         elif name in providers:
             p = providers[name]
             if p.plan is not None:

@@ -117,3 +117,29 @@ def test_generated_launcher_passes_slots_in_order():
     launch = cuda_args.make_launcher(slots, env, lambda *a: calls.append(a), (4,), (32,), 0)
     launch(("X",), "OUT")
     assert calls == [((4,), (32,), ("X", "OUT", 4, 9), 0, None)]
+
+
+def test_a_plan_has_one_workspace_per_stream():
+    """Two streams running one split-K plan at once must not share partials and counters."""
+    from adaptive.backends import cuda_args
+    current = [0]
+    made = []
+
+    def zeros(nbytes, stream_ptr):
+        buf = bytearray(nbytes)                      # stands in for a zeroed device buffer
+        made.append((stream_ptr, nbytes))
+        return buf
+    ws = cuda_args.StreamWorkspaces(zeros, 64, lambda: current[0])
+    op = get_op("gemm")
+    problem = op.problem((np.ones((3, 5), "f4"), np.ones((5, 7), "f4")), {})
+    slots, env = cuda_args.bind(op, ["a", "out", "workspace"], "cupy", problem.scope(),
+                                problem, ws)
+    calls = []
+    launch = cuda_args.make_launcher(slots, env, lambda g, b, args, smem, stream:
+                                     calls.append(args[2]), (1, 1, 1), (32, 1, 1), 0)
+    for ptr in (0, 0, 1234, 0, 1234, 99):
+        current[0] = ptr
+        launch((np.ones((3, 5), "f4"),), np.empty((3, 7), "f4"))
+    assert made == [(0, 64), (1234, 64), (99, 64)] and len(ws) == 3
+    assert calls[0] is calls[1] is calls[3] and calls[2] is calls[4]
+    assert calls[0] is not calls[2] and all(calls[5] is not c for c in (calls[0], calls[2]))
