@@ -299,16 +299,23 @@ class Dispatcher:
             return plan.run(args, out)
         timer = self._timer if self._timer_tried else self._event_timer()
         if timer is not None:  # GPU: an event pair, read on a later call; nothing waits
-            self.harvest()
-            slot = timer.start(self.backend.stream_ptr(plan.problem.kind))
             try:
-                result = plan.run(args, out)
-            except BaseException:
-                timer.cancel(slot)
-                raise
-            timer.stop(slot, plan)
-            self.stats["samples"] += 1
-            return result
+                self.harvest()
+                slot = timer.start(self.backend.stream_ptr(plan.problem.kind))
+            except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
+                self._events_failed(exc)
+            else:
+                try:
+                    result = plan.run(args, out)
+                except BaseException:
+                    timer.cancel(slot)
+                    raise
+                try:
+                    timer.stop(slot, plan)
+                except Exception as exc:  # noqa: BLE001
+                    self._events_failed(exc)
+                self.stats["samples"] += 1
+                return result
         t0 = time.perf_counter_ns()
         result = plan.run(args, out)
         sync = getattr(self.backend, "synchronize", None)
@@ -333,13 +340,20 @@ class Dispatcher:
                 self._timer_tried = True
         return self._timer
 
+    def _events_failed(self, exc: Exception) -> None:
+        """An event call failed: say so once and time sampled calls on the host from now."""
+        log.warning("CUDA event timing failed (%s: %s): sampled calls are timed on the host, "
+                    "with a synchronise, from now on", type(exc).__name__, exc)
+        self._timer = None
+        self.stats["event_timing_failed"] = self.stats.get("event_timing_failed", 0) + 1
+
     def harvest(self) -> int:
         """Give the policy the event timings the GPU has finished; never waits. Sampled
         and exploring calls do this themselves; call it to flush after the last one."""
         timer = self._timer
         if timer is None or not timer.pending:
             return 0
-        done = timer.harvest()
+        done = timer.harvest()      # an error here reaches _sampled's guard, or the caller
         for plan, time_ms in done:
             self.feedback(plan, time_ms)
         return len(done)

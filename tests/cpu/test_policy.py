@@ -348,3 +348,23 @@ def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(r
     be.finish()
     assert d.harvest() >= 1 and list(policy.state(key).recent)   # samples after the commit
     assert d.harvest() == 0                     # nothing pending: a flush is free
+
+
+def test_a_broken_event_timer_falls_back_to_host_timing_and_the_call_still_runs(rng, caplog):
+    be = _EventHost()
+
+    class Broken:
+        pending = 0
+
+        def start(self, stream_ptr):
+            raise RuntimeError("cudaErrorInvalidResourceHandle")
+    be.event_timer = lambda: Broken()
+    x = rng.standard_normal((33, 47)).astype(np.float32)
+    d = Dispatcher(be, policy=Learned(LiveModel(background=False), max_explore=2, samples=1))
+    d.sample_every = 1
+    ref = OPS["softmax"].reference(x)
+    for _ in range(4):
+        np.testing.assert_allclose(d.launch("softmax", x), ref, rtol=1e-5, atol=1e-6)
+    assert d.stats["event_timing_failed"] == 1 and "timed on the host" in caplog.text
+    assert be.synced >= 3                            # host timing from then on
+    assert not d._plans[OPS["softmax"].key((x,), {})].provisional   # and it still commits
