@@ -143,9 +143,17 @@ class CudaBackend:
         self._cp.cuda.Device(self.index).synchronize()
 
     def _zeros_on(self, nbytes: int, stream_ptr: int):
-        """A zeroed buffer whose memset is queued on ``stream_ptr`` (a workspace's)."""
-        with self._cp.cuda.Device(self.index), self._cp.cuda.ExternalStream(stream_ptr):
-            return self._cp.zeros(nbytes, np.uint8)
+        """A zeroed buffer whose memset is ordered before later work on ``stream_ptr`` (a
+        workspace's; made once per plan and stream)."""
+        cp = self._cp
+        with cp.cuda.Device(self.index):
+            try:
+                with cp.cuda.ExternalStream(stream_ptr, self.index):
+                    return cp.zeros(nbytes, np.uint8)
+            except cp.cuda.runtime.CUDARuntimeError:   # not usable as a stream here: wait
+                buf = cp.zeros(nbytes, np.uint8)
+                cp.cuda.Device(self.index).synchronize()
+                return buf
 
     # ---- timing without waiting -------------------------------------------------------------
     def event_timer(self, capacity: int = 256):
