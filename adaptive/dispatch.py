@@ -298,24 +298,19 @@ class Dispatcher:
         if plan.provisional:   # an exploring plan times every call itself
             return plan.run(args, out)
         timer = self._timer if self._timer_tried else self._event_timer()
-        if timer is not None:  # GPU: an event pair, read on a later call; nothing waits
+        slot = self._start_events(timer, plan) if timer is not None else None
+        if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
             try:
-                self.harvest()
-                slot = timer.start(self.backend.stream_ptr(plan.problem.kind))
+                result = plan.run(args, out)
+            except BaseException:
+                timer.cancel(slot)
+                raise
+            try:
+                timer.stop(slot, plan)
             except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                 self._events_failed(exc)
-            else:
-                try:
-                    result = plan.run(args, out)
-                except BaseException:
-                    timer.cancel(slot)
-                    raise
-                try:
-                    timer.stop(slot, plan)
-                except Exception as exc:  # noqa: BLE001
-                    self._events_failed(exc)
-                self.stats["samples"] += 1
-                return result
+            self.stats["samples"] += 1
+            return result
         t0 = time.perf_counter_ns()
         result = plan.run(args, out)
         sync = getattr(self.backend, "synchronize", None)
@@ -325,6 +320,16 @@ class Dispatcher:
         self.stats["samples"] += 1
         self.feedback(plan, time_ms)
         return result
+
+    def _start_events(self, timer, plan: Plan) -> int | None:
+        """Harvest finished pairs and start one for ``plan`` (None: the timer broke and
+        this call is timed on the host)."""
+        try:
+            self.harvest()
+            return timer.start(self.backend.stream_ptr(plan.problem.kind))
+        except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
+            self._events_failed(exc)
+            return None
 
     def _event_timer(self):
         """The backend's event timer, made on first use (None: time on the host)."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
+
+from adaptive.fileio import atomic_write
 
 VERSION = 1  # bump when the layout or the meaning of the key changes
 
@@ -35,27 +35,6 @@ def kernel_key(source: str, options: tuple[str, ...], arch: str, compiler: str) 
         h.update(part.encode())
         h.update(b"\x1f")
     return h.hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with _suppress():
-            os.unlink(tmp)
-        raise
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return True
 
 
 class KernelCache:
@@ -85,9 +64,10 @@ class KernelCache:
     def put(self, key: str, cubin_bytes: bytes, resources: dict) -> CachedKernel:
         """Store a cubin (cubin first, then its metadata, so readers never see half)."""
         cubin, meta = self._paths(key)
-        _atomic_write(cubin, cubin_bytes)
+        atomic_write(cubin, cubin_bytes, durable=False, mode=None)
         info = {"version": VERSION, "key": key, "resources": resources,
                 "cubin_sha256": hashlib.sha256(cubin_bytes).hexdigest(),
                 "cubin_bytes": len(cubin_bytes)}
-        _atomic_write(meta, json.dumps(info, sort_keys=True).encode())
+        atomic_write(meta, json.dumps(info, sort_keys=True).encode(), durable=False,
+                     mode=None)
         return CachedKernel(key, cubin, dict(resources))

@@ -18,7 +18,6 @@ import functools
 import hashlib
 import logging
 import os
-import tempfile
 import threading
 import time
 import warnings
@@ -29,6 +28,7 @@ from pathlib import Path
 import msgpack
 
 from adaptive.errors import ManifestError, PackError
+from adaptive.fileio import atomic_write
 from adaptive.observation import Observation
 from adaptive.variants import Registry, Variant, variant_from_dict
 
@@ -209,22 +209,6 @@ def write_pack(pack: Pack, path: str | os.PathLike) -> str:
     return digest
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)   # mkstemp makes it private; a pack is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 # ---- devices ----------------------------------------------------------------------------------
 
 def same_device(a: Mapping, b: Mapping) -> bool:
@@ -372,11 +356,24 @@ def _install_cubins(pack: Pack) -> None:
 _startup_done: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> {device}
 
 
+def shipped_packs_for(fingerprint: Mapping) -> list[Path]:
+    """The shipped packs measured on the device ``fingerprint`` describes (a pack whose
+    header cannot be read is logged and left out; loading it would refuse it anyway)."""
+    from adaptive.packs import shipped_packs
+    out = []
+    for p in shipped_packs():
+        try:
+            if same_device(_cached_header(p).get("fingerprint", {}), fingerprint):
+                out.append(p)
+        except PackError as exc:
+            log.error("shipped pack refused: %s", exc)
+    return out
+
+
 def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadReport]:
     """``ADAPTIVE_PACKS`` and the shipped packs matching ``backend``'s device, once per
     registry and device (a dispatcher on the shared registry calls this when created)."""
     from adaptive import config, dispatch
-    from adaptive.packs import shipped_packs
     registry = dispatch.shared_registry() if registry is None else registry
     fp = backend.fingerprint()
     with _load_lock:
@@ -387,10 +384,9 @@ def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadRe
     for p in [p for p in config.get().packs.split(":") if p]:
         mine = _backend_of(p) == backend.name
         reports.append(load_pack(p, registry, fp if mine else None))
-    for p in shipped_packs():
+    for p in shipped_packs_for(fp):
         try:
-            if same_device(_cached_header(p).get("fingerprint", {}), fp):
-                reports.append(load_pack(p, registry, fp))
+            reports.append(load_pack(p, registry, fp))
         except PackError as exc:
             log.error("shipped pack refused: %s", exc)
     with _load_lock:

@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from adaptive.fileio import atomic_write
+
 log = logging.getLogger("adaptive.peaks")
 
 VERSION = 1
@@ -45,7 +47,6 @@ def cached_peaks(fingerprint: Mapping, measure: Callable[[], dict],
     peaks = measure()
     if path is not None:
         try:
-            from adaptive.pack import atomic_write
             atomic_write(path, json.dumps({"version": VERSION, "fingerprint": dict(fingerprint),
                                            "peaks": peaks}, default=str, indent=1).encode())
         except OSError as exc:   # a read-only cache only costs a measurement per process

@@ -515,13 +515,9 @@ def _write_pack(be, rows, path: Path) -> str:
 
 def _shipped_pack(be) -> str | None:
     """The shipped pack measured on this very device, if there is one."""
-    from adaptive.pack import _cached_header, same_device
-    from adaptive.packs import shipped_packs
-    fp = be.fingerprint()
-    for p in shipped_packs():
-        if same_device(_cached_header(p).get("fingerprint", {}), fp):
-            return str(p)
-    return None
+    from adaptive.pack import shipped_packs_for
+    found = shipped_packs_for(be.fingerprint())
+    return str(found[0]) if found else None
 
 
 def _row_specs(table, specs):
