@@ -72,7 +72,16 @@ class Observation:
         missing = {"op", "dims", "dtype", "variant", "config", "time_ms"} - d.keys()
         if missing:
             raise ValueError(f"observation row lacks {', '.join(sorted(missing))}")
-        return cls(**{k: v for k, v in d.items() if k in names})
+        row = {k: v for k, v in d.items() if k in names}
+        dims = row["dims"]
+        if row["op"] == "attention" and "Hkv" not in dims and "H" in dims:
+            # measured before grouped-query attention: k and v had H heads
+            row["dims"] = {}
+            for name, value in dims.items():
+                row["dims"][name] = value
+                if name == "H":
+                    row["dims"]["Hkv"] = value
+        return cls(**row)
 
 
 def floor_ms(flops: float, nbytes: float, peaks: Mapping, dtype: str) -> float:

@@ -68,7 +68,7 @@ def check_dims(op, dims: Mapping[str, int]) -> None:
     """Raise if ``dims`` does not name exactly the op's dims."""
     want = set(DEFAULT_DIMS.get(op.name, dims))
     if op.name == "attention":
-        want = {"B", "H", "Lq", "Lk", "D"}
+        want = {"B", "H", "Lq", "Lk", "D"} | ({"Hkv"} & set(dims))   # Hkv: grouped heads
     if set(dims) != want:
         raise ValueError(f"{op.name} shape names {sorted(dims)}; expected exactly "
                          f"{sorted(want)} (e.g. {_example(op.name)})")

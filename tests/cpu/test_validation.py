@@ -29,7 +29,8 @@ def test_unknown_op_suggests_nearest(d, rng):
                                r"\(5, 2\) \(K=5\)"),
     ("softmax", [(3,)], r"'x' must have rank 2"),
     ("attention", [(1, 2, 3, 8), (1, 2, 3, 8), (1, 2, 4, 8)], r"k and v must have the same shape"),
-    ("attention", [(1, 2, 3, 8), (1, 3, 3, 8), (1, 3, 3, 8)], r"must agree in B, H and D"),
+    ("attention", [(1, 2, 3, 8), (1, 3, 3, 8), (1, 3, 3, 8)], r"multiple of k's.*H=2.*Hkv=3"),
+    ("attention", [(1, 2, 3, 8), (1, 2, 3, 4), (1, 2, 3, 4)], r"must agree in B and D"),
     ("gemm", [(0, 4), (4, 2)], r"'a' has an empty dimension"),
 ])
 def test_bad_shapes(d, rng, op, shapes, match):

@@ -9,8 +9,17 @@ def _f(x):
     return x.astype(np.float32) if x.dtype == np.float16 else x
 
 
+def _grouped(q, k, v):
+    """k and v with their heads repeated to q's (grouped-query attention)."""
+    group = q.shape[1] // k.shape[1]
+    if group == 1:
+        return k, v
+    return np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+
+
 def attention_materialised(q, k, v, out, causal=False, scale=None):
     q, k, v = _f(q), _f(k), _f(v)
+    k, v = _grouped(q, k, v)
     lq, lk = q.shape[2], k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
     s = np.matmul(q, k.swapaxes(-1, -2)) * np.asarray(scale, q.dtype)
@@ -26,6 +35,7 @@ def attention_materialised(q, k, v, out, causal=False, scale=None):
 def attention_chunked(q, k, v, out, chunk, causal=False, scale=None):
     """Flash-style: never holds more than Lq x chunk scores; running max and sum."""
     q, k, v = _f(q), _f(k), _f(v)
+    k, v = _grouped(q, k, v)
     lq, lk = q.shape[2], k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
     q = q * np.asarray(scale, q.dtype)

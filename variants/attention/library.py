@@ -124,4 +124,8 @@ def attention_sdpa(q, k, v, out, causal=False, scale=None):
         # softmax((-q)k^T * |s|) is the same function, and scale 0 is q = 0 (uniform weights)
         tq = -tq if scale < 0 else torch.zeros_like(tq)
         scale = -scale if scale < 0 else 1.0
-    to.copy_(F.scaled_dot_product_attention(tq, tk, tv, is_causal=bool(causal), scale=scale))
+    # bottom-right causal with one query row sees the whole cache: no mask at all
+    is_causal = bool(causal) and tq.shape[2] > 1
+    gqa = tk.shape[1] != tq.shape[1]
+    to.copy_(F.scaled_dot_product_attention(tq, tk, tv, is_causal=is_causal, scale=scale,
+                                            enable_gqa=gqa))
