@@ -18,7 +18,7 @@ from adaptive.errors import (AdaptiveError, BackendUnavailableError, CompileErro
                              UnknownNameError, VariantRunError)
 from adaptive.ops import OPS, SparseWeight
 from adaptive.metrics import count_regeneration_request, serve_metrics
-from adaptive.errors import PackError
+from adaptive.errors import MissingDependencyError, PackError
 from adaptive.pack import LoadReport, load_pack
 from adaptive.explain import Explanation, explain
 from adaptive.learned import Learned
@@ -46,7 +46,7 @@ __all__ = [
     "NoCandidateError", "OPS", "Plan", "Registry", "SparseWeight", "UnknownNameError",
     "Variant", "VariantRunError", "__version__", "candidates", "config",
     "count_regeneration_request", "counter_log", "launch",
-    "LoadReport", "PackError", "load_pack",
+    "LoadReport", "MissingDependencyError", "PackError", "load_pack",
     "load_folder", "reset_defaults", "serve_metrics", "shared_registry",
     "Explanation", "Learned", "explain",
     "verify",

@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 
-from adaptive import arrays, config
+from adaptive import arrays, config, optional
 from adaptive.backends import Backend, get_backend
 from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
                              UnknownNameError)
@@ -213,13 +213,21 @@ class Dispatcher:
         out = []
         pool = variants if variants is not None else self.registry.variants(op.name,
                                                                             self.backend.name)
+        unavailable = {}
         for v in pool:
+            if v.needs:
+                unavailable[v.name] = optional.missing(v.needs, f"variant {v.id}")
+                if unavailable[v.name] is not None:
+                    continue
             configs = self._configs.get(v.id)
             if configs is None:
                 configs = self._configs[v.id] = v.space.configs(self.limits)
             out += [make_candidate(v, c) for c in configs if v.fits(scope, c)]
         if not out:
-            why = "; ".join(f"{v.name}: {v.why_not(scope) or 'no config fits this device'}"
+            if variants is not None and len(pool) == 1 and unavailable.get(pool[0].name):
+                raise unavailable[pool[0].name]   # a pinned variant whose module is missing
+            why = "; ".join(f"{v.name}: " + str(unavailable.get(v.name) or v.why_not(scope)
+                                                or "no config fits this device")
                             for v in pool) or "no variants registered"
             raise NoCandidateError(f"no {self.backend.name} variant of {op.name} fits "
                                    f"{dict(problem.dims)} {problem.dtype} ({why})")
@@ -230,10 +238,10 @@ class Dispatcher:
         pkey = (key, candidate)
         plan = self._prepared.get(pkey)
         if plan is None:
+            for module in candidate.variant.needs:   # once, under one lock, never on a hit
+                optional.require(module, f"variant {candidate.variant.id}")
             fn = self.backend.prepare(candidate, problem, op)
-            shape = op.out_shape(problem)
-            alloc = functools.partial(self.backend.empty, shape, problem.dtype)
-            adapter = self.backend.adapter(problem.kind)
+            alloc, adapter = self.backend.io(candidate, problem, op.out_shape(problem), like)
             sample = alloc() if adapter is None else adapter[1](alloc(), like)
             out_sig = arrays.signature(sample)
             flops, nbytes = op.roofline(problem)

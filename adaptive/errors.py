@@ -86,6 +86,10 @@ class BackendUnavailableError(AdaptiveError, RuntimeError):
     """A backend was asked for but cannot run here (no GPU, CuPy missing)."""
 
 
+class MissingDependencyError(AdaptiveError, ImportError):
+    """An optional module (torch, transformers, ...) is missing; names the extra to install."""
+
+
 class PackError(AdaptiveError, ValueError):
     """A variant pack that is refused (truncated, corrupted, hash mismatch, unknown schema).
 

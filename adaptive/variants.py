@@ -17,13 +17,14 @@ from pathlib import Path
 
 from adaptive.errors import ExpressionError, ManifestError, UnknownNameError
 from adaptive.expr import Expr, compile_expr
+from adaptive.optional import OPTIONAL_MODULES
 from adaptive.space import Space, as_config
 
 BACKENDS = ("host", "cuda")
 LANGUAGES = ("python", "cuda")
 _REQUIRED = ("name", "backend", "language", "entry")
 _KNOWN_FIELDS = {"name", "backend", "language", "entry", "source", "space", "requires",
-                 "launch", "doc", "provenance", "options", "resources"}
+                 "launch", "doc", "provenance", "options", "resources", "torch_entry", "needs"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -45,6 +46,10 @@ class Variant:
     provenance: Mapping = dataclasses.field(default_factory=dict)
     resources: Mapping = dataclasses.field(default_factory=dict)  # per-config, from ptxas
     origin: str = ""                        # manifest path, pack path or "generated"
+    # python variants: the function called with PyTorch tensors as they are (out from
+    # torch's allocator, torch's current stream); "" means tensors are converted for entry
+    torch_entry: str = ""
+    needs: tuple[str, ...] = ()             # optional modules imported once before a run
 
     @property
     def source_hash(self) -> str:
@@ -83,6 +88,9 @@ class Variant:
                        for k, v in self.launch.items()},
             "options": list(self.options), "doc": self.doc,
             "provenance": dict(self.provenance), "resources": dict(self.resources),
+            # only when set, so packs without them stay readable by older releases
+            **({"torch_entry": self.torch_entry} if self.torch_entry else {}),
+            **({"needs": list(self.needs)} if self.needs else {}),
         }
 
 
@@ -152,6 +160,14 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
         source, source_name = path.read_text(), source
     if entry["language"] == "cuda" and not source:
         _fail(where, f"{prefix}.source", "a cuda variant needs its kernel source")
+    torch_entry = entry.get("torch_entry", "")
+    if not isinstance(torch_entry, str) or (torch_entry and entry["language"] != "python"):
+        _fail(where, f"{prefix}.torch_entry", f"expected the name of a function in a python "
+              f"variant's source, got {torch_entry!r} ({entry['language']} variant)")
+    needs = entry.get("needs", [])
+    if not isinstance(needs, list) or not all(n in OPTIONAL_MODULES for n in needs):
+        _fail(where, f"{prefix}.needs", f"expected a list of optional modules from "
+              f"{sorted(OPTIONAL_MODULES)}, got {needs!r}")
     try:
         space = Space.from_dict(entry.get("space", {}), where=f"{prefix}.space")
         requires = tuple(compile_expr(r) for r in entry.get("requires", []))
@@ -171,7 +187,8 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
         entry=entry["entry"], source=source, source_name=source_name, space=space,
         requires=requires, launch=launch, options=tuple(entry.get("options", ())),
         doc=entry.get("doc", ""), provenance=dict(entry.get("provenance", {})),
-        resources=dict(entry.get("resources", {})), origin=str(where))
+        resources=dict(entry.get("resources", {})), origin=str(where),
+        torch_entry=torch_entry, needs=tuple(needs))
 
 
 def load_manifest(path: str | Path) -> list[Variant]:

@@ -31,6 +31,11 @@ class Backend(Protocol):
     def empty(self, shape: tuple, dtype: str):
         """An uninitialised native array."""
 
+    def io(self, candidate, problem, shape: tuple, like):
+        """``(alloc, adapter)`` for a plan: ``alloc()`` makes the result the variant writes;
+        ``adapter`` is None when the caller's arrays run as they are, else
+        ``(to_native, from_native)`` applied on each call."""
+
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
         """Run ``fn(args, out)`` ``repeats`` times, synchronously; one time per run in ms."""
 

@@ -8,9 +8,11 @@ grid, block, shared memory and argument slots fixed (:mod:`adaptive.backends.cud
 a warm call evaluates the argument pointers and launches, nothing else.
 
 Arrays: CuPy arrays run natively; PyTorch tensors and ``__cuda_array_interface__``
-objects are read in place (their device pointers), and results come back as tensors
-(``torch.from_dlpack``, no copy) or CuPy arrays. Work is issued on the caller's current
-stream: CuPy's, or PyTorch's current stream when the inputs are tensors. NumPy inputs
+objects are read in place (their device pointers). A tensor caller's result is allocated
+by torch's caching allocator and written in place, and library variants that name a
+``torch_entry`` get the tensors as they are (cuBLAS and SDPA through torch, no DLPack
+round trip). Work is issued on the caller's current stream: CuPy's, or PyTorch's current
+stream when the inputs are tensors. NumPy inputs
 are copied in and the result copied out. bfloat16 is handled as raw 16-bit memory
 (``int16`` CuPy arrays) inside the backend, because CuPy has no bfloat16 dtype; tensors
 get ``torch.bfloat16`` back.
@@ -139,6 +141,16 @@ class CudaBackend:
     def empty(self, shape: tuple, dtype: str):
         return self._cp.empty(shape, _NATIVE[dtype])
 
+    def io(self, candidate, problem, shape: tuple, like):
+        """``(alloc, adapter)`` of a plan. Tensors stay tensors: the result comes from
+        torch's caching allocator on the input's device (its current stream) and nothing
+        is converted per call; other kinds get CuPy results and the kind's adapter."""
+        if problem.kind == "torch":
+            torch = sys.modules["torch"]
+            return (functools.partial(torch.empty, shape, dtype=getattr(torch, problem.dtype),
+                                      device=like.device), None)
+        return functools.partial(self.empty, shape, problem.dtype), self.adapter(problem.kind)
+
     def synchronize(self) -> None:
         self._cp.cuda.Device(self.index).synchronize()
 
@@ -257,13 +269,21 @@ class CudaBackend:
             def run(args, out):
                 bound(*args, out=out)
             return run
-        if kind == "torch":
+        if kind == "torch" and variant.torch_entry:   # torch in, torch out: no round trip
+            native_fn = load_entry(variant, variant.torch_entry)
+            native = functools.partial(native_fn, **kwargs) if kwargs else native_fn
+
+            def run_torch_native(args, out):
+                native(*args, out=out)
+            return run_torch_native
+        if kind == "torch":   # a CuPy-only library call: DLPack views on torch's stream
+            def as_cupy(t):
+                return cp.from_dlpack(t.view(sys.modules["torch"].int16) if bf16 else t)
+
             def run_torch(args, out):
-                native = [a if hasattr(type(a), "signature") else
-                          cp.from_dlpack(a.view(sys.modules["torch"].int16) if bf16 else a)
-                          for a in args]
+                native = [a if hasattr(type(a), "signature") else as_cupy(a) for a in args]
                 with cp.cuda.ExternalStream(torch_stream().ptr):
-                    bound(*native, out=out)
+                    bound(*native, out=as_cupy(out))
             return run_torch
 
         def run_cai(args, out):

@@ -128,8 +128,8 @@ def bind(op, names: list[str], kind: str, scope: Mapping, problem,
             raise InputValueError(f"{op.name}: argument {spec!r} has unknown type {typ!r}; "
                                   f"expected one of {', '.join(SCALAR_TYPES)}")
         const = f"_c{i}"
-        if name == "out":
-            slots.append(Slot(name, "out"))
+        if name == "out":   # a CuPy result except for tensor callers (torch's allocator)
+            slots.append(Slot(name, pointer_code(kind, "out") if kind == "torch" else "out"))
         elif name in op.arrays:
             slots.append(Slot(name, pointer_code(kind, f"args[{op.arrays.index(name)}]")))
         elif name == "workspace":

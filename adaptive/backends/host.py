@@ -69,6 +69,15 @@ class HostBackend:
     def empty(self, shape: tuple, dtype: str):
         return np.empty(shape, _NP_DTYPES[dtype])
 
+    def io(self, candidate, problem, shape: tuple, like):
+        """``(alloc, adapter)`` of a plan: tensors stay tensors for variants with a
+        ``torch_entry``; everything else runs on NumPy arrays (converted per call)."""
+        if problem.kind == "torch" and candidate.variant.torch_entry:
+            torch = sys.modules["torch"]
+            return (functools.partial(torch.empty, shape, dtype=getattr(torch, problem.dtype),
+                                      device=like.device), None)
+        return functools.partial(self.empty, shape, problem.dtype), self.adapter(problem.kind)
+
     # ---- running ----------------------------------------------------------------------------
     def set_threads(self, n: int) -> None:
         if self._blas is None:
@@ -79,7 +88,9 @@ class HostBackend:
         self._threads = n
 
     def prepare(self, candidate, problem, op):
-        fn = load_entry(candidate.variant)
+        variant = candidate.variant
+        native = problem.kind == "torch" and variant.torch_entry
+        fn = load_entry(variant, variant.torch_entry if native else None)
         config = candidate.config
         threads = config.pop("threads", None)
         kwargs = {**config, **problem.params_dict}

@@ -15,9 +15,10 @@ _cache: dict[tuple[str, str], object] = {}
 _lock = threading.Lock()
 
 
-def load_entry(variant):
-    """The callable named ``variant.entry`` defined by ``variant.source``."""
-    key = (variant.source_hash, variant.entry)
+def load_entry(variant, entry: str | None = None):
+    """The callable named ``entry`` (default ``variant.entry``) defined by ``variant.source``."""
+    entry = entry or variant.entry
+    key = (variant.source_hash, entry)
     fn = _cache.get(key)
     if fn is not None:
         return fn
@@ -30,9 +31,9 @@ def load_entry(variant):
             except Exception as exc:
                 raise VariantRunError(variant.name, {}, f"its source failed to load: "
                                       f"{type(exc).__name__}: {exc}") from exc
-            fn = namespace.get(variant.entry)
+            fn = namespace.get(entry)
             if not callable(fn):
                 raise VariantRunError(variant.name, {}, f"its source defines no function "
-                                      f"{variant.entry!r}")
+                                      f"{entry!r}")
             _cache[key] = fn
     return _cache[key]

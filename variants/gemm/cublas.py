@@ -1,5 +1,6 @@
 """gemm through cuBLAS: cupy.matmul for float16/float32; cublasGemmEx for bfloat16, which
-the cuda backend hands over as int16 arrays (raw 16-bit memory; CuPy has no bfloat16)."""
+the cuda backend hands over as int16 arrays (raw 16-bit memory; CuPy has no bfloat16).
+Tensor callers go through torch (``gemm_torch``): the cuBLAS call torch itself makes."""
 
 import cupy
 import numpy as np
@@ -23,3 +24,9 @@ def gemm_cublas(a, b, out):
     cublas.gemmEx(handle, 0, 0, n, m, k, _ONE.ctypes.data, b.data.ptr, _CUDA_R_16BF, n,
                   a.data.ptr, _CUDA_R_16BF, k, _ZERO.ctypes.data, out.data.ptr, _CUDA_R_16BF,
                   n, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+
+
+def gemm_torch(a, b, out):
+    """PyTorch tensors as they are, on torch's current stream and cuBLAS handle."""
+    import torch   # the caller's tensors mean torch is imported: a sys.modules lookup
+    torch.mm(a, b, out=out)
