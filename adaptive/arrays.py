@@ -38,7 +38,7 @@ def _cupy_sig(a):
 
 
 def _torch_sig(t):
-    return (type(t), tuple(t.shape), t.dtype, t.stride(), t.device)
+    return (type(t), t.shape, t.dtype, t.stride(), t.device)   # torch.Size is a tuple
 
 
 def _cai_sig(a):

@@ -43,10 +43,25 @@ class Plan:
     flops: float = 0.0
     bytes: float = 0.0
     provisional: bool = False   # run rotates through the decision's exploration list
+    # set once the dispatcher no longer serves this key with this plan (revised, forgotten):
+    # a caller holding the plan (see Dispatcher.plan) asks again
+    stale: bool = False
 
 
-def _plan_runner(fn, alloc, adapter, out_sig):
-    """Specialise the per-call closure once, so a hit does no branching on set-up facts."""
+def _plan_runner(fn, alloc, adapter, out_sig, returns: bool = False):
+    """Specialise the per-call closure once, so a hit does no branching on set-up facts.
+
+    ``returns``: ``fn(args, out)`` returns the result and allocates it itself when ``out``
+    is None (torch entries: the allocation torch makes anyway, not one more)."""
+    if returns:
+        out_type = out_sig[0]
+        sign = arrays.SIGNERS[out_type]
+
+        def run_returning(args, out):
+            if out is not None and (type(out) is not out_type or sign(out) != out_sig):
+                raise _bad_out(out, out_sig)
+            return fn(args, out)
+        return run_returning
     if adapter is None:
         out_type = out_sig[0]
         sign = arrays.SIGNERS[out_type]   # bound once: the type test guards it
@@ -241,11 +256,13 @@ class Dispatcher:
             for module in candidate.variant.needs:   # once, under one lock, never on a hit
                 optional.require(module, f"variant {candidate.variant.id}")
             fn = self.backend.prepare(candidate, problem, op)
-            alloc, adapter = self.backend.io(candidate, problem, op.out_shape(problem), like)
+            io = self.backend.io(candidate, problem, op.out_shape(problem), like)
+            alloc, adapter = io.alloc, io.adapter
             sample = alloc() if adapter is None else adapter[1](alloc(), like)
             out_sig = arrays.signature(sample)
             flops, nbytes = op.roofline(problem)
-            plan = Plan(candidate, problem, key, _plan_runner(fn, alloc, adapter, out_sig),
+            plan = Plan(candidate, problem, key,
+                        _plan_runner(fn, alloc, adapter, out_sig, io.returns),
                         flops=flops, bytes=nbytes)
             self._prepared[pkey] = plan
         return plan
@@ -434,6 +451,7 @@ class Dispatcher:
             if key not in self._plans:
                 return
             first = self._prepared.get((key, _first_of(decision)))
+            self._plans[key].stale = True
             if first is None:   # never prepared here: decide again on the next call
                 del self._plans[key]
                 return
@@ -443,7 +461,9 @@ class Dispatcher:
     def forget_key(self, key: tuple) -> None:
         """Drop one key's decision: its next launch decides again."""
         with self._lock:
-            self._plans.pop(key, None)
+            plan = self._plans.pop(key, None)
+            if plan is not None:
+                plan.stale = True
 
     def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
@@ -478,6 +498,19 @@ class Dispatcher:
             return {}
         return row_geometry(variant, row, self.limits)
 
+    def plan(self, op: str, *args, **params) -> Plan:
+        """The plan serving this input now (deciding it on a miss), for callers that run
+        one input class many times: ``plan.run(args, out)`` is the launch without the key.
+
+        A held plan is only good while ``plan.stale`` is False and ``plan.provisional`` is
+        False (a provisional plan explores and should be called through :meth:`run`); the
+        dispatcher's sampling and counter log see only calls made through it.
+        """
+        o = OPS.get(op) or get_op(op)
+        key = o.key(args, params)
+        plan = self._plans.get(key)
+        return plan if plan is not None else self._miss(o, key, args, params)
+
     # ---- introspection ----------------------------------------------------------------------
     def candidates(self, op: str, *args, **params) -> list[Candidate]:
         """The candidates that fit this input on this dispatcher's backend."""
@@ -496,7 +529,7 @@ class Dispatcher:
             for table, op_of in ((self._plans, lambda k: k[0]), (self._pinned, lambda k: k[0][0]),
                                  (self._prepared, lambda k: k[0][0])):
                 for k in [k for k in table if op is None or op_of(k) == op]:
-                    del table[k]
+                    table.pop(k).stale = True
             self._configs = {k: v for k, v in self._configs.items()
                              if op is not None and not k.startswith(op + "/")}
 

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from adaptive.errors import BackendUnavailableError, UnknownNameError
 
 NAMES = ("host", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanIO:
+    """A plan's arrays.
+
+    Attributes:
+        alloc: ``alloc()`` makes a result array of the caller's kind (or the native one,
+            when ``adapter`` converts).
+        adapter: None when the caller's arrays run as they are; else ``(to_native,
+            from_native)``, applied on each call.
+        returns: the prepared function returns its result and allocates it itself when
+            ``out`` is None (torch entries: the allocation torch makes anyway).
+    """
+
+    alloc: Callable
+    adapter: tuple | None = None
+    returns: bool = False
 
 
 @runtime_checkable
@@ -31,10 +51,8 @@ class Backend(Protocol):
     def empty(self, shape: tuple, dtype: str):
         """An uninitialised native array."""
 
-    def io(self, candidate, problem, shape: tuple, like):
-        """``(alloc, adapter)`` for a plan: ``alloc()`` makes the result the variant writes;
-        ``adapter`` is None when the caller's arrays run as they are, else
-        ``(to_native, from_native)`` applied on each call."""
+    def io(self, candidate, problem, shape: tuple, like) -> PlanIO:
+        """How a plan allocates its result and sees the caller's arrays (:class:`PlanIO`)."""
 
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
         """Run ``fn(args, out)`` ``repeats`` times, synchronously; one time per run in ms."""

@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 from adaptive import nvrtc
-from adaptive.backends import cuda_args
+from adaptive.backends import PlanIO, cuda_args
 from adaptive.backends import cuda_sparse  # noqa: F401 (registers spmm's w_csr_*/w_bsr* args)
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import CompileError, InputTypeError, InputValueError
@@ -147,9 +147,11 @@ class CudaBackend:
         is converted per call; other kinds get CuPy results and the kind's adapter."""
         if problem.kind == "torch":
             torch = sys.modules["torch"]
-            return (functools.partial(torch.empty, shape, dtype=getattr(torch, problem.dtype),
-                                      device=like.device), None)
-        return functools.partial(self.empty, shape, problem.dtype), self.adapter(problem.kind)
+            alloc = functools.partial(torch.empty, shape, dtype=getattr(torch, problem.dtype),
+                                      device=like.device)
+            return PlanIO(alloc, None, returns=bool(candidate.variant.torch_entry))
+        return PlanIO(functools.partial(self.empty, shape, problem.dtype),
+                      self.adapter(problem.kind))
 
     def synchronize(self) -> None:
         self._cp.cuda.Device(self.index).synchronize()
@@ -273,8 +275,8 @@ class CudaBackend:
             native_fn = load_entry(variant, variant.torch_entry)
             native = functools.partial(native_fn, **kwargs) if kwargs else native_fn
 
-            def run_torch_native(args, out):
-                native(*args, out=out)
+            def run_torch_native(args, out):   # out None: torch allocates, as plain torch
+                return native(*args, out=out)
             return run_torch_native
         if kind == "torch":   # a CuPy-only library call: DLPack views on torch's stream
             def as_cupy(t):

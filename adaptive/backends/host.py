@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from adaptive import arrays
+from adaptive.backends import PlanIO
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import InputTypeError
 
@@ -74,9 +75,11 @@ class HostBackend:
         ``torch_entry``; everything else runs on NumPy arrays (converted per call)."""
         if problem.kind == "torch" and candidate.variant.torch_entry:
             torch = sys.modules["torch"]
-            return (functools.partial(torch.empty, shape, dtype=getattr(torch, problem.dtype),
-                                      device=like.device), None)
-        return functools.partial(self.empty, shape, problem.dtype), self.adapter(problem.kind)
+            alloc = functools.partial(torch.empty, shape, dtype=getattr(torch, problem.dtype),
+                                      device=like.device)
+            return PlanIO(alloc, None, returns=True)
+        return PlanIO(functools.partial(self.empty, shape, problem.dtype),
+                      self.adapter(problem.kind))
 
     # ---- running ----------------------------------------------------------------------------
     def set_threads(self, n: int) -> None:
@@ -97,12 +100,12 @@ class HostBackend:
         bound = functools.partial(fn, **kwargs) if kwargs else fn
         if threads is None:
             def run(args, out):
-                bound(*args, out=out)
+                return bound(*args, out=out)   # torch entries return their result
         else:
             def run(args, out):
                 if self._threads != threads:
                     self.set_threads(threads)
-                bound(*args, out=out)
+                return bound(*args, out=out)
         return run
 
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:

@@ -89,3 +89,57 @@ def test_a_missing_optional_module_fails_only_the_variants_that_need_it():
 def test_needs_names_only_known_optional_modules():
     with pytest.raises(adaptive.ManifestError, match=r"needs.*optional modules"):
         _variant(needs=("os",))
+
+
+# ---- the tensor path: torch entries, held plans -------------------------------------------
+
+_TORCH_SOURCE = textwrap.dedent('''
+    def gemm_numpy(a, b, out):
+        out[...] = a @ b
+
+    def gemm_torch(a, b, out=None):
+        import torch
+        return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
+''')
+
+
+def _torch_dispatcher():
+    v = variant_from_dict({"name": "torch_mm", "backend": "host", "language": "python",
+                           "entry": "gemm_numpy", "torch_entry": "gemm_torch",
+                           "source": _TORCH_SOURCE}, "gemm")
+    with adaptive.config.override(sample_every=0):
+        return adaptive.Dispatcher(backend="host", registry=Registry([v]))
+
+
+def test_tensor_callers_run_the_torch_entry_with_their_tensors():
+    torch = pytest.importorskip("torch", reason="torch is in the test extra")
+    d = _torch_dispatcher()
+    a, b = torch.randn(5, 7, dtype=torch.float32), torch.randn(7, 3, dtype=torch.float32)
+    out = d.launch("gemm", a, b)
+    assert isinstance(out, torch.Tensor) and out.shape == (5, 3)
+    torch.testing.assert_close(out.double(), a.double() @ b.double())
+    given = torch.full((5, 3), float("nan"), dtype=torch.float32)
+    assert d.launch("gemm", a, b, out=given) is given
+    torch.testing.assert_close(given.double(), a.double() @ b.double())
+    with pytest.raises(adaptive.InputValueError, match=r"out has shape \(3, 5\).*expected "
+                                                      r"shape torch.Size\(\[5, 3\]\)"):
+        d.launch("gemm", a, b, out=torch.empty(3, 5, dtype=torch.float32))
+    # NumPy callers of the same variant get its NumPy entry
+    x, y = a.numpy(), b.numpy()
+    np.testing.assert_allclose(d.launch("gemm", x, y), x @ y)
+
+
+def test_a_held_plan_runs_without_the_key_and_goes_stale_when_replaced():
+    torch = pytest.importorskip("torch", reason="torch is in the test extra")
+    d = _torch_dispatcher()
+    a, b = torch.randn(4, 6, dtype=torch.float32), torch.randn(6, 2, dtype=torch.float32)
+    plan = d.plan("gemm", a, b)
+    assert not plan.stale and not plan.provisional
+    a2 = torch.randn(4, 6, dtype=torch.float32)
+    torch.testing.assert_close(plan.run((a2, b), None).double(), a2.double() @ b.double())
+    assert d.plan("gemm", a2, b) is plan                  # one input class, one plan
+    d.forget_key(plan.key)
+    assert plan.stale and d.plan("gemm", a, b) is not plan
+    fresh = d.plan("gemm", a, b)
+    d.forget("gemm")
+    assert fresh.stale

@@ -26,7 +26,8 @@ def gemm_cublas(a, b, out):
                   n, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
 
 
-def gemm_torch(a, b, out):
-    """PyTorch tensors as they are, on torch's current stream and cuBLAS handle."""
+def gemm_torch(a, b, out=None):
+    """PyTorch tensors as they are, on torch's current stream and cuBLAS handle; returns
+    the result (torch allocates it when ``out`` is None, as a plain ``a @ b`` does)."""
     import torch   # the caller's tensors mean torch is imported: a sys.modules lookup
-    torch.mm(a, b, out=out)
+    return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
