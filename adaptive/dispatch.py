@@ -23,7 +23,7 @@ from adaptive import arrays, config, optional
 from adaptive.backends import Backend, get_backend
 from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
                              UnknownNameError)
-from adaptive.observation import Observation
+from adaptive.observation import Observation, floor_ms
 from adaptive.ops import OPS, Op, Problem, get_op
 from adaptive.policy import Context, Decision, Policy, make_policy
 from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
@@ -46,6 +46,23 @@ class Plan:
     # set once the dispatcher no longer serves this key with this plan (revised, forgotten):
     # a caller holding the plan (see Dispatcher.plan) asks again
     stale: bool = False
+    # the input class this key belongs to (its decision is shared), and the factor that
+    # turns this key's times into the time of the input the class was decided on
+    class_key: tuple = ()
+    time_scale: float = 1.0
+
+
+@dataclasses.dataclass(eq=False)
+class _InputClass:
+    """One decision shared by the keys of an input class (see ``Op.class_dims``): a
+    decode step with one more cached key, a prefill one token longer, reuse it instead of
+    deciding again, and their sampled times advance one exploration."""
+
+    key: tuple
+    decision: Decision
+    floor_ms: float                                   # of the input it was decided on
+    turn: Callable = dataclasses.field(default_factory=itertools.count)
+    keys: set = dataclasses.field(default_factory=set)   # exact keys served from it
 
 
 def _plan_runner(fn, alloc, adapter, out_sig, returns: bool = False):
@@ -127,6 +144,7 @@ class Dispatcher:
         self._pinned: dict[tuple, Plan] = {}
         self._prepared: dict[tuple, Plan] = {}
         self._configs: dict[str, list[dict]] = {}
+        self._classes: dict[tuple, _InputClass] = {}
         self._lock = threading.RLock()
         self._tick = itertools.count(1)
         self._recorder: Callable | None = None
@@ -207,21 +225,43 @@ class Dispatcher:
             if plan is not None:
                 return plan
             t0 = time.perf_counter()
-            candidates = self._candidates(op, problem)
-            ctx = Context(op, problem, key, functools.partial(self._measure, op, problem, key,
-                                                              args), self.backend.peaks,
-                          getattr(self.backend, "device_state", None), self.limits)
-            decision = self.policy.decide(ctx, candidates)
+            ckey = (op.name, op.class_dims(problem), problem.dtype, problem.kind,
+                    problem.device, problem.params, problem.extra)
+            cls = self._classes.get(ckey)
+            floor = self._floor_ms(op, problem)
+            if cls is not None and not _serves(cls.decision, problem):
+                ckey = ckey + (key,)   # the class's choice cannot run here: decide alone
+                cls = self._classes.get(ckey)
+            if cls is None:
+                candidates = self._candidates(op, problem)
+                ctx = Context(op, problem, ckey, functools.partial(
+                    self._measure, op, problem, key, args), self.backend.peaks,
+                    getattr(self.backend, "device_state", None), self.limits)
+                decision = self.policy.decide(ctx, candidates)
+                decision = dataclasses.replace(
+                    decision, tuning_ms=decision.tuning_ms or (time.perf_counter() - t0) * 1e3)
+                cls = self._classes[ckey] = _InputClass(ckey, decision, floor)
+                self.stats["decisions"] = self.stats.get("decisions", 0) + 1
             # only the candidate that runs now is prepared: the other explored ones are
             # prepared on their first turn, so the first result pays for one
-            first = self._prepare(op, problem, key, _first_of(decision), args[-1])
-            tuning_ms = (time.perf_counter() - t0) * 1e3
-            plan = self._plan_for(dataclasses.replace(
-                decision, tuning_ms=decision.tuning_ms or tuning_ms), first)
+            scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
+            first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
+                                  ckey, scale)
+            plan = self._plan_for(cls.decision, first, cls.turn)
             self._plans[key] = plan
+            cls.keys.add(key)
             self.stats["misses"] += 1
-            log.debug("miss %s -> %s (%s)", key, decision.candidate.label, decision.reason)
+            log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
+                      cls.decision.reason)
         return plan
+
+    def _floor_ms(self, op: Op, problem: Problem) -> float:
+        """Roofline floor of ``problem`` here (0 where the peaks cannot be had)."""
+        try:
+            flops, nbytes = op.roofline(problem)
+            return floor_ms(flops, nbytes, self.backend.peaks(), problem.dtype)
+        except Exception:  # noqa: BLE001 (no peaks: times are not scaled within a class)
+            return 0.0
 
     def _candidates(self, op: Op, problem: Problem, variants: list[Variant] | None = None):
         scope = problem.scope()
@@ -249,7 +289,7 @@ class Dispatcher:
         return out
 
     def _prepare(self, op: Op, problem: Problem, key: tuple, candidate: Candidate,
-                 like) -> Plan:
+                 like, class_key: tuple = (), time_scale: float = 1.0) -> Plan:
         pkey = (key, candidate)
         plan = self._prepared.get(pkey)
         if plan is None:
@@ -263,8 +303,12 @@ class Dispatcher:
             flops, nbytes = op.roofline(problem)
             plan = Plan(candidate, problem, key,
                         _plan_runner(fn, alloc, adapter, out_sig, io.returns),
-                        flops=flops, bytes=nbytes)
+                        flops=flops, bytes=nbytes, class_key=class_key or key,
+                        time_scale=time_scale)
             self._prepared[pkey] = plan
+        elif class_key and plan.class_key != class_key:   # prepared to be measured, first
+            plan = self._prepared[pkey] = dataclasses.replace(plan, class_key=class_key,
+                                                              time_scale=time_scale)
         return plan
 
     def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate,
@@ -394,21 +438,22 @@ class Dispatcher:
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
         answers with a new decision (commit, re-explore) the key's plan is swapped.
         """
-        update = self.policy.observe(plan.key, plan.candidate, time_ms)
+        update = self.policy.observe(plan.class_key, plan.candidate, time_ms * plan.time_scale)
         if update is not None:
-            self._revise(plan.key, update)
+            self._revise(plan.class_key, update)
         for listener in list(self.listeners):
             try:
                 listener(plan, time_ms)
             except Exception:  # noqa: BLE001 (a listener never breaks a launch)
                 log.exception("listener %r failed", listener)
 
-    def _plan_for(self, decision: Decision, first: Plan) -> Plan:
+    def _plan_for(self, decision: Decision, first: Plan, turn=None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.
 
         ``first`` serves the decision's first candidate. Each other explored candidate is
         prepared on its first turn; one that fails to prepare or to run is recorded as
-        failed (``inf``) and that call is served by ``first``.
+        failed (``inf``) and that call is served by ``first``. ``turn`` (the input class's
+        counter) is shared by the keys of one class, so their calls advance one rotation.
         """
         plan = dataclasses.replace(first, decision=decision)
         if not decision.explore:
@@ -416,7 +461,7 @@ class Dispatcher:
         cands = decision.explore
         pool = [first if c == first.candidate else self._prepared.get((first.key, c))
                 for c in cands]
-        turn = itertools.count()
+        turn = turn if turn is not None else itertools.count()
         sampled = self._sampled
 
         def explore(args, out):
@@ -434,9 +479,9 @@ class Dispatcher:
                 if p is not None:
                     self.feedback(p, math.inf)
                 else:
-                    update = self.policy.observe(first.key, cands[i], math.inf)
+                    update = self.policy.observe(first.class_key, cands[i], math.inf)
                     if update is not None:
-                        self._revise(first.key, update)
+                        self._revise(first.class_key, update)
                 return first.run(args, out)
         return dataclasses.replace(plan, run=explore, provisional=True)
 
@@ -444,19 +489,30 @@ class Dispatcher:
         """``candidate`` prepared for ``plan``'s input (an explored candidate's first turn)."""
         with self._lock:
             return self._prepare(get_op(plan.problem.op), plan.problem, plan.key, candidate,
-                                 args[-1])
+                                 args[-1], plan.class_key, plan.time_scale)
 
-    def _revise(self, key: tuple, decision: Decision) -> None:
+    def _revise(self, class_key: tuple, decision: Decision) -> None:
+        """The policy's new decision for an input class: each key served from it gets a
+        plan for it (or decides again on its next call, if that candidate was never
+        prepared for it)."""
         with self._lock:
-            if key not in self._plans:
+            cls = self._classes.get(class_key)
+            if cls is None:
                 return
-            first = self._prepared.get((key, _first_of(decision)))
-            self._plans[key].stale = True
-            if first is None:   # never prepared here: decide again on the next call
-                del self._plans[key]
-                return
-            self._plans[key] = self._plan_for(decision, first)
-            log.debug("revised %s -> %s (%s)", key, decision.candidate.label, decision.reason)
+            cls.decision = decision
+            for key in list(cls.keys):
+                old = self._plans.pop(key, None)
+                if old is None:
+                    cls.keys.discard(key)
+                    continue
+                old.stale = True
+                first = self._prepared.get((key, _first_of(decision)))
+                if first is None:   # never prepared here: built from the class next call
+                    cls.keys.discard(key)
+                    continue
+                self._plans[key] = self._plan_for(decision, first, cls.turn)
+            log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,
+                      decision.reason)
 
     def forget_key(self, key: tuple) -> None:
         """Drop one key's decision: its next launch decides again."""
@@ -464,6 +520,11 @@ class Dispatcher:
             plan = self._plans.pop(key, None)
             if plan is not None:
                 plan.stale = True
+                cls = self._classes.pop(plan.class_key, None)
+                for other in cls.keys if cls is not None else ():
+                    stale = self._plans.pop(other, None)
+                    if stale is not None:
+                        stale.stale = True
 
     def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
@@ -532,6 +593,8 @@ class Dispatcher:
                     table.pop(k).stale = True
             self._configs = {k: v for k, v in self._configs.items()
                              if op is not None and not k.startswith(op + "/")}
+            self._classes = {k: v for k, v in self._classes.items()
+                             if op is not None and k[0] != op}
 
     def __repr__(self) -> str:
         return (f"Dispatcher(backend={self.backend.name!r}, device={self.backend.device!r}, "
@@ -595,6 +658,13 @@ def shared_registry() -> Registry:
             if _registry is None:
                 _registry = default_registry()
     return _registry
+
+
+def _serves(decision: Decision, problem: Problem) -> bool:
+    """Whether a class's decision can run ``problem`` (every candidate it may run fits)."""
+    scope = problem.scope()
+    return all(c.variant.fits(scope, c.config)
+               for c in (decision.candidate, *decision.explore))
 
 
 def _first_of(decision: Decision) -> Candidate:

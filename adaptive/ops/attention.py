@@ -19,6 +19,7 @@ from adaptive.ops.base import Op, Param, Problem, random_array
 
 class Attention(Op):
     name = "attention"
+    token_dims = ("Lq", "Lk")
     arrays = ("q", "k", "v")
     params = (
         Param("causal", (bool,), False, "mask keys after each query (bottom-right aligned)"),

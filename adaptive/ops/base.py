@@ -175,6 +175,17 @@ class Op:
         """(flops, bytes): the least work and the fewest bytes moved through memory."""
         raise NotImplementedError
 
+    # dims that count tokens (rows of a batch, sequence lengths): inputs that differ only
+    # in them by less than a quarter octave share one decision (see class_dims)
+    token_dims: tuple[str, ...] = ()
+
+    def class_dims(self, problem: Problem) -> tuple:
+        """The dims naming ``problem``'s input class: token dims above 16 rounded up to a
+        quarter octave, the rest exact. A decode step one cached key longer, or a prompt
+        one token longer, reuses its class's decision (a policy decides once per class)."""
+        return tuple((name, bucket(value) if name in self.token_dims else value)
+                     for name, value in problem.dims)
+
     def features(self, problem: Problem) -> dict[str, float]:
         """Numeric features for the cost model: log2 of dims, dtype size, op statistics."""
         feats = {f"log2_{name}": math.log2(max(value, 1)) for name, value in problem.dims}
@@ -215,3 +226,10 @@ def random_array(rng: np.random.Generator, shape, dtype: str, scale: float = 1.0
     """Standard-normal values in the given dtype (bfloat16 is generated as float32)."""
     np_dtype = NUMPY_DTYPES.get(dtype, np.float32)
     return (rng.standard_normal(shape) * scale).astype(np_dtype)
+
+
+def bucket(n: int) -> int:
+    """``n`` itself up to 16, else the quarter octave above it (17 -> 19, 100 -> 108)."""
+    if n <= 16:
+        return n
+    return math.ceil(2 ** (math.ceil(4 * math.log2(n) - 1e-9) / 4))

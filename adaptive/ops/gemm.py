@@ -10,6 +10,7 @@ from adaptive.ops.base import Op, Problem, random_array
 
 class Gemm(Op):
     name = "gemm"
+    token_dims = ("M",)
     arrays = ("a", "b")
 
     def check_shapes(self, infos, args, params):

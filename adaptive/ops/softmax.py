@@ -9,6 +9,7 @@ from adaptive.ops.base import Op, Problem, random_array
 
 class Softmax(Op):
     name = "softmax"
+    token_dims = ("R",)
     arrays = ("x",)
 
     def check_shapes(self, infos, args, params):

@@ -12,6 +12,7 @@ from adaptive.ops.sparse import SparseWeight
 
 class Spmm(Op):
     name = "spmm"
+    token_dims = ("N",)
     arrays = ("w", "b")
     dtypes = ("float16", "float32")
 

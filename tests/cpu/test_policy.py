@@ -143,7 +143,7 @@ def test_dispatcher_explores_on_real_calls_then_serves_a_plain_plan(rng):
     plan = d._plans[key]
     assert not plan.provisional and not plan.decision.explore
     assert plan.run is d._prepared[(key, plan.candidate)].run   # the committed hot path
-    observed = policy.state(key).observed            # the rule: fastest of each one's samples
+    observed = policy.state(d._plans[key].class_key).observed            # the rule: fastest of each one's samples
     assert plan.candidate.label == min(observed, key=lambda c: min(observed[c][-2:])).label
     text = str(adaptive.explain("softmax", x, dispatcher=d))
     assert "committed" in text and plan.candidate.label in text and "explored" in text
@@ -172,7 +172,7 @@ def test_failed_exploration_candidate_falls_back_and_is_recorded(rng):
     d.launch("softmax", x)                           # the first candidate's turn
     y = d.launch("softmax", x)                       # the broken one's turn: falls back
     np.testing.assert_allclose(y, OPS["softmax"].reference(x), rtol=1e-5, atol=1e-6)
-    assert policy.state(key).observed[second] == [math.inf]
+    assert policy.state(d._plans[key].class_key).observed[second] == [math.inf]
     assert d._plans[key].candidate != second
 
 
@@ -190,7 +190,7 @@ def test_a_miss_prepares_one_candidate_and_one_that_cannot_be_prepared_is_record
     ref = OPS["softmax"].reference(x)
     for _ in range(3):                               # turns 2 and 3: prepared on first use
         np.testing.assert_allclose(d.launch("softmax", x), ref, rtol=1e-5, atol=1e-6)
-    state = policy.state(key)
+    state = policy.state(d._plans[key].class_key)
     assert state.observed[explore[2]] == [math.inf] and (key, explore[1]) in d._prepared
     plan = d._plans[key]
     assert not plan.provisional and plan.candidate in explore[:2]
@@ -342,11 +342,11 @@ def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(r
     d.launch("softmax", x)                      # this call harvests the finished pairs
     plan = d._plans[key]
     assert not plan.provisional and be.synced == 0
-    explored = policy.state(key).explore
+    explored = policy.state(d._plans[key].class_key).explore
     assert plan.candidate == min(explored, key=lambda c: be.cost[c.label])
-    assert policy.state(key).expected_ms == pytest.approx(be.cost[plan.candidate.label])
+    assert policy.state(d._plans[key].class_key).expected_ms == pytest.approx(be.cost[plan.candidate.label])
     be.finish()
-    assert d.harvest() >= 1 and list(policy.state(key).recent)   # samples after the commit
+    assert d.harvest() >= 1 and list(policy.state(d._plans[key].class_key).recent)   # samples after the commit
     assert d.harvest() == 0                     # nothing pending: a flush is free
 
 

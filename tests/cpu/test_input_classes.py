@@ -1,0 +1,61 @@
+"""Input classes: keys that differ only in token counts share one decision."""
+
+import numpy as np
+import pytest
+
+import adaptive
+from adaptive.ops import OPS
+from adaptive.policy import Fixed, MeasureEach
+from adaptive.variants import Registry, default_registry, variant_from_dict
+from adaptive.ops.base import bucket
+
+
+@pytest.mark.parametrize("n,want", [(1, 1), (16, 16), (17, 20), (19, 20), (20, 23),
+                                    (100, 108), (128, 128), (129, 153), (4096, 4096)])
+def test_token_counts_round_up_to_a_quarter_octave(n, want):
+    assert bucket(n) == want
+    assert n <= bucket(n) < max(n * 2 ** 0.25 + 1, 17)
+
+
+def test_a_decode_loop_decides_once_per_class_and_every_step_is_right(rng):
+    d = adaptive.Dispatcher(backend="host", policy=MeasureEach())
+    q = rng.standard_normal((1, 4, 1, 16)).astype(np.float32)
+    lengths = range(100, 140)            # classes 108 and 128 (100..108, 109..128) and 153
+    for lk in lengths:
+        k = rng.standard_normal((1, 2, lk, 16)).astype(np.float32)
+        v = rng.standard_normal((1, 2, lk, 16)).astype(np.float32)
+        out = d.launch("attention", q, k, v, causal=True)
+        ref = OPS["attention"].reference(q, k, v, causal=True)
+        assert np.abs(out - ref).max() < 1e-5, lk
+    assert d.stats["decisions"] == len({bucket(n) for n in lengths}) == 3
+    assert d.stats["misses"] == len(lengths)           # each exact shape got its own plan
+
+
+def test_times_within_a_class_reach_the_policy_scaled_to_the_decided_input(rng):
+    d = adaptive.Dispatcher(backend="host", policy=MeasureEach())
+    x = rng.standard_normal((100, 64)).astype(np.float32)
+    y = rng.standard_normal((105, 64)).astype(np.float32)
+    d.launch("softmax", x)
+    d.launch("softmax", y)
+    px, py = d.plan("softmax", x), d.plan("softmax", y)
+    assert px.class_key == py.class_key and px.key != py.key
+    assert px.time_scale == 1.0
+    assert py.time_scale == pytest.approx(100 / 105, rel=0.02)   # a memory-bound floor
+
+
+def test_a_class_choice_that_cannot_run_an_input_is_decided_again(rng):
+    even = variant_from_dict({"name": "even_only", "backend": "host", "language": "python",
+                              "entry": "attention_materialised",
+                              "source": default_registry().get("attention",
+                                                                "host_materialised").source,
+                              "requires": ["Lk % 2 == 0"]}, "attention")
+    fallback = default_registry().get("attention", "host_materialised")
+    d = adaptive.Dispatcher(backend="host", policy=Fixed(), registry=Registry([even, fallback]))
+    q = rng.standard_normal((1, 2, 1, 8)).astype(np.float32)
+    for lk in (70, 71, 72):                 # one class (65..76); 71 cannot run even_only
+        k = rng.standard_normal((1, 2, lk, 8)).astype(np.float32)
+        out = d.launch("attention", q, k, k)
+        assert np.abs(out - OPS["attention"].reference(q, k, k)).max() < 1e-5
+        want = "even_only" if lk % 2 == 0 else "host_materialised"
+        assert d.plan("attention", q, k, k).candidate.variant.name == want
+    assert d.stats["decisions"] == 2
