@@ -228,28 +228,31 @@ def pending_keys() -> int:
                if getattr(state, "committed", True) is None)
 
 
-def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], limit_s: float = 120.0,
-            max_rounds: int = 16, progress=None) -> dict:
-    """Serve ``batches`` ((batch size, prompt length, new tokens) each) until no key is
-    left exploring (adaptive) or once more after the first round (others): compilation,
-    library heuristics and the learned policy's exploration all happen here, not under load.
+def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: bool = True,
+            limit_s: float = 120.0, max_rounds: int = 16, progress=None) -> dict:
+    """Serve ``batches`` ((batch size, prompt length, new tokens) each) twice, and with
+    ``settle`` (adaptive) again until no key of the process's dispatchers is left
+    exploring: compilation, library heuristics and the learned policy's exploration all
+    happen here, not under load.
 
-    Returns {"warmup_s", "rounds", "pending_keys"}; a warm-up that runs out of rounds or
-    time says so in ``pending_keys`` (> 0) and in ``progress``.
+    Returns {"warmup_s", "rounds", "pending_keys"} (``pending_keys`` None without
+    ``settle``); a warm-up that runs out of rounds or time says so in ``pending_keys``
+    (> 0) and in ``progress``.
     """
     t0 = time.perf_counter()
-    pending = 0
+    pending = None
     rounds = 0
     for rounds in range(1, max_rounds + 1):
         for batch, length, new in batches:
             prompts = [[(7 * i + j) % min(model.vocab_size, 256) for j in range(length)]
                        for i in range(batch)]
             model.generate(prompts, [new] * batch, lambda row, token: True)
-        pending = pending_keys()
+        pending = pending_keys() if settle else None
         if progress is not None:
-            progress(f"warm-up round {rounds}: {len(batches)} batches, {pending} key(s) "
-                     f"still exploring, {time.perf_counter() - t0:.1f} s")
-        if pending == 0 and rounds >= 2:
+            progress(f"warm-up round {rounds}: {len(batches)} batches"
+                     + (f", {pending} key(s) still exploring" if settle else "")
+                     + f", {time.perf_counter() - t0:.1f} s")
+        if rounds >= 2 and not pending:
             break
         if time.perf_counter() - t0 > limit_s:
             if progress is not None:

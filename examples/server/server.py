@@ -39,6 +39,7 @@ from models import MODES, PRESETS, ByteTokenizer, build_llama
 log = logging.getLogger("adaptive.example.server")
 
 MAX_BODY_BYTES = 1 << 20
+MAX_HEADER_BYTES = 16 << 10
 DRAIN_BYTES = 4 << 20         # read and dropped past the limit before answering 413
 MAX_JSON_DEPTH = 4             # {"prompt": [[1, 2]]} is three deep
 # OpenAI's completion fields: those this server implements, and those it refuses by name
@@ -227,7 +228,7 @@ class App:
             self.metrics = ServerMetrics()
         except ImportError:
             self.metrics = None
-        self.asgi = Starlette(routes=[
+        self.starlette = Starlette(routes=[
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -235,6 +236,17 @@ class App:
             Route("/metrics", self.prometheus, methods=["GET"]),
         ], exception_handlers={404: self._not_found, 405: self._not_allowed,
                                Exception: self._internal})
+
+    async def asgi(self, scope, receive, send):
+        """The ASGI application: headers over ``MAX_HEADER_BYTES`` in all get 431 (uvicorn
+        bounds only headers still arriving), the rest goes to Starlette."""
+        if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) \
+                > MAX_HEADER_BYTES:
+            response = self._error(ApiError(431, f"request headers exceed {MAX_HEADER_BYTES} "
+                                            "bytes", code="headers_too_large"))
+            response.headers["Connection"] = "close"
+            return await response(scope, receive, send)
+        await self.starlette(scope, receive, send)
 
     # ---- helpers ---------------------------------------------------------------------
     def _count(self, status: int) -> None:
@@ -500,7 +512,7 @@ def uvicorn_server(app: App, args: argparse.Namespace):
         lifespan="off", ws="none", interface="asgi3", access_log=args.verbose,
         log_level="info" if args.verbose else "warning",
         limit_concurrency=args.max_connections, backlog=args.backlog,
-        timeout_keep_alive=args.keep_alive_s, h11_max_incomplete_event_size=16 * 1024,
+        timeout_keep_alive=args.keep_alive_s, h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         timeout_graceful_shutdown=5)
     return uvicorn.Server(config)
 
@@ -529,6 +541,9 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
         lm = BlockLM(model, shape)
         return lm, ByteTokenizer(shape.vocab), "block", {"device": device}
     device = resolve_device(args.device)
+    if args.torch_threads:
+        import torch
+        torch.set_num_threads(args.torch_threads)   # process-wide: CPU ops' thread pool
     t0 = time.perf_counter()
     model = build_llama(args.preset, args.mode, device, args.dtype, seed=args.seed)
     lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to)
@@ -543,9 +558,10 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
     info = {}
     if args.warmup:
         new = 8
-        lengths = [n for n in (16, 64, 256, 1024, 2048) if n + new <= lm.max_context]
+        lengths = [n for n in args.warmup_lengths if n + new <= lm.max_context]
         batches = [(b, n, new) for n in lengths for b in sorted({1, args.max_batch})]
-        info["warmup"] = warm_up(lm, batches, args.warmup_limit_s, progress=progress)
+        info["warmup"] = warm_up(lm, batches, settle=args.mode != "torch",
+                                 limit_s=args.warmup_limit_s, progress=progress)
     if args.mode == "static" and args.model == "llama":
         info["pinned"] = pin_dispatchers()
     return info
@@ -582,6 +598,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default=None, help="default float16 on CUDA, float32 on the CPU (float64: "
                    "reference checks)")
     p.add_argument("--seed", type=int, default=0, help="the random weights' seed")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="threads of torch's CPU ops (0: torch's default, one per core)")
     p.add_argument("--pad-to", type=int, default=16,
                    help="prompts left-padded to a multiple of this (bounded shapes)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
@@ -592,6 +610,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="before listening, serve a few batches of each prompt length until "
                    "every adaptive key is decided (static mode always warms up)")
     p.add_argument("--warmup-limit-s", type=float, default=120.0)
+    p.add_argument("--warmup-lengths", type=lambda v: [int(n) for n in v.split(",")],
+                   default=[16, 64, 256, 1024, 2048],
+                   help="prompt lengths the warm-up serves, comma-separated")
     p.add_argument("--metrics-port", type=int, default=None,
                    help="also serve Prometheus metrics on this port (0: any free port)")
     p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)

@@ -38,7 +38,9 @@ from models import PRESETS, ByteTokenizer, build_llama  # noqa: E402
 from server import ServerThread  # noqa: E402
 
 MODEL = "llama-tiny"
-LIMITS = ["--max-tokens-limit", "64", "--max-batch", "4"]
+# one thread for torch's CPU ops: on a shared CI machine OpenMP's spinning workers make
+# a tiny model's forward pass 10x slower
+LIMITS = ["--max-tokens-limit", "64", "--max-batch", "4", "--torch-threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +272,10 @@ def test_routes_methods_and_garbage_get_json_errors(server):
     assert status == 200 and json.loads(body)["data"][0]["id"] == MODEL
     host, port = check_loopback(server.url)
     with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+        reply = s.makefile("rb").read()
+    assert reply.startswith(b"HTTP/1.1 431") and b"headers_too_large" in reply
+    with socket.create_connection((host, port), timeout=10) as s:
         s.sendall(b"\x00\x01\xff not http at all\r\n\r\n")
         assert s.makefile("rb").read().startswith(b"HTTP/1.1 400")
     assert get(server.url, "/healthz")[0] == 200
@@ -277,7 +283,7 @@ def test_routes_methods_and_garbage_get_json_errors(server):
 
 def test_slow_headers_are_dropped_and_slow_body_gets_408():
     server = ServerThread(["--mode", "torch", "--preset", "tiny", "--device", "cpu",
-                           "--header-timeout-s", "1", "--body-timeout-s", "1"])
+                           "--header-timeout-s", "1", "--body-timeout-s", "1", *LIMITS])
     try:
         _slow_clients(server)
     finally:
@@ -433,7 +439,7 @@ def test_block_model_serves_its_greedy_tokens_and_adaptive_metrics():
     pytest.importorskip("prometheus_client")
     from block import BlockShape, input_activations, make_weights, reference
     s = ServerThread(["--model", "block", "--mode", "adaptive", "--device", "cpu",
-                      "--max-tokens-limit", "8"])
+                      "--max-tokens-limit", "8", "--torch-threads", "1"])
     try:
         prompt = [5, 17, 200, 3]
         status, out, _ = post(s.url, {"model": "block", "prompt": prompt, "max_tokens": 3})
@@ -463,7 +469,8 @@ def test_block_model_serves_its_greedy_tokens_and_adaptive_metrics():
 @pytest.mark.parametrize("mode", ["adaptive", "static"])
 def test_adaptive_modes_match_the_float64_reference(mode, reference_model):
     pytest.importorskip("adaptive.integrations.transformers")
-    s = ServerThread(["--mode", mode, "--preset", "tiny", "--device", "cpu", *LIMITS])
+    s = ServerThread(["--mode", mode, "--preset", "tiny", "--device", "cpu", *LIMITS,
+                      "--warmup-lengths", "16,40", "--warmup-limit-s", "5"])
     try:
         prompt = list(range(40, 70))
         status, out, _ = post(s.url, {"model": MODEL, "prompt": prompt, "max_tokens": 8})
@@ -475,3 +482,36 @@ def test_adaptive_modes_match_the_float64_reference(mode, reference_model):
             assert stats["warmup"]["rounds"] >= 1 and stats["pinned"]["pinned_keys"] > 0
     finally:
         s.close()
+
+
+@pytest.mark.slow
+def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu_server
+    try:
+        import adaptive.integrations.transformers  # noqa: F401
+        integrated = True
+    except ImportError:
+        integrated = False
+    payload = gpu_server.run(str(tmp_path), device="host")
+    results = {r["mode"]: r for r in payload["results"]}
+    assert list(results) == ["torch", "adaptive", "static"]
+    assert payload["preset"] == "tiny" and payload["concurrency"] == [2, 4]
+    for mode, r in results.items():
+        if mode != "torch" and not integrated:
+            assert "adaptive.integrations.transformers" in r["error"]
+            continue
+        assert "error" not in r, r
+        for clients in ("2", "4"):
+            load = r["loads"][clients]
+            assert load["ok"] > 0 and load["errors"] == {} and load["tokens"] == 4 * load["ok"]
+            assert load["tokens_per_s"] > 0 and load["token_ms"]["p99"] >= 0
+        assert r["server"]["mode"] == mode and r["server"]["warmup"]["rounds"] >= 2
+        assert (r["server"]["warmup"]["pending_keys"] is None) == (mode == "torch")
+    table = gpu_server.table(payload)
+    assert "torch           4" in table
+    assert ("adaptive / torch at  4 clients" in table) == integrated
+    rows = gpu_server.summary_rows(payload)
+    assert [r["case"] for r in rows][:2] == ["torch x2", "torch x4"]
+    assert json.loads((tmp_path / "gpu_server.json").read_text())["device"] == "cpu"
+    assert gpu_server.main(str(tmp_path))[0]["case"] == "skipped"     # no GPU here
