@@ -515,3 +515,42 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
     assert [r["case"] for r in rows][:2] == ["torch x2", "torch x4"]
     assert json.loads((tmp_path / "gpu_server.json").read_text())["device"] == "cpu"
     assert gpu_server.main(str(tmp_path))[0]["case"] == "skipped"     # no GPU here
+
+
+def _block_shape():
+    from block import BlockShape
+    return BlockShape(d_model=64, heads=2, d_ff=192, vocab=96, layers=2, max_seq=256, pad_to=32)
+
+
+@pytest.mark.parametrize("dispatch", ["static", "torch"])
+def test_block_static_and_torch_modes_match_reference(dispatch, rng):
+    from block import build, input_activations, make_weights, reference
+    shape = _block_shape()
+    weights = make_weights(shape)
+    model = build(shape, dispatch, "host", "float32",
+                  static={"spmm": "host_bsr"} if dispatch == "static" else None)
+    x = input_activations(shape, weights, seq_len=50, seed=int(rng.integers(2**31)))
+    norm, token, prob = model(x)
+    ref_norm, probs = reference(shape, weights, x)
+    assert norm == pytest.approx(ref_norm, rel=1e-4)
+    assert prob == pytest.approx(probs[token], rel=1e-3)
+    assert probs[token] >= probs.max() * (1 - 1e-3)
+    if dispatch == "static":
+        choices = model.static_choices()
+        assert set(choices) == {"gemm", "attention", "spmm", "softmax"}
+        assert choices["gemm"].startswith("host_blas") and choices["spmm"].startswith("host_bsr")
+
+
+EXAMPLES = [("build_pack.py", ["--out", "{tmp}/p.pack", "--lengths", "64", "--repeats", "2"],
+             "loaded: "),
+            ("analyse_counter_log.py", [], "usable as cost-model training rows"),
+            ("torch_interop.py", [], "nn.Module with AdaptiveLinear")]
+
+
+@pytest.mark.parametrize("script,args,expect", EXAMPLES, ids=[e[0] for e in EXAMPLES])
+def test_examples_run(script, args, expect, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert expect in proc.stdout
