@@ -186,10 +186,10 @@ class CausalLM:
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-            for _ in range(max(max_new)):
+            for step in range(max(max_new)):
                 tokens = out.logits[:, -1].argmax(-1)
                 host = tokens.tolist()                  # one sync per step: tokens stream
-                active = [i for i in active if emit(i, host[i])]
+                active = [i for i in active if emit(i, host[i]) and step + 1 < max_new[i]]
                 if not active:
                     return
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)

@@ -388,6 +388,12 @@ def test_loadgen_refuses_non_loopback(url):
     assert loadgen.main(["--url", url, "--requests", "3"]) == 2
 
 
+def test_causal_lm_stops_each_row_at_its_own_budget(server):
+    out = []
+    server.app.engine.model.generate([[1, 2, 3], [4]], [3, 1], lambda r, t: out.append(r) or True)
+    assert out == [0, 1, 0, 0]
+
+
 def test_engine_queue_is_bounded_and_a_failed_batch_fails_its_requests():
     gate = threading.Event()
 
@@ -413,7 +419,9 @@ def test_engine_queue_is_bounded_and_a_failed_batch_fails_its_requests():
 
 
 def test_presets_and_byte_tokenizer():
-    assert PRESETS["tiny"].params < 200_000
+    model = build_llama("tiny", "torch")
+    assert sum(p.numel() for p in model.parameters()) == PRESETS["tiny"].params
+    assert model.config._attn_implementation == "sdpa" and model.config.eos_token_id is None
     assert 0.9e9 < PRESETS["1b"].params < 1.3e9
     tok = ByteTokenizer(300)
     assert tok.encode("hé") == [104, 195, 169] and tok.decode([104, 195, 169]) == "hé"
