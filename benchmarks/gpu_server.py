@@ -4,7 +4,7 @@
     python benchmarks/gpu_server.py --device host --quick             # a dry run on the CPU
 
 ``scripts/gpu-check`` calls :func:`main` (``main(out_dir) -> list[dict]`` summary rows);
-give it ``--bench-timeout-s 400``.
+give it ``--bench-timeout-s 420``.
 
 Each mode (``torch``: the Llama model with SDPA and plain ``nn.Linear``; ``adaptive``: the
 same weights after ``adaptive.integrations.transformers.patch``; ``static``: adaptive
@@ -15,7 +15,8 @@ it listens (``--warmup``: each prompt length bucket at batch 1 and the largest b
 adaptive has no key left exploring); then the client warms it with a few seconds of the
 load, untimed, and sends the same seeded closed-loop load at 8 and then 32 streaming
 clients (loadgen.py: prompt lengths lognormal, median 128, clipped to 16..2048; 64 new
-tokens each). Decision-cache misses inside the timed windows are counted from /metrics.
+tokens each; up to 32 requests decoded together, prompts left-padded to a multiple of
+64). Decision-cache misses inside the timed windows are counted from /metrics.
 An NVML sampler reads SM activity and clocks while the load runs.
 
 Writes ``gpu_server.json`` to ``--out`` and prints, last, a table per mode and client
@@ -182,7 +183,8 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
              out: Path) -> dict:
     argv = ["--mode", mode, "--preset", args.preset, "--device", args.device,
             "--max-batch", str(args.max_batch), "--max-tokens-limit", str(args.max_tokens),
-            "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued", "4096"]
+            "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued", "4096",
+            "--pad-to", "64"]      # fewer distinct shapes to decide; the same for every mode
     if args.in_process:     # the dry run: short warm-up, one CPU thread (shared CI machines)
         argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
     t0 = time.perf_counter()
