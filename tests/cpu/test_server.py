@@ -23,11 +23,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("starlette")
-pytest.importorskip("uvicorn")
-
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_DIR = ROOT / "examples" / "server"
 sys.path.insert(0, str(SERVER_DIR))
@@ -43,8 +38,17 @@ MODEL = "llama-tiny"
 LIMITS = ["--max-tokens-limit", "64", "--max-batch", "4", "--torch-threads", "1"]
 
 
+def need(*modules: str) -> None:
+    for name in modules:
+        pytest.importorskip(name)
+
+
+SERVE = ("torch", "transformers", "starlette", "uvicorn")
+
+
 @pytest.fixture(scope="module")
 def server():
+    need(*SERVE)
     s = ServerThread(["--mode", "torch", "--preset", "tiny", "--device", "cpu", *LIMITS])
     yield s
     s.close()
@@ -53,6 +57,7 @@ def server():
 @pytest.fixture(scope="module")
 def reference_model():
     """The served weights (same preset and seed) in float64."""
+    need("torch", "transformers")
     import torch
     return copy.deepcopy(build_llama("tiny", "torch", "cpu", "float32")).to(torch.float64)
 
@@ -282,6 +287,7 @@ def test_routes_methods_and_garbage_get_json_errors(server):
 
 
 def test_slow_headers_are_dropped_and_slow_body_gets_408():
+    need(*SERVE)
     server = ServerThread(["--mode", "torch", "--preset", "tiny", "--device", "cpu",
                            "--header-timeout-s", "1", "--body-timeout-s", "1", *LIMITS])
     try:
@@ -419,6 +425,7 @@ def test_engine_queue_is_bounded_and_a_failed_batch_fails_its_requests():
 
 
 def test_presets_and_byte_tokenizer():
+    need("torch", "transformers")
     model = build_llama("tiny", "torch")
     assert sum(p.numel() for p in model.parameters()) == PRESETS["tiny"].params
     assert model.config._attn_implementation == "sdpa" and model.config.eos_token_id is None
@@ -444,7 +451,7 @@ def test_importing_the_server_loads_no_heavy_module():
 @pytest.mark.slow
 def test_block_model_serves_its_greedy_tokens_and_adaptive_metrics():
     """The hand-built block (adaptive dispatch on the host) as the served model."""
-    pytest.importorskip("prometheus_client")
+    need("prometheus_client", "starlette", "uvicorn")
     from block import BlockShape, input_activations, make_weights, reference
     s = ServerThread(["--model", "block", "--mode", "adaptive", "--device", "cpu",
                       "--max-tokens-limit", "8", "--torch-threads", "1"])
@@ -476,6 +483,7 @@ def test_block_model_serves_its_greedy_tokens_and_adaptive_metrics():
 
 @pytest.mark.parametrize("mode", ["adaptive", "static"])
 def test_adaptive_modes_match_the_float64_reference(mode, reference_model):
+    need(*SERVE)
     pytest.importorskip("adaptive.integrations.transformers")
     s = ServerThread(["--mode", mode, "--preset", "tiny", "--device", "cpu", *LIMITS,
                       "--warmup-lengths", "16,40", "--warmup-limit-s", "5"])
@@ -494,6 +502,7 @@ def test_adaptive_modes_match_the_float64_reference(mode, reference_model):
 
 @pytest.mark.slow
 def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
+    need(*SERVE)
     sys.path.insert(0, str(ROOT))
     from benchmarks import gpu_server
     try:
@@ -532,6 +541,8 @@ def _block_shape():
 
 @pytest.mark.parametrize("dispatch", ["static", "torch"])
 def test_block_static_and_torch_modes_match_reference(dispatch, rng):
+    if dispatch == "torch":
+        need("torch")
     from block import build, input_activations, make_weights, reference
     shape = _block_shape()
     weights = make_weights(shape)
@@ -557,6 +568,8 @@ EXAMPLES = [("build_pack.py", ["--out", "{tmp}/p.pack", "--lengths", "64", "--re
 
 @pytest.mark.parametrize("script,args,expect", EXAMPLES, ids=[e[0] for e in EXAMPLES])
 def test_examples_run(script, args, expect, tmp_path):
+    if script == "torch_interop.py":
+        need("torch")
     args = [a.format(tmp=tmp_path) for a in args]
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
