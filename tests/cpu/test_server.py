@@ -394,6 +394,37 @@ def test_loadgen_refuses_non_loopback(url):
     assert loadgen.main(["--url", url, "--requests", "3"]) == 2
 
 
+def test_full_queue_gets_503_in_openai_shape(server):
+    gate = threading.Event()
+
+    class Gated:
+        name, vocab_size, max_context = MODEL, 256, 512
+
+        def generate(self, prompts, max_new, emit):
+            gate.wait(20)
+
+    original, server.app.engine = server.app.engine, Engine(Gated(), max_batch=1,
+                                                            max_queued=1)
+    threads = [threading.Thread(target=post, args=(server.url, {"model": MODEL,
+                                                                "prompt": "x"}))
+               for _ in range(2)]          # one generating, one waiting
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while server.app.engine.queued < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        status, out, _ = post(server.url, {"model": MODEL, "prompt": "x"})
+        assert status == 503 and out["error"]["code"] == "overloaded"
+        assert "1 requests are already waiting" in out["error"]["message"]
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(30)
+        server.app.engine.close()
+        server.app.engine = original
+
+
 def test_causal_lm_stops_each_row_at_its_own_budget(server):
     out = []
     server.app.engine.model.generate([[1, 2, 3], [4]], [3, 1], lambda r, t: out.append(r) or True)
