@@ -1,17 +1,21 @@
-"""A load generator for the example server: long-tailed sequence lengths, bursty arrivals.
+"""A load generator for the completions server: N streaming clients, long-tailed prompts.
 
-    python examples/server/loadgen.py --url http://127.0.0.1:8000 --requests 500 \\
-        --duration-s 30 --concurrency 8 --rate 50 --json report.json
+    python examples/server/loadgen.py --url http://127.0.0.1:8000 --concurrency 8 \\
+        --requests 500 --duration-s 30 --max-tokens 64 --json report.json
 
-Sequence lengths are lognormal (median ``--seq-median``, shape ``--seq-sigma``) clipped
-to [1, ``--seq-max``]: mostly short prompts and a few long documents. Requests arrive in
-bursts (sizes geometric with mean ``--burst-mean``) whose start times form a Poisson
-process of ``--rate`` requests/s overall; ``--rate 0`` sends as fast as the workers can
-(closed loop). With a rate, latency counts from a request's scheduled arrival, so time
-spent waiting for a free worker during a burst shows up instead of being hidden.
+Each request is ``POST /v1/completions`` with ``"stream": true`` and the prompt as token
+ids (0..255, valid for every model the server has); prompt lengths are lognormal (median
+``--prompt-median``, shape ``--prompt-sigma``) clipped to [1, ``--prompt-max``]: mostly
+short prompts and a few long documents. ``--rate 0`` (default) is a closed loop: each of
+``--concurrency`` clients sends its next request when the last one finished. With a rate,
+requests arrive in bursts (sizes geometric with mean ``--burst-mean``) whose starts form a
+Poisson process, and latency counts from a request's scheduled arrival.
 
-It only talks to loopback addresses, and stops after ``--requests`` or ``--duration-s``,
-whichever comes first.
+Reports throughput (completed requests/s and generated tokens/s), time to first token,
+the time between consecutive tokens of a stream (per-token p50/p99) and whole-request
+latency. Standard library only (it also runs where the server's packages are not
+installed). It only talks to loopback addresses, and stops after ``--requests`` or
+``--duration-s``, whichever comes first.
 """
 
 from __future__ import annotations
@@ -32,53 +36,70 @@ import numpy as np
 
 MAX_REQUESTS = 100_000
 MAX_DURATION_S = 600.0
+TOKEN_IDS = 256           # prompt ids drawn below this: bytes, valid for every model served
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
     at_s: float        # scheduled arrival, seconds after the start
-    seq_len: int
+    prompt_len: int
     seed: int
+    max_tokens: int
+
+    def prompt(self) -> list[int]:
+        return np.random.default_rng(self.seed).integers(TOKEN_IDS, size=self.prompt_len
+                                                         ).tolist()
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadReport:
-    """What a run measured. Latencies in ms; ``server_ms`` is the server's own time_ms."""
+    """What a run measured; times in ms, throughput per second of the run."""
 
     sent: int
     ok: int
     errors: dict
     duration_s: float
     throughput_rps: float
-    latency_ms: dict
-    server_ms: dict
-    seq_len: dict
+    tokens_per_s: float
+    tokens: int
+    ttft_ms: dict              # time to first token
+    token_ms: dict             # between consecutive tokens of one stream
+    latency_ms: dict           # whole request
+    prompt_len: dict
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def line(self) -> str:
-        lat = self.latency_ms
+        def p(d, k):
+            return d.get(k, float("nan"))
         return (f"{self.ok}/{self.sent} ok in {self.duration_s:.2f} s: "
-                f"{self.throughput_rps:.1f} req/s, p50 {lat.get('p50', float('nan')):.2f} ms, "
-                f"p99 {lat.get('p99', float('nan')):.2f} ms, errors {self.errors or 'none'}")
+                f"{self.throughput_rps:.2f} req/s, {self.tokens_per_s:.1f} tokens/s, "
+                f"TTFT p50 {p(self.ttft_ms, 'p50'):.2f} ms p99 {p(self.ttft_ms, 'p99'):.2f} ms, "
+                f"per token p50 {p(self.token_ms, 'p50'):.2f} ms p99 "
+                f"{p(self.token_ms, 'p99'):.2f} ms, errors {self.errors or 'none'}")
 
 
-def make_stream(n: int, seed: int = 0, rate: float = 0.0, seq_median: float = 128.0,
-                seq_sigma: float = 1.0, seq_max: int = 1024, burst_mean: float = 4.0
-                ) -> list[Request]:
+def make_stream(n: int, seed: int = 0, rate: float = 0.0, prompt_median: float = 128.0,
+                prompt_sigma: float = 1.0, prompt_max: int = 2048, prompt_min: int = 1,
+                max_tokens: int = 64, burst_mean: float = 4.0) -> list[Request]:
     """A reproducible request stream: the same arguments give the same requests."""
     if not 1 <= n <= MAX_REQUESTS:
         raise ValueError(f"n must be in [1, {MAX_REQUESTS}], got {n}")
+    if not 1 <= prompt_min <= prompt_max or max_tokens < 1:
+        raise ValueError(f"expected 1 <= prompt_min <= prompt_max and max_tokens >= 1, got "
+                         f"{prompt_min}, {prompt_max}, {max_tokens}")
     rng = np.random.default_rng(seed)
-    lengths = np.clip(np.rint(rng.lognormal(np.log(seq_median), seq_sigma, n)), 1, seq_max)
+    lengths = np.clip(np.rint(rng.lognormal(np.log(prompt_median), prompt_sigma, n)),
+                      prompt_min, prompt_max)
     times, t = [], 0.0
     while len(times) < n:
         size = int(rng.geometric(1.0 / max(burst_mean, 1.0)))
         times += [t] * size
         if rate > 0:
             t += float(rng.exponential(size / rate))
-    return [Request(times[i], int(lengths[i]), int(rng.integers(2**31))) for i in range(n)]
+    return [Request(times[i], int(lengths[i]), int(rng.integers(2**31)), max_tokens)
+            for i in range(n)]
 
 
 def check_loopback(url: str) -> tuple[str, int]:
@@ -99,90 +120,161 @@ def check_loopback(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def _percentiles(values: list[float]) -> dict:
-    if not values:
+def percentiles(values) -> dict:
+    if len(values) == 0:
         return {}
-    a = np.asarray(values)
+    a = np.asarray(values, dtype=np.float64)
     return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "max": float(a.max())}
+            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "max": float(a.max()),
+            "n": int(a.size)}
 
 
-def run_load(url: str, stream: list[Request], concurrency: int = 8,
-             duration_s: float = 60.0, timeout_s: float = 60.0) -> LoadReport:
-    """Send ``stream`` to ``url`` + /infer; stop early when ``duration_s`` has passed."""
+def served_model(url: str, timeout_s: float = 10.0) -> str:
+    """The id of the model the server serves (GET /v1/models)."""
+    host, port = check_loopback(url)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        conn.request("GET", "/v1/models")
+        resp = conn.getresponse()
+        return json.loads(resp.read())["data"][0]["id"]
+    finally:
+        conn.close()
+
+
+def stream_completion(conn: http.client.HTTPConnection, model: str, req: Request
+                      ) -> tuple[int | str, list[float], dict | None]:
+    """One streamed completion: (status, arrival time of each token, the error if any)."""
+    body = json.dumps({"model": model, "prompt": req.prompt(), "max_tokens": req.max_tokens,
+                       "stream": True})
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        payload = resp.read()
+        try:
+            return resp.status, [], json.loads(payload).get("error")
+        except ValueError:
+            return resp.status, [], {"message": payload[:200].decode(errors="replace")}
+    stamps, error = [], None
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:].strip()
+        if data == b"[DONE]":
+            break
+        event = json.loads(data)
+        if "error" in event:
+            error = event["error"]
+            continue
+        now = time.perf_counter()
+        for choice in event.get("choices", ()):
+            stamps += [now] * len(choice.get("token_ids") or [0])
+    resp.read()
+    return (200 if error is None else "stream_error"), stamps, error
+
+
+def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: float = 60.0,
+             timeout_s: float = 120.0, model: str | None = None) -> LoadReport:
+    """Send ``stream`` to ``url``'s /v1/completions; stop when ``duration_s`` has passed."""
     host, port = check_loopback(url)
     if not 0 < duration_s <= MAX_DURATION_S:
         raise ValueError(f"duration_s must be in (0, {MAX_DURATION_S}], got {duration_s}")
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    model = model or served_model(url)
     open_loop = any(req.at_s > 0 for req in stream)
     local = threading.local()
     lock = threading.Lock()
-    latencies, server_ms, lengths, errors = [], [], [], {}
+    ttft, gaps, latency, lengths, errors = [], [], [], [], {}
+    tokens = 0
     start = time.perf_counter()
     deadline = start + duration_s
 
     def send(req: Request) -> None:
+        nonlocal tokens
         began = time.perf_counter()
         if began > deadline:
             return
-        # open loop: from the scheduled arrival; closed loop: from the send
         t0 = start + req.at_s if open_loop else began
-        body = json.dumps({"seq_len": req.seq_len, "seed": req.seed})
         try:
             conn = getattr(local, "conn", None)
             if conn is None:
                 conn = local.conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-            conn.request("POST", "/infer", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            payload = resp.read()
-            status = resp.status
-        except (OSError, http.client.HTTPException) as exc:
+            status, stamps, _ = stream_completion(conn, model, req)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             local.conn = None
-            status, payload = type(exc).__name__, b"{}"
+            status, stamps = type(exc).__name__, []
         done = time.perf_counter()
         with lock:
-            if status == 200:
-                latencies.append((done - t0) * 1e3)
-                server_ms.append(json.loads(payload)["time_ms"])
-                lengths.append(req.seq_len)
+            if status == 200 and len(stamps) == req.max_tokens:
+                ttft.append((stamps[0] - t0) * 1e3)
+                gaps.extend(np.diff(stamps) * 1e3)
+                latency.append((done - t0) * 1e3)
+                lengths.append(req.prompt_len)
+                tokens += len(stamps)
             else:
-                errors[str(status)] = errors.get(str(status), 0) + 1
+                key = str(status) if status != 200 else "short_stream"
+                errors[key] = errors.get(key, 0) + 1
 
     with ThreadPoolExecutor(concurrency) as pool:
-        for req in stream:
-            wait = start + req.at_s - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            if time.perf_counter() > deadline:
-                break
-            pool.submit(send, req)
+        if open_loop:
+            for req in stream:
+                wait = start + req.at_s - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                if time.perf_counter() > deadline:
+                    break
+                pool.submit(send, req)
+        else:
+            queue = iter(stream)
+            queue_lock = threading.Lock()
+
+            def client() -> None:
+                while time.perf_counter() < deadline:
+                    with queue_lock:
+                        req = next(queue, None)
+                    if req is None:
+                        return
+                    send(req)
+
+            for f in [pool.submit(client) for _ in range(concurrency)]:
+                f.result()
     elapsed = time.perf_counter() - start
-    sent = len(latencies) + sum(errors.values())
-    return LoadReport(sent=sent, ok=len(latencies), errors=errors, duration_s=elapsed,
-                      throughput_rps=len(latencies) / elapsed if elapsed > 0 else 0.0,
-                      latency_ms=_percentiles(latencies), server_ms=_percentiles(server_ms),
-                      seq_len=_percentiles(lengths))
+    return LoadReport(sent=len(latency) + sum(errors.values()), ok=len(latency),
+                      errors=errors, duration_s=elapsed,
+                      throughput_rps=len(latency) / elapsed if elapsed > 0 else 0.0,
+                      tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0, tokens=tokens,
+                      ttft_ms=percentiles(ttft), token_ms=percentiles(gaps),
+                      latency_ms=percentiles(latency), prompt_len=percentiles(lengths))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="default: what GET /v1/models names")
     p.add_argument("--requests", type=int, default=200, help=f"at most {MAX_REQUESTS}")
     p.add_argument("--duration-s", type=float, default=30.0, help=f"at most {MAX_DURATION_S}")
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=8, help="clients at once")
     p.add_argument("--rate", type=float, default=0.0, help="mean req/s; 0: closed loop")
-    p.add_argument("--seq-median", type=float, default=128.0)
-    p.add_argument("--seq-sigma", type=float, default=1.0)
-    p.add_argument("--seq-max", type=int, default=1024)
+    p.add_argument("--prompt-median", type=float, default=128.0)
+    p.add_argument("--prompt-sigma", type=float, default=1.0)
+    p.add_argument("--prompt-min", type=int, default=1)
+    p.add_argument("--prompt-max", type=int, default=2048)
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--burst-mean", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the report to this path")
     args = p.parse_args(argv)
     try:
         check_loopback(args.url)
-        stream = make_stream(args.requests, args.seed, args.rate, args.seq_median,
-                             args.seq_sigma, args.seq_max, args.burst_mean)
-        report = run_load(args.url, stream, args.concurrency, args.duration_s)
-    except ValueError as exc:
+        stream = make_stream(args.requests, args.seed, args.rate, args.prompt_median,
+                             args.prompt_sigma, args.prompt_max, args.prompt_min,
+                             args.max_tokens, args.burst_mean)
+        report = run_load(args.url, stream, args.concurrency, args.duration_s,
+                          model=args.model)
+    except (ValueError, OSError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return 2
     print(report.line())

@@ -1,0 +1,306 @@
+"""The generation engine behind the server: a bounded request queue and one worker thread
+that serves it in batches, so the event loop never runs model code.
+
+A request is token ids and a number of new tokens; the worker takes up to ``max_batch``
+queued requests at once and decodes them together greedily (static batching: a batch
+runs until its longest request is done; requests that arrive meanwhile wait for the next
+batch). Every new token goes to its request's ``on_token`` callback on the worker thread;
+a callback returning False (the client left) drops that row from the batch's output.
+
+Two language models fit the engine's :class:`LanguageModel` protocol:
+:class:`CausalLM` (a ``transformers`` causal LM with a KV cache; prompts left-padded to a
+multiple of ``pad_to`` so that the shapes met are a bounded set) and :class:`BlockLM`
+(the hand-built block of block.py, re-run on the whole sequence for each token).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger("adaptive.example.engine")
+
+
+class QueueFullError(RuntimeError):
+    """The engine's queue holds ``max_queued`` requests: the server is overloaded."""
+
+
+class LanguageModel(Protocol):
+    name: str
+    vocab_size: int
+    max_context: int
+
+    def generate(self, prompts: list[list[int]], max_new: list[int],
+                 emit: Callable[[int, int], bool]) -> None:
+        """Greedy decoding of every prompt; ``emit(row, token)`` per new token, in order;
+        a row whose ``emit`` returns False may stop early."""
+
+
+@dataclasses.dataclass
+class Request:
+    prompt: list[int]
+    max_tokens: int
+    on_token: Callable[[int], bool]        # on the worker thread; False: stop this one
+    on_done: Callable[[BaseException | None], None]
+    enqueued_s: float = dataclasses.field(default_factory=time.perf_counter)
+
+
+class Engine:
+    """One worker thread serving a queue of :class:`Request` in batches.
+
+    Args:
+        model: a :class:`LanguageModel`.
+        max_batch: most requests decoded together.
+        max_queued: most requests waiting; :meth:`submit` raises :class:`QueueFullError`
+            beyond (the server answers 503).
+    """
+
+    def __init__(self, model: LanguageModel, max_batch: int = 8, max_queued: int = 1024):
+        if max_batch < 1 or max_queued < 1:
+            raise ValueError(f"max_batch and max_queued must be >= 1, got {max_batch}, "
+                             f"{max_queued}")
+        self.model, self.max_batch = model, max_batch
+        self._queue: queue.Queue[Request | None] = queue.Queue(max_queued)
+        self._lock = threading.Lock()
+        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "failed": 0, "running": 0}
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, request: Request) -> None:
+        try:
+            self._queue.put_nowait(request)
+        except queue.Full:
+            raise QueueFullError(f"{self._queue.maxsize} requests are already waiting; "
+                                 "retry later") from None
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Finish the batch in progress and stop (queued requests fail)."""
+        while True:
+            try:
+                req = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if req is not None:
+                req.on_done(RuntimeError("the server is shutting down"))
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch:
+                try:
+                    req = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if req is None:
+                    self._queue.put(None)          # stop after this batch
+                    break
+                batch.append(req)
+            self._run(batch)
+
+    def _run(self, batch: list[Request]) -> None:
+        live = [True] * len(batch)
+        counts = [0] * len(batch)
+
+        def emit(row: int, token: int) -> bool:
+            if not live[row] or counts[row] >= batch[row].max_tokens:
+                return False
+            counts[row] += 1
+            try:
+                live[row] = bool(batch[row].on_token(token))
+            except Exception:  # noqa: BLE001 (a broken callback never stops the batch)
+                log.exception("on_token failed")
+                live[row] = False
+            return live[row] and counts[row] < batch[row].max_tokens
+
+        with self._lock:
+            self.stats["running"] = len(batch)
+        error = None
+        try:
+            self.model.generate([r.prompt for r in batch], [r.max_tokens for r in batch], emit)
+        except Exception as exc:  # noqa: BLE001 (a failed batch fails its requests only)
+            log.exception("generation failed for a batch of %d", len(batch))
+            error = exc
+        with self._lock:
+            self.stats["batches"] += 1
+            self.stats["requests"] += len(batch)
+            self.stats["tokens"] += sum(counts)
+            self.stats["failed"] += len(batch) if error else 0
+            self.stats["running"] = 0
+        for req in batch:
+            try:
+                req.on_done(error)
+            except Exception:  # noqa: BLE001
+                log.exception("on_done failed")
+
+
+class CausalLM:
+    """A ``transformers`` causal LM decoded greedily in batches with a KV cache.
+
+    Prompts are left-padded to a multiple of ``pad_to`` (and to the batch's longest) with
+    an attention mask and position ids that skip the padding, as ``generate()`` does.
+    """
+
+    def __init__(self, model, name: str, pad_to: int = 16):
+        import torch
+        self.torch, self.model, self.name, self.pad_to = torch, model, name, pad_to
+        config = model.config
+        self.vocab_size = config.vocab_size
+        self.max_context = config.max_position_embeddings
+        self.device = next(model.parameters()).device
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # 5.x renamed it
+
+    def _cache(self):
+        from transformers import DynamicCache
+        return DynamicCache(config=self.model.config)
+
+    def generate(self, prompts, max_new, emit) -> None:
+        torch = self.torch
+        longest = max(len(p) for p in prompts)
+        width = min(-(-longest // self.pad_to) * self.pad_to, self.max_context - max(max_new))
+        width = max(width, longest)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._cache()
+        active = list(range(len(prompts)))
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+            for step in range(max(max_new)):
+                tokens = out.logits[:, -1].argmax(-1)
+                host = tokens.tolist()                  # one sync per step: tokens stream
+                active = [i for i in active if emit(i, host[i]) and step + 1 < max_new[i]]
+                if not active:
+                    return
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+                positions = positions[:, -1:] + 1
+                out = self.model(input_ids=tokens[:, None], attention_mask=mask,
+                                 position_ids=positions, use_cache=True,
+                                 **{self._cache_kw: cache})
+
+
+class BlockLM:
+    """The hand-built block of block.py as a language model: each new token re-runs the
+    block on the whole sequence (no KV cache) and takes its argmax; rows run one by one."""
+
+    def __init__(self, model, shape, name: str = "block"):
+        self.model, self.shape, self.name = model, shape, name
+        self.vocab_size, self.max_context = shape.vocab, shape.max_seq
+
+    def generate(self, prompts, max_new, emit) -> None:
+        from block import input_activations
+        for row, (prompt, n) in enumerate(zip(prompts, max_new)):
+            tokens = list(prompt)
+            for _ in range(n):
+                x = input_activations(self.shape, self.model.host_weights, tokens=tokens)
+                _, token, _ = self.model(x)
+                tokens.append(token)
+                if not emit(row, token):
+                    break
+
+
+# ---- adaptive's decisions: warm-up and pinning ------------------------------------------
+def pending_keys() -> int:
+    """How many keys the live dispatchers' learned policies are still exploring."""
+    from adaptive.dispatch import live_dispatchers
+    return sum(1 for d in live_dispatchers()
+               for state in getattr(d.policy, "keys", {}).values()
+               if getattr(state, "committed", True) is None)
+
+
+def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: bool = True,
+            limit_s: float = 120.0, max_rounds: int = 16, progress=None) -> dict:
+    """Serve ``batches`` ((batch size, prompt length, new tokens) each) twice, and with
+    ``settle`` (adaptive) again until no key of the process's dispatchers is left
+    exploring: compilation, library heuristics and the learned policy's exploration all
+    happen here, not under load.
+
+    Returns {"warmup_s", "rounds", "pending_keys"} (``pending_keys`` None without
+    ``settle``); a warm-up that runs out of rounds or time says so in ``pending_keys``
+    (> 0) and in ``progress``.
+    """
+    t0 = time.perf_counter()
+    pending = None
+    rounds = 0
+    for rounds in range(1, max_rounds + 1):
+        for batch, length, new in batches:
+            prompts = [[(7 * i + j) % min(model.vocab_size, 256) for j in range(length)]
+                       for i in range(batch)]
+            model.generate(prompts, [new] * batch, lambda row, token: True)
+        pending = pending_keys() if settle else None
+        if progress is not None:
+            progress(f"warm-up round {rounds}: {len(batches)} batches"
+                     + (f", {pending} key(s) still exploring" if settle else "")
+                     + f", {time.perf_counter() - t0:.1f} s")
+        if rounds >= 2 and not pending:
+            break
+        if time.perf_counter() - t0 > limit_s:
+            if progress is not None:
+                progress(f"warm-up stopped at its {limit_s:.0f} s limit with {pending} key(s) "
+                         "still exploring")
+            break
+    return {"warmup_s": time.perf_counter() - t0, "rounds": rounds, "pending_keys": pending}
+
+
+class Pinned:
+    """A policy that keeps every decision already made: no exploring, no revision.
+
+    Wraps the policy the warm-up ran with; a key first met after pinning gets the wrapped
+    policy's top-ranked candidate, without exploring. Attributes (``keys``, ``stats``) are
+    the wrapped policy's.
+    """
+
+    name = "pinned"
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def decide(self, ctx, candidates):
+        decision = self.policy.decide(ctx, candidates)
+        first = decision.explore[0] if decision.explore else decision.candidate
+        return dataclasses.replace(decision, candidate=first, explore=(),
+                                   reason=decision.reason + "; pinned (no exploring)")
+
+    def observe(self, key, candidate, time_ms):
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+
+def pin_dispatchers() -> dict:
+    """Pin every live dispatcher (the static mode): sampled timing off, each committed
+    key kept for good, a key still exploring decided again without exploring."""
+    from adaptive.dispatch import live_dispatchers
+    pinned = reopened = 0
+    for d in live_dispatchers():
+        d.sample_every = 0
+        if not isinstance(d.policy, Pinned):
+            d.policy = Pinned(d.policy)
+        for key, state in list(getattr(d.policy, "keys", {}).items()):
+            if getattr(state, "committed", True) is None:
+                d.forget_key(key)
+                reopened += 1
+            else:
+                pinned += 1
+    return {"pinned_keys": pinned, "reopened_keys": reopened}
