@@ -148,11 +148,10 @@ def test_host_24_variant_against_float64(rng):
         assert w.is_2to4 and 0.4 < w.density <= 0.52
         out = adaptive.launch("spmm", w, b, variant="host_24")
         assert op.error(out, op.reference(w, b)) < op.tolerance[dtype]
-    w, b = op.make_inputs({"M": 40, "N": 3, "K": 40}, "float32", rng, density=0.1)
-    assert not get_op("spmm").problem((w, b), {}).extra_dict["is_2to4"] or w.is_2to4
-    if not w.is_2to4:
-        with pytest.raises(Exception, match="host_24"):
-            adaptive.launch("spmm", w, b, variant="host_24")
+    dense = SparseWeight(rng.standard_normal((40, 40)).astype(np.float32))
+    assert get_op("spmm").problem((dense, b[:40]), {}).extra_dict["is_2to4"] == 0.0
+    with pytest.raises(Exception, match=r"host_24: requires is_2to4"):
+        adaptive.launch("spmm", dense, b[:40], variant="host_24")
 
 
 def test_sparse_2to4_weights_at_low_density_keep_their_density(rng):
