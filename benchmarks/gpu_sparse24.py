@@ -39,7 +39,8 @@ SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096)]      # weight [M, K]
 TOKENS = [1, 16, 64, 256, 512, 2048, 4096]
 QUICK_SHAPES = [(256, 128), (96, 320)]
 QUICK_TOKENS = [1, 16, 64, 256]
-WARMUP_CALLS = 400       # at most, per input, before the dispatcher's decision is timed
+WARMUP_CALLS = 300       # at most, per input, before the dispatcher's decision is timed
+WARMUP_S = 5.0           # and at most this long
 TARGET_SMALL_N = 1.4     # dispatcher / dense at N <= 64 (issue 13)
 
 
@@ -130,13 +131,17 @@ class HostSide:
 
 def _warm(dispatcher, w, b) -> str:
     """Launch until the dispatcher's decision for (w, b) is committed; its label."""
-    decision = None
+    decision, t0 = None, time.perf_counter()
     for _ in range(WARMUP_CALLS):
         dispatcher.launch("spmm", w, b)
         decision = dispatcher.decision("spmm", w, b)
         if decision is not None and not decision.explore:
             break
-    return decision.candidate.label if decision else "?"
+        if time.perf_counter() - t0 > WARMUP_S:
+            break
+    if decision is None:
+        return "?"
+    return decision.candidate.label + (" (still exploring)" if decision.explore else "")
 
 
 def _time_kernel(side, w, b) -> tuple[float, dict | None]:

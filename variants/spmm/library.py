@@ -8,7 +8,9 @@ what ``torch.sparse.to_sparse_semi_structured`` runs when cuSPARSELt is availabl
 weight compressed once by ``torch._cslt_compress`` and cached on it; b's columns padded to
 a multiple of 8 when needed (cuSPARSELt's minimum for float16). torch is imported on first
 use. ``spmm_cusparselt_24_torch`` is the same over torch tensors on torch's current stream
-(no array conversion), for backends that hand library variants torch tensors directly.
+(no array conversion), for backends that hand library variants torch tensors directly;
+given ``out=None`` it returns cuSPARSELt's own result tensor, saving the copy into ``out``
+(M x N elements read and written: ~7% of the matmul at M = 14336, K = 4096).
 """
 
 import threading
@@ -86,19 +88,24 @@ def cslt_weight(w, torch, device: int):
     return w.cached(f"cuda{device}_cslt", build)
 
 
-def _cslt_mm(torch, packed, tb, tout):
+def _cslt_mm(torch, packed, tb, tout=None):
+    """packed @ tb into tout; without tout, the result tensor (sliced to N columns)."""
     n = tb.shape[1]
     if n % 8:    # cuSPARSELt's float16 minimum: pad b's columns with zeros
         padded = torch.zeros((tb.shape[0], n + (-n) % 8), dtype=tb.dtype, device=tb.device)
         padded[:, :n] = tb
-        tout.copy_(torch._cslt_sparse_mm(packed, padded)[:, :n])
+        result = torch._cslt_sparse_mm(packed, padded)[:, :n]
     else:
-        tout.copy_(torch._cslt_sparse_mm(packed, tb))
+        result = torch._cslt_sparse_mm(packed, tb)
+    if tout is None:
+        return result.contiguous()
+    tout.copy_(result)
+    return tout
 
 
-def spmm_cusparselt_24_torch(w, b, out):
+def spmm_cusparselt_24_torch(w, b, out=None):
     torch = _torch()
-    _cslt_mm(torch, cslt_weight(w, torch, b.device.index), b, out)
+    return _cslt_mm(torch, cslt_weight(w, torch, b.device.index), b, out)
 
 
 def _torch_stream(torch, ptr: int):
