@@ -173,6 +173,11 @@ template <> inline __half from_f32<__half>(float x) { return (__half)x; }
 struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 template <class V> inline V __ldg(const V* p) { return *p; }
+inline unsigned short __half_as_ushort(__half h) {
+    unsigned short s;
+    std::memcpy(&s, &h, 2);
+    return s;
+}
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 alignas(16) static unsigned char emu_smem[240 * 1024];
 static int emu_bad_meta = 0;
@@ -277,7 +282,8 @@ def _variant():
 
 CONFIGS = [  # a sample: each NT, both MT, each warp split; (config, N values)
     ({"NT": 1, "MT": 1, "WR": 4, "WK": 2}, (1, 3)),
-    ({"NT": 1, "MT": 1, "WR": 1, "WK": 8}, (1,)),
+    ({"NT": 1, "MT": 1, "WR": 1, "WK": 8, "DIRECT": 1}, (1,)),
+    ({"NT": 1, "MT": 1, "WR": 2, "WK": 4, "DIRECT": 1}, (3, 8)),
     ({"NT": 2, "MT": 1, "WR": 2, "WK": 4}, (16, 9)),
     ({"NT": 4, "MT": 2, "WR": 1, "WK": 4}, (17, 32)),
     ({"NT": 8, "MT": 2, "WR": 4, "WK": 2}, (40,)),
@@ -295,7 +301,7 @@ def emulated(tmp_path_factory):
     kernel = _kernel_source()
     for i, (config, _) in enumerate(CONFIGS):
         defines = "".join(f"#define {k} {v}\n" for k, v in config.items())
-        undefs = "".join(f"#undef {k}\n" for k in config)
+        undefs = "".join(f"#undef {k}\n" for k in ("NT", "MT", "WR", "WK", "DIRECT", "STAGE"))
         parts.append(f"namespace c{i} {{\n{defines}#line 1 \"spmm_24_mma.cu\"\n{kernel}\n"
                      f"{undefs}}}\n"
                      f'extern "C" int emu_run{i}(unsigned gx, unsigned gy, unsigned bx, '
@@ -325,7 +331,7 @@ def emulated(tmp_path_factory):
 def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
     config, ns = CONFIGS[index]
     variant = _variant()
-    assert config in variant.space.configs(SM90_LIMITS)
+    assert {"DIRECT": 0, **config} in variant.space.configs(SM90_LIMITS)
     fn = emulated[index]
     m, k = 77, 651                 # 5 row tiles (the last partial), 21 chunks, a 3-column group
     dense = _pruned(rng, m, k)
@@ -335,8 +341,8 @@ def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
     for n in ns:
         b = rng.standard_normal((k, n)).astype(np.float16)
         b[-1] = 1e4                # large values in the last row of b: must not be lost
-        scope = {"M": m, "N": n, "K": k, "dtype": "float16", "is_2to4": 1.0, **config,
-                 **SM90_LIMITS}
+        scope = {"M": m, "N": n, "K": k, "dtype": "float16", "is_2to4": 1.0, "DIRECT": 0,
+                 **config, **SM90_LIMITS}
         grid = [int(compile_expr(str(e))(scope)) for e in variant.launch["grid"]]
         (block,) = [int(compile_expr(str(e))(scope)) for e in variant.launch["block"]]
         smem = int(compile_expr(variant.launch["shared_bytes"])(scope))
@@ -349,3 +355,16 @@ def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
         want = dense.astype(np.float64) @ b.astype(np.float64)
         err = np.linalg.norm(out - want) / np.linalg.norm(want)
         assert err < 2e-3, f"{config} N={n}: rel. error {err:.3g}"
+
+
+def test_the_largest_register_config_compiles_for_sm90_without_spills(tmp_path):
+    from adaptive import nvrtc
+    from adaptive.kcache import KernelCache
+    if not nvrtc.available():
+        pytest.skip("cuda.bindings is not installed (pip install .[nvrtc])")
+    config = {"NT": 8, "MT": 2, "WR": 1, "WK": 8, "DIRECT": 0}   # 64 fp32 sums a thread
+    assert config in _variant().space.configs(SM90_LIMITS)
+    res = nvrtc.compile_candidate(_variant(), config, "float16", "sm_90",
+                                  KernelCache(tmp_path)).resources
+    assert res["registers"] <= 255 and res["spill_store_bytes"] == 0, res
+    assert res["spill_load_bytes"] == 0 and res["stack_bytes"] == 0, res

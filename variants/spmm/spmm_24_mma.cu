@@ -11,7 +11,9 @@
 // fragments for the next slab are loaded into registers before the current slab is
 // computed (two register sets, ping-pong), so weight bytes stay in flight while b is staged.
 // The WK partial sums meet in shared memory (float atomics) and the CTA writes out.
-// Config macros: NT (1, 2, 4, 8), MT (1, 2), WR, WK. Needs T == __half.
+// DIRECT = 1 (NT = 1: N <= 8, decode): no b slab; each lane reads its B fragment straight
+// from global memory (b is a few KB, L1-resident), so warps stream without barriers.
+// Config macros: NT (1, 2, 4, 8), MT (1, 2), WR, WK, DIRECT (0, 1). Needs T == __half.
 
 #ifndef NT
 #define NT 1
@@ -24,6 +26,12 @@
 #endif
 #ifndef WK
 #define WK 4
+#endif
+#ifndef DIRECT
+#define DIRECT 0
+#endif
+#if DIRECT && NT != 1
+#error "DIRECT needs NT == 1"
 #endif
 
 #define UNROLL (4 / MT)                 // chunks per warp per slab: 2 KB of weight in flight
@@ -106,8 +114,24 @@ __device__ __forceinline__ void stage_b(T* bs, const T* __restrict__ b, int s, i
     }
 }
 
+// DIRECT: lane (g, t)'s B fragment of chunk j: register r = rows 32 j + 8 r + 2 t, + 1 of
+// column n0 + g (zeros past K and N)
+__device__ __forceinline__ void load_b_direct(unsigned* bf, const T* __restrict__ b, int j,
+                                              int n0, int N, int K, int lane) {
+    const int n = n0 + (lane >> 2), k0 = j * 32 + 2 * (lane & 3);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const int k = k0 + 8 * r;
+        unsigned lo = 0u, hi = 0u;
+        if (n < N && k < K) lo = __half_as_ushort(b[(size_t)k * N + n]);
+        if (n < N && k + 1 < K) hi = __half_as_ushort(b[(size_t)(k + 1) * N + n]);
+        bf[r] = lo | (hi << 16);
+    }
+}
+
 __device__ __forceinline__ void compute(float (&acc)[MT][NT][4], const Frags& f, const T* bs,
-                                        int s, int wk, int n_chunks, int lane) {
+                                        const T* __restrict__ b, int s, int wk, int n_chunks,
+                                        int n0, int N, int K, int lane) {
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         if (s * CPS + wk * UNROLL + u >= n_chunks) break;       // warp-uniform
@@ -115,7 +139,11 @@ __device__ __forceinline__ void compute(float (&acc)[MT][NT][4], const Frags& f,
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             unsigned bf[4];
+#if DIRECT
+            load_b_direct(bf, b, s * CPS + wk * UNROLL + u, n0, N, K, lane);
+#else
             ldmatrix_x4_trans(bf, rows + nt * 8);
+#endif
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) mma_sp16832(acc[mt][nt], f.a[u][mt], bf, f.e[u][mt]);
         }
@@ -143,20 +171,21 @@ spmm_24_mma(const uint4* __restrict__ vals, const unsigned* __restrict__ meta,
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
+#if DIRECT
+#define STAGE(s_)
+#else
+#define STAGE(s_) __syncthreads(); stage_b(bs, b, (s_), n0, N, K, vec); __syncthreads();
+#endif
     Frags f0, f1;
     load_frags(f0, vals, meta, 0, wk, tile0, n_tiles, n_chunks, lane);
     for (int s = 0; s < n_slabs; s += 2) {
-        __syncthreads();                                     // the last slab is consumed
-        stage_b(bs, b, s, n0, N, K, vec);
-        __syncthreads();
+        STAGE(s)                        // barriers around it: the last slab is consumed first
         if (s + 1 < n_slabs) load_frags(f1, vals, meta, s + 1, wk, tile0, n_tiles, n_chunks, lane);
-        compute(acc, f0, bs, s, wk, n_chunks, lane);
+        compute(acc, f0, bs, b, s, wk, n_chunks, n0, N, K, lane);
         if (s + 1 >= n_slabs) break;
-        __syncthreads();
-        stage_b(bs, b, s + 1, n0, N, K, vec);
-        __syncthreads();
+        STAGE(s + 1)
         if (s + 2 < n_slabs) load_frags(f0, vals, meta, s + 2, wk, tile0, n_tiles, n_chunks, lane);
-        compute(acc, f1, bs, s + 1, wk, n_chunks, lane);
+        compute(acc, f1, bs, b, s + 1, wk, n_chunks, n0, N, K, lane);
     }
 
     const int g = lane >> 2, t = lane & 3;
