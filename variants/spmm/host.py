@@ -1,5 +1,4 @@
-"""Host spmm: dense BLAS on the dense form, SciPy CSR, SciPy BSR, the 2:4 compressed form
-(formats cached on w)."""
+"""Host spmm: dense BLAS on the dense form, SciPy CSR, SciPy BSR (formats cached on w)."""
 
 import numpy as np
 
@@ -27,20 +26,3 @@ def spmm_bsr(w, b, out, block):
     if bsr.shape[1] != k:
         rhs = np.concatenate([rhs, np.zeros((bsr.shape[1] - k, rhs.shape[1]), rhs.dtype)])
     out[...] = (bsr @ rhs)[:m]
-
-
-def spmm_24(w, b, out):
-    """The 2:4 compressed form (2 kept values a group of 4 columns, with their positions) as a
-    CSR of K/2 entries a row: exercises the compressed layout the cuda kernels read."""
-    def build():
-        import scipy.sparse as sp
-        m, k = w.shape
-        form = w.sparse24()
-        cols = (np.arange(form.values.shape[1]) // 2 * 4)[None, :] + form.positions
-        keep = cols < k                      # fillers of the last, partial group
-        counts = keep.sum(axis=1)
-        indptr = np.concatenate([[0], np.cumsum(counts)])
-        return sp.csr_matrix((form.values[keep].astype(np.float32 if w.dtype == "float16"
-                                                      else form.values.dtype),
-                              cols[keep], indptr), shape=(m, k))
-    out[...] = w.cached("host_24_csr", build) @ _as32(b)
