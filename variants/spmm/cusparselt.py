@@ -3,11 +3,12 @@
 ``spmm_cusparselt_24``: ``torch._cslt_sparse_mm`` (what
 ``torch.sparse.to_sparse_semi_structured`` runs when cuSPARSELt is available) on the weight
 compressed once by ``torch._cslt_compress`` and cached on it; b's columns padded to a
-multiple of 8 when needed (cuSPARSELt's minimum for float16). Arrays are CuPy's, work goes to CuPy's current stream; torch is imported on
-first use. ``spmm_cusparselt_24_torch`` is the same over torch tensors on torch's current
-stream (no array conversion), for backends that hand library variants torch tensors
-directly; given ``out=None`` it returns cuSPARSELt's own result tensor, saving the copy
-into ``out`` (M x N elements read and written: ~7% of the matmul at M = 14336, K = 4096).
+multiple of 8 when needed (cuSPARSELt's minimum for float16). Arrays are CuPy's, work goes
+to CuPy's current stream; torch is imported on first use. ``spmm_cusparselt_24_torch`` is
+the same over torch tensors on torch's current stream (no array conversion), for backends
+that hand library variants torch tensors directly; given ``out=None`` it returns
+cuSPARSELt's own result tensor, saving the copy into ``out`` (M x N elements read and
+written: ~7% of the matmul at M = 14336, K = 4096).
 """
 
 import threading
