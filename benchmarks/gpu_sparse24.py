@@ -77,8 +77,15 @@ class CudaSide:
         self.has_cslt = torch.backends.cusparselt.is_available()
 
     def weight(self, rng, m, k):
+        """Random float16 [m, k] pruned to 2:4 on the GPU (k % 4 == 0): the 2 largest
+        magnitudes of every 4 kept."""
         from adaptive.ops.sparse import SparseWeight
-        dense = self.torch.from_numpy(_pruned_host(rng, m, k)).cuda()
+        torch = self.torch
+        gen = torch.Generator(device="cuda").manual_seed(int(rng.integers(1 << 31)))
+        dense = torch.randn((m, k // 4, 4), generator=gen, device="cuda", dtype=torch.float16)
+        keep = torch.zeros_like(dense, dtype=torch.bool)
+        keep.scatter_(2, dense.abs().topk(2, dim=2).indices, True)
+        dense = torch.where(keep, dense, torch.zeros_like(dense)).reshape(m, k).contiguous()
         w = SparseWeight(self.cp.from_dlpack(dense), dtype="float16")
         packed = self.torch._cslt_compress(dense) if self.has_cslt else None
         return w, dense, packed
