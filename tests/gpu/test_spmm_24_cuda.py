@@ -59,6 +59,33 @@ def _fits(dispatcher, name, config, w, b) -> bool:
     return v.fits(OP.problem((w, b), {}).scope(), config)
 
 
+@pytest.mark.parametrize("direct", [0, 1])
+def test_sparse24_mma_single_entries_land_where_they_belong(dispatcher, cp, direct):
+    """One non-zero w[r, c] = 1 at a time in a 16 x 64 weight, b[k, n] = k + 64 n: out must
+    be b's row c in row r and 0 elsewhere. A fragment or metadata layout error shows as
+    the row and the b row that arrived instead (decoded from the values)."""
+    from adaptive.ops.sparse import SparseWeight
+    b_host = (np.arange(64)[:, None] + 64 * np.arange(8)[None, :]).astype(np.float16)
+    b = cp.asarray(b_host)
+    config = next(c for c in MMA if c["NT"] == 1 and c["DIRECT"] == direct)
+    wrong = []
+    for r, c in [(0, 0), (0, 1), (0, 3), (1, 2), (7, 5), (8, 0), (9, 14), (15, 31), (3, 16),
+                 (12, 33), (5, 47), (10, 62), (15, 63)]:
+        dense = np.zeros((16, 64), np.float16)
+        dense[r, c] = 1
+        w = SparseWeight(cp.asarray(dense), dtype="float16")
+        out = cp.full((16, 8), np.nan, np.float16)
+        dispatcher.launch("spmm", w, b, out=out, variant="sparse24_mma", config=config)
+        got = cp.asnumpy(out).astype(np.float64)
+        want = np.zeros((16, 8))
+        want[r] = b_host[c]
+        if not np.array_equal(got, want):
+            rows = sorted({int(i) for i in np.argwhere(got != 0)[:, 0]})
+            wrong.append(f"w[{r},{c}]: non-zero out rows {rows}, row {r} holds b rows "
+                         f"{sorted({int(v) % 64 for v in got[r] if v == v})}")
+    assert not wrong, "; ".join(wrong)
+
+
 @pytest.mark.parametrize("config", MMA, ids=[_label(c) for c in MMA])
 def test_sparse24_mma_every_config(dispatcher, cp, rng, config):
     w, dense = _weight(cp, rng, 77, 651)             # 5 row tiles, 21 chunks, a 3-column group

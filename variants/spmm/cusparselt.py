@@ -76,11 +76,11 @@ def _torch_stream(torch, ptr: int):
 def spmm_cusparselt_24(w, b, out):
     torch = _torch()
     device = b.device.id
-    packed = cslt_weight(w, torch, device)
     ptr = cupy.cuda.get_current_stream().ptr
     with torch.cuda.device(device):
-        if ptr == torch.cuda.current_stream().cuda_stream:
+        # CuPy's current stream for torch's work (None: already torch's: a no-op context)
+        stream = None if ptr == torch.cuda.current_stream().cuda_stream else \
+            _torch_stream(torch, ptr)
+        with torch.cuda.stream(stream):
+            packed = cslt_weight(w, torch, device)
             _cslt_mm(torch, packed, torch.from_dlpack(b), torch.from_dlpack(out))
-        else:
-            with torch.cuda.stream(_torch_stream(torch, ptr)):
-                _cslt_mm(torch, packed, torch.from_dlpack(b), torch.from_dlpack(out))
