@@ -59,8 +59,12 @@ class Spmm(Op):
 
     def roofline(self, p: Problem):
         m, n, k = p.dim("M"), p.dim("N"), p.dim("K")
-        nnz = p.extra_dict["nnz"]
-        nbytes = nnz * (p.itemsize + 4) + (k * n + m * n) * p.itemsize
+        extra = p.extra_dict
+        nnz = extra["nnz"]
+        w_bytes = nnz * (p.itemsize + 4)                 # CSR: a value and an index each
+        if extra.get("is_2to4"):    # 2:4 compressed: K/2 values and K/8 metadata bytes a row
+            w_bytes = min(w_bytes, m * (2 * -(-k // 4) * p.itemsize + 2 * -(-k // 16)))
+        nbytes = w_bytes + (k * n + m * n) * p.itemsize
         return 2.0 * nnz * n, float(nbytes)
 
     def features(self, p: Problem):

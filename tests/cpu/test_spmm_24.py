@@ -368,3 +368,15 @@ def test_the_largest_register_config_compiles_for_sm90_without_spills(tmp_path):
                                   KernelCache(tmp_path)).resources
     assert res["registers"] <= 255 and res["spill_store_bytes"] == 0, res
     assert res["spill_load_bytes"] == 0 and res["stack_bytes"] == 0, res
+
+
+def test_roofline_counts_the_compressed_bytes_of_a_2to4_weight(rng):
+    op = get_op("spmm")
+    m, k, n = 64, 128, 8
+    w, b = op.make_inputs({"M": m, "N": n, "K": k}, "float16", rng, density=0.5, is_2to4=1.0)
+    flops, nbytes = op.roofline(op.problem((w, b), {}))
+    assert nbytes == m * k * 2 * 9 / 16 + (k * n + m * n) * 2     # 9/16 of the dense weight
+    assert flops == 2.0 * w.nnz * n
+    unstructured = SparseWeight(rng.standard_normal((m, k)).astype(np.float16))
+    _, dense_bytes = op.roofline(op.problem((unstructured, b), {}))
+    assert dense_bytes == m * k * (2 + 4) + (k * n + m * n) * 2     # CSR, as before
