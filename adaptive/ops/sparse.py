@@ -31,7 +31,7 @@ _ROWS_PER_PASS = 1024     # rows handled at once when scanning or compressing a 
 _HOST_DTYPES = {"float16": np.float32, "float32": np.float32, "float64": np.float64}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Sparse24:
     """The 2:4 compressed form of an [M, K] weight (layout: variants/spmm/convention.md).
 
@@ -215,7 +215,8 @@ class SparseWeight:
         return ArrayInfo("sparse", self.shape, self.dtype, True, self.device)
 
     def stats(self) -> dict[str, float]:
-        """Statistics used as features: density and block densities."""
+        """Statistics used as features: density, nnz, 2:4 structure (1.0 / 0.0), block
+        densities."""
         out = {"density": self.density, "nnz": float(self.nnz), "is_2to4": float(self.is_2to4)}
         for b, d in self.block_density.items():
             out[f"block_density_{b}"] = d
@@ -261,7 +262,7 @@ class SparseWeight:
                                   "prune it to 2:4 first or use the CSR/BSR variants")
 
         def build():
-            m, k = self.shape
+            m = self.shape[0]
             np_dtype = np.float16 if self.dtype == "float16" else np.float32
             parts = [compress_24(self._host_csr[r0:r0 + _ROWS_PER_PASS].toarray(), np_dtype)
                      for r0 in range(0, m, _ROWS_PER_PASS)]
