@@ -120,9 +120,11 @@ def test_sparse24_mma_shapes(dispatcher, cp, rng, shape):
 
 @pytest.mark.parametrize("name", ["sparse24_mma", "cusparselt_24"])
 def test_large_magnitudes(dispatcher, cp, rng, name):
-    """|out| ~ 1e4: fp32 sums, a float16 result near its range, no overflow on the way."""
+    """|out| in the thousands to ~3e4: fp32 sums, a float16 result near its range."""
     w, dense = _weight(cp, rng, 256, 512, scale=30.0)
-    b = cp.asarray((rng.standard_normal((512, 8)) * 30.0 / np.sqrt(256)).astype(np.float16))
+    b = cp.asarray((rng.standard_normal((512, 8)) * 150.0 / np.sqrt(256)).astype(np.float16))
+    ref = dense.astype(np.float64) @ cp.asnumpy(b).astype(np.float64)
+    assert 3e3 < np.abs(ref).max() < 6e4, np.abs(ref).max()
     config = next((c for c in MMA if _fits(dispatcher, name, c, w, b)), None) \
         if name == "sparse24_mma" else None
     _check(dispatcher, cp, name, config, w, dense, b, "large magnitudes")
