@@ -1,13 +1,40 @@
-"""spmm: out[M, N] = w[M, K] @ b[K, N] with w a static :class:`SparseWeight`."""
+"""spmm: out[M, N] = w[M, K] @ b[K, N] with w a static :class:`SparseWeight`.
+
+N is the token count when spmm serves a Linear layer (b = x transposed). Besides the
+op, this module names the device form of a 2:4 weight for the cuda kernels
+(``w_24_vals``, ``w_24_meta``: :meth:`Sparse24.fragments` on the device, cached on the
+weight); CSR/BSR forms are named in ``adaptive/backends/cuda_sparse.py``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
 
+from adaptive.backends.cuda_args import ArgProvider, register
 from adaptive.errors import InputTypeError, InputValueError
 from adaptive.ops.base import Op, Problem, random_array
 from adaptive.ops.sparse import SparseWeight
+
+
+def device_24(w: SparseWeight) -> tuple:
+    """(values, meta) of ``w``'s 2:4 fragment form on the current CuPy device (built once per
+    device: :meth:`Sparse24.fragments`)."""
+    import cupy
+    device = cupy.cuda.runtime.getDevice()
+
+    def build():
+        vals, meta = w.sparse24().fragments()
+        return cupy.asarray(vals), cupy.asarray(meta)
+    return w.cached(f"cuda{device}_24_fragments", build)
+
+
+register("spmm", "w_24_vals", ArgProvider(
+    "2:4 compressed values of w in mma.sp fragment order (16 bytes a lane and 16 x 32 tile)",
+    call=lambda w: device_24(w)[0], index=0))
+register("spmm", "w_24_meta", ArgProvider(
+    "2:4 metadata of w, one uint32 per metadata lane and 16 x 32 tile",
+    call=lambda w: device_24(w)[1], index=0))
 
 
 class Spmm(Op):
@@ -33,8 +60,12 @@ class Spmm(Op):
 
     def roofline(self, p: Problem):
         m, n, k = p.dim("M"), p.dim("N"), p.dim("K")
-        nnz = p.extra_dict["nnz"]
-        nbytes = nnz * (p.itemsize + 4) + (k * n + m * n) * p.itemsize
+        extra = p.extra_dict
+        nnz = extra["nnz"]
+        w_bytes = nnz * (p.itemsize + 4)                 # CSR: a value and an index each
+        if extra.get("is_2to4"):    # 2:4 compressed: K/2 values and K/8 metadata bytes a row
+            w_bytes = min(w_bytes, m * (2 * -(-k // 4) * p.itemsize + 2 * -(-k // 16)))
+        nbytes = w_bytes + (k * n + m * n) * p.itemsize
         return 2.0 * nnz * n, float(nbytes)
 
     def features(self, p: Problem):
@@ -47,9 +78,14 @@ class Spmm(Op):
             w.toarray() if sp.issparse(w) else w)
         return np.asarray(dense, np.float64) @ np.asarray(b, np.float64)
 
-    def make_inputs(self, dims, dtype, rng, density=0.1, block=0, **stats):
-        """A SparseWeight of the given density (in blocks of ``block`` if > 0) and dense b."""
+    def make_inputs(self, dims, dtype, rng, density=0.1, block=0, is_2to4=0.0, **stats):
+        """A SparseWeight of the given density (in blocks of ``block`` if > 0) and dense b.
+        With ``is_2to4`` the weight is then pruned to 2:4 (a density of 0.45 or more asks
+        for a fully pruned dense matrix: density ~0.5)."""
         m, n, k = dims["M"], dims["N"], dims["K"]
+        if is_2to4 and density >= 0.45:
+            w = SparseWeight(prune_24(random_array(rng, (m, k), dtype)), dtype=dtype)
+            return w, random_array(rng, (k, n), dtype, scale=1.0 / np.sqrt(max(k / 2, 1.0)))
         if block:
             nbm, nbk = -(-m // block), -(-k // block)
             mask = rng.random((nbm, nbk)) < density
@@ -60,5 +96,19 @@ class Spmm(Op):
             mask.flat[rng.integers(mask.size)] = True
         values = random_array(rng, (m, k), dtype)
         values[values == 0] = 1  # a kept entry is never an explicit zero
-        w = SparseWeight(np.where(mask, values, 0).astype(values.dtype), dtype=dtype)
+        dense = np.where(mask, values, 0).astype(values.dtype)
+        w = SparseWeight(prune_24(dense) if is_2to4 else dense, dtype=dtype)
         return (w, random_array(rng, (k, n), dtype, scale=1.0 / np.sqrt(max(density * k, 1.0))))
+
+
+def prune_24(dense: np.ndarray) -> np.ndarray:
+    """``dense`` [M, K] with the 2 smallest-magnitude entries of every group of 4 columns set
+    to zero (the last group of a row counts its missing columns as zeros)."""
+    m, k = dense.shape
+    groups = -(-k // 4)
+    padded = np.zeros((m, groups * 4), dense.dtype)
+    padded[:, :k] = dense
+    quads = padded.reshape(m, groups, 4)
+    drop = np.argsort(np.abs(quads), axis=2, kind="stable")[:, :, :2]
+    np.put_along_axis(quads, drop, 0, axis=2)
+    return np.ascontiguousarray(padded[:, :k])

@@ -28,3 +28,20 @@ def test_ratio_lines_are_cublas_over_variant():
     assert "best bsr32_grouped_mma 0.0600 ms = 2.00x cuBLAS" in line
     assert "best single-row bsr32_mma 0.80x" in line
     assert "bsr32_grouped_mma 2.00x {'TN': 128, 'STAGES': 4}" in line
+
+
+def test_bsr_targets_cover_the_10_percent_mlp_rows_only():
+    from benchmarks.gpu_spmm_mlp import CASES_10, targets
+    assert {(m, k) for m, k, d, n in CASES_10} == {(14336, 4096), (4096, 14336)}
+    assert {n for *_, n in CASES_10} == {16, 64, 256, 512} and {d for _, _, d, _ in CASES_10} \
+        == {0.1}
+    rows = [{"M": 14336, "K": 4096, "density": 0.1, "N": 16,
+             "times_ms": {"cublas_dense": 0.03, "bsr32_mma": 0.018, "bsr32_rows_mma": 0.025}},
+            {"M": 4096, "K": 14336, "density": 0.1, "N": 512,
+             "times_ms": {"cublas_dense": 0.10, "bsr32_mma": 0.08}},
+            {"M": 8192, "K": 8192, "density": 0.1, "N": 256,
+             "times_ms": {"cublas_dense": 1.0, "bsr32_mma": 0.5}}]
+    (a, b) = targets(rows)
+    assert a == ("M=14336 K=4096 10% blocks N=16: best BSR >= 1.5x cuBLAS",
+                 "1.67x (bsr32_mma)", True)
+    assert not b[2] and b[1] == "1.25x (bsr32_mma)"

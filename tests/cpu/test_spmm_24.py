@@ -1,0 +1,382 @@
+"""2:4 sparse weights on the host: detection, the compressed form and its mma.sp fragment
+order, the host_24 variant, and spmm_24_mma.cu itself run on the CPU.
+
+The kernel's PTX helpers (ldmatrix.trans, mma.sp m16n8k32, streaming loads) are swapped for
+C++ emulations of the PTX ISA's fragment layouts (per-warp exchanges through
+tests/cpu/cuda_emu.py's barriers); the rest of the kernel is compiled by g++ as written and
+launched on the grid the manifest gives, against a float64 product: NaN-poisoned out, M, K
+and N off the tiles, several slabs (ping-pong register sets), K not a multiple of 4. The
+emulated metadata must name two distinct positions in ascending order, as the hardware's
+ordered metadata requires. Whether the hardware reads fragments as emulated here is what
+tests/gpu/test_spmm_24_cuda.py checks on the H200.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cuda_emu  # noqa: E402
+from adaptive.errors import InputValueError  # noqa: E402
+from adaptive.expr import compile_expr  # noqa: E402
+from adaptive.nvrtc import SM90_LIMITS  # noqa: E402
+from adaptive.ops import get_op  # noqa: E402
+from adaptive.ops.sparse import SparseWeight, compress_24, pack_meta  # noqa: E402
+from adaptive.ops.spmm import prune_24  # noqa: E402
+from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
+
+
+def _pruned(rng, m, k, dtype=np.float16):
+    return prune_24(rng.standard_normal((m, k)).astype(dtype))
+
+
+# ---- detection and the compressed form ------------------------------------------------------
+
+def test_2to4_is_detected_and_a_third_nonzero_in_a_group_is_not(rng):
+    dense = _pruned(rng, 37, 45)
+    assert SparseWeight(dense).is_2to4 and SparseWeight(dense).stats()["is_2to4"] == 1.0
+    bad = dense.copy()
+    row, grp = 20, 7
+    bad[row, 4 * grp:4 * grp + 4] = [1, 2, 3, 0]
+    w = SparseWeight(bad)
+    assert not w.is_2to4 and w.stats()["is_2to4"] == 0.0
+    with pytest.raises(InputValueError, match="not 2:4"):
+        w.sparse24()
+    tail = dense.copy()
+    tail[3, 44] = 5.0                          # the last, one-column group: still 2:4
+    assert SparseWeight(tail).is_2to4
+    assert SparseWeight(dense).signature(SparseWeight(dense)) != w.signature(w)
+
+
+def test_a_group_spanning_rows_is_not_a_group(rng):
+    """Non-zeros at the end of one row and the start of the next are in different groups."""
+    dense = np.zeros((3, 8), np.float32)
+    dense[0, 6:8] = 1
+    dense[1, 0:2] = 1
+    dense[2, [0, 2]] = 1
+    assert SparseWeight(dense).is_2to4
+    dense[2, 3] = 1
+    assert not SparseWeight(dense).is_2to4
+
+
+@pytest.mark.parametrize("m,k", [(37, 45), (16, 32), (5, 3), (64, 130)])
+def test_compressed_form_round_trips_and_positions_ascend(rng, m, k):
+    dense = _pruned(rng, m, k)
+    dense[0, :] = 0                            # a row of empty groups
+    if k >= 4:
+        dense[1, :4] = [0, 0, 7, 0]            # one non-zero in a group
+    w = SparseWeight(dense)
+    form = w.sparse24()
+    groups = -(-k // 4)
+    assert form.values.shape == (m, 2 * groups) and form.values.dtype == np.float16
+    assert form.meta.shape == (m, -(-groups // 4)) and form.meta.dtype == np.uint16
+    np.testing.assert_array_equal(form.dense(k), dense.astype(np.float64))
+    pos = form.positions.reshape(m, groups, 2)
+    assert np.all(pos[:, :, 0] < pos[:, :, 1]), "positions must be distinct and ascending"
+    if k >= 4:
+        assert list(pos[1, 0]) == [0, 2] and list(form.values[1, :2]) == [0, 7]
+    assert list(pos[0, 0]) == [0, 1]
+    # meta holds the positions as 4-bit codes, first position low
+    codes = (form.meta[:, :, None] >> (np.arange(4) * 4)) & 0xF
+    codes = codes.reshape(m, -1)[:, :groups]
+    np.testing.assert_array_equal(codes & 3, pos[:, :, 0])
+    np.testing.assert_array_equal(codes >> 2, pos[:, :, 1])
+
+
+def test_compress_refuses_three_nonzeros_naming_the_place():
+    dense = np.zeros((2, 8), np.float32)
+    dense[1, 4:7] = 1
+    with pytest.raises(InputValueError, match=r"row 1 has 3 non-zeros in columns 4..7"):
+        compress_24(dense, np.float32)
+    assert pack_meta(np.array([[0, 1, 2, 3]], np.uint8)).tolist() == [[0x4 | (0xE << 4) |
+                                                                        (0x4 << 8) |
+                                                                        (0x4 << 12)]]
+
+
+def _mma_sp_model(frag_vals, frag_meta, b, m, k):
+    """out = w @ b computed from the fragment form the way mma.sp m16n8k32 reads it (PTX ISA:
+    A registers rows g / g + 8, compressed columns 2t, 2t + 8; metadata of rows g and g + 8 in
+    the low / high half of lane 4g + t' for logical columns 16 t' .. + 15)."""
+    mt, kc = frag_vals.shape[:2]
+    a = np.zeros((mt * 16, kc * 32))
+    for i in range(mt):
+        for c in range(kc):
+            comp = np.zeros((16, 16))
+            for lane in range(32):
+                g, t = divmod(lane, 4)
+                h = frag_vals[i, c, lane].astype(np.float64)
+                comp[g, 2 * t:2 * t + 2] = h[0:2]
+                comp[g + 8, 2 * t:2 * t + 2] = h[2:4]
+                comp[g, 2 * t + 8:2 * t + 10] = h[4:6]
+                comp[g + 8, 2 * t + 8:2 * t + 10] = h[6:8]
+            for g in range(8):
+                for tq in range(2):
+                    word = int(frag_meta[i, c, 2 * g + tq])
+                    for row, bits in ((g, word & 0xFFFF), (g + 8, word >> 16)):
+                        for j in range(4):
+                            code = (bits >> (4 * j)) & 0xF
+                            p0, p1 = code & 3, code >> 2
+                            assert p0 < p1
+                            base = c * 32 + tq * 16 + 4 * j
+                            a[i * 16 + row, base + p0] = comp[row, tq * 8 + 2 * j]
+                            a[i * 16 + row, base + p1] = comp[row, tq * 8 + 2 * j + 1]
+    return a[:m, :k] @ b.astype(np.float64)
+
+
+def test_fragment_form_is_what_mma_sp_reads(rng):
+    m, k, n = 37, 75, 3
+    dense = _pruned(rng, m, k)
+    vals, meta = SparseWeight(dense).sparse24().fragments()
+    assert vals.shape == (3, 3, 32, 8) and meta.shape == (3, 3, 16) and meta.dtype == np.uint32
+    b = rng.standard_normal((k, n))
+    np.testing.assert_allclose(_mma_sp_model(vals, meta, b, m, k),
+                               dense.astype(np.float64) @ b, rtol=1e-12, atol=1e-12)
+
+
+def test_host_24_variant_against_float64(rng):
+    import adaptive
+    op = get_op("spmm")
+    for dtype, (m, n, k) in (("float16", (37, 5, 45)), ("float32", (64, 17, 130))):
+        w, b = op.make_inputs({"M": m, "N": n, "K": k}, dtype, rng, density=0.5, is_2to4=1.0)
+        assert w.is_2to4 and 0.4 < w.density <= 0.52
+        out = adaptive.launch("spmm", w, b, variant="host_24")
+        assert op.error(out, op.reference(w, b)) < op.tolerance[dtype]
+    dense = SparseWeight(rng.standard_normal((40, 40)).astype(np.float32))
+    assert get_op("spmm").problem((dense, b[:40]), {}).extra_dict["is_2to4"] == 0.0
+    with pytest.raises(Exception, match=r"host_24: requires is_2to4"):
+        adaptive.launch("spmm", dense, b[:40], variant="host_24")
+
+
+def test_sparse_2to4_weights_at_low_density_keep_their_density(rng):
+    w, _ = get_op("spmm").make_inputs({"M": 64, "N": 2, "K": 64}, "float16", rng,
+                                      density=0.1, is_2to4=1.0)
+    assert w.is_2to4 and w.density < 0.15
+
+
+# ---- the kernel, emulated -------------------------------------------------------------------
+
+SOURCE = builtin_folder() / "spmm" / "spmm_24_mma.cu"
+
+EMULATION = r"""
+#include <atomic>
+#include <cstring>
+#define __align__(n)
+typedef _Float16 __half;
+template <> inline __half from_f32<__half>(float x) { return (__half)x; }
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+template <class V> inline V __ldg(const V* p) { return *p; }
+inline unsigned short __half_as_ushort(__half h) {
+    unsigned short s;
+    std::memcpy(&s, &h, 2);
+    return s;
+}
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+alignas(16) static unsigned char emu_smem[240 * 1024];
+static int emu_bad_meta = 0;
+
+static const void* emu_ptrs[1024];
+static unsigned emu_regs[1024][10];
+static void emu_warp_sync() { emu_warp_barriers[emu_tid() / 32]->arrive_and_wait(); }
+static unsigned emu_pack(__half lo, __half hi) {
+    unsigned short a, b;
+    std::memcpy(&a, &lo, 2);
+    std::memcpy(&b, &hi, 2);
+    return a | (unsigned(b) << 16);
+}
+static float emu_half(unsigned r, int i) {
+    unsigned short s = i ? (r >> 16) : (r & 0xffff);
+    __half h;
+    std::memcpy(&h, &s, 2);
+    return (float)h;
+}
+// transposed: lane l's register j holds column l/4 of rows 2(l%4), 2(l%4)+1 of matrix j
+static void ldmatrix_x4_trans(unsigned* r, const void* p) {
+    const int t = emu_tid(), base = t & ~31, l = t & 31;
+    emu_ptrs[t] = p;
+    emu_warp_sync();
+    for (int j = 0; j < 4; ++j) {
+        const __half* r0 = (const __half*)emu_ptrs[base + 8 * j + 2 * (l % 4)];
+        const __half* r1 = (const __half*)emu_ptrs[base + 8 * j + 2 * (l % 4) + 1];
+        r[j] = emu_pack(r0[l / 4], r1[l / 4]);
+    }
+    emu_warp_sync();
+}
+// mma.sp m16n8k32 f16, sparsity selector 0: compressed A 16x16 in the dense m16n8k16 A
+// fragment layout; metadata of row g (low 16 bits) and g+8 (high) from lane 4g+t for
+// logical columns 16t..16t+15 (t = 0, 1); B 32x8: register j holds rows 8j+2t, +1 of col g
+static void mma_sp16832(float* c, const uint4& a, const unsigned* b, unsigned e) {
+    const int t = emu_tid(), base = t & ~31, l = t & 31;
+    const unsigned in[9] = {a.x, a.y, a.z, a.w, b[0], b[1], b[2], b[3], e};
+    for (int i = 0; i < 9; ++i) emu_regs[t][i] = in[i];
+    emu_warp_sync();
+    float C[16][16] = {}, A[16][32] = {}, B[32][8];
+    for (int q = 0; q < 32; ++q) {
+        const int g = q / 4, tq = q % 4;
+        const unsigned* R = emu_regs[base + q];
+        for (int h = 0; h < 2; ++h) {
+            C[g][2 * tq + h] = emu_half(R[0], h);
+            C[g + 8][2 * tq + h] = emu_half(R[1], h);
+            C[g][2 * tq + 8 + h] = emu_half(R[2], h);
+            C[g + 8][2 * tq + 8 + h] = emu_half(R[3], h);
+            for (int j = 0; j < 4; ++j) B[8 * j + 2 * tq + h][g] = emu_half(R[4 + j], h);
+        }
+    }
+    for (int q = 0; q < 32; ++q) {
+        const int g = q / 4, tq = q % 4;
+        if (tq > 1) continue;
+        const unsigned E = emu_regs[base + q][8];
+        for (int half = 0; half < 2; ++half) {
+            const int row = g + 8 * half;
+            const unsigned bits = half ? (E >> 16) : (E & 0xffff);
+            for (int j = 0; j < 4; ++j) {
+                const unsigned code = (bits >> (4 * j)) & 0xf, p0 = code & 3, p1 = code >> 2;
+                if (p0 >= p1) emu_bad_meta = 1;
+                A[row][16 * tq + 4 * j + p0] = C[row][8 * tq + 2 * j];
+                A[row][16 * tq + 4 * j + p1] = C[row][8 * tq + 2 * j + 1];
+            }
+        }
+    }
+    emu_warp_sync();
+    const int g = l / 4, tq = l % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * tq + (i % 2);
+        float s = 0.f;
+        for (int k = 0; k < 32; ++k) s += A[row][k] * B[k][col];
+        c[i] += s;
+    }
+}
+static uint4 load_stream16(const uint4* p) { return *p; }
+"""
+
+
+def _kernel_source() -> str:
+    """The .cu file without its PTX helpers, its shared memory on emu_smem, C++ linkage."""
+    src = SOURCE.read_text()
+    start = src.index("__device__ __forceinline__ unsigned smem_u32")
+    end = src.index("struct Frags")
+    helpers = src[start:end]
+    for name in ("ldmatrix_x4_trans", "mma_sp16832", "load_stream16"):
+        assert name in helpers, f"{name} is no longer among the kernel's PTX helpers"
+    src = src[:start] + src[end:]
+    src, n = re.subn(r"extern __shared__ __align__\(16\) unsigned char smem_raw\[\];",
+                     "unsigned char* smem_raw = emu_smem;", src)
+    assert n == 1, "the kernel's dynamic shared memory declaration changed"
+    src, n = re.subn(r'extern "C" __global__', "__global__", src)
+    assert n == 1, "the kernel's entry declaration changed"
+    return src
+
+
+def _variant():
+    (v,) = [v for v in load_manifest(builtin_folder() / "spmm" / "manifest.toml")
+            if v.name == "sparse24_mma"]
+    return v
+
+
+CONFIGS = [  # a sample: each NT, both MT, each warp split; (config, N values)
+    ({"NT": 1, "MT": 1, "WR": 4, "WK": 2}, (1, 3)),
+    ({"NT": 1, "MT": 1, "WR": 1, "WK": 8, "DIRECT": 1}, (1,)),
+    ({"NT": 1, "MT": 1, "WR": 2, "WK": 4, "DIRECT": 1}, (3, 8)),
+    ({"NT": 2, "MT": 1, "WR": 2, "WK": 4}, (16, 9)),
+    ({"NT": 4, "MT": 2, "WR": 1, "WK": 4}, (17, 32)),
+    ({"NT": 8, "MT": 2, "WR": 4, "WK": 2}, (40,)),
+]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """One g++ build holding the kernel once per config (a namespace each)."""
+    if not cuda_emu.available():
+        pytest.skip("g++ is not installed")
+    header = cuda_emu.HEADER.replace("typedef float T;", "typedef _Float16 T;")
+    assert header != cuda_emu.HEADER
+    parts = [header.replace('#line 1 "kernel.cu"', ""), EMULATION]
+    kernel = _kernel_source()
+    for i, (config, _) in enumerate(CONFIGS):
+        defines = "".join(f"#define {k} {v}\n" for k, v in config.items())
+        undefs = "".join(f"#undef {k}\n" for k in ("NT", "MT", "WR", "WK", "DIRECT", "STAGE"))
+        parts.append(f"namespace c{i} {{\n{defines}#line 1 \"spmm_24_mma.cu\"\n{kernel}\n"
+                     f"{undefs}}}\n"
+                     f'extern "C" int emu_run{i}(unsigned gx, unsigned gy, unsigned bx, '
+                     "const uint4* v, const unsigned* e, const __half* b, __half* out, int M, "
+                     "int N, int K) {\n  emu_bad_meta = 0;\n"
+                     f"  emu_launch(gx, gy, 1, bx, 1, 1, [=] {{ c{i}::spmm_24_mma(v, e, b, out, "
+                     "M, N, K); });\n  return emu_bad_meta;\n}\n")
+    folder = tmp_path_factory.mktemp("sparse24_emu")
+    src, lib = folder / "k.cpp", folder / "k.so"
+    src.write_text("".join(parts))
+    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
+                           "-o", str(lib), str(src)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    dll = ctypes.CDLL(str(lib))
+    fns = []
+    for i in range(len(CONFIGS)):
+        fn = getattr(dll, f"emu_run{i}")
+        fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3
+        fn.restype = ctypes.c_int
+        fns.append(fn)
+    return fns
+
+
+@pytest.mark.parametrize("index", range(len(CONFIGS)),
+                         ids=["-".join(f"{k}{v}" for k, v in c.items()) for c, _ in CONFIGS])
+def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
+    config, ns = CONFIGS[index]
+    variant = _variant()
+    assert {"DIRECT": 0, **config} in variant.space.configs(SM90_LIMITS)
+    fn = emulated[index]
+    m, k = 77, 651                 # 5 row tiles (the last partial), 21 chunks, a 3-column group
+    dense = _pruned(rng, m, k)
+    dense[5] = 0                   # an empty row
+    dense[6, :8] = [0, 0, 0, 3, 0, 0, 0, 0]
+    vals, meta = SparseWeight(dense).sparse24().fragments()
+    for n in ns:
+        b = rng.standard_normal((k, n)).astype(np.float16)
+        b[-1] = 1e4                # large values in the last row of b: must not be lost
+        scope = {"M": m, "N": n, "K": k, "dtype": "float16", "is_2to4": 1.0, "DIRECT": 0,
+                 **config, **SM90_LIMITS}
+        grid = [int(compile_expr(str(e))(scope)) for e in variant.launch["grid"]]
+        (block,) = [int(compile_expr(str(e))(scope)) for e in variant.launch["block"]]
+        smem = int(compile_expr(variant.launch["shared_bytes"])(scope))
+        assert smem <= 240 * 1024 and variant.fits(scope, config)
+        out = np.full((m, n), np.nan, np.float16)
+        bad = fn(grid[0], grid[1], block, vals.ctypes.data, meta.ctypes.data, b.ctypes.data,
+                 out.ctypes.data, m, n, k)
+        assert bad == 0, "metadata with positions not distinct and ascending"
+        assert not np.isnan(out).any(), f"{config} N={n}: elements left unwritten"
+        want = dense.astype(np.float64) @ b.astype(np.float64)
+        err = np.linalg.norm(out - want) / np.linalg.norm(want)
+        assert err < 2e-3, f"{config} N={n}: rel. error {err:.3g}"
+
+
+def test_the_largest_register_config_compiles_for_sm90_without_spills(tmp_path):
+    from adaptive import nvrtc
+    from adaptive.kcache import KernelCache
+    if not nvrtc.available():
+        pytest.skip("cuda.bindings is not installed (pip install .[nvrtc])")
+    config = {"NT": 8, "MT": 2, "WR": 1, "WK": 8, "DIRECT": 0}   # 64 fp32 sums a thread
+    assert config in _variant().space.configs(SM90_LIMITS)
+    res = nvrtc.compile_candidate(_variant(), config, "float16", "sm_90",
+                                  KernelCache(tmp_path)).resources
+    assert res["registers"] <= 255 and res["spill_store_bytes"] == 0, res
+    assert res["spill_load_bytes"] == 0 and res["stack_bytes"] == 0, res
+
+
+def test_roofline_counts_the_compressed_bytes_of_a_2to4_weight(rng):
+    op = get_op("spmm")
+    m, k, n = 64, 128, 8
+    w, b = op.make_inputs({"M": m, "N": n, "K": k}, "float16", rng, density=0.5, is_2to4=1.0)
+    flops, nbytes = op.roofline(op.problem((w, b), {}))
+    assert nbytes == m * k * 2 * 9 / 16 + (k * n + m * n) * 2     # 9/16 of the dense weight
+    assert flops == 2.0 * w.nnz * n
+    unstructured = SparseWeight(rng.standard_normal((m, k)).astype(np.float16))
+    _, dense_bytes = op.roofline(op.problem((unstructured, b), {}))
+    assert dense_bytes == m * k * (2 + 4) + (k * n + m * n) * 2     # CSR, as before
