@@ -15,14 +15,14 @@ import threading
 
 import cupy
 
-_torch_lock = threading.Lock()
+_torch_lock = threading.Lock()   # guards _streams
+
 _streams = {}        # CuPy stream pointer -> torch.cuda.ExternalStream; bounded by _MAX_STREAMS
 _MAX_STREAMS = 64
 
 
 def _torch():
-    with _torch_lock:
-        import torch
+    import torch   # the dispatcher imported it (manifest: needs = ["torch"])
     if not torch.cuda.is_available() or not torch.backends.cusparselt.is_available():
         raise RuntimeError("cusparselt_24 needs PyTorch built with CUDA and cuSPARSELt "
                            f"(torch {torch.__version__}: cuda available "
