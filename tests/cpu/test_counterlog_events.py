@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from adaptive import counterlog
+from adaptive import config, counterlog
 from adaptive.counterlog import recorders
 from adaptive.counterlog import CounterLog, read_log
 from adaptive.dispatch import Dispatcher
@@ -65,6 +65,14 @@ class FakeRuntime:
 
     def eventDestroy(self, event):
         self.calls.append(("destroy", event))
+
+
+
+@pytest.fixture(autouse=True)
+def log_every_launch():
+    """These tests count records: every launch logged, events as the cuda timing."""
+    with config.override(counter_log_every=1, counter_log_timing="events"):
+        yield
 
 
 @pytest.fixture
