@@ -31,10 +31,11 @@ from adaptive.counterlog.reader import (Batch, LogContents, ReadStats, iter_log,
                                         to_observations)
 from adaptive.counterlog.recorders import Recorder, install_recorder, remove_recorder
 from adaptive.counterlog.writer import (CounterLog, LogStats, active_logs, close_configured,
-                                        counter_log, dropped_records_total)
+                                        counter_log, dropped_records_total,
+                                        written_records_total)
 
 __all__ = ["BATCH_ROWS", "FORMAT", "ROW_FIELDS", "VERSION", "Batch", "CounterLog",
            "CounterLogError", "LogContents", "LogStats", "ReadStats", "Recorder", "active_logs",
            "close_configured", "counter_log", "dropped_records_total", "install_recorder",
            "iter_log", "iter_log_batches", "log_files", "read_file", "read_log",
-           "remove_recorder", "to_observations"]
+           "remove_recorder", "to_observations", "written_records_total"]

@@ -20,7 +20,8 @@ import msgpack
 
 from adaptive.observation import Observation
 from adaptive.counterlog.format import (_HEADER_KEYS, FORMAT, FRAME_HEAD_BYTES, MAGIC,
-                                        MAX_FRAME_BYTES, VERSION, CounterLogError, unpack_head)
+                                        MAX_FRAME_BYTES, ROW_FIELDS, VERSION, CounterLogError,
+                                        unpack_head)
 
 log = logging.getLogger("adaptive.counterlog")
 
@@ -77,7 +78,26 @@ class LogContents:
 
 # ---- frames -----------------------------------------------------------------------------------
 
-def _frames(path: str, stats: ReadStats) -> Iterator[tuple[int, dict]]:
+def _unpack(payload: bytes):
+    return msgpack.unpackb(payload, raw=False)
+
+
+def _unpack_plans(payload: bytes):
+    """A payload map with only its ``plans`` (and header keys) decoded: rows are skipped
+    without building them (the first pass of an export)."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(payload), 1 << 20))
+    unpacker.feed(payload)
+    out = {}
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if key in ("rows", "states"):
+            unpacker.skip()
+        else:
+            out[key] = unpacker.unpack()
+    return out
+
+
+def _frames(path: str, stats: ReadStats, decode=_unpack) -> Iterator[tuple[int, dict]]:
     """(file offset, payload map) of every intact v2 frame of ``path``, in order."""
     with open(path, "rb") as f:
         buf = bytearray()
@@ -153,7 +173,7 @@ def _frames(path: str, stats: ReadStats) -> Iterator[tuple[int, dict]]:
                 pos += 1
                 continue
             try:
-                value = msgpack.unpackb(payload, raw=False)
+                value = decode(payload)
             except Exception:  # noqa: BLE001 (a checksum collision on damage: skip it)
                 damaged(base + pos)
                 pos += 1
@@ -204,17 +224,31 @@ def _batch(path: str, offset: int, payload: dict, plans: dict | None = None) -> 
         else:
             for pid, static in payload["plans"]:
                 plans[pid] = static
+        if not all(isinstance(v, dict) for v in plans.values()):
+            raise TypeError("plan fields must be maps")
         states, rows = payload["states"], payload["rows"]
         if not isinstance(states, list) or not isinstance(rows, list):
             raise TypeError("states and rows must be lists")
-        out = []
-        for row in rows:
-            if len(row) == 6:
-                row = (*row, None)
-            seq, pid, _, _, _, sid, _ = row
-            if pid not in plans or not (-1 <= sid < len(states)):
-                raise ValueError(f"row {seq} names plan {pid} or state {sid}, absent")
-            out.append(tuple(row))
+        if rows and len(rows[0]) == 6:                     # version 1: no stream
+            rows = [(*row, None) for row in rows]
+        # checked column-wise (a frame passed its checksum: damage here is a writer bug
+        # or a forged file, so one clear error for the frame)
+        if set(map(len, rows)) - {7}:
+            raise ValueError(f"rows must have {len(ROW_FIELDS)} fields ({', '.join(ROW_FIELDS)})")
+        if rows:
+            seqs, pids, times, ms, timers, sids, streams = zip(*rows)
+            if not set(pids) <= plans.keys():
+                raise ValueError(f"rows name plans {sorted(set(pids) - plans.keys())}, absent")
+            if min(sids) < -1 or max(sids) >= len(states):
+                raise ValueError(f"rows name device states outside 0..{len(states) - 1}")
+            if not set(map(type, seqs)) <= {int} or not set(map(type, sids)) <= {int}:
+                raise ValueError("sequence numbers and state indices must be integers")
+            if not set(map(type, times)) | set(map(type, ms)) <= {int, float}:
+                raise ValueError("times must be numbers")
+            if not set(map(type, timers)) <= {str} or not set(map(type, streams)) <= {
+                    int, type(None)}:
+                raise ValueError("timers must be strings and streams integers")
+        out = rows
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise _corrupt(path, offset, f"malformed batch ({type(exc).__name__}: {exc})") from None
     return Batch(dict(plans), states, out)
@@ -277,6 +311,24 @@ def iter_batches(path: str | os.PathLike, stats: ReadStats | None = None) -> Ite
         yield batch
     if header is None:
         raise _corrupt(path, 0, "no intact frame in the file", 0)
+
+
+def iter_plans(path: str | os.PathLike, rotated: bool = True) -> Iterator[dict]:
+    """The per-plan fields of every batch of a log (rows not decoded: fast); a plan
+    appears once per batch that names it."""
+    for name in (log_files(path) if rotated else [os.fspath(path)]):
+        with open(name, "rb") as f:
+            v2 = f.read(len(MAGIC)) == MAGIC
+        if not v2:
+            for batch in iter_batches(name):
+                yield from batch.plans.values()
+            continue
+        for _, payload in _frames(name, ReadStats(), _unpack_plans):
+            plans = payload.get("plans")
+            if isinstance(plans, list):
+                for item in plans:
+                    if isinstance(item, list) and len(item) == 2 and isinstance(item[1], dict):
+                        yield item[1]
 
 
 def iter_file(path: str | os.PathLike, stats: ReadStats | None = None) -> Iterator[dict]:

@@ -368,20 +368,28 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
             clog.attach(d)
         yield clog
     finally:
-        global _closed_dropped
+        global _closed_dropped, _closed_written
         stats = clog.close()
         with _active_lock:
             _active.remove(clog)
             _closed_dropped += stats.dropped
+            _closed_written += stats.written
 
 
 _closed_dropped = 0
+_closed_written = 0
 
 
 def dropped_records_total() -> int:
     """Records dropped by every counter log of this process, open or closed."""
     with _active_lock:
         return _closed_dropped + sum(clog.stats.dropped for clog in _active)
+
+
+def written_records_total() -> int:
+    """Records written by every counter log of this process, open or closed."""
+    with _active_lock:
+        return _closed_written + sum(clog.stats.written for clog in _active)
 
 
 def active_logs() -> list[CounterLog]:
@@ -413,7 +421,7 @@ def _on_new_dispatcher(d: dispatch.Dispatcher) -> None:
 
 def close_configured() -> None:
     """Close the ``ADAPTIVE_COUNTER_LOG`` logs now (otherwise at interpreter exit)."""
-    global _closed_dropped
+    global _closed_dropped, _closed_written
     for path in list(_configured):
         clog = _configured.pop(path)
         stats = clog.close()
@@ -421,6 +429,7 @@ def close_configured() -> None:
             if clog in _active:
                 _active.remove(clog)
             _closed_dropped += stats.dropped
+            _closed_written += stats.written
 
 
 dispatch.new_dispatcher_hooks.append(_on_new_dispatcher)
