@@ -45,7 +45,33 @@ def test_raw_pairs_time_work_on_a_non_default_stream_without_waiting(cp):
     timer.close()
 
 
-def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path):
+def _committed(d, op, *args, limit: int = 400) -> None:
+    """Launch until the policy has committed for this input. Exploring calls rotate
+    through candidates (each compiled on its first turn), so an event pair around them
+    times other kernels and compilation gaps: the cause of a 3.87 ms "reference" against
+    a 0.0245 ms logged kernel in an earlier version of this test."""
+    for _ in range(limit):
+        d.launch(op, *args)
+        decision = d.decision(op, *args)
+        if decision is not None and not decision.explore:
+            return
+    raise AssertionError(f"{op}: still exploring after {limit} launches")
+
+
+def _timing_or_skip(timing: str) -> None:
+    if timing == "cupti":
+        from profilers.cupti import shared_activity
+        status = shared_activity().status
+        if status != "ok":
+            pytest.skip(f"CUPTI timing unavailable here: {status}")
+
+
+@pytest.mark.parametrize("timing", ["events", "cupti"])
+def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, timing):
+    """The logged time of each call against a CUDA event pair around the same call. The
+    calls queue behind a spin kernel, so the GPU runs them back to back and a pair times
+    the GPU work, not host launch gaps."""
+    _timing_or_skip(timing)
     from adaptive import Dispatcher
     from adaptive.counterlog import counter_log, read_log
     d = Dispatcher("cuda")
@@ -53,21 +79,44 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path):
     rng = np.random.default_rng(7)
     x = cp.asarray(rng.standard_normal((4099, 1537)).astype(np.float32))
     ref = get_op("softmax").reference(cp.asnumpy(x))
-    for _ in range(3):
-        d.launch("softmax", x)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(50):
-        d.launch("softmax", x)
-    end.record()
-    end.synchronize()
-    event_ms = cp.cuda.get_elapsed_time(start, end) / 50
-    with counter_log(tmp_path / "gpu.alog", nvml=False) as clog:
-        for _ in range(50):
+    _committed(d, "softmax", x)
+    spin = _spin(cp)
+    spin(1000)
+    cp.cuda.Device().synchronize()
+    pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(50)]
+    with counter_log(tmp_path / "gpu.alog", sample_every=1, nvml=False, timing=timing) as clog:
+        spin(40_000_000)                                     # ~20 ms: every call queues
+        for start, end in pairs:
+            start.record()
             y = d.launch("softmax", x)
+            end.record()
+        cp.cuda.Device().synchronize()
     assert np.abs(cp.asnumpy(y) - ref).max() < 1e-5
     assert clog.stats.written == 50 and clog.stats.dropped == 0
-    recs = read_log(tmp_path / "gpu.alog").records
-    assert {r["timer"] for r in recs} == {"cuda_event"}
-    log_ms = statistics.median(r["time_ms"] for r in recs)
-    assert abs(log_ms / event_ms - 1) < 0.25, (log_ms, event_ms)
+    recs = sorted(read_log(tmp_path / "gpu.alog").records, key=lambda r: r["seq"])
+    assert {r["timer"] for r in recs} == {"cupti" if timing == "cupti" else "cuda_event"}
+    event_ms = [cp.cuda.get_elapsed_time(s, e) for s, e in pairs]
+    log_ms = [r["time_ms"] for r in recs]
+    errors = [abs(a - b) for a, b in zip(log_ms, event_ms)]
+    med_event = statistics.median(event_ms)
+    # the issue's bar: within 5 % or 2 us of an event pair on the same calls
+    assert statistics.median(errors) <= max(0.05 * med_event, 0.002), (
+        statistics.median(log_ms), med_event, statistics.median(errors))
+    assert max(errors) <= max(0.25 * med_event, 0.01), (log_ms, event_ms)
+
+
+def test_sampled_logging_times_one_call_in_n_on_the_device(cp, tmp_path):
+    from adaptive import Dispatcher
+    from adaptive.counterlog import counter_log, read_log
+    d = Dispatcher("cuda")
+    d.sample_every = 0
+    x = cp.asarray(np.random.default_rng(3).standard_normal((256, 1024)).astype(np.float16))
+    _committed(d, "softmax", x)
+    with counter_log(tmp_path / "n.alog", sample_every=8, nvml=False) as clog:
+        for _ in range(80):
+            d.launch("softmax", x)
+        cp.cuda.Device().synchronize()
+    contents = read_log(tmp_path / "n.alog")
+    assert clog.stats.written == 10 and len(contents.records) == 10
+    assert contents.headers[0]["sample_every"] == 8
+    assert all(0 < r["time_ms"] < 5 for r in contents.records)
