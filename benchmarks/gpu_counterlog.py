@@ -237,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     cupti_status = "host backend: no CUPTI"
     if device == "cuda":
         from profilers.cupti import shared_activity
-        cupti_status = shared_activity().status
+        probe = shared_activity()
+        cupti_status = probe.status
+        probe.close()                 # kernels are recorded only while a log needs them
     modes = ["off", "events"] + (["cupti", "cupti_all"] if cupti_status == "ok" else [])
     print(f"gpu_counterlog: {device}; one call in {every} logged; CUPTI: {cupti_status}",
           flush=True)

@@ -217,7 +217,7 @@ def write_parquet(path, out_path: str | os.PathLike, rotated: bool = True,
                     + [_clock_names(st.get("clock_event_reasons"))])) for st in batch.states]
                 at = [st.get("time_s") for st in batch.states]
                 seqs, pids, times, ms, timers, sids, streams = zip(*batch.rows)
-                columns = [seqs, times, timers, streams, [_finite(v) for v in ms]]
+                columns = [seqs, times, timers, streams, ms]    # types checked by the reader
                 columns += zip(*[plans[p] for p in pids])
                 columns += zip(*[states[i] if i >= 0 else none_state for i in sids])
                 columns.append([(t - at[i]) * 1e3 if i >= 0 and isinstance(at[i], (int, float))

@@ -212,9 +212,15 @@ class CounterLog:
                       for (_, time_s, plan, rec, stream), time_ms in timer.harvest_entries()]
         if items:
             items.sort(key=_time_of)                # mostly in order already: a linear pass
-            for i in range(0, len(items), BATCH_ROWS):
-                self._write_batch(items[i:i + BATCH_ROWS])
-            self._file.flush()
+            done = 0
+            try:
+                for i in range(0, len(items), BATCH_ROWS):
+                    self._write_batch(items[i:i + BATCH_ROWS])
+                    done = min(i + BATCH_ROWS, len(items))
+                self._file.flush()
+            except BaseException:                   # disk full, a bad record: counted
+                self._queue_dropped += len(items) - done
+                raise
         self.stats.dropped = self._queue_dropped + sum(t.dropped for t in self._timers.values())
 
     def _write_batch(self, items: list[tuple]) -> None:

@@ -61,7 +61,9 @@ def _committed(d, op, *args, limit: int = 400) -> None:
 def _timing_or_skip(timing: str) -> None:
     if timing == "cupti":
         from profilers.cupti import shared_activity
-        status = shared_activity().status
+        probe = shared_activity()
+        status = probe.status
+        probe.close()                 # the log subscribes again; nothing recorded meanwhile
         if status != "ok":
             pytest.skip(f"CUPTI timing unavailable here: {status}")
 
