@@ -21,10 +21,9 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable
 
 from adaptive.counterlog.format import CounterLogError
-from adaptive.counterlog.reader import Batch, ReadStats, iter_log_batches, iter_plans
+from adaptive.counterlog.reader import ReadStats, iter_log_batches, iter_plans
 
 FORMATS = ("csv", "parquet", "trace")
 RECORD_COLUMNS = ("seq", "time_s", "op", "variant", "dtype", "backend", "device", "timer",
@@ -86,31 +85,6 @@ def _widen(kind: str | None, v) -> str:
     if {kind, got} == {"int", "float"}:
         return "float"
     return "str"
-
-
-def _rows(batches: Iterable[Batch], layout: _Layout) -> Iterable[list]:
-    """One list per record, in ``layout.columns`` order (None where absent)."""
-    dims, configs = sorted(layout.dims), sorted(layout.config)
-    none_state = [None] * len(STATE_COLUMNS)
-    for batch in batches:
-        plans = {}
-        for pid, s in batch.plans.items():
-            d, c = s.get("dims") or {}, s.get("config") or {}
-            plans[pid] = ([s.get(k) for k in _PLAN_A],
-                          [s.get(k) for k in _PLAN_B] + [d.get(k) for k in dims]
-                          + [_scalar(c.get(k)) for k in configs])
-        states = [([st.get(k) for k in DEVICE_COLUMNS],
-                   _clock_names(st.get("clock_event_reasons")), st.get("time_s"))
-                  for st in batch.states]
-        for seq, pid, time_s, time_ms, timer, sid, stream in batch.rows:
-            a, b = plans[pid]
-            if sid >= 0:
-                values, names, at_s = states[sid]
-                age = (time_s - at_s) * 1e3 if at_s is not None else None
-                state = [*values, names, age]
-            else:
-                state = none_state
-            yield [seq, time_s, *a, timer, stream, time_ms, *b, *state]
 
 
 def _scalar(v):

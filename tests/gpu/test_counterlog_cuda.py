@@ -5,6 +5,7 @@ every logged launch written with its event time."""
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
 import pytest
@@ -122,3 +123,69 @@ def test_sampled_logging_times_one_call_in_n_on_the_device(cp, tmp_path):
     assert clog.stats.written == 10 and len(contents.records) == 10
     assert contents.headers[0]["sample_every"] == 8
     assert all(0 < r["time_ms"] < 5 for r in contents.records)
+
+
+def test_cupti_tags_the_kernels_of_a_call(cp):
+    _timing_or_skip("cupti")
+    from profilers.cupti import CuptiTimer
+    spin = _spin(cp)
+    spin(1000)
+    timer = CuptiTimer(16)
+    try:
+        assert timer.status == "ok"
+        timer_id = next(timer.ids)
+        for ext, cycles in ((timer_id, 2_000_000), (next(timer.ids), 20_000)):
+            timer.push_id(ext)
+            spin(cycles)
+            timer.pop_id()
+            timer.append_pending((ext, "spin", cycles))
+        cp.cuda.Device().synchronize()
+        done = []
+        for _ in range(40):                                  # delivery is asynchronous
+            done += timer.harvest_entries()
+            if len(done) == 2:
+                break
+            time.sleep(0.05)
+        (first, long_ms), (second, short_ms) = done
+        assert first[0] == timer_id and long_ms > 20 * short_ms > 0, done
+    finally:
+        timer.close()
+
+
+def test_logged_records_carry_device_state_into_the_exports(cp, tmp_path):
+    pytest.importorskip("pynvml")
+    import csv
+    import json
+    from adaptive import Dispatcher
+    from adaptive.counterlog import counter_log, read_log
+    from adaptive.counterlog.export import write_csv, write_trace
+    d = Dispatcher("cuda")
+    d.sample_every = 0
+    x = cp.asarray(np.random.default_rng(5).standard_normal((2048, 2048)).astype(np.float32))
+    _committed(d, "softmax", x)
+    path = tmp_path / "state.alog"
+    with counter_log(path, sample_every=4) as clog:
+        deadline = time.monotonic() + 1.5                    # a few NVML samples (0.1 s)
+        while time.monotonic() < deadline:
+            d.launch("softmax", x)
+        cp.cuda.Device().synchronize()
+    sampler = next(iter(clog.samplers.values()))
+    assert sampler.status == "ok", sampler.status
+    recs = read_log(path).records
+    with_state = [r for r in recs if r.get("device_state")]
+    assert len(with_state) >= 0.9 * len(recs) > 10
+    state = with_state[-1]["device_state"]
+    assert 200 <= state["sm_clock_mhz"] <= 3000 and state["power_w"] > 20
+    assert state["mem_used_bytes"] > x.nbytes
+    print("device state of the last record:", state, "refused:", sampler.refused,
+          "gpm:", sampler.gpm_status)
+    with open(tmp_path / "state.csv", "w", newline="") as f:
+        write_csv(path, f)
+    rows = list(csv.DictReader(open(tmp_path / "state.csv")))
+    assert sum(bool(r["sm_clock_mhz"]) for r in rows) == len(with_state)
+    assert all(float(r["state_age_ms"]) >= 0 for r in rows if r["state_age_ms"])
+    with open(tmp_path / "state.json", "w") as f:
+        write_trace(path, f)
+    events = json.loads((tmp_path / "state.json").read_text())["traceEvents"]
+    assert any(e["ph"] == "C" and e["name"] == "sm_clock_mhz" for e in events)
+    assert sum(e["ph"] == "X" for e in events) == len(recs)
