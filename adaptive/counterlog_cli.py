@@ -14,8 +14,9 @@ import contextlib
 import math
 import os
 import sys
+from collections.abc import Iterable
 
-from adaptive.counterlog import CounterLogError, LogContents, ReadStats, read_log
+from adaptive.counterlog import CounterLogError, LogContents, ReadStats, iter_log, read_log
 from adaptive.counterlog.export import (DEVICE_COLUMNS, FORMATS, write_csv, write_parquet,
                                         write_trace)
 
@@ -51,10 +52,12 @@ def run(args: argparse.Namespace) -> int:
             check_plot_output(args.output)
         if args.action == "export":
             return _export(args, name)
-        contents = read_log(args.file, rotated=not args.no_rotated)
-        if args.action == "show":
-            print(summary_text(contents))
+        if args.action == "show":                  # streamed: any size of log
+            stats = ReadStats()
+            rows = summarise(iter_log(args.file, not args.no_rotated, stats))
+            print(_summary_text(rows, stats))
         else:
+            contents = read_log(args.file, rotated=not args.no_rotated)
             plot(contents, args.output)
             print(f"wrote {args.output}")
     except (CounterLogError, FileNotFoundError, ValueError) as exc:
@@ -106,33 +109,46 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def summarise(contents: LogContents) -> list[dict]:
+def summarise(contents: LogContents | Iterable[dict]) -> list[dict]:
     """One row per (op, variant): calls, share of the op's calls, p50/p99 time and the
-    median fraction of the roofline floor reached (floor / time; 1 is the hardware limit)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in contents.records:
-        groups.setdefault((r["op"], r["variant"]), []).append(r)
+    median fraction of the roofline floor reached (floor / time; 1 is the hardware limit).
+    Takes a :class:`LogContents` or any iterable of records (streamed: per group only the
+    times are kept)."""
+    records = contents.records if isinstance(contents, LogContents) else contents
+    times: dict[tuple, list[float]] = {}
+    fractions: dict[tuple, list[float]] = {}
+    calls: dict[tuple, int] = {}
+    for r in records:
+        key = (r["op"], r["variant"])
+        calls[key] = calls.get(key, 0) + 1
+        t = r.get("time_ms")
+        if isinstance(t, (int, float)) and math.isfinite(t):
+            times.setdefault(key, []).append(t)
+            if r.get("floor_ms") and t > 0:
+                fractions.setdefault(key, []).append(r["floor_ms"] / t)
     per_op: dict[str, int] = {}
-    for (op, _), recs in groups.items():
-        per_op[op] = per_op.get(op, 0) + len(recs)
+    for (op, _), n in calls.items():
+        per_op[op] = per_op.get(op, 0) + n
     rows = []
-    for (op, variant), recs in sorted(groups.items()):
-        times = sorted(r["time_ms"] for r in recs if math.isfinite(r.get("time_ms", math.nan)))
-        fractions = sorted(r["floor_ms"] / r["time_ms"] for r in recs
-                           if r.get("floor_ms") and r.get("time_ms", 0) > 0)
-        rows.append({"op": op, "variant": variant, "calls": len(recs),
-                     "share": len(recs) / per_op[op],
-                     "p50_ms": _quantile(times, 0.5) if times else math.nan,
-                     "p99_ms": _quantile(times, 0.99) if times else math.nan,
-                     "roofline_fraction": _quantile(fractions, 0.5) if fractions else math.nan})
+    for (op, variant), n in sorted(calls.items()):
+        ts = sorted(times.get((op, variant), []))
+        fs = sorted(fractions.get((op, variant), []))
+        rows.append({"op": op, "variant": variant, "calls": n, "share": n / per_op[op],
+                     "p50_ms": _quantile(ts, 0.5) if ts else math.nan,
+                     "p99_ms": _quantile(ts, 0.99) if ts else math.nan,
+                     "roofline_fraction": _quantile(fs, 0.5) if fs else math.nan})
     return rows
 
 
 def summary_text(contents: LogContents) -> str:
-    rows = summarise(contents)
-    damage = contents.stats.damage_text()
-    every = sorted({h.get("sample_every", 1) for h in contents.headers})
-    head = (f"{len(contents.records)} records in {len(contents.files)} file(s)"
+    """``adaptive log show``'s text for records already read."""
+    return _summary_text(summarise(contents), contents.stats)
+
+
+def _summary_text(rows: list[dict], stats: ReadStats) -> str:
+    damage = stats.damage_text()
+    every = sorted({h.get("sample_every", 1) for h in stats.headers})
+    head = (f"{stats.records} records in {len(stats.files)} file(s)"
             + (f" (one launch in {every[0]} logged)" if every and every != [1] and
                len(every) == 1 else "") + (f"; {damage}" if damage else ""))
     lines = [head, f"{'op':<12}{'variant':<28}{'calls':>9}{'share':>8}{'p50 ms':>11}"
