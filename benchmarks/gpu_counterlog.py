@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         from profilers.cupti import shared_activity
         probe = shared_activity()
         cupti_status = probe.status
-        probe.close()                 # kernels are recorded only while a log needs them
+        probe.pause()                 # kernels are recorded only while a log needs them
     modes = ["off", "events"] + (["cupti", "cupti_all"] if cupti_status == "ok" else [])
     print(f"gpu_counterlog: {device}; one call in {every} logged; CUPTI: {cupti_status}",
           flush=True)

@@ -158,6 +158,34 @@ class CuptiActivity:
                     del self._external[corr]
         return out
 
+    def pause(self) -> None:
+        """Stop recording kernels (flushing what was recorded); :meth:`resume` restarts.
+        The callbacks stay registered: a process registers them once."""
+        cupti = self._cupti
+        if cupti is None or self.status != "ok":
+            return
+        try:
+            cupti.activity_flush_all(1)
+            cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
+            cupti.activity_disable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("pausing CUPTI activity: %s", exc)
+        self.status = "paused"
+
+    def resume(self) -> None:
+        """Record kernels again after :meth:`pause`."""
+        cupti = self._cupti
+        if cupti is None or self.status != "paused":
+            return
+        try:
+            cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
+            cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+        except Exception as exc:  # noqa: BLE001
+            self.status = f"CUPTI refused to resume: {type(exc).__name__}: {exc}"
+            log.warning("%s; timing falls back to CUDA events", self.status)
+            return
+        self.status = "ok"
+
     def close(self) -> None:
         """Flush and stop collecting."""
         if self._cupti is None:
@@ -196,6 +224,8 @@ def shared_activity(cupti=None) -> CuptiActivity:
     with _shared_lock:
         if _shared is None or _shared.status == "closed":
             _shared = CuptiActivity(cupti)
+        elif _shared.status == "paused":
+            _shared.resume()
         return _shared
 
 
@@ -299,7 +329,7 @@ class CuptiTimer:
         return n
 
     def close(self) -> None:
-        """Forget pending calls; the last user of the shared subscription stops CUPTI (so
+        """Forget pending calls; the last user of the shared subscription pauses CUPTI (so
         kernels are no longer recorded once no log needs them)."""
         global _shared_users
         self.discard_pending()
@@ -310,7 +340,7 @@ class CuptiTimer:
                 _shared_users -= 1
                 last = _shared_users == 0
             if last:
-                self.activity.close()
+                self.activity.pause()
 
 
 class _NullStream:

@@ -224,3 +224,35 @@ def test_auto_timing_falls_back_to_event_pairs_without_cupti(tmp_path, monkeypat
 class _Refusing(FakeCupti):
     def activity_register_callbacks(self, requested, completed):
         raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+
+def test_the_shared_subscription_pauses_with_its_last_user_and_resumes(monkeypatch):
+    class Counting(FakeCupti):
+        def __init__(self):
+            super().__init__()
+            self.registered, self.enabled = 0, set()
+
+        def activity_register_callbacks(self, requested, completed):
+            self.registered += 1
+            super().activity_register_callbacks(requested, completed)
+
+        def activity_enable(self, kind):
+            self.enabled.add(kind)
+
+        def activity_disable(self, kind):
+            self.enabled.discard(kind)
+
+    fake = Counting()
+    monkeypatch.setattr(cupti_mod, "_shared", None)
+    monkeypatch.setattr(cupti_mod, "_shared_users", 0)
+    monkeypatch.setattr(cupti_mod, "CuptiActivity",
+                        lambda cupti=None: CuptiActivity(cupti=fake))
+    a, b = CuptiTimer(8), CuptiTimer(8)
+    assert a.activity is b.activity and fake.enabled == {10, 19}
+    a.close()
+    assert fake.enabled == {10, 19}                       # b still needs the kernels
+    b.close()
+    assert fake.enabled == set() and b.activity.status == "paused"
+    c = CuptiTimer(8)
+    assert c.status == "ok" and fake.enabled == {10, 19} and fake.registered == 1
+    c.close()

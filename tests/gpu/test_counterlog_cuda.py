@@ -64,7 +64,7 @@ def _timing_or_skip(timing: str) -> None:
         from profilers.cupti import shared_activity
         probe = shared_activity()
         status = probe.status
-        probe.close()                 # the log subscribes again; nothing recorded meanwhile
+        probe.pause()                 # the log subscribes again; nothing recorded meanwhile
         if status != "ok":
             pytest.skip(f"CUPTI timing unavailable here: {status}")
 
