@@ -32,8 +32,13 @@ class Config:
         "env": "ADAPTIVE_PACKS", "doc": "variant packs to load at start, ':'-separated"})
     counter_log: str = dataclasses.field(default="", metadata={
         "env": "ADAPTIVE_COUNTER_LOG", "doc": "append a counter-log record of launches to this path"})
-    counter_log_every: int = dataclasses.field(default=1, metadata={
-        "env": "ADAPTIVE_COUNTER_LOG_EVERY", "doc": "log every Nth launch"})
+    counter_log_every: int = dataclasses.field(default=16, metadata={
+        "env": "ADAPTIVE_COUNTER_LOG_EVERY", "doc": "counter log: time and log every Nth "
+        "launch per dispatcher (1: all; the rate is written in the log)"})
+    counter_log_timing: str = dataclasses.field(default="auto", metadata={
+        "env": "ADAPTIVE_COUNTER_LOG_TIMING", "doc": "counter log timing of cuda launches: auto "
+        "(CUPTI activity records where cupti-python is installed, else event pairs), cupti, "
+        "events"})
     cache_dir: str = dataclasses.field(default_factory=_cache_dir_default, metadata={
         "env": "ADAPTIVE_CACHE_DIR", "doc": "content-addressed cache of compiled kernels, and "
         "each GPU's measured roofline peaks"})

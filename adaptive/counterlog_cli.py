@@ -1,23 +1,28 @@
 """``adaptive log``: summarise, plot and export counter logs.
 
-    adaptive log show run.alog               # per op and variant: calls, p50/p99, roofline
-    adaptive log plot run.alog -o run.png    # time against size by variant; clocks over time
-    adaptive log export run.alog --csv       # one row per record (stdout or -o FILE)
+    adaptive log show run.alog                      # per op and variant: calls, p50/p99, roofline
+    adaptive log plot run.alog -o run.png           # time against size by variant; clocks over time
+    adaptive log export run.alog --format csv       # one row per record (stdout or -o FILE)
+    adaptive log export run.alog --format parquet -o run.parquet   # needs the [parquet] extra
+    adaptive log export run.alog --format trace -o run.json        # open in ui.perfetto.dev
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import io
+import contextlib
 import math
+import os
 import sys
+from collections.abc import Iterable
 
-from adaptive.counterlog import CounterLogError, LogContents, read_log
+from adaptive.counterlog import CounterLogError, LogContents, ReadStats, iter_log, read_log
+from adaptive.counterlog.export import (DEVICE_COLUMNS, FORMATS, write_csv, write_parquet,
+                                        write_trace)
 
-CSV_DEVICE_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c",
-                     "gpu_util_ratio", "clock_event_reasons", "sm_active_ratio",
-                     "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio")
+CSV_DEVICE_FIELDS = DEVICE_COLUMNS
+# what matplotlib's Agg canvas writes (checked before any work)
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,33 +31,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     show.add_argument("file")
     plot = sub.add_parser("plot", help="plot times against size and device state over time")
     plot.add_argument("file")
-    plot.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
-    export = sub.add_parser("export", help="export records as CSV")
+    plot.add_argument("-o", "--output", required=True,
+                      help=f"image file ({', '.join('.' + e for e in PLOT_FORMATS)})")
+    export = sub.add_parser("export", help="export records as CSV, Parquet or a Perfetto trace")
     export.add_argument("file")
-    export.add_argument("--csv", action="store_true", required=True, help="CSV (the one format)")
-    export.add_argument("-o", "--output", help="output file (default: stdout)")
+    export.add_argument("--format", choices=FORMATS, default=None,
+                        help="csv (one row per record), parquet (the same columns; needs the "
+                             "[parquet] extra), trace (Chrome/Perfetto trace JSON)")
+    export.add_argument("--csv", action="store_true", help="the same as --format csv")
+    export.add_argument("-o", "--output", help="output file (default: stdout; parquet needs one)")
     for p in (show, plot, export):
         p.add_argument("--no-rotated", action="store_true",
                        help="read only FILE, not its rotated predecessors FILE.1, FILE.2, ...")
 
 
 def run(args: argparse.Namespace) -> int:
+    name = f"adaptive log {args.action}"
     try:
-        contents = read_log(args.file, rotated=not args.no_rotated)
-    except (CounterLogError, FileNotFoundError) as exc:
-        print(f"adaptive log {args.action}: {exc}", file=sys.stderr)
-        return 1
-    if args.action == "show":
-        print(summary_text(contents))
-    elif args.action == "plot":
-        plot(contents, args.output)
-        print(f"wrote {args.output}")
-    else:
-        if args.output:
-            with open(args.output, "w", newline="") as f:
-                write_csv(contents, f)
+        if args.action == "plot":
+            check_plot_output(args.output)
+        if args.action == "export":
+            return _export(args, name)
+        if args.action == "show":                  # streamed: any size of log
+            stats = ReadStats()
+            rows = summarise(iter_log(args.file, not args.no_rotated, stats))
+            print(_summary_text(rows, stats))
         else:
-            write_csv(contents, sys.stdout)
+            contents = read_log(args.file, rotated=not args.no_rotated)
+            plot(contents, args.output)
+            print(f"wrote {args.output}")
+    except (CounterLogError, FileNotFoundError, ValueError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    except ImportError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _export(args: argparse.Namespace, name: str) -> int:
+    fmt = args.format or ("csv" if args.csv else None)
+    if fmt is None:
+        raise ValueError(f"say which format: --format {{{','.join(FORMATS)}}}")
+    if args.csv and fmt != "csv":
+        raise ValueError(f"--csv and --format {fmt} disagree; give one")
+    stats = ReadStats()
+    rotated = not args.no_rotated
+    if fmt == "parquet":
+        if not args.output:
+            raise ValueError("--format parquet writes a binary file: give -o FILE.parquet")
+        n = write_parquet(args.file, args.output, rotated, stats)
+    else:
+        writer = write_csv if fmt == "csv" else write_trace
+        if args.output:
+            tmp = f"{args.output}.tmp{os.getpid()}"
+            try:
+                with open(tmp, "w", newline="", encoding="utf-8") as f:
+                    n = writer(args.file, f, rotated, stats)
+                os.replace(tmp, args.output)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+        else:
+            n = writer(args.file, sys.stdout, rotated, stats)
+    damage = stats.damage_text()
+    where = args.output or "stdout"
+    print(f"{name}: {n} records to {where} ({fmt})" + (f"; {damage}" if damage else ""),
+          file=sys.stderr)
     return 0
 
 
@@ -64,33 +109,48 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def summarise(contents: LogContents) -> list[dict]:
+def summarise(contents: LogContents | Iterable[dict]) -> list[dict]:
     """One row per (op, variant): calls, share of the op's calls, p50/p99 time and the
-    median fraction of the roofline floor reached (floor / time; 1 is the hardware limit)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in contents.records:
-        groups.setdefault((r["op"], r["variant"]), []).append(r)
+    median fraction of the roofline floor reached (floor / time; 1 is the hardware limit).
+    Takes a :class:`LogContents` or any iterable of records (streamed: per group only the
+    times are kept)."""
+    records = contents.records if isinstance(contents, LogContents) else contents
+    times: dict[tuple, list[float]] = {}
+    fractions: dict[tuple, list[float]] = {}
+    calls: dict[tuple, int] = {}
+    for r in records:
+        key = (r["op"], r["variant"])
+        calls[key] = calls.get(key, 0) + 1
+        t = r.get("time_ms")
+        if isinstance(t, (int, float)) and math.isfinite(t):
+            times.setdefault(key, []).append(t)
+            if r.get("floor_ms") and t > 0:
+                fractions.setdefault(key, []).append(r["floor_ms"] / t)
     per_op: dict[str, int] = {}
-    for (op, _), recs in groups.items():
-        per_op[op] = per_op.get(op, 0) + len(recs)
+    for (op, _), n in calls.items():
+        per_op[op] = per_op.get(op, 0) + n
     rows = []
-    for (op, variant), recs in sorted(groups.items()):
-        times = sorted(r["time_ms"] for r in recs if math.isfinite(r.get("time_ms", math.nan)))
-        fractions = sorted(r["floor_ms"] / r["time_ms"] for r in recs
-                           if r.get("floor_ms") and r.get("time_ms", 0) > 0)
-        rows.append({"op": op, "variant": variant, "calls": len(recs),
-                     "share": len(recs) / per_op[op],
-                     "p50_ms": _quantile(times, 0.5) if times else math.nan,
-                     "p99_ms": _quantile(times, 0.99) if times else math.nan,
-                     "roofline_fraction": _quantile(fractions, 0.5) if fractions else math.nan})
+    for (op, variant), n in sorted(calls.items()):
+        ts = sorted(times.get((op, variant), []))
+        fs = sorted(fractions.get((op, variant), []))
+        rows.append({"op": op, "variant": variant, "calls": n, "share": n / per_op[op],
+                     "p50_ms": _quantile(ts, 0.5) if ts else math.nan,
+                     "p99_ms": _quantile(ts, 0.99) if ts else math.nan,
+                     "roofline_fraction": _quantile(fs, 0.5) if fs else math.nan})
     return rows
 
 
 def summary_text(contents: LogContents) -> str:
-    rows = summarise(contents)
-    head = (f"{len(contents.records)} records in {len(contents.files)} file(s)"
-            + (f"; {contents.truncated_bytes} bytes of a truncated last record skipped"
-               if contents.truncated_bytes else ""))
+    """``adaptive log show``'s text for records already read."""
+    return _summary_text(summarise(contents), contents.stats)
+
+
+def _summary_text(rows: list[dict], stats: ReadStats) -> str:
+    damage = stats.damage_text()
+    every = sorted({h.get("sample_every", 1) for h in stats.headers})
+    head = (f"{stats.records} records in {len(stats.files)} file(s)"
+            + (f" (one launch in {every[0]} logged)" if every and every != [1] and
+               len(every) == 1 else "") + (f"; {damage}" if damage else ""))
     lines = [head, f"{'op':<12}{'variant':<28}{'calls':>9}{'share':>8}{'p50 ms':>11}"
              f"{'p99 ms':>11}{'roofline':>10}"]
     for r in rows:
@@ -100,32 +160,26 @@ def summary_text(contents: LogContents) -> str:
     return "\n".join(lines)
 
 
-# ---- export -------------------------------------------------------------------------------
-
-def write_csv(contents: LogContents, out: io.TextIOBase) -> int:
-    """Write one CSV row per record; dims, config and device state become columns."""
-    dims = sorted({k for r in contents.records for k in r.get("dims", {})})
-    configs = sorted({k for r in contents.records for k in (r.get("config") or {})})
-    fields = (["seq", "time_s", "op", "variant", "dtype", "backend", "device", "timer",
-               "time_ms", "floor_ms", "flops", "bytes"] + [f"dim_{k}" for k in dims]
-              + [f"config_{k}" for k in configs] + list(CSV_DEVICE_FIELDS))
-    writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
-    writer.writeheader()
-    for r in contents.records:
-        row = {k: r.get(k, "") for k in fields[:12]}
-        row.update({f"dim_{k}": v for k, v in r.get("dims", {}).items()})
-        row.update({f"config_{k}": v for k, v in (r.get("config") or {}).items()})
-        row.update({k: v for k, v in (r.get("device_state") or {}).items()
-                    if k in CSV_DEVICE_FIELDS})
-        writer.writerow(row)
-    return len(contents.records)
-
-
 # ---- plot ---------------------------------------------------------------------------------
+
+def check_plot_output(path: str) -> None:
+    """Refuse an image name matplotlib cannot write, and a missing matplotlib, in one line."""
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if ext not in PLOT_FORMATS:
+        raise ValueError(f"cannot write a plot to {path!r}: the extension "
+                         f"{'.' + ext if ext else '(none)'} is not a supported image format; "
+                         f"use one of {', '.join('.' + e for e in PLOT_FORMATS)}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install 'adaptive-dispatch[plot]'"
+                          ) from None
+
 
 def plot(contents: LogContents, path: str) -> None:
     """Time against problem size (bytes moved) coloured by variant, one panel per op; and
     SM clock, power and utilisation over time when the log has device state."""
+    check_plot_output(path)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

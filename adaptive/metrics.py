@@ -1,11 +1,16 @@
 """Prometheus metrics: launches, kernel times, cache misses, regeneration requests,
-dropped log records and device gauges, exported by a loopback-or-wider HTTP endpoint.
+counter-log records written and dropped, and device gauges, exported by a
+loopback-or-wider HTTP endpoint.
 
-The hot path pays one ``next()`` on a per-plan ``itertools.count`` (atomic in CPython,
-no lock); everything else — summing per op and variant, reading dispatcher statistics,
-NVML — happens in a custom collector when Prometheus scrapes. Labels are bounded sets
-(op, variant, backend, gpu ordinal): never a shape. ``prometheus_client`` is imported by
-:func:`serve_metrics` only.
+Names follow the exposition conventions (``promtool check metrics`` passes): base units
+in the name (``_seconds``, ``_bytes``, ``_ratio``), counters end in ``_total``, latencies
+are histograms, and device gauges that dcgm-exporter also exports carry its names and
+units (``DCGM_FI_DEV_SM_CLOCK`` in MHz, ``DCGM_FI_DEV_POWER_USAGE`` in W, ...), so one
+dashboard reads either. The hot path adds one to a per-thread, per-plan count (a dict
+only its thread writes: no lock, no lost updates); summing per op and variant, reading
+dispatcher statistics and NVML happen in a custom collector when Prometheus scrapes.
+Labels are bounded sets (op, variant, backend, gpu ordinal, UUID): never a shape.
+``prometheus_client`` is imported by :func:`serve_metrics` only.
 
     >>> server = adaptive.serve_metrics(9400)      # http://127.0.0.1:9400/metrics
     >>> server.close()
@@ -15,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 import threading
 import weakref
 from collections.abc import Mapping
@@ -26,23 +30,35 @@ from adaptive import counterlog, dispatch
 KERNEL_TIME_BUCKETS_S = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
                          2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
-# device gauges: snapshot field -> (metric name, help, scale to base units)
+# device gauges: state field -> (metric name, help, scale from the field's unit); the
+# DCGM_* ones mirror dcgm-exporter (same name, unit and meaning), the others have no
+# DCGM field
 DEVICE_GAUGES = {
-    "sm_active_ratio": ("adaptive_gpu_sm_active_ratio",
-                        "fraction of time SMs had a warp resident (DCGM SM_ACTIVE)", 1.0),
-    "sm_occupancy_ratio": ("adaptive_gpu_sm_occupancy_ratio",
-                           "resident warps / maximum, over active SMs (DCGM SM_OCCUPANCY)", 1.0),
-    "tensor_active_ratio": ("adaptive_gpu_tensor_active_ratio",
-                            "fraction of cycles a tensor pipe was active (DCGM "
-                            "PIPE_TENSOR_ACTIVE)", 1.0),
-    "dram_active_ratio": ("adaptive_gpu_dram_active_ratio",
-                          "fraction of peak DRAM bandwidth used (DCGM DRAM_ACTIVE)", 1.0),
-    "gpu_util_ratio": ("adaptive_gpu_utilization_ratio", "NVML GPU utilisation", 1.0),
-    "sm_clock_mhz": ("adaptive_gpu_sm_clock_hertz", "SM clock", 1e6),
-    "mem_clock_mhz": ("adaptive_gpu_memory_clock_hertz", "memory clock", 1e6),
-    "power_w": ("adaptive_gpu_power_watts", "board power draw", 1.0),
-    "temperature_c": ("adaptive_gpu_temperature_celsius", "GPU temperature", 1.0),
+    "sm_clock_mhz": ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", 1.0),
+    "mem_clock_mhz": ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", 1.0),
+    "power_w": ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", 1.0),
+    "temperature_c": ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", 1.0),
+    "gpu_util_ratio": ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", 100.0),
+    "mem_util_ratio": ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", 100.0),
+    "mem_used_bytes": ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", 1 / 2**20),
+    "clock_event_reasons": ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                            "Throttling reasons bitmask (NVML clock-event reasons).", 1.0),
+    "sm_active_ratio": ("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 "
+                        "warp assigned (GPM).", 1.0),
+    "sm_occupancy_ratio": ("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps "
+                           "resident on an SM (GPM).", 1.0),
+    "tensor_active_ratio": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor "
+                            "(HMMA) pipe is active (GPM).", 1.0),
+    "dram_active_ratio": ("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory "
+                          "interface is active sending or receiving data (GPM).", 1.0),
+    "other_processes": ("adaptive_gpu_other_processes", "other processes with a compute "
+                        "context on the GPU", 1.0),
+    "other_processes_mem_bytes": ("adaptive_gpu_other_processes_memory_bytes", "device "
+                                  "memory held by other processes", 1.0),
 }
+# adaptive_* gauges that count things, so carry no unit suffix (the name checker's list)
+UNITLESS_GAUGES = ("adaptive_gpu_other_processes",)
+
 
 _regen_lock = threading.Lock()
 _regen_requests: dict[str, int] = {}
@@ -54,9 +70,34 @@ def count_regeneration_request(op: str) -> None:
         _regen_requests[op] = _regen_requests.get(op, 0) + 1
 
 
-def _count_value(counter: itertools.count) -> int:
-    """How many times ``next`` was called on a ``count()`` (its repr is ``count(n)``)."""
-    return int(repr(counter)[6:-1])
+class _LaunchCounts:
+    """Launch counts per plan, one table per thread that launches (each written by its own
+    thread only, so a count is never lost between threads); summed when scraped. Bounded
+    by threads that launched × plans alive."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self._tables: list[dict] = []
+        self._lock = threading.Lock()
+
+    def table(self) -> dict:
+        """This thread's table (made on its first launch)."""
+        table = getattr(self.local, "table", None)
+        if table is None:
+            table = self.local.table = {}
+            with self._lock:
+                self._tables.append(table)
+        return table
+
+    def totals(self) -> dict:
+        """plan -> launches, over every thread."""
+        with self._lock:
+            tables = list(self._tables)
+        out: dict = {}
+        for table in tables:
+            for plan, n in list(table.items()):   # one C call: atomic under the GIL
+                out[plan] = out.get(plan, 0) + n
+        return out
 
 
 class _CountingRecorder(counterlog.Recorder):
@@ -65,19 +106,19 @@ class _CountingRecorder(counterlog.Recorder):
     def __init__(self, owner: MetricsServer):
         super().__init__()
         self.owner = owner
+        self._local, self._table = owner.counts.local, owner.counts.table
 
     def __call__(self, plan, args, out):
-        counter = self.owner.counts.get(plan)
-        if counter is None:
-            counter = self.owner.counts.setdefault(plan, itertools.count())
-        next(counter)
+        try:
+            table = self._local.table
+        except AttributeError:
+            table = self._table()
+        table[plan] = table.get(plan, 0) + 1
         return self._next(plan, args, out)
 
     def sampled(self, plan, time_ms: float) -> None:
-        counter = self.owner.counts.get(plan)
-        if counter is None:
-            counter = self.owner.counts.setdefault(plan, itertools.count())
-        next(counter)
+        table = self._table()
+        table[plan] = table.get(plan, 0) + 1
         self.owner.observe_time(plan, time_ms / 1e3)
 
 
@@ -91,7 +132,7 @@ class MetricsServer:
     """The running endpoint; see :func:`serve_metrics`."""
 
     def __init__(self, samplers: Mapping[int, object] | None = None, nvml: bool = True):
-        self.counts: dict = {}                      # plan -> itertools.count
+        self.counts = _LaunchCounts()
         self._hist: dict[tuple, _Histogram] = {}
         self._hist_lock = threading.Lock()
         self._recorders = weakref.WeakKeyDictionary()   # dispatcher -> recorder
@@ -133,9 +174,9 @@ class MetricsServer:
         launches = CounterMetricFamily("adaptive_launches", "launches by op and variant",
                                        labels=["op", "variant", "backend"])
         totals: dict[tuple, int] = {}
-        for plan, counter in list(self.counts.items()):
+        for plan, n in self.counts.totals().items():
             key = (plan.problem.op, plan.candidate.variant.name, plan.candidate.variant.backend)
-            totals[key] = totals.get(key, 0) + _count_value(counter)
+            totals[key] = totals.get(key, 0) + n
         for key, n in sorted(totals.items()):
             launches.add_metric(list(key), n)
         yield launches
@@ -171,8 +212,13 @@ class MetricsServer:
                 regen.add_metric([op], n)
         yield regen
 
-        dropped = CounterMetricFamily("adaptive_counter_log_dropped_records",
-                                      "counter-log records dropped (queue or event ring full)")
+        written = CounterMetricFamily("adaptive_log_written_records",
+                                      "counter-log records written")
+        written.add_metric([], counterlog.written_records_total())
+        yield written
+        dropped = CounterMetricFamily("adaptive_log_dropped_records",
+                                      "counter-log records dropped (the writer fell behind: "
+                                      "queue or timing ring full)")
         dropped.add_metric([], counterlog.dropped_records_total())
         yield dropped
 
@@ -190,15 +236,17 @@ class MetricsServer:
                     from profilers.nvml import NvmlSampler, nvml_device
                     s = self._samplers[index] = samplers[index] = NvmlSampler(nvml_device(index))
                     self._own_samplers.append(s.start())
-        families = {field: GaugeMetricFamily(name, doc, labels=["gpu"])
+        families = {field: GaugeMetricFamily(name, doc, labels=["gpu", "UUID"])
                     for field, (name, doc, _) in DEVICE_GAUGES.items()}
         for index, s in sorted(samplers.items()):
             snap = s.latest
             if snap is None:
                 continue
+            uuid = s.device if isinstance(s.device, str) else ""
             for field, value in snap.to_dict().items():
                 if field in families:
-                    families[field].add_metric([str(index)], value * DEVICE_GAUGES[field][2])
+                    families[field].add_metric([str(index), uuid],
+                                               value * DEVICE_GAUGES[field][2])
         yield from families.values()
 
     # ---- lifecycle ---------------------------------------------------------------------

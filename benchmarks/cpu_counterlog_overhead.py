@@ -13,7 +13,8 @@ are the Python-level work around the CUDA calls, not the driver's own cost (abou
 0.1-0.5 us per event record on a real GPU, the same before and after).
 
 Rows (median over alternating rounds; microseconds per launch):
-- ``cuda recorder``: the event recorder around a no-op plan, against the plan alone.
+- ``cuda recorder``: the event recorder around a no-op plan, against the plan alone; then
+  the same recorder logging one call in ``ADAPTIVE_COUNTER_LOG_EVERY`` (the default).
 - ``cuda launch``: a full ``Dispatcher.launch`` of a tiny softmax, logged (event
   recorder) against unlogged.
 - ``host launch``: the same with the host recorder (perf-counter pair).
@@ -109,6 +110,11 @@ class FakeNvml:
         raise RuntimeError("Not Supported")
 
 
+def counterlog_every() -> int:
+    from adaptive import config
+    return config.get().counter_log_every
+
+
 def per_launch_us(fn, n: int) -> float:
     t0 = time.perf_counter_ns()
     fn(n)
@@ -148,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     noop = dataclasses.replace(plan, run=lambda a, o: o)
     xs = (x,)
 
-    clog = counterlog.CounterLog(tmp / "bench.alog", flush_interval_s=3600.0,
-                                 queue_size=1 << 20, event_capacity=n + 16).open()
+    clog = counterlog.CounterLog(tmp / "bench.alog", sample_every=1, timing="events",
+                                 flush_interval_s=3600.0, queue_size=1 << 20,
+                                 event_capacity=n + 16).open()
     timer = EventTimer(n + 16, None)
     clog._timers[0] = timer
     sampler = NvmlSampler(0, nvml=FakeNvml())
@@ -179,9 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     def measure(name, off_fn, on_fn):
         written.clear()
         off, on = side_by_side(off_fn, on_fn, args.rounds, n, drain)
-        rows.append((name, off, on, statistics.median(written)))
+        rows.append((name, off, on, statistics.median(written) if written else 0.0))
 
     measure("cuda recorder (no-op plan)", run_noop, rec_noop)
+    every = counterlog_every()
+    sampled = recorders._LogRecorder(clog, d, timer)
+    sampled.every = every
+
+    def sampled_noop(k):
+        for _ in range(k):
+            sampled(noop, xs, None)
+
+    measure(f"  the same, 1 call in {every}", run_noop, sampled_noop)
 
     def launch(k):
         for _ in range(k):

@@ -1,32 +1,28 @@
-"""Counter-logging overhead: a stream of small launches with NVML sampling and logging of
-every call, against both off, side by side in one run; the log's GPU times against
-CUDA-event timings; a plot drawn from the real log.
+"""Counter-logging overhead and accuracy, as served: the log on (NVML sampling, one call
+in N timed) against off, with each timing source, and the logged times against CUDA
+event pairs around the same calls.
 
-    PYTHONPATH=$PWD python3 benchmarks/gpu_counterlog.py --out $OUT       # H200, < 2 min
-    python benchmarks/gpu_counterlog.py --device host --quick             # a dry run on CPU
+    PYTHONPATH=$PWD python3 benchmarks/gpu_counterlog.py --out $OUT      # H200, < 3 min
+    python benchmarks/gpu_counterlog.py --device host --quick            # a dry run on CPU
 
 Two streams, each a round-robin over three inputs (so several plans are live):
 ``gpu_bound`` (kernels of tens of microseconds: the GPU, not Python, sets the pace) and
-``host_bound`` (tiny kernels: the per-launch host cost shows in full). Rounds alternate
-off / on (order flipped every round) on one dispatcher with its own sampling off, so the
-log is the only difference; "on" starts the NVML sampler (0.1 s, GPM 0.2 s) and attaches
-the counter log, "off" has neither. The log's writer is idle before every "off" round.
+``host_bound`` (tiny kernels: the per-launch host cost shows in full). Modes, alternated
+round by round (order rotated and flipped) on one dispatcher with its own sampling off:
+``off`` (no log), ``events`` (the log with sampled CUDA event pairs, one call in
+``--every``, default ``ADAPTIVE_COUNTER_LOG_EVERY``), ``cupti`` (the same with CUPTI
+activity records, where cupti-python can subscribe) and ``cupti_all`` (CUPTI, every
+call tagged). Each "on" round opens a fresh log with its NVML/GPM sampler (0.1 s) and
+closes it after the timed block, so no mode's state leaks into another's rounds.
 
-Agreement: per input, the median of the log's event-timed records against CUDA events
-around ``--ref-block`` back-to-back launches of that input alone (divided by the block).
+Accuracy: per input and timing source, 40 calls queued behind a ~20 ms spin kernel (so
+the GPU runs them back to back and an event pair times GPU work, not launch gaps), each
+bracketed by its own CUDA event pair; the error is |logged - pair| per call.
 
-Attribution (``--attribute``, default on): more modes in the same alternation,
-``events`` (only a pre-created CUDA event pair recorded around each launch with the raw
-runtime call: the GPU-side and driver cost of event timing, nothing else),
-``events_end`` (one event after each launch: what a single event costs) and ``log``
-(the counter log without the NVML sampler), so the cost of "on" splits into events,
-record handling/writer, and NVML/GPM sampling.
-
-Criteria (issue 6): throughput drop < 3 % for the ``gpu_bound`` stream; log times within
-5 % of the event reference for its inputs. The ``host_bound`` numbers are reported as
-the per-launch cost in microseconds (what logging every call costs when Python is the
-bottleneck). Writes ``gpu_counterlog.json``, ``gpu_counterlog.png`` (from the log) and
-the log itself (``gpu_counterlog.alog``) to ``--out``.
+Targets (issue 15), printed last: throughput loss <= 3 % (gpu_bound) and <= 10 %
+(host_bound) for sampled events and for CUPTI; logged times within 5 % or 2 us of the
+event pair (median over calls). Writes ``gpu_counterlog.json``, ``gpu_counterlog.png``
+(drawn from a log) and the logs to ``--out``.
 """
 
 from __future__ import annotations
@@ -44,9 +40,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adaptive import config  # noqa: E402
 from adaptive.backends import resolve_name  # noqa: E402
-from adaptive.counterlog import (CounterLog, Recorder, install_recorder, read_log,  # noqa: E402
-                                 remove_recorder)
+from adaptive.counterlog import CounterLog, read_log  # noqa: E402
 from adaptive.counterlog_cli import plot, summarise  # noqa: E402
 from adaptive.dispatch import Dispatcher  # noqa: E402
 
@@ -69,8 +65,10 @@ STREAMS = {
                        ("softmax", [(4, 256)], "float32")],
     },
 }
-DROP_LIMIT = 0.03
-AGREE_LIMIT = 0.05
+LOSS_LIMIT = {"gpu_bound": 0.03, "host_bound": 0.10}
+AGREE_REL, AGREE_ABS_MS = 0.05, 0.002
+SPIN = r'''extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64(); while (clock64() - t0 < cycles) {} }'''
 
 
 def make_inputs(device: str, spec, seed: int):
@@ -85,11 +83,32 @@ def make_inputs(device: str, spec, seed: int):
     return inputs
 
 
-class Clock:
-    """Wall time of a block of launches, ended by a device synchronisation."""
+def committed(d: Dispatcher, op: str, args, limit: int = 600) -> int:
+    """Launch until the policy commits for this input (exploring calls time other
+    candidates); returns the launches it took."""
+    for i in range(limit):
+        d.launch(op, *args)
+        decision = d.decision(op, *args)
+        if decision is not None and not decision.explore:
+            return i + 1
+    raise RuntimeError(f"{op}: the policy still explores after {limit} launches")
 
-    def __init__(self, d: Dispatcher):
+
+class Device:
+    """Synchronise, spin and time on the device (host: no-ops and the wall clock)."""
+
+    def __init__(self, d: Dispatcher, device: str):
+        self.cuda = device == "cuda"
         self.sync = getattr(d.backend, "synchronize", lambda: None)
+        if self.cuda:
+            import cupy
+            self.cp = cupy
+            self._spin = cupy.RawKernel(SPIN, "spin")
+            self.spin(1000)
+
+    def spin(self, cycles: int) -> None:
+        if self.cuda:
+            self._spin((1,), (1,), (np.int64(cycles),))
 
     def time_s(self, fn) -> float:
         self.sync()
@@ -98,72 +117,31 @@ class Clock:
         self.sync()
         return time.perf_counter() - t0
 
+    def pairs(self, n: int):
+        if self.cuda:
+            return [(self.cp.cuda.Event(), self.cp.cuda.Event()) for _ in range(n)]
+        return [[0.0, 0.0] for _ in range(n)]
 
-def reference_ms(d: Dispatcher, device: str, op: str, args, block: int) -> float:
-    """Median per-launch time of ``block`` back-to-back launches, by CUDA events (host:
-    wall clock), over 5 blocks."""
-    times = []
-    for _ in range(5):
-        if device == "cuda":
-            import cupy
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-            for _ in range(block):
-                d.launch(op, *args)
-            end.record()
-            end.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, end) / block)
+    def record(self, pair, which: int) -> None:
+        if self.cuda:
+            pair[which].record()
         else:
-            t0 = time.perf_counter()
-            for _ in range(block):
-                d.launch(op, *args)
-            times.append((time.perf_counter() - t0) * 1e3 / block)
-    return statistics.median(times)
+            pair[which] = time.perf_counter()
+
+    def elapsed_ms(self, pair) -> float:
+        if self.cuda:
+            return self.cp.cuda.get_elapsed_time(*pair)
+        return (pair[1] - pair[0]) * 1e3
 
 
-def wait_idle(clog: CounterLog, timeout_s: float = 5.0) -> None:
-    """Until every taken record is written (so an "off" round runs beside an idle writer)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not clog._queue and not any(t.pending for t in clog._timers.values()):
-            break
-        time.sleep(0.005)
-    time.sleep(2 * clog.flush_interval_s)
+def open_log(path: Path, mode: str, every: int, device: str) -> CounterLog:
+    timing = "events" if mode == "events" else "cupti"
+    return CounterLog(path, sample_every=1 if mode == "cupti_all" else every, timing=timing,
+                      nvml=device == "cuda", event_capacity=1 << 14).open()
 
 
-class EventsOnly(Recorder):
-    """An event pair from ``timer``'s ring around each launch, nothing else (attribution);
-    with ``pairs=False`` only the end event."""
-
-    def __init__(self, timer, pairs: bool = True):
-        super().__init__()
-        self.timer, self.pairs = timer, pairs
-
-    def __call__(self, plan, args, out):
-        t = self.timer
-        slot = next(t.ticket) % t.capacity
-        if t.busy[slot]:
-            t.dropped += 1
-            return self._next(plan, args, out)
-        t.busy[slot] = True
-        stream = t.current_stream().ptr
-        if self.pairs:
-            t.record(t.starts[slot], stream)
-        result = self._next(plan, args, out)
-        t.record(t.ends[slot], stream)
-        t.append_pending((slot,))
-        return result
-
-
-def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args,
-               events: dict[str, EventsOnly]) -> dict:
-    inputs = make_inputs(device, STREAMS[device][name], seed=len(name))
-    t0 = time.perf_counter()
-    for op, xs in inputs:                     # decide, compile, warm
-        for _ in range(3):
-            d.launch(op, *xs)
-    clock = Clock(d)
-    warm_s = time.perf_counter() - t0
+def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], args,
+               every: int, device: str, log_dir: Path) -> dict:
     n = args.launches
 
     def stream():
@@ -171,70 +149,64 @@ def run_stream(name: str, d: Dispatcher, device: str, clog: CounterLog, args,
             op, xs = inputs[i % len(inputs)]
             d.launch(op, *xs)
 
-    clock.time_s(stream)                      # one untimed pass
-    modes = ["off", "on"]
-    if args.attribute:
-        modes += ["log"] + list(events)
     rates = {mode: [] for mode in modes}
-    samplers = list(clog.samplers.values())
-    for r in range(args.rounds):
-        order = modes[r % len(modes):] + modes[:r % len(modes)]
-        for mode in (order if (r // len(modes)) % 2 == 0 else order[::-1]):
-            if mode == "on":
-                for s in samplers:
-                    s.start()
-            if mode in ("on", "log"):
+    timings = {}
+    for r in range(-1, args.rounds):             # round -1: one untimed pass per mode
+        k = max(r, 0) % len(modes)
+        order = modes[k:] + modes[:k]
+        for mode in (order if (max(r, 0) // len(modes)) % 2 == 0 else order[::-1]):
+            clog = None
+            if mode != "off":
+                clog = open_log(log_dir / f"{name}-{mode}-{r + 1}.alog", mode, every, device)
                 clog.attach(d)
-            if mode in events:
-                install_recorder(d, events[mode])
-            rates[mode].append(n / clock.time_s(stream))
-            if mode in events:
-                remove_recorder(d, events[mode])
-                timer = events[mode].timer      # all finished: the ring is free again
-                timer.discard_pending()
-                timer.busy[:] = [False] * timer.capacity
-            if mode in ("on", "log"):
+            rate = n / dev.time_s(stream)
+            if clog is not None:
                 clog.detach(d)
-                for s in samplers:
-                    s.stop()
-                wait_idle(clog)
+                stats = clog.close()
+                timings[mode] = dict(clog.timings)
+                if r >= 0 and stats.dropped:
+                    print(f"    {name} {mode}: {stats.dropped} records dropped", flush=True)
+            if r >= 0:
+                rates[mode].append(rate)
     med = {mode: statistics.median(v) for mode, v in rates.items()}
-    off, on = med["off"], med["on"]
-    result = {"stream": name, "launches_per_round": n, "rounds": args.rounds,
-              "warm_s": round(warm_s, 3), "off_launches_per_s": off, "on_launches_per_s": on,
-              "drop": 1 - on / off, "per_launch_cost_us": (1 / on - 1 / off) * 1e6,
-              "off_rates": rates["off"], "on_rates": rates["on"],
-              "attribution": {mode: {"launches_per_s": med[mode], "drop": 1 - med[mode] / off,
-                                     "per_launch_cost_us": (1 / med[mode] - 1 / off) * 1e6,
-                                     "rates": rates[mode]}
-                              for mode in modes if mode != "off"}}
-    result["inputs"] = [{"op": op, "shapes": [list(x.shape) for x in xs],
-                         "dtype": str(xs[0].dtype),
-                         "reference_ms": reference_ms(d, device, op, xs, args.ref_block)}
-                        for op, xs in inputs]
-    return result
+    off = med["off"]
+    return {"stream": name, "launches_per_round": n, "rounds": args.rounds,
+            "off_launches_per_s": off, "timings": timings,
+            "modes": {mode: {"launches_per_s": med[mode], "loss": 1 - med[mode] / off,
+                             "per_launch_cost_us": (1 / med[mode] - 1 / off) * 1e6,
+                             "rates": rates[mode]} for mode in modes if mode != "off"}}
 
 
-def agreement(results: list[dict], records: list[dict]) -> None:
-    """Attach the log's median time per input and its relative difference to each input."""
-    for res in results:
-        for inp in res["inputs"]:
-            dims = [tuple(s) for s in inp["shapes"]]
-            times = [r["time_ms"] for r in records if r["op"] == inp["op"]
-                     and r["dtype"] == inp["dtype"] and _shape_match(r, dims)]
-            inp["log_records"] = len(times)
-            if times:
-                inp["log_median_ms"] = statistics.median(times)
-                inp["relative_difference"] = inp["log_median_ms"] / inp["reference_ms"] - 1
-
-
-def _shape_match(record: dict, shapes: list[tuple]) -> bool:
-    d = record["dims"]
-    if record["op"] == "softmax":
-        return (d.get("R"), d.get("C")) == shapes[0]
-    if record["op"] == "gemm":
-        return (d.get("M"), d.get("K")) == shapes[0] and (d.get("K"), d.get("N")) == shapes[1]
-    return False
+def accuracy(d: Dispatcher, dev: Device, op: str, xs, mode: str, device: str,
+             path: Path, calls: int) -> dict:
+    """Logged time of each call against an event pair around the same call."""
+    clog = open_log(path, mode, 1, device)
+    clog.attach(d)
+    pairs = dev.pairs(calls)
+    dev.sync()
+    dev.spin(40_000_000)                          # ~20 ms at 2 GHz: every call queues
+    for pair in pairs:
+        dev.record(pair, 0)
+        d.launch(op, *xs)
+        dev.record(pair, 1)
+    dev.sync()
+    clog.detach(d)
+    stats = clog.close()
+    recs = sorted(read_log(path, rotated=False).records, key=lambda r: r["seq"])
+    event_ms = [dev.elapsed_ms(p) for p in pairs]
+    log_ms = [r["time_ms"] for r in recs]
+    out = {"op": op, "shapes": [list(x.shape) for x in xs], "dtype": str(xs[0].dtype),
+           "timing": mode, "timers": sorted({r["timer"] for r in recs}),
+           "calls": calls, "logged": len(recs), "dropped": stats.dropped}
+    if len(recs) == calls:
+        errors = [abs(a - b) for a, b in zip(log_ms, event_ms)]
+        med_event = statistics.median(event_ms)
+        out.update(event_median_ms=med_event, log_median_ms=statistics.median(log_ms),
+                   abs_error_median_ms=statistics.median(errors),
+                   abs_error_max_ms=max(errors),
+                   rel_error_median=statistics.median(errors) / med_event,
+                   within=statistics.median(errors) <= max(AGREE_REL * med_event, AGREE_ABS_MS))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,81 +214,96 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the outputs")
     p.add_argument("--device", choices=("auto", "cuda", "host"), default="auto")
     p.add_argument("--launches", type=int, default=3000, help="launches per round")
-    p.add_argument("--rounds", type=int, default=10, help="rounds per mode")
-    p.add_argument("--ref-block", type=int, default=200, help="launches per reference block")
+    p.add_argument("--rounds", type=int, default=8, help="timed rounds per mode")
+    p.add_argument("--every", type=int, default=None,
+                   help="log one call in N (default: ADAPTIVE_COUNTER_LOG_EVERY)")
+    p.add_argument("--accuracy-calls", type=int, default=40)
     p.add_argument("--quick", action="store_true", help="short run (dry run)")
-    p.add_argument("--attribute", action=argparse.BooleanOptionalAction, default=True,
-                   help="also time 'events' (event pairs only) and 'log' (no NVML) rounds")
     args = p.parse_args(argv)
     device = resolve_name(args.device)
     if args.device == "auto" and device != "cuda":
         print("gpu_counterlog: SKIP (no CUDA device; use --device host for a dry run)")
         return 0
     if args.quick:
-        args.launches, args.rounds, args.ref_block = 600, 4, 50
+        args.launches, args.rounds, args.accuracy_calls = 300, 2, 10
+    every = args.every or config.get().counter_log_every
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "gpu_counterlog.alog"
+    log_dir = out / "gpu_counterlog_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
     d = Dispatcher(device)
-    d.sample_every = 0                        # the dispatcher's own sampling off in both modes
-    clog = CounterLog(log_path, sample_every=1, event_capacity=1 << 15,
-                      nvml=device == "cuda").open()
+    d.sample_every = 0                        # the dispatcher's own sampling off in every mode
+    dev = Device(d, device)
+    cupti_status = "host backend: no CUPTI"
     if device == "cuda":
-        clog.attach(d)                        # creates the event ring and the NVML sampler
-        clog.detach(d)
-        for s in clog.samplers.values():
-            s.stop()
-    status = {i: {"nvml": s.status, "gpm": s.gpm_status, "refused": s.refused}
-              for i, s in clog.samplers.items()}
-    print(f"gpu_counterlog: {device}; samplers {status}", flush=True)
-    events = {}
-    if device == "cuda" and args.attribute:
-        from profilers.events import EventTimer
-        timer = EventTimer(args.launches + 16, d.backend.index)
-        events = {"events": EventsOnly(timer), "events_end": EventsOnly(timer, pairs=False)}
-    results = [run_stream(name, d, device, clog, args, events)
-               for name in ("gpu_bound", "host_bound")]
-    stats = clog.close()
-    contents = read_log(log_path)
-    agreement(results, contents.records)
+        from profilers.cupti import shared_activity
+        probe = shared_activity()
+        cupti_status = probe.status
+        probe.pause()                 # kernels are recorded only while a log needs them
+    modes = ["off", "events"] + (["cupti", "cupti_all"] if cupti_status == "ok" else [])
+    print(f"gpu_counterlog: {device}; one call in {every} logged; CUPTI: {cupti_status}",
+          flush=True)
+    results, agreement = [], []
+    for name in ("gpu_bound", "host_bound"):
+        inputs = make_inputs(device, STREAMS[device][name], seed=len(name))
+        warm = [committed(d, op, xs) for op, xs in inputs]
+        print(f"  {name}: committed after {warm} launches", flush=True)
+        res = throughput(name, d, dev, inputs, modes, args, every, device, log_dir)
+        res["warm_launches"] = warm
+        results.append(res)
+        for i, (op, xs) in enumerate(inputs):
+            for mode in modes[1:2] + modes[2:3]:          # events, and cupti when there
+                agreement.append(accuracy(d, dev, op, xs, mode, device,
+                                          log_dir / f"accuracy-{name}-{i}-{op}-{mode}.alog",
+                                          args.accuracy_calls))
+                agreement[-1]["stream"] = name
+    sample_log = max(log_dir.glob("gpu_bound-events-*.alog"), key=os.path.getmtime)
+    contents = read_log(sample_log, rotated=False)
     plot_path = out / "gpu_counterlog.png"
-    plot(contents, str(plot_path))
-    gpu = next(r for r in results if r["stream"] == "gpu_bound")
-    checks = {"gpu_bound_drop_below_3pct": gpu["drop"] < DROP_LIMIT,
-              "gpu_bound_log_within_5pct": all(
-                  abs(i.get("relative_difference", 1.0)) < AGREE_LIMIT for i in gpu["inputs"]),
-              "no_dropped_records": stats.dropped == 0}
+    if contents.records:
+        plot(contents, str(plot_path))
     with_state = [r for r in contents.records if r.get("device_state")]
-    payload = {"benchmark": "gpu_counterlog", "device": device,
-               "fingerprint": d.backend.fingerprint(), "samplers": status,
-               "log": {"records": len(contents.records), "written": stats.written,
-                       "dropped": stats.dropped, "bytes": stats.bytes_written,
+    targets = []
+    for r in results:
+        for mode, m in r["modes"].items():
+            limit = LOSS_LIMIT[r["stream"]]
+            targets.append((f"{r['stream']} {mode}: throughput loss <= {limit:.0%}",
+                            f"{m['loss']:+.2%}", m["loss"] <= limit))
+    for a in agreement:
+        if "within" in a:
+            targets.append((f"{a['stream']} {a['op']} {a['dtype']} {a['timing']}: logged within "
+                            f"5 % or 2 us of the event pair",
+                            f"median |err| {a['abs_error_median_ms'] * 1e3:.2f} us "
+                            f"({a['rel_error_median']:.1%}) of {a['event_median_ms'] * 1e3:.1f} us",
+                            a["within"]))
+        else:
+            targets.append((f"{a['stream']} {a['op']} {a['timing']}: every call logged",
+                            f"{a['logged']} of {a['calls']}", False))
+    payload = {"benchmark": "gpu_counterlog", "device": device, "every": every,
+               "cupti_status": cupti_status, "fingerprint": d.backend.fingerprint(),
+               "results": results, "agreement": agreement,
+               "log": {"file": str(sample_log), "records": len(contents.records),
                        "with_device_state": len(with_state),
                        "device_state_example": with_state[-1]["device_state"] if with_state
-                       else None},
-              "summary": summarise(contents), "results": results, "checks": checks}
+                       else None, "summary": summarise(contents)},
+               "targets": [{"target": t, "value": v, "met": ok} for t, v, ok in targets],
+               "wall_s": time.perf_counter() - t_start}
     tmp = out / f".gpu_counterlog.json.{os.getpid()}"
     tmp.write_text(json.dumps(payload, indent=2, default=str))
     os.replace(tmp, out / "gpu_counterlog.json")
-    print("  attribution (against off; 'events': event pairs only, 'events_end': one event "
-          "per launch, 'log': no NVML):")
+    print("  throughput side by side, log on against off (median of rounds):")
     for r in results:
-        for mode, a in r["attribution"].items():
-            print(f"    {r['stream']:<11} {mode:<7} {a['launches_per_s']:>9.0f}/s  drop "
-                  f"{a['drop']:+.2%}  cost {a['per_launch_cost_us']:+.2f} us/launch")
-    print(f"  log: {stats.written} written, {stats.dropped} dropped, {stats.bytes_written} "
-          f"bytes, {len(with_state)} with device state; plot {plot_path}")
-    print(f"  checks: {checks}")
-    print("  side by side (NVML sampling + logging of every call, against both off):")
-    for r in results:
-        print(f"  {r['stream']:<11} off {r['off_launches_per_s']:>9.0f}/s  on "
-              f"{r['on_launches_per_s']:>9.0f}/s  drop {r['drop']:+.2%}  "
-              f"cost {r['per_launch_cost_us']:+.2f} us/launch")
-        for i in r["inputs"]:
-            diff = i.get("relative_difference")
-            print(f"      {i['op']:<8} {i['dtype']:<8} {str(i['shapes']):<26} event "
-                  f"{i['reference_ms']:.4f} ms  log {i.get('log_median_ms', float('nan')):.4f} "
-                  f"ms  ({'-' if diff is None else f'{diff:+.1%}'})")
+        print(f"    {r['stream']:<11} off {r['off_launches_per_s']:>9.0f}/s", flush=True)
+        for mode, m in r["modes"].items():
+            print(f"    {r['stream']:<11} {mode:<9} {m['launches_per_s']:>9.0f}/s  loss "
+                  f"{m['loss']:+.2%}  cost {m['per_launch_cost_us']:+.2f} us/launch "
+                  f"(timing {r['timings'].get(mode)})")
+    print(f"  log sample {sample_log.name}: {len(contents.records)} records, "
+          f"{len(with_state)} with device state; plot {plot_path}")
+    print(f"  wall {payload['wall_s']:.0f} s")
+    print("  targets (issue 15):")
+    for t, v, ok in targets:
+        print(f"    [{'met' if ok else 'NOT MET'}] {t}: {v}")
     return 0
 
 

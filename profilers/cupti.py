@@ -67,13 +67,16 @@ class CuptiActivity:
         try:
             if cupti is None:
                 from cupti import cupti
+            self._cupti, self._kinds = cupti, cupti.ActivityKind
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
             cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
             cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
         except ImportError as exc:
+            self._cupti = self._kinds = None
             status = (f"CUPTI unavailable: {exc} (install adaptive-dispatch[cupti]); "
                       "timing falls back to CUDA events")
         except Exception as exc:  # noqa: BLE001
+            self._cupti = self._kinds = None
             text = f"{type(exc).__name__}: {exc}"
             if "MULTIPLE_SUBSCRIBERS" in text.upper() or "SUBSCRIBER" in text.upper():
                 status = (f"CUPTI is held by another tool ({text}); r580 drivers allow one "
@@ -81,7 +84,6 @@ class CuptiActivity:
             else:
                 status = f"CUPTI refused: {text}; timing falls back to CUDA events"
         else:
-            self._cupti, self._kinds = cupti, cupti.ActivityKind
             self._kind = cupti.ExternalCorrelationKind.CUSTOM0
             return "ok"
         log.warning("%s", status)
@@ -92,7 +94,15 @@ class CuptiActivity:
         return self.buffer_bytes, 0
 
     def _buffer_completed(self, activities) -> None:
-        self._raw.extend(activities)
+        # copy the fields out now: the records live in CUPTI's buffer, reused afterwards
+        kinds, out = self._kinds, []
+        for a in activities:
+            kind = a.kind
+            if kind == kinds.EXTERNAL_CORRELATION:
+                out.append((kind, a.correlation_id, a.external_id))
+            elif kind == kinds.CONCURRENT_KERNEL:
+                out.append((kind, a.correlation_id, str(a.name), int(a.start), int(a.end)))
+        self._raw.extend(out)
 
     # ---- caller's thread ---------------------------------------------------------------
     def push(self, tag: object) -> int:
@@ -121,22 +131,60 @@ class CuptiActivity:
 
     def harvest(self) -> list[KernelRecord]:
         """Kernel records delivered so far, oldest first, with their tags."""
+        out = []
+        for ext, name, start, end in self._kernels():
+            tag = self._tags.pop(ext, None) if ext is not None else None
+            out.append(KernelRecord(name, start, end, tag))
+        return out
+
+    def _kernels(self) -> list[tuple[int | None, str, int, int]]:
+        """(external id or None, name, start ns, end ns) of the kernels delivered so far."""
         kinds = self._kinds
         if kinds is None:
             return []
-        out, kernels = [], []
+        kernels, out = [], []
         with self._lock:
-            while self._raw:
-                rec = self._raw.popleft()
-                if rec.kind == kinds.EXTERNAL_CORRELATION:
-                    self._external[rec.correlation_id] = rec.external_id
-                elif rec.kind == kinds.CONCURRENT_KERNEL:
+            raw = self._raw
+            while raw:
+                rec = raw.popleft()
+                if rec[0] == kinds.EXTERNAL_CORRELATION:
+                    self._external[rec[1]] = rec[2]
+                else:
                     kernels.append(rec)
-            for k in kernels:
-                ext = self._external.pop(k.correlation_id, None)
-                tag = self._tags.pop(ext, None) if ext is not None else None
-                out.append(KernelRecord(str(k.name), int(k.start), int(k.end), tag))
+            for _, corr, name, start, end in kernels:
+                out.append((self._external.pop(corr, None), name, start, end))
+            if len(self._external) > _MAX_OPEN_TAGS:     # ids whose kernels never came
+                for corr in list(self._external)[:len(self._external) - _MAX_OPEN_TAGS]:
+                    del self._external[corr]
         return out
+
+    def pause(self) -> None:
+        """Stop recording kernels (flushing what was recorded); :meth:`resume` restarts.
+        The callbacks stay registered: a process registers them once."""
+        cupti = self._cupti
+        if cupti is None or self.status != "ok":
+            return
+        try:
+            cupti.activity_flush_all(1)
+            cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
+            cupti.activity_disable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("pausing CUPTI activity: %s", exc)
+        self.status = "paused"
+
+    def resume(self) -> None:
+        """Record kernels again after :meth:`pause`."""
+        cupti = self._cupti
+        if cupti is None or self.status != "paused":
+            return
+        try:
+            cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
+            cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+        except Exception as exc:  # noqa: BLE001
+            self.status = f"CUPTI refused to resume: {type(exc).__name__}: {exc}"
+            log.warning("%s; timing falls back to CUDA events", self.status)
+            return
+        self.status = "ok"
 
     def close(self) -> None:
         """Flush and stop collecting."""
@@ -163,3 +211,141 @@ class _Tagged:
 
     def __exit__(self, *exc):
         self.activity.pop()
+
+
+_shared: CuptiActivity | None = None
+_shared_lock = threading.Lock()
+_shared_users = 0
+
+
+def shared_activity(cupti=None) -> CuptiActivity:
+    """The process's one :class:`CuptiActivity` (CUPTI takes one subscriber a process)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.status == "closed":
+            _shared = CuptiActivity(cupti)
+        elif _shared.status == "paused":
+            _shared.resume()
+        return _shared
+
+
+class CuptiTimer:
+    """Times tagged calls by the kernels they issued, from CUPTI activity records.
+
+    The counter log's CUPTI timing source, shaped for a hot caller like
+    :class:`~profilers.events.EventTimer`: ``ids`` (next id), ``push_id(id)`` and
+    ``pop_id()`` around a call, ``append_pending((id, ...))`` after it, ``pending_calls``
+    (bounded by ``capacity`` by the caller). :meth:`harvest_entries` (writer thread)
+    flushes CUPTI and gives ``(entry, time_ms)`` per call whose kernels arrived: the span
+    from its first kernel's start to its last kernel's end on the GPU clock (what an event
+    pair around the call would read, without the launch gaps before the first kernel).
+
+    ``status`` is "ok" or why CUPTI cannot be used (then callers use events).
+    """
+
+    kind = "cupti"
+
+    def __init__(self, capacity: int = 4096, activity: CuptiActivity | None = None,
+                 settle_s: float = 0.5, clock=None):
+        import time
+        global _shared_users
+        self._shared = activity is None
+        self.activity = activity if activity is not None else shared_activity()
+        if self._shared:
+            with _shared_lock:
+                _shared_users += 1
+        self.status = self.activity.status
+        self.capacity, self.settle_s = capacity, settle_s
+        self._clock = clock or time.monotonic
+        self.ids = itertools.count(1)
+        self.pending_calls: collections.deque = collections.deque()
+        self.append_pending = self._append
+        self.dropped = 0
+        self._spans: dict[int, list] = {}          # id -> [first start, last end, kernels]
+        self._lock = threading.Lock()
+        cupti, kind = self.activity._cupti, getattr(self.activity, "_kind", None)
+        if cupti is not None:
+            push, pop = cupti.activity_push_external_correlation_id, \
+                cupti.activity_pop_external_correlation_id
+            self.push_id = lambda ext: push(kind, ext)
+            self.pop_id = lambda: pop(kind)
+        else:
+            self.push_id = lambda ext: None
+            self.pop_id = lambda: None
+        self.current_stream = _null_stream
+
+    def _append(self, entry: tuple) -> None:
+        self.pending_calls.append((self._clock(), entry))
+
+    def use_cupy_streams(self) -> CuptiTimer:
+        """Report CuPy's current stream as the launch's stream (the cuda backend's)."""
+        import cupy
+        self.current_stream = cupy.cuda.get_current_stream
+        return self
+
+    def harvest_entries(self, limit: int | None = None) -> list[tuple[tuple, float]]:
+        """``(entry, time_ms)`` of calls whose kernels have arrived, in call order. A call
+        with no kernel after ``settle_s`` (it issued none, or CUPTI lost them) is dropped
+        and counted."""
+        with self._lock:
+            self.activity.flush()
+            spans = self._spans
+            for ext, _, start, end in self.activity._kernels():
+                if ext is None:
+                    continue
+                span = spans.get(ext)
+                if span is None:
+                    spans[ext] = [start, end, 1]
+                else:
+                    span[0], span[1] = min(span[0], start), max(span[1], end)
+                    span[2] += 1
+            out, keep = [], []
+            now, newest = self._clock(), max(spans, default=0)
+            pending = self.pending_calls
+            for _ in range(len(pending)):
+                queued_s, entry = pending.popleft()
+                span = spans.get(entry[0])
+                # complete once a later call's kernels arrived or the call has settled
+                if span is not None and (entry[0] < newest or now - queued_s > self.settle_s):
+                    del spans[entry[0]]
+                    out.append((entry, (span[1] - span[0]) / 1e6))
+                elif span is None and now - queued_s > self.settle_s:
+                    self.dropped += 1
+                else:
+                    keep.append((queued_s, entry))
+            pending.extend(keep)
+            if len(spans) > 4 * self.capacity:        # kernels of calls no longer pending
+                for ext in sorted(spans)[:len(spans) - 4 * self.capacity]:
+                    del spans[ext]
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self.pending_calls)
+
+    def discard_pending(self) -> int:
+        n = len(self.pending_calls)
+        self.pending_calls.clear()
+        return n
+
+    def close(self) -> None:
+        """Forget pending calls; the last user of the shared subscription pauses CUPTI (so
+        kernels are no longer recorded once no log needs them)."""
+        global _shared_users
+        self.discard_pending()
+        self._spans.clear()
+        if self._shared:
+            self._shared = False
+            with _shared_lock:
+                _shared_users -= 1
+                last = _shared_users == 0
+            if last:
+                self.activity.pause()
+
+
+class _NullStream:
+    ptr = 0
+
+
+def _null_stream() -> _NullStream:
+    return _NullStream

@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -45,8 +46,15 @@ def clock_event_names(mask: int) -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceSnapshot:
-    """One reading of the device; a field is None when the device does not report it."""
+class DeviceState:
+    """One reading of the device; a field is None when the device does not report it.
+
+    What the counter log joins to each launch (the newest reading at or before it) and
+    what a policy reads as features (:meth:`features`). ``other_processes*`` count the
+    other processes with a CUDA context on the device (NVML's process list, minus this
+    process's pid: inside a container whose pid namespace differs from the host's this
+    process counts too).
+    """
 
     time_s: float
     sm_clock_mhz: float | None = None
@@ -56,14 +64,58 @@ class DeviceSnapshot:
     gpu_util_ratio: float | None = None          # NVML utilisation.gpu / 100
     mem_util_ratio: float | None = None          # NVML utilisation.memory / 100
     clock_event_reasons: int | None = None       # bitmask; see clock_event_names
+    mem_used_bytes: int | None = None            # device memory in use, every process
+    other_processes: int | None = None           # other processes with a compute context
+    other_processes_mem_bytes: int | None = None  # device memory those processes hold
     sm_active_ratio: float | None = None         # GPM, over the last window
     sm_occupancy_ratio: float | None = None
     tensor_active_ratio: float | None = None
-    dram_active_ratio: float | None = None
+    dram_active_ratio: float | None = None       # GPM DRAM bandwidth / peak
 
     def to_dict(self) -> dict:
         """The reported fields only (msgpack- and JSON-friendly)."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DeviceState:
+        """A state from :meth:`to_dict`'s output (a log record's ``device_state``);
+        unknown keys are ignored, a non-numeric value is a ValueError naming the field."""
+        if not isinstance(d, dict) or not isinstance(d.get("time_s"), (int, float)):
+            raise ValueError(f"expected a device-state map with a numeric time_s, got {d!r:.80}")
+        values = {}
+        for f in dataclasses.fields(cls):
+            v = d.get(f.name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"device state field {f.name} must be a number, got {v!r}")
+            values[f.name] = v
+        return cls(**values)
+
+    @property
+    def clock_event_names(self) -> list[str]:
+        """Names of the clock-event (throttle) reasons set."""
+        return clock_event_names(self.clock_event_reasons or 0)
+
+    def features(self) -> dict[str, float]:
+        """Every field but ``time_s`` as a float (NaN when unreported), plus 0/1 flags for
+        power and thermal throttling: a fixed set of keys (:data:`STATE_FEATURES`)."""
+        out = {}
+        for name in STATE_FEATURES[:-2]:
+            v = getattr(self, name)
+            out[name] = math.nan if v is None else float(v)
+        mask = self.clock_event_reasons
+        out["throttled_power"] = math.nan if mask is None else float(bool(mask & _POWER_BITS))
+        out["throttled_thermal"] = (math.nan if mask is None
+                                    else float(bool(mask & _THERMAL_BITS)))
+        return out
+
+
+DeviceSnapshot = DeviceState        # the earlier name
+_POWER_BITS = 0x004 | 0x080         # sw_power_cap, hw_power_brake
+_THERMAL_BITS = 0x020 | 0x040       # sw / hw thermal slowdown
+STATE_FEATURES = tuple(f.name for f in dataclasses.fields(DeviceState)
+                       if f.name != "time_s") + ("throttled_power", "throttled_thermal")
 
 
 class NvmlSampler:
@@ -78,7 +130,8 @@ class NvmlSampler:
         clock: seconds since the epoch (default ``time.time``; tests pass a fake).
 
     ``status`` says what works ("ok", or why NVML is unavailable); ``gpm_status`` the same
-    for GPM. ``latest`` is the newest :class:`DeviceSnapshot` or None.
+    for GPM. ``latest`` is the newest :class:`DeviceState` or None (also
+    :meth:`latest_state`, with an age limit).
 
     Example:
         >>> with NvmlSampler(0, period_s=0.1) as s:
@@ -96,8 +149,8 @@ class NvmlSampler:
                              "0.2 is safe")
         self.device, self.period_s, self.gpm_period_s = device, period_s, gpm_period_s
         self._clock = clock
-        self._history: collections.deque[DeviceSnapshot] = collections.deque(maxlen=history)
-        self.latest: DeviceSnapshot | None = None
+        self._history: collections.deque[DeviceState] = collections.deque(maxlen=history)
+        self.latest: DeviceState | None = None
         self._refused: dict[str, str] = {}       # field -> why, reported once
         self._gpm: dict[str, float] = {}
         self._gpm_get = None
@@ -106,6 +159,7 @@ class NvmlSampler:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._nvml = None
+        self._pid = os.getpid()
         self.status = self._open(nvml)
         self.gpm_status = self._open_gpm() if self._nvml is not None else self.status
 
@@ -146,7 +200,7 @@ class NvmlSampler:
         return "ok"
 
     # ---- reading -----------------------------------------------------------------------
-    def sample_once(self) -> DeviceSnapshot | None:
+    def sample_once(self) -> DeviceState | None:
         """Take one snapshot now (the background thread calls this every ``period_s``)."""
         if self._nvml is None:
             return None
@@ -168,9 +222,19 @@ class NvmlSampler:
         reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
         values["clock_event_reasons"] = self._read("clock_event_reasons", reasons, h)
+        memory = self._read("mem_used_bytes", _fn(nvml, "nvmlDeviceGetMemoryInfo"), h)
+        if memory is not None:
+            values["mem_used_bytes"] = int(memory.used)
+        procs = self._read("other_processes",
+                           _fn(nvml, "nvmlDeviceGetComputeRunningProcesses"), h)
+        if procs is not None:
+            others = [p for p in procs if getattr(p, "pid", None) != self._pid]
+            values["other_processes"] = len(others)
+            values["other_processes_mem_bytes"] = sum(
+                int(getattr(p, "usedGpuMemory", 0) or 0) for p in others)
         if self._gpm_get is not None and now - self._gpm_prev_s >= self.gpm_period_s:
             self._read_gpm(now)
-        snap = DeviceSnapshot(now, **{k: v for k, v in values.items() if v is not None},
+        snap = DeviceState(now, **{k: v for k, v in values.items() if v is not None},
                               **self._gpm)
         self._history.append(snap)
         self.latest = snap
@@ -213,7 +277,7 @@ class NvmlSampler:
         self._gpm_prev, self._gpm_next = self._gpm_next, self._gpm_prev
         self._gpm_prev_s = now
 
-    def at(self, time_s: float) -> DeviceSnapshot | None:
+    def at(self, time_s: float) -> DeviceState | None:
         """The newest snapshot taken at or before ``time_s`` (else the oldest one)."""
         history = list(self._history)
         for snap in reversed(history):
@@ -221,7 +285,15 @@ class NvmlSampler:
                 return snap
         return history[0] if history else None
 
-    def snapshots(self) -> list[DeviceSnapshot]:
+    def latest_state(self, max_age_s: float | None = None) -> DeviceState | None:
+        """The newest reading as a :class:`DeviceState` (what a policy reads as features);
+        None when there is none yet or it is older than ``max_age_s``."""
+        snap = self.latest
+        if snap is None or (max_age_s is not None and self._clock() - snap.time_s > max_age_s):
+            return None
+        return snap
+
+    def snapshots(self) -> list[DeviceState]:
         """The kept history, oldest first."""
         return list(self._history)
 
@@ -260,6 +332,16 @@ class NvmlSampler:
 
     def __repr__(self) -> str:
         return f"NvmlSampler(device={self.device!r}, status={self.status!r}, gpm={self.gpm_status!r})"
+
+
+def _fn(nvml, name: str):
+    """``nvml.name``, or a function raising "not available" (older bindings, fakes)."""
+    fn = getattr(nvml, name, None)
+    if fn is None:
+        def absent(*args):
+            raise NotImplementedError(f"{name} is not in this NVML binding")
+        return absent
+    return fn
 
 
 def _call(nvml, name: str, *args, default=None):

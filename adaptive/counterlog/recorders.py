@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -62,19 +63,21 @@ def remove_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
 
 _now = time.time
 _perf_ns = time.perf_counter_ns
+_thread_id = threading.get_ident
 
 
 class _LogRecorder(Recorder):
     """Times every ``every``-th launch of one dispatcher into a :class:`CounterLog`.
 
     This class times host launches (the call is synchronous: a perf-counter pair);
-    with an event ``timer`` it is an :class:`_EventLogRecorder`. Either way the caller's
-    thread only takes a time and appends one tuple; the writer thread builds the record
-    (the per-plan fields once per plan, the device snapshot, the packing)."""
+    with an event ``timer`` it is an :class:`_EventLogRecorder`, with a CUPTI ``timer``
+    a :class:`_CuptiLogRecorder`. Either way the caller's thread only takes a time and
+    appends one tuple to a bounded queue; the writer thread builds the record (the
+    per-plan fields once per plan, the device snapshot, the packing)."""
 
     def __new__(cls, owner: CounterLog, d: dispatch.Dispatcher, timer):
         if cls is _LogRecorder and timer is not None:
-            cls = _EventLogRecorder
+            cls = _CuptiLogRecorder if getattr(timer, "kind", "") == "cupti" else _EventLogRecorder
         return super().__new__(cls)
 
     def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
@@ -95,7 +98,7 @@ class _LogRecorder(Recorder):
         t1 = _perf_ns()
         queue = self._queue
         if len(queue) < self._queue_size:
-            queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host"))
+            queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host", _thread_id()))
         else:
             self.owner._queue_dropped += 1
         return result
@@ -103,14 +106,14 @@ class _LogRecorder(Recorder):
     def sampled(self, plan, time_ms: float) -> None:
         """Listener for the dispatcher's sampled (synchronised) launches."""
         if self.every == 1 or next(self._count) % self.every == 0:
-            self.owner.submit((self, _now(), plan, time_ms, "sync"))
+            self.owner.submit((self, _now(), plan, time_ms, "sync", _thread_id()))
 
 
 class _EventLogRecorder(_LogRecorder):
     """The cuda recorder: a pre-created event pair from the timer's ring recorded around
     the launch with the raw runtime call on the launch's stream, and one tuple
-    ``(slot, time_s, plan, recorder)`` appended to the ring's pending queue. A full ring
-    drops the record (counted), never the call."""
+    ``(slot, time_s, plan, recorder, stream)`` appended to the ring's pending queue. A
+    full ring drops the record (counted), never the call."""
 
     def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
         super().__init__(owner, d, timer)
@@ -128,7 +131,8 @@ class _EventLogRecorder(_LogRecorder):
             self.timer.dropped += 1
             return self._next(plan, args, out)
         busy[slot] = True
-        # the launch's stream: CuPy's current one, or PyTorch's for tensors
+        # the launch's stream: CuPy's current one, or PyTorch's for tensors; both events
+        # go to it, the start before the plan's first kernel, the end after its last
         stream = (self._stream() if plan.problem.kind != "torch" else
                   self._torch()).ptr
         record = self._record
@@ -139,7 +143,7 @@ class _EventLogRecorder(_LogRecorder):
             busy[slot] = False
             raise
         record(self._ends[slot], stream)
-        self._append((slot, _now(), plan, self))
+        self._append((slot, _now(), plan, self, stream))
         return result
 
     def _torch(self):
@@ -147,6 +151,40 @@ class _EventLogRecorder(_LogRecorder):
             from adaptive.backends.cuda import torch_stream
             self._torch_stream = torch_stream
         return self._torch_stream()
+
+
+class _CuptiLogRecorder(_LogRecorder):
+    """The cuda recorder with CUPTI: the launch runs between a push and a pop of an
+    external correlation id, so the activity records of the kernels it issued carry the
+    id; the writer joins them to ``(id, time_s, plan, recorder, stream)`` tuples queued
+    here. No event is recorded and nothing is read on the caller's thread."""
+
+    def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
+        super().__init__(owner, d, timer)
+        self._push, self._pop = timer.push_id, timer.pop_id
+        self._ids, self._append = timer.ids, timer.append_pending
+        self._pending = timer.pending_calls
+        self._capacity = timer.capacity
+        self._stream = timer.current_stream
+        self._torch_stream = None
+
+    def __call__(self, plan, args, out):
+        if self.every != 1 and next(self._count) % self.every:
+            return self._next(plan, args, out)
+        if len(self._pending) >= self._capacity:    # the writer is behind: drop the record
+            self.timer.dropped += 1
+            return self._next(plan, args, out)
+        ext = next(self._ids)
+        self._push(ext)
+        try:
+            result = plan.run(args, out) if self._direct else self._next(plan, args, out)
+        finally:
+            self._pop()
+        stream = (self._stream() if plan.problem.kind != "torch" else self._torch()).ptr
+        self._append((ext, _now(), plan, self, stream))
+        return result
+
+    _torch = _EventLogRecorder._torch
 
 
 def _peaks(backend) -> dict | None:

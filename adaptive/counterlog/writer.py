@@ -15,18 +15,21 @@ import platform
 import threading
 import time
 import weakref
-import zlib
 from collections.abc import Iterator
 
 import msgpack
 
 from adaptive import config, dispatch
 from adaptive.observation import floor_ms
-from adaptive.counterlog.format import BATCH_ROWS, FORMAT, VERSION, _frame
+from adaptive.counterlog.format import BATCH_ROWS, FORMAT, VERSION, _frame, frame_bytes
 from adaptive.counterlog.recorders import (_cuda_index, _LogRecorder, install_recorder,
                                            remove_recorder)
 
 log = logging.getLogger("adaptive.counterlog")
+
+# timing sources of cuda launches: "auto" is CUPTI where cupti-python can subscribe, else
+# event pairs; host launches are always timed by a perf-counter pair around the call
+TIMINGS = ("auto", "cupti", "events")
 
 
 # ---- the log ----------------------------------------------------------------------------------
@@ -44,9 +47,16 @@ class LogStats:
 class CounterLog:
     """Writes launch records of the dispatchers it is attached to; see :func:`counter_log`."""
 
-    def __init__(self, path: str | os.PathLike, sample_every: int = 1,
+    def __init__(self, path: str | os.PathLike, sample_every: int | None = None,
                  max_bytes: int = 64 << 20, backups: int = 3, queue_size: int = 65536,
-                 flush_interval_s: float = 0.05, nvml: bool = True, event_capacity: int = 4096):
+                 flush_interval_s: float = 0.05, nvml: bool = True, event_capacity: int = 4096,
+                 timing: str | None = None):
+        cfg = config.get()
+        if sample_every is None:
+            sample_every = cfg.counter_log_every
+        timing = cfg.counter_log_timing if timing is None else timing
+        if timing not in TIMINGS:
+            raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, got {timing!r}")
         if not isinstance(sample_every, int) or sample_every < 1:
             raise ValueError(f"sample_every must be an integer >= 1 (1: every launch), "
                              f"got {sample_every!r}")
@@ -59,6 +69,8 @@ class CounterLog:
         self.sample_every, self.max_bytes, self.backups = sample_every, max_bytes, backups
         self.queue_size, self.flush_interval_s = queue_size, flush_interval_s
         self.nvml, self.event_capacity = nvml, event_capacity
+        self.timing = timing            # asked for; ``timings`` says what each device got
+        self.timings: dict[int, str] = {}
         self.stats = LogStats()
         self._queue: collections.deque = collections.deque()
         self._queue_dropped = 0
@@ -72,7 +84,6 @@ class CounterLog:
         self._thread: threading.Thread | None = None
         self._seq = 0
         self._file_bytes = 0
-        self._plan_ids: dict = {}
         self._pack = msgpack.Packer(use_bin_type=True).pack    # the writer thread's own
 
     # ---- hot path (caller's thread) ----------------------------------------------------
@@ -94,8 +105,7 @@ class CounterLog:
                 index = _cuda_index(d.backend)
                 timer = self._timers.get(index)
                 if timer is None:
-                    from profilers.events import EventTimer
-                    timer = self._timers[index] = EventTimer(self.event_capacity, index)
+                    timer = self._timers[index] = self._make_timer(index)
                 if self.nvml and index not in self.samplers:
                     from profilers.nvml import NvmlSampler, nvml_device
                     self.samplers[index] = NvmlSampler(nvml_device(index)).start()
@@ -103,6 +113,23 @@ class CounterLog:
             self._recorders[d] = rec
         install_recorder(d, rec)
         d.listeners.append(rec.sampled)
+
+    def _make_timer(self, index: int):
+        """The timing source for one device: CUPTI where asked for (or "auto") and
+        available, else a ring of CUDA event pairs."""
+        if self.timing in ("auto", "cupti"):
+            from profilers.cupti import CuptiTimer
+            timer = CuptiTimer(self.event_capacity)
+            if timer.status == "ok":
+                self.timings[index] = "cupti"
+                return timer.use_cupy_streams()
+            timer.close()
+            if self.timing == "cupti":
+                log.warning("counter log %s: CUPTI timing asked for but %s", self.path,
+                            timer.status)
+        from profilers.events import EventTimer
+        self.timings[index] = "cuda_event"
+        return EventTimer(self.event_capacity, index)
 
     def detach(self, d: dispatch.Dispatcher) -> None:
         """Stop logging ``d``'s launches (records already taken are still written)."""
@@ -175,23 +202,31 @@ class CounterLog:
 
     def _drain(self) -> None:
         queue = self._queue
+        self.stats.dropped = self._queue_dropped + sum(t.dropped for t in self._timers.values())
         items = []
         while queue:
             items.append(queue.popleft())
         for timer in list(self._timers.values()):
-            items += [(rec, time_s, plan, time_ms, "cuda_event")
-                      for (_, time_s, plan, rec), time_ms in timer.harvest_entries()]
+            source = "cupti" if getattr(timer, "kind", "") == "cupti" else "cuda_event"
+            items += [(rec, time_s, plan, time_ms, source, stream)
+                      for (_, time_s, plan, rec, stream), time_ms in timer.harvest_entries()]
         if items:
             items.sort(key=_time_of)                # mostly in order already: a linear pass
-            for i in range(0, len(items), BATCH_ROWS):
-                self._write_batch(items[i:i + BATCH_ROWS])
-            self._file.flush()
+            done = 0
+            try:
+                for i in range(0, len(items), BATCH_ROWS):
+                    self._write_batch(items[i:i + BATCH_ROWS])
+                    done = min(i + BATCH_ROWS, len(items))
+                self._file.flush()
+            except BaseException:                   # disk full, a bad record: counted
+                self._queue_dropped += len(items) - done
+                raise
         self.stats.dropped = self._queue_dropped + sum(t.dropped for t in self._timers.values())
 
     def _write_batch(self, items: list[tuple]) -> None:
-        """One frame: the plans and device states first seen in this file, then one row per
-        record (see ROW_FIELDS); packed by one msgpack call."""
-        plan_ids, plans, rows = self._plan_ids, [], []
+        """One self-contained frame: the fields of the plans and the device states its rows
+        name, then one row per record (see ROW_FIELDS); packed by one msgpack call."""
+        plan_ids, plans, rows = {}, [], []
         states, state_ids = [], {}
         sampled = bool(self.samplers)
         histories: dict = {}
@@ -199,7 +234,7 @@ class CounterLog:
         # records come in time order, so most share it
         at_index, lo, hi, at_sid = None, math.inf, -math.inf, -1
         seq = self._seq
-        for rec, time_s, plan, time_ms, timer in items:
+        for rec, time_s, plan, time_ms, timer, stream in items:
             pid = plan_ids.get(plan)
             if pid is None:
                 pid = plan_ids[plan] = len(plan_ids)
@@ -218,10 +253,11 @@ class CounterLog:
                             states.append(snap.to_dict())
                         at_sid = sid
             seq += 1
-            rows.append((seq, pid, time_s, time_ms, timer, sid))
+            rows.append((seq, pid, time_s, time_ms, timer, sid, stream))
         self._seq = seq
-        payload = self._pack({"plans": plans, "states": states, "rows": rows})
-        frame = b"\x92" + self._pack(zlib.crc32(payload)) + self._pack(payload)
+        payload = self._pack({"plans": plans, "states": states, "rows": rows,
+                              "dropped": self.stats.dropped})
+        frame = frame_bytes(payload)
         self._file.write(frame)
         self._file_bytes += len(frame)
         self.stats.written += len(rows)
@@ -269,9 +305,10 @@ class CounterLog:
     def _start_file(self) -> None:
         self._file = open(self.path, "wb")
         header = {"format": FORMAT, "version": VERSION, "created_s": time.time(),
-                  "pid": os.getpid(), "host": platform.node(), "sample_every": self.sample_every}
+                  "pid": os.getpid(), "host": platform.node(), "sample_every": self.sample_every,
+                  "timing": self.timing, "flush_interval_s": self.flush_interval_s}
         self._file_bytes = self._file.write(_frame(header))
-        self._plan_ids = {}                         # plan -> id, per file (files stand alone)
+        self._file.flush()
         self.stats.bytes_written += self._file_bytes
 
     def _shift(self) -> None:
@@ -301,24 +338,30 @@ _active_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def counter_log(path: str | os.PathLike, sample_every: int = 1, **options) -> Iterator[CounterLog]:
-    """Log every (or every ``sample_every``-th) launch of every dispatcher to ``path``.
+def counter_log(path: str | os.PathLike, sample_every: int | None = None,
+                **options) -> Iterator[CounterLog]:
+    """Log every ``sample_every``-th launch of every dispatcher to ``path``.
 
     Applies to dispatchers alive now and to those created inside the block. Records go
     to a msgpack stream written by a background thread; a launch never waits for it.
 
     Args:
         path: the log file; an existing one is moved to ``path.1`` (and so on).
-        sample_every: log one launch in this many (per dispatcher).
+        sample_every: log one launch in this many (per dispatcher; default
+            ``ADAPTIVE_COUNTER_LOG_EVERY``, 16: low enough a cost to stay on in serving).
+            The rate is written in the log's header.
         **options: ``max_bytes`` (rotation size, default 64 MiB), ``backups`` (rotated
             files kept, default 3), ``queue_size``, ``flush_interval_s``, ``nvml`` (sample
-            NVML/GPM for cuda dispatchers, default True), ``event_capacity``.
+            NVML/GPM for cuda dispatchers, default True), ``event_capacity`` (timings in
+            flight, per device), ``timing`` ("auto": CUPTI activity records where
+            cupti-python can subscribe, else CUDA event pairs; "cupti"; "events"; default
+            ``ADAPTIVE_COUNTER_LOG_TIMING``).
 
     Yields:
         the :class:`CounterLog` (``.stats`` has written, dropped and rotation counts).
 
     Example:
-        >>> with adaptive.counter_log("run.alog") as clog:
+        >>> with adaptive.counter_log("run.alog", sample_every=1) as clog:
         ...     adaptive.launch("gemm", a, b)
         >>> clog.stats.written
         1
@@ -331,20 +374,28 @@ def counter_log(path: str | os.PathLike, sample_every: int = 1, **options) -> It
             clog.attach(d)
         yield clog
     finally:
-        global _closed_dropped
+        global _closed_dropped, _closed_written
         stats = clog.close()
         with _active_lock:
             _active.remove(clog)
             _closed_dropped += stats.dropped
+            _closed_written += stats.written
 
 
 _closed_dropped = 0
+_closed_written = 0
 
 
 def dropped_records_total() -> int:
     """Records dropped by every counter log of this process, open or closed."""
     with _active_lock:
         return _closed_dropped + sum(clog.stats.dropped for clog in _active)
+
+
+def written_records_total() -> int:
+    """Records written by every counter log of this process, open or closed."""
+    with _active_lock:
+        return _closed_written + sum(clog.stats.written for clog in _active)
 
 
 def active_logs() -> list[CounterLog]:
@@ -376,7 +427,7 @@ def _on_new_dispatcher(d: dispatch.Dispatcher) -> None:
 
 def close_configured() -> None:
     """Close the ``ADAPTIVE_COUNTER_LOG`` logs now (otherwise at interpreter exit)."""
-    global _closed_dropped
+    global _closed_dropped, _closed_written
     for path in list(_configured):
         clog = _configured.pop(path)
         stats = clog.close()
@@ -384,6 +435,7 @@ def close_configured() -> None:
             if clog in _active:
                 _active.remove(clog)
             _closed_dropped += stats.dropped
+            _closed_written += stats.written
 
 
 dispatch.new_dispatcher_hooks.append(_on_new_dispatcher)

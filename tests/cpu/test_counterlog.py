@@ -23,6 +23,14 @@ from profilers import EventTimer, NvmlSampler
 from fake_nvml import FakeNvml  # noqa: E402
 
 
+
+@pytest.fixture(autouse=True)
+def log_every_launch():
+    """These tests count records: every launch logged, events as the cuda timing."""
+    with config.override(counter_log_every=1, counter_log_timing="events"):
+        yield
+
+
 @pytest.fixture
 def host():
     d = Dispatcher("host", policy=MeasureEach())   # one plain plan per key
@@ -161,16 +169,6 @@ def test_truncated_last_record_is_skipped_with_a_warning(tmp_path, rng, host, ca
     assert any("incomplete" in r.message for r in caplog.records)
 
 
-def test_corrupt_record_names_the_offset(tmp_path, rng, host):
-    path = tmp_path / "bad.alog"
-    data = bytearray(write_log(path, rng, host))
-    middle = len(data) // 2
-    data[middle] ^= 0xFF
-    path.write_bytes(bytes(data))
-    with pytest.raises(CounterLogError, match=r"corrupt record at byte \d+.*records before it"):
-        read_log(path)
-
-
 def test_not_a_counter_log_empty_and_newer_version(tmp_path):
     other = tmp_path / "other.bin"
     payload = msgpack.packb({"format": "something-else", "version": 1})
@@ -180,7 +178,7 @@ def test_not_a_counter_log_empty_and_newer_version(tmp_path):
         read_log(other)
     text = tmp_path / "notes.txt"
     text.write_bytes(b"\xc1 this is not msgpack")
-    with pytest.raises(CounterLogError, match="corrupt record at byte 0"):
+    with pytest.raises(CounterLogError, match="not an adaptive counter log: no frame marker"):
         read_log(text)
     empty = tmp_path / "empty.alog"
     empty.write_bytes(b"")
@@ -285,7 +283,8 @@ def test_cli_show_export_plot(tmp_path, rng, host, capsys):
     lines = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
     assert lines["softmax"][2] == "9" and lines["gemm"][2] == "3"
     assert lines["gemm"][3] == "100.0%"
-    assert main(["log", "export", str(path), "--csv", "-o", str(tmp_path / "x.csv")]) == 0
+    assert main(["log", "export", str(path), "--format", "csv", "-o",
+                 str(tmp_path / "x.csv")]) == 0
     import csv
     rows = list(csv.DictReader(open(tmp_path / "x.csv")))
     assert len(rows) == 12 and rows[0]["op"] == "softmax" and rows[0]["dim_C"] == "45"
@@ -293,4 +292,4 @@ def test_cli_show_export_plot(tmp_path, rng, host, capsys):
     assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
     (tmp_path / "bad.alog").write_bytes(b"\xc1\xc1")
     assert main(["log", "show", str(tmp_path / "bad.alog")]) == 1
-    assert "corrupt record at byte 0" in capsys.readouterr().err
+    assert "not an adaptive counter log" in capsys.readouterr().err

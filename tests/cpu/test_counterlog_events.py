@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from adaptive import counterlog
+from adaptive import config, counterlog
 from adaptive.counterlog import recorders
 from adaptive.counterlog import CounterLog, read_log
 from adaptive.dispatch import Dispatcher
@@ -65,6 +65,14 @@ class FakeRuntime:
 
     def eventDestroy(self, event):
         self.calls.append(("destroy", event))
+
+
+
+@pytest.fixture(autouse=True)
+def log_every_launch():
+    """These tests count records: every launch logged, events as the cuda timing."""
+    with config.override(counter_log_every=1, counter_log_timing="events"):
+        yield
 
 
 @pytest.fixture
@@ -227,8 +235,8 @@ def test_each_record_gets_the_snapshot_nearest_before_it(tmp_path, rng, host):
     rec = recorders._LogRecorder(clog, host, None)
     times = [99.0, 100.0, 100.5, 100.99, 101.0, 101.7, 102.0, 250.0, 100.2]
     for t in times:
-        clog.submit((rec, t, plan, 0.01, "sync"))
-    clog.submit((rec, 101.5, plan, 0.01, "host"))             # host-timed: no device state
+        clog.submit((rec, t, plan, 0.01, "sync", 0))
+    clog.submit((rec, 101.5, plan, 0.01, "host", 0))          # host-timed: no device state
     clog.close()
     recs = read_log(tmp_path / "snap.alog").records
     assert [r["time_s"] for r in recs] == sorted(times + [101.5])

@@ -4,6 +4,7 @@ gauges from a sampler reading fake NVML."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import urllib.request
@@ -78,7 +79,7 @@ def test_launches_histogram_misses_regen_counted(server, rng):
     assert value(got, "adaptive_decision_cache_misses_total", backend="host") >= 2
     assert value(got, "adaptive_regeneration_requests_total", op="spmm") == before + 2
     labels = {k for (_, ls) in got for k, _ in ls}
-    assert labels <= {"op", "variant", "backend", "le", "gpu"}      # no shapes as labels
+    assert labels <= {"op", "variant", "backend", "le", "gpu", "UUID"}   # no shapes as labels
 
 
 def test_dropped_log_records_are_exported(server, rng, tmp_path):
@@ -86,26 +87,38 @@ def test_dropped_log_records_are_exported(server, rng, tmp_path):
     d.sample_every = 0
     a = rng.standard_normal((5, 6)).astype(np.float32)
     b = rng.standard_normal((6, 7)).astype(np.float32)
-    before = value(scrape(server), "adaptive_counter_log_dropped_records_total")
-    with adaptive.counter_log(tmp_path / "m.alog", queue_size=2, flush_interval_s=60.0):
+    before = scrape(server)
+    with adaptive.counter_log(tmp_path / "m.alog", sample_every=1, queue_size=2,
+                              flush_interval_s=60.0):
         for _ in range(12):
             d.launch("gemm", a, b)
-    after = value(scrape(server), "adaptive_counter_log_dropped_records_total")
-    assert after - before == 10
+    after = scrape(server)
+    for name, n in (("adaptive_log_dropped_records_total", 10),
+                    ("adaptive_log_written_records_total", 2)):
+        assert value(after, name) - value(before, name) == n, name
 
 
-def test_device_gauges_in_base_units():
-    sampler = NvmlSampler(0, nvml=FakeNvml(power_mw=250_500, temp_c=51, util=(64, 10), gpm_supported=False))
+def test_device_gauges_carry_dcgm_exporter_names_and_units():
+    sampler = NvmlSampler(0, nvml=FakeNvml(power_mw=250_500, temp_c=51, util=(64, 10),
+                                           gpm_supported=False, mem_used_bytes=3 << 30,
+                                           processes=[(os.getpid(), 1 << 30), (1, 5 << 20)],
+                                           reasons=0x4))
     sampler.sample_once()
     server = adaptive.serve_metrics(0, nvml=False, samplers={0: sampler})
     try:
         got = scrape(server)
     finally:
         server.close()
-    assert value(got, "adaptive_gpu_sm_clock_hertz", gpu="0") == pytest.approx(1.98e9)
-    assert value(got, "adaptive_gpu_power_watts", gpu="0") == pytest.approx(250.5)
-    assert value(got, "adaptive_gpu_utilization_ratio", gpu="0") == pytest.approx(0.64)
-    assert value(got, "adaptive_gpu_sm_active_ratio", gpu="0") is None   # no GPM here
+    gpu = {"gpu": "0", "UUID": ""}
+    assert value(got, "DCGM_FI_DEV_SM_CLOCK", **gpu) == 1980                  # MHz, as DCGM
+    assert value(got, "DCGM_FI_DEV_POWER_USAGE", **gpu) == pytest.approx(250.5)   # W
+    assert value(got, "DCGM_FI_DEV_GPU_UTIL", **gpu) == pytest.approx(64)      # percent
+    assert value(got, "DCGM_FI_DEV_GPU_TEMP", **gpu) == 51
+    assert value(got, "DCGM_FI_DEV_FB_USED", **gpu) == 3 * 1024                # MiB
+    assert value(got, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", **gpu) == 4
+    assert value(got, "adaptive_gpu_other_processes", **gpu) == 1             # not this one
+    assert value(got, "adaptive_gpu_other_processes_memory_bytes", **gpu) == 5 << 20
+    assert value(got, "DCGM_FI_PROF_SM_ACTIVE", **gpu) is None                # no GPM here
 
 
 def test_close_detaches_and_counting_is_one_cheap_hook(rng):

@@ -5,6 +5,7 @@ every logged launch written with its event time."""
 from __future__ import annotations
 
 import statistics
+import time
 
 import numpy as np
 import pytest
@@ -45,7 +46,35 @@ def test_raw_pairs_time_work_on_a_non_default_stream_without_waiting(cp):
     timer.close()
 
 
-def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path):
+def _committed(d, op, *args, limit: int = 400) -> None:
+    """Launch until the policy has committed for this input. Exploring calls rotate
+    through candidates (each compiled on its first turn), so an event pair around them
+    times other kernels and compilation gaps: the cause of a 3.87 ms "reference" against
+    a 0.0245 ms logged kernel in an earlier version of this test."""
+    for _ in range(limit):
+        d.launch(op, *args)
+        decision = d.decision(op, *args)
+        if decision is not None and not decision.explore:
+            return
+    raise AssertionError(f"{op}: still exploring after {limit} launches")
+
+
+def _timing_or_skip(timing: str) -> None:
+    if timing == "cupti":
+        from profilers.cupti import shared_activity
+        probe = shared_activity()
+        status = probe.status
+        probe.pause()                 # the log subscribes again; nothing recorded meanwhile
+        if status != "ok":
+            pytest.skip(f"CUPTI timing unavailable here: {status}")
+
+
+@pytest.mark.parametrize("timing", ["events", "cupti"])
+def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, timing):
+    """The logged time of each call against a CUDA event pair around the same call. The
+    calls queue behind a spin kernel, so the GPU runs them back to back and a pair times
+    the GPU work, not host launch gaps."""
+    _timing_or_skip(timing)
     from adaptive import Dispatcher
     from adaptive.counterlog import counter_log, read_log
     d = Dispatcher("cuda")
@@ -53,21 +82,110 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path):
     rng = np.random.default_rng(7)
     x = cp.asarray(rng.standard_normal((4099, 1537)).astype(np.float32))
     ref = get_op("softmax").reference(cp.asnumpy(x))
-    for _ in range(3):
-        d.launch("softmax", x)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(50):
-        d.launch("softmax", x)
-    end.record()
-    end.synchronize()
-    event_ms = cp.cuda.get_elapsed_time(start, end) / 50
-    with counter_log(tmp_path / "gpu.alog", nvml=False) as clog:
-        for _ in range(50):
+    _committed(d, "softmax", x)
+    spin = _spin(cp)
+    spin(1000)
+    cp.cuda.Device().synchronize()
+    pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(50)]
+    with counter_log(tmp_path / "gpu.alog", sample_every=1, nvml=False, timing=timing) as clog:
+        spin(40_000_000)                                     # ~20 ms: every call queues
+        for start, end in pairs:
+            start.record()
             y = d.launch("softmax", x)
+            end.record()
+        cp.cuda.Device().synchronize()
     assert np.abs(cp.asnumpy(y) - ref).max() < 1e-5
     assert clog.stats.written == 50 and clog.stats.dropped == 0
-    recs = read_log(tmp_path / "gpu.alog").records
-    assert {r["timer"] for r in recs} == {"cuda_event"}
-    log_ms = statistics.median(r["time_ms"] for r in recs)
-    assert abs(log_ms / event_ms - 1) < 0.25, (log_ms, event_ms)
+    recs = sorted(read_log(tmp_path / "gpu.alog").records, key=lambda r: r["seq"])
+    assert {r["timer"] for r in recs} == {"cupti" if timing == "cupti" else "cuda_event"}
+    event_ms = [cp.cuda.get_elapsed_time(s, e) for s, e in pairs]
+    log_ms = [r["time_ms"] for r in recs]
+    errors = [abs(a - b) for a, b in zip(log_ms, event_ms)]
+    med_event = statistics.median(event_ms)
+    # the issue's bar: within 5 % or 2 us of an event pair on the same calls
+    assert statistics.median(errors) <= max(0.05 * med_event, 0.002), (
+        statistics.median(log_ms), med_event, statistics.median(errors))
+    assert max(errors) <= max(0.25 * med_event, 0.01), (log_ms, event_ms)
+
+
+def test_sampled_logging_times_one_call_in_n_on_the_device(cp, tmp_path):
+    from adaptive import Dispatcher
+    from adaptive.counterlog import counter_log, read_log
+    d = Dispatcher("cuda")
+    d.sample_every = 0
+    x = cp.asarray(np.random.default_rng(3).standard_normal((256, 1024)).astype(np.float16))
+    _committed(d, "softmax", x)
+    with counter_log(tmp_path / "n.alog", sample_every=8, nvml=False) as clog:
+        for _ in range(80):
+            d.launch("softmax", x)
+        cp.cuda.Device().synchronize()
+    contents = read_log(tmp_path / "n.alog")
+    assert clog.stats.written == 10 and len(contents.records) == 10
+    assert contents.headers[0]["sample_every"] == 8
+    assert all(0 < r["time_ms"] < 5 for r in contents.records)
+
+
+def test_cupti_tags_the_kernels_of_a_call(cp):
+    _timing_or_skip("cupti")
+    from profilers.cupti import CuptiTimer
+    spin = _spin(cp)
+    spin(1000)
+    timer = CuptiTimer(16)
+    try:
+        assert timer.status == "ok"
+        timer_id = next(timer.ids)
+        for ext, cycles in ((timer_id, 2_000_000), (next(timer.ids), 20_000)):
+            timer.push_id(ext)
+            spin(cycles)
+            timer.pop_id()
+            timer.append_pending((ext, "spin", cycles))
+        cp.cuda.Device().synchronize()
+        done = []
+        for _ in range(40):                                  # delivery is asynchronous
+            done += timer.harvest_entries()
+            if len(done) == 2:
+                break
+            time.sleep(0.05)
+        (first, long_ms), (second, short_ms) = done
+        assert first[0] == timer_id and long_ms > 20 * short_ms > 0, done
+    finally:
+        timer.close()
+
+
+def test_logged_records_carry_device_state_into_the_exports(cp, tmp_path):
+    pytest.importorskip("pynvml")
+    import csv
+    import json
+    from adaptive import Dispatcher
+    from adaptive.counterlog import counter_log, read_log
+    from adaptive.counterlog.export import write_csv, write_trace
+    d = Dispatcher("cuda")
+    d.sample_every = 0
+    x = cp.asarray(np.random.default_rng(5).standard_normal((2048, 2048)).astype(np.float32))
+    _committed(d, "softmax", x)
+    path = tmp_path / "state.alog"
+    with counter_log(path, sample_every=4) as clog:
+        deadline = time.monotonic() + 1.5                    # a few NVML samples (0.1 s)
+        while time.monotonic() < deadline:
+            d.launch("softmax", x)
+        cp.cuda.Device().synchronize()
+    sampler = next(iter(clog.samplers.values()))
+    assert sampler.status == "ok", sampler.status
+    recs = read_log(path).records
+    with_state = [r for r in recs if r.get("device_state")]
+    assert len(with_state) >= 0.9 * len(recs) > 10
+    state = with_state[-1]["device_state"]
+    assert 200 <= state["sm_clock_mhz"] <= 3000 and state["power_w"] > 20
+    assert state["mem_used_bytes"] > x.nbytes
+    print("device state of the last record:", state, "refused:", sampler.refused,
+          "gpm:", sampler.gpm_status)
+    with open(tmp_path / "state.csv", "w", newline="") as f:
+        write_csv(path, f)
+    rows = list(csv.DictReader(open(tmp_path / "state.csv")))
+    assert sum(bool(r["sm_clock_mhz"]) for r in rows) == len(with_state)
+    assert all(float(r["state_age_ms"]) >= 0 for r in rows if r["state_age_ms"])
+    with open(tmp_path / "state.json", "w") as f:
+        write_trace(path, f)
+    events = json.loads((tmp_path / "state.json").read_text())["traceEvents"]
+    assert any(e["ph"] == "C" and e["name"] == "sm_clock_mhz" for e in events)
+    assert sum(e["ph"] == "X" for e in events) == len(recs)

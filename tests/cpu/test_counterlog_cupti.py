@@ -1,0 +1,258 @@
+"""The counter log's CUPTI timing source, on a fake CUPTI: each logged call gets the GPU
+span of the kernels it issued (joined by external correlation id), calls are sampled one
+in N, kernels that never come are counted, and "auto" falls back to event pairs."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from adaptive import counterlog
+from adaptive.counterlog import CounterLog, read_log, recorders
+from adaptive.dispatch import Dispatcher
+from adaptive.ops import get_op
+from adaptive.policy import MeasureEach
+from profilers import cupti as cupti_mod
+from profilers.cupti import CuptiActivity, CuptiTimer
+
+
+class FakeCupti:
+    """The cupti.cupti surface used; kernels are 'launched' by the test, delivered on flush."""
+
+    class ActivityKind:
+        CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 10, 19
+
+    class ExternalCorrelationKind:
+        CUSTOM0 = 4
+
+    def __init__(self):
+        self.stack, self.pending, self.correlation, self.pushes = [], [], 100, 0
+
+    def activity_register_callbacks(self, requested, completed):
+        self.requested, self.completed = requested, completed
+
+    def activity_enable(self, kind):
+        pass
+
+    def activity_disable(self, kind):
+        pass
+
+    def activity_push_external_correlation_id(self, kind, ext):
+        assert kind == 4
+        self.pushes += 1
+        self.stack.append(ext)
+
+    def activity_pop_external_correlation_id(self, kind):
+        return self.stack.pop()
+
+    def launch(self, name, start_ns, end_ns):
+        self.correlation += 1
+        if self.stack:
+            self.pending.append(types.SimpleNamespace(
+                kind=19, correlation_id=self.correlation, external_id=self.stack[-1]))
+        self.pending.append(types.SimpleNamespace(kind=10, correlation_id=self.correlation,
+                                                  name=name, start=start_ns, end=end_ns))
+
+    def deliver(self, keep_last: int = 0):
+        """Hand over the records, all but the last ``keep_last`` (a later buffer)."""
+        cut = len(self.pending) - keep_last
+        records, self.pending = self.pending[:cut], self.pending[cut:]
+        self.completed(records)
+
+    def activity_flush_all(self, flag):
+        pass                                          # the test delivers explicitly
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    current = types.SimpleNamespace(ptr=0x7700)
+    cuda = types.SimpleNamespace(get_current_stream=lambda: current)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    cupti = FakeCupti()
+    clock = Clock()
+    timer = CuptiTimer(64, activity=CuptiActivity(cupti=cupti), settle_s=0.5,
+                       clock=clock).use_cupy_streams()
+    assert timer.status == "ok"
+    return cupti, timer, clock, current
+
+
+@pytest.fixture
+def host():
+    d = Dispatcher("host", policy=MeasureEach())
+    d.sample_every = 0
+    return d
+
+
+def kernels_in_run(d, op, args, cupti, spans):
+    """Make the plan of ``op`` issue fake kernels (after one undisturbed launch that
+    decides): ``spans[0]`` is popped per call, a list of (start_ns, end_ns)."""
+    d.launch(op, *args)                                   # decided before the log
+    plan = d._plans[get_op(op).key(args, {})]
+    run = plan.run
+
+    def run_with_kernels(a, out):
+        for i, (start, end) in enumerate(spans.pop(0)):
+            cupti.launch(f"{op}_k{i}", start, end)
+        return run(a, out)
+    d._plans[plan.key] = dataclasses.replace(plan, run=run_with_kernels)
+
+
+def attach(clog, d, timer):
+    clog._timers[0] = timer
+    rec = recorders._LogRecorder(clog, d, timer)
+    clog._recorders[d] = rec
+    counterlog.install_recorder(d, rec)
+    return rec
+
+
+def test_each_logged_call_gets_the_gpu_span_of_its_kernels(tmp_path, rng, fake, host):
+    cupti, timer, clock, current = fake
+    x = rng.standard_normal((11, 29)).astype(np.float32)
+    starts = np.cumsum(rng.integers(50_000, 90_000, size=5))
+    spans = [[(int(s), int(s) + 20_000 + 1000 * i)] for i, s in enumerate(starts)]
+    spans[2] = [(int(starts[2]), int(starts[2]) + 7_000),          # two kernels in one call
+                (int(starts[2]) + 9_000, int(starts[2]) + 30_000)]
+    expected_ms = [(s[-1][1] - s[0][0]) / 1e6 for s in spans]
+    kernels_in_run(host, "softmax", (x,), cupti, list(spans))
+    cupti.launch("someone_elses", 1, 2)                           # untagged: ignored
+    clog = CounterLog(tmp_path / "cupti.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    rec = attach(clog, host, timer)
+    assert isinstance(rec, recorders._CuptiLogRecorder)
+    for i in range(5):
+        current.ptr = 0x7700 + i % 2
+        y = host.launch("softmax", x)
+        assert np.abs(y - get_op("softmax").reference(x)).max() < 1e-5
+    assert cupti.pushes == 5 and cupti.stack == []
+    cupti.deliver()
+    clog._drain()
+    assert clog.stats.written == 4 and timer.pending == 1   # the last waits for settling
+    clock.now += 1.0
+    clog._drain()
+    stats = clog.close()
+    assert stats.written == 5 and stats.dropped == 0
+    recs = read_log(tmp_path / "cupti.alog").records
+    assert [r["time_ms"] for r in recs] == pytest.approx(expected_ms, rel=1e-12)
+    assert {r["timer"] for r in recs} == {"cupti"}
+    assert [r["stream"] for r in recs] == [0x7700 + i % 2 for i in range(5)]
+
+
+def test_a_call_waits_for_kernels_in_a_later_buffer(tmp_path, rng, fake, host):
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti, [[(0, 5_000), (6_000, 11_000)]])
+    clog = CounterLog(tmp_path / "late.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    host.launch("softmax", x)
+    cupti.deliver(keep_last=2)                 # the second kernel (and its id) comes later
+    clog._drain()
+    assert clog.stats.written == 0             # not settled, no later call: not cut short
+    cupti.deliver()
+    clock.now += 1.0
+    clog._drain()
+    clog.close()
+    (rec,) = read_log(tmp_path / "late.alog").records
+    assert rec["time_ms"] == pytest.approx(0.011)
+
+
+def test_calls_whose_kernels_never_come_are_dropped_and_counted(tmp_path, rng, fake, host):
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti, [[], [], [(0, 4_000)]])
+    clog = CounterLog(tmp_path / "none.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    for _ in range(3):
+        host.launch("softmax", x)              # two calls without kernels, then one
+    cupti.deliver()
+    clock.now += 1.0
+    clog._drain()
+    stats = clog.close()
+    assert stats.written == 1 and stats.dropped == 2
+
+
+def test_one_call_in_n_is_tagged(tmp_path, rng, fake, host):
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti,
+                   [[(1000 * i, 1000 * i + 500)] for i in range(12)])
+    clog = CounterLog(tmp_path / "every.alog", sample_every=4, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    for _ in range(12):
+        host.launch("softmax", x)
+    assert cupti.pushes == 3
+    cupti.deliver()
+    clock.now += 1.0
+    clog._drain()
+    clog.close()
+    contents = read_log(tmp_path / "every.alog")
+    assert [r["time_ms"] for r in contents.records] == pytest.approx([0.0005] * 3)
+    assert contents.headers[0]["sample_every"] == 4
+
+
+def test_auto_timing_falls_back_to_event_pairs_without_cupti(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(cupti_mod, "shared_activity",
+                        lambda cupti=None: CuptiActivity(cupti=_Refusing()))
+    made = []
+    monkeypatch.setattr("profilers.events.EventTimer",
+                        lambda capacity, index: made.append((capacity, index)) or "events")
+    auto = CounterLog(tmp_path / "a.alog", timing="auto", nvml=False, event_capacity=32)
+    assert auto._make_timer(0) == "events" and auto.timings == {0: "cuda_event"}
+    strict = CounterLog(tmp_path / "b.alog", timing="cupti", nvml=False)
+    caplog.set_level("WARNING")
+    assert strict._make_timer(0) == "events"
+    assert any("CUPTI timing asked for" in r.message for r in caplog.records)
+    assert made == [(32, 0), (4096, 0)]
+    with pytest.raises(ValueError, match="timing must be one of auto, cupti, events"):
+        CounterLog(tmp_path / "c.alog", timing="nsight")
+
+
+class _Refusing(FakeCupti):
+    def activity_register_callbacks(self, requested, completed):
+        raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+
+def test_the_shared_subscription_pauses_with_its_last_user_and_resumes(monkeypatch):
+    class Counting(FakeCupti):
+        def __init__(self):
+            super().__init__()
+            self.registered, self.enabled = 0, set()
+
+        def activity_register_callbacks(self, requested, completed):
+            self.registered += 1
+            super().activity_register_callbacks(requested, completed)
+
+        def activity_enable(self, kind):
+            self.enabled.add(kind)
+
+        def activity_disable(self, kind):
+            self.enabled.discard(kind)
+
+    fake = Counting()
+    monkeypatch.setattr(cupti_mod, "_shared", None)
+    monkeypatch.setattr(cupti_mod, "_shared_users", 0)
+    monkeypatch.setattr(cupti_mod, "CuptiActivity",
+                        lambda cupti=None: CuptiActivity(cupti=fake))
+    a, b = CuptiTimer(8), CuptiTimer(8)
+    assert a.activity is b.activity and fake.enabled == {10, 19}
+    a.close()
+    assert fake.enabled == {10, 19}                       # b still needs the kernels
+    b.close()
+    assert fake.enabled == set() and b.activity.status == "paused"
+    c = CuptiTimer(8)
+    assert c.status == "ok" and fake.enabled == {10, 19} and fake.registered == 1
+    c.close()
