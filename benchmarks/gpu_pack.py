@@ -1,5 +1,5 @@
 """Build the shipped variant pack on this GPU: every CUDA candidate of the shipped ops on
-the ``default`` shape preset, measured (warm-up, median of 7 with spread), with cubins.
+the ``wide`` shape preset (seeded LLM-serving regimes), measured (warm-up, median of 7 with spread), with cubins.
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_pack.py --out $OUT             # H200, < 3 min
     python benchmarks/gpu_pack.py --device host --quick                   # a dry run on CPU
@@ -61,7 +61,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, deadline_s: fl
     backend = resolve_name(device)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    preset = "quick" if quick else "default"
+    preset = "quick" if quick else "wide"
     cases = interleave(load_shapes(preset, OPS))
     settings = Settings(warmup=2, repeats=7, cubins=backend == "cuda" and cubins)
     tmp_path = out / "gpu_pack.building.msgpack"

@@ -1,5 +1,6 @@
 """Shape presets for ``adaptive pack build --shapes``: ``quick`` (tiny, for CI on the host
-backend) and ``default`` (the shipped GPU pack: LLM-inference-like shapes, odd ones too).
+backend), ``default`` (LLM-inference-like shapes, odd ones too) and ``wide`` (the shipped
+GPU pack: seeded draws over the regimes a serving process meets, see :func:`wide`).
 
 The same layout as a shapes file: ``{op: [{"dims": {...}, "dtype": ..., "params": {...},
 "stats": {...}}]}``; ``stats`` go to ``Op.make_inputs`` (density, block for spmm).
@@ -56,4 +57,57 @@ DEFAULT = {
         (1000, 64, 3000, 0.1, 16)]),
 }
 
-PRESETS = {"quick": QUICK, "default": DEFAULT}
+
+
+def wide(seed: int = 2026) -> dict:
+    """Seeded draws over what an LLM server runs: decode (1-16 tokens) and prefill
+    (long-tailed 17-4096) token counts against model widths 1024-14336, grouped-query decode
+    attention over 128-32768 cached keys, softmax rows of 16-128k, and pruned weights from
+    2:4 and 25-60% to 0.1% (unstructured and in 16/32/64 blocks). The same seed gives the
+    same shapes; :data:`PRESETS` holds the shipped one."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    widths = (1024, 2048, 4096, 5120, 8192, 11008, 14336)
+
+    def tokens(decode_share: float = 0.4) -> int:
+        if rng.random() < decode_share:
+            return int(rng.integers(1, 17))
+        return int(min(4096, round(17 * np.exp(rng.exponential(1.6)))))
+
+    gemm = [{"dims": {"M": tokens(), "N": int(rng.choice(widths)),
+                      "K": int(rng.choice(widths))},
+             "dtype": str(rng.choice(["float16", "float16", "bfloat16", "float32"]))}
+            for _ in range(36)]
+    softmax = [{"dims": {"R": int(min(65536, round(np.exp(rng.uniform(0, 10.5))))),
+                         "C": int(round(np.exp(rng.uniform(np.log(16), np.log(131072)))))},
+                "dtype": str(rng.choice(["float16", "float16", "float32"]))}
+               for _ in range(30)]
+    attention = []
+    for i in range(30):
+        d = int(rng.choice([64, 128, 128]))
+        h = int(rng.choice([8, 16, 32, 32]))
+        hkv = int(rng.choice([g for g in (1, 2, 4, 8, h) if h % g == 0 and g <= h]))
+        decode = i % 3 != 2
+        lk = int(round(np.exp(rng.uniform(np.log(128), np.log(32768 if decode else 4096)))))
+        lq = int(rng.integers(1, 17)) if decode else lk
+        b = int(rng.choice([1, 1, 2, 8, 16, 32])) if decode else int(rng.choice([1, 2, 4]))
+        attention.append({"dims": {"B": b, "H": h, "Hkv": hkv, "Lq": lq, "Lk": lk, "D": d},
+                          "dtype": "float16", "params": {"causal": True}})
+    spmm = []
+    for i in range(28):
+        m, k = (int(x) for x in rng.choice([(14336, 4096), (4096, 14336), (4096, 4096),
+                                            (11008, 4096), (1024, 3000)]))
+        n = tokens(0.5)
+        kind = i % 4
+        if kind == 0:       # 2:4 pruned, as torch's semi-structured sparsity makes it
+            stats = {"density": 0.5, "block": 0, "is_2to4": 1.0}
+        elif kind == 1:     # block-sparse MLP weights
+            stats = {"density": float(rng.choice([0.05, 0.1, 0.25])), "block": 32}
+        else:
+            stats = {"density": float(np.exp(rng.uniform(np.log(0.001), np.log(0.6)))),
+                     "block": int(rng.choice([0, 16, 64]))}
+        spmm.append({"dims": {"M": m, "N": n, "K": k}, "dtype": "float16", "stats": stats})
+    return {"gemm": gemm, "softmax": softmax, "attention": attention, "spmm": spmm}
+
+
+PRESETS = {"quick": QUICK, "default": DEFAULT, "wide": wide()}
