@@ -1,5 +1,6 @@
 """Build the shipped variant pack on this GPU: every CUDA candidate of the shipped ops on
-the ``wide`` shape preset (seeded LLM-serving regimes), measured (warm-up, median of 7 with spread), with cubins.
+the ``wide`` shape preset (seeded LLM-serving regimes), measured (warm-up, median of 7 with
+spread), with cubins.
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_pack.py --out $OUT             # H200, < 3 min
     python benchmarks/gpu_pack.py --device host --quick                   # a dry run on CPU
