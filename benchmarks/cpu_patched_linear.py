@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _per_call_us(fn, x, calls: int, rounds: int = 5) -> float:
-    for _ in range(200):
+    for _ in range(2000):   # the adaptive plan explores its first calls; measure it committed
         fn(x)
     times = []
     for _ in range(rounds):
