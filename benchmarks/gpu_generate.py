@@ -60,6 +60,7 @@ BENCH = "gpu_generate"
 NEW_TOKENS = 128
 SAME_TOKENS = 32            # greedy tokens that must agree
 WARMUP_PASSES = 3           # adaptive warm-up passes at most
+BUDGET_S = 330.0            # no further warm-up pass or round is started past this
 TARGET_TOKENS_RATIO = 0.98
 TARGET_P99_RATIO = 1.05
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -244,7 +245,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
         torch.set_num_threads(1)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     new_tokens = NEW_TOKENS if not quick else 8
-    t0 = time.perf_counter()
+    t0 = t_build = time.perf_counter()
     models = {"torch": build(not quick, dev)}
     models["adaptive"] = at.patch(copy.deepcopy(models["torch"]))
     n_params = sum(p.numel() for p in models["torch"].parameters())
@@ -263,7 +264,11 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
         run_request(models["torch"], r, dev, new_tokens, sync)
         warm["torch"] += 1
     passes = []
+    started = t_build
     for _ in range(WARMUP_PASSES):
+        if passes and time.perf_counter() - started > BUDGET_S / 2:
+            print(f"  warm-up stopped: half of the {BUDGET_S:.0f} s budget spent", flush=True)
+            break
         before = dispatcher.stats.get("misses", 0)
         for r in requests:
             run_request(models["adaptive"], r, dev, new_tokens, sync)
@@ -281,7 +286,13 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     # ---- measured rounds, modes alternating -------------------------------------------------
     results = {m: [] for m in models}
     misses_before = dispatcher.stats.get("misses", 0)
+    rounds_t0 = time.perf_counter()
     for i in range(rounds):
+        per_round_s = (time.perf_counter() - rounds_t0) / max(i, 1)
+        if i and time.perf_counter() - started + per_round_s > BUDGET_S:
+            print(f"  round {i + 1} of {rounds} not started: it would end past the "
+                  f"{BUDGET_S:.0f} s budget", flush=True)
+            break
         order = ("torch", "adaptive") if i % 2 == 0 else ("adaptive", "torch")
         for r in requests:
             for mode in order:
