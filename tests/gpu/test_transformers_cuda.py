@@ -75,7 +75,10 @@ def test_attention_matches_eager_fp16(h, hkv, lq, lk, pads):
 
 
 def _config(**kw):
+    # initializer_range 0.1: logits far enough apart that fp16 rounding does not decide
+    # the greedy token (at the default 0.02 a random model's logits are nearly tied)
     return LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                       initializer_range=0.1,
                        num_attention_heads=8, num_key_value_heads=2, vocab_size=512,
                        max_position_embeddings=1024, pad_token_id=0, bos_token_id=None,
                        eos_token_id=None, attn_implementation="sdpa", **kw)
