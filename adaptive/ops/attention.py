@@ -2,9 +2,10 @@
 
 k and v may have fewer heads than q (grouped-query attention): with q [B, H, Lq, D] and
 k, v [B, Hkv, Lk, D], H a multiple of Hkv, query head h reads key/value head h // (H / Hkv).
-No variant needs k and v repeated to H heads. q may have fewer rows than k and v (decode: Lq = 1). With ``causal=True`` query i may
-see keys j <= i + (Lk - Lq): the mask is aligned to the bottom right, so a decode step
-sees the whole cache and Lq == Lk is the usual lower triangle.
+No variant needs k and v repeated to H heads. q may have fewer rows than k and v (decode:
+Lq = 1). With ``causal=True`` query i may see keys j <= i + (Lk - Lq): the mask is aligned
+to the bottom right, so a decode step sees the whole cache and Lq == Lk is the usual lower
+triangle.
 
 An optional fourth array ``mask`` [B or 1, 1 or H, Lq, Lk] (padding in a batch) is either
 boolean (True: the key is seen) or additive in q's dtype (added to the scaled scores; -inf
