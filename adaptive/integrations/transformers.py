@@ -182,6 +182,8 @@ def patch(model, *, sparse=None, skip=None):
     done = []
     try:
         for _, m in models:
+            if m.config._attn_implementation != NAME:
+                m._adaptive_attention_before = m.config._attn_implementation   # unpatch()
             _set_attention(m, NAME)
         for path, parent, attr, linear, mode in linears:
             setattr(parent, attr, AdaptiveLinear(linear, mode, path))
@@ -198,7 +200,8 @@ def patch(model, *, sparse=None, skip=None):
 
 def unpatch(model):
     """Undo :func:`patch`: plain ``nn.Linear`` layers over the same parameters (dense
-    ones keep their transposed layout) and SDPA attention. Returns ``model``."""
+    ones keep their transposed layout) and the attention implementation from before.
+    Returns ``model``."""
     from adaptive.integrations.linear import AdaptiveLinear
     for path, module in list(model.named_modules()):
         for attr, child in list(module.named_children()):
@@ -206,7 +209,7 @@ def unpatch(model):
                 setattr(module, attr, child.to_linear())
     for _, m in _transformers_models(model):
         if m.config._attn_implementation == NAME:
-            _set_attention(m, "sdpa")
+            _set_attention(m, getattr(m, "_adaptive_attention_before", "sdpa"))
     return model
 
 

@@ -171,6 +171,9 @@ def test_model_logits_match_eager_through_a_kv_cache(pads):
 def test_patched_model_generates_the_same_greedy_tokens():
     plain, patched = _pair()
     at.patch(patched)
+    first = {n: id(m) for n, m in patched.named_modules()}
+    at.patch(patched)                                   # a second time changes nothing
+    assert {n: id(m) for n, m in patched.named_modules()} == first
     assert patched.config._attn_implementation == "adaptive"
     layers = [m for m in patched.modules() if isinstance(m, torch.nn.Linear)]
     assert len(layers) == 2 * 7 + 1 and all(isinstance(m, at.AdaptiveLinear) for m in layers)
@@ -354,6 +357,7 @@ def test_a_patched_layer_moved_to_another_dtype_rebinds_its_weight():
 
 def test_unpatch_and_training_mode():
     plain, model = _pair()
+    model.set_attn_implementation("eager")
     at.patch(model)
     model.train()
     with pytest.raises(RuntimeError, match=r"model.layers.0.self_attn.q_proj: adaptive layers "
@@ -361,7 +365,7 @@ def test_unpatch_and_training_mode():
         model(torch.ones(1, 3, dtype=torch.long))
     at.unpatch(model.eval())
     assert all(t is torch.nn.Linear for t in _linear_types(model).values())
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "eager"       # what it was before
     ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(8))
     mask = torch.ones_like(ids)
     assert torch.equal(_greedy(model, ids, mask, 4), _greedy(plain, ids, mask, 4))
