@@ -1,26 +1,35 @@
-"""attention: out = softmax(q kᵀ · scale [+ causal mask]) v over [B, H, L, D] tensors.
+"""attention: out = softmax(q kᵀ · scale [+ causal mask] [+ mask]) v over [B, H, L, D] tensors.
 
 k and v may have fewer heads than q (grouped-query attention): with q [B, H, Lq, D] and
 k, v [B, Hkv, Lk, D], H a multiple of Hkv, query head h reads key/value head h // (H / Hkv).
-No variant needs k and v repeated to H heads. q may have fewer rows than k and v (decode: Lq = 1). With ``causal=True`` query i may
-see keys j <= i + (Lk - Lq): the mask is aligned to the bottom right, so a decode step
-sees the whole cache and Lq == Lk is the usual lower triangle.
+No variant needs k and v repeated to H heads. q may have fewer rows than k and v (decode:
+Lq = 1). With ``causal=True`` query i may see keys j <= i + (Lk - Lq): the mask is aligned
+to the bottom right, so a decode step sees the whole cache and Lq == Lk is the usual lower
+triangle.
+
+An optional fourth array ``mask`` [B or 1, 1 or H, Lq, Lk] (padding in a batch) is either
+boolean (True: the key is seen) or additive in q's dtype (added to the scaled scores; -inf
+hides a key). It combines with ``causal``. A query row that sees no key at all gives zeros
+(PyTorch's SDPA does the same). Whether a mask is given is in the key and in the scope as
+``masked`` (0 or 1), so a variant that cannot read one says ``requires = ["not masked"]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 
-from adaptive.errors import InputValueError
+from adaptive import arrays
+from adaptive.errors import InputTypeError, InputValueError
 from adaptive.ops.base import Op, Param, Problem, random_array
 
 
 class Attention(Op):
     name = "attention"
     token_dims = ("Lq", "Lk")
-    arrays = ("q", "k", "v")
+    arrays = ("q", "k", "v")       # and an optional fourth, "mask"
     params = (
         Param("causal", (bool,), False, "mask keys after each query (bottom-right aligned)"),
         Param("scale", (float, int), None, "logit scale; None means 1/sqrt(D)"),
@@ -44,7 +53,19 @@ class Attention(Op):
             raise InputValueError(f"attention: causal needs Lq <= Lk, got Lq={q.shape[2]} and "
                                   f"Lk={k.shape[2]}")
         b, h, lq, d = q.shape
-        return {"B": b, "H": h, "Hkv": k.shape[1], "Lq": lq, "Lk": k.shape[2], "D": d}, {}
+        return ({"B": b, "H": h, "Hkv": k.shape[1], "Lq": lq, "Lk": k.shape[2], "D": d},
+                {"masked": 0.0})
+
+    def problem(self, args, params) -> Problem:
+        """q, k, v validated by the base class; an optional mask checked against them."""
+        if len(args) not in (3, 4):
+            raise InputTypeError(f"attention takes q, k, v and an optional mask (4 arrays at "
+                                 f"most), got {len(args)} array arguments")
+        p = super().problem(args[:3], params)
+        if len(args) == 3:
+            return p
+        _check_mask(args[3], args[0], p)
+        return dataclasses.replace(p, extra=(("masked", 1.0),))
 
     def out_shape(self, p: Problem) -> tuple:
         return (p.dim("B"), p.dim("H"), p.dim("Lq"), p.dim("D"))
@@ -66,29 +87,79 @@ class Attention(Op):
         hkv = feats.pop("log2_Hkv", None)
         if hkv is not None and hkv != feats["log2_H"]:
             feats["log2_group"] = feats["log2_H"] - hkv
+        if not feats.get("masked"):   # rows measured before masks existed read the same
+            feats.pop("masked", None)
         return feats
 
-    def reference(self, q, k, v, causal=False, scale=None):
+    def reference(self, q, k, v, mask=None, causal=False, scale=None):
         q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
         k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         lq, lk, d = q.shape[2], k.shape[2], q.shape[3]
         scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
         s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+        seen = np.ones((lq, lk), bool)
         if causal:
-            mask = np.arange(lk)[None, :] > (np.arange(lq)[:, None] + (lk - lq))
-            s = np.where(mask, -np.inf, s)
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        s /= s.sum(axis=-1, keepdims=True)
-        return np.einsum("bhqk,bhkd->bhqd", s, v)
+            seen = np.arange(lk)[None, :] <= (np.arange(lq)[:, None] + (lk - lq))
+        if mask is not None:
+            mask = np.asarray(arrays.to_numpy(mask))
+            if mask.dtype == np.bool_:
+                seen = seen & mask
+            else:
+                s = s + mask.astype(np.float64)
+        s = np.where(seen, s, -np.inf)
+        return softmax_v(s, v)
 
-    def make_inputs(self, dims, dtype, rng, **stats):
+    def make_inputs(self, dims, dtype, rng, masked=0.0, **stats):
+        """q, k, v; with ``masked`` also a boolean padding mask [B, 1, Lq, Lk] (left
+        padding of a random length per batch row, every query row seeing some key)."""
         b, h, d = dims["B"], dims["H"], dims["D"]
         hkv = dims.get("Hkv", h)
         lq = dims.get("Lq", dims.get("L"))
         lk = dims.get("Lk", lq)
-        return (random_array(rng, (b, h, lq, d), dtype),
-                random_array(rng, (b, hkv, lk, d), dtype),
-                random_array(rng, (b, hkv, lk, d), dtype))
+        inputs = (random_array(rng, (b, h, lq, d), dtype),
+                  random_array(rng, (b, hkv, lk, d), dtype),
+                  random_array(rng, (b, hkv, lk, d), dtype))
+        if not masked:
+            return inputs
+        pad = rng.integers(0, max(1, lk - lq + 1), size=b)   # keys hidden at the left
+        mask = np.arange(lk)[None, None, None, :] >= pad[:, None, None, None]
+        return inputs + (np.ascontiguousarray(np.broadcast_to(mask, (b, 1, lq, lk))),)
+
+
+def softmax_v(s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """softmax(s) v over the last axis in float64; a row of only -inf gives zeros."""
+    top = s.max(axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    p = np.exp(s - top)
+    total = p.sum(axis=-1, keepdims=True)
+    p /= np.where(total > 0, total, 1.0)
+    return np.einsum("bhqk,bhkd->bhqd", p, v)
+
+
+def _check_mask(mask, q, p: Problem) -> None:
+    """Raise unless ``mask`` is a [B or 1, 1 or H, Lq, Lk] boolean or q-dtype array of q's
+    kind and device, C-contiguous."""
+    try:
+        arrays.signature(mask)
+    except InputTypeError:
+        raise InputTypeError(f"attention: argument 'mask' must be an array (or left out), got "
+                             f"{type(mask).__name__}") from None
+    info, qi = arrays.info(mask), arrays.info(q)
+    if info.kind != qi.kind or info.device != qi.device:
+        raise InputTypeError(f"attention: mask is a {info.kind} array on {info.device} but q "
+                             f"is a {qi.kind} array on {qi.device}; pass the mask like q")
+    if info.dtype not in ("bool", p.dtype):
+        raise InputTypeError(f"attention: mask dtype {info.dtype}; expected bool (True: "
+                             f"seen) or q's dtype {p.dtype} (additive)")
+    b, h, lq, lk = (p.dim(n) for n in ("B", "H", "Lq", "Lk"))
+    shape = tuple(info.shape)
+    if (len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h)
+            or shape[2:] != (lq, lk)):
+        raise InputValueError(f"attention: mask shape {shape}; expected [B or 1, 1 or H, Lq, "
+                              f"Lk] = [{b} or 1, 1 or {h}, {lq}, {lk}]")
+    if not info.contiguous:
+        raise InputValueError("attention: argument 'mask' is not C-contiguous; pass a "
+                              "contiguous mask (e.g. mask.contiguous())")
 
 
 def repeat_kv(x, heads: int):

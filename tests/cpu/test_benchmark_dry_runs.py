@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 DRY_RUNS = {
     "gpu_counterlog": (["--device", "host", "--quick"], "side by side"),
+    "gpu_generate": (["--device", "host", "--quick"], "adaptive/torch ratios above"),
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
     "gpu_selection": (["--backend", "host", "--quick"], "selection targets"),
 }

@@ -106,5 +106,5 @@ def test_sdpa_library_variant_honours_any_scale(rng, scale, causal):
     op = OPS["attention"]
     q, k, v = op.make_inputs({"B": 1, "H": 2, "Lq": 9, "Lk": 9, "D": 16}, "float32", rng)
     out = np.full(q.shape, np.nan, np.float32)
-    fn(q, k, v, out, causal=causal, scale=scale)
+    fn(q, k, v, out=out, causal=causal, scale=scale)
     assert op.error(out, op.reference(q, k, v, causal=causal, scale=scale)) < 1e-5

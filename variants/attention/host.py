@@ -1,4 +1,8 @@
-"""Host attention: materialised scores, and chunked online softmax over key blocks."""
+"""Host attention: materialised scores, and chunked online softmax over key blocks.
+
+Both take an optional ``mask`` [B or 1, 1 or H, Lq, Lk] (boolean: True is seen; or
+additive), combined with ``causal``; a query row that sees no key gives zeros.
+"""
 
 import math
 
@@ -17,22 +21,35 @@ def _grouped(q, k, v):
     return np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
 
 
-def attention_materialised(q, k, v, out, causal=False, scale=None):
+def _masked(s, mask, j0, j1):
+    """Scores ``s`` (keys j0..j1) with the mask's columns applied."""
+    if mask is None:
+        return s
+    part = mask[..., j0:j1]
+    if part.dtype == np.bool_:
+        return np.where(part, s, -np.inf)
+    return s + _f(part)
+
+
+def attention_materialised(q, k, v, mask=None, *, out, causal=False, scale=None):
     q, k, v = _f(q), _f(k), _f(v)
     k, v = _grouped(q, k, v)
     lq, lk = q.shape[2], k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[3]) if scale is None else scale
     s = np.matmul(q, k.swapaxes(-1, -2)) * np.asarray(scale, q.dtype)
+    s = _masked(s, mask, 0, lk)
     if causal:
-        mask = np.arange(lk)[None, :] > (np.arange(lq)[:, None] + (lk - lq))
-        s[..., mask] = -np.inf
-    s -= s.max(axis=-1, keepdims=True)
+        hidden = np.arange(lk)[None, :] > (np.arange(lq)[:, None] + (lk - lq))
+        s[..., hidden] = -np.inf
+    top = s.max(axis=-1, keepdims=True)
+    s -= np.where(np.isfinite(top), top, 0)          # a row that sees nothing stays -inf
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
+    total = s.sum(axis=-1, keepdims=True)
+    s /= np.where(total > 0, total, 1)
     out[...] = np.matmul(s, v)
 
 
-def attention_chunked(q, k, v, out, chunk, causal=False, scale=None):
+def attention_chunked(q, k, v, mask=None, *, out, chunk, causal=False, scale=None):
     """Flash-style: never holds more than Lq x chunk scores; running max and sum."""
     q, k, v = _f(q), _f(k), _f(v)
     k, v = _grouped(q, k, v)
@@ -45,13 +62,14 @@ def attention_chunked(q, k, v, out, chunk, causal=False, scale=None):
     rows = np.arange(lq)[:, None] + (lk - lq)
     for j0 in range(0, lk, chunk):
         j1 = min(j0 + chunk, lk)
-        s = np.matmul(q, k[:, :, j0:j1].swapaxes(-1, -2))
+        s = _masked(np.matmul(q, k[:, :, j0:j1].swapaxes(-1, -2)), mask, j0, j1)
         if causal:
             s[..., np.arange(j0, j1)[None, :] > rows] = -np.inf
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-        alpha = np.exp(m - m_new)
-        p = np.exp(s - m_new)
+        base = np.where(np.isfinite(m_new), m_new, 0)   # rows with nothing seen yet
+        alpha = np.exp(m - base)
+        p = np.exp(s - base)
         l = l * alpha + p.sum(axis=-1, keepdims=True)
         acc = acc * alpha + np.matmul(p, v[:, :, j0:j1])
         m = m_new
-    out[...] = acc / l
+    out[...] = acc / np.where(l > 0, l, 1)

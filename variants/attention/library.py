@@ -4,8 +4,14 @@
 row softmax kernel (scale, bottom-right causal mask) writing P in the input dtype, then
 out = P v by cuBLAS. Needs B·H·Lq·Lk·(4 + itemsize) bytes of scratch.
 ``attention_sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` on the same
-memory (DLPack, no copies of q, k, v); torch is imported on first use. Its causal mask
-is top-left aligned, so the manifest admits it only where that equals ours (Lq == Lk).
+memory (DLPack, no copies of q, k, v); torch is imported on first use.
+``attention_sdpa_torch``: the same on torch tensors as given (the backend's torch entry:
+no conversions, ``out`` from torch's allocator, torch's current stream). SDPA's own
+causal mask is top-left aligned: it is used where that equals ours (Lq == Lk; Lq == 1 is
+no mask at all), and with a padding mask the bottom-right triangle joins the mask. Grouped
+heads go the way transformers sends them, so both run the same kernels: ``enable_gqa``
+without a mask; with a mask, a decode step folds the group into query rows and a longer
+query repeats k and v (SDPA's fused kernels take no mask with ``enable_gqa``).
 
 bfloat16 arrays arrive as int16 CuPy arrays (raw 16-bit memory): the backend's convention.
 """
@@ -113,19 +119,51 @@ def attention_three_pass(q, k, v, out, causal=False, scale=None):
                                 batch, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
 
 
-def attention_sdpa(q, k, v, out, causal=False, scale=None):
+def attention_sdpa(q, k, v, mask=None, *, out, causal=False, scale=None):
     import torch
-    import torch.nn.functional as F
     tq, tk, tv, to = (torch.from_dlpack(x) for x in (q, k, v, out))
+    tm = None if mask is None else torch.from_dlpack(mask)
     if tq.dtype == torch.int16:
         tq, tk, tv, to = (t.view(torch.bfloat16) for t in (tq, tk, tv, to))
+        tm = tm.view(torch.bfloat16) if tm is not None and tm.dtype == torch.int16 else tm
+    to.copy_(_sdpa(torch, tq, tk, tv, tm, causal, scale))
+
+
+def attention_sdpa_torch(q, k, v, mask=None, *, out=None, causal=False, scale=None):
+    """Returns SDPA's own result when ``out`` is None (no copy), else writes ``out``."""
+    import torch
+    result = _sdpa(torch, q, k, v, mask, causal, scale)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def _sdpa(torch, q, k, v, mask, causal, scale):
+    """SDPA of our semantics on torch tensors; returns the [B, H, Lq, D] result."""
+    F = torch.nn.functional
     if scale is not None and scale <= 0:
         # SDPA gave non-finite output for scale <= 0 on the H200 (2026-11-30, torch 2.11):
         # softmax((-q)k^T * |s|) is the same function, and scale 0 is q = 0 (uniform weights)
-        tq = -tq if scale < 0 else torch.zeros_like(tq)
+        q = -q if scale < 0 else torch.zeros_like(q)
         scale = -scale if scale < 0 else 1.0
+    b, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
     # bottom-right causal with one query row sees the whole cache: no mask at all
-    is_causal = bool(causal) and tq.shape[2] > 1
-    gqa = tk.shape[1] != tq.shape[1]
-    to.copy_(F.scaled_dot_product_attention(tq, tk, tv, is_causal=is_causal, scale=scale,
-                                            enable_gqa=gqa))
+    causal = bool(causal) and lq > 1
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                              enable_gqa=hkv != h)
+    if causal:   # bottom-right triangle into the mask (SDPA takes no mask with is_causal)
+        seen = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+        mask = mask & seen if mask.dtype == torch.bool else mask.masked_fill(~seen,
+                                                                             float("-inf"))
+    if hkv != h:
+        group = h // hkv
+        if lq == 1 and mask.shape[1] == 1:   # the group's query rows share each k/v head
+            mask = mask.view(mask.shape[0], 1, 1, lk)
+            o = F.scaled_dot_product_attention(q.view(b, hkv, group, d), k, v,
+                                               attn_mask=mask, scale=scale)
+            return o.reshape(b, h, 1, d)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)

@@ -1,0 +1,9 @@
+"""Where servers meet the library.
+
+- :mod:`adaptive.integrations.transformers`: an ``"adaptive"`` attention implementation
+  for transformers' ``AttentionInterface`` and :func:`~adaptive.integrations.transformers.patch`,
+  which puts a model's ``nn.Linear`` layers on adaptive gemm/spmm.
+
+Nothing here is imported by ``import adaptive``; torch and transformers load when a
+function of these modules is first called (install them with ``adaptive-dispatch[llm]``).
+"""

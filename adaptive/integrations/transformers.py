@@ -1,0 +1,359 @@
+"""transformers models on adaptive: an ``"adaptive"`` attention implementation and ``patch``.
+
+    >>> from adaptive.integrations import transformers as at
+    >>> model = at.patch(LlamaForCausalLM(config).eval())   # linears + attention, in place
+    >>> model.generate(input_ids, max_new_tokens=32)
+
+:func:`register` adds ``"adaptive"`` to transformers' ``AttentionInterface`` (attention as
+``adaptive.launch("attention", q, k, v[, mask], causal=..., scale=...)``, grouped k/v
+heads passed as they are, never repeated here) and to its ``AttentionMaskInterface`` with
+SDPA's mask builder, so a model hands over no mask for pure causal attention and a
+boolean ``[B, 1, Lq, Lk]`` mask only where padding (or a window) needs one; that mask
+goes to the op, whose variants say whether they read masks (``requires = ["not
+masked"]``), so a masked call is never routed silently.
+
+:func:`patch` replaces every ``nn.Linear`` with an
+:class:`~adaptive.integrations.linear.AdaptiveLinear` and switches the model's attention
+to ``"adaptive"``. Everything is checked before anything changes: a module it cannot
+serve is an error naming the module and why, and the model is left as it was.
+
+torch and transformers are imported when a function here is first called (the
+``[llm]`` extra); ``import adaptive`` imports neither.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from adaptive.dispatch import launch
+from adaptive.errors import InputTypeError, InputValueError
+
+NAME = "adaptive"
+AUTO_MAX_DENSITY = 0.5      # sparse="auto": a weight with at most this fraction nonzero
+LINEAR_DTYPES = {"cuda": ("float16", "bfloat16", "float32"),
+                 "cpu": ("float16", "float32")}          # NumPy (host backend): no bfloat16
+SPARSE_DTYPES = ("float16", "float32")                   # adaptive.SparseWeight's
+
+_lock = threading.Lock()
+_registered = False
+
+
+def __getattr__(name: str):
+    if name == "AdaptiveLinear":   # imports torch: only when asked for
+        from adaptive.integrations.linear import AdaptiveLinear
+        return AdaptiveLinear
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register() -> str:
+    """Register ``"adaptive"`` with transformers (attention and mask builder); idempotent.
+
+    Returns:
+        The implementation's name, for ``from_pretrained(..., attn_implementation=...)``
+        or ``model.set_attn_implementation(...)``.
+    """
+    global _registered
+    if _registered:
+        return NAME
+    with _lock:
+        if not _registered:
+            try:
+                import transformers
+                from transformers import AttentionInterface
+                from transformers.masking_utils import AttentionMaskInterface
+            except ImportError as exc:
+                raise ImportError(
+                    f"adaptive.integrations.transformers needs transformers >= 4.53 "
+                    f"(AttentionInterface and AttentionMaskInterface) and torch: {exc}; "
+                    "pip install 'adaptive-dispatch[llm]'") from None
+            sdpa_mask = AttentionMaskInterface._global_mapping.get("sdpa")
+            if sdpa_mask is None:
+                raise ImportError(f"transformers {transformers.__version__} has no SDPA mask "
+                                  "builder to register; expected transformers >= 4.53")
+            AttentionInterface.register(NAME, attention_forward)
+            AttentionMaskInterface.register(NAME, sdpa_mask)
+            _registered = True
+    return NAME
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                      scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+    """transformers' attention-function contract, served by ``adaptive.launch``.
+
+    Args:
+        module: the calling attention layer (its ``is_causal`` is the default).
+        query: ``[B, H, Lq, D]``; key, value: ``[B, Hkv, Lk, D]`` with ``H % Hkv == 0``.
+        attention_mask: None (pure causal, or none at all) or a boolean/additive
+            ``[B or 1, 1 or H, Lq, Lk']`` mask, ``Lk' >= Lk``, that already holds the
+            causal pattern (transformers builds it whole).
+        dropout: must be 0 (inference).
+        scaling: the logit scale (None: ``1/sqrt(D)``).
+        is_causal: overrides ``module.is_causal``.
+
+    Returns:
+        ``(out [B, Lq, H, D], None)``: no attention weights, as with SDPA.
+    """
+    if dropout:
+        raise InputValueError(f"{_layer(module)}: attention dropout {dropout} (training); "
+                              "adaptive attention is for inference: call model.eval()")
+    for name in ("softcap", "position_bias", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise InputValueError(f"{_layer(module)}: attention with {name} is not supported "
+                                  "by adaptive; use attn_implementation='sdpa' or 'eager'")
+    lq, lk = query.shape[2], key.shape[2]
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    q = query if query.is_contiguous() else query.contiguous()
+    mask = attention_mask
+    if mask is None:
+        causal = bool(is_causal) and lq > 1
+        if causal and lk > lq:
+            # transformers leaves the mask out with Lk > Lq only for the prefill of an
+            # empty static cache: the keys past Lq are unused slots (top-left causal)
+            key, value = key[:, :, :lq], value[:, :, :lq]
+        k = key if key.is_contiguous() else key.contiguous()
+        v = value if value.is_contiguous() else value.contiguous()
+        out = launch("attention", q, k, v, causal=causal, scale=scaling)
+    else:
+        if mask.dim() != 4:
+            raise InputValueError(f"{_layer(module)}: attention mask of shape "
+                                  f"{tuple(mask.shape)}; expected 4-D [B, 1, Lq, Lk]")
+        if mask.shape[-1] != lk:
+            mask = mask[..., :lk]
+        if mask.dtype != q.dtype and mask.dtype.is_floating_point:
+            mask = mask.to(q.dtype)
+        if not mask.is_contiguous():
+            mask = mask.contiguous()
+        k = key if key.is_contiguous() else key.contiguous()
+        v = value if value.is_contiguous() else value.contiguous()
+        out = launch("attention", q, k, v, mask, causal=False, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _layer(module) -> str:
+    idx = getattr(module, "layer_idx", None)
+    return type(module).__name__ + (f" (layer {idx})" if idx is not None else "")
+
+
+# ---- patch ----------------------------------------------------------------------------------
+
+def patch(model, *, sparse=None, skip=None):
+    """Serve ``model``'s linears and attention through adaptive, in place; inference only.
+
+    Every ``nn.Linear`` becomes an :class:`~adaptive.integrations.linear.AdaptiveLinear`
+    (dense: the weight kept transposed once, ``weight`` a view of it; tied to another
+    module: used as it is; pruned: an :class:`adaptive.SparseWeight` built once), every
+    transformers model inside is switched to ``attn_implementation="adaptive"``, and the
+    model is put in eval mode.
+
+    Args:
+        model: a ``torch.nn.Module`` (a transformers ``PreTrainedModel`` or any module).
+        sparse: which weights run as sparse (spmm): None (none); a mapping from a module
+            name part (``"mlp"``, ``"mlp.down_proj"``, ``"layers.3"``) to ``"auto"`` (at
+            most :data:`AUTO_MAX_DENSITY` of the weight nonzero), a density bound in (0,
+            1], or True/False; or a predicate ``(path, linear) -> bool``.
+        skip: a predicate ``(path, linear) -> bool`` naming linears to leave as they are.
+
+    Returns:
+        ``model``, patched.
+
+    Raises:
+        InputValueError: a module cannot be served (unknown attention layout, a Linear
+            subclass, an unsupported dtype or device, a sparse rule that matches nothing);
+            every such module is named and the model is left unchanged.
+        InputTypeError: ``model``, ``sparse`` or ``skip`` of the wrong type.
+
+    Example:
+        >>> patch(model, sparse={"mlp": "auto"})
+    """
+    import torch
+    register()
+    if not isinstance(model, torch.nn.Module):
+        raise InputTypeError(f"patch() takes a torch.nn.Module, got {type(model).__name__}")
+    if skip is not None and not callable(skip):
+        raise InputTypeError(f"skip must be a predicate (path, linear) -> bool, got "
+                             f"{type(skip).__name__}")
+    linears, models = _plan(model, _sparse_rule(sparse), skip)
+    from adaptive.integrations.linear import AdaptiveLinear
+    previous = [(m, m.config._attn_implementation) for _, m in models]
+    done = []
+    try:
+        for _, m in models:
+            if m.config._attn_implementation != NAME:
+                m._adaptive_attention_before = m.config._attn_implementation   # unpatch()
+            _set_attention(m, NAME)
+        for path, parent, attr, linear, mode in linears:
+            setattr(parent, attr, AdaptiveLinear(linear, mode, path))
+            done.append((parent, attr))
+    except BaseException:   # out of memory half-way: put back what was changed
+        for parent, attr in done:
+            setattr(parent, attr, getattr(parent, attr).to_linear())
+        for m, impl in previous:
+            _set_attention(m, impl)
+        raise
+    model.eval()
+    return model
+
+
+def unpatch(model):
+    """Undo :func:`patch`: plain ``nn.Linear`` layers over the same parameters (dense
+    ones keep their transposed layout) and the attention implementation from before.
+    Returns ``model``."""
+    from adaptive.integrations.linear import AdaptiveLinear
+    for path, module in list(model.named_modules()):
+        for attr, child in list(module.named_children()):
+            if isinstance(child, AdaptiveLinear):
+                setattr(module, attr, child.to_linear())
+    for _, m in _transformers_models(model):
+        if m.config._attn_implementation == NAME:
+            _set_attention(m, getattr(m, "_adaptive_attention_before", "sdpa"))
+    return model
+
+
+def _set_attention(model, impl: str) -> None:
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is not None:
+        setter(impl)
+    else:   # transformers before set_attn_implementation
+        model.config._attn_implementation = impl
+
+
+def _transformers_models(model) -> list:
+    """The outermost transformers ``PreTrainedModel``s in ``model`` (with their paths)."""
+    import sys
+    tf = sys.modules.get("transformers")
+    if tf is None:
+        return []
+    found = []
+    for path, m in model.named_modules():
+        if isinstance(m, tf.PreTrainedModel) and not any(
+                path.startswith(p + ".") or p == "" for p, _ in found):
+            found.append((path, m))
+    return found
+
+
+def _plan(model, sparse_rule, skip):
+    """Everything patch() will change, or an error naming every module it cannot serve."""
+    import torch
+    nn = torch.nn
+    from adaptive.integrations.linear import AdaptiveLinear
+    problems: list[str] = []
+    models = _transformers_models(model)
+    for path, m in models:
+        why = _attention_problem(m)
+        if why:
+            problems.append(f"{path or '(the model)'}: {why}")
+    owners = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    linears, matched = [], set()
+    for path, module in model.named_modules():
+        if isinstance(module, nn.MultiheadAttention):
+            problems.append(f"{path}: torch.nn.MultiheadAttention computes attention inside "
+                            "its own forward (unknown attention layout); adaptive cannot "
+                            "route it")
+        for attr, child in module.named_children():
+            cpath = f"{path}.{attr}" if path else attr
+            if not isinstance(child, nn.Linear) or isinstance(child, AdaptiveLinear):
+                continue
+            if skip is not None and skip(cpath, child):
+                continue
+            if type(child) is not nn.Linear:
+                problems.append(f"{cpath}: {type(child).__module__}.{type(child).__name__} is a "
+                                "subclass of nn.Linear that may compute differently "
+                                "(quantised, adapters); leave it out with skip=")
+                continue
+            w = child.weight
+            dtype = str(w.dtype).removeprefix("torch.")
+            device = w.device.type
+            if device not in LINEAR_DTYPES:
+                problems.append(f"{cpath}: weight on device {w.device}; expected cpu or cuda "
+                                "(load the weights first if this is 'meta')")
+                continue
+            if dtype not in LINEAR_DTYPES[device]:
+                problems.append(f"{cpath}: weight dtype {dtype} on {device}; expected one of "
+                                f"{', '.join(LINEAR_DTYPES[device])}"
+                                + (" (the host backend has no bfloat16)" if device == "cpu"
+                                   and dtype == "bfloat16" else ""))
+                continue
+            shared = owners[id(w)] > 1
+            as_sparse = False
+            if sparse_rule is not None:
+                as_sparse, hit = sparse_rule(cpath, child)
+                matched |= hit
+                if as_sparse and dtype not in SPARSE_DTYPES:
+                    problems.append(f"{cpath}: sparse weight of dtype {dtype}; "
+                                    f"adaptive.SparseWeight takes {', '.join(SPARSE_DTYPES)}")
+                    continue
+            mode = "sparse" if as_sparse else ("shared" if shared else "dense")
+            linears.append((cpath, module, attr, child, mode))
+    if isinstance(sparse_rule, _PatternRule):
+        for pattern in sparse_rule.patterns:
+            if pattern not in matched:
+                problems.append(f"sparse={{{pattern!r}: ...}}: matches no nn.Linear (names "
+                                f"look like {linears[0][0] if linears else 'none found'!r})")
+    if problems:
+        raise InputValueError(f"cannot patch {type(model).__name__}; nothing was changed. "
+                              f"{len(problems)} problem(s):\n  " + "\n  ".join(problems))
+    return linears, models
+
+
+def _attention_problem(m) -> str | None:
+    """Why transformers model ``m`` cannot take the adaptive attention (None: it can)."""
+    cls = type(m)
+    routed = getattr(cls, "_supports_attention_backend", False)
+    can_set = getattr(cls, "_can_set_attn_implementation", None)
+    if not routed or (can_set is not None and not can_set()):
+        return (f"{cls.__name__} does not route its attention through transformers' "
+                "AttentionInterface (unknown attention layout)")
+    cap = getattr(m.config, "attn_logit_softcapping", None)
+    if cap:
+        return f"soft-capped attention logits (config.attn_logit_softcapping={cap})"
+    return None
+
+
+class _PatternRule:
+    """sparse={pattern: rule}: a pattern matches a dotted part of the module path."""
+
+    def __init__(self, rules: Mapping):
+        self.patterns = list(rules)
+        self._rules = []
+        for pattern, rule in rules.items():
+            if not isinstance(pattern, str) or not pattern:
+                raise InputTypeError(f"sparse: keys are module name parts (str), got "
+                                     f"{pattern!r}")
+            if rule == "auto":
+                bound = AUTO_MAX_DENSITY
+            elif isinstance(rule, bool):
+                bound = 1.0 if rule else None
+            elif isinstance(rule, (int, float)) and 0 < rule <= 1:
+                bound = float(rule)
+            else:
+                raise InputValueError(f"sparse[{pattern!r}] = {rule!r}; expected 'auto', a "
+                                      "density bound in (0, 1], True or False")
+            regex = re.compile(rf"(^|\.){re.escape(pattern)}(\.|$)")
+            self._rules.append((pattern, regex, bound))
+
+    def __call__(self, path: str, linear) -> tuple[bool, set]:
+        hit = {p for p, regex, _ in self._rules if regex.search(path)}
+        bounds = [b for p, _, b in self._rules if p in hit]
+        if not bounds or any(b is None for b in bounds):   # False wins
+            return False, hit
+        bound = min(bounds)
+        if bound >= 1.0:
+            return True, hit
+        w = linear.weight.detach()
+        density = float((w != 0).sum()) / w.numel()
+        return density <= bound, hit
+
+
+def _sparse_rule(sparse) -> Callable | None:
+    if sparse is None:
+        return None
+    if isinstance(sparse, Mapping):
+        return _PatternRule(sparse)
+    if callable(sparse):
+        return lambda path, linear: (bool(sparse(path, linear)), set())
+    raise InputTypeError(f"sparse must be None, a mapping {{name part: 'auto' | bound | bool}}"
+                         f" or a predicate (path, linear) -> bool, got {type(sparse).__name__}")
