@@ -419,3 +419,24 @@ def test_sdpa_torch_entry_matches_the_reference(rng, h, hkv, lq, lk, causal, mas
     args = (q, k, v) if mask is None else (q, k, v, mask.numpy())
     assert op.error(out, op.reference(*(np.asarray(a) for a in args), causal=causal,
                                       scale=0.2)) < 1e-5
+
+
+def test_a_layer_holds_its_committed_plan_and_lets_go_when_it_goes_stale():
+    from adaptive.dispatch import default_dispatcher
+    from adaptive.integrations.linear import HOLD_EVERY, AdaptiveLinear
+    torch.manual_seed(3)
+    layer = AdaptiveLinear(torch.nn.Linear(24, 10, bias=True)).eval()
+    w = layer.weight.detach().double()
+    b = layer.bias.detach().double()
+    x = torch.randn(3, 5, 24)
+    for _ in range(HOLD_EVERY + 20):       # long enough to explore, commit and be held
+        y = layer(x)
+        torch.testing.assert_close(y.double(), x.double() @ w.t() + b, rtol=1e-5, atol=1e-5)
+    (plan,) = layer._held.values()
+    assert not plan.stale and not plan.provisional
+    default_dispatcher((x.reshape(-1, 24), layer._wt)).forget("gemm")
+    assert plan.stale
+    y = layer(torch.ones(3, 5, 24))       # the stale plan is not used: decided again
+    torch.testing.assert_close(y.double(), torch.ones(3, 5, 24).double() @ w.t() + b,
+                               rtol=1e-5, atol=1e-5)
+    assert all(p is not plan for p in layer._held.values())
