@@ -163,3 +163,25 @@ def test_splitkv_kernel_emulated_against_float64(tmp_path, rng, config, dims, ca
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < 4e-3, f"{config} {dims} causal={causal}: rel. error {err:.3g} (grid {grid})"
 
+
+
+def test_claims_only_what_it_serves():
+    """requires: Lq <= 16, D equal to the config's HD, fp16/bf16, the group's rows within the
+    warps (an m16 tile a warp at least), grouped heads of any group size."""
+    variant, configs = _variant(), _variant().space.configs(SM90_LIMITS)
+
+    def fits(b, h, hkv, lq, lk, d, dtype="float16", config=None, causal=False):
+        shapes = ((b, h, lq, d), (b, hkv, lk, d), (b, hkv, lk, d))
+        args = tuple(np.zeros(s, "float32") for s in shapes)
+        scope = {**get_op("attention").problem(args, {"causal": causal}).scope(),
+                 "dtype": dtype}
+        return [c for c in ([config] if config else configs) if variant.fits(scope, c)]
+    assert fits(1, 8, 2, 16, 40, 64) and fits(1, 32, 8, 1, 32768, 128, causal=True)
+    assert fits(3, 5, 5, 2, 9, 128, dtype="bfloat16")
+    assert not fits(1, 8, 2, 17, 40, 64), "Lq = 17 is past the decode kernel"
+    assert not fits(1, 8, 2, 1, 40, 96), "D = 96 has no config"
+    assert not fits(1, 8, 2, 1, 40, 64, dtype="float32")
+    four = {"HD": 64, "KPS": 64, "BN": 64, "NWARPS": 4}
+    assert not fits(1, 16, 2, 16, 40, 64, config=four), "128 rows need 8 warps"
+    assert fits(1, 16, 2, 16, 40, 64, config={**four, "NWARPS": 8})
+    assert not fits(1, 8, 2, 1, 40, 64, config={**four, "HD": 128})
