@@ -33,6 +33,7 @@ HELPERS = r"""
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 template <> inline __half from_f32<__half>(float x) { return (__half)x; }
 static int emu_votes[1024];
@@ -134,7 +135,8 @@ def _launch(fn, variant, config, q, k, v, causal, scale):
 
 
 CASES = [  # config, (B, H, Hkv, Lq, Lk), causal, scale
-    ({"HD": 64, "KPS": 64, "BN": 64, "NWARPS": 4}, (1, 8, 2, 1, 150), True, None),
+    ({"HD": 64, "KPS": 64, "BN": 64, "NWARPS": 4}, (1, 8, 2, 1, 550), True, None),  # 9 splits
+    ({"HD": 64, "KPS": 64, "BN": 64, "NWARPS": 4}, (1, 8, 2, 3, 113), True, None),
     pytest.param({"HD": 64, "KPS": 256, "BN": 64, "NWARPS": 4}, (2, 8, 2, 3, 300), True, None,
                  marks=pytest.mark.slow),                              # 4 tiles a split
     ({"HD": 64, "KPS": 64, "BN": 64, "NWARPS": 4}, (1, 8, 2, 9, 70), True, 0.3),   # 3 m tiles
@@ -147,7 +149,8 @@ CASES = [  # config, (B, H, Hkv, Lq, Lk), causal, scale
 
 @pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
 @pytest.mark.parametrize("config,dims,causal,scale", CASES,
-                         ids=["gqa-decode", "gqa-lq3-tiles", "mtiles3", "one-split", "mha-empty"])
+                         ids=["gqa-decode", "gqa-lq3", "gqa-lq3-tiles", "mtiles3", "one-split",
+                              "mha-empty"])
 def test_splitkv_kernel_emulated_against_float64(tmp_path, rng, config, dims, causal, scale):
     variant = _variant()
     assert config in variant.space.configs(SM90_LIMITS)

@@ -34,6 +34,7 @@
 #define STAGE_ELEMS (BN * LDS)
 #define CW_STRIDE (16 * HD + 32)  // floats per warp in the merge buffer: o[16][HD], m[16], l[16]
 #define NEG_INF (-__int_as_float(0x7f800000))
+#define MB 8                    // splits merged a step by the last CTA
 
 #if defined(ADAPTIVE_DTYPE_BFLOAT16)
 #define MMA_TYPE "bf16"
@@ -292,21 +293,39 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // the last CTA of this (b, kv head): merge the splits (online over splits, 4 columns a thread)
+    // the last CTA of this (b, kv head): merge the splits, 4 columns a thread, MB splits a
+    // step (their loads issued together: one L2 round trip a step, not one a split)
     for (int idx = threadIdx.x; idx < R * (HD / 4); idx += NTHREADS) {
         const int r = idx / (HD / 4), d = (idx % (HD / 4)) * 4;
         float m_tot = NEG_INF, den = 0.f;
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < nsplit; ++s) {
-            const size_t p = ((size_t)bk * nsplit + s) * R + r;
-            const float2 ml = __ldcg(reinterpret_cast<const float2*>(ws_ml + p * 2));
-            if (ml.x == NEG_INF) continue;                 // this split saw no key of row r
-            const float4 x = __ldcg(reinterpret_cast<const float4*>(ws_o + p * HD + d));
-            const float m_new = fmaxf(m_tot, ml.x);
-            const float a = ex2(m_tot - m_new), f = ex2(ml.x - m_new);   // ex2(-inf) = 0
-            den = den * a + ml.y * f;
-            num.x = num.x * a + x.x * f; num.y = num.y * a + x.y * f;
-            num.z = num.z * a + x.z * f; num.w = num.w * a + x.w * f;
+        for (int s0 = 0; s0 < nsplit; s0 += MB) {
+            float2 ml[MB];
+            float4 x[MB];
+            #pragma unroll
+            for (int u = 0; u < MB; ++u) {
+                const size_t p = ((size_t)bk * nsplit + s0 + u) * R + r;
+                if (s0 + u < nsplit) {
+                    ml[u] = __ldcg(reinterpret_cast<const float2*>(ws_ml + p * 2));
+                    x[u] = __ldcg(reinterpret_cast<const float4*>(ws_o + p * HD + d));
+                } else {
+                    ml[u] = make_float2(NEG_INF, 0.f);
+                    x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+            float m_new = m_tot;
+            #pragma unroll
+            for (int u = 0; u < MB; ++u) m_new = fmaxf(m_new, ml[u].x);
+            if (m_new == NEG_INF) continue;                // no split so far saw a key of row r
+            const float a = ex2(m_tot - m_new);            // ex2(-inf) = 0
+            den *= a;
+            num.x *= a; num.y *= a; num.z *= a; num.w *= a;
+            #pragma unroll
+            for (int u = 0; u < MB; ++u) {
+                const float f = ex2(ml[u].x - m_new);      // a split that saw nothing: 0
+                den += ml[u].y * f;
+                num.x += x[u].x * f; num.y += x[u].y * f; num.z += x[u].z * f; num.w += x[u].w * f;
+            }
             m_tot = m_new;
         }
         const float inv = den > 0.f ? 1.f / den : 0.f;
