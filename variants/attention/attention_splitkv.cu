@@ -34,7 +34,7 @@
 #define STAGE_ELEMS (BN * LDS)
 #define CW_STRIDE (16 * HD + 32)  // floats per warp in the merge buffer: o[16][HD], m[16], l[16]
 #define NEG_INF (-__int_as_float(0x7f800000))
-#define MB 8                    // splits merged a step by the last CTA
+#define MB (HD >= 128 ? 8 : 4)  // splits merged a step by the last CTA (registers: 6 a split)
 
 #if defined(ADAPTIVE_DTYPE_BFLOAT16)
 #define MMA_TYPE "bf16"
