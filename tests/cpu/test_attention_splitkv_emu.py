@@ -30,6 +30,8 @@ SOURCE = builtin_folder() / "attention" / "attention_splitkv.cu"
 
 HELPERS = r"""
 #include <cstdint>
+#undef __launch_bounds__
+#define __launch_bounds__(...)
 struct float2 { float x, y; };
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }

@@ -143,6 +143,7 @@ def test_two_streams_at_once(dispatcher, cp, rng):
     config = next(c for c in _fitting(dev, False) if c["KPS"] == 64)
     ref = get_op("attention").reference(*host)
     outs = []
+    cp.cuda.Device().synchronize()          # the inputs are ready before the other streams
     streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
     for s in streams:
         with s:

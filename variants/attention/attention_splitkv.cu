@@ -30,6 +30,11 @@
 #define NWARPS 4
 #endif
 #define NTHREADS (NWARPS * 32)
+#if NWARPS >= 8                  // 8 warps: two CTAs an SM (at most 128 registers, no spill)
+#define LAUNCH_BOUNDS __launch_bounds__(NTHREADS, 2)
+#else
+#define LAUNCH_BOUNDS __launch_bounds__(NTHREADS)
+#endif
 #define LDS (HD + 8)            // padded rows: conflict-free ldmatrix and cp.async
 #define STAGE_ELEMS (BN * LDS)
 #define CW_STRIDE (16 * HD + 32)  // floats per warp in the merge buffer: o[16][HD], m[16], l[16]
@@ -101,7 +106,7 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* __restrict__ sr
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NTHREADS)
+extern "C" __global__ void LAUNCH_BOUNDS
 attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale,
                   int causal, float* __restrict__ workspace)
