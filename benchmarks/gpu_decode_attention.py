@@ -14,7 +14,10 @@ Each shape is timed three ways:
     explicit boolean mask where that path refuses the input; the row says which);
   * ``splitkv``: every config of ``splitkv_mma`` pinned, the fastest reported;
   * ``adaptive``: a fresh dispatcher (default policy) called on torch tensors until its
-    decision for the shape is committed (at most ``WARMUP_CALLS`` calls), then timed.
+    decision for the shape is committed (at most ``WARMUP_CALLS`` calls), then timed; the
+    targets are judged on it;
+  * ``measure-each``: a dispatcher that times every candidate once on the miss (shown
+    beside: what the choice is worth without a cost model).
 Timing: CUDA events around batches of launches queued behind a ~2 ms spin (host launch
 cost stays out), inputs rotated over enough copies to exceed 3x the L2 size (each launch
 reads from HBM); the figure is the median over batches of the per-launch time. Bandwidth
@@ -138,7 +141,7 @@ def _committed(dispatcher, op, args, params) -> tuple[str, bool]:
 def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -> dict:
     from adaptive.dispatch import Dispatcher
     from adaptive.ops import get_op
-    from adaptive.policy import make_policy
+    from adaptive.policy import MeasureEach, make_policy
     op = get_op("attention")
     b, h, hkv, lq, lk, d, causal = (shape[n] for n in ("B", "H", "Hkv", "Lq", "Lk", "D",
                                                         "causal"))
@@ -213,6 +216,15 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
     row["adaptive_choice"], row["adaptive_committed"] = _committed(auto, op, host_args(0),
                                                                    params)
     row["adaptive_warmup_calls"] = calls
+
+    # the dispatcher when it times every candidate on the miss (no model needed)
+    each = Dispatcher(device, policy=MeasureEach())
+    each.sample_every = 0
+    each.launch("attention", *host_args(0), out=host_outs[0], **params)
+    sync()
+    row["measure_each_ms"] = timer(lambda i: each.launch("attention", *host_args(i),
+                                                         out=host_outs[i], **params), n)
+    row["measure_each_choice"] = _committed(each, op, host_args(0), params)[0]
     del inputs, outs
     return row
 
@@ -228,6 +240,7 @@ def finish_row(row: dict, copy_bytes_per_s: float) -> dict:
     row["adaptive_pct_copy"] = pct(row["adaptive_ms"])
     row["splitkv_x_sdpa"] = sdpa / row["splitkv_ms"] if math.isfinite(row["splitkv_ms"]) else 0.0
     row["adaptive_x_sdpa"] = sdpa / row["adaptive_ms"]
+    row["measure_each_x_sdpa"] = sdpa / row["measure_each_ms"]
     return row
 
 
@@ -252,13 +265,16 @@ def targets(rows: list[dict]) -> list[tuple[str, str, bool]]:
 def print_tables(rows: list[dict], copy_bytes_per_s: float) -> None:
     print(f"copy ceiling {copy_bytes_per_s / 1e12:.2f} TB/s; times in us (median per launch)")
     print(f"{'shape':<24} {'sdpa':>8} {'%cp':>4} {'splitkv':>8} {'%cp':>4} {'x':>5} "
-          f"{'adaptive':>8} {'%cp':>4} {'x':>5}  choice / best config / sdpa mask")
+          f"{'adaptive':>8} {'%cp':>4} {'x':>5} {'each':>5}  choice / measure-each choice / "
+          "best config / sdpa mask")
     for r in rows:
         print(f"{r['name']:<24} {r['times_ms']['sdpa'] * 1e3:8.1f} {r['sdpa_pct_copy']:4.0f} "
               f"{r['splitkv_ms'] * 1e3:8.1f} {r['splitkv_pct_copy']:4.0f} "
               f"{r['splitkv_x_sdpa']:5.2f} {r['adaptive_ms'] * 1e3:8.1f} "
-              f"{r['adaptive_pct_copy']:4.0f} {r['adaptive_x_sdpa']:5.2f}  "
+              f"{r['adaptive_pct_copy']:4.0f} {r['adaptive_x_sdpa']:5.2f} "
+              f"{r['measure_each_x_sdpa']:5.2f}  "
               f"{r['adaptive_choice']}{'' if r['adaptive_committed'] else ' (provisional)'} / "
+              f"{r['measure_each_choice']} / "
               f"{r['splitkv_config']} / {r['sdpa_mask']}")
     print("\ndecode attention targets (issue 13), on what the dispatcher serves:")
     for target, measured, ok in targets(rows):

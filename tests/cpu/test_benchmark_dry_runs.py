@@ -65,7 +65,7 @@ def test_gpu_decode_attention_targets_are_judged_per_shape():
     sys.path.insert(0, str(ROOT))
     from benchmarks.gpu_decode_attention import finish_row, targets
     base = {"B": 1, "H": 32, "Hkv": 8, "Lq": 1, "Lk": 4096, "D": 128, "bytes": 4_200_000,
-            "splitkv_ms": 0.002, "kind": "decode"}
+            "splitkv_ms": 0.002, "measure_each_ms": 0.002, "kind": "decode"}
     slow_sdpa = finish_row({**base, "name": "a", "times_ms": {"sdpa": 0.004},
                             "adaptive_ms": 0.00125}, 4.2e12)     # SDPA 25%, ours 80% of copy
     assert abs(slow_sdpa["sdpa_pct_copy"] - 25) < 1e-9 and abs(slow_sdpa["adaptive_x_sdpa"] - 3.2) < 1e-9
