@@ -274,7 +274,8 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
         const int r = idx / HD, d = idx % HD;
         const int mt = r >> 4, rr = r & 15;
         float m_tot = NEG_INF;
-        for (int w = 0; w < KW; ++w) m_tot = fmaxf(m_tot, cw[(mt * KW + w) * CW_STRIDE + 16 * HD + rr]);
+        for (int w = 0; w < KW; ++w)
+            m_tot = fmaxf(m_tot, cw[(mt * KW + w) * CW_STRIDE + 16 * HD + rr]);
         float num = 0.f, den = 0.f;
         for (int w = 0; w < KW; ++w) {
             const float* src = cw + (mt * KW + w) * CW_STRIDE;
