@@ -116,7 +116,8 @@ def _launch(fn, variant, config, q, k, v, causal, scale):
     b, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     scope = {"B": b, "H": h, "Hkv": hkv, "Lq": lq, "Lk": lk, "D": d, "causal": causal,
-             "scale": scale, "dtype": "float16", "itemsize": 2, **config, **SM90_LIMITS}
+             "scale": scale, "dtype": "float16", "itemsize": 2, "masked": 0, **config,
+             **SM90_LIMITS}
     assert variant.fits(scope, config), variant.why_not(scope, config)
     ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
     grid = [ev(e) for e in variant.launch["grid"]]
