@@ -156,3 +156,19 @@ def test_two_streams_at_once(dispatcher, cp, rng):
     for out in outs:
         assert get_op("attention").error(out, ref) < 5e-3
 
+
+
+def test_dispatcher_serves_speculative_decode_with_it(cp, rng):
+    """Lq = 4 causal with grouped heads: no other CUDA variant serves it (SDPA's causal is
+    top-left aligned); the dispatcher, choosing on its own, picks a config of this variant."""
+    from adaptive.dispatch import Dispatcher
+    from adaptive.policy import MeasureEach
+    d = Dispatcher(backend="cuda", policy=MeasureEach())
+    dev, host = _inputs(cp, rng, "float16", 2, 32, 8, 4, 3001, 128)
+    out = cp.full(tuple(dev[0].shape), np.nan, "float16")
+    d.launch("attention", *dev, out=out, causal=True)
+    cp.cuda.Device().synchronize()
+    op = get_op("attention")
+    plan = d._plans[op.key(tuple(dev), {"causal": True})]
+    assert plan.candidate.variant.name == NAME, plan.candidate.label
+    assert op.error(out, op.reference(*host, causal=True)) < op.tolerance["float16"]
