@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRY_RUNS = {
     "gpu_counterlog": (["--device", "host", "--quick"], "side by side"),
     "gpu_generate": (["--device", "host", "--quick"], "adaptive/torch ratios above"),
+    "gpu_decode_attention": (["--device", "host", "--quick"], "decode attention targets"),
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
     "gpu_selection": (["--backend", "host", "--quick"], "selection targets"),
 }
@@ -59,3 +60,19 @@ def test_gpu_regen_logic_runs_on_the_host(tmp_path):
     # this is a dry run of the code paths, the GPU run checks the outcome
     assert "trigger fired" in cases and any(c.endswith("exhaustive best") for c in cases), rows
     assert (tmp_path / "regen" / "regen.json").exists()
+
+
+def test_gpu_decode_attention_targets_are_judged_per_shape():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu_decode_attention import finish_row, targets
+    base = {"B": 1, "H": 32, "Hkv": 8, "Lq": 1, "Lk": 4096, "D": 128, "bytes": 4_200_000,
+            "splitkv_ms": 0.002, "measure_each_ms": 0.002, "kind": "decode"}
+    slow_sdpa = finish_row({**base, "name": "a", "times_ms": {"sdpa": 0.004},
+                            "adaptive_ms": 0.00125}, 4.2e12)     # SDPA 25%, ours 80% of copy
+    assert abs(slow_sdpa["sdpa_pct_copy"] - 25) < 1e-9
+    assert abs(slow_sdpa["adaptive_x_sdpa"] - 3.2) < 1e-9
+    fast_sdpa = finish_row({**base, "name": "b", "kind": "near_ceiling",
+                            "times_ms": {"sdpa": 0.0011}, "adaptive_ms": 0.00113}, 4.2e12)
+    rows = {t.split(":")[0] + t.split(":")[1][:8]: ok for t, _, ok in targets([slow_sdpa,
+                                                                              fast_sdpa])}
+    assert rows == {"a >= 1.30": True, "a >= 80% ": True, "b >= 0.98": False}, rows
