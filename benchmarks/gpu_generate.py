@@ -198,18 +198,20 @@ def _labelled_launches():
     from torch.profiler import record_function
 
     from adaptive.integrations import linear, transformers
-    real = {m: m.launch for m in (linear, transformers)}
+    layer_launch, attention_launch = linear.AdaptiveLinear._launch, transformers.launch
 
-    def labelled(op, *args, **params):
+    def layer(self, op, *args):
         with record_function(f"adaptive::{op}"):
-            return real[linear](op, *args, **params)
-    for m in real:
-        m.launch = labelled
+            return layer_launch(self, op, *args)
+
+    def attention(op, *args, **params):
+        with record_function(f"adaptive::{op}"):
+            return attention_launch(op, *args, **params)
+    linear.AdaptiveLinear._launch, transformers.launch = layer, attention
     try:
         yield
     finally:
-        for m, fn in real.items():
-            m.launch = fn
+        linear.AdaptiveLinear._launch, transformers.launch = layer_launch, attention_launch
 
 
 def build(full: bool, device: str):
