@@ -4,6 +4,11 @@ The hot path (:meth:`Dispatcher.launch`) is one key computation, one dict lookup
 the plan's run. Everything else — validation, candidate enumeration, the policy,
 compilation, conversion set-up — happens in :meth:`Dispatcher._miss`, under a lock that
 hits never take.
+
+The plan cache is bounded (``ADAPTIVE_PLAN_CACHE_SIZE`` plans): a miss that fills it past
+the bound evicts the oldest plan, except that a plan sampled since it was last passed
+over gets a second chance (a clock; hits record nothing, sampled calls set the bit).
+Evictions are counted in ``stats["plan_evictions"]``.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ class Plan:
     provisional: bool = False   # run rotates through the decision's exploration list
 
 
-def _plan_runner(fn, alloc, adapter, out_sig):
+def _plan_runner(fn, alloc, adapter, out_sig, op: str = ""):
     """Specialise the per-call closure once, so a hit does no branching on set-up facts."""
     if adapter is None:
         out_type = out_sig[0]
@@ -55,7 +60,7 @@ def _plan_runner(fn, alloc, adapter, out_sig):
             if out is None:
                 out = alloc()
             elif type(out) is not out_type or sign(out) != out_sig:
-                raise _bad_out(out, out_sig)
+                raise _bad_out(out, out_sig, op)
             fn(args, out)
             return out
         return run
@@ -69,18 +74,19 @@ def _plan_runner(fn, alloc, adapter, out_sig):
         if out is None:
             return result
         if arrays.signature(out) != out_sig:
-            raise _bad_out(out, out_sig)
+            raise _bad_out(out, out_sig, op)
         out[...] = result
         return out
     return run_converted
 
 
-def _bad_out(out, expected_sig) -> Exception:
+def _bad_out(out, expected_sig, op: str = "") -> Exception:
     try:
         got = arrays.info(out)
     except InputTypeError:
-        return InputTypeError(f"out must be an array like the inputs, got {type(out).__name__}")
-    return InputValueError(f"out has shape {got.shape}, dtype {got.dtype}, "
+        return InputTypeError(f"{op}: out must be an array like the inputs, got "
+                              f"{type(out).__name__}")
+    return InputValueError(f"{op}: out has shape {got.shape}, dtype {got.dtype}, "
                            f"contiguous={got.contiguous}; expected shape {expected_sig[1]}, "
                            f"dtype {expected_sig[2]}, C-contiguous, same array type as inputs")
 
@@ -111,7 +117,9 @@ class Dispatcher:
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
         self._prepared: dict[tuple, Plan] = {}
-        self._configs: dict[str, list[dict]] = {}
+        self._configs: dict[str, list[dict]] = {}   # per variant id: bounded by the registry
+        self.plan_cache_size = max(1, config.get().plan_cache_size)
+        self._referenced: set = set()      # keys sampled since the clock last passed them
         self._lock = threading.RLock()
         self._tick = itertools.count(1)
         self._recorder: Callable | None = None
@@ -119,7 +127,7 @@ class Dispatcher:
         self._timer_tried = False
         self.sample_every = config.get().sample_every
         self.listeners: list[Callable[[Plan, float], None]] = []
-        self.stats = {"misses": 0, "samples": 0}
+        self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
         ref = weakref.ref(self)
         self.registry.subscribe(lambda op: (d := ref()) is not None and d.forget(op))
         _live.add(self)
@@ -159,7 +167,13 @@ class Dispatcher:
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
         # config items in the caller's order: another order is one more entry, same plan
-        plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
+        try:
+            plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
+        except TypeError:      # an unhashable parameter or config value
+            o.problem(args, params)
+            raise InputTypeError(f"{op}: variant= must be a string and config= a mapping of "
+                                 f"names to numbers, got variant={variant!r:.60}, "
+                                 f"config={config!r:.80}") from None
         if plan is None:
             plan = self._pinned_plan(o, key, args, params, variant, config)
         if self._plain:
@@ -170,7 +184,11 @@ class Dispatcher:
         """The hot path with arguments already packed (what ``launch`` calls)."""
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
-        plan = self._plans.get(key)
+        try:
+            plan = self._plans.get(key)
+        except TypeError:      # an unhashable parameter (free when there is none)
+            o.problem(args, params)   # raises the error naming op and parameter
+            raise
         if plan is None:
             plan = self._miss(o, key, args, params)
         if self._plain:
@@ -205,8 +223,39 @@ class Dispatcher:
                 decision, tuning_ms=decision.tuning_ms or tuning_ms), first)
             self._plans[key] = plan
             self.stats["misses"] += 1
+            if len(self._plans) > self.plan_cache_size:
+                self._evict()
             log.debug("miss %s -> %s (%s)", key, decision.candidate.label, decision.reason)
         return plan
+
+    def _evict(self) -> None:
+        """Bring the plan cache back to its bound (caller holds the lock): the oldest plan
+        goes, unless it was sampled since the clock last passed it (then it moves to the
+        back, its bit cleared); its prepared candidates go with it."""
+        plans, referenced = self._plans, self._referenced
+        while len(plans) > self.plan_cache_size:
+            key = next(iter(plans))
+            plan = plans.pop(key)
+            if key in referenced:
+                referenced.discard(key)
+                plans[key] = plan
+                continue
+            self.stats["plan_evictions"] += 1
+            decision = plan.decision
+            if decision is not None:
+                for c in (decision.candidate, *decision.explore):
+                    self._prepared.pop((key, c), None)
+            self._prepared.pop((key, plan.candidate), None)
+        if len(referenced) > self.plan_cache_size:   # keys of pinned or forgotten plans
+            referenced.intersection_update(plans)   # (so at most the bound + 1 between misses)
+
+    @staticmethod
+    def _trim(table: dict, bound: int) -> int:
+        """Drop the oldest entries of ``table`` down to ``bound``; how many went."""
+        n = len(table) - bound
+        for k in list(itertools.islice(table, max(n, 0))):
+            del table[k]
+        return max(n, 0)
 
     def _candidates(self, op: Op, problem: Problem, variants: list[Variant] | None = None):
         scope = problem.scope()
@@ -237,9 +286,11 @@ class Dispatcher:
             sample = alloc() if adapter is None else adapter[1](alloc(), like)
             out_sig = arrays.signature(sample)
             flops, nbytes = op.roofline(problem)
-            plan = Plan(candidate, problem, key, _plan_runner(fn, alloc, adapter, out_sig),
+            plan = Plan(candidate, problem, key, _plan_runner(fn, alloc, adapter, out_sig, op.name),
                         flops=flops, bytes=nbytes)
             self._prepared[pkey] = plan
+            if len(self._prepared) > 4 * self.plan_cache_size:   # measure-each prepares many
+                self._trim(self._prepared, 4 * self.plan_cache_size)
         return plan
 
     def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate,
@@ -291,12 +342,17 @@ class Dispatcher:
         with self._lock:
             plan = self._prepare(op, problem, key, candidate, args[-1])
             self._pinned[pkey] = plan
+            if len(self._pinned) > self.plan_cache_size:
+                self.stats["plan_evictions"] += self._trim(self._pinned, self.plan_cache_size)
+                if len(self._referenced) > self.plan_cache_size:
+                    self._referenced.intersection_update(self._plans)
         return plan
 
     # ---- feedback ---------------------------------------------------------------------------
     def _sampled(self, plan: Plan, args, out):
         if plan.provisional:   # an exploring plan times every call itself
             return plan.run(args, out)
+        self._referenced.add(plan.key)   # the eviction clock's second chance
         timer = self._timer if self._timer_tried else self._event_timer()
         slot = self._start_events(timer, plan) if timer is not None else None
         if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
@@ -436,6 +492,7 @@ class Dispatcher:
         """Drop one key's decision: its next launch decides again."""
         with self._lock:
             self._plans.pop(key, None)
+            self._referenced.discard(key)
 
     def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
@@ -491,6 +548,7 @@ class Dispatcher:
                     del table[k]
             self._configs = {k: v for k, v in self._configs.items()
                              if op is not None and not k.startswith(op + "/")}
+            self._referenced.intersection_update(self._plans)
 
     def __repr__(self) -> str:
         return (f"Dispatcher(backend={self.backend.name!r}, device={self.backend.device!r}, "
@@ -611,7 +669,11 @@ def launch(op: str, *args, out=None, **params):
     route = _by_type.get(type(args[-1])) if args else None
     d = route(args[-1]) if route is not None else None
     if d is None:
-        d = default_dispatcher(args)
+        try:
+            d = default_dispatcher(args)
+        except InputTypeError:
+            (OPS.get(op) or get_op(op)).problem(args, params)   # names op and argument
+            raise
     if params and ("variant" in params or "config" in params):
         return d.launch(op, *args, out=out, **params)
     return d.run(op, args, out, params)
