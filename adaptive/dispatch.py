@@ -231,8 +231,10 @@ class Dispatcher:
     def _evict(self) -> None:
         """Bring the plan cache back to its bound (caller holds the lock): the oldest plan
         goes, unless it was sampled since the clock last passed it (then it moves to the
-        back, its bit cleared); its prepared candidates go with it."""
+        back, its bit cleared); its prepared candidates go with it, and a policy with a
+        ``forget_key(key)`` method is told, so it can drop its own state of the key."""
         plans, referenced = self._plans, self._referenced
+        forget = getattr(self.policy, "forget_key", None)
         while len(plans) > self.plan_cache_size:
             key = next(iter(plans))
             plan = plans.pop(key)
@@ -246,6 +248,8 @@ class Dispatcher:
                 for c in (decision.candidate, *decision.explore):
                     self._prepared.pop((key, c), None)
             self._prepared.pop((key, plan.candidate), None)
+            if forget is not None:
+                forget(key)
         if len(referenced) > self.plan_cache_size:   # keys of pinned or forgotten plans
             referenced.intersection_update(plans)   # (so at most the bound + 1 between misses)
 

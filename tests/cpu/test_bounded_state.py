@@ -143,3 +143,31 @@ def test_bad_out_names_op(rng):
         _dispatcher(8).launch("softmax", x, out=np.empty((3, 5), np.float32))
     with pytest.raises(InputTypeError, match=r"softmax: out must be an array"):
         _dispatcher(8).launch("softmax", x, out=[1.0])
+
+
+def test_policy_is_told_of_evicted_keys(rng):
+    class Forgetful(MeasureEach):
+        def __init__(self):
+            super().__init__()
+            self.forgotten = []
+
+        def forget_key(self, key):
+            self.forgotten.append(key)
+    with config.override(plan_cache_size=3, sample_every=0):
+        d = Dispatcher("host", policy=Forgetful())
+    xs = [rng.standard_normal((2, c)).astype(np.float32) for c in range(5, 10)]
+    for x in xs:
+        d.launch("softmax", x)
+    assert d.policy.forgotten == [d.policy.forgotten[0], d.policy.forgotten[1]]
+    assert {k[1][0][1] for k in d.policy.forgotten} == {(2, 5), (2, 6)}
+    assert not set(d.policy.forgotten) & set(d._plans)
+
+
+def test_soak_quick_keeps_the_bound_and_right_results():
+    import benchmarks.soak as soak
+    r = soak.soak(launches=6_000, shapes=300, plan_cache_size=32, policy="measure-each",
+                  progress=None)
+    assert r["plans_at_bound"] and r["wrong_checks"] == 0
+    last = r["rows"][-1]
+    assert last["distinct"] == 308 and last["evictions"] >= 300 - 32
+    assert last["prepared"] <= 4 * 32
