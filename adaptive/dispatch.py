@@ -166,6 +166,11 @@ class Dispatcher:
             return self.run(op, args, out, params)
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
+        if not isinstance(variant, (str, type(None))) or not isinstance(config, (Mapping,
+                                                                                 type(None))):
+            raise InputTypeError(f"{op}: variant= must be a variant name and config= a "
+                                 f"mapping, got {type(variant).__name__} and "
+                                 f"{type(config).__name__}")
         # config items in the caller's order: another order is one more entry, same plan
         try:
             plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
