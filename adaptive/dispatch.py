@@ -295,8 +295,8 @@ class Dispatcher:
             sample = alloc() if adapter is None else adapter[1](alloc(), like)
             out_sig = arrays.signature(sample)
             flops, nbytes = op.roofline(problem)
-            plan = Plan(candidate, problem, key, _plan_runner(fn, alloc, adapter, out_sig, op.name),
-                        flops=flops, bytes=nbytes)
+            run = _plan_runner(fn, alloc, adapter, out_sig, op.name)
+            plan = Plan(candidate, problem, key, run, flops=flops, bytes=nbytes)
             self._prepared[pkey] = plan
             if len(self._prepared) > 4 * self.plan_cache_size:   # measure-each prepares many
                 self._trim(self._prepared, 4 * self.plan_cache_size)

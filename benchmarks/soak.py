@@ -127,10 +127,10 @@ def main(argv=None) -> int:
     r = soak(args.launches, args.shapes, args.hot, args.plan_cache_size, args.policy,
              args.warmup)
     ok = r["growth_mb"] < args.max_growth_mb and r["plans_at_bound"] and not r["wrong_checks"]
-    print(f"policy {r['policy']}, plan cache bound {r['bound']}: {'at' if r['plans_at_bound'] else 'NOT at'} "
-          f"its bound; RSS growth after warm-up {r['growth_mb']:.2f} MB (limit "
-          f"{args.max_growth_mb} MB); wrong results {r['wrong_checks']}; "
-          f"{time.perf_counter() - t0:.0f} s: {'PASS' if ok else 'FAIL'}")
+    at = "at" if r["plans_at_bound"] else "NOT at"
+    print(f"policy {r['policy']}, plan cache bound {r['bound']}: {at} its bound; RSS growth "
+          f"after warm-up {r['growth_mb']:.2f} MB (limit {args.max_growth_mb} MB); wrong "
+          f"results {r['wrong_checks']}; {time.perf_counter() - t0:.0f} s: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 
