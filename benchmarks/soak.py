@@ -130,7 +130,8 @@ def main(argv=None) -> int:
     at = "at" if r["plans_at_bound"] else "NOT at"
     print(f"policy {r['policy']}, plan cache bound {r['bound']}: {at} its bound; RSS growth "
           f"after warm-up {r['growth_mb']:.2f} MB (limit {args.max_growth_mb} MB); wrong "
-          f"results {r['wrong_checks']}; {time.perf_counter() - t0:.0f} s: {'PASS' if ok else 'FAIL'}")
+          f"results {r['wrong_checks']}; {time.perf_counter() - t0:.0f} s: "
+          f"{'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 
