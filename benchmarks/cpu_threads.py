@@ -93,12 +93,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--launches", type=int, default=2000, help="per thread")
+    p.add_argument("--policy", default=None, help="default: ADAPTIVE_POLICY")
     p.add_argument("--quick", action="store_true", help="4 threads x 100 launches")
     args = p.parse_args(argv)
     if args.quick:
         args.threads, args.launches = 4, 100
-    rows = [run(args.threads, args.launches, max_threads=1),
-            run(args.threads, args.launches, max_threads=0)]
+    from adaptive.policy import make_policy
+    rows = [run(args.threads, args.launches, max_threads=m,
+                policy=make_policy(args.policy) if args.policy else None) for m in (1, 0)]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{args.threads} threads x {args.launches} host launches (gemm, attention, softmax), "
           f"{cpus} cores")

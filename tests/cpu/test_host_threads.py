@@ -72,3 +72,15 @@ def test_gemm_threads_candidate_sets_and_keeps_one_count(rng):
             t.join()
     assert not bad
     assert calls[:2] == [2, 1] and set(calls[2:]) <= {1, 2} and len(calls) <= 4, calls
+
+
+def test_threads_benchmark_and_soak_command_lines_run(capsys):
+    import benchmarks.cpu_threads as bench
+    import benchmarks.soak as soak
+    assert bench.main(["--threads", "2", "--launches", "10", "--policy", "measure-each"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "ADAPTIVE_MAX_THREADS=1" in out and "default / one BLAS thread" in out
+    assert soak.main(["--launches", "3000", "--shapes", "100", "--plan-cache-size", "16",
+                      "--policy", "measure-each", "--max-growth-mb", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "plan cache bound 16: at its bound" in out and "PASS" in out
