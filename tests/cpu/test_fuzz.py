@@ -269,3 +269,31 @@ def test_launch_near_valid_arguments_raises_only_adaptive_errors(dispatcher, cas
     ref = OPS[op].reference(*args, **{k: v for k, v in params.items()
                                       if k in ("causal", "scale")})
     np.testing.assert_allclose(np.asarray(result, np.float64), ref, rtol=2e-2, atol=2e-3)
+
+
+# ---- expressions ------------------------------------------------------------------------------
+
+leaf = (st.integers(-10**6, 10**6).map(str)
+        | st.sampled_from(["N", "M", "dtype", "9", "2.5", "'a'", "1e308", "0", "-1", "True"]))
+expr_text = st.recursive(
+    leaf, lambda inner: st.tuples(inner, st.sampled_from(
+        ["**", "*", "<<", ">>", "%", "+", "-", "//", "/", "<", "==", "and", "or", "in", "&"]),
+        inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})")
+    | st.tuples(st.sampled_from(["ceil_div", "min", "max", "round_up", "log2", "abs",
+                                 "is_pow2", "not "]), inner, inner).map(
+        lambda t: f"{t[0]}({t[1]})" if t[0] in ("log2", "abs", "is_pow2", "not ")
+        else f"{t[0]}({t[1]}, {t[2]})"),
+    max_leaves=10)
+
+
+@settings(FUZZ, max_examples=80)
+@given(text=expr_text)
+def test_expression_evaluates_or_refuses_quickly(text):
+    from adaptive.errors import ExpressionError
+    from adaptive.expr import Expr
+    with alarm(1.0):
+        try:
+            e = Expr(text)
+            e(N=3, M=10**6, dtype="float16")
+        except ExpressionError:
+            pass
