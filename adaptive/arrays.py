@@ -54,11 +54,27 @@ def _instance_sig(x):
                          f"with __cuda_array_interface__), got {type(x).__name__}")
 
 
+# NumPy subclasses that are plain arrays; others change what operations mean (a masked
+# array's mask, np.matrix's products and 2-d rows) and would give silently wrong results
+_PLAIN_NUMPY = (np.ndarray, np.memmap)
+
+
+def _refuse_subclass(tp):
+    hint = "x.filled(fill_value) (or np.ma.getdata(x))" if issubclass(tp, np.ma.MaskedArray) \
+        else "np.asarray(x)"
+
+    def refuse(x):
+        raise InputTypeError(f"{tp.__module__}.{tp.__name__} is a NumPy array subclass with its "
+                             f"own semantics, which adaptive does not take (it would be read "
+                             f"as a plain array); pass a plain ndarray, e.g. {hint}")
+    return refuse
+
+
 def _signature_fn(tp):
     """Find (once per type) how to sign arrays of this type."""
     module = tp.__module__.split(".")[0]
     if issubclass(tp, np.ndarray):
-        return _numpy_sig
+        return _numpy_sig if tp in _PLAIN_NUMPY else _refuse_subclass(tp)
     if module == "cupy" or module == "cupy_backends":
         return _cupy_sig
     if module == "torch":
@@ -71,11 +87,19 @@ def _signature_fn(tp):
 
 
 class _Signers(dict):
-    """type -> its signature function; a new type is looked up once (``__missing__``)."""
+    """type -> its signature function; a new type is looked up once (``__missing__``).
+
+    Bounded: past :data:`MAX_SIGNER_TYPES` types (classes made per call), a new type is
+    looked up on every call instead of remembered."""
 
     def __missing__(self, tp):
-        fn = self[tp] = _signature_fn(tp)
+        fn = _signature_fn(tp)
+        if len(self) < MAX_SIGNER_TYPES:
+            self[tp] = fn
         return fn
+
+
+MAX_SIGNER_TYPES = 1024
 
 
 # the hot path's table: ``SIGNERS[type(x)](x)`` is ``signature(x)`` without a call layer
@@ -93,7 +117,7 @@ def _torch_dtype_name(dtype) -> str:
 
 def info(x) -> ArrayInfo:
     """Describe an array (miss path only)."""
-    signature(x)  # raises the clear type error for non-arrays
+    signature(x)  # raises the clear type error for non-arrays and refused subclasses
     if isinstance(x, np.ndarray):
         return ArrayInfo("numpy", x.shape, x.dtype.name, x.flags.c_contiguous, "cpu")
     module = type(x).__module__.split(".")[0]

@@ -44,6 +44,9 @@ class Config:
         "each GPU's measured roofline peaks"})
     sample_every: int = dataclasses.field(default=64, metadata={
         "env": "ADAPTIVE_SAMPLE_EVERY", "doc": "time one in N warm launches for feedback (0: never)"})
+    plan_cache_size: int = dataclasses.field(default=4096, metadata={
+        "env": "ADAPTIVE_PLAN_CACHE_SIZE", "doc": "decided plans one dispatcher keeps (oldest "
+        "unsampled evicted first; pinned plans the same, prepared ones 4x)"})
     max_threads: int = dataclasses.field(default=0, metadata={
         "env": "ADAPTIVE_MAX_THREADS", "doc": "host backend: largest thread count tried (0: all cores)"})
     regen_generator: str = dataclasses.field(default="off", metadata={

@@ -4,6 +4,11 @@ The hot path (:meth:`Dispatcher.launch`) is one key computation, one dict lookup
 the plan's run. Everything else — validation, candidate enumeration, the policy,
 compilation, conversion set-up — happens in :meth:`Dispatcher._miss`, under a lock that
 hits never take.
+
+The plan cache is bounded (``ADAPTIVE_PLAN_CACHE_SIZE`` plans): a miss that fills it past
+the bound evicts the oldest plan, except that a plan sampled since it was last passed
+over gets a second chance (a clock; hits record nothing, sampled calls set the bit).
+Evictions are counted in ``stats["plan_evictions"]``.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ class _InputClass:
     keys: set = dataclasses.field(default_factory=set)   # exact keys served from it
 
 
-def _plan_runner(fn, alloc, adapter, out_sig, returns: bool = False):
+def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = False):
     """Specialise the per-call closure once, so a hit does no branching on set-up facts.
 
     ``returns``: ``fn(args, out)`` returns the result and allocates it itself when ``out``
@@ -76,7 +81,7 @@ def _plan_runner(fn, alloc, adapter, out_sig, returns: bool = False):
 
         def run_returning(args, out):
             if out is not None and (type(out) is not out_type or sign(out) != out_sig):
-                raise _bad_out(out, out_sig)
+                raise _bad_out(out, out_sig, op)
             return fn(args, out)
         return run_returning
     if adapter is None:
@@ -87,7 +92,7 @@ def _plan_runner(fn, alloc, adapter, out_sig, returns: bool = False):
             if out is None:
                 out = alloc()
             elif type(out) is not out_type or sign(out) != out_sig:
-                raise _bad_out(out, out_sig)
+                raise _bad_out(out, out_sig, op)
             fn(args, out)
             return out
         return run
@@ -101,18 +106,19 @@ def _plan_runner(fn, alloc, adapter, out_sig, returns: bool = False):
         if out is None:
             return result
         if arrays.signature(out) != out_sig:
-            raise _bad_out(out, out_sig)
+            raise _bad_out(out, out_sig, op)
         out[...] = result
         return out
     return run_converted
 
 
-def _bad_out(out, expected_sig) -> Exception:
+def _bad_out(out, expected_sig, op: str = "") -> Exception:
     try:
         got = arrays.info(out)
     except InputTypeError:
-        return InputTypeError(f"out must be an array like the inputs, got {type(out).__name__}")
-    return InputValueError(f"out has shape {got.shape}, dtype {got.dtype}, "
+        return InputTypeError(f"{op}: out must be an array like the inputs, got "
+                              f"{type(out).__name__}")
+    return InputValueError(f"{op}: out has shape {got.shape}, dtype {got.dtype}, "
                            f"contiguous={got.contiguous}; expected shape {expected_sig[1]}, "
                            f"dtype {expected_sig[2]}, C-contiguous, same array type as inputs")
 
@@ -145,6 +151,8 @@ class Dispatcher:
         self._prepared: dict[tuple, Plan] = {}
         self._configs: dict[str, list[dict]] = {}
         self._classes: dict[tuple, _InputClass] = {}
+        self.plan_cache_size = max(1, config.get().plan_cache_size)
+        self._referenced: set = set()      # keys sampled since the clock last passed them
         self._lock = threading.RLock()
         self._tick = itertools.count(1)
         self._recorder: Callable | None = None
@@ -152,7 +160,7 @@ class Dispatcher:
         self._timer_tried = False
         self.sample_every = config.get().sample_every
         self.listeners: list[Callable[[Plan, float], None]] = []
-        self.stats = {"misses": 0, "samples": 0}
+        self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
         ref = weakref.ref(self)
         self.registry.subscribe(lambda op: (d := ref()) is not None and d.forget(op))
         _live.add(self)
@@ -191,8 +199,19 @@ class Dispatcher:
             return self.run(op, args, out, params)
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
+        if not isinstance(variant, (str, type(None))) or not isinstance(config, (Mapping,
+                                                                                 type(None))):
+            raise InputTypeError(f"{op}: variant= must be a variant name and config= a "
+                                 f"mapping, got {type(variant).__name__} and "
+                                 f"{type(config).__name__}")
         # config items in the caller's order: another order is one more entry, same plan
-        plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
+        try:
+            plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
+        except TypeError:      # an unhashable parameter or config value
+            o.problem(args, params)
+            raise InputTypeError(f"{op}: variant= must be a string and config= a mapping of "
+                                 f"names to numbers, got variant={variant!r:.60}, "
+                                 f"config={config!r:.80}") from None
         if plan is None:
             plan = self._pinned_plan(o, key, args, params, variant, config)
         if self._plain:
@@ -203,7 +222,11 @@ class Dispatcher:
         """The hot path with arguments already packed (what ``launch`` calls)."""
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
-        plan = self._plans.get(key)
+        try:
+            plan = self._plans.get(key)
+        except TypeError:      # an unhashable parameter (free when there is none)
+            o.problem(args, params)   # raises the error naming op and parameter
+            raise
         if plan is None:
             plan = self._miss(o, key, args, params)
         if self._plain:
@@ -251,6 +274,8 @@ class Dispatcher:
             self._plans[key] = plan
             cls.keys.add(key)
             self.stats["misses"] += 1
+            if len(self._plans) > self.plan_cache_size:
+                self._evict()
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
                       cls.decision.reason)
         return plan
@@ -262,6 +287,44 @@ class Dispatcher:
             return floor_ms(flops, nbytes, self.backend.peaks(), problem.dtype)
         except Exception:  # noqa: BLE001 (no peaks: times are not scaled within a class)
             return 0.0
+
+    def _evict(self) -> None:
+        """Bring the plan cache back to its bound (caller holds the lock): the oldest plan
+        goes, unless it was sampled since the clock last passed it (then it moves to the
+        back, its bit cleared); its prepared candidates go with it, and a policy with a
+        ``forget_key(key)`` method is told, so it can drop its own state of the key."""
+        plans, referenced = self._plans, self._referenced
+        forget = getattr(self.policy, "forget_key", None)
+        while len(plans) > self.plan_cache_size:
+            key = next(iter(plans))
+            plan = plans.pop(key)
+            if key in referenced:
+                referenced.discard(key)
+                plans[key] = plan
+                continue
+            self.stats["plan_evictions"] += 1
+            decision = plan.decision
+            if decision is not None:
+                for c in (decision.candidate, *decision.explore):
+                    self._prepared.pop((key, c), None)
+            self._prepared.pop((key, plan.candidate), None)
+            cls = self._classes.get(plan.class_key)
+            if cls is not None:
+                cls.keys.discard(key)
+                if not cls.keys:   # the class's last key: its decision and state go too
+                    del self._classes[plan.class_key]
+                    if forget is not None:
+                        forget(plan.class_key)
+        if len(referenced) > self.plan_cache_size:   # keys of pinned or forgotten plans
+            referenced.intersection_update(plans)   # (so at most the bound + 1 between misses)
+
+    @staticmethod
+    def _trim(table: dict, bound: int) -> int:
+        """Drop the oldest entries of ``table`` down to ``bound``; how many went."""
+        n = len(table) - bound
+        for k in list(itertools.islice(table, max(n, 0))):
+            del table[k]
+        return max(n, 0)
 
     def _candidates(self, op: Op, problem: Problem, variants: list[Variant] | None = None):
         scope = problem.scope()
@@ -301,11 +364,12 @@ class Dispatcher:
             sample = alloc() if adapter is None else adapter[1](alloc(), like)
             out_sig = arrays.signature(sample)
             flops, nbytes = op.roofline(problem)
-            plan = Plan(candidate, problem, key,
-                        _plan_runner(fn, alloc, adapter, out_sig, io.returns),
-                        flops=flops, bytes=nbytes, class_key=class_key or key,
-                        time_scale=time_scale)
+            run = _plan_runner(fn, alloc, adapter, out_sig, op.name, io.returns)
+            plan = Plan(candidate, problem, key, run, flops=flops, bytes=nbytes,
+                        class_key=class_key or key, time_scale=time_scale)
             self._prepared[pkey] = plan
+            if len(self._prepared) > 4 * self.plan_cache_size:   # measure-each prepares many
+                self._trim(self._prepared, 4 * self.plan_cache_size)
         elif class_key and plan.class_key != class_key:   # prepared to be measured, first
             plan = self._prepared[pkey] = dataclasses.replace(plan, class_key=class_key,
                                                               time_scale=time_scale)
@@ -360,12 +424,17 @@ class Dispatcher:
         with self._lock:
             plan = self._prepare(op, problem, key, candidate, args[-1])
             self._pinned[pkey] = plan
+            if len(self._pinned) > self.plan_cache_size:
+                self.stats["plan_evictions"] += self._trim(self._pinned, self.plan_cache_size)
+                if len(self._referenced) > self.plan_cache_size:
+                    self._referenced.intersection_update(self._plans)
         return plan
 
     # ---- feedback ---------------------------------------------------------------------------
     def _sampled(self, plan: Plan, args, out):
         if plan.provisional:   # an exploring plan times every call itself
             return plan.run(args, out)
+        self._referenced.add(plan.key)   # the eviction clock's second chance
         timer = self._timer if self._timer_tried else self._event_timer()
         slot = self._start_events(timer, plan) if timer is not None else None
         if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
@@ -525,6 +594,7 @@ class Dispatcher:
                     stale = self._plans.pop(other, None)
                     if stale is not None:
                         stale.stale = True
+            self._referenced.discard(key)
 
     def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
@@ -595,6 +665,7 @@ class Dispatcher:
                              if op is not None and not k.startswith(op + "/")}
             self._classes = {k: v for k, v in self._classes.items()
                              if op is not None and k[0] != op}
+            self._referenced.intersection_update(self._plans)
 
     def __repr__(self) -> str:
         return (f"Dispatcher(backend={self.backend.name!r}, device={self.backend.device!r}, "
@@ -722,7 +793,11 @@ def launch(op: str, *args, out=None, **params):
     route = _by_type.get(type(args[-1])) if args else None
     d = route(args[-1]) if route is not None else None
     if d is None:
-        d = default_dispatcher(args)
+        try:
+            d = default_dispatcher(args)
+        except InputTypeError:
+            (OPS.get(op) or get_op(op)).problem(args, params)   # names op and argument
+            raise
     if params and ("variant" in params or "config" in params):
         return d.launch(op, *args, out=out, **params)
     return d.run(op, args, out, params)

@@ -102,3 +102,8 @@ class PackError(AdaptiveError, ValueError):
 
     def __str__(self) -> str:
         return f"pack {self.path}: {self.problem}"
+
+
+class GeneratorError(AdaptiveError, RuntimeError):
+    """A code-model endpoint failed (HTTP error after retries, a redirect to another host,
+    an unreadable reply); the regeneration loop records it as the step's verdict."""

@@ -5,6 +5,10 @@ A cubin is stored under ``<cache_dir>/kernels/v<VERSION>/<key[:2]>/<key>.cubin``
 sha256 of the cubin. The key is the sha256 of everything that decides the binary: the
 full source text, the compiler options (config macros included), the arch and the
 compiler version. A missing, truncated or altered file is a miss, never an error.
+
+A key is data (packs carry them): only a 64-digit lowercase hex string is ever joined
+into a path; anything else is refused (:func:`check_key`), so no key can name a file
+outside the cache folder.
 """
 
 from __future__ import annotations
@@ -12,11 +16,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from adaptive.fileio import atomic_write
 
 VERSION = 1  # bump when the layout or the meaning of the key changes
+_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+def is_key(key) -> bool:
+    """True for what :func:`kernel_key` returns: 64 lowercase hex digits, nothing else."""
+    return isinstance(key, str) and _KEY.fullmatch(key) is not None
+
+
+def check_key(key) -> str:
+    if not is_key(key):
+        raise ValueError(f"kernel cache key must be 64 lowercase hex digits (a sha256), got "
+                         f"{str(key)[:80]!r}")
+    return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +62,14 @@ class KernelCache:
         self.root = Path(root) / "kernels" / f"v{VERSION}"
 
     def _paths(self, key: str) -> tuple[Path, Path]:
+        check_key(key)    # the only thing ever joined into a path under root
         folder = self.root / key[:2]
         return folder / f"{key}.cubin", folder / f"{key}.json"
 
     def get(self, key: str) -> CachedKernel | None:
         """The cached kernel, or None when absent or when its hash does not match."""
+        if not is_key(key):
+            return None
         cubin, meta = self._paths(key)
         try:
             info = json.loads(meta.read_text())
@@ -62,7 +83,9 @@ class KernelCache:
         return CachedKernel(key, cubin, dict(info.get("resources", {})))
 
     def put(self, key: str, cubin_bytes: bytes, resources: dict) -> CachedKernel:
-        """Store a cubin (cubin first, then its metadata, so readers never see half)."""
+        """Store a cubin (cubin first, then its metadata, so readers never see half).
+
+        Raises ValueError for a key that is not a sha256 hex digest."""
         cubin, meta = self._paths(key)
         atomic_write(cubin, cubin_bytes, durable=False, mode=None)
         info = {"version": VERSION, "key": key, "resources": resources,

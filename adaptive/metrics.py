@@ -205,6 +205,17 @@ class MetricsServer:
             misses.add_metric([name], n)
         yield misses
 
+        evictions = CounterMetricFamily("adaptive_plan_cache_evictions",
+                                        "plans evicted from the bounded plan cache "
+                                        "(ADAPTIVE_PLAN_CACHE_SIZE)", labels=["backend"])
+        by_backend = {}
+        for d in dispatch.live_dispatchers():
+            n = d.stats.get("plan_evictions", 0)
+            by_backend[d.backend.name] = by_backend.get(d.backend.name, 0) + n
+        for name, n in sorted(by_backend.items()):
+            evictions.add_metric([name], n)
+        yield evictions
+
         regen = CounterMetricFamily("adaptive_regeneration_requests",
                                     "requests for new variants", labels=["op"])
         with _regen_lock:

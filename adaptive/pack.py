@@ -9,6 +9,14 @@ before either is decoded; nothing is pickled: the cost model is refitted from th
 Loading a pack runs its code (Python variant source, CUDA kernels): load only packs
 you trust. :func:`load_pack` refuses a truncated, corrupted or hash-mismatched file and
 an unknown schema with :class:`~adaptive.errors.PackError`, and then loads nothing.
+
+Everything inside is data until checked: the header against :data:`HEADER_SCHEMA` before
+it is printed or used, rows and cubins field by field, every expression with bounded
+arithmetic (:mod:`adaptive.expr`) and every variant's config space against
+:data:`MAX_SPACE_CONFIGS` when the pack is decoded. A cubin's key is never taken as
+given: it must be a sha256 hex digest, and it is installed into the kernel cache only
+when this process can run its arch and the key recomputed from the variant's source,
+config, dtype, arch and this NVRTC's version is the same.
 """
 
 from __future__ import annotations
@@ -39,6 +47,14 @@ SCHEMA_VERSION = 1          # bump when the layout or the meaning of a field cha
 FOREIGN_WEIGHT = 0.25       # weight of rows measured on another device
 # fingerprint fields that identify a device; driver and library versions do not
 IDENTITY_KEYS = ("backend", "name", "cc", "compute_capability", "sm_count", "cpu_count")
+MAX_SPACE_CONFIGS = 100_000  # largest config space (product of value lists) of a pack variant
+_SCALAR = (str, int, float, bool, type(None))
+# the header: field -> (accepted types, required); other fields must be plain data
+HEADER_SCHEMA = {
+    "schema": ((int,), True), "created_s": ((int, float), True), "creator": ((str,), True),
+    "key_version": ((int,), False), "fingerprint": ((dict,), True), "build": ((dict,), False),
+    "counts": ((dict,), False),
+}
 
 
 class PackDeviceWarning(UserWarning):
@@ -156,6 +172,113 @@ def _outer(data: bytes, where: str) -> dict:
     return outer
 
 
+def _plain(value, depth: int = 0) -> bool:
+    """True for msgpack plain data: scalars, lists and string-keyed maps, not too deep."""
+    if isinstance(value, _SCALAR) or isinstance(value, bytes):
+        return True
+    if depth > 8:
+        return False
+    if isinstance(value, list):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _type_names(types) -> str:
+    return " or ".join({"dict": "map", "str": "string"}.get(t.__name__, t.__name__)
+                       for t in types)
+
+
+def check_header(header, where: str) -> dict:
+    """The header if it has :data:`HEADER_SCHEMA`'s shape, else :class:`PackError`."""
+    if not isinstance(header, dict):
+        raise PackError(where, f"header must be a map, got {type(header).__name__}; the "
+                        "pack is damaged: rebuild it")
+    for field, (types, required) in HEADER_SCHEMA.items():
+        if field not in header:
+            if required:
+                raise PackError(where, f"header lacks {field!r}; the pack is damaged or not "
+                                "written by `adaptive pack build`: rebuild it")
+            continue
+        value = header[field]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise PackError(where, f"header field {field!r} must be a {_type_names(types)}, "
+                            f"got {type(value).__name__}: rebuild the pack")
+    if header["schema"] != SCHEMA_VERSION:
+        raise PackError(where, f"header says schema {header['schema']}, this adaptive reads "
+                        f"{SCHEMA_VERSION}: rebuild the pack with this version")
+    if not 0 <= header["created_s"] < 1e11:
+        raise PackError(where, f"header field 'created_s' is {header['created_s']!r}, not a "
+                        "time in seconds since 1970")
+    fp = header["fingerprint"]
+    bad = [k for k, v in fp.items() if not isinstance(k, str) or not isinstance(v, _SCALAR)]
+    if bad:
+        raise PackError(where, f"header fingerprint field {str(bad[0])[:40]!r} is not a string "
+                        "name with a string or number value")
+    counts = header.get("counts", {})
+    if not all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in counts.items()):
+        raise PackError(where, "header field 'counts' must map names to counts")
+    for field, value in header.items():
+        if not isinstance(field, str) or not _plain(value):
+            raise PackError(where, f"header field {str(field)[:40]!r} is not plain data "
+                            "(strings, numbers, lists and maps)")
+    return header
+
+
+def _check_row(d) -> Observation:
+    if not isinstance(d, dict):
+        raise ValueError(f"a row must be a map, got {type(d).__name__}")
+    row = Observation.from_dict(d)
+    for name in ("op", "dtype", "variant", "source"):
+        if not isinstance(getattr(row, name), str):
+            raise ValueError(f"row field {name!r} must be a string")
+    for name in ("time_ms", "floor_ms", "spread_ms", "timestamp_s", "samples"):
+        value = getattr(row, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"row field {name!r} must be a number, got {value!r:.40}")
+    if not (isinstance(row.dims, dict) and all(isinstance(k, str) and type(v) is int
+                                               for k, v in row.dims.items())):
+        raise ValueError("row field 'dims' must map names to integers")
+    for name in ("config", "features", "device", "counters"):
+        value = getattr(row, name)
+        if not (isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, _SCALAR)
+                                                for k, v in value.items())):
+            raise ValueError(f"row field {name!r} must map names to numbers or strings")
+    return row
+
+
+def _check_cubin(d, i: int) -> Cubin:
+    from adaptive.kcache import is_key
+    if not isinstance(d, dict) or set(d) - {f.name for f in dataclasses.fields(Cubin)}:
+        raise ValueError(f"cubin {i} must be a map of {', '.join(Cubin.__annotations__)}")
+    c = Cubin(**d)
+    if not is_key(c.key):
+        raise ValueError(f"cubin {i} ({str(c.variant)[:60]}) has key {str(c.key)[:80]!r}; "
+                         "expected a sha256 hex digest (64 lowercase hex digits)")
+    if not isinstance(c.variant, str) or not isinstance(c.arch, str) \
+            or not isinstance(c.image, bytes) or not isinstance(c.config, dict) \
+            or not isinstance(c.resources, dict):
+        raise ValueError(f"cubin {i} ({str(c.variant)[:60]}): variant and arch must be "
+                         "strings, image bytes, config and resources maps")
+    if not all(isinstance(k, str) and isinstance(v, (str, int, float)) for k, v in
+               c.config.items()) or not all(isinstance(k, str) and type(v) is int
+                                             for k, v in c.resources.items()):
+        raise ValueError(f"cubin {i} ({c.variant}): config must map names to numbers or "
+                         "strings, resources names to integers")
+    return c
+
+
+def _check_space(v: Variant, where: str) -> Variant:
+    size = 1
+    for _, values in v.space.params:
+        size *= len(values)
+        if size > MAX_SPACE_CONFIGS:
+            raise ValueError(f"variant {v.id}: its config space has more than "
+                             f"{MAX_SPACE_CONFIGS} configs")
+    return v
+
+
 def decode(data: bytes, where: str = "<bytes>") -> Pack:
     """Verify and decode a pack's bytes; :class:`PackError` if anything is wrong."""
     outer = _outer(data, where)
@@ -164,18 +287,27 @@ def decode(data: bytes, where: str = "<bytes>") -> Pack:
         body = msgpack.unpackb(outer["body"], raw=False)
     except Exception as exc:  # noqa: BLE001
         raise PackError(where, f"corrupted header or body ({exc})") from None
-    if not isinstance(header, dict) or not isinstance(body, dict):
-        raise PackError(where, "corrupted: header and body must be maps")
+    check_header(header, where)
+    if not isinstance(body, dict):
+        raise PackError(where, "corrupted: the body must be a map")
     try:
-        variants = tuple(variant_from_dict(d, d.get("op", ""), None, f"{where} variants", i)
-                         for i, d in enumerate(body.get("variants", [])))
+        parts = {name: body.get(name, []) for name in ("variants", "rows", "cubins",
+                                                       "failures")}
+        for name, value in parts.items():
+            if not isinstance(value, list):
+                raise ValueError(f"body field {name!r} must be a list")
+        variants = tuple(_check_space(variant_from_dict(d, d.get("op", "") if isinstance(
+            d, dict) else "", None, f"{where} variants", i), where)
+            for i, d in enumerate(parts["variants"]))
         for v in variants:
-            if not v.op:
+            if not v.op or not isinstance(v.op, str):
                 raise ManifestError(f"{where} variants", f"{v.name}.op", "missing")
-        rows = tuple(Observation.from_dict(d) for d in body.get("rows", []))
-        cubins = tuple(Cubin(**d) for d in body.get("cubins", []))
-        failures = tuple(dict(f) for f in body.get("failures", []))
-    except (ManifestError, ValueError, TypeError, AttributeError) as exc:
+        rows = tuple(_check_row(d) for d in parts["rows"])
+        cubins = tuple(_check_cubin(d, i) for i, d in enumerate(parts["cubins"]))
+        failures = tuple(dict(f) for f in parts["failures"])
+        if not all(_plain(f) for f in failures):
+            raise ValueError("failures must be plain maps")
+    except (ManifestError, ValueError, TypeError, AttributeError, KeyError) as exc:
         raise PackError(where, f"invalid contents: {exc}") from None
     return Pack(header, variants, rows, cubins, failures, outer["sha256"])
 
@@ -198,7 +330,11 @@ def peek_header(path: str | os.PathLike) -> dict:
     path = Path(path)
     data = _read_bytes(path)
     outer = _outer(data, str(path))
-    header = msgpack.unpackb(outer["header"], raw=False)
+    try:
+        header = msgpack.unpackb(outer["header"], raw=False)
+    except Exception as exc:  # noqa: BLE001 (msgpack raises several kinds)
+        raise PackError(str(path), f"corrupted header ({exc})") from None
+    check_header(header, str(path))
     return header | {"sha256": outer["sha256"], "size_bytes": len(data)}
 
 
@@ -292,7 +428,7 @@ def load_pack(path: str | os.PathLike, registry: Registry | None = None,
         for v in add:
             registry.add(dataclasses.replace(v, origin=f"pack {path}"))
         done.add(pack.sha256)
-    _install_cubins(pack)
+    _install_cubins(pack, registry)
     if rows:
         rows = [dataclasses.replace(r, source="pack") for r in rows]
         if shared:
@@ -335,22 +471,83 @@ def _code_of(v: Variant) -> dict:
     return d
 
 
-def _install_cubins(pack: Pack) -> None:
-    """Hand carried cubins to the kernel cache when this build has one (else ignore them)."""
-    if not pack.cubins:
-        return
+@functools.lru_cache(maxsize=1)
+def runnable_archs() -> frozenset[str]:
+    """The GPU archs (``sm_90``) of the CUDA devices this process sees; empty without a
+    GPU or CuPy. Cubins of other archs in a pack are never written to the cache."""
     try:
-        from adaptive import config
-        from adaptive.kcache import KernelCache
-        cache = KernelCache(config.get().cache_dir)
-    except ImportError:
-        return
-    for c in pack.cubins:
+        import cupy
+        rt = cupy.cuda.runtime
+        return frozenset(f"sm_{p['major']}{p['minor']}" for p in
+                         (rt.getDeviceProperties(i) for i in range(rt.getDeviceCount())))
+    except Exception:  # noqa: BLE001 (no CuPy, no driver, no device: nothing runs)
+        return frozenset()
+
+
+def _recomputed_key(c: Cubin, variants: Mapping[str, Variant], compiler: str) -> str | None:
+    """The kernel-cache key of ``c`` computed here from its variant's source and config
+    for each dtype of its op; None when none of them is ``c.key``."""
+    from adaptive import nvrtc
+    from adaptive.kcache import kernel_key
+    from adaptive.ops import OPS
+    v = variants.get(c.variant)
+    if v is None or v.language != "cuda" or v.op not in OPS:
+        return None
+    try:
+        options = nvrtc.macro_options(c.config) + tuple(v.options)
+        for dtype in OPS[v.op].dtypes:
+            source = nvrtc.full_source(v.source, dtype, v.source_name or f"{v.name}.cu")
+            key = kernel_key(source, options, c.arch, compiler)
+            if key == c.key:
+                return key
+    except ValueError:   # a config value that cannot be a macro, a dtype without a C type
+        return None
+    return None
+
+
+def _install_cubins(pack: Pack, registry: Registry | None = None) -> int:
+    """Hand carried cubins to the kernel cache: only those of an arch this process can
+    run, whose key recomputes from the variant (registered, else the pack's) to the same
+    digest; the number written. Without NVRTC the backend compiles with CuPy and never
+    reads the cache, so nothing is written."""
+    archs = runnable_archs()
+    usable = [c for c in pack.cubins if c.arch in archs]
+    if not usable:
+        if pack.cubins:
+            log.info("pack: %d cubins for %s, none for this process's GPUs (%s); not cached",
+                     len(pack.cubins), ", ".join(sorted({c.arch for c in pack.cubins})),
+                     ", ".join(sorted(archs)) or "none")
+        return 0
+    from adaptive import config, nvrtc
+    from adaptive.kcache import KernelCache
+    if not nvrtc.available():
+        return 0
+    compiler = nvrtc.compiler_version()
+    if registry is None:
+        from adaptive import dispatch
+        registry = dispatch.shared_registry()
+    variants = {v.id: v for v in pack.variants}
+    for v in {c.variant for c in usable}:
+        op, _, name = v.partition("/")
+        known = {x.name: x for x in registry.variants(op)}.get(name) if op in \
+            registry.ops() else None
+        if known is not None:
+            variants[v] = known
+    cache = KernelCache(config.get().cache_dir)
+    written = 0
+    for c in usable:
+        key = _recomputed_key(c, variants, compiler)
+        if key is None:
+            log.warning("pack cubin %s… of %s does not match its variant's source and config "
+                        "here (or another NVRTC built it); not cached", c.key[:12], c.variant)
+            continue
         try:
-            if cache.get(c.key) is None:
-                cache.put(c.key, bytes(c.image), dict(c.resources))
-        except Exception as exc:  # noqa: BLE001 (a cache failure only costs a compile)
-            log.warning("pack cubin %s not cached: %s", c.key[:12], exc)
+            if cache.get(key) is None:
+                cache.put(key, bytes(c.image), dict(c.resources))
+                written += 1
+        except OSError as exc:   # a cache failure only costs a compile
+            log.warning("pack cubin %s not cached: %s", key[:12], exc)
+    return written
 
 
 _startup_done: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> {device}

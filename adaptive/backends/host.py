@@ -2,6 +2,11 @@
 
 Thread counts are process-wide in BLAS libraries, so the backend remembers the count it
 last set and only calls into threadpoolctl's controllers when a candidate needs another.
+
+When several threads launch (a server's workers), each BLAS call runs with one thread:
+N callers × a BLAS pool each would oversubscribe the cores and thrash the process-wide
+setting between candidates. A candidate's own ``threads`` applies again once one
+thread has launched alone for :data:`SHARED_HOLD_S`.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import functools
 import os
 import platform
 import sys
+import threading
 import time
 
 import numpy as np
@@ -20,6 +26,7 @@ from adaptive.backends.pysource import load_entry
 from adaptive.errors import InputTypeError
 
 _NP_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
+SHARED_HOLD_S = 1.0   # after two threads last took turns, BLAS stays at one thread this long
 
 
 class HostBackend:
@@ -31,6 +38,9 @@ class HostBackend:
         self._blas = None
         self._threads = None
         self._peaks = None
+        self._blas_lock = threading.Lock()
+        self._last_thread: int | None = None   # the thread that launched last
+        self._shared_until = 0.0               # monotonic time; 0: one thread launches
 
     # ---- device description -----------------------------------------------------------------
     def limits(self) -> dict:
@@ -83,12 +93,30 @@ class HostBackend:
 
     # ---- running ----------------------------------------------------------------------------
     def set_threads(self, n: int) -> None:
-        if self._blas is None:
-            from threadpoolctl import ThreadpoolController
-            self._blas = ThreadpoolController().select(user_api="blas").lib_controllers
-        for lib in self._blas:
-            lib.set_num_threads(n)
-        self._threads = n
+        with self._blas_lock:      # one caller at a time into threadpoolctl
+            if self._blas is None:
+                from threadpoolctl import ThreadpoolController
+                self._blas = ThreadpoolController().select(user_api="blas").lib_controllers
+            if self._threads == n:
+                return
+            for lib in self._blas:
+                lib.set_num_threads(n)
+            self._threads = n
+
+    def blas_threads(self, threads: int) -> int:
+        """The BLAS thread count for a call of a candidate asking for ``threads``: its own
+        while one thread launches, 1 while several do (and :data:`SHARED_HOLD_S` after)."""
+        me = threading.get_ident()
+        last = self._last_thread
+        if me != last:
+            self._last_thread = me
+            if last is not None:
+                self._shared_until = time.monotonic() + SHARED_HOLD_S
+        if self._shared_until:
+            if time.monotonic() < self._shared_until:
+                return 1
+            self._shared_until = 0.0
+        return threads
 
     def prepare(self, candidate, problem, op):
         variant = candidate.variant
@@ -103,8 +131,9 @@ class HostBackend:
                 return bound(*args, out=out)   # torch entries return their result
         else:
             def run(args, out):
-                if self._threads != threads:
-                    self.set_threads(threads)
+                want = self.blas_threads(threads)
+                if self._threads != want:
+                    self.set_threads(want)
                 return bound(*args, out=out)
         return run
 

@@ -104,7 +104,9 @@ class Op:
         for name, value in zip(self.arrays, args):
             try:
                 arrays.signature(value)
-            except InputTypeError:
+            except InputTypeError as exc:
+                if isinstance(value, np.ndarray):   # a subclass with other semantics
+                    raise InputTypeError(f"{self.name}: argument {name!r}: {exc}") from None
                 raise InputTypeError(
                     f"{self.name}: argument {name!r} must be an array (NumPy, CuPy, PyTorch or "
                     f"__cuda_array_interface__), got {type(value).__name__}") from None

@@ -5,6 +5,10 @@ down only the worker process (:mod:`adaptive.regen.worker`); the verifier record
 ``crash`` or ``timeout`` verdict for it and starts a fresh worker for the rest. Several
 candidates share one worker while they behave, which saves the start-up (imports, CUDA
 context) per candidate.
+
+The worker runs code nobody has reviewed, so it gets a minimal environment
+(:func:`worker_env`): the variables a Python, BLAS and CUDA process needs, and none
+whose name looks like a key, token, secret, password or credential.
 """
 
 from __future__ import annotations
@@ -25,6 +29,34 @@ from pathlib import Path
 
 from adaptive.regen.report import Outcome, Stage, VerifyReport, rejected
 from adaptive.variants import Candidate, Variant
+
+# what the worker inherits: these names, and names with these prefixes ...
+_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
+    "XDG_CACHE_HOME", "SYSTEMROOT", "HF_HOME",
+})
+_ENV_PREFIXES = ("LC_", "ADAPTIVE_", "CUDA_", "NVIDIA_", "CUPY_", "OMP_", "MKL_", "OPENBLAS_",
+                 "TRITON_", "PYTORCH_", "NVRTC_")
+# ... unless the name looks like a secret
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|"
+                          r"SIGNATURE|CERT", re.IGNORECASE)
+
+
+def secret_looking(name: str) -> bool:
+    """True for an environment variable name that looks like it holds a secret."""
+    return _SECRET_NAME.search(name) is not None
+
+
+def worker_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a verifier worker: an allow-list of what Python, BLAS and CUDA
+    need, without any variable whose name looks like a key, token, secret or password."""
+    environ = os.environ if environ is None else environ
+    env = {k: v for k, v in environ.items()
+           if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not secret_looking(k)}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
 
 STARTUP_S = 30.0          # imports and CUDA context before the first job starts
 POLL_S = 0.02
@@ -148,7 +180,7 @@ class Verifier:
                     limit: float) -> tuple[str, int | None]:
         cmd = [*prefix, self.python, "-m", "adaptive.regen.worker", str(jobs_path),
                str(results_path)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = worker_env()
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)

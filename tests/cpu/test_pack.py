@@ -390,7 +390,7 @@ def test_build_with_two_worker_processes(tmp_path):
     assert {r.op for r in pack.rows} == {"softmax", "gemm"} and not pack.failures
 
 
-def test_cubins_travel_into_the_kernel_cache(tmp_path, isolated):
+def test_cubins_travel_into_the_kernel_cache(tmp_path, isolated, monkeypatch):
     nvrtc = pytest.importorskip("adaptive.nvrtc")
     if not nvrtc.available():
         pytest.skip("NVRTC (cuda.bindings) is not installed")
@@ -408,7 +408,15 @@ def test_cubins_travel_into_the_kernel_cache(tmp_path, isolated):
     packs.write_pack(packs.new_pack([], [], HOST_FP, cubins=[packs.Cubin(**c)]), path)
     reg, _, _ = isolated
     with config.override(cache_dir=str(tmp_path / "fresh-cache")):
-        packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
+        packs.load_pack(path, registry=reg, fingerprint=HOST_FP)   # no GPU here: no cubin
+        assert KernelCache(str(tmp_path / "fresh-cache")).get(c["key"]) is None
+        assert not (tmp_path / "fresh-cache").exists()
+    monkeypatch.setattr(packs, "runnable_archs", lambda: frozenset({"sm_90"}))  # an H200
+    path2 = tmp_path / "c2.msgpack"
+    packs.write_pack(packs.new_pack([], [], HOST_FP, cubins=[packs.Cubin(**c)],
+                                    created_s=1.0), path2)
+    with config.override(cache_dir=str(tmp_path / "fresh-cache")):
+        packs.load_pack(path2, registry=reg, fingerprint=HOST_FP)
         hit = KernelCache(str(tmp_path / "fresh-cache")).get(c["key"])
     assert hit is not None and hit.path.read_bytes() == c["image"]
 
