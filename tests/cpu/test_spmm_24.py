@@ -341,8 +341,8 @@ def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
     for n in ns:
         b = rng.standard_normal((k, n)).astype(np.float16)
         b[-1] = 1e4                # large values in the last row of b: must not be lost
-        scope = {"M": m, "N": n, "K": k, "dtype": "float16", "is_2to4": 1.0, "DIRECT": 0,
-                 **config, **SM90_LIMITS}
+        scope = {"M": m, "N": n, "K": k, "dtype": "float16", "is_2to4": 1.0,
+                 "nnz": m * k // 2, "DIRECT": 0, **config, **SM90_LIMITS}
         grid = [int(compile_expr(str(e))(scope)) for e in variant.launch["grid"]]
         (block,) = [int(compile_expr(str(e))(scope)) for e in variant.launch["block"]]
         smem = int(compile_expr(variant.launch["shared_bytes"])(scope))
