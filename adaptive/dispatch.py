@@ -25,7 +25,7 @@ from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
                              UnknownNameError)
 from adaptive.observation import Observation
 from adaptive.ops import OPS, Op, Problem, get_op
-from adaptive.policy import Context, Decision, Policy, make_policy
+from adaptive.policy import POLICIES, Context, Decision, Policy, make_policy
 from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
 
 log = logging.getLogger("adaptive")
@@ -49,7 +49,7 @@ def _plan_runner(fn, alloc, adapter, out_sig):
     """Specialise the per-call closure once, so a hit does no branching on set-up facts."""
     if adapter is None:
         out_type = out_sig[0]
-        sign = arrays.SIGNERS[out_type]   # bound once: the type test guards it
+        sign = arrays.out_signer(out_type)   # bound once: the type test guards it
 
         def run(args, out):
             if out is None:
@@ -68,7 +68,7 @@ def _plan_runner(fn, alloc, adapter, out_sig):
         result = from_native(result, args[-1])
         if out is None:
             return result
-        if arrays.signature(out) != out_sig:
+        if arrays.out_signer(type(out))(out) != out_sig:
             raise _bad_out(out, out_sig)
         out[...] = result
         return out
@@ -80,6 +80,9 @@ def _bad_out(out, expected_sig) -> Exception:
         got = arrays.info(out)
     except InputTypeError:
         return InputTypeError(f"out must be an array like the inputs, got {type(out).__name__}")
+    if arrays.out_signer(type(out))(out) is None:
+        return InputValueError("out is read-only; pass a writeable array of shape "
+                               f"{expected_sig[1]}, dtype {expected_sig[2]}")
     return InputValueError(f"out has shape {got.shape}, dtype {got.dtype}, "
                            f"contiguous={got.contiguous}; expected shape {expected_sig[1]}, "
                            f"dtype {expected_sig[2]}, C-contiguous, same array type as inputs")
@@ -92,9 +95,10 @@ class Dispatcher:
         backend: "auto" (cuda where a GPU is present, else host), "cuda" or "host", or a
             backend instance.
         device: CUDA device ordinal (cuda backend only).
-        policy: how a miss is decided (default from ``ADAPTIVE_POLICY``: ``learned``,
-            :class:`~adaptive.learned.Learned`; or ``measure-each``,
-            :class:`~adaptive.policy.MeasureEach`).
+        policy: how a miss is decided: a name (``"learned"``,
+            :class:`~adaptive.learned.Learned`; ``"measure-each"``,
+            :class:`~adaptive.policy.MeasureEach`) or a policy instance; default from
+            ``ADAPTIVE_POLICY``.
         registry: the variants to choose from (default: built-in + ``ADAPTIVE_VARIANT_PATH``).
 
     Example:
@@ -103,10 +107,15 @@ class Dispatcher:
     """
 
     def __init__(self, backend: str | Backend = "auto", device: int | None = None,
-                 policy: Policy | None = None, registry: Registry | None = None):
+                 policy: str | Policy | None = None, registry: Registry | None = None):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, device)
         self.registry = registry if registry is not None else shared_registry()
-        self.policy = policy if policy is not None else make_policy(config.get().policy)
+        if policy is None or isinstance(policy, str):
+            policy = make_policy(config.get().policy if policy is None else policy)
+        elif isinstance(policy, type) or not isinstance(policy, Policy):
+            raise InputTypeError(f"policy must be a name ({', '.join(POLICIES)}) or a policy "
+                                 f"instance such as adaptive.Learned(), got {policy!r}")
+        self.policy = policy
         self.limits = self.backend.limits()
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
@@ -156,10 +165,17 @@ class Dispatcher:
         """Run ``op`` on ``args`` with the best known candidate; see :func:`adaptive.launch`."""
         if variant is None and config is None:
             return self.run(op, args, out, params)
+        if config is not None and not isinstance(config, Mapping):
+            raise InputTypeError(f"config must be a mapping such as {{'threads': 2}}, got "
+                                 f"{type(config).__name__} {config!r}")
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
         # config items in the caller's order: another order is one more entry, same plan
-        plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
+        pkey = (key, variant, tuple(config.items()) if config else None)
+        try:
+            plan = self._pinned.get(pkey)
+        except TypeError:   # an unhashable param or config value: validation names it
+            plan = None
         if plan is None:
             plan = self._pinned_plan(o, key, args, params, variant, config)
         if self._plain:
@@ -170,7 +186,11 @@ class Dispatcher:
         """The hot path with arguments already packed (what ``launch`` calls)."""
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
-        plan = self._plans.get(key)
+        try:
+            plan = self._plans.get(key)
+        except TypeError:   # an unhashable param (an array): the op's validation names it
+            o.problem(args, params)
+            raise
         if plan is None:
             plan = self._miss(o, key, args, params)
         if self._plain:
@@ -254,7 +274,8 @@ class Dispatcher:
             self._run_sync(plan, args)
             return (time.perf_counter_ns() - t0) / 1e6
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
-            log.warning("candidate %s failed on %s: %s", candidate.label, key, exc)
+            log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(),
+                        exc)
             return math.inf
 
     def _run_sync(self, plan: Plan, args):
@@ -402,10 +423,10 @@ class Dispatcher:
                     p = pool[i] = self._prepare_like(first, cands[i], args)
                 return sampled(p, args, out)
             except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
-                if p is first:
-                    raise
+                if p is first or isinstance(exc, (InputTypeError, InputValueError)):
+                    raise   # the caller's out= is wrong (checked before the variant runs)
                 log.warning("explored candidate %s failed on %s: %s", cands[i].label,
-                            first.key, exc)
+                            first.problem.describe(), exc)
                 if p is not None:
                     self.feedback(p, math.inf)
                 else:

@@ -3,6 +3,9 @@
 q may have fewer rows than k and v (decode: Lq = 1). With ``causal=True`` query i may
 see keys j <= i + (Lk - Lq): the mask is aligned to the bottom right, so a decode step
 sees the whole cache and Lq == Lk is the usual lower triangle.
+
+``scale`` may be any finite number: 0 weighs the visible keys equally and a negative scale
+is the formula as written; NaN and infinities are refused.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ class Attention(Op):
     arrays = ("q", "k", "v")
     params = (
         Param("causal", (bool,), False, "mask keys after each query (bottom-right aligned)"),
-        Param("scale", (float, int), None, "logit scale; None means 1/sqrt(D)"),
+        Param("scale", (float, int), None, "logit scale, any finite number; None means "
+              "1/sqrt(D), 0 weighs the visible keys equally",
+              checks=((math.isfinite, "a finite number (None: 1/sqrt(D))"),)),
     )
 
     def check_shapes(self, infos, args, params):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from adaptive.errors import InputTypeError, InputValueError
+from adaptive.errors import InputValueError
 from adaptive.ops.base import Op, Problem, random_array
 from adaptive.ops.sparse import SparseWeight
 
@@ -13,13 +13,10 @@ from adaptive.ops.sparse import SparseWeight
 class Spmm(Op):
     name = "spmm"
     arrays = ("w", "b")
+    sparse = ("w",)
     dtypes = ("float16", "float32")
 
     def check_shapes(self, infos, args, params):
-        if not isinstance(args[0], SparseWeight):
-            raise InputTypeError(f"spmm: argument 'w' must be an adaptive.SparseWeight, got "
-                                 f"{type(args[0]).__name__}; wrap the matrix once with "
-                                 "adaptive.SparseWeight(matrix)")
         w, b = infos
         self._rank(self.name, "b", b, 2, "[K, N]")
         if w.shape[1] != b.shape[0]:
