@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent / "server"))
 
 from block import BlockShape  # noqa: E402
 
-from adaptive.pack import load_pack, read_pack  # noqa: E402
+from adaptive.pack import file_sha256, load_pack, read_pack  # noqa: E402
 from adaptive.packs.build import Case, Settings, build_pack  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     pack = build_pack(cases, args.out, backend=args.backend,
                       settings=Settings(repeats=args.repeats, cubins=args.backend != "host"))
     print(f"wrote {args.out}: {len(pack.rows)} measurements of {len(pack.variants)} variants "
-          f"over {len(cases)} cases, {len(pack.failures)} failures, sha256 {pack.sha256[:12]}")
+          f"over {len(cases)} cases, {len(pack.failures)} failures, file sha256 {file_sha256(args.out)}")
 
     back = read_pack(args.out)              # hash-checked before anything is decoded
     print("device:", back.fingerprint.get("name"), "| ops:", ", ".join(back.ops))

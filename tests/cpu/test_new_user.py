@@ -164,3 +164,20 @@ def test_bad_out_while_exploring_blames_the_caller_not_a_candidate(rng, caplog):
     assert not caplog.records, [r.getMessage() for r in caplog.records]
     state = d.policy.state(key)
     assert not any(np.isinf(t) for ts in state.observed.values() for t in ts)
+
+
+# ---- the command line -----------------------------------------------------------------------
+
+def test_pack_show_prints_the_file_sha256_as_sha256sum_does(tmp_path, capsys):
+    import hashlib
+
+    from adaptive.cli import main
+    from adaptive.pack import new_pack, write_pack
+    path = tmp_path / "p.msgpack"
+    content = write_pack(new_pack([], [], {"backend": "host"}), path)
+    assert main(["pack", "show", str(path)]) == 0
+    text = capsys.readouterr().out
+    whole = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert whole != content
+    assert f"file sha256   {whole}  (as sha256sum prints it)" in text
+    assert f"content hash  {content}  (of header + body; verified)" in text
