@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ import msgpack
 from adaptive.errors import PackError
 from adaptive.observation import Measurement, Observation, floor_ms
 from adaptive.packs.presets import PRESETS
+from adaptive.peaks import raise_to_observed
 
 log = logging.getLogger("adaptive")
 JOURNAL_VERSION = 1
@@ -130,6 +132,11 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
                                 timestamp_s=time.time(), source="pack").to_dict())
         if cand.variant.language == "cuda":
             timed.append((m.median_ms, cand))
+    best_ms = min((r["time_ms"] for r in rows), default=math.inf)
+    if raise_to_observed(backend, flops, nbytes, best_ms, problem.dtype):   # floor <= times
+        floor = floor_ms(flops, nbytes, backend.peaks(), problem.dtype)
+        for r in rows:
+            r["floor_ms"] = floor
     if settings.cubins and timed:
         best_ms = min(t for t, _ in timed)
         for t, cand in timed:
