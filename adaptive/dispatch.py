@@ -628,7 +628,34 @@ def _route(x, d: Dispatcher) -> None:
 
 
 def launch(op: str, *args, out=None, **params):
-    """Run ``op`` on ``args`` with the variant chosen for this input; see adaptive.launch."""
+    """Run ``op`` on ``args`` with the variant and config chosen for this input.
+
+    The first call of an input class (shapes, dtypes, layout, device, params) chooses among
+    the fitting candidates; later calls of it run the chosen plan at once. The dispatcher is
+    the process's default one for the device the arrays live on.
+
+    Args:
+        op: "gemm", "spmm", "attention" or "softmax" (``adaptive.OPS``).
+        *args: the op's arrays: NumPy, CuPy, PyTorch tensors or objects with
+            ``__cuda_array_interface__``, all of one kind and device (an
+            ``adaptive.SparseWeight`` where the op takes one).
+        out: optional result array (the caller's array type, the result's shape and
+            dtype, C-contiguous, writeable); a new one is returned when None.
+        **params: the op's parameters as scalars (attention: ``causal``, ``scale``);
+            ``variant="name"`` and ``config={...}`` pin a choice instead.
+
+    Returns:
+        The result in the caller's array type (``out`` when given).
+
+    Raises:
+        InputTypeError, InputValueError: bad arguments, checked before anything runs.
+        UnknownNameError: an unknown op, parameter or variant (the nearest is suggested).
+        NoCandidateError: no variant on this backend fits the input.
+
+    Example:
+        >>> c = adaptive.launch("gemm", a, b)
+        >>> o = adaptive.launch("attention", q, k, v, causal=True)
+    """
     route = _by_type.get(type(args[-1])) if args else None
     d = route(args[-1]) if route is not None else None
     if d is None:

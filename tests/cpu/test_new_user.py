@@ -181,3 +181,38 @@ def test_pack_show_prints_the_file_sha256_as_sha256sum_does(tmp_path, capsys):
     assert whole != content
     assert f"file sha256   {whole}  (as sha256sum prints it)" in text
     assert f"content hash  {content}  (of header + body; verified)" in text
+
+
+def test_version_and_help_read_as_plain_text(capsys):
+    from adaptive.cli import COMMANDS, main
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith(f"adaptive-dispatch {adaptive.__version__} ")
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "`" not in text and all(name in text for name in COMMANDS)
+
+
+def test_explain_command_ranks_the_candidates_of_a_shape(capsys):
+    from adaptive.cli import main
+    assert main(["explain", "softmax", "--shape", "R=7,C=33", "--backend", "host",
+                 "--policy", "measure-each"]) == 0
+    text = capsys.readouterr().out
+    labels = [c.label for c in adaptive.Dispatcher("host").candidates(
+        "softmax", np.ones((7, 33), np.float32))]
+    assert text.startswith("softmax R=7, C=33 float32: committed (policy measure-each)")
+    assert all(label in text for label in labels) and " chosen" in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["gemm", "--shape", "M=4,N=4"], "gemm shape names ['M', 'N']; expected exactly "
+                                     "['K', 'M', 'N']"),
+    (["gemm", "--shape", "M=4,N=4,K=x"], "shape part 'K=x': expected NAME=POSITIVE_INT"),
+    (["attention", "--shape", "B=1,H=1,Lq=2,Lk=2,D=8", "--dtype", "float64"],
+     "--dtype float64 is not a dtype of attention; expected one of float16, bfloat16, "
+     "float32"),
+])
+def test_explain_command_refuses_bad_shapes_in_one_line(capsys, argv, message):
+    from adaptive.cli import main
+    assert main(["explain", *argv, "--backend", "host"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("adaptive explain: ") and message in err and err.count("\n") == 1
