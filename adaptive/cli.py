@@ -62,11 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = argparse.ArgumentParser(prog=f"adaptive {name}", description=COMMANDS[name][1])
     module.add_arguments(sub)
     args = sub.parse_args(argv[1:])
+    from adaptive.errors import AdaptiveError
     try:
         return int(module.run(args) or 0)
     except BrokenPipeError:   # output piped into `head` and closed: not an error
         sys.stderr.close()
         return 0
+    except AdaptiveError as exc:   # bad input or an unavailable backend: one line, no trace
+        print(f"adaptive {name}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

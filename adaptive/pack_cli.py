@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import math
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from adaptive import pack as packs
@@ -101,14 +102,17 @@ def _build(args) -> int:
         pack = build_from_logs(args.from_log, args.out, ops)
     else:
         from adaptive.packs.build import Settings, build_pack, load_shapes
+        from adaptive.progress import Heartbeat
         if args.repeats < 1 or args.warmup < 1:
             raise ValueError(f"--repeats and --warmup must be at least 1, got {args.repeats} "
                              f"and {args.warmup}")
         cases = load_shapes(args.shapes, ops)
         settings = Settings(warmup=args.warmup, repeats=args.repeats, seed=args.seed,
                             cubins=args.cubins)
-        pack = build_pack(cases, args.out, args.backend, args.workers, settings, args.fresh,
-                          not args.no_progress, args.deadline_s, info={"shapes": args.shapes})
+        with Heartbeat("adaptive pack build") if not args.no_progress else nullcontext():
+            pack = build_pack(cases, args.out, args.backend, args.workers, settings,
+                              args.fresh, not args.no_progress, args.deadline_s,
+                              info={"shapes": args.shapes})
     size = Path(args.out).stat().st_size
     print(f"wrote {args.out}: {len(pack.variants)} variants, {len(pack.rows)} rows, "
           f"{len(pack.failures)} failures, {size / 1e3:.1f} kB")

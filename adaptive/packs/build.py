@@ -30,6 +30,7 @@ from adaptive.errors import PackError
 from adaptive.observation import Measurement, Observation, floor_ms
 from adaptive.packs.presets import PRESETS
 from adaptive.peaks import raise_to_observed
+from adaptive.progress import EVERY_S, doing
 
 log = logging.getLogger("adaptive")
 JOURNAL_VERSION = 1
@@ -265,18 +266,22 @@ def plan_of(cases: list[Case], backend: str, fingerprint: Mapping, settings: Set
 # ---- progress -----------------------------------------------------------------------------------
 
 class Progress:
-    """A small progress bar on stderr (a line per 10 % when stderr is not a terminal)."""
+    """A small progress bar on stderr (when stderr is not a terminal: a line per 10 %, or
+    sooner when the last line is ``every_s`` old)."""
 
-    def __init__(self, total: int, done: int = 0, stream=None):
+    def __init__(self, total: int, done: int = 0, stream=None, every_s: float = EVERY_S):
         self.total, self.done, self.stream = total, done, stream or sys.stderr
         self.t0, self.tty, self._last = time.monotonic(), self.stream.isatty(), -1
+        self.every_s, self._last_s = every_s, self.t0
 
     def update(self, label: str) -> None:
         self.done += 1
         frac = self.done / max(self.total, 1)
-        if not self.tty and int(frac * 10) == self._last and self.done < self.total:
+        now = time.monotonic()
+        if (not self.tty and int(frac * 10) == self._last and self.done < self.total
+                and now - self._last_s < self.every_s):
             return
-        self._last = int(frac * 10)
+        self._last, self._last_s = int(frac * 10), now
         bar = "#" * int(frac * 30)
         elapsed = time.monotonic() - self.t0
         end = "\r" if self.tty and self.done < self.total else "\n"
@@ -384,6 +389,7 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     bar = Progress(len(cases), resumed) if progress else None
     t0 = time.monotonic()
     if todo:
+        doing(f"compiling the CUDA kernels of {len(todo)} cases")
         precompile(backend, getattr(d.backend, "arch", ""), todo)
 
     def record(result: dict) -> None:
@@ -397,11 +403,13 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
         return deadline_s is None or time.monotonic() - t0 < deadline_s
 
     if workers <= 1 or len(todo) <= 1:
-        for c in todo:
+        for i, c in enumerate(todo):
             if not in_time():
                 break
+            doing(f"measuring case {resumed + i + 1}/{len(cases)}: {c.id}")
             record(run_case(d, c, settings))
     else:
+        doing(f"measuring {len(todo)} cases on {workers} workers")
         _run_workers(backend, workers, todo, settings, record, in_time)
     done = [journal.done[c.id] for c in cases if c.id in journal.done]
     rows = [Observation.from_dict(r) for res in done for r in res["rows"]]
