@@ -216,3 +216,16 @@ def test_explain_command_refuses_bad_shapes_in_one_line(capsys, argv, message):
     assert main(["explain", *argv, "--backend", "host"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("adaptive explain: ") and message in err and err.count("\n") == 1
+
+
+def test_torch_example_without_torch_says_which_extra_and_exits_0(monkeypatch, capsys):
+    import pathlib
+    import runpy
+    import sys
+    example = pathlib.Path(__file__).parents[2] / "examples" / "torch_interop.py"
+    monkeypatch.setitem(sys.modules, "torch", None)     # import torch now fails
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(example), run_name="__main__")
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "pip install 'adaptive-dispatch[llm]'" in out
