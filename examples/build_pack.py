@@ -13,6 +13,7 @@ fits its cost model from these rows instead of exploring on live requests.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent / "server"))
 
 from block import BlockShape  # noqa: E402
 
-from adaptive.pack import file_sha256, load_pack, read_pack  # noqa: E402
+from adaptive.pack import load_pack, read_pack  # noqa: E402
 from adaptive.packs.build import Case, Settings, build_pack  # noqa: E402
 
 
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     pack = build_pack(cases, args.out, backend=args.backend,
                       settings=Settings(repeats=args.repeats, cubins=args.backend != "host"))
     print(f"wrote {args.out}: {len(pack.rows)} measurements of {len(pack.variants)} variants "
-          f"over {len(cases)} cases, {len(pack.failures)} failures, file sha256 {file_sha256(args.out)}")
+          f"over {len(cases)} cases, {len(pack.failures)} failures, file sha256 "
+          f"{hashlib.sha256(Path(args.out).read_bytes()).hexdigest()}")
 
     back = read_pack(args.out)              # hash-checked before anything is decoded
     print("device:", back.fingerprint.get("name"), "| ops:", ", ".join(back.ops))

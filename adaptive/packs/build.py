@@ -207,10 +207,12 @@ def _rng(seed: int, case_id: str):
 
 
 def make_dispatcher(backend: str, device: int | None = None):
-    """A dispatcher on a fresh default registry (no startup packs: measure only our own)."""
+    """A dispatcher on a fresh default registry (no startup packs: measure only our own).
+    It only lists and runs candidates, so its policy is the cheapest (no scikit-learn to
+    import in every worker)."""
     from adaptive.dispatch import Dispatcher
     from adaptive.variants import default_registry
-    return Dispatcher(backend, device=device, registry=default_registry())
+    return Dispatcher(backend, device=device, policy="first", registry=default_registry())
 
 
 # ---- the journal --------------------------------------------------------------------------------
