@@ -16,3 +16,12 @@ def rng(request):
     """A fresh generator per test, seeded from the test's id so failures reproduce."""
     seed = zlib.crc32(request.node.nodeid.encode())
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def quick_selection_report():
+    """``run_selection("host", quick=True, seed=0)``, run once for every test that reads it
+    (the selection tests and the selection benchmark's dry run)."""
+    pytest.importorskip("sklearn")
+    from adaptive.selection import run_selection
+    return run_selection("host", quick=True, seed=0)

@@ -103,3 +103,19 @@ def test_host_floors_are_the_same_in_every_process(tmp_path, monkeypatch):
         assert host.HostBackend().peaks() == first == {"flops_per_s": {"float32": 1e10},
                                                        "bytes_per_s": 5e10}
     assert len(measured) == 1
+
+
+def test_regen_efficiency_never_exceeds_one_when_the_stored_peaks_are_too_low(tmp_path,
+                                                                               monkeypatch):
+    """Peaks measured on a busy machine (here: absurdly low) made a floor above the time:
+    the run raises them, and the request's efficiency is at most 100 %."""
+    from adaptive import config
+    from adaptive.backends import host
+    from adaptive.regen.cli import measured_request
+    low = {"flops_per_s": {"float32": 1e6}, "bytes_per_s": 1e6}
+    monkeypatch.setattr(host, "_measure_peaks", lambda: json.loads(json.dumps(low)))
+    with config.override(cache_dir=str(tmp_path), policy="measure-each"):
+        request, _ = measured_request("softmax", {"R": 64, "C": 256}, "float32", "host")
+    assert 0 < request.efficiency <= 1.0 and request.floor_ms <= request.best_ms
+    stored = json.loads(next((tmp_path / "peaks").rglob("*.json")).read_text())["peaks"]
+    assert stored["bytes_per_s"] > low["bytes_per_s"]      # the next process starts higher
