@@ -229,3 +229,38 @@ def test_torch_example_without_torch_says_which_extra_and_exits_0(monkeypatch, c
     assert stop.value.code == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "pip install 'adaptive-dispatch[llm]'" in out
+
+
+class _Runtime:
+    def __init__(self, count):
+        self.count = count
+
+    def getDeviceCount(self):   # noqa: N802 (CuPy's name)
+        if isinstance(self.count, Exception):
+            raise self.count
+        return self.count
+
+
+@pytest.mark.parametrize("cupy_count,device_files,reason", [
+    (None, False, "no CUDA GPU on this machine"),
+    (RuntimeError("CUDA driver version is insufficient"), False,
+     "no CUDA GPU on this machine"),
+    (RuntimeError("CUDA driver version is insufficient"), True,
+     "CUDA is not usable here (RuntimeError: CUDA driver version is insufficient)"),
+    (None, True, "CuPy is not installed (pip install 'adaptive-dispatch[cuda13]')"),
+    (2, False, None),                     # CuPy sees devices: the GPU tests run
+])
+def test_gpu_tests_skip_with_one_reason(monkeypatch, cupy_count, device_files, reason):
+    import importlib.util
+    import pathlib
+    import sys
+    import types
+    path = pathlib.Path(__file__).parents[1] / "gpu" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("gpu_conftest_under_test", path)
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    fake = None if cupy_count is None else types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=_Runtime(cupy_count)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(conftest, "has_gpu_device_files", lambda: device_files)
+    assert conftest.gpu_probe() == reason

@@ -19,24 +19,33 @@ SKIPPED = "gpu-skipped"   # the report category of a GPU test skipped for want o
 
 @functools.lru_cache(maxsize=1)
 def gpu_probe() -> str | None:
-    """None when a CUDA device is usable, else why not, in a few words."""
-    if sys.platform == "linux" and not (glob.glob("/dev/nvidia[0-9]*") or
-                                        glob.glob("/proc/driver/nvidia/gpus/*") or
-                                        os.path.exists("/dev/dxg")):   # WSL2's GPU
-        return "no CUDA GPU on this machine"
+    """None when a CUDA device is usable, else why not, in a few words. CuPy decides; the
+    device files only word the reason (no GPU at all, or one CUDA cannot use)."""
     try:
         import cupy
     except ImportError:
-        return "CuPy is not installed (pip install 'adaptive-dispatch[cuda13]')"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 (any failure means: no usable device)
-        return f"CUDA is not usable here ({type(exc).__name__}: {exc})"
-    if n == 0:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        return "no CUDA device is visible" + (f" (CUDA_VISIBLE_DEVICES={visible!r})"
-                                              if visible is not None else "")
-    return None
+        cupy = None
+    problem = "CuPy is not installed (pip install 'adaptive-dispatch[cuda13]')"
+    if cupy is not None:
+        try:
+            if cupy.cuda.runtime.getDeviceCount() > 0:
+                return None
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            problem = "no CUDA device is visible" + (
+                f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+        except Exception as exc:  # noqa: BLE001 (any failure means: no usable device)
+            problem = f"CUDA is not usable here ({type(exc).__name__}: {exc})"
+    if not has_gpu_device_files():
+        return "no CUDA GPU on this machine"
+    return problem
+
+
+def has_gpu_device_files() -> bool:
+    """Whether the OS shows an NVIDIA GPU (Linux device files; True where it cannot tell)."""
+    if sys.platform != "linux":
+        return True
+    return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/gpus/*")
+                or os.path.exists("/dev/dxg"))   # /dev/dxg: WSL2's GPU
 
 
 def pytest_collection_modifyitems(config, items):
