@@ -36,6 +36,7 @@ class _Noting:
     def write(self, text: str) -> int:
         if text:
             self._beat.last_s = time.monotonic()
+            self._beat.line_open = not text.endswith("\n")   # e.g. a bar redrawn with \r
         return self._stream.write(text)
 
     def __getattr__(self, name):
@@ -55,6 +56,7 @@ class Heartbeat:
         self.command, self.every_s = command, every_s
         self._target = stream
         self.activity = "starting"
+        self.line_open = False
         self.t0_s = self.last_s = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,6 +85,9 @@ class Heartbeat:
             now = time.monotonic()
             if now - self.last_s >= self.every_s:
                 stream = self._target or self._saved[1]
-                stream.write(f"{self.command}: {self.activity} ({now - self.t0_s:.0f} s)\n")
+                head = "\n" if self.line_open else ""
+                self.line_open = False
+                stream.write(f"{head}{self.command}: {self.activity} "
+                             f"({now - self.t0_s:.0f} s)\n")
                 stream.flush()
                 self.last_s = now

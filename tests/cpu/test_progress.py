@@ -91,3 +91,11 @@ def test_bench_overhead_runs_on_each_op_given(monkeypatch, capsys):
     assert ran == ["softmax", "attention", "spmm"]
     assert "tiny softmax, host_" in text and "tiny attention, host_" in text
     assert "tiny spmm, host_" in text and "tiny gemm" not in text
+
+
+def test_a_heartbeat_after_a_redrawn_bar_starts_its_own_line():
+    out = io.StringIO()
+    with Heartbeat("adaptive x", every_s=0.2, stream=out):
+        print("[###     ] 3/8", end="\r", file=sys.stderr)
+        time.sleep(0.45)
+    assert out.getvalue().startswith("\nadaptive x: starting (")
