@@ -111,6 +111,16 @@ def signature(x):
     return SIGNERS[type(x)](x)
 
 
+def _numpy_out_sig(a):
+    return (np.ndarray, a.shape, a.dtype, a.strides) if a.flags.writeable else None
+
+
+def out_signer(tp):
+    """How to sign a caller's ``out=`` of type ``tp``: as :func:`signature`, but None for an
+    array that cannot be written (a read-only NumPy array), so a plan refuses it up front."""
+    return _numpy_out_sig if issubclass(tp, np.ndarray) else SIGNERS[tp]
+
+
 def _torch_dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from adaptive.ops import OPS
+from adaptive.progress import Heartbeat, doing
 
 # (op, dims, dtype, stats) per input; the "quick" stream is a subset with smaller sizes
 _FULL = {
@@ -98,8 +99,9 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
                   for dims, dtype, stats in streams[op_name]]
         # the table: every candidate on every input
         table: list[dict[str, float]] = []
-        for args in inputs:
+        for i, args in enumerate(inputs):
             row = {}
+            doing(f"mixed: timing every candidate of {op_name} input {i + 1}/{len(inputs)}")
             for cand in table_d.candidates(op_name, *args):
                 def call(c=cand, a=args):
                     table_d.launch(op_name, *a, variant=c.variant.name, config=c.config)
@@ -119,6 +121,7 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         fixed = {lab: sum(table[i].get(lab, math.inf) for i in order) for lab in labels}
         best_label = min(fixed, key=fixed.get)
         live = Dispatcher(table_d.backend)
+        doing(f"mixed: {op_name} stream of {len(order)} calls through launch")
         t0 = time.perf_counter_ns()
         for i in order:
             live.launch(op_name, *inputs[i])
@@ -135,38 +138,46 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
     return reports
 
 
-def run_overhead(backend: str = "host", n: int = 20000, rounds: int = 7) -> dict:
-    """Warm ``launch`` against calling the chosen variant's entry directly (host, tiny gemm)."""
+# the overhead's inputs: tiny, so the variant's own time is small next to the dispatch
+_TINY = {"gemm": ({"M": 4, "N": 4, "K": 4}, {}), "softmax": ({"R": 4, "C": 8}, {}),
+         "attention": ({"B": 1, "H": 1, "Lq": 1, "Lk": 8, "D": 8}, {}),
+         "spmm": ({"M": 8, "N": 4, "K": 8}, {"density": 0.5})}
+
+
+def run_overhead(backend: str = "host", n: int = 20000, rounds: int = 7,
+                 op: str = "gemm") -> dict:
+    """Warm ``launch`` against calling the chosen variant's entry directly (host, a tiny
+    input of ``op``)."""
     import adaptive
     from adaptive.backends.pysource import load_entry
     from adaptive.dispatch import Dispatcher
     d = Dispatcher(backend)
-    rng = np.random.default_rng(1)
-    a = rng.standard_normal((4, 4)).astype(np.float32)
-    b = rng.standard_normal((4, 4)).astype(np.float32)
-    out = np.empty((4, 4), np.float32)
-    d.launch("gemm", a, b, out=out)
-    plan = d._plans[OPS["gemm"].key((a, b), {})]
+    dims, stats = _TINY[op]
+    args = OPS[op].make_inputs(dims, "float32", np.random.default_rng(1), **stats)
+    out = d.launch(op, *args)
+    plan = d._plans[OPS[op].key(args, {})]
     entry = load_entry(plan.candidate.variant)
+    kwargs = {k: v for k, v in plan.candidate.config.items() if k != "threads"}
     direct_times, launch_times, module_times = [], [], []
-    for _ in range(rounds):
+    for r in range(rounds):
+        doing(f"overhead: {op} round {r + 1}/{rounds}")
         t0 = time.perf_counter_ns()
         for _ in range(n):
-            entry(a, b, out=out)
+            entry(*args, out=out, **kwargs)
         direct_times.append((time.perf_counter_ns() - t0) / n / 1e3)
         t0 = time.perf_counter_ns()
         for _ in range(n):
-            d.launch("gemm", a, b, out=out)
+            d.launch(op, *args, out=out)
         launch_times.append((time.perf_counter_ns() - t0) / n / 1e3)
         t0 = time.perf_counter_ns()
         for _ in range(n):
-            adaptive.launch("gemm", a, b, out=out)
+            adaptive.launch(op, *args, out=out)
         module_times.append((time.perf_counter_ns() - t0) / n / 1e3)
     direct, via, module = (statistics.median(t) for t in (direct_times, launch_times,
                                                              module_times))
     return {"direct_us": direct, "dispatcher_launch_us": via, "module_launch_us": module,
             "overhead_us": via - direct, "module_overhead_us": module - direct,
-            "variant": plan.candidate.label}
+            "variant": plan.candidate.label, "op": op}
 
 
 def format_mixed(reports) -> str:
@@ -194,15 +205,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=("auto", "host", "cuda"))
     parser.add_argument("--quick", action="store_true", help="small inputs, for CI")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--ops", default="", help="comma-separated subset of ops")
+    parser.add_argument("--ops", default="", help="comma-separated subset of "
+                        f"{', '.join(sorted(OPS))} for the mixed workload and the overhead "
+                        "(the selection benchmark's streams are fixed)")
+
+
+def parse_ops(text: str) -> list[str] | None:
+    """``--ops``: a comma-separated list of op names (None when empty); unknown names are
+    refused with the valid ones."""
+    import difflib
+    from adaptive.errors import InputValueError
+    ops = [o.strip() for o in text.split(",") if o.strip()]
+    for o in ops:
+        if o not in OPS:
+            near = difflib.get_close_matches(o, OPS, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise InputValueError(f"--ops: unknown op {o!r}{hint}; valid ops: "
+                                  f"{', '.join(sorted(OPS))}")
+    return ops or None
 
 
 def run(args) -> int:
-    from adaptive.backends import resolve_name
+    from adaptive.backends import get_backend, resolve_name
+    ops = parse_ops(args.ops)
     backend = resolve_name(args.backend)
+    get_backend(backend)   # an unavailable backend is said now, in one line, not mid-run
     print(f"adaptive bench: backend={backend} quick={args.quick} seed={args.seed}", flush=True)
-    ops = [o for o in args.ops.split(",") if o] or None
+    with Heartbeat("adaptive bench"):
+        return _run(args, backend, ops)
+
+
+def _run(args, backend: str, ops: list[str] | None) -> int:
     if args.mode in ("all", "selection"):
+        doing("selection benchmark")
         try:
             from adaptive.selection import main_report
         except ImportError:
@@ -212,12 +247,14 @@ def run(args) -> int:
         else:
             print(main_report(backend=backend, quick=args.quick, seed=args.seed), flush=True)
     if args.mode in ("all", "overhead"):
-        o = run_overhead("host")
-        print(f"\nhot path (host, warm, tiny gemm, {o['variant']}): variant called directly "
-              f"{o['direct_us']:.2f} µs, Dispatcher.launch {o['dispatcher_launch_us']:.2f} µs "
-              f"(+{o['overhead_us']:.2f} µs), adaptive.launch {o['module_launch_us']:.2f} µs "
-              f"(+{o['module_overhead_us']:.2f} µs); launch/direct ratio "
-              f"{o['module_launch_us'] / o['direct_us']:.2f}; target: at most +5 µs", flush=True)
+        for op in ops or ["gemm"]:
+            o = run_overhead("host", op=op)
+            print(f"\nhot path (host, warm, tiny {op}, {o['variant']}): variant called directly "
+                  f"{o['direct_us']:.2f} µs, Dispatcher.launch {o['dispatcher_launch_us']:.2f} "
+                  f"µs (+{o['overhead_us']:.2f} µs), adaptive.launch "
+                  f"{o['module_launch_us']:.2f} µs (+{o['module_overhead_us']:.2f} µs); "
+                  f"launch/direct ratio {o['module_launch_us'] / o['direct_us']:.2f}; target: "
+                  "at most +5 µs", flush=True)
     if args.mode in ("all", "mixed"):
         reports = run_mixed(backend, quick=args.quick, seed=args.seed, ops=ops,
                             progress=lambda s: print(s, flush=True))

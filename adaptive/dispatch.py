@@ -30,7 +30,7 @@ from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
                              UnknownNameError)
 from adaptive.observation import Observation, floor_ms
 from adaptive.ops import OPS, Op, Problem, get_op
-from adaptive.policy import Context, Decision, Policy, make_policy
+from adaptive.policy import POLICIES, Context, Decision, Policy, make_policy
 from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
 
 log = logging.getLogger("adaptive")
@@ -86,7 +86,7 @@ def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = Fals
         return run_returning
     if adapter is None:
         out_type = out_sig[0]
-        sign = arrays.SIGNERS[out_type]   # bound once: the type test guards it
+        sign = arrays.out_signer(out_type)   # bound once: the type test guards it
 
         def run(args, out):
             if out is None:
@@ -105,7 +105,7 @@ def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = Fals
         result = from_native(result, args[-1])
         if out is None:
             return result
-        if arrays.signature(out) != out_sig:
+        if arrays.out_signer(type(out))(out) != out_sig:
             raise _bad_out(out, out_sig, op)
         out[...] = result
         return out
@@ -118,6 +118,9 @@ def _bad_out(out, expected_sig, op: str = "") -> Exception:
     except InputTypeError:
         return InputTypeError(f"{op}: out must be an array like the inputs, got "
                               f"{type(out).__name__}")
+    if arrays.out_signer(type(out))(out) is None:
+        return InputValueError(f"{op}: out is read-only; pass a writeable array of shape "
+                               f"{expected_sig[1]}, dtype {expected_sig[2]}")
     return InputValueError(f"{op}: out has shape {got.shape}, dtype {got.dtype}, "
                            f"contiguous={got.contiguous}; expected shape {expected_sig[1]}, "
                            f"dtype {expected_sig[2]}, C-contiguous, same array type as inputs")
@@ -130,9 +133,10 @@ class Dispatcher:
         backend: "auto" (cuda where a GPU is present, else host), "cuda" or "host", or a
             backend instance.
         device: CUDA device ordinal (cuda backend only).
-        policy: how a miss is decided (default from ``ADAPTIVE_POLICY``: ``learned``,
-            :class:`~adaptive.learned.Learned`; or ``measure-each``,
-            :class:`~adaptive.policy.MeasureEach`).
+        policy: how a miss is decided: a name (``"learned"``,
+            :class:`~adaptive.learned.Learned`; ``"measure-each"``,
+            :class:`~adaptive.policy.MeasureEach`) or a policy instance; default from
+            ``ADAPTIVE_POLICY``.
         registry: the variants to choose from (default: built-in + ``ADAPTIVE_VARIANT_PATH``).
 
     Example:
@@ -141,10 +145,15 @@ class Dispatcher:
     """
 
     def __init__(self, backend: str | Backend = "auto", device: int | None = None,
-                 policy: Policy | None = None, registry: Registry | None = None):
+                 policy: str | Policy | None = None, registry: Registry | None = None):
         self.backend = backend if isinstance(backend, Backend) else get_backend(backend, device)
         self.registry = registry if registry is not None else shared_registry()
-        self.policy = policy if policy is not None else make_policy(config.get().policy)
+        if policy is None or isinstance(policy, str):
+            policy = make_policy(config.get().policy if policy is None else policy)
+        elif isinstance(policy, type) or not isinstance(policy, Policy):
+            raise InputTypeError(f"policy must be a name ({', '.join(POLICIES)}) or a policy "
+                                 f"instance such as adaptive.Learned(), got {policy!r}")
+        self.policy = policy
         self.limits = self.backend.limits()
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
@@ -197,6 +206,9 @@ class Dispatcher:
         """Run ``op`` on ``args`` with the best known candidate; see :func:`adaptive.launch`."""
         if variant is None and config is None:
             return self.run(op, args, out, params)
+        if config is not None and not isinstance(config, Mapping):
+            raise InputTypeError(f"config must be a mapping such as {{'threads': 2}}, got "
+                                 f"{type(config).__name__} {config!r}")
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
         if not isinstance(variant, (str, type(None))) or not isinstance(config, (Mapping,
@@ -205,13 +217,11 @@ class Dispatcher:
                                  f"mapping, got {type(variant).__name__} and "
                                  f"{type(config).__name__}")
         # config items in the caller's order: another order is one more entry, same plan
+        pkey = (key, variant, tuple(config.items()) if config else None)
         try:
-            plan = self._pinned.get((key, variant, tuple(config.items()) if config else None))
-        except TypeError:      # an unhashable parameter or config value
-            o.problem(args, params)
-            raise InputTypeError(f"{op}: variant= must be a string and config= a mapping of "
-                                 f"names to numbers, got variant={variant!r:.60}, "
-                                 f"config={config!r:.80}") from None
+            plan = self._pinned.get(pkey)
+        except TypeError:   # an unhashable param or config value: validation names it
+            plan = None
         if plan is None:
             plan = self._pinned_plan(o, key, args, params, variant, config)
         if self._plain:
@@ -387,7 +397,8 @@ class Dispatcher:
             self._run_sync(plan, args)
             return (time.perf_counter_ns() - t0) / 1e6
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
-            log.warning("candidate %s failed on %s: %s", candidate.label, key, exc)
+            log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(),
+                        exc)
             return math.inf
 
     def _run_sync(self, plan: Plan, args):
@@ -541,10 +552,10 @@ class Dispatcher:
                     p = pool[i] = self._prepare_like(first, cands[i], args)
                 return sampled(p, args, out)
             except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
-                if p is first:
-                    raise
+                if p is first or isinstance(exc, (InputTypeError, InputValueError)):
+                    raise   # the caller's out= is wrong (checked before the variant runs)
                 log.warning("explored candidate %s failed on %s: %s", cands[i].label,
-                            first.key, exc)
+                            first.problem.describe(), exc)
                 if p is not None:
                     self.feedback(p, math.inf)
                 else:
@@ -789,7 +800,34 @@ def _route(x, d: Dispatcher) -> None:
 
 
 def launch(op: str, *args, out=None, **params):
-    """Run ``op`` on ``args`` with the variant chosen for this input; see adaptive.launch."""
+    """Run ``op`` on ``args`` with the variant and config chosen for this input.
+
+    The first call of an input class (shapes, dtypes, layout, device, params) chooses among
+    the fitting candidates; later calls of it run the chosen plan at once. The dispatcher is
+    the process's default one for the device the arrays live on.
+
+    Args:
+        op: "gemm", "spmm", "attention" or "softmax" (``adaptive.OPS``).
+        *args: the op's arrays: NumPy, CuPy, PyTorch tensors or objects with
+            ``__cuda_array_interface__``, all of one kind and device (an
+            ``adaptive.SparseWeight`` where the op takes one).
+        out: optional result array (the caller's array type, the result's shape and
+            dtype, C-contiguous, writeable); a new one is returned when None.
+        **params: the op's parameters as scalars (attention: ``causal``, ``scale``);
+            ``variant="name"`` and ``config={...}`` pin a choice instead.
+
+    Returns:
+        The result in the caller's array type (``out`` when given).
+
+    Raises:
+        InputTypeError, InputValueError: bad arguments, checked before anything runs.
+        UnknownNameError: an unknown op, parameter or variant (the nearest is suggested).
+        NoCandidateError: no variant on this backend fits the input.
+
+    Example:
+        >>> c = adaptive.launch("gemm", a, b)
+        >>> o = adaptive.launch("attention", q, k, v, causal=True)
+    """
     route = _by_type.get(type(args[-1])) if args else None
     d = route(args[-1]) if route is not None else None
     if d is None:

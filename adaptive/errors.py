@@ -28,12 +28,15 @@ class InputValueError(AdaptiveError, ValueError):
 class UnknownNameError(AdaptiveError, ValueError):
     """An unknown op, variant, backend or parameter name; suggests the nearest known one."""
 
-    def __init__(self, kind: str, name: str, known: Iterable[str]):
+    def __init__(self, kind: str, name: str, known: Iterable[str], none: str = ""):
         known = sorted(known)
         self.kind, self.name, self.known = kind, name, known
-        super().__init__(kind, name, known)
+        self.none = none or f"there is no {kind}"   # said instead when ``known`` is empty
+        super().__init__(kind, name, known, none)
 
     def __str__(self) -> str:
+        if not self.known:
+            return f"unknown {self.kind} {self.name!r}; {self.none}"
         near = difflib.get_close_matches(self.name, self.known, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(self.known)}"
         return f"unknown {self.kind} {self.name!r}{hint}"

@@ -89,10 +89,11 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
                      state.predicted.items()}
         observed = {c.label: [t for t in ts if math.isfinite(t)] or ts
                     for c, ts in state.observed.items() if ts}
-    elif getattr(policy, "model", None) is not None:
-        from adaptive.model import candidate_row, resources_of
+    else:
         from adaptive.observation import floor_ms
         floor = floor_ms(*o.roofline(problem), dispatcher.backend.peaks(), problem.dtype)
+    if state is None and getattr(policy, "model", None) is not None:
+        from adaptive.model import candidate_row, resources_of
         feats = o.features(problem)
         rows = [candidate_row(feats, op, c.variant.name, c.config, resources_of(c))
                 for c in candidates]

@@ -7,17 +7,19 @@ into resources (registers, static shared memory, spills) that are kept with the 
 in the :class:`~adaptive.kcache.KernelCache` and become cost-model features.
 
 Also the ``adaptive nvrtc-check [--arch sm_90] [--op OP]`` command, which compiles every
-CUDA variant × config × dtype in the registry and prints each result.
+CUDA variant × config × dtype in the registry, with a progress line every few seconds,
+and prints the failures and a summary (``--verbose``: a line per kernel).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -249,8 +251,10 @@ def _job(args) -> tuple[bool, dict, str, float]:
 
 
 def check_all(registry, op: str | None = None, arch: str = DEFAULT_ARCH,
-              cache_dir: str | None = None, workers: int = 2) -> list[dict]:
-    """Compile every CUDA candidate; one result dict per (variant, config, dtype)."""
+              cache_dir: str | None = None, workers: int = 2,
+              on_result: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Compile every CUDA candidate; one result dict per (variant, config, dtype).
+    ``on_result(done, total)`` is called as each compile finishes."""
     from adaptive import config as cfg
     cache_dir = cache_dir or cfg.get().cache_dir
     jobs = list(cuda_jobs(registry, op))
@@ -259,11 +263,18 @@ def check_all(registry, op: str | None = None, arch: str = DEFAULT_ARCH,
         source = full_source(v.source, dtype, v.source_name or f"{v.name}.cu")
         options = macro_options(config) + tuple(v.options)
         payload.append((source, options, arch, v.entry, v.name, config, cache_dir))
+    results = []
     if workers > 1 and len(payload) > 1:
         with ProcessPoolExecutor(workers) as pool:
-            results = list(pool.map(_job, payload, chunksize=4))
+            for result in pool.map(_job, payload, chunksize=4):
+                results.append(result)
+                if on_result is not None:
+                    on_result(len(results), len(payload))
     else:
-        results = [_job(p) for p in payload]
+        for p in payload:
+            results.append(_job(p))
+            if on_result is not None:
+                on_result(len(results), len(payload))
     return [{"op": v.op, "variant": v.name, "config": config, "dtype": dtype, "ok": ok,
              "resources": res, "log": log, "time_s": t}
             for (v, config, dtype), (ok, res, log, t) in zip(jobs, results)]
@@ -275,7 +286,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default=DEFAULT_ARCH, help="GPU arch (default sm_90)")
     parser.add_argument("--op", default=None, help="only this op's variants")
     parser.add_argument("--workers", type=int, default=2, help="compile processes")
-    parser.add_argument("--quiet", action="store_true", help="print failures only")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="a line per compiled kernel (registers, shared memory, spills)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress lines: the failures and the summary only")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -284,10 +298,14 @@ def run(args: argparse.Namespace) -> int:
               "pip install 'adaptive-dispatch[nvrtc]'", file=sys.stderr)
         return 2
     from adaptive.dispatch import shared_registry
-    results = check_all(shared_registry(), args.op, args.arch, workers=args.workers)
+    from adaptive.progress import Heartbeat, doing
+    with Heartbeat("adaptive nvrtc-check") if not args.quiet else contextlib.nullcontext():
+        doing("finding the kernels")
+        results = check_all(shared_registry(), args.op, args.arch, workers=args.workers,
+                            on_result=lambda i, n: doing(f"compiled {i}/{n} kernels"))
     failed = [r for r in results if not r["ok"]]
     for r in results:
-        if r["ok"] and not args.quiet:
+        if r["ok"] and args.verbose:
             res = r["resources"]
             print(f"ok   {r['op']}/{r['variant']} {r['dtype']} {r['config']} "
                   f"regs={res.get('registers')} smem={res.get('shared_bytes')} "

@@ -325,6 +325,16 @@ def read_pack(path: str | os.PathLike) -> Pack:
     return decode(_read_bytes(path), str(path))
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of the whole file, as ``sha256sum`` prints it: the value a publisher gives
+    and a user compares. (The pack's ``sha256`` field is another hash: of header + body.)"""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def peek_header(path: str | os.PathLike) -> dict:
     """The header of a verified pack without decoding its body (for ``show`` and matching)."""
     path = Path(path)

@@ -16,6 +16,7 @@ import dataclasses
 import datetime
 import math
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from adaptive import pack as packs
@@ -101,17 +102,21 @@ def _build(args) -> int:
         pack = build_from_logs(args.from_log, args.out, ops)
     else:
         from adaptive.packs.build import Settings, build_pack, load_shapes
+        from adaptive.progress import Heartbeat
         if args.repeats < 1 or args.warmup < 1:
             raise ValueError(f"--repeats and --warmup must be at least 1, got {args.repeats} "
                              f"and {args.warmup}")
         cases = load_shapes(args.shapes, ops)
         settings = Settings(warmup=args.warmup, repeats=args.repeats, seed=args.seed,
                             cubins=args.cubins)
-        pack = build_pack(cases, args.out, args.backend, args.workers, settings, args.fresh,
-                          not args.no_progress, args.deadline_s, info={"shapes": args.shapes})
+        with Heartbeat("adaptive pack build") if not args.no_progress else nullcontext():
+            pack = build_pack(cases, args.out, args.backend, args.workers, settings,
+                              args.fresh, not args.no_progress, args.deadline_s,
+                              info={"shapes": args.shapes})
     size = Path(args.out).stat().st_size
     print(f"wrote {args.out}: {len(pack.variants)} variants, {len(pack.rows)} rows, "
-          f"{len(pack.failures)} failures, {size / 1e3:.1f} kB, sha256 {pack.sha256[:16]}")
+          f"{len(pack.failures)} failures, {size / 1e3:.1f} kB")
+    print(f"  file sha256 {packs.file_sha256(args.out)} (what sha256sum prints)")
     return 0
 
 
@@ -150,8 +155,9 @@ def _show(args) -> int:
     header = packs.peek_header(args.pack)
     pack = packs.read_pack(args.pack)
     created = datetime.datetime.fromtimestamp(header.get("created_s", 0), datetime.timezone.utc)
-    print(f"{args.pack}: schema {header['schema']}, {header['size_bytes'] / 1e3:.1f} kB, "
-          f"sha256 {pack.sha256[:16]} (verified)")
+    print(f"{args.pack}: schema {header['schema']}, {header['size_bytes'] / 1e3:.1f} kB")
+    print(f"  file sha256   {packs.file_sha256(args.pack)}  (as sha256sum prints it)")
+    print(f"  content hash  {pack.sha256}  (of header + body; verified)")
     print(f"  created {created:%Y-%m-%d %H:%M:%S} UTC by {header.get('creator', '?')}")
     print(f"  device  {packs.describe_device(pack.fingerprint)}")
     others = {k: v for k, v in pack.fingerprint.items() if k not in packs.IDENTITY_KEYS}
@@ -208,7 +214,8 @@ def _diff(args) -> int:
 def _merge(args) -> int:
     loaded = [packs.read_pack(p) for p in args.packs]
     merged = compare.merge(loaded, args.allow_other_devices)
-    digest = packs.write_pack(merged, args.out)
+    packs.write_pack(merged, args.out)
     print(f"wrote {args.out}: {len(merged.variants)} variants, {len(merged.rows)} rows from "
-          f"{len(loaded)} packs, sha256 {digest[:16]}")
+          f"{len(loaded)} packs")
+    print(f"  file sha256 {packs.file_sha256(args.out)} (what sha256sum prints)")
     return 0

@@ -6,6 +6,11 @@ a server, on its first request. The result depends on the device, so it is store
 ``<cache_dir>/peaks/v1/<sha256 of the device fingerprint>.json`` (written atomically) and
 read by later processes on the same device. A file that does not parse, is of another
 version or device, or holds non-positive rates is ignored and measured again.
+
+The peaks are the measured ceiling: no run may beat the roofline floor they give. A run
+that does proves them under-measured (a busy machine while measuring, data that stayed in
+cache), so :func:`raise_to_observed` lifts the rate that set the floor to the rate that
+run reached, in the process and in the stored file: floor / time never exceeds 1.
 """
 
 from __future__ import annotations
@@ -46,12 +51,16 @@ def cached_peaks(fingerprint: Mapping, measure: Callable[[], dict],
             return stored
     peaks = measure()
     if path is not None:
-        try:
-            atomic_write(path, json.dumps({"version": VERSION, "fingerprint": dict(fingerprint),
-                                           "peaks": peaks}, default=str, indent=1).encode())
-        except OSError as exc:   # a read-only cache only costs a measurement per process
-            log.warning("could not store peaks at %s: %s", path, exc)
+        _store(path, fingerprint, peaks)
     return peaks
+
+
+def _store(path: Path, fingerprint: Mapping, peaks: Mapping) -> None:
+    try:
+        atomic_write(path, json.dumps({"version": VERSION, "fingerprint": dict(fingerprint),
+                                       "peaks": peaks}, default=str, indent=1).encode())
+    except OSError as exc:   # a read-only cache only costs a measurement per process
+        log.warning("could not store peaks at %s: %s", path, exc)
 
 
 def _read(path: Path, fingerprint: Mapping) -> dict | None:
@@ -75,3 +84,39 @@ def _read(path: Path, fingerprint: Mapping) -> dict | None:
 
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def raise_to_observed(backend, flops: float, nbytes: float, time_ms: float, dtype: str,
+                      cache_dir: str | Path | None = None) -> bool:
+    """Lift ``backend``'s peaks (in place, and in the stored file) when a run of ``time_ms``
+    beat their roofline floor; True if they changed.
+
+    Args:
+        backend: whose ``peaks()`` (the same dict every call) and ``fingerprint()`` to use.
+        flops, nbytes: the run's least work and bytes (``Op.roofline``).
+        time_ms: its measured time.
+        cache_dir: where the peaks are stored (default: the configured cache folder).
+    """
+    time_s = time_ms / 1e3
+    if not (math.isfinite(time_s) and time_s > 0):
+        return False
+    peaks = backend.peaks()
+    rates = peaks["flops_per_s"]
+    name = dtype if rates.get(dtype) else max(rates, key=rates.get)   # as floor_ms picks
+    changed = []
+    if flops / rates[name] > time_s:
+        rates[name] = flops / time_s
+        changed.append(f"{name} {rates[name]:.3g} flop/s")
+    if nbytes / peaks["bytes_per_s"] > time_s:
+        peaks["bytes_per_s"] = nbytes / time_s
+        changed.append(f"{peaks['bytes_per_s']:.3g} B/s")
+    if not changed:
+        return False
+    log.info("a run beat the roofline floor: peaks raised to %s", ", ".join(changed))
+    if cache_dir is None:
+        from adaptive import config
+        cache_dir = config.get().cache_dir
+    if cache_dir:
+        fingerprint = backend.fingerprint()
+        _store(peaks_path(fingerprint, cache_dir), fingerprint, peaks)
+    return True

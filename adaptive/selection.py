@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from adaptive.ops import OPS
+from adaptive.progress import doing
 
 AUTOTUNE_RUNS = 4   # Triton-style: warm-up + 3 timed runs of every candidate on a new key
 
@@ -259,7 +260,8 @@ def _time_table(d, specs, inputs, repeats: int, sync):
     from adaptive.observation import Observation, floor_ms
     peaks = d.backend.peaks()
     table, rows = {}, []
-    for spec in specs:
+    for i, spec in enumerate(specs):
+        doing(f"selection: timing every candidate of input {i + 1}/{len(specs)}")
         args, params = inputs[spec]
         op = OPS[spec[0]]
         problem = op.problem(args, params)
@@ -463,6 +465,7 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
     stream_specs = {s for st in streams.values() for s in st}
     pack_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s not in stream_specs]
     test_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s in stream_specs]
+    doing("selection: the model's accuracy on held-out inputs")
     accuracy = held_out_accuracy(training_set(pack_rows), test=training_set(test_rows))
     say(f"shipped pack for this device: {shipped or 'none'}")
     reports = []
@@ -477,11 +480,13 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
                 live.append(("learned-shipped",
                              _dispatcher(be, Learned(LiveModel()), shipped)))
             for label, d in live:
+                doing(f"selection: {name} stream, {label}")
                 results.append(_live(label, d, stream, inputs, table, oracle, sync))
             keys = set(stream)
             reports.append(StreamReport(name, len(keys), len(stream),
                                         sum(len(table[s]) for s in keys), oracle, results))
             say(f"{name}: done")
+    doing("selection: hot-path timing")
     hot = _hot_path(be, rounds=21 if quick else 31, n=1000 if quick else 5000)
     return SelectionReport(be.name, quick, seed, reports, accuracy, hot, shipped=shipped or "")
 

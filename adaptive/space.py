@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 from collections.abc import Iterator, Mapping
 
-from adaptive.errors import ExpressionError, InputValueError, UnknownNameError
+from adaptive.errors import (ExpressionError, InputTypeError, InputValueError,
+                             UnknownNameError)
 from adaptive.expr import Expr, compile_expr
 
 Config = tuple  # a config is a tuple of (name, value) pairs, sorted by name: hashable
@@ -78,12 +80,16 @@ class Space:
         config = dict(config)
         for name in config:
             if name not in self.names:
-                raise UnknownNameError(f"config parameter of {variant!r}", name, self.names)
+                raise UnknownNameError(f"config parameter of {variant!r}", name, self.names,
+                                       none=f"{variant!r} takes no config (pass config=None)")
         missing = [n for n in self.names if n not in config]
         if missing:
             raise InputValueError(f"config for {variant!r} lacks {', '.join(missing)}; "
                                   f"expected values for {', '.join(self.names)}")
         for name, values in self.params:
+            if not isinstance(config[name], (numbers.Number, str)):   # an array, a list
+                raise InputTypeError(f"config {name} for {variant!r} must be one of "
+                                     f"{list(values)}, got {type(config[name]).__name__}")
             if config[name] not in values:
                 raise InputValueError(f"config {name}={config[name]!r} for {variant!r} is not "
                                       f"in its space {list(values)}")

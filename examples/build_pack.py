@@ -13,6 +13,7 @@ fits its cost model from these rows instead of exploring on live requests.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     pack = build_pack(cases, args.out, backend=args.backend,
                       settings=Settings(repeats=args.repeats, cubins=args.backend != "host"))
     print(f"wrote {args.out}: {len(pack.rows)} measurements of {len(pack.variants)} variants "
-          f"over {len(cases)} cases, {len(pack.failures)} failures, sha256 {pack.sha256[:12]}")
+          f"over {len(cases)} cases, {len(pack.failures)} failures, file sha256 "
+          f"{hashlib.sha256(Path(args.out).read_bytes()).hexdigest()}")
 
     back = read_pack(args.out)              # hash-checked before anything is decoded
     print("device:", back.fingerprint.get("name"), "| ops:", ", ".join(back.ops))

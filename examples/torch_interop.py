@@ -11,8 +11,15 @@ from __future__ import annotations
 
 import sys
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ModuleNotFoundError as exc:
+    if exc.name != "torch":
+        raise
+    print("torch_interop.py needs PyTorch: pip install 'adaptive-dispatch[llm]' (or torch); "
+          "skipped")
+    sys.exit(0)
 
 import adaptive
 

@@ -12,6 +12,9 @@ boolean (True: the key is seen) or additive in q's dtype (added to the scaled sc
 hides a key). It combines with ``causal``. A query row that sees no key at all gives zeros
 (PyTorch's SDPA does the same). Whether a mask is given is in the key and in the scope as
 ``masked`` (0 or 1), so a variant that cannot read one says ``requires = ["not masked"]``.
+
+``scale`` may be any finite number: 0 weighs the visible keys equally and a negative scale
+is the formula as written; NaN and infinities are refused.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ class Attention(Op):
     arrays = ("q", "k", "v")       # and an optional fourth, "mask"
     params = (
         Param("causal", (bool,), False, "mask keys after each query (bottom-right aligned)"),
-        Param("scale", (float, int), None, "logit scale; None means 1/sqrt(D)"),
+        Param("scale", (float, int), None, "logit scale, any finite number; None means "
+              "1/sqrt(D), 0 weighs the visible keys equally",
+              checks=((math.isfinite, "a finite number (None: 1/sqrt(D))"),)),
     )
 
     def check_shapes(self, infos, args, params):

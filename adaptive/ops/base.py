@@ -53,6 +53,11 @@ class Problem:
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
+    def describe(self) -> str:
+        """The input in words, for messages: ``gemm M=64, N=16, K=32 float32``."""
+        words = [self.op, ", ".join(f"{k}={v}" for k, v in self.dims), self.dtype]
+        return " ".join(words + [f"{k}={v}" for k, v in self.params if v is not None])
+
     def scope(self) -> dict:
         """Names a manifest's ``requires`` and grid expressions may use."""
         scope = {**self.dims_dict, **self.extra_dict, "dtype": self.dtype,
@@ -70,6 +75,30 @@ class Param:
     types: tuple
     default: object
     doc: str
+    # (predicate, what it demands) pairs checked after the type: ``(math.isfinite, "finite")``
+    checks: tuple = ()
+
+
+# NumPy scalars are accepted as the Python type of their kind (``np.float32(0.5)`` as a float)
+_NUMPY_KINDS = ((bool, np.bool_), (int, np.integer), (float, np.floating))
+
+
+def _scalar(op: str, p: Param, value):
+    """``value`` as one of ``p.types`` (a NumPy scalar becomes its Python value); else the
+    error naming the types expected and what was given."""
+    if isinstance(value, bool) and bool not in p.types:
+        pass   # True is an int to Python, but not a number a caller means
+    elif isinstance(value, p.types):
+        return value
+    elif isinstance(value, np.generic):
+        for py, np_kind in _NUMPY_KINDS:
+            if py in p.types and isinstance(value, np_kind):
+                return py(value.item())
+    expected = " or ".join(t.__name__ for t in p.types)
+    got = type(value).__name__
+    if isinstance(value, np.ndarray) or hasattr(value, "shape"):
+        got += f" of shape {tuple(value.shape)}"
+    raise InputTypeError(f"{op}: parameter {p.name!r} must be a scalar {expected}, got {got}")
 
 
 class Op:
@@ -77,6 +106,7 @@ class Op:
 
     name: str = ""
     arrays: tuple[str, ...] = ()          # names of the array arguments, in order
+    sparse: tuple[str, ...] = ()          # the array arguments that are SparseWeights
     params: tuple[Param, ...] = ()
     dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
     # relative error bound ||out - ref|| / ||ref|| per input dtype
@@ -111,6 +141,8 @@ class Op:
                     f"{self.name}: argument {name!r} must be an array (NumPy, CuPy, PyTorch or "
                     f"__cuda_array_interface__), got {type(value).__name__}") from None
             infos.append(arrays.info(value))
+            if (infos[-1].kind == "sparse") != (name in self.sparse):
+                raise InputTypeError(self._sparse_mismatch(name, value))
         # a SparseWeight is static and builds its formats on whichever device uses it
         dense = [(n, i) for n, i in zip(self.arrays, infos) if i.kind != "sparse"]
         devices = {i.device for _, i in dense}
@@ -144,17 +176,30 @@ class Op:
         return Problem(self.name, tuple(dims.items()), dtype, kind, device,
                        tuple(checked.items()), tuple(extra.items()))
 
+    def _sparse_mismatch(self, name: str, value) -> str:
+        if name in self.sparse:
+            return (f"{self.name}: argument {name!r} must be an adaptive.SparseWeight, got "
+                    f"{type(value).__name__}; wrap the matrix once with "
+                    "adaptive.SparseWeight(matrix)")
+        hint = ("; for a sparse weight times a dense matrix use adaptive.launch('spmm', w, b)"
+                if self.name == "gemm" and name == "a" else "")
+        return (f"{self.name}: argument {name!r} must be a dense array (NumPy, CuPy, PyTorch "
+                f"or __cuda_array_interface__), got an adaptive.SparseWeight{hint}")
+
     def _params(self, params: Mapping) -> dict:
         known = {p.name: p for p in self.params}
         out = {}
         for name, value in params.items():
             if name not in known:
-                raise UnknownNameError(f"parameter of {self.name}", name, known)
+                raise UnknownNameError(f"parameter of {self.name}", name, known,
+                                       none=f"{self.name} takes no parameters")
             p = known[name]
-            if value is not None and not isinstance(value, p.types):
-                expected = " or ".join(t.__name__ for t in p.types)
-                raise InputTypeError(f"{self.name}: parameter {name!r} must be {expected}, "
-                                     f"got {type(value).__name__}")
+            if value is not None:
+                value = _scalar(self.name, p, value)
+                for check, why in p.checks:
+                    if not check(value):
+                        raise InputValueError(f"{self.name}: parameter {name!r} must be {why}, "
+                                              f"got {value!r}")
             out[name] = value
         for p in self.params:
             out.setdefault(p.name, p.default)

@@ -41,13 +41,10 @@ class Spmm(Op):
     name = "spmm"
     token_dims = ("N",)
     arrays = ("w", "b")
+    sparse = ("w",)
     dtypes = ("float16", "float32")
 
     def check_shapes(self, infos, args, params):
-        if not isinstance(args[0], SparseWeight):
-            raise InputTypeError(f"spmm: argument 'w' must be an adaptive.SparseWeight, got "
-                                 f"{type(args[0]).__name__}; wrap the matrix once with "
-                                 "adaptive.SparseWeight(matrix)")
         w, b = infos
         self._rank(self.name, "b", b, 2, "[K, N]")
         if w.shape[1] != b.shape[0]:

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -28,6 +29,8 @@ import msgpack
 from adaptive.errors import PackError
 from adaptive.observation import Measurement, Observation, floor_ms
 from adaptive.packs.presets import PRESETS
+from adaptive.peaks import raise_to_observed
+from adaptive.progress import EVERY_S, doing
 
 log = logging.getLogger("adaptive")
 JOURNAL_VERSION = 1
@@ -130,6 +133,11 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
                                 timestamp_s=time.time(), source="pack").to_dict())
         if cand.variant.language == "cuda":
             timed.append((m.median_ms, cand))
+    best_ms = min((r["time_ms"] for r in rows), default=math.inf)
+    if raise_to_observed(backend, flops, nbytes, best_ms, problem.dtype):   # floor <= times
+        floor = floor_ms(flops, nbytes, backend.peaks(), problem.dtype)
+        for r in rows:
+            r["floor_ms"] = floor
     if settings.cubins and timed:
         best_ms = min(t for t, _ in timed)
         for t, cand in timed:
@@ -199,10 +207,12 @@ def _rng(seed: int, case_id: str):
 
 
 def make_dispatcher(backend: str, device: int | None = None):
-    """A dispatcher on a fresh default registry (no startup packs: measure only our own)."""
+    """A dispatcher on a fresh default registry (no startup packs: measure only our own).
+    It only lists and runs candidates, so its policy is the cheapest (no scikit-learn to
+    import in every worker)."""
     from adaptive.dispatch import Dispatcher
     from adaptive.variants import default_registry
-    return Dispatcher(backend, device=device, registry=default_registry())
+    return Dispatcher(backend, device=device, policy="first", registry=default_registry())
 
 
 # ---- the journal --------------------------------------------------------------------------------
@@ -258,18 +268,22 @@ def plan_of(cases: list[Case], backend: str, fingerprint: Mapping, settings: Set
 # ---- progress -----------------------------------------------------------------------------------
 
 class Progress:
-    """A small progress bar on stderr (a line per 10 % when stderr is not a terminal)."""
+    """A small progress bar on stderr (when stderr is not a terminal: a line per 10 %, or
+    sooner when the last line is ``every_s`` old)."""
 
-    def __init__(self, total: int, done: int = 0, stream=None):
+    def __init__(self, total: int, done: int = 0, stream=None, every_s: float = EVERY_S):
         self.total, self.done, self.stream = total, done, stream or sys.stderr
         self.t0, self.tty, self._last = time.monotonic(), self.stream.isatty(), -1
+        self.every_s, self._last_s = every_s, self.t0
 
     def update(self, label: str) -> None:
         self.done += 1
         frac = self.done / max(self.total, 1)
-        if not self.tty and int(frac * 10) == self._last and self.done < self.total:
+        now = time.monotonic()
+        if (not self.tty and int(frac * 10) == self._last and self.done < self.total
+                and now - self._last_s < self.every_s):
             return
-        self._last = int(frac * 10)
+        self._last, self._last_s = int(frac * 10), now
         bar = "#" * int(frac * 30)
         elapsed = time.monotonic() - self.t0
         end = "\r" if self.tty and self.done < self.total else "\n"
@@ -377,6 +391,7 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     bar = Progress(len(cases), resumed) if progress else None
     t0 = time.monotonic()
     if todo:
+        doing(f"compiling the CUDA kernels of {len(todo)} cases")
         precompile(backend, getattr(d.backend, "arch", ""), todo)
 
     def record(result: dict) -> None:
@@ -390,11 +405,13 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
         return deadline_s is None or time.monotonic() - t0 < deadline_s
 
     if workers <= 1 or len(todo) <= 1:
-        for c in todo:
+        for i, c in enumerate(todo):
             if not in_time():
                 break
+            doing(f"measuring case {resumed + i + 1}/{len(cases)}: {c.id}")
             record(run_case(d, c, settings))
     else:
+        doing(f"measuring {len(todo)} cases on {workers} workers")
         _run_workers(backend, workers, todo, settings, record, in_time)
     done = [journal.done[c.id] for c in cases if c.id in journal.done]
     rows = [Observation.from_dict(r) for res in done for r in res["rows"]]

@@ -37,6 +37,7 @@ def measured_request(op_name: str, dims: dict, dtype: str, backend: str = "auto"
     from adaptive.dispatch import Dispatcher
     from adaptive.observation import floor_ms
     from adaptive.ops import get_op
+    from adaptive.peaks import raise_to_observed
     from adaptive.regen.request import Request
     from adaptive.regen.shapes import check_dims, make_inputs
     op = get_op(op_name)
@@ -50,6 +51,7 @@ def measured_request(op_name: str, dims: dict, dtype: str, backend: str = "auto"
     plan = d._plans[op.key(inputs, {})]
     times = [d._measure(op, plan.problem, plan.key, inputs, plan.candidate) for _ in range(5)]
     best_ms = min(times)
+    raise_to_observed(d.backend, plan.flops, plan.bytes, best_ms, dtype)   # floor <= best_ms
     floor = floor_ms(plan.flops, plan.bytes, d.backend.peaks(), dtype)
     return Request(op=op_name, dims=dims, dtype=dtype, backend=d.backend.name,
                    best=plan.candidate, best_ms=best_ms, floor_ms=floor, samples=len(times),

@@ -12,12 +12,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-DRY_RUNS = {
-    "gpu_counterlog": (["--device", "host", "--quick"], "side by side"),
+DRY_RUNS = {   # the fewest launches that still run every code path
+    "gpu_counterlog": (["--device", "host", "--launches", "60", "--rounds", "2",
+                        "--accuracy-calls", "10"], "side by side"),
     "gpu_generate": (["--device", "host", "--quick"], "adaptive/torch ratios above"),
     "gpu_decode_attention": (["--device", "host", "--quick"], "decode attention targets"),
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
-    "gpu_selection": (["--backend", "host", "--quick"], "selection targets"),
 }
 
 
@@ -31,6 +31,25 @@ def test_benchmark_dry_run_completes_on_the_host(name, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert last_words in proc.stdout, proc.stdout[-3000:]
     assert any(tmp_path.iterdir()), "the benchmark wrote nothing under --out"
+
+
+def test_gpu_selection_dry_run_writes_its_report(tmp_path, monkeypatch, capsys,
+                                                quick_selection_report):
+    """In this process, on the quick host report the selection tests read too (running
+    the same quick benchmark twice would double the suite's longest test)."""
+    import adaptive.selection
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu_selection
+    asked = []
+
+    def run_selection(backend, quick, seed, progress):
+        asked.append((backend, quick, seed))
+        return quick_selection_report
+    monkeypatch.setattr(adaptive.selection, "run_selection", run_selection)
+    assert gpu_selection.main(["--backend", "host", "--quick", "--out", str(tmp_path)]) == 0
+    assert asked == [("host", True, 0)]
+    assert "selection targets" in capsys.readouterr().out
+    assert (tmp_path / "gpu_selection.json").exists()
 
 
 def test_gpu_spmm_attention_targets_are_computed_from_a_result():

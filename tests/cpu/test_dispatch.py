@@ -114,19 +114,24 @@ def test_torch_cpu_tensors_come_back_as_tensors(rng):
 
 
 def test_import_leaves_heavy_dependencies_out():
+    """One subprocess for every import check (each costs an interpreter start): importing
+    adaptive and profilers, a host launch, then a learned dispatcher's launch."""
     heavy = ("{'torch', 'transformers', 'sklearn', 'cupy', 'matplotlib', 'prometheus_client', "
-             "'cupti'}")
-    launch = "adaptive.launch('gemm', np.ones((2, 2), 'f4'), np.ones((2, 2), 'f4'))\n"
-    for policy, allowed, what in (("learned", "{'sklearn'}", "import adaptive"),
-                                  ("measure-each", "set()", "import adaptive + a host launch")):
-        code = (f"import sys, adaptive, numpy as np\n"
-                f"before = sorted({heavy} & set(sys.modules))\n{launch}"
-                f"after = sorted(({heavy} - {allowed}) & set(sys.modules))\n"
-                "print(before, after)\n")
-        env = {**os.environ, "ADAPTIVE_POLICY": policy}
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, env=env).stdout.strip()
-        assert out == "[] []", f"heavy modules imported by {what} ({policy}): {out}"
+             "'cupti', 'pynvml'}")
+    args = "np.ones((2, 2), 'f4'), np.ones((2, 2), 'f4')"
+    code = (f"import sys, adaptive, profilers, numpy as np\n"
+            f"heavy = {heavy}\n"
+            "print(sorted(heavy & set(sys.modules)))\n"
+            f"adaptive.launch('gemm', {args})\n"
+            "print(sorted(heavy & set(sys.modules)))\n"
+            f"adaptive.Dispatcher('host', policy='learned').launch('gemm', {args})\n"
+            "print(sorted((heavy - {'sklearn'}) & set(sys.modules)))\n")
+    env = {**os.environ, "ADAPTIVE_POLICY": "measure-each"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env).stdout.splitlines()
+    assert out[0] == "[]", f"heavy modules imported by import adaptive, profilers: {out[0]}"
+    assert out[1] == "[]", f"heavy modules imported by a host launch (measure-each): {out[1]}"
+    assert out[2] == "[]", f"heavy modules imported by the learned policy: {out[2]}"
 
 
 def test_config_override_and_env():

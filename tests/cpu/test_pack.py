@@ -458,7 +458,7 @@ def test_cli_build_show_diff_merge(tmp_path, capsys, small_pack):
                  "--repeats", "3", "--no-progress", "-o", str(out)]) == 0
     assert main(["pack", "show", str(out), "--best"]) == 0
     text = capsys.readouterr().out
-    assert "(verified)" in text and "host_numpy" in text and "softmax" in text
+    assert "(of header + body; verified)" in text and "host_numpy" in text and "softmax" in text
     assert main(["pack", "diff", str(out), str(out)]) == 0
     assert "geometric mean 1.000" in capsys.readouterr().out
     assert main(["pack", "merge", str(out), str(out), "-o", str(tmp_path / "m.msgpack")]) == 0

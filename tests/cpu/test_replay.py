@@ -33,7 +33,15 @@ def test_anchors_land_at_least_as_close_to_the_best(attention):
     assert with_.geomean_ratio() <= 1.05, str(with_)
 
 
-def test_cli_prints_both_set_ups(capsys):
+def test_cli_prints_both_set_ups(capsys, monkeypatch, attention):
+    import adaptive.replay
+    asked = []
+
+    def replayed(path, anchors, ops, progress):   # the fixture's replays, not two more
+        asked.append((path, anchors, ops, progress))
+        return attention[anchors]
+    monkeypatch.setattr(adaptive.replay, "replay", replayed)
     assert cli.main(["pack", "replay", H200, "--ops", "attention", "--no-progress"]) == 0
+    assert asked == [(H200, False, ["attention"], None), (H200, True, ["attention"], None)]
     out = capsys.readouterr().out
     assert "model picks only (no anchors)" in out and "\nlearned: committed/best" in out

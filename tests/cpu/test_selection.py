@@ -16,10 +16,9 @@ POLICIES = ("oracle", "best-fixed", "autotune", "measure-each", "learned-cold", 
 
 
 @pytest.fixture(scope="module")
-def report():
-    r = run_selection("host", quick=True, seed=0)
-    print(r)
-    return r
+def report(quick_selection_report):
+    print(quick_selection_report)
+    return quick_selection_report
 
 
 def test_every_stream_reports_every_policy_from_one_run(report):

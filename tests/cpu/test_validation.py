@@ -76,7 +76,7 @@ def test_unknown_and_mistyped_params(d, rng):
     q = f32(rng, 1, 1, 4, 8)
     with pytest.raises(UnknownNameError, match="did you mean 'causal'"):
         d.launch("attention", q, q, q, casual=True)
-    with pytest.raises(InputTypeError, match="parameter 'causal' must be bool, got str"):
+    with pytest.raises(InputTypeError, match="parameter 'causal' must be a scalar bool, got str"):
         d.launch("attention", q, q, q, causal="yes")
 
 
