@@ -162,7 +162,7 @@ def test_bad_out_while_exploring_blames_the_caller_not_a_candidate(rng, caplog):
             with pytest.raises(InputValueError, match=r"out has shape \(3, 3\)"):
                 d.launch("gemm", a, b, out=np.empty((3, 3), np.float32))
     assert not caplog.records, [r.getMessage() for r in caplog.records]
-    state = d.policy.state(key)
+    state = d.policy.state(d._plans[key].class_key)
     assert not any(np.isinf(t) for ts in state.observed.values() for t in ts)
 
 
