@@ -57,7 +57,24 @@ def _stream_ref(ptr: int) -> _StreamRef:
 
 def torch_stream() -> _StreamRef:
     """PyTorch's current stream on the current device, as a CuPy-launchable ref."""
-    return _stream_ref(sys.modules["torch"].cuda.current_stream().cuda_stream)
+    return _stream_ref(_current_raw_stream())
+
+
+def _current_raw_stream() -> int:
+    """The current stream's handle. Bound on first use to torch's raw accessor (what
+    Triton launches with: one C call) where torch has it, else ``current_stream()``
+    (which builds a ``torch.cuda.Stream`` object per call)."""
+    global _current_raw_stream
+    c = sys.modules["torch"]._C
+    raw, device = (getattr(c, "_cuda_getCurrentRawStream", None),
+                   getattr(c, "_cuda_getDevice", None))
+    if raw is not None and device is not None:
+        def _current_raw_stream() -> int:
+            return raw(device())
+    else:
+        def _current_raw_stream() -> int:
+            return sys.modules["torch"].cuda.current_stream().cuda_stream
+    return _current_raw_stream()
 
 
 class CudaBackend:

@@ -69,6 +69,16 @@ def test_torch_in_torch_out_on_torch_stream(dispatcher, rng):
     np.testing.assert_allclose(out.cpu().numpy(), ref, rtol=1e-4, atol=1e-6)
 
 
+def test_torch_stream_is_torchs_current_stream_also_on_a_side_stream(dispatcher):
+    torch = pytest.importorskip("torch")
+    from adaptive.backends.cuda import torch_stream
+    assert torch_stream().ptr == torch.cuda.current_stream().cuda_stream
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        assert torch_stream().ptr == s.cuda_stream != 0
+    assert torch_stream().ptr == torch.cuda.current_stream().cuda_stream
+
+
 def test_torch_bfloat16_gemm_through_every_path(dispatcher, rng):
     torch = pytest.importorskip("torch")
     a = torch.from_numpy(rng.standard_normal((70, 96)).astype(np.float32)).cuda().bfloat16()
