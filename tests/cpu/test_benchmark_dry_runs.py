@@ -18,6 +18,7 @@ DRY_RUNS = {   # the fewest launches that still run every code path
     "gpu_generate": (["--device", "host", "--quick"], "adaptive/torch ratios above"),
     "gpu_decode_attention": (["--device", "host", "--quick"], "decode attention targets"),
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
+    "gpu_hostpath": (["--device", "host", "--quick"], "Lk + 1 per call"),
 }
 
 
