@@ -153,6 +153,28 @@ def choices(dispatcher) -> dict:
             "misses": dispatcher.stats.get("misses", 0)}
 
 
+def decisions(dispatcher, max_tokens: int = 16) -> list[dict]:
+    """For decode-sized gemm and attention keys: the committed candidate and what the
+    policy measured of each explored one (ms samples), so a wrong commit can be traced."""
+    out, seen = [], set()
+    state_of = getattr(dispatcher.policy, "state", None)
+    for plan in list(dispatcher._plans.values()):
+        p = plan.problem
+        tokens = p.dims_dict.get("M" if p.op == "gemm" else "Lq", max_tokens + 1)
+        if p.op not in ("gemm", "attention") or tokens > max_tokens or \
+                plan.class_key in seen:
+            continue
+        seen.add(plan.class_key)
+        state = state_of(plan.class_key) if state_of is not None else None
+        observed = {c.label: [round(t, 5) for t in ts]
+                    for c, ts in (state.observed.items() if state is not None else ())}
+        out.append({"op": p.op, "dims": p.dims_dict, "dtype": p.dtype,
+                    "committed": plan.candidate.label, "provisional": plan.provisional,
+                    "observed_ms": observed,
+                    "reason": plan.decision.reason if plan.decision else ""})
+    return out
+
+
 def profile_request(model, request, device, new_tokens, sync, out: Path, mode: str) -> dict:
     """One request under torch.profiler: top ops by device and by host time, to a file."""
     import torch
@@ -301,6 +323,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                 results[mode].append(run_request(models[mode], r, dev, new_tokens, sync))
     measured_misses = dispatcher.stats.get("misses", 0) - misses_before
     final_state = choices(dispatcher)
+    final_state["decode_decisions"] = decisions(dispatcher)
 
     # ---- one request of lengths never seen: what a miss per new shape costs ----------------
     fresh_request = make_requests((1,), (1,), models["torch"].config.vocab_size,
