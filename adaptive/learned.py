@@ -102,6 +102,13 @@ class Neighbours:
                     break
         return out
 
+    def copy(self) -> Neighbours:
+        """An independent copy (the points are shared: they are never changed in place)."""
+        out = Neighbours()
+        with self._lock:
+            out._by = {k: dict(v) for k, v in self._by.items()}
+        return out
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._by.values())
 
