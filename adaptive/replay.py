@@ -168,7 +168,7 @@ def replay(pack_path: str, anchors: bool = True, ops: Sequence[str] | None = Non
 def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
                   ops: Sequence[str] | None = None,
                   progress: Callable[[int, int], None] | None = None, folds: int = 10,
-                  **policy_args) -> list[ReplayReport]:
+                  held_inputs: int | None = None, **policy_args) -> list[ReplayReport]:
     """Replay the learned policy on a pack's rows, held out by input, for each set-up
     (``True``: with anchors; ``False``: the model's picks only).
 
@@ -176,6 +176,8 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     input); for each fold one model is fitted on every row of the other inputs and shared
     by every set-up and every input of the fold, so a whole op replays in seconds. An input
     never trains the model that decides it; the rows of an input are never split.
+    ``held_inputs``: hold out only this many inputs (a seeded draw; a quick check), the
+    rest always train.
     """
     from adaptive.learned import Learned, Neighbours
     from adaptive.model import CostModel, LiveModel, row_geometry, training_set
@@ -188,6 +190,11 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     rows = [r for r in pack.rows if (r.op, r.variant) in variants]
     groups = _group(rows)
     held = [k for k in groups if ops is None or k[0] in ops]
+    if held_inputs is not None:
+        import random
+        held = sorted(held)
+        random.Random(1).shuffle(held)
+        held = held[:held_inputs]
     fold = fold_of(held, folds)
     ts = training_set(rows, geometry=lambda r: row_geometry(variants[(r.op, r.variant)], r,
                                                              limits))
@@ -198,7 +205,7 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
         train = ts.subset([i for i, g in enumerate(ts.groups) if g not in mine])
         if len(train) < 2:
             continue
-        model = CostModel().fit(train.rows, train.y)
+        model = CostModel().fit(train.rows, train.y, groups=train.groups)
         near = Neighbours()
         for k, g in groups.items():
             if k not in mine:

@@ -24,7 +24,7 @@ def test_every_held_out_input_is_priced_from_its_own_measurements(attention):
     for report in attention.values():
         assert len(report.cases) == 7
         for c in report.cases:
-            assert c.op == "attention" and c.ratio >= 1.0 and 1 <= c.explored <= 4
+            assert c.op == "attention" and c.ratio >= 1.0 and 1 <= c.explored <= 8
             assert c.ratio == 1.0 or c.committed != c.best     # ties: another can be 1.0
 
 
