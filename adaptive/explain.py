@@ -51,6 +51,10 @@ class Explanation:
         return "\n".join(lines)
 
 
+def _no_measure(candidate, warmup: int = 0) -> float:
+    raise RuntimeError("explain() launches nothing")
+
+
 def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     """Show, for this input, the ranked candidates with predicted and observed times.
 
@@ -82,25 +86,29 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     state = state_of(key) if state_of is not None else None
     predicted: dict = {}
     observed: dict = {}
+    order: dict = {}      # label -> the policy's rank (0: its best-predicted)
     floor = 0.0
     if state is not None:
         floor = state.floor_ms
         predicted = {c.label: (state.predicted_ms(c), sd) for c, (_, sd) in
                      state.predicted.items()}
+        order = {c.label: n for n, c in enumerate(state.candidates)}
         observed = {c.label: [t for t in ts if math.isfinite(t)] or ts
                     for c, ts in state.observed.items() if ts}
-    elif getattr(policy, "model", None) is not None:
-        from adaptive.model import candidate_row, resources_of
-        from adaptive.observation import floor_ms
-        floor = floor_ms(*o.roofline(problem), dispatcher.backend.peaks(), problem.dtype)
-        feats = o.features(problem)
-        rows = [candidate_row(feats, op, c.variant.name, c.config, resources_of(c))
-                for c in candidates]
-        dist = policy.model.predict_dist(rows)
+    elif callable(getattr(policy, "rank", None)):
+        # the rows and ranking decide() would make now (one feature builder, one order)
+        from adaptive.learned import model_order
+        from adaptive.policy import Context
+        ctx = Context(o, problem, key, _no_measure, dispatcher.backend.peaks,
+                      getattr(dispatcher.backend, "device_state", None),
+                      getattr(dispatcher, "limits", None))
+        floor = ctx.floor_ms()
+        _, dist, _, _, _ = policy.rank(ctx, candidates)
         if dist is not None:
             scale = floor if floor > 0 else 1.0
-            predicted = {c.label: (math.exp(m) * scale, s)
-                         for c, m, s in zip(candidates, *dist)}
+            predicted = {candidates[i].label: (math.exp(dist[0][i]) * scale, dist[1][i])
+                         for i in model_order(dist[0])}
+            order = {candidates[i].label: n for n, i in enumerate(model_order(dist[0]))}
     if decision is not None:
         for label, t in decision.observed_ms:
             observed.setdefault(label, [t])
@@ -117,8 +125,9 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
                   "chosen" if c.label == chosen else "explored" if seen else "")
         rows.append(ExplainRow(c.label, p_ms, sd, statistics.median(seen) if seen else math.nan,
                                len(seen), status))
-    rows.sort(key=lambda r: (math.isnan(r.predicted_ms), r.predicted_ms,
-                             math.isnan(r.observed_ms), r.observed_ms))
+    # the policy's own order where it ranked (exactly as decide() did), then by time
+    rows.sort(key=lambda r: (order.get(r.label, len(order)), math.isnan(r.predicted_ms),
+                             r.predicted_ms, math.isnan(r.observed_ms), r.observed_ms))
     where = "undecided" if plan is None else "exploring" if exploring else "committed"
     reason = state.reason if state is not None else (decision.reason if decision else "")
     shown = " ".join([", ".join(f"{k}={v}" for k, v in problem.dims), problem.dtype]

@@ -35,7 +35,7 @@ class KeyState:
     op: str
     features: dict
     floor_ms: float
-    device: dict
+    device: object                             # the DeviceState the rows were built with
     candidates: tuple[Candidate, ...]          # in predicted order (best first)
     predicted: dict                            # candidate -> (mean, sigma) in log units
     explore: tuple[Candidate, ...]
@@ -171,17 +171,22 @@ class Learned:
         self._lock = threading.Lock()
 
     # ---- miss ---------------------------------------------------------------------------
-    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
-        from adaptive.model import candidate_row, geometries, resources_of
-        op = ctx.op.name
-        features = ctx.op.features(ctx.problem)
-        device = ctx.device()
+    def rank(self, ctx: Context, candidates: Sequence[Candidate]):
+        """The model rows of ``candidates`` on this input and the model's (mean, sigma)
+        of each (None before the first fit): what :meth:`decide` ranks by, and what
+        :func:`adaptive.explain` shows for an input not decided yet."""
+        from adaptive.features import DeviceState, candidate_rows
+        device = DeviceState.from_mapping(ctx.device())
         limits = getattr(ctx, "limits", None)
         scope = ctx.problem.scope() if limits else {}
-        geo = geometries([(c.variant, c.config) for c in candidates], scope, limits)
-        rows = [candidate_row(features, op, c.variant.name, c.config, resources_of(c), device, g)
-                for c, g in zip(candidates, geo)]
-        dist = self.model.predict_dist(rows)
+        rows = candidate_rows(ctx.op.name, ctx.op.features(ctx.problem), candidates, scope,
+                              limits, device, getattr(ctx, "resources", None))
+        return rows, self.model.predict_dist(rows), device, scope, limits
+
+    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
+        op = ctx.op.name
+        features = ctx.op.features(ctx.problem)
+        rows, dist, device, scope, limits = self.rank(ctx, candidates)
         floor = ctx.floor_ms()
         if dist is None:
             ranked = _diverse(candidates)
@@ -191,7 +196,7 @@ class Learned:
                   f"{len(candidates)}"
         else:
             mean, sigma = dist
-            order = sorted(range(len(candidates)), key=lambda i: mean[i])
+            order = model_order(mean)
             ranked = [candidates[i] for i in order]
             predicted = {candidates[i]: (float(mean[i]), float(sigma[i])) for i in order}
             best = mean[order[0]]
@@ -338,13 +343,13 @@ class Learned:
     def _learn(self, state: KeyState, candidate: Candidate, time_ms: float) -> None:
         if not (math.isfinite(time_ms) and time_ms > 0):
             return
-        from adaptive.model import candidate_row, geometry, input_key, resources_of, target
+        from adaptive.features import candidate_rows
+        from adaptive.model import input_key, target
         row = state.rows.get(candidate)
         if row is None:   # explored later than the miss (all first picks failed)
-            row = state.rows[candidate] = candidate_row(
-                state.features, state.op, candidate.variant.name, candidate.config,
-                resources_of(candidate), state.device,
-                geometry(candidate.variant, candidate.config, state.scope, state.limits))
+            row = state.rows[candidate] = candidate_rows(
+                state.op, state.features, [candidate], state.scope, state.limits,
+                state.device)[0]
         self.model.add([row], [target(time_ms, state.floor_ms)],
                        [input_key(state.op, state.features, state.dtype)])
 
@@ -369,6 +374,12 @@ class Learned:
     def forget(self) -> None:
         with self._lock:
             self.keys.clear()
+
+
+def model_order(mean) -> list[int]:
+    """Candidate indices best-predicted first (stable: ties keep the candidates' order);
+    :meth:`Learned.decide` and :func:`adaptive.explain` both rank with this."""
+    return sorted(range(len(mean)), key=lambda i: mean[i])
 
 
 def _median(times: list[float]) -> float:

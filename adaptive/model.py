@@ -24,33 +24,14 @@ from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.utils.validation import check_is_fitted
 
 from adaptive.expr import compile_expr
+from adaptive.features import FEATURE_VERSION, row as features_row  # noqa: F401 (re-export)
 from adaptive.observation import Observation
 from adaptive.ops.base import DTYPE_BYTES
 
-FEATURE_VERSION = 2   # bump when row names or meanings change: older fitted state is refused
 MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
 
-
-def candidate_row(op_features: Mapping[str, float], op: str, variant: str, config: Mapping,
-                  resources: Mapping | None = None, device: Mapping | None = None,
-                  geometry: Mapping | None = None) -> dict[str, float]:
-    """One model row for a candidate on an input; every value is a float, names are stable."""
-    row = {f"op.{k}": float(v) for k, v in op_features.items()}
-    if geometry:
-        row.update(geometry)
-    row[f"variant={op}/{variant}"] = 1.0
-    for name, value in config.items():
-        if isinstance(value, (bool, int, float)):
-            row[f"cfg.{name}"] = float(value)
-            if value > 0:
-                row[f"cfg.log2_{name}"] = math.log2(value)
-        else:
-            row[f"cfg.{name}={value}"] = 1.0
-    for prefix, table in (("res", resources), ("dev", device)):
-        for name, value in (table or {}).items():
-            if isinstance(value, (bool, int, float)):
-                row[f"{prefix}.{name}"] = float(value)
-    return row
+# the rows are built by the one feature builder (adaptive/features.py)
+candidate_row = features_row
 
 
 def resources_of(candidate) -> dict:

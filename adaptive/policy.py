@@ -47,6 +47,8 @@ class Context:
     peaks: Callable[[], Mapping] | None = None          # the backend's peak rates
     device_state: Callable[[], Mapping] | None = None   # clocks, utilisation, throttling
     limits: Mapping | None = None                       # the backend's limits (SM count, ...)
+    # resources(candidate): its ptxas resources from the kernel cache ({} or None: unknown)
+    resources: Callable | None = None
 
     def floor_ms(self) -> float:
         """Roofline floor of this input on this device in ms (0 when peaks are unknown)."""
