@@ -232,9 +232,16 @@ class CostModel(RegressorMixin, BaseEstimator):
         if groups is not None and len(groups) != len(y):
             raise ValueError(f"groups has {len(groups)} entries but y has {len(y)} values")
         self.level_ = None
+        # columns that never vary (a device state no row reported) cannot split; leaving
+        # them out keeps the ensemble's random draws, and so its fit, what they would be
+        # without them
+        self.used_ = np.flatnonzero(np.ptp(M, axis=0) > 0)
+        if len(self.used_) == 0:   # nothing varies: one column, the trees predict the mean
+            self.used_ = np.arange(min(1, M.shape[1]))
         if groups is not None:
             y = y - self._fit_level(M, y, groups)
-        self.ensemble_ = self._ensemble(self.n_estimators).fit(M, y, sample_weight=sample_weight)
+        self.ensemble_ = self._ensemble(self.n_estimators).fit(
+            M[:, self.used_], y, sample_weight=sample_weight)
         self.n_features_in_ = M.shape[1]
         self.n_rows_ = M.shape[0]
         self.feature_version_ = FEATURE_VERSION
@@ -246,7 +253,8 @@ class CostModel(RegressorMixin, BaseEstimator):
 
     def _input_columns(self) -> list[int]:
         names = self.feature_names_ or []
-        return [j for j, n in enumerate(names) if n.startswith(("op.", "dev."))]
+        used = set(self.used_.tolist())
+        return [j for j, n in enumerate(names) if n.startswith(("op.", "dev.")) and j in used]
 
     def _fit_level(self, M: np.ndarray, y: np.ndarray, groups: Sequence) -> np.ndarray:
         """Fit the input-level ensemble; return each row's level (its input's median when
@@ -281,7 +289,7 @@ class CostModel(RegressorMixin, BaseEstimator):
         """Predicted log(time / floor) per row."""
         check_is_fitted(self, "ensemble_")
         M = self._matrix(X)
-        return self.ensemble_.predict(M) + self._level(M)
+        return self.ensemble_.predict(M[:, self.used_]) + self._level(M)
 
     def predict_dist(self, X) -> tuple[np.ndarray, np.ndarray]:
         """(mean, sigma) per row in log units, from the trees' spread; one batched call."""
@@ -292,7 +300,8 @@ class CostModel(RegressorMixin, BaseEstimator):
                              f"{self.n_features_in_}")
         # the trees' own low-level predict: ~20x faster than each estimator's checked
         # predict, and a miss has a budget of a few ms (sklearn's trees split in float32)
-        per_tree = np.stack([t.tree_.predict(M).reshape(len(M))
+        used = np.ascontiguousarray(M[:, self.used_])
+        per_tree = np.stack([t.tree_.predict(used).reshape(len(M))
                              for t in self.ensemble_.estimators_])
         return (per_tree.mean(axis=0) + self._level(M),
                 np.maximum(per_tree.std(axis=0), MIN_SIGMA))
