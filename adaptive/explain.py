@@ -16,7 +16,7 @@ class ExplainRow:
     label: str
     predicted_ms: float = math.nan
     sigma: float = math.nan          # model uncertainty, log units (0.1 ≈ ±10 %)
-    observed_ms: float = math.nan    # median of the timed calls
+    observed_ms: float = math.nan    # median of the timed calls (the kept ring of them)
     samples: int = 0
     status: str = ""                 # chosen | exploring | explored | ""
 
@@ -34,6 +34,7 @@ class Explanation:
     reason: str
     floor_ms: float
     rows: tuple[ExplainRow, ...]
+    history: tuple[str, ...] = ()    # the key's miss, commits and drifts, oldest first
 
     def __str__(self) -> str:
         def ms(x: float) -> str:
@@ -48,6 +49,8 @@ class Explanation:
             spread = "-" if math.isnan(r.sigma) else f"{100 * math.expm1(r.sigma):.0f}"
             lines.append(f"{r.label:<34.34} {ms(r.predicted_ms):>12} {spread:>6} "
                          f"{ms(r.observed_ms):>11} {r.samples:>3}  {r.status}")
+        if self.history:
+            lines += ["history:"] + [f"  {h}" for h in self.history]
         return "\n".join(lines)
 
 
@@ -93,8 +96,11 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
         predicted = {c.label: (state.predicted_ms(c), sd) for c, (_, sd) in
                      state.predicted.items()}
         order = {c.label: n for n, c in enumerate(state.candidates)}
-        observed = {c.label: [t for t in ts if math.isfinite(t)] or ts
-                    for c, ts in state.observed.items() if ts}
+        # the median and the count of each explored candidate's timings (a ring of the
+        # latest: the count is of all of them)
+        observed = {c.label: (ts.median() if hasattr(ts, "median") else
+                              statistics.median(ts), len(ts))
+                    for c, ts in state.observed.items() if len(ts)}
     elif callable(getattr(policy, "rank", None)):
         # the rows and ranking decide() would make now (one feature builder, one order)
         from adaptive.learned import model_order
@@ -110,8 +116,9 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
                          for i in model_order(dist[0])}
             order = {candidates[i].label: n for n, i in enumerate(model_order(dist[0]))}
     if decision is not None:
+        counts = dict(decision.samples)
         for label, t in decision.observed_ms:
-            observed.setdefault(label, [t])
+            observed.setdefault(label, (t, counts.get(label, 1)))
         for label, t in decision.predicted_ms:
             predicted.setdefault(label, (t, math.nan))
     chosen = decision.candidate.label if decision is not None else ""
@@ -120,11 +127,10 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     rows = []
     for c in candidates:
         p_ms, sd = predicted.get(c.label, (math.nan, math.nan))
-        seen = observed.get(c.label, [])
+        seen_ms, n = observed.get(c.label, (math.nan, 0))
         status = ("exploring" if exploring and c.label in explore else
-                  "chosen" if c.label == chosen else "explored" if seen else "")
-        rows.append(ExplainRow(c.label, p_ms, sd, statistics.median(seen) if seen else math.nan,
-                               len(seen), status))
+                  "chosen" if c.label == chosen else "explored" if n else "")
+        rows.append(ExplainRow(c.label, p_ms, sd, seen_ms, n, status))
     # the policy's own order where it ranked (exactly as decide() did), then by time
     rows.sort(key=lambda r: (order.get(r.label, len(order)), math.isnan(r.predicted_ms),
                              r.predicted_ms, math.isnan(r.observed_ms), r.observed_ms))
@@ -132,4 +138,6 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     reason = state.reason if state is not None else (decision.reason if decision else "")
     shown = " ".join([", ".join(f"{k}={v}" for k, v in problem.dims), problem.dtype]
                      + [f"{k}={v}" for k, v in problem.params + problem.extra])
-    return Explanation(op, key, shown, policy.name, where, chosen, reason, floor, tuple(rows))
+    history = tuple(state.history) if state is not None else ()
+    return Explanation(op, key, shown, policy.name, where, chosen, reason, floor, tuple(rows),
+                       history)

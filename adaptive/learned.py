@@ -28,6 +28,47 @@ from adaptive.policy import Context, Decision
 from adaptive.variants import Candidate
 
 
+class Samples:
+    """Timings of one candidate on one key: the last :attr:`RING_SIZE` kept (a ring, so a
+    key's memory is bounded however long it runs), the count of all of them and whether
+    any failed. Reads like the list of the kept timings (``len()`` is the full count)."""
+
+    RING_SIZE = 16     # timings kept per candidate per key (the bound on a key's memory)
+    __slots__ = ("_ring", "count", "failed")
+
+    def __init__(self, times=()):
+        self._ring: deque = deque(maxlen=self.RING_SIZE)
+        self.count = 0
+        self.failed = False
+        for t in times:
+            self.add(t)
+
+    def add(self, time_ms: float) -> None:
+        self._ring.append(time_ms)
+        self.count += 1
+        self.failed |= not (math.isfinite(time_ms) and time_ms > 0)
+
+    def median(self) -> float:
+        """The median of the kept finite timings (inf: none; robust to one cold first call
+        and to one interfered call out of three)."""
+        return _median(list(self._ring))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        return iter(self._ring)
+
+    def __getitem__(self, i):
+        return list(self._ring)[i]
+
+    def __eq__(self, other) -> bool:
+        return list(self._ring) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Samples({list(self._ring)!r}, count={self.count})"
+
+
 @dataclasses.dataclass
 class KeyState:
     """What the policy knows about one key (read by :func:`adaptive.explain`)."""
@@ -39,7 +80,7 @@ class KeyState:
     candidates: tuple[Candidate, ...]          # in predicted order (best first)
     predicted: dict                            # candidate -> (mean, sigma) in log units
     explore: tuple[Candidate, ...]
-    observed: dict                             # candidate -> list of times (ms)
+    observed: dict                             # candidate -> Samples (bounded ring)
     committed: Candidate | None = None
     expected_ms: float = math.nan
     reason: str = ""
@@ -49,6 +90,8 @@ class KeyState:
     scope: dict = dataclasses.field(default_factory=dict)  # the input, for geometry
     limits: dict | None = None                                # the device's limits
     rows: dict = dataclasses.field(default_factory=dict)   # explored candidate -> model row
+    # what happened to the key (miss, commits, drifts), newest last; bounded
+    history: deque = dataclasses.field(default_factory=lambda: deque(maxlen=16))
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -132,7 +175,9 @@ class Learned:
         per_variant: most candidates of one variant among the model's picks: four configs
             of one kernel all share the model's error about that kernel (on the H200
             corpus, 2 instead of unlimited: spmm best-of-4 within 5% 73% -> 78%).
-        samples: timed calls per explored candidate before committing.
+        samples: timed calls per explored candidate before committing; the commit compares
+            each candidate's median (3: one cold first call or one interfered call cannot
+            decide it, as the fastest single sample could).
         drift_ratio: re-explore when the median of recent samples leaves
             [expected / ratio, expected · ratio].
         drift_window: how many recent samples that median covers.
@@ -141,7 +186,7 @@ class Learned:
     name = "learned"
 
     def __init__(self, model=None, regret_bound: float = 0.2, z: float = 1.0,
-                 max_explore: int = 8, samples: int = 2, drift_ratio: float = 1.5,
+                 max_explore: int = 8, samples: int = 3, drift_ratio: float = 1.5,
                  drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2,
                  per_variant: int = 2):
         if model is None:
@@ -209,9 +254,10 @@ class Learned:
                                        explore)
         why += also
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
-                         {c: [] for c in explore}, reason=why, explorations=1,
+                         {c: Samples() for c in explore}, reason=why, explorations=1,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,
                          rows={c: r for c, r in zip(candidates, rows) if c in explore})
+        state.history.append("miss: " + why)
         with self._lock:
             self.keys[ctx.key] = state
             self.stats["decisions"] += 1
@@ -276,7 +322,7 @@ class Learned:
             return None
         with self._lock:
             if candidate in state.observed:
-                state.observed[candidate].append(time_ms)
+                state.observed[candidate].add(time_ms)
             if state.committed is None:
                 return self._after_explore_sample(state, candidate, time_ms)
             if candidate != state.committed:
@@ -290,11 +336,15 @@ class Learned:
             return None
         self.stats["explore_calls"] += 1
         self._learn(state, candidate, time_ms)
-        if any(len(state.observed[c]) < self.samples for c in state.explore):
+        # the sample count is the commit criterion: every explored candidate timed
+        # ``samples`` times (a failed one is done: it is never chosen)
+        if any(len(state.observed[c]) < self.samples and not state.observed[c].failed
+               for c in state.explore):
             return None
-        # the fastest of each candidate's samples: a first call may pay one-time costs
-        # (a sparse format built lazily, a cold cache) and any call may meet interference
-        fastest = {c: min(state.observed[c][-self.samples:]) for c in state.explore}
+        # each candidate's median: a first call may pay one-time costs (a sparse format
+        # built lazily, a cold cache) and any call may meet interference
+        fastest = {c: math.inf if state.observed[c].failed else state.observed[c].median()
+                   for c in state.explore}
         best = min(fastest, key=fastest.get)
         if math.isinf(fastest[best]):
             failed = ", ".join(c.label for c in state.explore)
@@ -303,7 +353,8 @@ class Learned:
                 : self.max_explore]
             if not state.explore:
                 raise RuntimeError(f"every candidate of {state.op} failed on this input")
-            state.observed = {c: [] for c in state.explore}
+            state.observed = {c: Samples() for c in state.explore}
+            state.history.append(state.reason)
             return Decision(state.explore[0], state.reason, explore=state.explore)
         state.committed, state.expected_ms = best, fastest[best]
         self.neighbours.add(state.op, state.dtype, state.features, best.variant.name,
@@ -312,10 +363,15 @@ class Learned:
         others = sorted((t, c.label) for c, t in fastest.items() if c != best)
         runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
         state.reason = (f"committed after timing {len(fastest)} candidates {self.samples}x on "
-                        f"real calls: {best.label} {fastest[best]:.4g} ms{runner}")
+                        f"real calls (medians): {best.label} {fastest[best]:.4g} ms{runner}")
+        state.history.append(state.reason + "; samples " + ", ".join(
+            f"{c.label} n={len(state.observed[c])} median "
+            f"{fastest[c]:.4g} min {min(state.observed[c], default=math.inf):.4g}"
+            for c in state.explore))
         self.stats["commits"] += 1
         return Decision(best, state.reason, observed_ms=tuple(
-            (c.label, t) for c, t in fastest.items()), predicted_ms=tuple(
+            (c.label, t) for c, t in fastest.items()), samples=tuple(
+            (c.label, len(state.observed[c])) for c in state.explore), predicted_ms=tuple(
             (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
 
     def _check_drift(self, state: KeyState) -> Decision | None:
@@ -331,8 +387,9 @@ class Learned:
         current = state.committed
         explore = (current,) + tuple(c for c in state.explore if c != current)
         state.committed, state.explore = None, explore
-        state.observed = {c: [] for c in explore}
+        state.observed = {c: Samples() for c in explore}
         state.explorations += 1
+        state.history.append(state.reason)
         if len(explore) == 1:
             state.committed = current
             state.expected_ms = now

@@ -23,7 +23,8 @@ class Decision:
 
     candidate: Candidate
     reason: str
-    observed_ms: tuple[tuple[str, float], ...] = ()     # label -> measured time
+    observed_ms: tuple[tuple[str, float], ...] = ()     # label -> measured time (median)
+    samples: tuple[tuple[str, int], ...] = ()           # label -> timed calls behind it
     predicted_ms: tuple[tuple[str, float], ...] = ()    # label -> model estimate
     tuning_ms: float = 0.0                               # time spent deciding
     # non-empty: a provisional decision; later calls of the key rotate through these
