@@ -197,9 +197,11 @@ def format_mixed(reports) -> str:
 
 def mixed_verdicts(reports) -> list[str]:
     """One line per op: did the adaptive choices beat the best fixed candidate?"""
-    return [f"mixed {r.op}: adaptive {'BEAT' if r.adaptive_steady_ms < r.fixed_best_ms else 'did NOT beat'}"
-            f" the best fixed choice ({r.fixed_best}): adaptive/oracle {r.adaptive_ratio:.3f} "
-            f"vs fixed/oracle {r.fixed_ratio:.3f}" for r in reports]
+    def won(r) -> str:
+        return "BEAT" if r.adaptive_steady_ms < r.fixed_best_ms else "did NOT beat"
+    return [f"mixed {r.op}: adaptive {won(r)} the best fixed choice ({r.fixed_best}): "
+            f"adaptive/oracle {r.adaptive_ratio:.3f} vs fixed/oracle {r.fixed_ratio:.3f}"
+            for r in reports]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -212,7 +212,8 @@ class Learned:
         self.drift_window = drift_window
         self.keys: dict[tuple, KeyState] = {}
         self.neighbours = Neighbours()
-        self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0, "drifts": 0, "explore_calls": 0}
+        self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
+                      "drifts": 0, "explore_calls": 0}
         self._lock = threading.Lock()
 
     # ---- miss ---------------------------------------------------------------------------
