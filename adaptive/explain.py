@@ -16,7 +16,7 @@ class ExplainRow:
     label: str
     predicted_ms: float = math.nan
     sigma: float = math.nan          # model uncertainty, log units (0.1 ≈ ±10 %)
-    observed_ms: float = math.nan    # median of the timed calls
+    observed_ms: float = math.nan    # median of the timed calls (the kept ring of them)
     samples: int = 0
     status: str = ""                 # chosen | exploring | explored | ""
 
@@ -34,6 +34,7 @@ class Explanation:
     reason: str
     floor_ms: float
     rows: tuple[ExplainRow, ...]
+    history: tuple[str, ...] = ()    # the key's miss, commits and drifts, oldest first
 
     def __str__(self) -> str:
         def ms(x: float) -> str:
@@ -48,7 +49,13 @@ class Explanation:
             spread = "-" if math.isnan(r.sigma) else f"{100 * math.expm1(r.sigma):.0f}"
             lines.append(f"{r.label:<34.34} {ms(r.predicted_ms):>12} {spread:>6} "
                          f"{ms(r.observed_ms):>11} {r.samples:>3}  {r.status}")
+        if self.history:
+            lines += ["history:"] + [f"  {h}" for h in self.history]
         return "\n".join(lines)
+
+
+def _no_measure(candidate, warmup: int = 0) -> float:
+    raise RuntimeError("explain() launches nothing")
 
 
 def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
@@ -79,32 +86,44 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     decision = plan.decision if plan is not None else None
     policy = dispatcher.policy
     state_of = getattr(policy, "state", None)
-    state = state_of(key) if state_of is not None else None
+    # the policy keeps its state per input class (keys differing only in token counts)
+    state = state_of(plan.class_key if plan is not None else key) \
+        if state_of is not None else None
     predicted: dict = {}
     observed: dict = {}
+    order: dict = {}      # label -> the policy's rank (0: its best-predicted)
     floor = 0.0
     if state is not None:
         floor = state.floor_ms
         predicted = {c.label: (state.predicted_ms(c), sd) for c, (_, sd) in
                      state.predicted.items()}
-        observed = {c.label: [t for t in ts if math.isfinite(t)] or ts
-                    for c, ts in state.observed.items() if ts}
-    else:
-        from adaptive.observation import floor_ms
-        floor = floor_ms(*o.roofline(problem), dispatcher.backend.peaks(), problem.dtype)
-    if state is None and getattr(policy, "model", None) is not None:
-        from adaptive.model import candidate_row, resources_of
-        feats = o.features(problem)
-        rows = [candidate_row(feats, op, c.variant.name, c.config, resources_of(c))
-                for c in candidates]
-        dist = policy.model.predict_dist(rows)
+        order = {c.label: n for n, c in enumerate(state.candidates)}
+        # the median and the count of each explored candidate's timings (a ring of the
+        # latest: the count is of all of them)
+        observed = {c.label: (ts.median() if hasattr(ts, "median") else
+                              statistics.median(ts), len(ts))
+                    for c, ts in state.observed.items() if len(ts)}
+    elif callable(getattr(policy, "rank", None)):
+        # the rows and ranking decide() would make now (one feature builder, one order)
+        from adaptive.learned import model_order
+        from adaptive.policy import Context
+        ctx = Context(o, problem, key, _no_measure, dispatcher.backend.peaks,
+                      getattr(dispatcher.backend, "device_state", None),
+                      getattr(dispatcher, "limits", None))
+        floor = ctx.floor_ms()
+        _, dist, _, _, _ = policy.rank(ctx, candidates)
         if dist is not None:
             scale = floor if floor > 0 else 1.0
-            predicted = {c.label: (math.exp(m) * scale, s)
-                         for c, m, s in zip(candidates, *dist)}
+            predicted = {candidates[i].label: (math.exp(dist[0][i]) * scale, dist[1][i])
+                         for i in model_order(dist[0])}
+            order = {candidates[i].label: n for n, i in enumerate(model_order(dist[0]))}
+    else:   # a policy without a model: the floor all the same
+        from adaptive.observation import floor_ms
+        floor = floor_ms(*o.roofline(problem), dispatcher.backend.peaks(), problem.dtype)
     if decision is not None:
+        counts = dict(decision.samples)
         for label, t in decision.observed_ms:
-            observed.setdefault(label, [t])
+            observed.setdefault(label, (t, counts.get(label, 1)))
         for label, t in decision.predicted_ms:
             predicted.setdefault(label, (t, math.nan))
     chosen = decision.candidate.label if decision is not None else ""
@@ -113,15 +132,17 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     rows = []
     for c in candidates:
         p_ms, sd = predicted.get(c.label, (math.nan, math.nan))
-        seen = observed.get(c.label, [])
+        seen_ms, n = observed.get(c.label, (math.nan, 0))
         status = ("exploring" if exploring and c.label in explore else
-                  "chosen" if c.label == chosen else "explored" if seen else "")
-        rows.append(ExplainRow(c.label, p_ms, sd, statistics.median(seen) if seen else math.nan,
-                               len(seen), status))
-    rows.sort(key=lambda r: (math.isnan(r.predicted_ms), r.predicted_ms,
-                             math.isnan(r.observed_ms), r.observed_ms))
+                  "chosen" if c.label == chosen else "explored" if n else "")
+        rows.append(ExplainRow(c.label, p_ms, sd, seen_ms, n, status))
+    # the policy's own order where it ranked (exactly as decide() did), then by time
+    rows.sort(key=lambda r: (order.get(r.label, len(order)), math.isnan(r.predicted_ms),
+                             r.predicted_ms, math.isnan(r.observed_ms), r.observed_ms))
     where = "undecided" if plan is None else "exploring" if exploring else "committed"
     reason = state.reason if state is not None else (decision.reason if decision else "")
     shown = " ".join([", ".join(f"{k}={v}" for k, v in problem.dims), problem.dtype]
                      + [f"{k}={v}" for k, v in problem.params + problem.extra])
-    return Explanation(op, key, shown, policy.name, where, chosen, reason, floor, tuple(rows))
+    history = tuple(state.history) if state is not None else ()
+    return Explanation(op, key, shown, policy.name, where, chosen, reason, floor, tuple(rows),
+                       history)

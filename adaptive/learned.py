@@ -28,6 +28,47 @@ from adaptive.policy import Context, Decision
 from adaptive.variants import Candidate
 
 
+class Samples:
+    """Timings of one candidate on one key: the last :attr:`RING_SIZE` kept (a ring, so a
+    key's memory is bounded however long it runs), the count of all of them and whether
+    any failed. Reads like the list of the kept timings (``len()`` is the full count)."""
+
+    RING_SIZE = 16     # timings kept per candidate per key (the bound on a key's memory)
+    __slots__ = ("_ring", "count", "failed")
+
+    def __init__(self, times=()):
+        self._ring: deque = deque(maxlen=self.RING_SIZE)
+        self.count = 0
+        self.failed = False
+        for t in times:
+            self.add(t)
+
+    def add(self, time_ms: float) -> None:
+        self._ring.append(time_ms)
+        self.count += 1
+        self.failed |= not (math.isfinite(time_ms) and time_ms > 0)
+
+    def median(self) -> float:
+        """The median of the kept finite timings (inf: none; robust to one cold first call
+        and to one interfered call out of three)."""
+        return _median(list(self._ring))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        return iter(self._ring)
+
+    def __getitem__(self, i):
+        return list(self._ring)[i]
+
+    def __eq__(self, other) -> bool:
+        return list(self._ring) == list(other)
+
+    def __repr__(self) -> str:
+        return f"Samples({list(self._ring)!r}, count={self.count})"
+
+
 @dataclasses.dataclass
 class KeyState:
     """What the policy knows about one key (read by :func:`adaptive.explain`)."""
@@ -35,11 +76,11 @@ class KeyState:
     op: str
     features: dict
     floor_ms: float
-    device: dict
+    device: object                             # the DeviceState the rows were built with
     candidates: tuple[Candidate, ...]          # in predicted order (best first)
     predicted: dict                            # candidate -> (mean, sigma) in log units
     explore: tuple[Candidate, ...]
-    observed: dict                             # candidate -> list of times (ms)
+    observed: dict                             # candidate -> Samples (bounded ring)
     committed: Candidate | None = None
     expected_ms: float = math.nan
     reason: str = ""
@@ -49,6 +90,8 @@ class KeyState:
     scope: dict = dataclasses.field(default_factory=dict)  # the input, for geometry
     limits: dict | None = None                                # the device's limits
     rows: dict = dataclasses.field(default_factory=dict)   # explored candidate -> model row
+    # what happened to the key (miss, commits, drifts), newest last; bounded
+    history: deque = dataclasses.field(default_factory=lambda: deque(maxlen=16))
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -102,6 +145,13 @@ class Neighbours:
                     break
         return out
 
+    def copy(self) -> Neighbours:
+        """An independent copy (the points are shared: they are never changed in place)."""
+        out = Neighbours()
+        with self._lock:
+            out._by = {k: dict(v) for k, v in self._by.items()}
+        return out
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._by.values())
 
@@ -115,12 +165,19 @@ class Learned:
         regret_bound: explore candidates whose optimistic time is within this fraction of
             the best prediction (0.2: at most 20 % slower, optimistically).
         z: how optimistic: mean - z·sigma in log units.
-        max_explore: most candidates explored per key (cold or not).
+        max_explore: most candidates explored per key (cold or not); 8: on the H200
+            corpus, 4 left spmm at 1.063 committed/best, 8 at 1.027 (under 10 % of its ~105
+            candidates); the regret bound explores fewer where the model is sure.
         anchors: explore also the fastest candidates of the nearest measured inputs
             (:class:`Neighbours`) and the best-ranked library candidate, in place of the
             model's last picks (``adaptive pack replay`` measures what they buy).
         neighbours_k: how many nearest inputs' fastest candidates are anchors.
-        samples: timed calls per explored candidate before committing.
+        per_variant: most candidates of one variant among the model's picks: four configs
+            of one kernel all share the model's error about that kernel (on the H200
+            corpus, 2 instead of unlimited: spmm best-of-4 within 5% 73% -> 78%).
+        samples: timed calls per explored candidate before committing; the commit compares
+            each candidate's median (3: one cold first call or one interfered call cannot
+            decide it, as the fastest single sample could).
         drift_ratio: re-explore when the median of recent samples leaves
             [expected / ratio, expected · ratio].
         drift_window: how many recent samples that median covers.
@@ -129,8 +186,9 @@ class Learned:
     name = "learned"
 
     def __init__(self, model=None, regret_bound: float = 0.2, z: float = 1.0,
-                 max_explore: int = 4, samples: int = 2, drift_ratio: float = 1.5,
-                 drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2):
+                 max_explore: int = 8, samples: int = 3, drift_ratio: float = 1.5,
+                 drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2,
+                 per_variant: int = 2):
         if model is None:
             from adaptive.model import LiveModel
             model = LiveModel()
@@ -146,26 +204,35 @@ class Learned:
         self.max_explore = max_explore
         self.anchors = anchors
         self.neighbours_k = neighbours_k
+        if per_variant < 1:
+            raise ValueError(f"per_variant must be at least 1, got {per_variant}")
+        self.per_variant = per_variant
         self.samples = samples
         self.drift_ratio = drift_ratio
         self.drift_window = drift_window
         self.keys: dict[tuple, KeyState] = {}
         self.neighbours = Neighbours()
-        self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0, "drifts": 0, "explore_calls": 0}
+        self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
+                      "drifts": 0, "explore_calls": 0}
         self._lock = threading.Lock()
 
     # ---- miss ---------------------------------------------------------------------------
-    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
-        from adaptive.model import candidate_row, geometries, resources_of
-        op = ctx.op.name
-        features = ctx.op.features(ctx.problem)
-        device = ctx.device()
+    def rank(self, ctx: Context, candidates: Sequence[Candidate]):
+        """The model rows of ``candidates`` on this input and the model's (mean, sigma)
+        of each (None before the first fit): what :meth:`decide` ranks by, and what
+        :func:`adaptive.explain` shows for an input not decided yet."""
+        from adaptive.features import DeviceState, candidate_rows
+        device = DeviceState.from_mapping(ctx.device())
         limits = getattr(ctx, "limits", None)
         scope = ctx.problem.scope() if limits else {}
-        geo = geometries([(c.variant, c.config) for c in candidates], scope, limits)
-        rows = [candidate_row(features, op, c.variant.name, c.config, resources_of(c), device, g)
-                for c, g in zip(candidates, geo)]
-        dist = self.model.predict_dist(rows)
+        rows = candidate_rows(ctx.op.name, ctx.op.features(ctx.problem), candidates, scope,
+                              limits, device, getattr(ctx, "resources", None))
+        return rows, self.model.predict_dist(rows), device, scope, limits
+
+    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
+        op = ctx.op.name
+        features = ctx.op.features(ctx.problem)
+        rows, dist, device, scope, limits = self.rank(ctx, candidates)
         floor = ctx.floor_ms()
         if dist is None:
             ranked = _diverse(candidates)
@@ -175,22 +242,23 @@ class Learned:
                   f"{len(candidates)}"
         else:
             mean, sigma = dist
-            order = sorted(range(len(candidates)), key=lambda i: mean[i])
+            order = model_order(mean)
             ranked = [candidates[i] for i in order]
             predicted = {candidates[i]: (float(mean[i]), float(sigma[i])) for i in order}
             best = mean[order[0]]
             reach = best + math.log1p(self.regret_bound)
-            explore = tuple(candidates[i] for i in order
-                            if mean[i] - self.z * sigma[i] <= reach)[: self.max_explore]
+            explore = self._picks([candidates[i] for i in order
+                                   if mean[i] - self.z * sigma[i] <= reach])
             why = (f"model ranked {len(candidates)}; {len(explore)} within "
                    f"{self.regret_bound:.0%} of the best optimistically")
         explore, also = self._anchored(op, ctx.problem.dtype, features, candidates, ranked,
                                        explore)
         why += also
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
-                         {c: [] for c in explore}, reason=why, explorations=1,
+                         {c: Samples() for c in explore}, reason=why, explorations=1,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,
                          rows={c: r for c, r in zip(candidates, rows) if c in explore})
+        state.history.append("miss: " + why)
         with self._lock:
             self.keys[ctx.key] = state
             self.stats["decisions"] += 1
@@ -201,6 +269,18 @@ class Learned:
             state.reason = why + "; committed without exploring"
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
+
+    def _picks(self, ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
+        """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant."""
+        count: dict[str, int] = {}
+        out = []
+        for c in ranked:
+            if count.get(c.variant.id, 0) < self.per_variant:
+                count[c.variant.id] = count.get(c.variant.id, 0) + 1
+                out.append(c)
+                if len(out) == self.max_explore:
+                    break
+        return tuple(out)
 
     def _anchored(self, op, dtype, features, candidates, ranked, explore):
         """Explore also the fastest candidates of the ``neighbours_k`` nearest measured
@@ -218,11 +298,17 @@ class Learned:
                 notes.append(f"{pick.label}, the fastest on a near measured input "
                              f"(distance {dist:.2f})")
                 self.stats["neighbour_added"] += 1
-        library = next((c for c in ranked if c.variant.language == "python"
-                        and c.variant.backend != "host"), None)
-        if library is not None and library not in explore and library not in anchors:
-            anchors.append(library)
-            notes.append(f"{library.label}, the library's")
+        # each library variant's best-ranked candidate (cuBLAS, SDPA, a CuPy composition):
+        # the model ranks a library call by its name alone and can be far off
+        seen_lib: set[str] = set()
+        for library in ranked:
+            if library.variant.language != "python" or library.variant.backend == "host" \
+                    or library.variant.id in seen_lib:
+                continue
+            seen_lib.add(library.variant.id)
+            if library not in explore and library not in anchors:
+                anchors.append(library)
+                notes.append(f"{library.label}, a library's")
         room = max(0, self.max_explore - 1)
         anchors = anchors[:room]
         if not anchors:
@@ -237,7 +323,7 @@ class Learned:
             return None
         with self._lock:
             if candidate in state.observed:
-                state.observed[candidate].append(time_ms)
+                state.observed[candidate].add(time_ms)
             if state.committed is None:
                 return self._after_explore_sample(state, candidate, time_ms)
             if candidate != state.committed:
@@ -251,11 +337,15 @@ class Learned:
             return None
         self.stats["explore_calls"] += 1
         self._learn(state, candidate, time_ms)
-        if any(len(state.observed[c]) < self.samples for c in state.explore):
+        # the sample count is the commit criterion: every explored candidate timed
+        # ``samples`` times (a failed one is done: it is never chosen)
+        if any(len(state.observed[c]) < self.samples and not state.observed[c].failed
+               for c in state.explore):
             return None
-        # the fastest of each candidate's samples: a first call may pay one-time costs
-        # (a sparse format built lazily, a cold cache) and any call may meet interference
-        fastest = {c: min(state.observed[c][-self.samples:]) for c in state.explore}
+        # each candidate's median: a first call may pay one-time costs (a sparse format
+        # built lazily, a cold cache) and any call may meet interference
+        fastest = {c: math.inf if state.observed[c].failed else state.observed[c].median()
+                   for c in state.explore}
         best = min(fastest, key=fastest.get)
         if math.isinf(fastest[best]):
             failed = ", ".join(c.label for c in state.explore)
@@ -264,7 +354,8 @@ class Learned:
                 : self.max_explore]
             if not state.explore:
                 raise RuntimeError(f"every candidate of {state.op} failed on this input")
-            state.observed = {c: [] for c in state.explore}
+            state.observed = {c: Samples() for c in state.explore}
+            state.history.append(state.reason)
             return Decision(state.explore[0], state.reason, explore=state.explore)
         state.committed, state.expected_ms = best, fastest[best]
         self.neighbours.add(state.op, state.dtype, state.features, best.variant.name,
@@ -273,10 +364,15 @@ class Learned:
         others = sorted((t, c.label) for c, t in fastest.items() if c != best)
         runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
         state.reason = (f"committed after timing {len(fastest)} candidates {self.samples}x on "
-                        f"real calls: {best.label} {fastest[best]:.4g} ms{runner}")
+                        f"real calls (medians): {best.label} {fastest[best]:.4g} ms{runner}")
+        state.history.append(state.reason + "; samples " + ", ".join(
+            f"{c.label} n={len(state.observed[c])} median "
+            f"{fastest[c]:.4g} min {min(state.observed[c], default=math.inf):.4g}"
+            for c in state.explore))
         self.stats["commits"] += 1
         return Decision(best, state.reason, observed_ms=tuple(
-            (c.label, t) for c, t in fastest.items()), predicted_ms=tuple(
+            (c.label, t) for c, t in fastest.items()), samples=tuple(
+            (c.label, len(state.observed[c])) for c in state.explore), predicted_ms=tuple(
             (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
 
     def _check_drift(self, state: KeyState) -> Decision | None:
@@ -292,8 +388,9 @@ class Learned:
         current = state.committed
         explore = (current,) + tuple(c for c in state.explore if c != current)
         state.committed, state.explore = None, explore
-        state.observed = {c: [] for c in explore}
+        state.observed = {c: Samples() for c in explore}
         state.explorations += 1
+        state.history.append(state.reason)
         if len(explore) == 1:
             state.committed = current
             state.expected_ms = now
@@ -304,14 +401,15 @@ class Learned:
     def _learn(self, state: KeyState, candidate: Candidate, time_ms: float) -> None:
         if not (math.isfinite(time_ms) and time_ms > 0):
             return
-        from adaptive.model import candidate_row, geometry, resources_of, target
+        from adaptive.features import candidate_rows
+        from adaptive.model import input_key, target
         row = state.rows.get(candidate)
         if row is None:   # explored later than the miss (all first picks failed)
-            row = state.rows[candidate] = candidate_row(
-                state.features, state.op, candidate.variant.name, candidate.config,
-                resources_of(candidate), state.device,
-                geometry(candidate.variant, candidate.config, state.scope, state.limits))
-        self.model.add([row], [target(time_ms, state.floor_ms)])
+            row = state.rows[candidate] = candidate_rows(
+                state.op, state.features, [candidate], state.scope, state.limits,
+                state.device)[0]
+        self.model.add([row], [target(time_ms, state.floor_ms)],
+                       [input_key(state.op, state.features, state.dtype)])
 
     def add_observations(self, rows, weight: float = 1.0, geometry=None) -> None:
         """Measurements made elsewhere (a pack, a counter log): the model's base rows.
@@ -334,6 +432,12 @@ class Learned:
     def forget(self) -> None:
         with self._lock:
             self.keys.clear()
+
+
+def model_order(mean) -> list[int]:
+    """Candidate indices best-predicted first (stable: ties keep the candidates' order);
+    :meth:`Learned.decide` and :func:`adaptive.explain` both rank with this."""
+    return sorted(range(len(mean)), key=lambda i: mean[i])
 
 
 def _median(times: list[float]) -> float:

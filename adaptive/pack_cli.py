@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("pack")
     r.add_argument("--ops", default="", help="comma-separated ops (default: all)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--folds", type=int, default=10,
+                   help="held-out folds of inputs, one model fitted per fold (0: one input "
+                        "held out at a time, a fit per input; slow)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,17 +83,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _replay(args) -> int:
     from adaptive.packs.build import Progress
-    from adaptive.replay import replay
+    from adaptive.replay import replay_setups
     ops = [o for o in args.ops.split(",") if o] or None
-    for anchors in (False, True):
-        bar = None
+    bar = None
 
-        def step(done: int, total: int, on=anchors) -> None:
-            nonlocal bar
-            bar = bar or Progress(total)
-            bar.update("replay, " + ("with anchors" if on else "model picks only"))
-        print(replay(args.pack, anchors=anchors, ops=ops,
-                     progress=None if args.no_progress else step))
+    def step(done: int, total: int) -> None:
+        nonlocal bar
+        bar = bar or Progress(total)
+        bar.update("replay, held out by input")
+    for report in replay_setups(args.pack, (False, True), ops=ops, folds=args.folds,
+                                progress=None if args.no_progress else step):
+        print(report)
     return 0
 
 

@@ -23,7 +23,8 @@ class Decision:
 
     candidate: Candidate
     reason: str
-    observed_ms: tuple[tuple[str, float], ...] = ()     # label -> measured time
+    observed_ms: tuple[tuple[str, float], ...] = ()     # label -> measured time (median)
+    samples: tuple[tuple[str, int], ...] = ()           # label -> timed calls behind it
     predicted_ms: tuple[tuple[str, float], ...] = ()    # label -> model estimate
     tuning_ms: float = 0.0                               # time spent deciding
     # non-empty: a provisional decision; later calls of the key rotate through these
@@ -47,6 +48,8 @@ class Context:
     peaks: Callable[[], Mapping] | None = None          # the backend's peak rates
     device_state: Callable[[], Mapping] | None = None   # clocks, utilisation, throttling
     limits: Mapping | None = None                       # the backend's limits (SM count, ...)
+    # resources(candidate): its ptxas resources from the kernel cache ({} or None: unknown)
+    resources: Callable | None = None
 
     def floor_ms(self) -> float:
         """Roofline floor of this input on this device in ms (0 when peaks are unknown)."""

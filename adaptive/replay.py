@@ -26,7 +26,7 @@ from adaptive.ops.base import DTYPE_BYTES
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One held-out input: how the policy did on it."""
+    """One held-out input: how the policy did on it, and how the model ranked it."""
 
     op: str
     dtype: str
@@ -36,6 +36,8 @@ class Case:
     committed: str
     best: str
     ratio: float            # committed time / best time (1.0: the best)
+    top1_ratio: float = math.nan   # the model's first pick / best time
+    top3_ratio: float = math.nan   # the best of the model's first three / best time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,26 +45,56 @@ class ReplayReport:
     pack: str
     variant: str            # which policy set-up (with or without anchors)
     cases: tuple[Case, ...]
+    folds: int = 0          # inputs split into this many folds (0: one input held out at a time)
+
+    def _of(self, op: str | None) -> list[Case]:
+        return [c for c in self.cases if op is None or c.op == op]
 
     def geomean_ratio(self, op: str | None = None) -> float:
-        r = [c.ratio for c in self.cases if op is None or c.op == op]
+        r = [c.ratio for c in self._of(op)]
         return math.exp(statistics.fmean(math.log(x) for x in r)) if r else math.nan
 
-    def within(self, bound: float = 1.05) -> float:
-        return sum(c.ratio <= bound for c in self.cases) / max(1, len(self.cases))
+    def within(self, bound: float = 1.05, op: str | None = None) -> float:
+        cases = self._of(op)
+        return sum(c.ratio <= bound for c in cases) / max(1, len(cases))
+
+    def worst(self, op: str | None = None) -> float:
+        return max((c.ratio for c in self._of(op)), default=math.nan)
+
+    def top1_within(self, bound: float = 1.05, op: str | None = None) -> float:
+        """Share of inputs whose best-predicted candidate is within ``bound`` of the best."""
+        cases = [c for c in self._of(op) if math.isfinite(c.top1_ratio)]
+        return sum(c.top1_ratio <= bound for c in cases) / max(1, len(cases))
+
+    def top3_within(self, bound: float = 1.02, op: str | None = None) -> float:
+        """Share of inputs where the best of the model's first three is within ``bound``."""
+        cases = [c for c in self._of(op) if math.isfinite(c.top3_ratio)]
+        return sum(c.top3_ratio <= bound for c in cases) / max(1, len(cases))
+
+    def op_lines(self) -> list[str]:
+        """One line per op: the policy's result and the model's accuracy beside it."""
+        out = []
+        for op in sorted({c.op for c in self.cases}):
+            cases = self._of(op)
+            out.append(f"  {op:<10} {len(cases):>3} inputs: committed/best geomean "
+                       f"{self.geomean_ratio(op):.3f}, within 5% {self.within(op=op):.0%}, "
+                       f"worst {self.worst(op):.2f}x, explored "
+                       f"{statistics.fmean(c.explored for c in cases):.1f}; model top-1 "
+                       f"within 5% {self.top1_within(op=op):.0%}, best of top-3 within 2% "
+                       f"{self.top3_within(op=op):.0%}")
+        return out
 
     def __str__(self) -> str:
-        ops = sorted({c.op for c in self.cases})
-        per_op = ", ".join(f"{op} {self.geomean_ratio(op):.3f}" for op in ops)
         explored = statistics.fmean(c.explored for c in self.cases) if self.cases else 0
         worst = max(self.cases, key=lambda c: c.ratio, default=None)
-        text = (f"{self.variant}: committed/best geomean {self.geomean_ratio():.3f} "
-                f"({per_op}); within 5% on {self.within():.0%} of {len(self.cases)} inputs; "
+        held = f"{self.folds} folds by input" if self.folds else "one input held out at a time"
+        text = (f"{self.variant}: committed/best geomean {self.geomean_ratio():.3f}; within 5% "
+                f"on {self.within():.0%} of {len(self.cases)} inputs ({held}); "
                 f"{explored:.1f} candidates explored per input")
         if worst is not None:
             text += (f"; worst {worst.ratio:.2f}x on {worst.op} {worst.dtype} {worst.dims} "
                      f"({worst.committed} vs {worst.best})")
-        return text
+        return "\n".join([text] + self.op_lines())
 
 
 def _group(rows: Sequence[Observation]) -> dict[tuple, list[Observation]]:
@@ -115,13 +147,42 @@ def _limits(fingerprint: dict) -> dict:
             "max_shared_bytes": 232448, "warp_size": 32}
 
 
+def fold_of(keys: Sequence[tuple], folds: int, seed: int = 0) -> dict[tuple, int]:
+    """Each input's fold: a seeded shuffle of the inputs dealt round robin (0: each its own)."""
+    order = sorted(keys)
+    if folds <= 0 or folds >= len(order):
+        return {k: i for i, k in enumerate(order)}
+    import random
+    random.Random(seed).shuffle(order)
+    return {k: i % folds for i, k in enumerate(order)}
+
+
 def replay(pack_path: str, anchors: bool = True, ops: Sequence[str] | None = None,
-           progress: Callable[[int, int], None] | None = None, **policy_args
-           ) -> ReplayReport:
-    """Leave-one-input-out replay of :class:`~adaptive.learned.Learned` on a pack's rows."""
-    from adaptive.learned import Learned
-    from adaptive.model import LiveModel, row_geometry
+           progress: Callable[[int, int], None] | None = None, folds: int = 10,
+           **policy_args) -> ReplayReport:
+    """Held-out replay of :class:`~adaptive.learned.Learned` on a pack's rows; see
+    :func:`replay_setups` (this is one set-up of it)."""
+    return replay_setups(pack_path, (anchors,), ops, progress, folds, **policy_args)[0]
+
+
+def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
+                  ops: Sequence[str] | None = None,
+                  progress: Callable[[int, int], None] | None = None, folds: int = 10,
+                  held_inputs: int | None = None, **policy_args) -> list[ReplayReport]:
+    """Replay the learned policy on a pack's rows, held out by input, for each set-up
+    (``True``: with anchors; ``False``: the model's picks only).
+
+    The held inputs are dealt into ``folds`` folds (0: one input per fold, a fit per
+    input); for each fold one model is fitted on every row of the other inputs and shared
+    by every set-up and every input of the fold, so a whole op replays in seconds. An input
+    never trains the model that decides it; the rows of an input are never split.
+    ``held_inputs``: hold out only this many inputs (a seeded draw; a quick check), the
+    rest always train.
+    """
+    from adaptive.learned import Learned, Neighbours
+    from adaptive.model import CostModel, LiveModel, row_geometry, training_set
     from adaptive.pack import read_pack
+    from adaptive.space import as_config
     from adaptive.variants import make_candidate
     pack = read_pack(pack_path)
     limits = _limits(pack.fingerprint)
@@ -129,33 +190,71 @@ def replay(pack_path: str, anchors: bool = True, ops: Sequence[str] | None = Non
     rows = [r for r in pack.rows if (r.op, r.variant) in variants]
     groups = _group(rows)
     held = [k for k in groups if ops is None or k[0] in ops]
-    cases = []
-    for i, key in enumerate(held):
-        mine = [r for r in groups[key] if math.isfinite(r.time_ms) and r.time_ms > 0]
-        if len(mine) < 2:
+    if held_inputs is not None:
+        import random
+        held = sorted(held)
+        random.Random(1).shuffle(held)
+        held = held[:held_inputs]
+    fold = fold_of(held, folds)
+    ts = training_set(rows, geometry=lambda r: row_geometry(variants[(r.op, r.variant)], r,
+                                                             limits))
+    cases: dict[bool, list[Case]] = {s: [] for s in setups}
+    done = 0
+    for f in sorted(set(fold.values())):
+        mine = {k for k in held if fold[k] == f}
+        train = ts.subset([i for i, g in enumerate(ts.groups) if g not in mine])
+        if len(train) < 2:
             continue
-        policy = Learned(LiveModel(background=False), anchors=anchors, **policy_args)
-        policy.add_observations([r for k, g in groups.items() if k != key for r in g],
-                                geometry=lambda r: row_geometry(
-                                    variants[(r.op, r.variant)], r, limits))
-        first = mine[0]
-        times = {make_candidate(variants[(r.op, r.variant)], r.config): r.time_ms
-                 for r in mine}
-        cands = list(times)
-        decision = policy.decide(_Context(first, key, limits), cands)
-        chosen = decision.candidate
-        explored = 1
-        if decision.explore:
-            explored = len(decision.explore)
-            for _ in range(policy.samples):
-                for c in decision.explore:
-                    later = policy.observe(key, c, times[c])
-                    if later is not None and not later.explore:
-                        chosen = later.candidate
-        best = min(times, key=times.get)
-        cases.append(Case(first.op, first.dtype, dict(first.dims), len(cands), explored,
-                          chosen.label, best.label, times[chosen] / times[best]))
-        if progress is not None:
-            progress(i + 1, len(held))
-    name = "learned" if anchors else "learned, model picks only (no anchors)"
-    return ReplayReport(str(pack_path), name, tuple(cases))
+        model = CostModel().fit(train.rows, train.y, groups=train.groups)
+        near = Neighbours()
+        for k, g in groups.items():
+            if k not in mine:
+                for r in g:
+                    near.add(r.op, r.dtype, r.features, r.variant, as_config(r.config),
+                             r.time_ms)
+        for key in sorted(mine):
+            done += 1
+            measured = [r for r in groups[key] if math.isfinite(r.time_ms) and r.time_ms > 0]
+            if len(measured) >= 2:
+                for setup in setups:
+                    cases[setup].append(_one(key, measured, model, near.copy(), setup,
+                                             variants, limits, Learned, LiveModel,
+                                             make_candidate, policy_args))
+            if progress is not None:
+                progress(done, len(held))
+    names = {True: "learned", False: "learned, model picks only (no anchors)"}
+    n_folds = 0 if len(set(fold.values())) == len(held) else folds
+    return [ReplayReport(str(pack_path), names[s], tuple(cases[s]), n_folds) for s in setups]
+
+
+def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveModel,
+         make_candidate, policy_args) -> Case:
+    """Decide one held-out input as on a miss, feed the explored candidates their measured
+    times as real calls would, and price the commit."""
+    live = LiveModel(background=False, refit_every=1 << 30)
+    live.model = model            # fitted on the other folds; live rows never refit it
+    policy = Learned(live, anchors=anchors, **policy_args)
+    policy.neighbours = near
+    first = measured[0]
+    times = {make_candidate(variants[(r.op, r.variant)], r.config): r.time_ms
+             for r in measured}
+    cands = list(times)
+    decision = policy.decide(_Context(first, key, limits), cands)
+    chosen, explored = decision.candidate, 1
+    if decision.explore:
+        explored = len(decision.explore)
+        for _ in range(policy.samples):
+            for c in decision.explore:
+                later = policy.observe(key, c, times[c])
+                if later is not None and not later.explore:
+                    chosen = later.candidate
+    best = min(times.values())
+    top1 = top3 = math.nan
+    state = policy.state(key)
+    if state is not None and state.predicted:
+        ranked = [c for c in state.candidates if c in state.predicted]
+        top1 = times[ranked[0]] / best
+        top3 = min(times[c] for c in ranked[:3]) / best
+    best_c = min(times, key=times.get)
+    return Case(first.op, first.dtype, dict(first.dims), len(cands), explored, chosen.label,
+                best_c.label, times[chosen] / best, top1, top3)

@@ -32,4 +32,6 @@ def test_cli_runs(capsys):
     assert cli.main(["bench", "mixed", "--quick", "--backend", "host", "--ops", "softmax"]) == 0
     out = capsys.readouterr().out
     assert "mixed workload" in out and "softmax" in out
+    last = out.rstrip().splitlines()[-1]       # the job ends with the verdict per op
+    assert last.startswith("mixed softmax: adaptive") and "best fixed choice" in last
     assert cli.main([]) == 0

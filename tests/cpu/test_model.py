@@ -37,7 +37,8 @@ def synthetic_rows(rng, n_inputs: int) -> list[Observation]:
 def test_fit_follows_the_sklearn_contract(rng):
     ts = training_set(synthetic_rows(rng, 30))
     model = CostModel(n_estimators=16, random_state=3)
-    assert model.get_params() == {"n_estimators": 16, "min_samples_leaf": 2, "random_state": 3}
+    assert model.get_params() == {"n_estimators": 16, "min_samples_leaf": 2, "random_state": 3,
+                                  "min_group_rows": 8}
     assert not hasattr(model, "ensemble_")
     with pytest.raises(sklearn.exceptions.NotFittedError):
         model.predict(ts.rows[:2])
@@ -81,10 +82,15 @@ def test_held_out_accuracy_beats_the_input_blind_baseline(rng):
 
 def test_rows_name_variant_config_resources_and_device():
     row = candidate_row({"log2_M": 5.0}, "gemm", "tiled", {"BM": 64, "layout": "nt"},
-                        {"registers": 96, "note": "x"}, {"sm_clock_mhz": 1980})
+                        {"registers": 96, "note": "x"},
+                        {"sm_clock_mhz": 990, "max_sm_clock_mhz": 1980})
     assert row == {"op.log2_M": 5.0, "variant=gemm/tiled": 1.0, "cfg.BM": 64.0,
                    "cfg.log2_BM": 6.0, "cfg.layout=nt": 1.0, "res.registers": 96.0,
-                   "dev.sm_clock_mhz": 1980.0}
+                   "res.shared_bytes": 0.0, "res.spill_store_bytes": 0.0,
+                   "res.spill_load_bytes": 0.0, "res.known": 1.0, "dev.known": 1.0,
+                   "dev.sm_clock_ratio": 0.5, "dev.gpu_util_ratio": 0.0,
+                   "dev.sm_active_ratio": 0.0, "dev.mem_used_ratio": 0.0,
+                   "dev.other_processes": 0.0, "dev.throttled": 0.0}
 
 
 def test_background_refit_swaps_whole_models(rng):

@@ -143,10 +143,12 @@ def test_dispatcher_explores_on_real_calls_then_serves_a_plain_plan(rng):
     plan = d._plans[key]
     assert not plan.provisional and not plan.decision.explore
     assert plan.run is d._prepared[(key, plan.candidate)].run   # the committed hot path
-    observed = policy.state(d._plans[key].class_key).observed            # the rule: fastest of each one's samples
-    assert plan.candidate.label == min(observed, key=lambda c: min(observed[c][-2:])).label
+    observed = policy.state(d._plans[key].class_key).observed            # the rule: the lowest median
+    assert plan.candidate.label == min(observed, key=lambda c: observed[c].median()).label
+    assert all(len(observed[c]) == 2 for c in observed)   # the count: the commit criterion
     text = str(adaptive.explain("softmax", x, dispatcher=d))
     assert "committed" in text and plan.candidate.label in text and "explored" in text
+    assert "history:" in text and "miss: " in text and "(medians)" in text
 
 
 def _explored_softmax(rng, rows, cols, max_explore):
@@ -368,3 +370,35 @@ def test_a_broken_event_timer_falls_back_to_host_timing_and_the_call_still_runs(
     assert d.stats["event_timing_failed"] == 1 and "timed on the host" in caplog.text
     assert be.synced >= 3                            # host timing from then on
     assert not d._plans[OPS["softmax"].key((x,), {})].provisional   # and it still commits
+
+
+def test_commit_is_on_medians_after_the_sample_count_not_one_lucky_sample(rng):
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=3)
+    d = policy.decide(ctx, cands)
+    a, b = d.explore
+    # a: one lucky sample, otherwise slow; b: steadily faster than a's median
+    feed = [(a, 0.05), (b, 0.2), (a, 0.3), (b, 0.21)]
+    assert [policy.observe(ctx.key, c, t) for c, t in feed] == [None] * 4   # 2 < 3 samples
+    policy.observe(ctx.key, a, 0.31)
+    out = policy.observe(ctx.key, b, 0.19)
+    assert out is not None and out.candidate == b and not out.explore
+    assert dict(out.samples) == {a.label: 3, b.label: 3}
+    assert dict(out.observed_ms)[a.label] == pytest.approx(0.3)   # the median, not 0.05
+    history = list(policy.state(ctx.key).history)
+    assert history[0].startswith("miss:") and "committed" in history[-1] and "n=3" in history[-1]
+
+
+def test_a_keys_timings_are_a_bounded_ring_with_a_full_count(rng):
+    from adaptive.learned import Samples
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1, drift_window=4)
+    d = policy.decide(ctx, cands)
+    a, b = d.explore
+    policy.observe(ctx.key, a, 0.1)
+    policy.observe(ctx.key, b, 0.2)
+    for _ in range(500):
+        policy.observe(ctx.key, a, 0.1)
+    kept = policy.state(ctx.key).observed[a]
+    assert len(kept) == 501 and len(list(kept)) == Samples.RING_SIZE
+    assert len(policy.state(ctx.key).recent) <= 8

@@ -1,0 +1,149 @@
+"""The one feature builder: what the cost model sees of a candidate on an input.
+
+Decision (:meth:`adaptive.learned.Learned.decide`), training (pack, counter-log and live
+rows through :func:`adaptive.model.training_set` and :meth:`Learned.observe`) and
+:func:`adaptive.explain` all build their rows here, so a row means the same thing
+wherever it was made. A row is a dict of named floats in five groups:
+
+``op.*``    the op's features of the input (log2 sizes, itemsize, density, ...).
+``variant=``/``cfg.*``  which candidate: a one-hot of the variant, its config values (and
+            their log2).
+``geo.*``   launch geometry on this device (CTAs, waves, the last wave's fill, threads
+            per CTA), from the variant's launch expressions and the device's limits;
+            absent for library and host variants and when the limits are unknown.
+``res.*``   kernel resources from ptxas (registers, shared memory, spills), as stored with
+            the cubin in the kernel cache (:mod:`adaptive.kcache`). Unknown (a library or
+            host variant, CuPy's own NVRTC, a candidate not compiled yet): the defaults of
+            :data:`RESOURCE_DEFAULTS` with ``res.known`` = 0.
+``dev.*``   the device state when the call was made (:class:`DeviceState`, filled from the
+            NVML/GPM sampler's readings). Unknown (the host backend, no sampler): the
+            defaults of :class:`DeviceState`, an idle device at its nominal clock (what a
+            pack build measures), with ``dev.known`` = 0.
+
+Every group is always present (defaults where unknown), so a row from a pack and a row
+from a live call of the same candidate on the same input differ only where the device
+or the kernel did. Nothing here imports scikit-learn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+FEATURE_VERSION = 3   # bump when row names or meanings change: older fitted state is refused
+
+# ptxas resources of a kernel; absent (not compiled here, a library call): these values
+RESOURCE_DEFAULTS = {"registers": 0.0, "shared_bytes": 0.0, "spill_store_bytes": 0.0,
+                     "spill_load_bytes": 0.0}
+
+# clock-event bits that mean the clock is held down (NVML: SW power cap, HW slowdown,
+# SW/HW thermal, power brake)
+_THROTTLE_BITS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceState:
+    """The device when a call was made, as the model sees it; defaults: idle, nominal clock.
+
+    Filled by :meth:`from_mapping` from the sampler's readings
+    (:class:`profilers.nvml.DeviceSnapshot` fields, plus ``max_sm_clock_mhz``,
+    ``mem_used_bytes``/``mem_total_bytes`` and ``other_processes`` where the backend knows
+    them); a field not reported keeps its default.
+    """
+
+    known: bool = False               # False: nothing was reported (all defaults)
+    sm_clock_ratio: float = 1.0       # SM clock / its maximum (1.0: not held down)
+    gpu_util_ratio: float = 0.0       # NVML utilisation (all processes, ours included)
+    sm_active_ratio: float = 0.0      # GPM SM activity over the last window
+    mem_used_ratio: float = 0.0       # device memory in use / total
+    other_processes: float = 0.0      # other processes with work on the device
+    throttled: bool = False           # a power or thermal clock event is active
+
+    @classmethod
+    def from_mapping(cls, m: Mapping | None) -> DeviceState:
+        """From a sampler reading (``{}`` or None: the defaults)."""
+        if not m:
+            return cls()
+
+        def num(name: str) -> float | None:
+            v = m.get(name)
+            return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+        out: dict = {"known": True}
+        clock, peak = num("sm_clock_mhz"), num("max_sm_clock_mhz")
+        if clock is not None and peak:
+            out["sm_clock_ratio"] = min(1.0, clock / peak)
+        elif num("sm_clock_ratio") is not None:
+            out["sm_clock_ratio"] = num("sm_clock_ratio")
+        for name in ("gpu_util_ratio", "sm_active_ratio", "mem_used_ratio", "other_processes"):
+            if num(name) is not None:
+                out[name] = num(name)
+        used, total = num("mem_used_bytes"), num("mem_total_bytes")
+        if used is not None and total:
+            out["mem_used_ratio"] = used / total
+        reasons = m.get("clock_event_reasons")
+        if isinstance(reasons, int):
+            out["throttled"] = bool(reasons & _THROTTLE_BITS)
+        elif isinstance(m.get("throttled"), bool):
+            out["throttled"] = m["throttled"]
+        return cls(**out)
+
+    def features(self) -> dict[str, float]:
+        return {f"dev.{f.name}": float(getattr(self, f.name))
+                for f in dataclasses.fields(self)}
+
+
+def kernel_resources(candidate, lookup: Callable | None = None) -> dict[str, float]:
+    """``res.*`` features of a candidate: ``lookup(candidate)`` (the backend's kernel cache)
+    when given and it knows, else ``Variant.resources`` (one flat table or one per
+    candidate label), else :data:`RESOURCE_DEFAULTS` with ``res.known`` = 0."""
+    table = dict(lookup(candidate) or {}) if lookup is not None else {}
+    if not table:
+        res = getattr(candidate.variant, "resources", None) or {}
+        per_label = res.get(candidate.label)
+        table = dict(per_label) if isinstance(per_label, Mapping) else {
+            k: v for k, v in res.items() if isinstance(v, (int, float))}
+    known = any(k in table for k in RESOURCE_DEFAULTS)
+    out = {f"res.{k}": float(table.get(k, d)) for k, d in RESOURCE_DEFAULTS.items()}
+    out["res.known"] = 1.0 if known else 0.0
+    return out
+
+
+def row(op_features: Mapping[str, float], op: str, variant: str, config: Mapping,
+        resources: Mapping | None = None, device: Mapping | DeviceState | None = None,
+        geometry: Mapping | None = None) -> dict[str, float]:
+    """One model row. ``resources``: ``res.*`` features (see :func:`kernel_resources`) or
+    a raw ptxas table; ``device``: a :class:`DeviceState` or a sampler reading."""
+    out = {f"op.{k}": float(v) for k, v in op_features.items()}
+    if geometry:
+        out.update(geometry)
+    out[f"variant={op}/{variant}"] = 1.0
+    for name, value in config.items():
+        if isinstance(value, (bool, int, float)):
+            out[f"cfg.{name}"] = float(value)
+            if value > 0:
+                out[f"cfg.log2_{name}"] = math.log2(value)
+        else:
+            out[f"cfg.{name}={value}"] = 1.0
+    res = dict(resources or {})
+    if not any(k.startswith("res.") for k in res):   # a raw ptxas table
+        known = any(k in res for k in RESOURCE_DEFAULTS)
+        res = {f"res.{k}": float(res.get(k, d)) for k, d in RESOURCE_DEFAULTS.items()}
+        res["res.known"] = 1.0 if known else 0.0
+    out.update(res)
+    state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
+    out.update(state.features())
+    return out
+
+
+def candidate_rows(op: str, op_features: Mapping[str, float], candidates: Sequence,
+                   scope: Mapping, limits: Mapping | None,
+                   device: Mapping | DeviceState | None = None,
+                   resources: Callable | None = None) -> list[dict[str, float]]:
+    """The rows of every candidate of one input (a miss: one call). ``resources``: the
+    backend's lookup of a candidate's ptxas resources (None: the variants' own tables)."""
+    from adaptive.model import geometries
+    state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
+    geo = geometries([(c.variant, c.config) for c in candidates], scope, limits)
+    return [row(op_features, op, c.variant.name, c.config, kernel_resources(c, resources),
+                state, g) for c, g in zip(candidates, geo)]

@@ -1,0 +1,84 @@
+"""The one feature builder: device state and kernel resources with documented defaults,
+and explain() ranking exactly as the policy's decide()."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from adaptive.features import RESOURCE_DEFAULTS, DeviceState, kernel_resources, row
+
+
+class _Variant:
+    def __init__(self, resources=None):
+        self.resources, self.name = resources or {}, "k"
+
+
+class _Cand:
+    def __init__(self, label, resources=None):
+        self.label, self.variant, self.config = label, _Variant(resources), {}
+
+
+def test_device_state_defaults_are_an_idle_device_at_its_nominal_clock():
+    for empty in (None, {}):
+        f = DeviceState.from_mapping(empty).features()
+        assert f == {"dev.known": 0.0, "dev.sm_clock_ratio": 1.0, "dev.gpu_util_ratio": 0.0,
+                     "dev.sm_active_ratio": 0.0, "dev.mem_used_ratio": 0.0,
+                     "dev.other_processes": 0.0, "dev.throttled": 0.0}
+
+
+def test_device_state_from_sampler_readings():
+    s = DeviceState.from_mapping({"sm_clock_mhz": 1485.0, "max_sm_clock_mhz": 1980.0,
+                                  "gpu_util_ratio": 0.7, "sm_active_ratio": 0.55,
+                                  "mem_used_bytes": 3 << 30, "mem_total_bytes": 12 << 30,
+                                  "other_processes": 2, "clock_event_reasons": 0x40,
+                                  "sm_clock_note": "ignored", "power_w": math.nan})
+    assert s.known and s.sm_clock_ratio == pytest.approx(0.75) and s.throttled
+    assert (s.gpu_util_ratio, s.sm_active_ratio, s.other_processes) == (0.7, 0.55, 2.0)
+    assert s.mem_used_ratio == pytest.approx(0.25)
+    assert not DeviceState.from_mapping({"clock_event_reasons": 0x1}).throttled  # GPU idle
+
+
+def test_kernel_resources_lookup_then_variant_table_then_defaults():
+    lookup = {"a": {"registers": 128, "shared_bytes": 49152, "spill_store_bytes": 8}}.get
+    a = kernel_resources(_Cand("a", {"registers": 1}), lambda c: lookup(c.label))
+    assert a["res.registers"] == 128 and a["res.spill_store_bytes"] == 8 and a["res.known"] == 1
+    b = kernel_resources(_Cand("b", {"b": {"registers": 40}}), lambda c: lookup(c.label))
+    assert b["res.registers"] == 40 and b["res.shared_bytes"] == 0 and b["res.known"] == 1
+    c = kernel_resources(_Cand("c"))
+    assert c == {**{f"res.{k}": v for k, v in RESOURCE_DEFAULTS.items()}, "res.known": 0.0}
+
+
+def test_every_group_is_present_in_every_row():
+    r = row({"log2_R": 4.0}, "softmax", "v", {"T": 128})
+    groups = {k.split(".")[0].split("=")[0] for k in r}
+    assert groups == {"op", "variant", "cfg", "res", "dev"}
+    assert r["res.known"] == 0.0 and r["dev.known"] == 0.0
+
+
+def test_explain_ranks_exactly_as_decide(rng):
+    pytest.importorskip("sklearn")
+    import adaptive
+    from adaptive.dispatch import Dispatcher
+    from adaptive.learned import Learned
+    from test_policy import replayed_model
+    x = rng.standard_normal((300, 96)).astype(np.float32)
+    d = Dispatcher("host")
+    cands = d.candidates("softmax", x)
+    policy = Learned(replayed_model(cands, "host_blocked[rows=32]", rng))
+    d = Dispatcher("host", policy=policy)
+    # a sampler reading reaches the rows of both paths (a busy, clocked-down device)
+    d.backend.device_state = lambda: {"sm_clock_mhz": 1000.0, "max_sm_clock_mhz": 2000.0,
+                                      "gpu_util_ratio": 0.9}
+    before = adaptive.explain("softmax", x, dispatcher=d)
+    assert before.state == "undecided"
+    d.launch("softmax", x)
+    state = next(iter(policy.keys.values()))
+    assert [r.label for r in before.rows] == [c.label for c in state.candidates]
+    assert state.device.known and state.device.sm_clock_ratio == 0.5
+    row0 = next(iter(state.rows.values()))
+    assert row0["dev.gpu_util_ratio"] == 0.9
+    after = adaptive.explain("softmax", x, dispatcher=d)
+    assert [r.label for r in after.rows] == [c.label for c in state.candidates]
