@@ -15,12 +15,15 @@ import numpy as np
 
 from adaptive.errors import InputValueError
 from adaptive.ops.base import Op, Param, Problem, random_array
+from adaptive.ops.regimes import attention_regimes
 
 
 class Attention(Op):
     name = "attention"
     token_dims = ("Lq", "Lk")
     arrays = ("q", "k", "v")
+    regimes = attention_regimes()   # large scores, constant keys, tiny, mixed + generic
+    reduction_dims = ("Lk", "D")
     params = (
         Param("causal", (bool,), False, "mask keys after each query (bottom-right aligned)"),
         Param("scale", (float, int), None, "logit scale; None means 1/sqrt(D)"),
