@@ -1,5 +1,8 @@
 """Planted bad CUDA kernels (``tests/gpu/planted/*.cu``) through the isolated verifier:
-every one is rejected and this process's CUDA context stays healthy; good kernels pass."""
+every one is rejected and this process's CUDA context stays healthy; correct kernels of
+three styles pass (float32 and float16). The regime kernels (large logits, -inf masks,
+constant and tiny rows, mixed signs, writes just outside the output) also run on the CPU
+through the CUDA emulation: tests/cpu/test_planted_emu.py."""
 
 from __future__ import annotations
 
@@ -28,7 +31,23 @@ EXPECTED = {
     "wrong_on_odd_sizes": {Stage.UNWRITTEN, Stage.WRONG},
     "hangs": {Stage.TIMEOUT},
     "illegal_address": {Stage.RUN, Stage.CRASH},
+    # value regimes (adaptive/ops/regimes.py)
+    "no_max_subtraction": {Stage.NONFINITE, Stage.WRONG},
+    "logsumexp_precision": {Stage.WRONG},
+    "online_masked_nan": {Stage.NONFINITE},
+    "clamps_logits": {Stage.WRONG},
+    "zero_row_is_padding": {Stage.WRONG},
+    "uniform_row_shortcut": {Stage.WRONG},
+    # guard regions around the output
+    "one_past_the_end": {Stage.OUT_OF_BOUNDS},
+    "one_before_the_start": {Stage.OUT_OF_BOUNDS},
+    "oob_write": {Stage.OUT_OF_BOUNDS, Stage.WRONG, Stage.RACE},
 }
+# the regime whose values must show each regime defect (its detail names it)
+REGIME = {"no_max_subtraction": "large", "logsumexp_precision": "large",
+          "online_masked_nan": "masked", "zero_row_is_padding": ("tiny", "constant"),
+          "uniform_row_shortcut": "constant", "clamps_logits": ("mixed", "large")}
+GOOD = ("good", "good_online", "good_serial")
 NEEDS_SANITIZER = {"oob_write": "memcheck", "race": "racecheck"}
 
 
@@ -50,13 +69,13 @@ def _config(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    names = [*EXPECTED, "good"]
+    names = [*EXPECTED, *GOOD]
     verifier = Verifier(timeout_s=20, sanitize="off",
                         cache_dir=str(tmp_path_factory.mktemp("kernels")))
     jobs = [Job(planted(n), _config(n), DIMS, "float32") for n in names]
-    jobs.append(Job(planted("good"), _config("good"), DIMS, "float16"))
+    jobs += [Job(planted(n), _config(n), DIMS, "float16") for n in GOOD]
     got = verifier.verify_many(jobs)
-    return dict(zip([*names, "good_fp16"], got))
+    return dict(zip([*names, *(f"{n}_fp16" for n in GOOD)], got))
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -66,16 +85,24 @@ def test_planted_kernel_is_rejected(reports, name):
     assert r.stage in EXPECTED[name], f"{r.verdict}\n{r.detail}"
 
 
+@pytest.mark.parametrize("name", sorted(REGIME))
+def test_regime_defect_is_found_in_its_regime(reports, name):
+    want = REGIME[name] if isinstance(REGIME[name], tuple) else (REGIME[name],)
+    assert any(f"{w} values" in reports[name].detail for w in want), reports[name].detail
+
+
 def test_odd_size_bug_is_found_at_an_edge_shape(reports):
     assert str(DIMS) not in reports["wrong_on_odd_sizes"].detail
 
 
 def test_good_kernels_accepted_after_the_bad_ones(reports):
-    for key in ("good", "good_fp16"):
+    from adaptive.ops import get_op
+    for key in (*GOOD, *(f"{n}_fp16" for n in GOOD)):
         r = reports[key]
-        assert r.ok, f"{r.verdict}\n{r.detail}"
+        assert r.ok, f"{key}: {r.verdict}\n{r.detail}"
         assert r.executed and len({c.seed for c in r.checks}) >= 5
-        assert r.resources.get("registers", 0) > 0 and 0 < r.time_ms < 10
+        assert {c.distribution for c in r.checks} == set(get_op("softmax").regimes)
+        assert r.resources.get("registers", 0) > 0 and 0 < r.time_ms < 100
 
 
 def test_asking_process_is_unharmed(reports):
