@@ -295,6 +295,64 @@ def test_regen_cli_runs_one_loop(capsys):
     assert cli.main(["regen", "--op", "softmax", "--shape", "R=6,X=2"]) == 2
 
 
+def test_regen_baseline_is_the_fastest_current_candidate_not_the_first_tried():
+    """At R=4096, C=1024 every host candidate is timed on the target input; the baseline
+    is the fastest of them (the issue: host_numpy was reported while host_blocked[512]
+    was faster)."""
+    from adaptive.regen.cli import measured_request
+    request, registry = measured_request("softmax", {"R": 4096, "C": 1024}, "float32", "host")
+    labels = {c.label for c in Dispatcher("host", registry=registry).candidates(
+        "softmax", np.zeros((4096, 1024), np.float32))}
+    assert set(request.observed_ms) == labels and len(labels) >= 4
+    assert request.best_ms == min(request.observed_ms.values())
+    assert request.observed_ms[request.best.label] == request.best_ms
+
+
+def test_regen_baseline_beats_a_slow_dispatcher_pick(monkeypatch):
+    """The policy picks a candidate that sleeps; the request's best is still the fast one."""
+    import adaptive.dispatch as dispatch_mod
+    from adaptive.regen import cli as regen_cli
+    reg = default_registry()
+    slow = dataclasses.replace(reg.get("softmax", "host_numpy"), name="host_sleepy",
+                               source="import time\nimport numpy as np\n"
+                                      "def softmax_numpy(x, out):\n    time.sleep(0.03)\n"
+                                      "    e = np.exp(x - x.max(1, keepdims=True))\n"
+                                      "    out[...] = e / e.sum(1, keepdims=True)\n")
+    fast = reg.get("softmax", "host_numpy")
+    registry = Registry([slow, fast])
+
+    from adaptive.policy import Fixed
+    real = dispatch_mod.Dispatcher
+    monkeypatch.setattr(dispatch_mod, "Dispatcher",
+                        lambda backend: real(backend, registry=registry, policy=Fixed()))
+    request, _ = regen_cli.measured_request("softmax", {"R": 64, "C": 48}, "float32", "host")
+    assert request.best.label == "host_numpy", request.observed_ms
+    assert request.observed_ms["host_sleepy"] >= 30 > request.best_ms
+    assert "dispatcher's pick was host_sleepy" in request.reason
+
+
+def test_regen_cli_refuses_a_dtype_the_op_does_not_take(capsys):
+    assert cli.main(["regen", "--op", "softmax", "--shape", "R=6,C=2", "--dtype", "int8",
+                     "--backend", "host"]) == 2
+    err = capsys.readouterr().err
+    assert "--dtype int8: softmax takes float16, bfloat16, float32" in err
+
+
+def test_regen_cli_pack_without_a_winner_says_so_and_writes_nothing(tmp_path, capsys,
+                                                                    monkeypatch):
+    import adaptive.regen as regen_mod
+    from adaptive.regen.loop import LoopResult
+
+    def no_winner(request, *a, **k):
+        return LoopResult(request, (), None, None, "candidate budget spent", 0.1)
+    monkeypatch.setattr(regen_mod, "run_loop", no_winner)
+    pack = tmp_path / "out.pack"
+    assert cli.main(["regen", "--op", "softmax", "--shape", "R=60,C=24", "--backend", "host",
+                     "--candidates", "1", "--pack", str(pack)]) == 1
+    assert not pack.exists()
+    assert "no winner" in capsys.readouterr().err
+
+
 def test_environment_starts_the_service_for_new_dispatchers():
     from adaptive import config, regen
 
