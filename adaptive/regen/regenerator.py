@@ -100,12 +100,16 @@ class Regenerator:
         self._busy = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._model = None
 
     # ---- wiring ----------------------------------------------------------------------------
     def attach(self, dispatcher) -> Regenerator:
         """Subscribe to ``dispatcher``'s sampled launches; returns self."""
         if self.registry is None:
             self.registry = dispatcher.registry
+        model = getattr(getattr(dispatcher, "policy", None), "model", None)
+        if self._model is None and callable(getattr(model, "predict_dist", None)):
+            self._model = model            # the learned policy's cost model guides the search
         dispatcher.listeners.append(_Listener(self._inbox, self._wake, dispatcher.backend,
                                               dict(dispatcher.limits)))
         return self
@@ -220,7 +224,7 @@ class Regenerator:
 
     def _run(self, request: Request) -> None:
         from adaptive.regen.parametric import Parametric
-        generator = self.generator or Parametric(self.registry)
+        generator = self.generator or Parametric(self.registry, model=self._model)
         log.info("regenerating %s: %s", request.label, request.reason)
         result = run_loop(request, generator, self.verifier, self.budget, self.registry,
                           batch=self.batch, cancelled=self._stop.is_set)

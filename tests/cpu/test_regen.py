@@ -104,6 +104,96 @@ def test_parametric_proposes_new_points_not_the_known_ones():
     assert all(p.config["rows"] < 40 for p in gen.propose(small, [], 16))
 
 
+def _families(n: int) -> Registry:
+    base = default_registry().get("softmax", "host_blocked")
+    return Registry([dataclasses.replace(base, name=f"fam{i}") for i in range(n)])
+
+
+def _fam_request(reg, **kw) -> Request:
+    return Request(op="softmax", dims={"R": 4000, "C": 8}, dtype="float32", backend="host",
+                   best=make_candidate(reg.get("softmax", "fam0"), {"rows": 32}),
+                   limits={"cpu_count": 2}, reason="test", **kw)
+
+
+def _tried(proposals):
+    from adaptive.regen import Attempt
+    from adaptive.regen.report import rejected
+    return [Attempt(p, rejected({"variant": p.variant.to_dict()}, Stage.WRONG, "x"))
+            for p in proposals]
+
+
+def test_parametric_reaches_every_family_including_one_added_later():
+    reg = _families(6)
+    gen = Parametric(reg)
+    req = _fam_request(reg)
+    history = []
+    for _ in range(2):                               # two rounds of 4: 8 candidates
+        history += _tried(gen.propose(req, history, 4))
+    families = {a.proposal.variant.provenance["template"] for a in history}
+    assert families == {f"softmax/fam{i}" for i in range(6)}, families
+    late = dataclasses.replace(reg.get("softmax", "fam0"), name="late_family")
+    reg.add(late)
+    later = gen.propose(req, history, 4)
+    assert "softmax/late_family" in {p.variant.provenance["template"] for p in later}
+
+
+def test_parametric_searches_every_cuda_family_from_its_manifest_space():
+    """No hard-coded families: every CUDA softmax variant with a space is mutated (the
+    newest, reg_warp, included) within a budget of a few rounds."""
+    reg = default_registry()
+    cuda = [v for v in reg.variants("softmax", "cuda") if v.space.params]
+    if len(cuda) < 2:
+        pytest.skip("fewer than two cuda softmax families registered")
+    limits = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132}
+    dims = {"R": 4096, "C": 1024}
+    scope = {**dims, "dtype": "float16", "itemsize": 2}
+    best_v = cuda[0]
+    cfg = next(c for c in best_v.space.configs(limits) if best_v.fits(scope, c))
+    req = Request(op="softmax", dims=dims, dtype="float16", backend="cuda",
+                  best=make_candidate(best_v, cfg), best_ms=0.05, floor_ms=0.01,
+                  limits=limits, reason="test")
+    gen = Parametric(reg)
+    history = []
+    for _ in range(4):
+        history += _tried(gen.propose(req, history, 6))
+    reached = {a.proposal.variant.provenance["template"] for a in history}
+    fitting = {v.id for v in cuda if any(v.fits(scope, c) for c in v.space.configs(limits))}
+    assert fitting <= reached, fitting - reached
+
+
+def test_parametric_proposes_where_the_cost_model_predicts_gains():
+    reg = _families(3)
+    req = _fam_request(reg, best_ms=1.0, floor_ms=0.1, features={"log2_R": 12.0})
+
+    class Model:                                 # predicts fam2 with rows=256 at 0.2 ms
+        rows_seen = []
+
+        def predict_dist(self, rows):
+            self.rows_seen += rows
+            mean = [math.log(0.2 / 0.1) if r.get("variant=softmax/fam2") and
+                    r.get("cfg.rows") == 256 else math.log(5.0 / 0.1) for r in rows]
+            return np.array(mean), np.full(len(rows), 0.1)
+
+    model = Model()
+    first = Parametric(reg, model=model).propose(req, [], 4)
+    assert first[0].variant.provenance["template"] == "softmax/fam2"
+    assert first[0].config == {"rows": 256} and "model predicts 0.2 ms" in first[0].note
+    assert all("model predicts" not in p.note for p in first[1:])    # the rest explores
+    assert model.rows_seen and all("op.log2_R" in r for r in model.rows_seen)
+
+
+def test_parametric_proposes_the_catalogue_families_the_registry_does_not_serve():
+    served = _families(1)
+    catalogue = _families(3)
+    req = _fam_request(served)
+    props = Parametric(served, catalogue=catalogue).propose(req, [], 6)
+    notes = {}
+    for p in props:
+        notes.setdefault(p.variant.provenance["template"], []).append(p.note)
+    assert {"softmax/fam1", "softmax/fam2"} <= set(notes)
+    assert "as listed" in notes["softmax/fam1"][0]    # a manifest point, unmeasured here
+
+
 def test_failures_trigger_and_rate_limit_with_dedup():
     reg = default_registry()
     now = [0.0]
