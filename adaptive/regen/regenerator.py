@@ -129,6 +129,11 @@ class Regenerator:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    @property
+    def busy(self) -> bool:
+        """True while a loop runs or observations and requests wait."""
+        return bool(self._inbox) or not self._queue.empty() or self._busy
+
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """Block until every observation and request so far has been handled."""
         end = time.monotonic() + timeout_s
