@@ -259,7 +259,8 @@ def main(out_dir: str, backend: str = "cuda", dims: dict | None = None,
              "value": f"{r['served_before_ms']:.4f} -> {r['served_after_ms']:.4f}", "unit": "ms",
              "note": f"now {r['serving']}",
              "rc": 0 if r["served_after_ms"] < r["served_before_ms"] else 1},
-            {"case": f"{name}: launches while the loop ran", "value": str(r["launches_during_loop"]),
+            {"case": f"{name}: launches while the loop ran",
+             "value": str(r["launches_during_loop"]),
              "unit": "launches", "note": f"worst {r['worst_launch_ms_during_loop']:.2f} ms over "
                                          f"{r['loop_s']:.1f} s of loop",
              "rc": 0 if r["launches_during_loop"] > 0 and math.isfinite(

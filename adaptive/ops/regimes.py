@@ -277,14 +277,15 @@ def attention_regimes() -> dict[str, Regime]:
 
 def row_scales(rng, rows: int, dtype: str) -> np.ndarray:
     """Per-row scales over the dtype's exponent range, the output staying finite and normal:
-    fp32 10^[-39.5, 30] (the lowest rows subnormal), fp16 2^[-14, 6] (mostly subnormal
-    inputs up to 64; b carries 2^5 so every output row stays normal)."""
+    fp32 10^[-39.5, 30] (the lowest rows subnormal), bf16 10^[-36, 30], fp16 2^[-14, 6]
+    (mostly subnormal inputs up to 64; b carries 2^5 so every output row stays normal)."""
     if dtype == "float16":
         e = rng.uniform(-14.0, 6.0, rows)
         e[:2] = (-14.0, 6.0)[:rows]
         return 2.0 ** e
-    e = rng.uniform(-38.0, 30.0, rows)
-    e[:2] = (-39.5, 30.0)[:rows]
+    low = -39.5 if dtype == "float32" else -36.0   # bf16: normal rows (its subnormals
+    e = rng.uniform(low, 30.0, rows)                # carry one or two significant bits)
+    e[:2] = (low, 30.0)[:rows]
     return 10.0 ** e
 
 

@@ -3,8 +3,9 @@
 Edge shapes are derived from the target's named dims: sizes that are odd (so not a
 multiple of any power-of-two tile), tiny, and one element. Dims that are a model
 constant (attention's head size) keep their target value, since variants legitimately
-require them. Value distributions vary the inputs beyond the op's own generator so a
-kernel tuned to one value range (or one that ignores the data) is caught.
+require them. Values come from the op's value regimes (``Op.regimes``,
+:mod:`adaptive.ops.regimes`): the inputs real models feed, beyond the op's own generator,
+so a kernel tuned to one value range (or one that ignores the data) is caught.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from adaptive.ops.regimes import distribute  # noqa: F401 (re-exported)
 
-DISTRIBUTIONS = ("normal", "uniform", "shifted")
 FIXED_DIMS = {"attention": ("D",)}       # model constants the edge shapes keep
 DEFAULT_DIMS = {                          # `adaptive verify` without --shape
     "gemm": {"M": 192, "N": 160, "K": 96},

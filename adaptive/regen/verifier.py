@@ -53,7 +53,8 @@ class Job:
             if unknown:
                 raise ValueError(f"{self.variant.op} has no value regime "
                                  f"{', '.join(map(repr, unknown))}; known: {', '.join(known)}")
-        d = {"regimes": list(self.regimes), "variant": self.variant.to_dict(), "config": dict(self.config),
+        d = {"regimes": list(self.regimes), "variant": self.variant.to_dict(),
+             "config": dict(self.config),
              "dims": dict(self.dims), "dtype": self.dtype, "params": dict(self.params),
              "stats": dict(self.stats), "seeds": verifier.seeds, "reps": verifier.reps,
              "timing_s": verifier.timing_s, "cache_dir": verifier.cache_dir,
