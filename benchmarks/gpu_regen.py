@@ -26,7 +26,7 @@ import numpy as np
 
 DIMS = {"R": 4096, "C": 1024}
 DTYPE = "float16"
-BUDGET_S = 75.0
+BUDGET_S = 100.0
 CANDIDATES = 20
 
 

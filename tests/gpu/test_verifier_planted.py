@@ -148,3 +148,46 @@ def test_builtin_softmax_variants_accepted_with_baseline(tmp_path):
     for r in reports:
         assert r.ok, f"{r.verdict}\n{r.detail}"
         assert r.baseline and r.baseline_ms < 10
+
+
+# ---- the built-in CUDA variants of every op, in every value regime ----------------------------
+
+BUILTIN = {
+    "gemm": [({"M": 256, "N": 192, "K": 320}, {}, {})],
+    "attention": [({"B": 1, "H": 4, "Lq": 77, "Lk": 300, "D": 64}, {"causal": True}, {}),
+                  ({"B": 2, "H": 8, "Hkv": 2, "Lq": 1, "Lk": 513, "D": 128}, {}, {})],
+    "spmm": [({"M": 256, "N": 64, "K": 512}, {}, {"density": 0.1}),
+             ({"M": 256, "N": 64, "K": 512}, {}, {"density": 0.5, "is_2to4": 1.0})],
+}
+
+
+@pytest.mark.parametrize("op_name", sorted(BUILTIN))
+def test_builtin_cuda_variants_pass_every_regime(op_name, tmp_path):
+    """Every built-in CUDA variant (its first config that fits) in float16: accepted in all
+    of the op's value regimes. A rejection here is a built-in defect the regimes expose,
+    or a regime that asks more than the dtype can give; the verdict says which regime."""
+    from adaptive import optional
+    from adaptive.ops import get_op
+    from adaptive.regen.shapes import make_inputs
+    op = get_op(op_name)
+    limits = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132}
+    jobs = []
+    for dims, params, stats in BUILTIN[op_name]:
+        probe = make_inputs(op, dims, "float16", 0, "normal", stats)
+        full = {p.name: p.default for p in op.params} | params
+        scope = op.problem(probe, full).scope()
+        for v in default_registry().variants(op_name, "cuda"):
+            if v.needs and optional.missing(v.needs) is not None:
+                continue
+            fitting = [c for c in v.space.configs(limits) if v.fits(scope, c)] or (
+                [{}] if not v.space.params and v.fits(scope, {}) else [])
+            if fitting:
+                jobs.append(Job(v, fitting[0], dims, "float16", params=full, stats=stats))
+    if not jobs:
+        pytest.skip(f"no cuda {op_name} variant fits")
+    reports = Verifier(timeout_s=120, sanitize="off", reps=3, timing_s=0.5,
+                       cache_dir=str(tmp_path)).verify_many(jobs)
+    bad = [f"{r.verdict}\n{r.detail[:800]}" for r in reports if not r.ok]
+    assert not bad, "\n\n".join(bad)
+    for r in reports:
+        assert {c.distribution for c in r.checks} == set(op.regimes), r.verdict
