@@ -99,3 +99,18 @@ def test_planted_defect_shows_in_its_regime_only(kernels, name):
 def test_correct_controls_pass_every_regime(kernels, name):
     for regime in get_op("softmax").regimes:
         assert judge(kernels, name, regime) == "", (name, regime)
+
+
+def test_planted_kernels_compile_with_nvrtc(tmp_path):
+    """The same sources through NVRTC (as the H200 run compiles them), so a compile error
+    never costs GPU time."""
+    from adaptive import nvrtc
+    from adaptive.kcache import KernelCache
+    if not nvrtc.available():
+        pytest.skip("NVRTC is not installed")
+    sys.path.insert(0, str(PLANTED.parent))
+    from test_verifier_planted import planted
+    for name in (*BAD, *GOOD):
+        kernel = nvrtc.compile_candidate(planted(name), {"ROWS": ROWS}, "float16",
+                                         cache=KernelCache(str(tmp_path)))
+        assert kernel.resources.get("registers", 0) > 0, name
