@@ -255,7 +255,7 @@ def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]
     regimes = [r for r in op.regimes if not job.get("regimes") or r in job["regimes"]]
     checks, skipped = [], []
     edges = shapes.edge_shapes(op.name, job["dims"])
-    for s_idx, (label, dims) in enumerate(edges):
+    for label, dims in edges:
         if job.get("small_only") and label == "target" and len(edges) > 1:
             continue
         probe = shapes.make_inputs(op, dims, dtype, 0, "normal", job.get("stats"))
@@ -275,8 +275,10 @@ def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]
             n = max(n, len(regimes))            # a small shape sees every regime
         for i in range(n):
             seed = int(job.get("seed0", 1)) * 1000 + len(checks)
-            dist = regimes[(i + s_idx) % len(regimes)] if n < len(regimes) else regimes[i % len(
-                regimes)]
+            if n >= len(regimes) or i == 0 or len(regimes) == 1:
+                dist = regimes[i % len(regimes)]
+            else:                               # a big shape: the first regime, then others
+                dist = regimes[1 + (int(job.get("seed0", 1)) + i) % (len(regimes) - 1)]
             inputs = shapes.make_inputs(op, dims, dtype, seed, dist, job.get("stats"))
             saved = tuple(np.array(x, copy=True) if isinstance(x, np.ndarray) else None
                           for x in inputs)
