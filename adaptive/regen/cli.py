@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from adaptive.ops import OPS
     parser.add_argument("--op", required=True, choices=sorted(OPS))
     parser.add_argument("--shape", required=True, help="target dims, e.g. M=512,N=512,K=256")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32",
+                        help="element type, one the op takes (e.g. float16, bfloat16, float32)")
     parser.add_argument("--generator", default="parametric", choices=("parametric", "hf",
                                                                        "openai"))
     parser.add_argument("--backend", default="auto", help="auto, cuda or host")
