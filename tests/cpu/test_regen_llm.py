@@ -34,6 +34,7 @@ def test_both_generators_promote_and_serving_goes_on(llm_run):
         assert d["promoted"] and d["promoted_source_from"] == name
         assert d["serving"].startswith(d["promoted"]) and d["result_correct_after"]
         assert d["launches_during_loop"] > 0        # launched while the loop ran, on this thread
+        assert d["worst_launch_ms_during_loop"] < 2000      # none waited for the loop
         assert d["served_after_ms"] < d["served_before_ms"]
 
 
