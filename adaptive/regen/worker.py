@@ -231,8 +231,8 @@ class Guarded:
         self.before = self._guards()
 
     def _guards(self) -> tuple[np.ndarray, np.ndarray]:
-        whole = arrays.to_numpy(self.big)
-        return np.array(whole[:self.g], copy=True), np.array(whole[self.g + self.n:], copy=True)
+        return (np.array(arrays.to_numpy(self.big[:self.g]), copy=True),
+                np.array(arrays.to_numpy(self.big[self.g + self.n:]), copy=True))
 
     def check(self, label: str) -> None:
         head, tail = self._guards()
