@@ -3,7 +3,8 @@
 1. Time every CUDA softmax candidate (variant x config) on the class: the exhaustive best.
 2. Strip the good configs: each variant keeps only its slowest config (one whose slowest
    config is still within 1.2x of the best is dropped). The spaces' other values are gone,
-   so the loop has to rediscover them by mutation.
+   so the loop has to rediscover them by mutation; the parametric search covers every
+   family of the full registry (a dropped family's manifest points are proposals too).
 3. Serve the class from the stripped registry with sampling on; a Regenerator attached to
    the dispatcher sees the low efficiency (its threshold is set between the stripped and
    the exhaustive efficiency), fires, and runs the parametric loop in the background.
@@ -25,7 +26,7 @@ import numpy as np
 
 DIMS = {"R": 4096, "C": 1024}
 DTYPE = "float16"
-BUDGET_S = 75.0
+BUDGET_S = 100.0
 CANDIDATES = 20
 
 
@@ -121,7 +122,9 @@ def main(out_dir: str, backend: str = "cuda", dims: dict | None = None) -> list[
         d = Dispatcher(backend, policy=MeasureEach(), registry=registry)
     d.launch("softmax", x, out=out)
     served_before = timer.time_ms(lambda: d.launch("softmax", x, out=out))["median_ms"]
-    regen = Regenerator(generator=Parametric(registry), registry=registry,
+    # the stripped registry serves; the search covers every family of the full one
+    regen = Regenerator(generator=Parametric(registry, catalogue=full.registry),
+                        registry=registry,
                         verifier=Verifier(timeout_s=60, sanitize="off", reps=20),
                         threshold=threshold, min_samples=5, interval_s=0.0,
                         budget=Budget(wall_s=BUDGET_S, candidates=CANDIDATES), batch=6)

@@ -27,12 +27,15 @@ import numpy as np
 from adaptive import arrays
 from adaptive.errors import InputTypeError, InputValueError
 from adaptive.ops.base import Op, Param, Problem, random_array
+from adaptive.ops.regimes import attention_regimes
 
 
 class Attention(Op):
     name = "attention"
     token_dims = ("Lq", "Lk")
     arrays = ("q", "k", "v")       # and an optional fourth, "mask"
+    regimes = attention_regimes()   # large scores, constant keys, tiny, mixed + generic
+    reduction_dims = ("Lk", "D")
     params = (
         Param("causal", (bool,), False, "mask keys after each query (bottom-right aligned)"),
         Param("scale", (float, int), None, "logit scale, any finite number; None means "

@@ -15,6 +15,7 @@ import numpy as np
 from adaptive import arrays
 from adaptive.arrays import ArrayInfo
 from adaptive.errors import InputTypeError, InputValueError, UnknownNameError
+from adaptive.ops.regimes import GENERIC, Regime, accumulation_tolerance
 
 KEY_VERSION = 1  # bump when the meaning of keys changes: old caches and packs are then ignored
 
@@ -112,6 +113,16 @@ class Op:
     # relative error bound ||out - ref|| / ||ref|| per input dtype
     tolerance: Mapping[str, float] = {"float16": 5e-3, "bfloat16": 3e-2, "float32": 1e-4,
                                       "float64": 1e-10}
+    # value regimes the verifier draws (adaptive/ops/regimes.py): name -> how to draw inputs
+    regimes: Mapping[str, Regime] = GENERIC
+    reduction_dims: tuple[str, ...] = ()  # dims summed over (the tolerance grows with them)
+
+    def tolerance_for(self, dtype: str, dims: Mapping[str, int]) -> float:
+        """The norm-wise relative tolerance at ``dims``: ``tolerance[dtype]``, grown for
+        long reductions to ``16 * 2^-24 * sqrt(L)`` (L: the longest reduction dim), the
+        rounding of an fp32 accumulation of L random terms with a 16x margin."""
+        length = max((int(dims.get(d, 1)) for d in self.reduction_dims), default=1)
+        return accumulation_tolerance(self.tolerance[dtype], length)
 
     # ---- hot path ----------------------------------------------------------------------
     def key(self, args: Sequence, params: Mapping) -> tuple:

@@ -6,12 +6,15 @@ import numpy as np
 
 from adaptive.errors import InputValueError
 from adaptive.ops.base import Op, Problem, random_array
+from adaptive.ops.regimes import matmul_regimes
 
 
 class Gemm(Op):
     name = "gemm"
     token_dims = ("M",)
     arrays = ("a", "b")
+    regimes = matmul_regimes(sparse=False)   # accumulate, extreme, mixed + generic
+    reduction_dims = ("K",)
 
     def check_shapes(self, infos, args, params):
         a, b = infos

@@ -5,12 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from adaptive.ops.base import Op, Problem, random_array
+from adaptive.ops.regimes import softmax_regimes
 
 
 class Softmax(Op):
     name = "softmax"
     token_dims = ("R",)
     arrays = ("x",)
+    regimes = softmax_regimes()   # large, masked (-inf), constant, tiny, mixed + generic
+    reduction_dims = ("C",)
 
     def check_shapes(self, infos, args, params):
         (x,) = infos

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 from adaptive.backends.cuda_args import ArgProvider, register
 from adaptive.errors import InputTypeError, InputValueError
 from adaptive.ops.base import Op, Problem, random_array
+from adaptive.ops.regimes import matmul_regimes
 from adaptive.ops.sparse import SparseWeight
 
 
@@ -43,6 +44,8 @@ class Spmm(Op):
     arrays = ("w", "b")
     sparse = ("w",)
     dtypes = ("float16", "float32")
+    regimes = matmul_regimes(sparse=True)   # accumulate, extreme, mixed, empty_rows + generic
+    reduction_dims = ("K",)
 
     def check_shapes(self, infos, args, params):
         w, b = infos

@@ -64,34 +64,64 @@ def _neighbours(value, known: Sequence) -> list:
 
 
 class Parametric:
-    """New points and mutations of the template config spaces.
+    """New points and mutations of every family's config space, chosen by the cost model.
+
+    Every variant of the op with a config space is a family (a template): the manifest's
+    own and any registered later (a pack, ``registry.add``), plus those of ``catalogue``
+    not in the serving registry. The search space of each is derived from its manifest
+    space: the neighbours of a config (:func:`_neighbours`) one knob at a time, then pairs.
+    Centres are the best verified winner, the current best, and each family's manifest
+    points. With a cost model (``model.predict_dist(rows)``, the learned policy's model),
+    the configs it predicts faster than the current best come first, most promising
+    first; the rest of each round goes to the family explored least so far, so every
+    family is reached within a budget of about as many candidates as there are families.
 
     Args:
         registry: where the op's template variants come from (the dispatcher's registry).
         max_points: the most proposals per request over all rounds.
+        catalogue: more families to search (e.g. the built-in registry when ``registry``
+            serves a subset); their manifest points are proposals too.
+        model: a cost model with ``predict_dist(rows) -> (mean, sigma) | None`` over
+            :func:`adaptive.model.candidate_row` rows (log time over the roofline floor).
     """
 
     name = "parametric"
+    MOVES_PER_CENTRE = 24
 
-    def __init__(self, registry: Registry | None = None, max_points: int = 64):
+    def __init__(self, registry: Registry | None = None, max_points: int = 64,
+                 catalogue: Registry | None = None, model=None):
         self.registry = registry
         self.max_points = max_points
+        self.catalogue = catalogue
+        self.model = model
+        self.predicted_ms: dict[str, float] = {}      # proposal label -> the model's estimate
+
+    def _serving(self) -> Registry:
+        from adaptive.dispatch import shared_registry
+        return self.registry or shared_registry()
 
     def _templates(self, request: Request) -> list[Variant]:
-        """The op's variants with a config space (not earlier parametric results), the
-        current best's template first."""
-        from adaptive.dispatch import shared_registry
-        registry = self.registry or shared_registry()
-        out = [v for v in registry.variants(request.op, request.backend)
+        """Every family of the op with a config space (not earlier parametric results):
+        the serving registry's, then the catalogue's not served; the current best's first."""
+        out = [v for v in self._serving().variants(request.op, request.backend)
                if v.space.params and v.provenance.get("generator") != self.name]
+        if self.catalogue is not None:
+            names = {v.name for v in out}
+            out += [v for v in self.catalogue.variants(request.op, request.backend)
+                    if v.space.params and v.name not in names
+                    and v.provenance.get("generator") != self.name]
         if request.best is not None:
             first = request.best.variant.provenance.get("template", request.best.variant.id)
             out.sort(key=lambda v: v.id != first)
         return out
 
     def _known(self, request: Request, template: Variant) -> set:
-        """Configs the dispatcher already measures (in the space) or already tried."""
-        return {tuple(sorted(c.items())) for c in template.space.configs(request.limits)}
+        """Configs the dispatcher already measures: the served variant's of this name."""
+        try:
+            served = self._serving().get(request.op, template.name)
+        except Exception:  # noqa: BLE001 (a catalogue family the registry does not serve)
+            return set()
+        return {tuple(sorted(c.items())) for c in served.space.configs(request.limits)}
 
     def _admits(self, request: Request, template: Variant, config: dict) -> bool:
         scope = {**request.dims, **request.stats, **request.params, "dtype": request.dtype}
@@ -102,6 +132,40 @@ class Parametric:
         except Exception:  # noqa: BLE001 (a constraint naming an unknown limit: not admitted)
             return False
 
+    def _moves(self, request, template, config, note_base, tried) -> list[tuple]:
+        """Up to MOVES_PER_CENTRE untried, admitted configs around ``config``: the config
+        itself when the dispatcher does not measure it, then one knob, then two."""
+        known = self._known(request, template)
+        known_values = {k: list(v) for k, v in template.space.params}
+        if self.catalogue is not None:         # the full manifest's values, when stripped
+            try:
+                full = dict(self.catalogue.get(request.op, template.name).space.params)
+            except Exception:  # noqa: BLE001 (not in the catalogue)
+                full = {}
+            for k, vals in full.items():
+                if k in known_values:
+                    known_values[k] += [v for v in vals if v not in known_values[k]]
+        out = []
+        own = (template.id, tuple(sorted(config.items())))
+        if own not in tried and own[1] not in known and self._admits(request, template, config):
+            out.append((template, dict(config), f"{note_base}: as listed"))
+        for width in (1, 2):            # single-knob moves first; pairs when they ran out
+            for names in itertools.combinations(sorted(config), width):
+                for values in itertools.product(*(_neighbours(config[n], known_values[n])
+                                                  for n in names)):
+                    new = {**config, **dict(zip(names, values))}
+                    key = (template.id, tuple(sorted(new.items())))
+                    if key in tried or key[1] in known or not self._admits(request, template,
+                                                                            new):
+                        continue
+                    change = ", ".join(f"{n}: {config[n]}->{v}" for n, v in zip(names, values))
+                    out.append((template, new, f"{note_base}: {change}"))
+                    if len(out) >= self.MOVES_PER_CENTRE:
+                        return out
+            if out:
+                return out
+        return out
+
     def propose(self, request: Request, history: Sequence[Attempt],
                 limit: int) -> list[Proposal]:
         templates = self._templates(request)
@@ -109,40 +173,71 @@ class Parametric:
                   tuple(sorted(a.proposal.config.items()))) for a in history}
         if len(tried) >= self.max_points or not templates:
             return []
+        limit = min(limit, self.max_points - len(tried))
+        pools: dict[str, list[tuple]] = {}
+        seen = set(tried)
         centres = self._centres(request, history, templates)
-        out: list[Proposal] = []
-        for rank, (template, config, note_base) in enumerate(centres):
-            # half a round around the best centre, then one move around each of the others
-            per_centre = max(1, limit // 2) if rank == 0 else 1
-            taken = 0
-            known_values = dict(template.space.params)
-            known = self._known(request, template)
-            for width in (1, 2):            # single-knob moves first; pairs when they ran out
-                for names in itertools.combinations(sorted(config), width):
-                    for values in itertools.product(*(_neighbours(config[n], known_values[n])
-                                                      for n in names)):
-                        new = {**config, **dict(zip(names, values))}
-                        key = (template.id, tuple(sorted(new.items())))
-                        if key in tried or key[1] in known or not self._admits(request,
-                                                                                template, new):
-                            continue
-                        tried.add(key)
-                        change = ", ".join(f"{n}: {config[n]}->{v}" for n, v in zip(names, values))
-                        variant = derived_variant(
-                            template, new, "p", provenance={
-                                "generator": self.name, "template": template.id,
-                                "mutation": f"{note_base}: {change}"})
-                        out.append(Proposal(variant, new, self.name, f"{note_base}: {change}"))
-                        taken += 1
-                        if len(out) >= limit:
-                            return out
-                        if taken >= per_centre:
-                            break
-                    if taken >= per_centre:
-                        break
-                if taken:
-                    break
-        return out
+        for template, config, note_base in centres:
+            for move in self._moves(request, template, config, note_base, seen):
+                seen.add((move[0].id, tuple(sorted(move[1].items()))))
+                pools.setdefault(template.id, []).append(move)
+        if not pools:
+            return []
+        picks = self._by_model(request, pools, limit - 1 if limit > 1 else limit)
+        lead = centres[0][0].id if centres else next(iter(pools))
+        explored: dict[str, int] = {}
+        for a in history:
+            t = a.proposal.variant.provenance.get("template")
+            explored[t] = explored.get(t, 0) + 1
+        ids = [t.id for t in templates]
+        order = sorted(pools, key=lambda tid: (tid == lead, explored.get(tid, 0),
+                                               ids.index(tid)))
+        if not picks and pools.get(lead):
+            # around the best centre: half a round once a winner is found, else a quarter
+            won = any(a.report.ok and a.report.speedup > 1.0 for a in history)
+            share = max(1, limit // 2 if won else limit // 4)
+            picks += pools[lead][:share]
+            del pools[lead][:share]
+        while len(picks) < limit and any(pools.values()):
+            for tid in order:                  # then one move per family, least explored first
+                if pools[tid] and len(picks) < limit:
+                    picks.append(pools[tid].pop(0))
+        return [self._proposal(t, c, note) for t, c, note in picks]
+
+    def _by_model(self, request: Request, pools: dict, limit: int) -> list[tuple]:
+        """The moves the cost model predicts faster than the current best, fastest first
+        (removed from ``pools``); [] without a model or a prediction."""
+        if self.model is None or limit < 1 or not math.isfinite(request.best_ms):
+            return []
+        from adaptive.model import candidate_row, geometries
+        moves = [m for pool in pools.values() for m in pool]
+        scope = {**request.dims, **request.stats, **request.params, "dtype": request.dtype}
+        from adaptive.ops.base import DTYPE_BYTES
+        scope["itemsize"] = DTYPE_BYTES.get(request.dtype, 4)
+        try:
+            geo = geometries([(t, c) for t, c, _ in moves], scope, request.limits or None)
+            rows = [candidate_row(request.features, request.op, t.name, c, None, None, g)
+                    for (t, c, _), g in zip(moves, geo)]
+            dist = self.model.predict_dist(rows)
+        except Exception:  # noqa: BLE001 (a model that cannot score these: explore instead)
+            return []
+        if dist is None:
+            return []
+        mean = dist[0]
+        floor = request.floor_ms if request.floor_ms > 0 else 1.0
+        predicted = [floor * math.exp(float(m)) for m in mean]
+        gains = sorted((p, i) for i, p in enumerate(predicted) if p < request.best_ms)
+        picks = []
+        for p, i in gains[:limit]:
+            t, c, note = moves[i]
+            picks.append((t, c, f"{note} (model predicts {p:.4g} ms vs {request.best_ms:.4g})"))
+            pools[t.id].remove(moves[i])
+        return picks
+
+    def _proposal(self, template: Variant, config: dict, note: str) -> Proposal:
+        variant = derived_variant(template, config, "p", provenance={
+            "generator": self.name, "template": template.id, "mutation": note})
+        return Proposal(variant, config, self.name, note)
 
     def _centres(self, request, history, templates) -> list[tuple[Variant, dict, str]]:
         """Configs to mutate around: the best verified winner, the current best, one point

@@ -100,12 +100,16 @@ class Regenerator:
         self._busy = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._model = None
 
     # ---- wiring ----------------------------------------------------------------------------
     def attach(self, dispatcher) -> Regenerator:
         """Subscribe to ``dispatcher``'s sampled launches; returns self."""
         if self.registry is None:
             self.registry = dispatcher.registry
+        model = getattr(getattr(dispatcher, "policy", None), "model", None)
+        if self._model is None and callable(getattr(model, "predict_dist", None)):
+            self._model = model            # the learned policy's cost model guides the search
         dispatcher.listeners.append(_Listener(self._inbox, self._wake, dispatcher.backend,
                                               dict(dispatcher.limits)))
         return self
@@ -124,6 +128,11 @@ class Regenerator:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+    @property
+    def busy(self) -> bool:
+        """True while a loop runs or observations and requests wait."""
+        return bool(self._inbox) or not self._queue.empty() or self._busy
 
     def wait_idle(self, timeout_s: float = 60.0) -> bool:
         """Block until every observation and request so far has been handled."""
@@ -220,7 +229,7 @@ class Regenerator:
 
     def _run(self, request: Request) -> None:
         from adaptive.regen.parametric import Parametric
-        generator = self.generator or Parametric(self.registry)
+        generator = self.generator or Parametric(self.registry, model=self._model)
         log.info("regenerating %s: %s", request.label, request.reason)
         result = run_loop(request, generator, self.verifier, self.budget, self.registry,
                           batch=self.batch, cancelled=self._stop.is_set)

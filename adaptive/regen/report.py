@@ -36,6 +36,7 @@ class Stage(str, enum.Enum):
     WRONG = "wrong"                    # relative error above the op's tolerance
     RACE = "race"                      # two runs on the same input disagree
     INPUT_MODIFIED = "input-modified"  # an input changed during the call
+    OUT_OF_BOUNDS = "out-of-bounds"    # wrote into the guard region around the output
     SANITIZER = "sanitizer"            # compute-sanitizer found an error
     TIMEOUT = "timeout"                # the isolated process ran past its time limit
     CRASH = "crash"                    # the isolated process died (signal, os._exit)

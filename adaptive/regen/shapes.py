@@ -3,8 +3,9 @@
 Edge shapes are derived from the target's named dims: sizes that are odd (so not a
 multiple of any power-of-two tile), tiny, and one element. Dims that are a model
 constant (attention's head size) keep their target value, since variants legitimately
-require them. Value distributions vary the inputs beyond the op's own generator so a
-kernel tuned to one value range (or one that ignores the data) is caught.
+require them. Values come from the op's value regimes (``Op.regimes``,
+:mod:`adaptive.ops.regimes`): the inputs real models feed, beyond the op's own generator,
+so a kernel tuned to one value range (or one that ignores the data) is caught.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-DISTRIBUTIONS = ("normal", "uniform", "shifted")
+
 FIXED_DIMS = {"attention": ("D",)}       # model constants the edge shapes keep
 DEFAULT_DIMS = {                          # `adaptive verify` without --shape
     "gemm": {"M": 192, "N": 160, "K": 96},
@@ -24,10 +25,13 @@ DEFAULT_DIMS = {                          # `adaptive verify` without --shape
 }
 BIG_FLOPS = 2e9                           # above this, fewer seeds at the target shape
 BIG_ELEMS = 1 << 20                       # ... or above this many output elements
+LONG_REDUCTION = 4096                     # the long-reduction shape sums at least this many
+MAX_REDUCTION = 1 << 16
 
 
 def edge_shapes(op: str, target: Mapping[str, int]) -> list[tuple[str, dict]]:
-    """``[(label, dims)]``: the target first, then odd, tiny and one-element shapes."""
+    """``[(label, dims)]``: the target first, then odd, tiny and one-element shapes, and
+    for ops with a reduction (``Op.reduction_dims``) a long one with few outputs."""
     fixed = FIXED_DIMS.get(op, ())
 
     def shape(fn) -> dict:
@@ -38,6 +42,13 @@ def edge_shapes(op: str, target: Mapping[str, int]) -> list[tuple[str, dict]]:
            ("odd-small", shape(lambda v: _odd(min(v, 37)))),
            ("tiny", shape(lambda v: min(v, 3))),
            ("one", shape(lambda v: 1))]
+    reduce = _reduction_dims(op)
+    if reduce:                  # long sums, few outputs: accumulation error at its largest
+        long = {n: (v if n in fixed else _odd(min(v, 17))) for n, v in target.items()}
+        for n in reduce:
+            if n in target and n not in fixed:
+                long[n] = min(max(4 * target[n], LONG_REDUCTION), max(target[n], MAX_REDUCTION))
+        out.append(("long-reduction", long))
     seen, unique = set(), []
     for label, dims in out:
         key = tuple(sorted(dims.items()))
@@ -45,6 +56,12 @@ def edge_shapes(op: str, target: Mapping[str, int]) -> list[tuple[str, dict]]:
             seen.add(key)
             unique.append((label, dims))
     return unique
+
+
+def _reduction_dims(op: str) -> tuple[str, ...]:
+    from adaptive.ops import OPS
+    o = OPS.get(op)
+    return tuple(getattr(o, "reduction_dims", ())) if o is not None else ()
 
 
 def _odd(v: int) -> int:
@@ -84,32 +101,16 @@ def seeds_for(flops: float, out_elems: int, n_seeds: int) -> int:
     return n_seeds if flops < BIG_FLOPS and out_elems <= BIG_ELEMS else 2
 
 
-def distribute(inputs: tuple, distribution: str, rng: np.random.Generator) -> tuple:
-    """Re-draw the dense float inputs in another value distribution (same shapes, dtypes)."""
-    if distribution == "normal":
-        return inputs
-    out = []
-    for x in inputs:
-        if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
-            out.append(x)
-            continue
-        scale = float(np.max(np.abs(x))) if x.size else 1.0
-        scale = scale if math.isfinite(scale) and scale > 0 else 1.0
-        if distribution == "uniform":
-            y = rng.uniform(-scale, scale, x.shape)
-        elif distribution == "shifted":          # all positive, off-centre: tests cancellation
-            y = np.abs(x.astype(np.float64)) + 0.5 * scale
-        else:
-            raise ValueError(f"unknown distribution {distribution!r}; known: {DISTRIBUTIONS}")
-        out.append(y.astype(x.dtype))
-    return tuple(out)
-
-
 def make_inputs(op, dims: Mapping[str, int], dtype: str, seed: int, distribution: str,
                 stats: Mapping | None = None) -> tuple:
-    """Fresh NumPy inputs for ``op`` at ``dims`` (never zeros), in one value distribution."""
+    """Fresh NumPy inputs for ``op`` at ``dims`` in one of the op's value regimes
+    (``op.regimes``: normal, uniform, shifted and the op's own, e.g. softmax's masked)."""
     rng = np.random.default_rng(seed)
     kwargs = {}
     if op.name == "spmm" and stats:
-        kwargs = {k: stats[k] for k in ("density", "block") if k in stats}
-    return distribute(op.make_inputs(dims, dtype, rng, **kwargs), distribution, rng)
+        kwargs = {k: stats[k] for k in ("density", "block", "is_2to4") if k in stats}
+    regime = op.regimes.get(distribution)
+    if regime is None:
+        raise ValueError(f"{op.name} has no value regime {distribution!r}; known: "
+                         f"{', '.join(op.regimes)}")
+    return regime.draw(op, dims, dtype, rng, **kwargs)

@@ -95,7 +95,7 @@ def verify(source: str | Path, op: str, *, entry: str | None = None,
            config: Mapping | None = None, dims: Mapping[str, int] | None = None,
            dtype: str = "float32", language: str | None = None, like: str | None = None,
            baseline: str | None = None, timeout_s: float | None = None,
-           registry: Registry | None = None) -> VerifyReport:
+           registry: Registry | None = None, regimes: tuple[str, ...] = ()) -> VerifyReport:
     """Run the isolated verifier on a variant source and return its report.
 
     Args:
@@ -108,6 +108,7 @@ def verify(source: str | Path, op: str, *, entry: str | None = None,
         like: registered variant to borrow launch/space/requires from.
         baseline: registered variant name to time against.
         timeout_s: per-candidate limit for the isolated process.
+        regimes: value regimes to check (default: every one the op declares).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` says accepted, ``report.verdict`` why.
@@ -130,9 +131,11 @@ def verify(source: str | Path, op: str, *, entry: str | None = None,
         tuple((k, (v,)) for k, v in sorted(config.items())), variant.space.constraints))
     dims = dict(dims or DEFAULT_DIMS[op])
     check_dims(get_op(op), dims)
+    if dtype not in get_op(op).dtypes:
+        raise ValueError(f"dtype {dtype}: {op} takes {', '.join(get_op(op).dtypes)}")
     base = None
     if baseline:
         bv = registry.get(op, baseline)
         base = make_candidate(bv, default_config(bv))
-    job = Job(variant, dict(config), dims, dtype, baseline=base)
+    job = Job(variant, dict(config), dims, dtype, baseline=base, regimes=tuple(regimes))
     return Verifier(timeout_s=timeout_s).verify(job)

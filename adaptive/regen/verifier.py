@@ -75,9 +75,18 @@ class Job:
     params: Mapping[str, object] = dataclasses.field(default_factory=dict)
     stats: Mapping[str, float] = dataclasses.field(default_factory=dict)
     baseline: Candidate | None = None            # the current best, timed alongside
+    regimes: tuple[str, ...] = ()                # value regimes to check (empty: all)
 
     def to_dict(self, verifier: Verifier) -> dict:
-        d = {"variant": self.variant.to_dict(), "config": dict(self.config),
+        if self.regimes:
+            from adaptive.ops import get_op
+            known = get_op(self.variant.op).regimes
+            unknown = [r for r in self.regimes if r not in known]
+            if unknown:
+                raise ValueError(f"{self.variant.op} has no value regime "
+                                 f"{', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+        d = {"regimes": list(self.regimes), "variant": self.variant.to_dict(),
+             "config": dict(self.config),
              "dims": dict(self.dims), "dtype": self.dtype, "params": dict(self.params),
              "stats": dict(self.stats), "seeds": verifier.seeds, "reps": verifier.reps,
              "timing_s": verifier.timing_s, "cache_dir": verifier.cache_dir,
@@ -151,9 +160,13 @@ class Verifier:
                 reports[i] = rejected(dicts[i], Stage.SOURCE, why)
         self._run(dicts, reports, prefix=())
         out = [reports[i] for i in range(len(jobs))]
-        if self._sanitizer_wanted(jobs):
+        wanted, why_not = self._sanitizer_wanted(jobs)
+        if wanted:
             out = [self._sanitized(d, r) if r.ok and r.language == "cuda" else r
                    for d, r in zip(dicts, out)]
+        elif why_not:
+            out = [dataclasses.replace(r, notes=(*r.notes, why_not))
+                   if r.ok and r.language == "cuda" and r.executed else r for r in out]
         return out
 
     # ---- the worker process ----------------------------------------------------------------
@@ -230,16 +243,20 @@ class Verifier:
         return output, proc.returncode
 
     # ---- compute-sanitizer -----------------------------------------------------------------
-    def _sanitizer_wanted(self, jobs: Sequence[Job]) -> bool:
+    def _sanitizer_wanted(self, jobs: Sequence[Job]) -> tuple[bool, str]:
+        """(run compute-sanitizer?, why it is skipped: a note for the reports, or '')."""
         if self.sanitize == "off" or not any(j.variant.language == "cuda" for j in jobs):
-            return False
+            return False, ""
         if shutil.which("compute-sanitizer") is None:
             if self.sanitize == "on":
                 raise RuntimeError("sanitize='on' but compute-sanitizer is not on PATH; install "
                                    "the CUDA toolkit's sanitizer or pass sanitize='auto'")
-            return False
+            return False, ("compute-sanitizer skipped: not on PATH (memcheck and racecheck not "
+                           "run; the output guard regions still were)")
         from adaptive.backends import gpu_available
-        return gpu_available()
+        if not gpu_available():
+            return False, ""
+        return True, ""
 
     def _sanitized(self, job: dict, report: VerifyReport) -> VerifyReport:
         """Re-run the small shapes (one seed set, untimed) under memcheck, then racecheck."""

@@ -18,6 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--like", help="registered variant to borrow launch/space/requires from")
     parser.add_argument("--baseline", help="registered variant to time against")
     parser.add_argument("--timeout", type=float, help="seconds the candidate may take")
+    parser.add_argument("--regime", action="append", metavar="NAME",
+                        help="check only these value regimes (repeatable; default: all of the "
+                             "op's, e.g. softmax: normal, uniform, shifted, large, masked, "
+                             "constant, tiny, mixed)")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
 
 
@@ -36,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         dims = parse_dims(args.shape) if args.shape else None
         report = verify(Path(args.file), args.op, entry=args.entry, config=config, dims=dims,
                         dtype=args.dtype, like=args.like, baseline=args.baseline,
-                        timeout_s=args.timeout)
+                        timeout_s=args.timeout, regimes=tuple(args.regime or ()))
     except (ValueError, json.JSONDecodeError) as exc:
         print(f"adaptive verify: {exc}", file=sys.stderr)
         return 2
@@ -44,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         print(report.verdict)
-        if report.detail and not report.ok:
-            print(report.detail.rstrip())
+        if report.detail.strip() and not report.ok:
+            rest = report.detail.strip().splitlines()[1:]   # the first line is in the verdict
+            if rest:
+                print("\n".join(rest))
         for note in report.notes:
             print(f"note: {note}")
     from adaptive.regen.report import Outcome

@@ -104,6 +104,96 @@ def test_parametric_proposes_new_points_not_the_known_ones():
     assert all(p.config["rows"] < 40 for p in gen.propose(small, [], 16))
 
 
+def _families(n: int) -> Registry:
+    base = default_registry().get("softmax", "host_blocked")
+    return Registry([dataclasses.replace(base, name=f"fam{i}") for i in range(n)])
+
+
+def _fam_request(reg, **kw) -> Request:
+    return Request(op="softmax", dims={"R": 4000, "C": 8}, dtype="float32", backend="host",
+                   best=make_candidate(reg.get("softmax", "fam0"), {"rows": 32}),
+                   limits={"cpu_count": 2}, reason="test", **kw)
+
+
+def _tried(proposals):
+    from adaptive.regen import Attempt
+    from adaptive.regen.report import rejected
+    return [Attempt(p, rejected({"variant": p.variant.to_dict()}, Stage.WRONG, "x"))
+            for p in proposals]
+
+
+def test_parametric_reaches_every_family_including_one_added_later():
+    reg = _families(6)
+    gen = Parametric(reg)
+    req = _fam_request(reg)
+    history = []
+    for _ in range(2):                               # two rounds of 4: 8 candidates
+        history += _tried(gen.propose(req, history, 4))
+    families = {a.proposal.variant.provenance["template"] for a in history}
+    assert families == {f"softmax/fam{i}" for i in range(6)}, families
+    late = dataclasses.replace(reg.get("softmax", "fam0"), name="late_family")
+    reg.add(late)
+    later = gen.propose(req, history, 4)
+    assert "softmax/late_family" in {p.variant.provenance["template"] for p in later}
+
+
+def test_parametric_searches_every_cuda_family_from_its_manifest_space():
+    """No hard-coded families: every CUDA softmax variant with a space is mutated (the
+    newest, reg_warp, included) within a budget of a few rounds."""
+    reg = default_registry()
+    cuda = [v for v in reg.variants("softmax", "cuda") if v.space.params]
+    if len(cuda) < 2:
+        pytest.skip("fewer than two cuda softmax families registered")
+    limits = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132}
+    dims = {"R": 4096, "C": 1024}
+    scope = {**dims, "dtype": "float16", "itemsize": 2}
+    best_v = cuda[0]
+    cfg = next(c for c in best_v.space.configs(limits) if best_v.fits(scope, c))
+    req = Request(op="softmax", dims=dims, dtype="float16", backend="cuda",
+                  best=make_candidate(best_v, cfg), best_ms=0.05, floor_ms=0.01,
+                  limits=limits, reason="test")
+    gen = Parametric(reg)
+    history = []
+    for _ in range(4):
+        history += _tried(gen.propose(req, history, 6))
+    reached = {a.proposal.variant.provenance["template"] for a in history}
+    fitting = {v.id for v in cuda if any(v.fits(scope, c) for c in v.space.configs(limits))}
+    assert fitting <= reached, fitting - reached
+
+
+def test_parametric_proposes_where_the_cost_model_predicts_gains():
+    reg = _families(3)
+    req = _fam_request(reg, best_ms=1.0, floor_ms=0.1, features={"log2_R": 12.0})
+
+    class Model:                                 # predicts fam2 with rows=256 at 0.2 ms
+        rows_seen = []
+
+        def predict_dist(self, rows):
+            self.rows_seen += rows
+            mean = [math.log(0.2 / 0.1) if r.get("variant=softmax/fam2") and
+                    r.get("cfg.rows") == 256 else math.log(5.0 / 0.1) for r in rows]
+            return np.array(mean), np.full(len(rows), 0.1)
+
+    model = Model()
+    first = Parametric(reg, model=model).propose(req, [], 4)
+    assert first[0].variant.provenance["template"] == "softmax/fam2"
+    assert first[0].config == {"rows": 256} and "model predicts 0.2 ms" in first[0].note
+    assert all("model predicts" not in p.note for p in first[1:])    # the rest explores
+    assert model.rows_seen and all("op.log2_R" in r for r in model.rows_seen)
+
+
+def test_parametric_proposes_the_catalogue_families_the_registry_does_not_serve():
+    served = _families(1)
+    catalogue = _families(3)
+    req = _fam_request(served)
+    props = Parametric(served, catalogue=catalogue).propose(req, [], 6)
+    notes = {}
+    for p in props:
+        notes.setdefault(p.variant.provenance["template"], []).append(p.note)
+    assert {"softmax/fam1", "softmax/fam2"} <= set(notes)
+    assert "as listed" in notes["softmax/fam1"][0]    # a manifest point, unmeasured here
+
+
 def test_failures_trigger_and_rate_limit_with_dedup():
     reg = default_registry()
     now = [0.0]
@@ -293,6 +383,64 @@ def test_regen_cli_runs_one_loop(capsys):
     out = capsys.readouterr().out
     assert "current best" in out and "[  2/2]" in out and "2 candidates" in out
     assert cli.main(["regen", "--op", "softmax", "--shape", "R=6,X=2"]) == 2
+
+
+def test_regen_baseline_is_the_fastest_current_candidate_not_the_first_tried():
+    """At R=4096, C=1024 every host candidate is timed on the target input; the baseline
+    is the fastest of them (the issue: host_numpy was reported while host_blocked[512]
+    was faster)."""
+    from adaptive.regen.cli import measured_request
+    request, registry = measured_request("softmax", {"R": 4096, "C": 1024}, "float32", "host")
+    labels = {c.label for c in Dispatcher("host", registry=registry).candidates(
+        "softmax", np.zeros((4096, 1024), np.float32))}
+    assert set(request.observed_ms) == labels and len(labels) >= 4
+    assert request.best_ms == min(request.observed_ms.values())
+    assert request.observed_ms[request.best.label] == request.best_ms
+
+
+def test_regen_baseline_beats_a_slow_dispatcher_pick(monkeypatch):
+    """The policy picks a candidate that sleeps; the request's best is still the fast one."""
+    import adaptive.dispatch as dispatch_mod
+    from adaptive.regen import cli as regen_cli
+    reg = default_registry()
+    slow = dataclasses.replace(reg.get("softmax", "host_numpy"), name="host_sleepy",
+                               source="import time\nimport numpy as np\n"
+                                      "def softmax_numpy(x, out):\n    time.sleep(0.03)\n"
+                                      "    e = np.exp(x - x.max(1, keepdims=True))\n"
+                                      "    out[...] = e / e.sum(1, keepdims=True)\n")
+    fast = reg.get("softmax", "host_numpy")
+    registry = Registry([slow, fast])
+
+    from adaptive.policy import Fixed
+    real = dispatch_mod.Dispatcher
+    monkeypatch.setattr(dispatch_mod, "Dispatcher",
+                        lambda backend: real(backend, registry=registry, policy=Fixed()))
+    request, _ = regen_cli.measured_request("softmax", {"R": 64, "C": 48}, "float32", "host")
+    assert request.best.label == "host_numpy", request.observed_ms
+    assert request.observed_ms["host_sleepy"] >= 30 > request.best_ms
+    assert "dispatcher's pick was host_sleepy" in request.reason
+
+
+def test_regen_cli_refuses_a_dtype_the_op_does_not_take(capsys):
+    assert cli.main(["regen", "--op", "softmax", "--shape", "R=6,C=2", "--dtype", "int8",
+                     "--backend", "host"]) == 2
+    err = capsys.readouterr().err
+    assert "--dtype int8: softmax takes float16, bfloat16, float32" in err
+
+
+def test_regen_cli_pack_without_a_winner_says_so_and_writes_nothing(tmp_path, capsys,
+                                                                    monkeypatch):
+    import adaptive.regen as regen_mod
+    from adaptive.regen.loop import LoopResult
+
+    def no_winner(request, *a, **k):
+        return LoopResult(request, (), None, None, "candidate budget spent", 0.1)
+    monkeypatch.setattr(regen_mod, "run_loop", no_winner)
+    pack = tmp_path / "out.pack"
+    assert cli.main(["regen", "--op", "softmax", "--shape", "R=60,C=24", "--backend", "host",
+                     "--candidates", "1", "--pack", str(pack)]) == 1
+    assert not pack.exists()
+    assert "no winner" in capsys.readouterr().err
 
 
 def test_environment_starts_the_service_for_new_dispatchers():

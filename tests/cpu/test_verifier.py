@@ -233,9 +233,22 @@ def test_public_verify_and_cli(tmp_path, capsys):
     bad.write_text("import numpy as np\n" + PLANTED["nan"][1])
     assert cli.main(["verify", str(bad), "--op", "softmax", "--entry", "softmax_blocked",
                      "--config", '{"rows": 8}', "--shape", "R=40,C=24"]) == 1
-    assert "rejected at stage 'nonfinite'" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "rejected at stage 'nonfinite'" in printed
+    reason = printed.splitlines()[0].split("rejected at stage 'nonfinite': ")[1]
+    assert printed.count(reason) == 1, printed          # the reason once, not twice
     assert cli.main(["verify", str(bad), "--op", "softmax", "--shape", "Q=3"]) == 2
     assert "expected exactly ['C', 'R']" in capsys.readouterr().err
+    assert cli.main(["verify", str(good), "--op", "softmax", "--dtype", "int8"]) == 2
+    assert "--dtype" not in (err := capsys.readouterr().err) and "softmax takes float16, " \
+        "bfloat16, float32" in err
+    assert cli.main(["verify", str(good), "--op", "softmax", "--config", '{"rows": 8}',
+                     "--shape", "R=40,C=24", "--regime", "masked", "--regime", "large",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {c["distribution"] for c in out["checks"]} == {"masked", "large"}
+    assert cli.main(["verify", str(good), "--op", "softmax", "--regime", "bogus"]) == 2
+    assert "no value regime 'bogus'" in capsys.readouterr().err
 
 
 CUDA_GOOD = r"""
