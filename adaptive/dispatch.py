@@ -35,6 +35,10 @@ from adaptive.variants import Candidate, Registry, Variant, default_registry, ma
 
 log = logging.getLogger("adaptive")
 
+# how long an exploring sample's stream is held before its event pair (GPU): longer than
+# the host takes to issue a candidate's launch (≤ 25 µs measured on the H200, run H)
+HOLD_US = 100.0
+
 
 @dataclasses.dataclass(eq=False)
 class Plan:
@@ -442,12 +446,16 @@ class Dispatcher:
         return plan
 
     # ---- feedback ---------------------------------------------------------------------------
-    def _sampled(self, plan: Plan, args, out):
+    def _sampled(self, plan: Plan, args, out, exploring: bool = False):
+        """One timed call. ``exploring``: a sample that decides between candidates; on a
+        GPU its event pair is queued behind a short hold of the stream, so that it times
+        the candidate's kernels and not the host's launch latency, which an idle GPU (a
+        host-bound decode loop) would otherwise add to it."""
         if plan.provisional:   # an exploring plan times every call itself
             return plan.run(args, out)
         self._referenced.add(plan.key)   # the eviction clock's second chance
         timer = self._timer if self._timer_tried else self._event_timer()
-        slot = self._start_events(timer, plan) if timer is not None else None
+        slot = self._start_events(timer, plan, exploring) if timer is not None else None
         if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
             try:
                 result = plan.run(args, out)
@@ -470,12 +478,15 @@ class Dispatcher:
         self.feedback(plan, time_ms)
         return result
 
-    def _start_events(self, timer, plan: Plan) -> int | None:
+    def _start_events(self, timer, plan: Plan, hold: bool = False) -> int | None:
         """Harvest finished pairs and start one for ``plan`` (None: the timer broke and
-        this call is timed on the host)."""
+        this call is timed on the host); ``hold``: behind a hold of the stream."""
         try:
             self.harvest()
-            return timer.start(self.backend.stream_ptr(plan.problem.kind))
+            stream = self.backend.stream_ptr(plan.problem.kind)
+            if hold:
+                self.backend.hold(stream, HOLD_US)
+            return timer.start(stream)
         except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
             self._events_failed(exc)
             return None
@@ -550,7 +561,7 @@ class Dispatcher:
             try:
                 if p is None:
                     p = pool[i] = self._prepare_like(first, cands[i], args)
-                return sampled(p, args, out)
+                return sampled(p, args, out, True)
             except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
                 if p is first or isinstance(exc, (InputTypeError, InputValueError)):
                     raise   # the caller's out= is wrong (checked before the variant runs)

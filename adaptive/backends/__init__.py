@@ -60,6 +60,12 @@ class Backend(Protocol):
     def fingerprint(self) -> dict:
         """Identity of the device, for packs and logs."""
 
+    def stream_ptr(self, kind: str) -> int:
+        """The stream a launch of inputs of ``kind`` goes to (0 on the host)."""
+
+    def hold(self, stream_ptr: int, us: float) -> None:
+        """Keep the device busy on that stream for about ``us`` (a no-op on the host)."""
+
 
 def gpu_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""

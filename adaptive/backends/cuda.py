@@ -107,6 +107,7 @@ class CudaBackend:
             "cc": self.cc,
         }
         self._modules: dict = {}
+        self._hold_fn = None
         self._lock = threading.Lock()
         self._peaks = None
         from adaptive import config
@@ -193,6 +194,17 @@ class CudaBackend:
         from profilers.events import EventTimer
         with self._cp.cuda.Device(self.index):
             return EventTimer(capacity, device=self.index)
+
+    def hold(self, stream_ptr: int, us: float) -> None:
+        """Keep the GPU busy on ``stream_ptr`` for about ``us`` (one thread spinning on
+        the SM clock), so the work the host issues next is queued, not run as it comes."""
+        fn = self._hold_fn
+        if fn is None:
+            module = self._cp.RawModule(code=_HOLD_SOURCE)
+            fn = self._hold_fn = module.get_function("adaptive_hold")
+        cycles = np.int64(us * self._props["clockRate"] / 1e3)   # clockRate: kHz
+        with self._cp.cuda.Device(self.index):
+            fn((1,), (1,), (cycles,), stream=_stream_ref(stream_ptr))
 
     def stream_ptr(self, kind: str) -> int:
         """The stream a launch of inputs of ``kind`` goes to (PyTorch's for tensors)."""
@@ -322,6 +334,14 @@ class CudaBackend:
             stop.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, stop))
         return times
+
+
+_HOLD_SOURCE = r"""
+extern "C" __global__ void adaptive_hold(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}
+"""
 
 
 def _identity(x):

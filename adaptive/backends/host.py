@@ -87,6 +87,12 @@ class HostBackend:
         return PlanIO(functools.partial(self.empty, shape, problem.dtype),
                       self.adapter(problem.kind))
 
+    def hold(self, stream_ptr: int, us: float) -> None:
+        """Nothing to hold: host calls run as they are issued."""
+
+    def stream_ptr(self, kind: str) -> int:
+        return 0
+
     # ---- running ----------------------------------------------------------------------------
     def set_threads(self, n: int) -> None:
         with self._blas_lock:      # one caller at a time into threadpoolctl

@@ -122,8 +122,13 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
         base = {"op": case.op, "dims": problem.dims_dict, "dtype": problem.dtype,
                 "variant": cand.variant.name, "config": cand.config}
         try:
-            m = _measure(backend, op, problem, cand, native, ref, settings,
-                         lambda out: adapter[1](out, caller[-1]))
+            # the plan's own arrays: tensors stay tensors for torch callers (see Backend.io)
+            io = backend.io(cand, problem, op.out_shape(problem), caller[-1])
+            if io.adapter is None:
+                args, to_caller = caller, _same
+            else:
+                args, to_caller = native, (lambda out: adapter[1](out, caller[-1]))
+            m = _measure(backend, op, problem, cand, args, ref, settings, to_caller, io.alloc)
         except Exception as exc:  # noqa: BLE001 (a failing candidate is data)
             failures.append(base | {"reason": f"{type(exc).__name__}: {exc}"[:500]})
             continue
@@ -147,9 +152,9 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
 
 
 def _measure(backend, op, problem, cand, args, ref, settings: Settings,
-             to_caller) -> Measurement:
+             to_caller, alloc) -> Measurement:
     fn = backend.prepare(cand, problem, op)
-    out = backend.empty(op.out_shape(problem), problem.dtype)
+    out = alloc()
     first = backend.time_ms(fn, args, out, 1)[0]
     if ref is not None:
         err = op.error(_host_float(to_caller(out)), ref)

@@ -302,6 +302,7 @@ class _EventHost:
             def __init__(self):
                 super().__init__()
                 self.clock, self.recorded, self.synced, self.cost = 0.0, [], 0, {}
+                self.holds = []
 
             def prepare(self, candidate, problem, op):
                 fn = super().prepare(candidate, problem, op)
@@ -321,6 +322,9 @@ class _EventHost:
 
             def stream_ptr(self, kind):
                 return 0
+
+            def hold(self, stream_ptr, us):
+                self.holds.append(self.clock)
 
             def finish(self):          # the GPU catches up
                 for e in self.recorded:
@@ -350,6 +354,28 @@ def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(r
     be.finish()
     assert d.harvest() >= 1 and list(policy.state(d._plans[key].class_key).recent)   # samples after the commit
     assert d.harvest() == 0                     # nothing pending: a flush is free
+
+
+def test_exploring_samples_are_queued_behind_a_hold_and_steady_samples_are_not(rng):
+    """An idle GPU would add the host's launch latency to an exploring sample's event pair
+    (a host-bound decode loop): each exploring sample holds the stream first; the drift
+    samples of a committed plan do not."""
+    be = _EventHost()
+    x = rng.standard_normal((65, 33)).astype(np.float32)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=2)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    key = OPS["softmax"].key((x,), {})
+    while d._plans.get(key) is None or d._plans[key].provisional:
+        d.launch("softmax", x)
+        be.finish()
+        assert len(be.holds) < 40, "exploration never ended"
+    explored = policy.state(d._plans[key].class_key).explore
+    assert len(be.holds) >= 2 * len(explored) - 1   # every exploring sample but the miss's
+    held = len(be.holds)
+    for _ in range(5):
+        d.launch("softmax", x)
+    assert len(be.holds) == held and d.stats["samples"] >= held + 5
 
 
 def test_a_broken_event_timer_falls_back_to_host_timing_and_the_call_still_runs(rng, caplog):

@@ -79,6 +79,19 @@ def test_torch_stream_is_torchs_current_stream_also_on_a_side_stream(dispatcher)
     assert torch_stream().ptr == torch.cuda.current_stream().cuda_stream
 
 
+def test_hold_keeps_the_stream_busy_for_about_the_time_asked(dispatcher, cp):
+    stream = cp.cuda.Stream(non_blocking=True)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    with stream:
+        dispatcher.backend.hold(stream.ptr, 1.0)          # compile and load once
+        start.record()
+        dispatcher.backend.hold(stream.ptr, 500.0)
+        stop.record()
+    stop.synchronize()
+    held_ms = cp.cuda.get_elapsed_time(start, stop)
+    assert 0.4 <= held_ms <= 2.0, held_ms
+
+
 def test_torch_bfloat16_gemm_through_every_path(dispatcher, rng):
     torch = pytest.importorskip("torch")
     a = torch.from_numpy(rng.standard_normal((70, 96)).astype(np.float32)).cuda().bfloat16()

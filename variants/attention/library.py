@@ -151,9 +151,11 @@ def _sdpa(torch, q, k, v, mask, causal, scale):
     hkv, lk = k.shape[1], k.shape[2]
     # bottom-right causal with one query row sees the whole cache: no mask at all
     causal = bool(causal) and lq > 1
-    if mask is None:
+    if mask is None and (not causal or lq == lk):   # SDPA's top-left causal is ours here
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
                                               enable_gqa=hkv != h)
+    if mask is None:   # 1 < Lq < Lk (speculative decoding, chunked prefill): our triangle
+        mask = torch.ones(1, 1, lq, lk, dtype=torch.bool, device=q.device)
     if causal:   # bottom-right triangle into the mask (SDPA takes no mask with is_causal)
         seen = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
         mask = mask & seen if mask.dtype == torch.bool else mask.masked_fill(~seen,
