@@ -21,25 +21,30 @@ from profilers.cupti import CuptiActivity, CuptiTimer
 
 
 class FakeCupti:
-    """The cupti.cupti surface used; kernels are 'launched' by the test, delivered on flush."""
+    """The cupti.cupti surface used; kernels are 'launched' by the test, delivered on flush.
+
+    Like CUPTI, an external-correlation record is written only beside an API record: a
+    launch inside a pushed id yields one when DRIVER or RUNTIME activity is enabled, and
+    none otherwise (the kernel then carries no id: what the H200 showed)."""
 
     class ActivityKind:
-        CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 10, 19
+        DRIVER, RUNTIME, CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 5, 6, 10, 19
 
     class ExternalCorrelationKind:
         CUSTOM0 = 4
 
     def __init__(self):
         self.stack, self.pending, self.correlation, self.pushes = [], [], 100, 0
+        self.enabled = set()
 
     def activity_register_callbacks(self, requested, completed):
         self.requested, self.completed = requested, completed
 
     def activity_enable(self, kind):
-        pass
+        self.enabled.add(kind)
 
     def activity_disable(self, kind):
-        pass
+        self.enabled.discard(kind)
 
     def activity_push_external_correlation_id(self, kind, ext):
         assert kind == 4
@@ -51,9 +56,13 @@ class FakeCupti:
 
     def launch(self, name, start_ns, end_ns):
         self.correlation += 1
-        if self.stack:
+        api = self.enabled & {5, 6}
+        if self.stack and api and 19 in self.enabled:
             self.pending.append(types.SimpleNamespace(
                 kind=19, correlation_id=self.correlation, external_id=self.stack[-1]))
+        for kind in sorted(api):                          # the launch call's API record
+            self.pending.append(types.SimpleNamespace(kind=kind, correlation_id=self.correlation,
+                                                      start=start_ns - 3000, end=start_ns - 1000))
         self.pending.append(types.SimpleNamespace(kind=10, correlation_id=self.correlation,
                                                   name=name, start=start_ns, end=end_ns))
 
@@ -248,11 +257,11 @@ def test_the_shared_subscription_pauses_with_its_last_user_and_resumes(monkeypat
     monkeypatch.setattr(cupti_mod, "CuptiActivity",
                         lambda cupti=None: CuptiActivity(cupti=fake))
     a, b = CuptiTimer(8), CuptiTimer(8)
-    assert a.activity is b.activity and fake.enabled == {10, 19}
+    assert a.activity is b.activity and fake.enabled == {5, 6, 10, 19}
     a.close()
-    assert fake.enabled == {10, 19}                       # b still needs the kernels
+    assert fake.enabled == {5, 6, 10, 19}                 # b still needs the kernels
     b.close()
     assert fake.enabled == set() and b.activity.status == "paused"
     c = CuptiTimer(8)
-    assert c.status == "ok" and fake.enabled == {10, 19} and fake.registered == 1
+    assert c.status == "ok" and fake.enabled == {5, 6, 10, 19} and fake.registered == 1
     c.close()
