@@ -3,7 +3,10 @@
 A second timing source beside CUDA events: ``CONCURRENT_KERNEL`` activity records give
 each kernel's start and end on the GPU's clock, and an external correlation id pushed
 around a launch ties the kernels it issued to a tag (the op and candidate). Uses the
-``cupti-python`` package (CUDA 13), imported on first use. On r580 drivers CUPTI allows
+``cupti-python`` package (CUDA 13), imported on first use. The DRIVER and RUNTIME API
+kinds are enabled too: CUPTI writes an external-correlation record only beside an API
+record, so without them no kernel carries the id pushed around its call (their records
+are counted in ``counts["other"]`` and dropped). On r580 drivers CUPTI allows
 one subscriber per process: when another tool (Nsight, a framework profiler) holds it,
 ``status`` says so and callers fall back to :class:`~profilers.events.EventTimer`.
 """
