@@ -150,7 +150,7 @@ def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], 
             d.launch(op, *xs)
 
     rates = {mode: [] for mode in modes}
-    timings = {}
+    timings, errors = {}, {}
     for r in range(-1, args.rounds):             # round -1: one untimed pass per mode
         k = max(r, 0) % len(modes)
         order = modes[k:] + modes[:k]
@@ -164,43 +164,61 @@ def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], 
                 clog.detach(d)
                 stats = clog.close()
                 timings[mode] = dict(clog.timings)
+                if clog.last_error is not None:
+                    errors[mode] = clog.last_error
                 if r >= 0 and stats.dropped:
-                    print(f"    {name} {mode}: {stats.dropped} records dropped", flush=True)
+                    print(f"    {name} {mode}: {stats.dropped} records dropped"
+                          f" ({clog.last_error})", flush=True)
             if r >= 0:
                 rates[mode].append(rate)
     med = {mode: statistics.median(v) for mode, v in rates.items()}
     off = med["off"]
     return {"stream": name, "launches_per_round": n, "rounds": args.rounds,
-            "off_launches_per_s": off, "timings": timings,
+            "off_launches_per_s": off, "timings": timings, "errors": errors,
             "modes": {mode: {"launches_per_s": med[mode], "loss": 1 - med[mode] / off,
                              "per_launch_cost_us": (1 / med[mode] - 1 / off) * 1e6,
                              "rates": rates[mode]} for mode in modes if mode != "off"}}
 
 
-def accuracy(d: Dispatcher, dev: Device, op: str, xs, mode: str, device: str,
-             path: Path, calls: int) -> dict:
-    """Logged time of each call against an event pair around the same call."""
-    clog = open_log(path, mode, 1, device)
-    clog.attach(d)
+def queued_pairs(dev: Device, calls: int, call) -> list[float]:
+    """Event-pair times of ``calls`` calls of ``call()``, each between its own pair, queued
+    behind a spin kernel so the GPU runs them back to back (host: wall times)."""
     pairs = dev.pairs(calls)
     dev.sync()
     dev.spin(40_000_000)                          # ~20 ms at 2 GHz: every call queues
     for pair in pairs:
         dev.record(pair, 0)
-        d.launch(op, *xs)
+        call()
         dev.record(pair, 1)
     dev.sync()
+    return [dev.elapsed_ms(p) for p in pairs]
+
+
+def accuracy(d: Dispatcher, dev: Device, op: str, xs, mode: str, device: str,
+             path: Path, calls: int) -> dict:
+    """Logged time of each call against an event pair around the same call with the log
+    off (with it on, a pair around the call also brackets the log's own event records:
+    ``nested_median_ms``). CUPTI times kernels alone, so its reference is the pair less
+    a pair around no work (``empty_pair_median_ms``)."""
+    event_ms = queued_pairs(dev, calls, lambda: d.launch(op, *xs))
+    empty_ms = queued_pairs(dev, calls, lambda: None)
+    clog = open_log(path, mode, 1, device)
+    clog.attach(d)
+    nested_ms = queued_pairs(dev, calls, lambda: d.launch(op, *xs))
     clog.detach(d)
     stats = clog.close()
     recs = sorted(read_log(path, rotated=False).records, key=lambda r: r["seq"])
-    event_ms = [dev.elapsed_ms(p) for p in pairs]
     log_ms = [r["time_ms"] for r in recs]
+    empty = statistics.median(empty_ms)
+    reference = [e - empty for e in event_ms] if mode != "events" else event_ms
     out = {"op": op, "shapes": [list(x.shape) for x in xs], "dtype": str(xs[0].dtype),
            "timing": mode, "timers": sorted({r["timer"] for r in recs}),
-           "calls": calls, "logged": len(recs), "dropped": stats.dropped}
+           "calls": calls, "logged": len(recs), "dropped": stats.dropped,
+           "last_error": clog.last_error, "pair_median_ms": statistics.median(event_ms),
+           "empty_pair_median_ms": empty, "nested_median_ms": statistics.median(nested_ms)}
     if len(recs) == calls:
-        errors = [abs(a - b) for a, b in zip(log_ms, event_ms)]
-        med_event = statistics.median(event_ms)
+        errors = [abs(a - b) for a, b in zip(log_ms, reference)]
+        med_event = statistics.median(reference)
         out.update(event_median_ms=med_event, log_median_ms=statistics.median(log_ms),
                    abs_error_median_ms=statistics.median(errors),
                    abs_error_max_ms=max(errors),
@@ -274,11 +292,15 @@ def main(argv: list[str] | None = None) -> int:
             targets.append((f"{a['stream']} {a['op']} {a['dtype']} {a['timing']}: logged within "
                             f"5 % or 2 us of the event pair",
                             f"median |err| {a['abs_error_median_ms'] * 1e3:.2f} us "
-                            f"({a['rel_error_median']:.1%}) of {a['event_median_ms'] * 1e3:.1f} us",
+                            f"({a['rel_error_median']:.1%}) of {a['event_median_ms'] * 1e3:.1f} us"
+                            f" (logged {a['log_median_ms'] * 1e3:.1f} us; pair "
+                            f"{a['pair_median_ms'] * 1e3:.1f}, empty pair "
+                            f"{a['empty_pair_median_ms'] * 1e3:.1f}, pair around the logged "
+                            f"call {a['nested_median_ms'] * 1e3:.1f})",
                             a["within"]))
         else:
             targets.append((f"{a['stream']} {a['op']} {a['timing']}: every call logged",
-                            f"{a['logged']} of {a['calls']}", False))
+                            f"{a['logged']} of {a['calls']} ({a['last_error']})", False))
     payload = {"benchmark": "gpu_counterlog", "device": device, "every": every,
                "cupti_status": cupti_status, "fingerprint": d.backend.fingerprint(),
                "results": results, "agreement": agreement,

@@ -3,7 +3,10 @@
 A second timing source beside CUDA events: ``CONCURRENT_KERNEL`` activity records give
 each kernel's start and end on the GPU's clock, and an external correlation id pushed
 around a launch ties the kernels it issued to a tag (the op and candidate). Uses the
-``cupti-python`` package (CUDA 13), imported on first use. On r580 drivers CUPTI allows
+``cupti-python`` package (CUDA 13), imported on first use. The DRIVER and RUNTIME API
+kinds are enabled too: CUPTI writes an external-correlation record only beside an API
+record, so without them no kernel carries the id pushed around its call (their records
+are counted in ``counts["other"]`` and dropped). On r580 drivers CUPTI allows
 one subscriber per process: when another tool (Nsight, a framework profiler) holds it,
 ``status`` says so and callers fall back to :class:`~profilers.events.EventTimer`.
 """
@@ -15,10 +18,15 @@ import dataclasses
 import itertools
 import logging
 import threading
+import traceback
 
 log = logging.getLogger("profilers.cupti")
 
 _MAX_OPEN_TAGS = 1 << 16
+# CUPTI writes an EXTERNAL_CORRELATION record only beside an API activity record (the
+# external id is attached to the driver/runtime call that launched the kernel): without
+# DRIVER and RUNTIME enabled no kernel can be joined to the id pushed around its call
+_KIND_NAMES = ("CONCURRENT_KERNEL", "EXTERNAL_CORRELATION", "DRIVER", "RUNTIME")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +69,21 @@ class CuptiActivity:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._kinds = None
+        # what CUPTI delivered (read them to tell "no kernels" from "no ids" on a device)
+        self.counts = {"buffers": 0, "kernels": 0, "external": 0, "other": 0}
+        self.error: str | None = None       # the first exception in the buffer callback
         self.status = self._open(cupti)
+
+    def _enabled_kinds(self, cupti) -> list:
+        return [getattr(cupti.ActivityKind, name) for name in _KIND_NAMES]
+
+    def _enable(self, cupti) -> None:
+        for kind in self._enabled_kinds(cupti):
+            cupti.activity_enable(kind)
+
+    def _disable(self, cupti) -> None:
+        for kind in self._enabled_kinds(cupti):
+            cupti.activity_disable(kind)
 
     def _open(self, cupti) -> str:
         try:
@@ -69,8 +91,7 @@ class CuptiActivity:
                 from cupti import cupti
             self._cupti, self._kinds = cupti, cupti.ActivityKind
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
-            cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+            self._enable(cupti)
         except ImportError as exc:
             self._cupti = self._kinds = None
             status = (f"CUPTI unavailable: {exc} (install adaptive-dispatch[cupti]); "
@@ -94,15 +115,29 @@ class CuptiActivity:
         return self.buffer_bytes, 0
 
     def _buffer_completed(self, activities) -> None:
-        # copy the fields out now: the records live in CUPTI's buffer, reused afterwards
-        kinds, out = self._kinds, []
-        for a in activities:
-            kind = a.kind
-            if kind == kinds.EXTERNAL_CORRELATION:
-                out.append((kind, a.correlation_id, a.external_id))
-            elif kind == kinds.CONCURRENT_KERNEL:
-                out.append((kind, a.correlation_id, str(a.name), int(a.start), int(a.end)))
-        self._raw.extend(out)
+        # copy the fields out now: the records live in CUPTI's buffer, reused afterwards.
+        # This runs on CUPTI's thread, where an exception is lost: keep the first one.
+        try:
+            kinds, out, counts = self._kinds, [], self.counts
+            external, kernel = kinds.EXTERNAL_CORRELATION, kinds.CONCURRENT_KERNEL
+            counts["buffers"] += 1
+            for a in activities:
+                kind = a.kind
+                if kind == external:
+                    out.append((external, int(a.correlation_id), int(a.external_id)))
+                    counts["external"] += 1
+                elif kind == kernel:
+                    out.append((kernel, int(a.correlation_id), str(a.name), int(a.start),
+                                int(a.end)))
+                    counts["kernels"] += 1
+                else:
+                    counts["other"] += 1
+            self._raw.extend(out)
+        except Exception as exc:  # noqa: BLE001 (CUPTI's thread: report, never raise)
+            if self.error is None:
+                self.error = (f"CUPTI buffer callback failed: {type(exc).__name__}: {exc}\n"
+                              + traceback.format_exc())
+                log.error("%s", self.error)
 
     # ---- caller's thread ---------------------------------------------------------------
     def push(self, tag: object) -> int:
@@ -132,13 +167,14 @@ class CuptiActivity:
     def harvest(self) -> list[KernelRecord]:
         """Kernel records delivered so far, oldest first, with their tags."""
         out = []
-        for ext, name, start, end in self._kernels():
+        for ext, _, name, start, end in self._kernels():
             tag = self._tags.pop(ext, None) if ext is not None else None
             out.append(KernelRecord(name, start, end, tag))
         return out
 
-    def _kernels(self) -> list[tuple[int | None, str, int, int]]:
-        """(external id or None, name, start ns, end ns) of the kernels delivered so far."""
+    def _kernels(self) -> list[tuple[int | None, int, str, int, int]]:
+        """(external id or None, correlation id, name, start ns, end ns) of the kernels
+        delivered so far (an id that comes later: :meth:`external_of`)."""
         kinds = self._kinds
         if kinds is None:
             return []
@@ -152,11 +188,20 @@ class CuptiActivity:
                 else:
                     kernels.append(rec)
             for _, corr, name, start, end in kernels:
-                out.append((self._external.pop(corr, None), name, start, end))
+                out.append((self._external.pop(corr, None), corr, name, start, end))
             if len(self._external) > _MAX_OPEN_TAGS:     # ids whose kernels never came
                 for corr in list(self._external)[:len(self._external) - _MAX_OPEN_TAGS]:
                     del self._external[corr]
         return out
+
+    def external_of(self, corr: int) -> int | None:
+        """The external id of CUPTI correlation ``corr`` if its record has come (taken)."""
+        with self._lock:
+            raw = self._raw
+            while raw and raw[0][0] == self._kinds.EXTERNAL_CORRELATION:
+                rec = raw.popleft()
+                self._external[rec[1]] = rec[2]
+            return self._external.pop(corr, None)
 
     def pause(self) -> None:
         """Stop recording kernels (flushing what was recorded); :meth:`resume` restarts.
@@ -166,8 +211,7 @@ class CuptiActivity:
             return
         try:
             cupti.activity_flush_all(1)
-            cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
-            cupti.activity_disable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+            self._disable(cupti)
         except Exception as exc:  # noqa: BLE001
             log.warning("pausing CUPTI activity: %s", exc)
         self.status = "paused"
@@ -178,8 +222,7 @@ class CuptiActivity:
         if cupti is None or self.status != "paused":
             return
         try:
-            cupti.activity_enable(cupti.ActivityKind.CONCURRENT_KERNEL)
-            cupti.activity_enable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+            self._enable(cupti)
         except Exception as exc:  # noqa: BLE001
             self.status = f"CUPTI refused to resume: {type(exc).__name__}: {exc}"
             log.warning("%s; timing falls back to CUDA events", self.status)
@@ -193,8 +236,7 @@ class CuptiActivity:
         cupti, self._cupti = self._cupti, None
         try:
             cupti.activity_flush_all(1)
-            cupti.activity_disable(cupti.ActivityKind.CONCURRENT_KERNEL)
-            cupti.activity_disable(cupti.ActivityKind.EXTERNAL_CORRELATION)
+            self._disable(cupti)
         except Exception as exc:  # noqa: BLE001
             log.warning("closing CUPTI activity: %s", exc)
         self.status = "closed"
@@ -261,6 +303,9 @@ class CuptiTimer:
         self.pending_calls: collections.deque = collections.deque()
         self.append_pending = self._append
         self.dropped = 0
+        self.problem: str | None = None            # why calls were dropped (the first time)
+        self.untagged_kernels = 0                  # kernels no id ever came for
+        self._untagged: dict[int, tuple] = {}      # CUPTI correlation -> (seen, start, end)
         self._spans: dict[int, list] = {}          # id -> [first start, last end, kernels]
         self._lock = threading.Lock()
         cupti, kind = self.activity._cupti, getattr(self.activity, "_kind", None)
@@ -286,12 +331,30 @@ class CuptiTimer:
     def harvest_entries(self, limit: int | None = None) -> list[tuple[tuple, float]]:
         """``(entry, time_ms)`` of calls whose kernels have arrived, in call order. A call
         with no kernel after ``settle_s`` (it issued none, or CUPTI lost them) is dropped
-        and counted."""
+        and counted, and the first such drop sets :attr:`problem` (with what CUPTI
+        delivered so far). A kernel whose external-correlation record has not come yet
+        waits for it (up to ``settle_s``): the two may arrive in different buffers."""
         with self._lock:
-            self.activity.flush()
-            spans = self._spans
-            for ext, _, start, end in self.activity._kernels():
+            activity = self.activity
+            activity.flush()
+            spans, now = self._spans, self._clock()
+            kernels = activity._kernels()
+            if self._untagged:                        # ids that came after their kernels
+                waiting, self._untagged = self._untagged, {}
+                for corr, (seen_s, start, end) in waiting.items():
+                    ext = activity.external_of(corr)
+                    if ext is not None:
+                        kernels.append((ext, corr, "", start, end))
+                    elif now - seen_s <= self.settle_s:
+                        self._untagged[corr] = (seen_s, start, end)
+                    else:
+                        self.untagged_kernels += 1    # not ours (or its id was lost)
+            for ext, corr, _, start, end in kernels:
                 if ext is None:
+                    if len(self._untagged) < 4 * self.capacity:
+                        self._untagged[corr] = (now, start, end)
+                    else:
+                        self.untagged_kernels += 1
                     continue
                 span = spans.get(ext)
                 if span is None:
@@ -300,7 +363,7 @@ class CuptiTimer:
                     span[0], span[1] = min(span[0], start), max(span[1], end)
                     span[2] += 1
             out, keep = [], []
-            now, newest = self._clock(), max(spans, default=0)
+            newest = max(spans, default=0)
             pending = self.pending_calls
             for _ in range(len(pending)):
                 queued_s, entry = pending.popleft()
@@ -311,6 +374,8 @@ class CuptiTimer:
                     out.append((entry, (span[1] - span[0]) / 1e6))
                 elif span is None and now - queued_s > self.settle_s:
                     self.dropped += 1
+                    if self.problem is None:
+                        self._no_kernels(entry[0])
                 else:
                     keep.append((queued_s, entry))
             pending.extend(keep)
@@ -318,6 +383,18 @@ class CuptiTimer:
                 for ext in sorted(spans)[:len(spans) - 4 * self.capacity]:
                     del spans[ext]
         return out
+
+    def _no_kernels(self, ext: int) -> None:
+        counts = self.activity.counts
+        self.problem = (
+            f"CUPTI timing: call {ext} has no kernel record {self.settle_s} s after it was "
+            f"queued; its record is dropped (CUPTI delivered {counts['buffers']} buffers, "
+            f"{counts['kernels']} kernel records, {counts['external']} external-correlation "
+            f"records, {counts['other']} others; {len(self._untagged)} kernels wait for "
+            f"their id, {self.untagged_kernels} never got one"
+            + (f"; {self.activity.error.splitlines()[0]}" if self.activity.error else "")
+            + ")")
+        log.warning("%s", self.problem)
 
     @property
     def pending(self) -> int:
@@ -334,6 +411,7 @@ class CuptiTimer:
         global _shared_users
         self.discard_pending()
         self._spans.clear()
+        self._untagged.clear()
         if self._shared:
             self._shared = False
             with _shared_lock:

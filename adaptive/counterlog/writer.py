@@ -14,6 +14,7 @@ import os
 import platform
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Iterator
 
@@ -76,6 +77,7 @@ class CounterLog:
         self._queue_dropped = 0
         self._recorders = weakref.WeakKeyDictionary()   # dispatcher -> its recorder
         self._timers: dict[int, object] = {}        # cuda index -> EventTimer
+        self._closed_timers: dict[int, object] = {}
         self.samplers: dict[int, object] = {}       # cuda index -> NvmlSampler
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -84,7 +86,12 @@ class CounterLog:
         self._thread: threading.Thread | None = None
         self._seq = 0
         self._file_bytes = 0
-        self._pack = msgpack.Packer(use_bin_type=True).pack    # the writer thread's own
+        # the writer thread's own; numpy scalars (CuPy's and NVML's values) become plain
+        self._pack = msgpack.Packer(use_bin_type=True, default=_plain).pack
+        # failures of the writer thread, first one of each kind kept with its traceback
+        self.errors: dict[str, str] = {}
+        self.error_counts: dict[str, int] = {}
+        self._last_error: str | None = None
 
     # ---- hot path (caller's thread) ----------------------------------------------------
     def submit(self, item: tuple) -> None:
@@ -175,6 +182,7 @@ class CounterLog:
         for timer in self._timers.values():
             self._queue_dropped += timer.discard_pending() + timer.dropped   # unfinished too
             timer.close()
+        self._closed_timers = dict(self._timers)    # last_error still reads their problems
         self._timers.clear()                        # a reopened log makes fresh rings
         self.stats.dropped = self._queue_dropped
         self._file.close()
@@ -188,13 +196,38 @@ class CounterLog:
         self.close()
 
     # ---- writer thread -----------------------------------------------------------------
+    @property
+    def last_error(self) -> str | None:
+        """Why records were lost, or None: the writer thread's last exception (its first
+        traceback of each kind is in :attr:`errors`), else a timing source's problem
+        (CUPTI delivering no kernels for logged calls, its buffer callback failing, event
+        pairs the runtime cannot time). Tests and health checks assert it is None."""
+        if self._last_error is not None:
+            return self._last_error
+        for index, timer in sorted(self._timers.items()) or sorted(self._closed_timers.items()):
+            problem = _timer_problem(timer)
+            if problem is not None:
+                return f"device {index}: {problem}"
+        return None
+
+    def _failed(self, exc: BaseException) -> None:
+        """Count a writer failure; log the first of each kind with its traceback."""
+        kind = type(exc).__name__
+        self._last_error = f"{kind}: {exc}"
+        self.error_counts[kind] = self.error_counts.get(kind, 0) + 1
+        if kind not in self.errors:
+            self.errors[kind] = "".join(traceback.format_exception(exc))
+            log.error("counter log %s: writing failed (%s); the batch's records are dropped "
+                      "and counted; later %s errors are counted only (CounterLog.errors)\n%s",
+                      self.path, self._last_error, kind, self.errors[kind])
+
     def _loop(self) -> None:
         while True:
             closing = self._closing
             try:
                 self._drain()
-            except Exception:  # noqa: BLE001 (the writer never takes the process down)
-                log.exception("counter log %s: writing failed; records dropped", self.path)
+            except Exception as exc:  # noqa: BLE001 (the writer never takes the process down)
+                self._failed(exc)
             if closing:
                 return
             self._wake.wait(self.flush_interval_s)
@@ -208,7 +241,7 @@ class CounterLog:
             items.append(queue.popleft())
         for timer in list(self._timers.values()):
             source = "cupti" if getattr(timer, "kind", "") == "cupti" else "cuda_event"
-            items += [(rec, time_s, plan, time_ms, source, stream)
+            items += [(rec, time_s, plan, float(time_ms), source, stream)
                       for (_, time_s, plan, rec, stream), time_ms in timer.harvest_entries()]
         if items:
             items.sort(key=_time_of)                # mostly in order already: a linear pass
@@ -330,6 +363,30 @@ class CounterLog:
 
 
 _time_of = operator.itemgetter(1)
+
+
+def _plain(value):
+    """msgpack's hook for values it cannot pack: numpy scalars (``eventElapsedTime`` and
+    NVML bindings may hand them over) become Python numbers; anything else is an error
+    that names the type."""
+    item = getattr(value, "item", None)
+    if item is not None:
+        return item()
+    raise TypeError(f"counter log: cannot write a {type(value).__module__}."
+                    f"{type(value).__qualname__} value ({value!r}); expected a number, "
+                    "string, list or dict")
+
+
+def _timer_problem(timer) -> str | None:
+    """What went wrong in a timing source, or None."""
+    problem = getattr(timer, "problem", None)
+    if problem is not None:
+        return problem
+    activity = getattr(timer, "activity", None)
+    if activity is not None and getattr(activity, "error", None):
+        return activity.error.splitlines()[0]
+    status = getattr(timer, "status", "ok")
+    return None if status in ("ok", "paused", "closed") else status
 
 # ---- the public context manager and the ADAPTIVE_COUNTER_LOG hook ---------------------------
 

@@ -21,25 +21,30 @@ from profilers.cupti import CuptiActivity, CuptiTimer
 
 
 class FakeCupti:
-    """The cupti.cupti surface used; kernels are 'launched' by the test, delivered on flush."""
+    """The cupti.cupti surface used; kernels are 'launched' by the test, delivered on flush.
+
+    Like CUPTI, an external-correlation record is written only beside an API record: a
+    launch inside a pushed id yields one when DRIVER or RUNTIME activity is enabled, and
+    none otherwise (the kernel then carries no id: what the H200 showed)."""
 
     class ActivityKind:
-        CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 10, 19
+        DRIVER, RUNTIME, CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 5, 6, 10, 19
 
     class ExternalCorrelationKind:
         CUSTOM0 = 4
 
     def __init__(self):
         self.stack, self.pending, self.correlation, self.pushes = [], [], 100, 0
+        self.enabled = set()
 
     def activity_register_callbacks(self, requested, completed):
         self.requested, self.completed = requested, completed
 
     def activity_enable(self, kind):
-        pass
+        self.enabled.add(kind)
 
     def activity_disable(self, kind):
-        pass
+        self.enabled.discard(kind)
 
     def activity_push_external_correlation_id(self, kind, ext):
         assert kind == 4
@@ -51,9 +56,13 @@ class FakeCupti:
 
     def launch(self, name, start_ns, end_ns):
         self.correlation += 1
-        if self.stack:
+        api = self.enabled & {5, 6}
+        if self.stack and api and 19 in self.enabled:
             self.pending.append(types.SimpleNamespace(
                 kind=19, correlation_id=self.correlation, external_id=self.stack[-1]))
+        for kind in sorted(api):                          # the launch call's API record
+            self.pending.append(types.SimpleNamespace(kind=kind, correlation_id=self.correlation,
+                                                      start=start_ns - 3000, end=start_ns - 1000))
         self.pending.append(types.SimpleNamespace(kind=10, correlation_id=self.correlation,
                                                   name=name, start=start_ns, end=end_ns))
 
@@ -248,11 +257,98 @@ def test_the_shared_subscription_pauses_with_its_last_user_and_resumes(monkeypat
     monkeypatch.setattr(cupti_mod, "CuptiActivity",
                         lambda cupti=None: CuptiActivity(cupti=fake))
     a, b = CuptiTimer(8), CuptiTimer(8)
-    assert a.activity is b.activity and fake.enabled == {10, 19}
+    assert a.activity is b.activity and fake.enabled == {5, 6, 10, 19}
     a.close()
-    assert fake.enabled == {10, 19}                       # b still needs the kernels
+    assert fake.enabled == {5, 6, 10, 19}                 # b still needs the kernels
     b.close()
     assert fake.enabled == set() and b.activity.status == "paused"
     c = CuptiTimer(8)
-    assert c.status == "ok" and fake.enabled == {10, 19} and fake.registered == 1
+    assert c.status == "ok" and fake.enabled == {5, 6, 10, 19} and fake.registered == 1
     c.close()
+
+
+# ---- failure modes seen on the H200 ---------------------------------------------------------
+
+def test_without_api_activity_kernels_carry_no_id_and_the_log_says_why(tmp_path, rng,
+                                                                       monkeypatch, host):
+    """The first H200 run: only CONCURRENT_KERNEL and EXTERNAL_CORRELATION enabled, so CUPTI
+    wrote no external-correlation record, no kernel joined its call and every record was
+    dropped, silently. Now the API kinds are enabled, and the old setting is reported."""
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0x7700))))
+    x = rng.standard_normal((5, 8)).astype(np.float32)
+    results = {}
+    for kinds in (("CONCURRENT_KERNEL", "EXTERNAL_CORRELATION"), cupti_mod._KIND_NAMES):
+        monkeypatch.setattr(cupti_mod, "_KIND_NAMES", kinds)
+        cupti, clock = FakeCupti(), Clock()
+        timer = CuptiTimer(16, activity=CuptiActivity(cupti=cupti), settle_s=0.5, clock=clock)
+        d = Dispatcher("host", policy=MeasureEach())
+        d.sample_every = 0
+        kernels_in_run(d, "softmax", (x,), cupti, [[(1000, 4000)], [(5000, 9000)]])
+        clog = CounterLog(tmp_path / f"k{len(kinds)}.alog", sample_every=1,
+                          flush_interval_s=60.0, nvml=False).open()
+        attach(clog, d, timer)
+        d.launch("softmax", x)
+        d.launch("softmax", x)
+        cupti.deliver()
+        clock.now += 1.0
+        clog._drain()
+        stats = clog.close()
+        results[len(kinds)] = (stats.written, stats.dropped, clog.last_error)
+    written, dropped, error = results[2]
+    assert (written, dropped) == (0, 2)
+    assert "no kernel record" in error and "2 kernel records, 0 external-correlation" in error
+    assert results[4] == (2, 0, None)
+
+
+def test_an_id_delivered_after_its_kernel_still_joins(tmp_path, rng, fake, host):
+    """CUPTI hands kernels and external-correlation records over in separate buffers; an id
+    arriving one harvest after its kernel must still tag it."""
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti, [[(10_000, 17_000)], [(20_000, 23_000)]])
+    clog = CounterLog(tmp_path / "late_id.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    host.launch("softmax", x)
+    host.launch("softmax", x)
+    external = [r for r in cupti.pending if r.kind == 19]
+    cupti.pending = [r for r in cupti.pending if r.kind != 19]
+    cupti.deliver()                                   # kernels first, without their ids
+    clog._drain()
+    assert clog.stats.written == 0 and len(timer._untagged) == 2
+    cupti.pending = external
+    cupti.deliver()
+    clock.now += 1.0
+    clog._drain()
+    stats = clog.close()
+    assert (stats.written, stats.dropped, clog.last_error) == (2, 0, None)
+    recs = read_log(tmp_path / "late_id.alog").records
+    assert [r["time_ms"] for r in recs] == pytest.approx([0.007, 0.003])
+
+
+def test_a_failing_buffer_callback_is_reported_once_with_its_traceback(tmp_path, rng, fake,
+                                                                       host, caplog):
+    """An exception in CUPTI's thread (here a kernel record without ``end``) is lost unless
+    kept: the activity keeps the first, logs it once, and the counter log reports it."""
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti, [[(0, 5_000)], [(6_000, 9_000)]])
+    clog = CounterLog(tmp_path / "cb.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    caplog.set_level("ERROR")
+    for _ in range(2):
+        host.launch("softmax", x)
+        for r in cupti.pending:
+            if r.kind == 10:
+                del r.end
+        cupti.deliver()
+    assert timer.activity.error.startswith("CUPTI buffer callback failed: AttributeError")
+    assert "Traceback" in timer.activity.error
+    assert sum("CUPTI buffer callback failed" in r.message for r in caplog.records) == 1
+    clock.now += 1.0
+    clog._drain()
+    stats = clog.close()
+    assert (stats.written, stats.dropped) == (0, 2)
+    assert "CUPTI buffer callback failed: AttributeError" in clog.last_error

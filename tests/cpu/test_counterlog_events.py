@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 import types
 
 import numpy as np
@@ -266,3 +267,66 @@ def test_nvml_absent_records_are_written_without_device_state(tmp_path, rng, fak
     recs = read_log(tmp_path / "nonvml.alog").records
     assert stats.written == 3 and all("device_state" not in r for r in recs)
     assert all(r["timer"] == "cuda_event" for r in recs)
+
+
+# ---- what a GPU hands over that the host does not --------------------------------------------
+
+def test_numpy_scalar_times_and_device_readings_are_written_as_numbers(tmp_path, rng,
+                                                                       fake_cupy, host):
+    """``eventElapsedTime`` bindings and NVML wrappers may return numpy scalars, which
+    msgpack cannot pack: each batch holding one would be dropped whole."""
+    rt, _ = fake_cupy
+    elapsed = rt.eventElapsedTime
+    rt.eventElapsedTime = lambda s, e: np.float32(elapsed(s, e))
+    x = rng.standard_normal((5, 11)).astype(np.float32)
+    host.launch("softmax", x)
+    now = [time.time()]
+    nvml = FakeNvml(sm_mhz=np.uint32(1410), power_mw=np.float64(312_500.0))
+    sampler = NvmlSampler(0, nvml=nvml, clock=lambda: now[0])
+    sampler.sample_once()
+    clog = CounterLog(tmp_path / "np.alog", flush_interval_s=60.0).open()
+    clog.samplers[0] = sampler
+    rec = attach(clog, host, EventTimer(8, None))
+    rec.index = 0
+    durations = [0.0125, 0.25, 0.0625]
+    for ms in durations:
+        timed_launch(host, rt, "softmax", x, gpu_ms=ms)
+    rt.completed = rt.recorded
+    clog._drain()
+    stats = clog.close()
+    assert (stats.written, stats.dropped, clog.last_error) == (3, 0, None)
+    recs = read_log(tmp_path / "np.alog").records
+    assert [r["time_ms"] for r in recs] == pytest.approx(durations, rel=1e-6)
+    assert all(type(r["time_ms"]) is float for r in recs)
+    assert {r["device_state"]["sm_clock_mhz"] for r in recs} == {1410}
+    assert recs[0]["device_state"]["power_w"] == pytest.approx(312.5)
+
+
+def test_a_writer_failure_is_logged_once_with_its_traceback_and_exposed(tmp_path, rng,
+                                                                        fake_cupy, host,
+                                                                        caplog):
+    """A batch the writer cannot write is dropped and counted; the cause must not vanish:
+    the first error of each kind is logged with its traceback, later ones counted, and
+    ``last_error`` names it."""
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    host.launch("softmax", x)
+    plan = next(iter(host._plans.values()))
+    clog = CounterLog(tmp_path / "bad.alog", flush_interval_s=60.0, nvml=False)
+    rec = recorders._LogRecorder(clog, host, None)
+    clog.open()
+    caplog.set_level("ERROR")
+    rec.static[plan] = {"op": "softmax", "bad": object()}     # unpackable
+    for _ in range(3):
+        clog.submit((rec, time.time(), plan, 0.5, "host", 0))
+        clog._wake.set()
+        deadline = time.monotonic() + 5
+        while clog._queue and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+    stats = clog.close()
+    assert stats.written == 0 and stats.dropped == 3
+    assert clog.error_counts == {"TypeError": 3}
+    assert clog.last_error.startswith("TypeError: counter log: cannot write a builtins.object")
+    assert "Traceback" in clog.errors["TypeError"] and "_write_batch" in clog.errors["TypeError"]
+    logged = [r for r in caplog.records if "writing failed" in r.message]
+    assert len(logged) == 1 and "Traceback" in logged[0].getMessage()

@@ -92,9 +92,13 @@ def test_trace_of_a_real_host_log_from_two_threads(tmp_path, rng):
     with CounterLog(path, sample_every=1, nvml=False) as clog:
         clog.attach(d)
 
-        def serve():
+        both = threading.Barrier(2)
+
+        def serve():            # both alive throughout: two thread ids (one can be reused)
+            both.wait()
             for _ in range(40):
                 d.launch("softmax", x)
+            both.wait()
         threads = [threading.Thread(target=serve) for _ in range(2)]
         for t in threads:
             t.start()

@@ -283,7 +283,7 @@ class FakeCupti:
     """The cupti.cupti surface the activity source uses; kernels 'run' when flushed."""
 
     class ActivityKind:
-        CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 10, 19
+        DRIVER, RUNTIME, CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 5, 6, 10, 19
 
     class ExternalCorrelationKind:
         CUSTOM0 = 4

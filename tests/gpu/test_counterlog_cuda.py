@@ -69,11 +69,30 @@ def _timing_or_skip(timing: str) -> None:
             pytest.skip(f"CUPTI timing unavailable here: {status}")
 
 
+def _queued_pairs(cp, spin, n: int, call) -> list[float]:
+    """Event-pair times of ``n`` calls of ``call()``, each between its own pair, all queued
+    behind a ~20 ms spin kernel so the GPU runs them back to back (a pair then times GPU
+    work, not host launch gaps)."""
+    pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(n)]
+    spin(40_000_000)
+    for start, end in pairs:
+        start.record()
+        call()
+        end.record()
+    cp.cuda.Device().synchronize()
+    return [cp.cuda.get_elapsed_time(s, e) for s, e in pairs]
+
+
 @pytest.mark.parametrize("timing", ["events", "cupti"])
 def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, timing):
-    """The logged time of each call against a CUDA event pair around the same call. The
-    calls queue behind a spin kernel, so the GPU runs them back to back and a pair times
-    the GPU work, not host launch gaps."""
+    """The logged time of each call against a CUDA event pair around the same call.
+
+    The reference pairs are recorded with the log off: with it on, a pair around a call
+    also brackets the log's own two event records (each one costs the stream time on the
+    GPU), about 3 us more than the log's pair around the same call on the H200 — a pair
+    around a different span, not a wrong logged time. That nested pair is still measured
+    and must contain the logged time. CUPTI times the kernels alone (first start to last
+    end), so its reference is the pair less what a pair around no work reads."""
     _timing_or_skip(timing)
     from adaptive import Dispatcher
     from adaptive.counterlog import counter_log, read_log
@@ -86,26 +105,34 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, ti
     spin = _spin(cp)
     spin(1000)
     cp.cuda.Device().synchronize()
-    pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(50)]
+    n = 50
+    event_ms = _queued_pairs(cp, spin, n, lambda: d.launch("softmax", x))     # log off
+    empty_ms = _queued_pairs(cp, spin, n, lambda: None)                       # pair cost
+    out = []
     with counter_log(tmp_path / "gpu.alog", sample_every=1, nvml=False, timing=timing) as clog:
-        spin(40_000_000)                                     # ~20 ms: every call queues
-        for start, end in pairs:
-            start.record()
-            y = d.launch("softmax", x)
-            end.record()
-        cp.cuda.Device().synchronize()
-    assert np.abs(cp.asnumpy(y) - ref).max() < 1e-5
-    assert clog.stats.written == 50 and clog.stats.dropped == 0
+        nested_ms = _queued_pairs(cp, spin, n, lambda: out.append(d.launch("softmax", x)))
+    assert clog.last_error is None, clog.last_error
+    assert np.abs(cp.asnumpy(out[-1]) - ref).max() < 1e-5
+    assert clog.stats.written == n and clog.stats.dropped == 0, clog.stats
     recs = sorted(read_log(tmp_path / "gpu.alog").records, key=lambda r: r["seq"])
     assert {r["timer"] for r in recs} == {"cupti" if timing == "cupti" else "cuda_event"}
-    event_ms = [cp.cuda.get_elapsed_time(s, e) for s, e in pairs]
     log_ms = [r["time_ms"] for r in recs]
-    errors = [abs(a - b) for a, b in zip(log_ms, event_ms)]
-    med_event = statistics.median(event_ms)
+    pair_cost_ms = statistics.median(empty_ms)
+    reference = event_ms if timing == "events" else [e - pair_cost_ms for e in event_ms]
+    med_log, med_ref = statistics.median(log_ms), statistics.median(reference)
+    summary = (f"{timing}: logged median {med_log * 1e3:.2f} us; pair around the call (log "
+               f"off) {statistics.median(event_ms) * 1e3:.2f} us; pair around nothing "
+               f"{pair_cost_ms * 1e3:.2f} us; pair around the logged call "
+               f"{statistics.median(nested_ms) * 1e3:.2f} us")
+    print(summary)
+    errors = [abs(a - b) for a, b in zip(log_ms, reference)]
     # the issue's bar: within 5 % or 2 us of an event pair on the same calls
-    assert statistics.median(errors) <= max(0.05 * med_event, 0.002), (
-        statistics.median(log_ms), med_event, statistics.median(errors))
-    assert max(errors) <= max(0.25 * med_event, 0.01), (log_ms, event_ms)
+    assert statistics.median(errors) <= max(0.05 * med_ref, 0.002), (
+        summary, statistics.median(errors))
+    assert max(errors) <= max(0.25 * med_ref, 0.01), (summary, log_ms, reference)
+    # the log's own span lies inside a pair recorded around the logged call
+    assert all(a <= b + 0.0005 for a, b in zip(log_ms, nested_ms)), (summary, log_ms,
+                                                                     nested_ms)
 
 
 def test_sampled_logging_times_one_call_in_n_on_the_device(cp, tmp_path):
@@ -119,6 +146,8 @@ def test_sampled_logging_times_one_call_in_n_on_the_device(cp, tmp_path):
         for _ in range(80):
             d.launch("softmax", x)
         cp.cuda.Device().synchronize()
+    assert clog.last_error is None, clog.last_error
+    print("timing sources:", clog.timings)
     contents = read_log(tmp_path / "n.alog")
     assert clog.stats.written == 10 and len(contents.records) == 10
     assert contents.headers[0]["sample_every"] == 8
@@ -146,6 +175,7 @@ def test_cupti_tags_the_kernels_of_a_call(cp):
             if len(done) == 2:
                 break
             time.sleep(0.05)
+        assert len(done) == 2, (timer.problem, timer.activity.counts, timer.activity.error)
         (first, long_ms), (second, short_ms) = done
         assert first[0] == timer_id and long_ms > 20 * short_ms > 0, done
     finally:
@@ -169,6 +199,7 @@ def test_logged_records_carry_device_state_into_the_exports(cp, tmp_path):
         while time.monotonic() < deadline:
             d.launch("softmax", x)
         cp.cuda.Device().synchronize()
+    assert clog.last_error is None, clog.last_error
     sampler = next(iter(clog.samplers.values()))
     assert sampler.status == "ok", sampler.status
     recs = read_log(path).records
