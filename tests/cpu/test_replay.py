@@ -21,15 +21,26 @@ def attention():
 
 
 def test_every_held_out_input_is_priced_from_its_own_measurements(attention):
+    from adaptive.pack import read_pack
+    inputs = {(tuple(sorted(r.dims.items())), r.dtype, tuple(sorted(r.features.items())))
+              for r in read_pack(H200).rows if r.op == "attention"}
+    cases = [{(c.op, tuple(sorted(c.dims.items()))) for c in r.cases} for r in attention.values()]
+    assert cases[0] == cases[1] and len(cases[0]) >= len(inputs) // 2 > 1   # both price the same
     for report in attention.values():
-        assert len(report.cases) == 7
         for c in report.cases:
             assert c.op == "attention" and c.ratio >= 1.0 and 1 <= c.explored <= 8
             assert c.ratio == 1.0 or c.committed != c.best     # ties: another can be 1.0
 
 
-def test_anchors_land_at_least_as_close_to_the_best(attention):
-    with_, without = attention[True], attention[False]
+def test_anchors_land_at_least_as_close_to_the_best():
+    """On the corpus's attention pack (the development set: 45 inputs measured on the
+    H200). The shipped pack holds too few attention inputs per shape family for a
+    leave-one-out replay to say much (docs/benchmarks.md, run J)."""
+    from test_replay_corpus import CORPUS
+    if CORPUS is None:
+        pytest.skip("no ../shared/data/h200-corpus here")
+    without, with_ = replay_setups(str(CORPUS / "h200-wide-attention.msgpack"), (False, True),
+                                   ops=["attention"], folds=10)
     assert with_.geomean_ratio() <= without.geomean_ratio()
     assert with_.geomean_ratio() <= 1.05, str(with_)
 
