@@ -46,9 +46,14 @@ def test_endpoint_answers_are_judged_and_fed_back(llm_run):
     assert stages[0] == "source" and stages[-1] == "" and "nonfinite" in stages
     wrong = next(a for a in details["openai"]["attempts"] if a["stage"] == "nonfinite")
     assert "large values" in wrong["verdict"]        # the regime that exposes exp(x) overflow
-    last_prompt = sorted(out.glob("openai_prompt_*.txt"))[-1].read_text()
-    assert "Previous attempt" in last_prompt and "rejected at stage 'nonfinite'" in last_prompt
-    assert "## Contract" in last_prompt and "def softmax_row" in last_prompt
+    prompts = [p.read_text() for p in sorted(out.glob("openai_prompt_*.txt"),
+                                             key=lambda p: int(p.stem.rsplit("_", 1)[1]))]
+    # the attempt after the wrong answer is told why it was rejected (the client retries a
+    # 500 itself, so which prompt that is depends on the replies' order)
+    wrong_at = stages.index("nonfinite")
+    told = prompts[wrong_at + 1]
+    assert "Previous attempt" in told and "rejected at stage 'nonfinite'" in told
+    assert "## Contract" in prompts[-1] and "def softmax_row" in prompts[-1]
     assert (out / "openai_answer_1.py").read_text().strip() == ""      # <think> never closed
     answer = sorted(out.glob("openai_answer_*.py"))[-1].read_text()
     assert "xf.max(axis=1" in answer and "<think>" not in answer
