@@ -109,9 +109,14 @@ class Neighbours:
     4096x4096x2048 and far from a 1-row decode. Read on misses only.
     """
 
+    # measured inputs kept per (op, dtype, feature names): a serving process commits one
+    # per input class it meets, so the oldest go first past this (a pack holds ~100 an op)
+    MAX_INPUTS = 4096
+
     def __init__(self):
         self._by: dict[tuple, dict[tuple, tuple[np.ndarray, tuple, float]]] = {}
         self._lock = threading.Lock()
+        self.evicted = 0
 
     def add(self, op: str, dtype: str, features: dict, variant: str, config_items: tuple,
             time_ms: float) -> None:
@@ -124,6 +129,9 @@ class Neighbours:
             old = inputs.get(point)
             if old is None or time_ms < old[2]:
                 inputs[point] = (np.asarray(point), (variant, config_items), time_ms)
+            if len(inputs) > self.MAX_INPUTS:   # insertion order: the oldest input goes
+                del inputs[next(iter(inputs))]
+                self.evicted += 1
 
     def fastest_near(self, op: str, dtype: str, features: dict, k: int = 1
                      ) -> list[tuple[tuple, float]]:
@@ -428,6 +436,13 @@ class Learned:
     def state(self, key: tuple) -> KeyState | None:
         """What the policy knows about ``key`` (None before its first miss)."""
         return self.keys.get(key)
+
+    def forget_key(self, key: tuple) -> None:
+        """Drop what the policy keeps of ``key`` (the dispatcher calls this when it evicts
+        an input class's last plan, so ``keys`` is bounded by the plan cache). What the
+        key taught the model and the neighbours stays."""
+        with self._lock:
+            self.keys.pop(key, None)
 
     def forget(self) -> None:
         with self._lock:

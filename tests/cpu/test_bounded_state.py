@@ -172,3 +172,25 @@ def test_soak_quick_keeps_the_bound_and_right_results():
     last = r["rows"][-1]
     assert last["distinct"] == 308 and last["evictions"] >= 300 - 32
     assert last["prepared"] <= 4 * 32
+
+
+def test_the_learned_policy_forgets_the_classes_the_plan_cache_evicts(rng):
+    from adaptive.learned import Learned
+    from adaptive.model import LiveModel
+    with config.override(plan_cache_size=3, sample_every=0):
+        d = Dispatcher("host", policy=Learned(LiveModel(background=False)))
+    for c in range(5, 13):
+        d.launch("softmax", rng.standard_normal((2, c)).astype(np.float32))
+    assert len(d._plans) <= 3
+    assert set(d.policy.keys) <= {p.class_key for p in d._plans.values()}
+
+
+def test_neighbours_keep_at_most_their_bound_of_measured_inputs(monkeypatch):
+    from adaptive.learned import Neighbours
+    monkeypatch.setattr(Neighbours, "MAX_INPUTS", 8)
+    n = Neighbours()
+    for i in range(20):
+        n.add("softmax", "float32", {"log2_R": float(i), "log2_C": 5.0}, "v", (), 1.0 + i)
+    assert len(n) == 8 and n.evicted == 12
+    # the newest stay: the nearest to R=2**19 is the last one added
+    assert n.fastest_near("softmax", "float32", {"log2_R": 19.0, "log2_C": 5.0})[0][1] == 0.0
