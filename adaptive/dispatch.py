@@ -670,6 +670,11 @@ class Dispatcher:
         o = get_op(op)
         return self._candidates(o, o.problem(args, params))
 
+    def plans(self) -> dict[tuple, Plan]:
+        """A snapshot of the plans serving keys now (key -> plan; exploring ones have
+        ``provisional`` set)."""
+        return dict(self._plans)
+
     def decision(self, op: str, *args, **params) -> Decision | None:
         """The cached decision for this input, or None before its first launch."""
         o = get_op(op)

@@ -297,8 +297,8 @@ def pin_dispatchers() -> dict:
         d.sample_every = 0
         if not isinstance(d.policy, Pinned):
             d.policy = Pinned(d.policy)
-        for key, state in list(getattr(d.policy, "keys", {}).items()):
-            if getattr(state, "committed", True) is None:
+        for key, plan in d.plans().items():   # the dispatcher's own plans, any policy
+            if plan.provisional:
                 d.forget_key(key)
                 reopened += 1
             else:
