@@ -104,11 +104,13 @@ def raise_to_observed(backend, flops: float, nbytes: float, time_ms: float, dtyp
     rates = peaks["flops_per_s"]
     name = dtype if rates.get(dtype) else max(rates, key=rates.get)   # as floor_ms picks
     changed = []
+    # a hair above the run's rate, so that floor = work / rate stays <= time_ms after the
+    # division's rounding
     if flops / rates[name] > time_s:
-        rates[name] = flops / time_s
+        rates[name] = flops / time_s * (1 + 1e-9)
         changed.append(f"{name} {rates[name]:.3g} flop/s")
     if nbytes / peaks["bytes_per_s"] > time_s:
-        peaks["bytes_per_s"] = nbytes / time_s
+        peaks["bytes_per_s"] = nbytes / time_s * (1 + 1e-9)
         changed.append(f"{peaks['bytes_per_s']:.3g} B/s")
     if not changed:
         return False

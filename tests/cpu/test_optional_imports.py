@@ -117,10 +117,11 @@ def test_tensor_callers_run_the_torch_entry_with_their_tensors():
     a, b = torch.randn(5, 7, dtype=torch.float32), torch.randn(7, 3, dtype=torch.float32)
     out = d.launch("gemm", a, b)
     assert isinstance(out, torch.Tensor) and out.shape == (5, 3)
-    torch.testing.assert_close(out.double(), a.double() @ b.double())
+    torch.testing.assert_close(out.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
     given = torch.full((5, 3), float("nan"), dtype=torch.float32)
     assert d.launch("gemm", a, b, out=given) is given
-    torch.testing.assert_close(given.double(), a.double() @ b.double())
+    torch.testing.assert_close(given.double(), a.double() @ b.double(), rtol=1e-5,
+                               atol=1e-5)
     with pytest.raises(adaptive.InputValueError, match=r"out has shape \(3, 5\).*expected "
                                                       r"shape torch.Size\(\[5, 3\]\)"):
         d.launch("gemm", a, b, out=torch.empty(3, 5, dtype=torch.float32))
@@ -136,7 +137,8 @@ def test_a_held_plan_runs_without_the_key_and_goes_stale_when_replaced():
     plan = d.plan("gemm", a, b)
     assert not plan.stale and not plan.provisional
     a2 = torch.randn(4, 6, dtype=torch.float32)
-    torch.testing.assert_close(plan.run((a2, b), None).double(), a2.double() @ b.double())
+    torch.testing.assert_close(plan.run((a2, b), None).double(), a2.double() @ b.double(),
+                               rtol=1e-5, atol=1e-5)
     assert d.plan("gemm", a2, b) is plan                  # one input class, one plan
     d.forget_key(plan.key)
     assert plan.stale and d.plan("gemm", a, b) is not plan

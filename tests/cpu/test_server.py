@@ -412,7 +412,10 @@ def test_full_queue_gets_503_in_openai_shape(server):
         for t in threads:
             t.start()
         deadline = time.monotonic() + 20
-        while server.app.engine.queued < 1 and time.monotonic() < deadline:
+        engine = server.app.engine
+        # one generating (behind the gate) and one waiting: only then is the queue full
+        while not (engine.queued >= 1 and engine.stats["running"] >= 1) and \
+                time.monotonic() < deadline:
             time.sleep(0.02)
         status, out, _ = post(server.url, {"model": MODEL, "prompt": "x"})
         assert status == 503 and out["error"]["code"] == "overloaded"
