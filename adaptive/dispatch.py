@@ -79,19 +79,15 @@ def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = Fals
 
     ``returns``: ``fn(args, out)`` returns the result and allocates it itself when ``out``
     is None (torch entries: the allocation torch makes anyway, not one more)."""
+    out_type = out_sig[0]
+    sign = arrays.out_signer(out_type)   # bound once: the type test guards it
     if returns:
-        out_type = out_sig[0]
-        sign = arrays.SIGNERS[out_type]
-
         def run_returning(args, out):
             if out is not None and (type(out) is not out_type or sign(out) != out_sig):
                 raise _bad_out(out, out_sig, op)
             return fn(args, out)
         return run_returning
     if adapter is None:
-        out_type = out_sig[0]
-        sign = arrays.out_signer(out_type)   # bound once: the type test guards it
-
         def run(args, out):
             if out is None:
                 out = alloc()
@@ -215,8 +211,7 @@ class Dispatcher:
                                  f"{type(config).__name__} {config!r}")
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)
-        if not isinstance(variant, (str, type(None))) or not isinstance(config, (Mapping,
-                                                                                 type(None))):
+        if not isinstance(variant, (str, type(None))):   # config was checked above
             raise InputTypeError(f"{op}: variant= must be a variant name and config= a "
                                  f"mapping, got {type(variant).__name__} and "
                                  f"{type(config).__name__}")

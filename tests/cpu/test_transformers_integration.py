@@ -16,12 +16,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.masking_utils import eager_mask, sdpa_mask  # noqa: E402
 from transformers.models.llama.modeling_llama import eager_attention_forward  # noqa: E402
 
 import adaptive  # noqa: E402
 from adaptive.errors import InputTypeError, InputValueError  # noqa: E402
 from adaptive.integrations import transformers as at  # noqa: E402
+from hf_masks import transformers_masks  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -56,22 +56,6 @@ def _greedy(model, ids, mask, n=10):
                               pad_token_id=0)
 
 
-def _transformers_masks(b, lq, lk, padding, device="cpu"):
-    """The masks transformers builds for SDPA (bool or None) and for eager (additive) at a
-    query offset of ``lk - lq``, through its own builders (their signature changed: newer
-    releases take ``q_length``/``q_offset``, older ones ``cache_position``)."""
-    import inspect
-    offset = lk - lq
-    if "q_length" in inspect.signature(sdpa_mask).parameters:
-        kw = dict(batch_size=b, q_length=lq, kv_length=lk, q_offset=offset, device=device)
-    else:
-        kw = dict(batch_size=b, cache_position=torch.arange(offset, lk, device=device),
-                  kv_length=lk)
-    mine = sdpa_mask(**kw, attention_mask=padding)
-    theirs = eager_mask(**kw, attention_mask=padding, dtype=torch.float32)
-    return mine, theirs
-
-
 class _Layer(torch.nn.Module):
     """What transformers passes as ``module``: the head grouping and causality."""
 
@@ -98,7 +82,7 @@ def test_attention_matches_eager_with_transformers_masks(rng, h, hkv, lq, lk, pa
     for i, p in enumerate(pads):
         padding[i, :p] = False
     offset = lk - lq
-    mine, theirs = _transformers_masks(b, lq, lk, padding)
+    mine, theirs = transformers_masks(b, lq, lk, padding)
     layer = _Layer(h // hkv)
     got, weights = at.attention_forward(layer, q, k, v, mine, scaling=0.25)
     want, _ = eager_attention_forward(layer, q, k, v, theirs, scaling=0.25)

@@ -14,28 +14,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
-from transformers.masking_utils import eager_mask, sdpa_mask  # noqa: E402
 from transformers.models.llama.modeling_llama import eager_attention_forward  # noqa: E402
 
 from adaptive.integrations import transformers as at  # noqa: E402
+from hf_masks import transformers_masks  # noqa: E402
 
 DEV = "cuda"
-
-
-def _transformers_masks(b, lq, lk, padding, device="cpu"):
-    """The masks transformers builds for SDPA (bool or None) and for eager (additive) at a
-    query offset of ``lk - lq``, through its own builders (their signature changed: newer
-    releases take ``q_length``/``q_offset``, older ones ``cache_position``)."""
-    import inspect
-    offset = lk - lq
-    if "q_length" in inspect.signature(sdpa_mask).parameters:
-        kw = dict(batch_size=b, q_length=lq, kv_length=lk, q_offset=offset, device=device)
-    else:
-        kw = dict(batch_size=b, cache_position=torch.arange(offset, lk, device=device),
-                  kv_length=lk)
-    mine = sdpa_mask(**kw, attention_mask=padding)
-    theirs = eager_mask(**kw, attention_mask=padding, dtype=torch.float32)
-    return mine, theirs
 
 
 class _Layer(torch.nn.Module):
@@ -60,7 +44,7 @@ def test_attention_matches_eager_fp16(h, hkv, lq, lk, pads):
     padding = torch.ones(b, lk, dtype=torch.bool, device=DEV)
     for i, p in enumerate(pads):
         padding[i, :p] = False
-    mine, theirs = _transformers_masks(b, lq, lk, padding, DEV)
+    mine, theirs = transformers_masks(b, lq, lk, padding, DEV)
     layer = _Layer(h // hkv)
     for _ in range(3):   # exploring calls run other candidates: each must agree
         got, _ = at.attention_forward(layer, q, k, v, mine, scaling=d ** -0.5)
