@@ -11,22 +11,42 @@ The public API is this module's ``__all__``; everything else is internal.
 from __future__ import annotations
 
 from adaptive import config
-from adaptive.counterlog import counter_log
-from adaptive.dispatch import Dispatcher, Plan, launch, reset_defaults, shared_registry
+from adaptive.dispatch import Dispatcher, Plan
 from adaptive.errors import (AdaptiveError, BackendUnavailableError, CompileError,
-                             InputTypeError, InputValueError, ManifestError, NoCandidateError,
+                             InputTypeError, InputValueError, ManifestError,
+                             MissingDependencyError, NoCandidateError, PackError,
                              UnknownNameError, VariantRunError)
 from adaptive.ops import OPS, SparseWeight
-from adaptive.metrics import count_regeneration_request, serve_metrics
-from adaptive.errors import MissingDependencyError, PackError
-from adaptive.pack import LoadReport, load_pack
-from adaptive.explain import Explanation, explain
-from adaptive.learned import Learned
 from adaptive.policy import Decision, MeasureEach
+from adaptive.runtime import launch, reset_defaults, shared_registry
 from adaptive.variants import Candidate, Registry, Variant, load_folder
-from adaptive.regen.source import verify
 
-__version__ = "0.1.0"
+# the rest of the public API loads on first use: `import adaptive` imports only what a
+# warm adaptive.launch needs (name -> module defining it)
+_LAZY = {
+    "counter_log": "adaptive.counterlog.writer",
+    "serve_metrics": "adaptive.metrics",
+    "count_regeneration_request": "adaptive.metrics",
+    "load_pack": "adaptive.packs.install",
+    "LoadReport": "adaptive.packs.install",
+    "Explanation": "adaptive.policy.explain",
+    "explain": "adaptive.policy.explain",
+    "Learned": "adaptive.policy.learned",
+    "verify": "adaptive.regen.source",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'adaptive' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+from adaptive.version import __version__  # noqa: E402 (after the lazy table)
 
 
 def candidates(op: str, *args, **params) -> list[Candidate]:
@@ -36,7 +56,7 @@ def candidates(op: str, *args, **params) -> list[Candidate]:
         >>> [c.label for c in adaptive.candidates("softmax", x)]
         ['host_numpy', 'host_blocked[rows=8]', ...]
     """
-    from adaptive.dispatch import default_dispatcher
+    from adaptive.runtime import default_dispatcher
     return default_dispatcher(args).candidates(op, *args, **params)
 
 

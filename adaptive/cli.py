@@ -12,12 +12,12 @@ HELP = ("adaptive: runtime adaptive GPU kernel dispatch. Run 'adaptive COMMAND -
 
 # sub-command -> module defining add_arguments(parser) and run(args) -> int
 COMMANDS = {
-    "bench": ("adaptive.bench", "run the benchmarks: selection, hot-path overhead and "
+    "bench": ("adaptive.bench.cli", "run the benchmarks: selection, hot-path overhead and "
                                 "mixed workload (the main job)"),
-    "explain": ("adaptive.explain_cli", "show the ranked candidates for one input and why "
+    "explain": ("adaptive.policy.explain_cli", "show the ranked candidates for one input and why "
                                         "one is chosen"),
-    "pack": ("adaptive.pack_cli", "build, show, diff and merge variant packs"),
-    "log": ("adaptive.counterlog_cli", "summarise, plot and export counter logs"),
+    "pack": ("adaptive.packs.cli", "build, show, diff and merge variant packs"),
+    "log": ("adaptive.counterlog.cli", "summarise, plot and export counter logs"),
     "regen": ("adaptive.regen.cli", "run one regeneration loop for an input class"),
     "verify": ("adaptive.regen.verify_cli", "verify a variant source file"),
     "nvrtc-check": ("adaptive.nvrtc", "compile every CUDA variant x config for a GPU arch"),

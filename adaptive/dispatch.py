@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import itertools
 import logging
 import math
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 from adaptive import arrays, config, optional
@@ -30,8 +28,9 @@ from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
                              UnknownNameError)
 from adaptive.observation import Observation, floor_ms
 from adaptive.ops import OPS, Op, Problem, get_op
-from adaptive.policy import POLICIES, Context, Decision, Policy, make_policy
-from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
+from adaptive.policy import POLICIES, make_policy
+from adaptive.policy.base import Context, Decision, Policy
+from adaptive.variants import Candidate, Registry, Variant, make_candidate, shared_registry
 
 log = logging.getLogger("adaptive")
 
@@ -51,6 +50,7 @@ class Plan:
     decision: Decision | None = None
     flops: float = 0.0
     bytes: float = 0.0
+    floor_ms: float = 0.0    # roofline floor on this device (0: peaks unknown)
     provisional: bool = False   # run rotates through the decision's exploration list
     # set once the dispatcher no longer serves this key with this plan (revised, forgotten):
     # a caller holding the plan (see Dispatcher.plan) asks again
@@ -126,6 +126,43 @@ def _bad_out(out, expected_sig, op: str = "") -> Exception:
                            f"dtype {expected_sig[2]}, C-contiguous, same array type as inputs")
 
 
+def _run_plan(plan: Plan, args, out):
+    return plan.run(args, out)
+
+
+class Recorder:
+    """A per-dispatcher hook (:meth:`Dispatcher.add_recorder`): the one way to watch a
+    dispatcher's launches and timings (the counter log, metrics and the regeneration
+    service each install one).
+
+    ``wraps_launches``: the recorder runs each non-sampled launch instead of the plan
+    (``__call__(plan, args, out)``, which must call ``self._next(plan, args, out)`` or,
+    when ``self._direct``, may call ``plan.run`` itself); recorders chain, newest first.
+    :meth:`timed` sees every timing the policy gets (sampled and exploring calls)."""
+
+    wraps_launches = True
+
+    def __init__(self):
+        self._next = _run_plan
+        self._direct = True
+
+    @property
+    def inner(self) -> Recorder | None:
+        """The next recorder of the chain (None: this one runs the plan)."""
+        return None if self._next is _run_plan else self._next
+
+    @inner.setter
+    def inner(self, recorder: Recorder | None) -> None:
+        self._next = _run_plan if recorder is None else recorder
+        self._direct = recorder is None
+
+    def __call__(self, plan: Plan, args, out):
+        return self._next(plan, args, out)
+
+    def timed(self, plan: Plan, time_ms: float) -> None:
+        """A measured time of ``plan`` (ms): what :meth:`Dispatcher.feedback` gets."""
+
+
 class Dispatcher:
     """Chooses and runs variants for one backend and device.
 
@@ -134,10 +171,17 @@ class Dispatcher:
             backend instance.
         device: CUDA device ordinal (cuda backend only).
         policy: how a miss is decided: a name (``"learned"``,
-            :class:`~adaptive.learned.Learned`; ``"measure-each"``,
+            :class:`~adaptive.policy.learned.Learned`; ``"measure-each"``,
             :class:`~adaptive.policy.MeasureEach`) or a policy instance; default from
             ``ADAPTIVE_POLICY``.
-        registry: the variants to choose from (default: built-in + ``ADAPTIVE_VARIANT_PATH``).
+        registry: the variants to choose from (default: the process's shared registry,
+            built-in + ``ADAPTIVE_VARIANT_PATH`` + loaded packs). The dispatcher joins it:
+            rows and observers given to the registry reach it.
+
+    Making a dispatcher reads no file and starts no thread: the packs installed at
+    start-up, ``ADAPTIVE_COUNTER_LOG`` and ``ADAPTIVE_REGEN`` are applied by
+    :func:`adaptive.runtime.start` (which ``adaptive.launch`` calls for its default
+    dispatchers; call it yourself to give a dispatcher you made the same start).
 
     Example:
         >>> d = Dispatcher(backend="host")
@@ -152,7 +196,8 @@ class Dispatcher:
             policy = make_policy(config.get().policy if policy is None else policy)
         elif isinstance(policy, type) or not isinstance(policy, Policy):
             raise InputTypeError(f"policy must be a name ({', '.join(POLICIES)}) or a policy "
-                                 f"instance such as adaptive.Learned(), got {policy!r}")
+                                 f"instance such as adaptive.Learned() (write your own by "
+                                 f"subclassing adaptive.policy.BasePolicy), got {policy!r}")
         self.policy = policy
         self.limits = self.backend.limits()
         self._plans: dict[tuple, Plan] = {}
@@ -164,19 +209,13 @@ class Dispatcher:
         self._referenced: set = set()      # keys sampled since the clock last passed them
         self._lock = threading.RLock()
         self._tick = itertools.count(1)
-        self._recorder: Callable | None = None
+        self._recorder: Recorder | None = None       # the launch chain's head
+        self._recorders: tuple[Recorder, ...] = ()   # every installed recorder
         self._timer = None                 # CUDA events for sampled calls (made on first use)
         self._timer_tried = False
         self.sample_every = config.get().sample_every
-        self.listeners: list[Callable[[Plan, float], None]] = []
         self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
-        ref = weakref.ref(self)
-        self.registry.subscribe(lambda op: (d := ref()) is not None and d.forget(op))
-        _live.add(self)
-        if registry is None:
-            _join_shared(self)
-        for hook in list(new_dispatcher_hooks):
-            hook(self)
+        self.registry.join(self)   # the registry's rows and observers (in memory)
 
     # ---- hot path ---------------------------------------------------------------------------
     # ``_plain``: no sampling and no recorder, so a hit runs the plan directly (one test)
@@ -191,15 +230,47 @@ class Dispatcher:
         self._plain = not every and self._recorder is None
 
     @property
-    def recorder(self) -> Callable | None:
-        """``recorder(plan, args, out)`` runs each launch instead of the plan (counter log,
-        metrics); it calls ``plan.run`` itself."""
+    def recorder(self) -> Recorder | None:
+        """The head of the launch-recording chain (None: launches run their plan)."""
         return self._recorder
 
-    @recorder.setter
-    def recorder(self, recorder: Callable | None) -> None:
+    def _set_head(self, recorder: Recorder | None) -> None:
         self._recorder = recorder
         self._plain = not self._sample_every and recorder is None
+
+    @property
+    def recorders(self) -> tuple[Recorder, ...]:
+        """The installed recorders (:meth:`add_recorder`)."""
+        return self._recorders
+
+    def add_recorder(self, recorder: Recorder) -> None:
+        """Install ``recorder``: it sees every timing (``timed``), and, when it
+        ``wraps_launches``, runs each launch in front of those installed before it."""
+        with self._lock:
+            if recorder in self._recorders:
+                return
+            if recorder.wraps_launches:
+                recorder.inner = self._recorder
+                self._set_head(recorder)
+            self._recorders = (*self._recorders, recorder)
+
+    def remove_recorder(self, recorder: Recorder) -> None:
+        """Take ``recorder`` out (wherever it is in the chain)."""
+        with self._lock:
+            if recorder not in self._recorders:
+                return
+            self._recorders = tuple(r for r in self._recorders if r is not recorder)
+            if not recorder.wraps_launches:
+                return
+            if self._recorder is recorder:
+                self._set_head(recorder.inner)
+                return
+            r = self._recorder
+            while r is not None:
+                if r.inner is recorder:
+                    r.inner = recorder.inner
+                    return
+                r = r.inner
 
     def launch(self, op: str, *args, out=None, variant: str | None = None,
                config: Mapping | None = None, **params):
@@ -260,7 +331,8 @@ class Dispatcher:
             ckey = (op.name, op.class_dims(problem), problem.dtype, problem.kind,
                     problem.device, problem.params, problem.extra)
             cls = self._classes.get(ckey)
-            floor = self._floor_ms(op, problem)
+            roofline = self._roofline(op, problem)
+            floor = roofline[2]
             if cls is not None and not _serves(cls.decision, problem):
                 ckey = ckey + (key,)   # the class's choice cannot run here: decide alone
                 cls = self._classes.get(ckey)
@@ -268,7 +340,7 @@ class Dispatcher:
                 candidates = self._candidates(op, problem)
                 ctx = Context(op, problem, ckey, functools.partial(
                     self._measure, op, problem, key, args), self.backend.peaks,
-                    getattr(self.backend, "device_state", None), self.limits)
+                    self.backend.device_state, self.limits, floor=floor)
                 decision = self.policy.decide(ctx, candidates)
                 decision = dataclasses.replace(
                     decision, tuning_ms=decision.tuning_ms or (time.perf_counter() - t0) * 1e3)
@@ -278,7 +350,7 @@ class Dispatcher:
             # prepared on their first turn, so the first result pays for one
             scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
             first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
-                                  ckey, scale)
+                                  ckey, scale, roofline)
             plan = self._plan_for(cls.decision, first, cls.turn)
             self._plans[key] = plan
             cls.keys.add(key)
@@ -289,13 +361,14 @@ class Dispatcher:
                       cls.decision.reason)
         return plan
 
-    def _floor_ms(self, op: Op, problem: Problem) -> float:
-        """Roofline floor of ``problem`` here (0 where the peaks cannot be had)."""
+    def _roofline(self, op: Op, problem: Problem) -> tuple[float, float, float]:
+        """``(flops, bytes, floor_ms)`` of ``problem`` here, computed once per miss (the
+        floor is 0 where the peaks cannot be had: times are not scaled within a class)."""
+        flops, nbytes = op.roofline(problem)
         try:
-            flops, nbytes = op.roofline(problem)
-            return floor_ms(flops, nbytes, self.backend.peaks(), problem.dtype)
-        except Exception:  # noqa: BLE001 (no peaks: times are not scaled within a class)
-            return 0.0
+            return flops, nbytes, floor_ms(flops, nbytes, self.backend.peaks(), problem.dtype)
+        except Exception:  # noqa: BLE001 (no peaks: no floor)
+            return flops, nbytes, 0.0
 
     def _evict(self) -> None:
         """Bring the plan cache back to its bound (caller holds the lock): the oldest plan
@@ -303,7 +376,7 @@ class Dispatcher:
         back, its bit cleared); its prepared candidates go with it, and a policy with a
         ``forget_key(key)`` method is told, so it can drop its own state of the key."""
         plans, referenced = self._plans, self._referenced
-        forget = getattr(self.policy, "forget_key", None)
+        forget = self.policy.forget_key
         while len(plans) > self.plan_cache_size:
             key = next(iter(plans))
             plan = plans.pop(key)
@@ -322,8 +395,7 @@ class Dispatcher:
                 cls.keys.discard(key)
                 if not cls.keys:   # the class's last key: its decision and state go too
                     del self._classes[plan.class_key]
-                    if forget is not None:
-                        forget(plan.class_key)
+                    forget(plan.class_key)
         if len(referenced) > self.plan_cache_size:   # keys of pinned or forgotten plans
             referenced.intersection_update(plans)   # (so at most the bound + 1 between misses)
 
@@ -361,7 +433,8 @@ class Dispatcher:
         return out
 
     def _prepare(self, op: Op, problem: Problem, key: tuple, candidate: Candidate,
-                 like, class_key: tuple = (), time_scale: float = 1.0) -> Plan:
+                 like, class_key: tuple = (), time_scale: float = 1.0,
+                 roofline: tuple[float, float, float] | None = None) -> Plan:
         pkey = (key, candidate)
         plan = self._prepared.get(pkey)
         if plan is None:
@@ -372,10 +445,10 @@ class Dispatcher:
             alloc, adapter = io.alloc, io.adapter
             sample = alloc() if adapter is None else adapter[1](alloc(), like)
             out_sig = arrays.signature(sample)
-            flops, nbytes = op.roofline(problem)
+            flops, nbytes, floor = roofline or self._roofline(op, problem)
             run = _plan_runner(fn, alloc, adapter, out_sig, op.name, io.returns)
             plan = Plan(candidate, problem, key, run, flops=flops, bytes=nbytes,
-                        class_key=class_key or key, time_scale=time_scale)
+                        floor_ms=floor, class_key=class_key or key, time_scale=time_scale)
             self._prepared[pkey] = plan
             if len(self._prepared) > 4 * self.plan_cache_size:   # measure-each prepares many
                 self._trim(self._prepared, 4 * self.plan_cache_size)
@@ -402,9 +475,7 @@ class Dispatcher:
 
     def _run_sync(self, plan: Plan, args):
         result = plan.run(args, None)
-        sync = getattr(self.backend, "synchronize", None)
-        if sync is not None:
-            sync()
+        self.backend.synchronize()
         return result
 
     def _pinned_plan(self, op, key, args, params, variant, config_) -> Plan:
@@ -465,9 +536,7 @@ class Dispatcher:
             return result
         t0 = time.perf_counter_ns()
         result = plan.run(args, out)
-        sync = getattr(self.backend, "synchronize", None)
-        if sync is not None:
-            sync()
+        self.backend.synchronize()
         time_ms = (time.perf_counter_ns() - t0) / 1e6
         self.stats["samples"] += 1
         self.feedback(plan, time_ms)
@@ -490,13 +559,11 @@ class Dispatcher:
         """The backend's event timer, made on first use (None: time on the host)."""
         with self._lock:
             if not self._timer_tried:
-                make = getattr(self.backend, "event_timer", None)
-                if make is not None:
-                    try:
-                        self._timer = make()
-                    except Exception as exc:  # noqa: BLE001 (said once; host timing then)
-                        log.warning("CUDA event timing is unavailable (%s): sampled calls "
-                                    "are timed on the host, with a synchronise", exc)
+                try:
+                    self._timer = self.backend.event_timer()
+                except Exception as exc:  # noqa: BLE001 (said once; host timing then)
+                    log.warning("CUDA event timing is unavailable (%s): sampled calls "
+                                "are timed on the host, with a synchronise", exc)
                 self._timer_tried = True
         return self._timer
 
@@ -522,16 +589,17 @@ class Dispatcher:
         """Give a measured time of ``plan`` to the policy and to every listener.
 
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
-        answers with a new decision (commit, re-explore) the key's plan is swapped.
+        answers with a new decision (commit, re-explore) the key's plan is swapped. Every
+        recorder's ``timed`` sees it too.
         """
         update = self.policy.observe(plan.class_key, plan.candidate, time_ms * plan.time_scale)
         if update is not None:
             self._revise(plan.class_key, update)
-        for listener in list(self.listeners):
+        for recorder in self._recorders:
             try:
-                listener(plan, time_ms)
-            except Exception:  # noqa: BLE001 (a listener never breaks a launch)
-                log.exception("listener %r failed", listener)
+                recorder.timed(plan, time_ms)
+            except Exception:  # noqa: BLE001 (a recorder never breaks a launch)
+                log.exception("recorder %r failed", recorder)
 
     def _plan_for(self, decision: Decision, first: Plan, turn=None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.
@@ -575,7 +643,8 @@ class Dispatcher:
         """``candidate`` prepared for ``plan``'s input (an explored candidate's first turn)."""
         with self._lock:
             return self._prepare(get_op(plan.problem.op), plan.problem, plan.key, candidate,
-                                 args[-1], plan.class_key, plan.time_scale)
+                                 args[-1], plan.class_key, plan.time_scale,
+                                 (plan.flops, plan.bytes, plan.floor_ms))
 
     def _revise(self, class_key: tuple, decision: Decision) -> None:
         """The policy's new decision for an input class: each key served from it gets a
@@ -617,7 +686,7 @@ class Dispatcher:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
 
         Rows of variants this dispatcher cannot run are dropped; the rest go to the
-        policy's optional ``add_observations(rows, weight)``, and the cached decisions of
+        policy's ``add_observations`` (with this device's launch geometry), and the cached decisions of
         their ops are dropped so the next launch re-decides. ``weight`` < 1 marks rows
         measured on another device.
         """
@@ -627,19 +696,14 @@ class Dispatcher:
         rows = [r for r in rows if (r.op, r.variant) in mine]
         if not rows:
             return
-        hook = getattr(self.policy, "add_observations", None)
-        if hook is not None:
-            if "geometry" in inspect.signature(hook).parameters:
-                hook(rows, weight, geometry=self._row_geometry)
-            else:
-                hook(rows, weight)
+        self.policy.add_observations(rows, weight, geometry=self._row_geometry)
         self.stats["prior_rows"] = self.stats.get("prior_rows", 0) + len(rows)
         for op in {r.op for r in rows}:
             self.forget(op)
 
     def _row_geometry(self, row: Observation) -> dict:
         """Launch-geometry features of a measurement row's candidate on this device."""
-        from adaptive.model import row_geometry
+        from adaptive.policy.features import row_geometry
         try:
             variant = self.registry.get(row.op, row.variant)
         except UnknownNameError:   # removed since (a promotion replaced it): no geometry
@@ -659,11 +723,24 @@ class Dispatcher:
         plan = self._plans.get(key)
         return plan if plan is not None else self._miss(o, key, args, params)
 
+    def time_candidate(self, candidate: Candidate, op: str, *args, warmup: int = 0,
+                       **params) -> float:
+        """One timed run of ``candidate`` on this input in ms, after ``warmup`` untimed
+        runs (``inf`` if it fails); the policy's measurements are made the same way."""
+        o = get_op(op)
+        return self._measure(o, o.problem(args, params), o.key(args, params), args, candidate,
+                             warmup)
+
     # ---- introspection ----------------------------------------------------------------------
     def candidates(self, op: str, *args, **params) -> list[Candidate]:
         """The candidates that fit this input on this dispatcher's backend."""
         o = get_op(op)
         return self._candidates(o, o.problem(args, params))
+
+    def current_plan(self, key: tuple) -> Plan | None:
+        """The plan serving ``key`` (``op.key(args, params)``) now, or None before its
+        first launch; never decides (see :meth:`plan`)."""
+        return self._plans.get(key)
 
     def plans(self) -> dict[tuple, Plan]:
         """A snapshot of the plans serving keys now (key -> plan; exploring ones have
@@ -694,65 +771,6 @@ class Dispatcher:
                 f"policy={self.policy.name!r}, plans={len(self._plans)})")
 
 
-# ---- process-wide defaults -----------------------------------------------------------------
-
-_registry: Registry | None = None
-_defaults: dict[str, Dispatcher] = {}
-# hot-path routing of module-level launch: array type -> getter(array) -> Dispatcher | None
-_by_type: dict[type, Callable] = {}
-_by_device_key: dict = {}
-_defaults_lock = threading.RLock()
-_live: weakref.WeakSet = weakref.WeakSet()          # every dispatcher, for add_observations
-_observations: list[tuple[tuple[Observation, ...], float]] = []   # for the shared registry
-# called with each new Dispatcher (the counter log and metrics attach their recorders here)
-new_dispatcher_hooks: list[Callable[[Dispatcher], None]] = []
-
-
-def live_dispatchers() -> list[Dispatcher]:
-    """Every dispatcher alive in this process."""
-    return list(_live)
-
-
-def add_observations(rows: Sequence[Observation], weight: float = 1.0,
-                     registry: Registry | None = None) -> None:
-    """Give measurements made elsewhere to every dispatcher on ``registry`` (default: the
-    shared one), present and — for the shared registry — future ones."""
-    rows = tuple(rows)
-    with _defaults_lock:
-        if registry is None:
-            registry = shared_registry()
-            _observations.append((rows, weight))
-        targets = [d for d in list(_live) if d.registry is registry]
-    for d in targets:
-        d.add_observations(rows, weight)
-
-
-def shared_observations() -> list[tuple[tuple[Observation, ...], float]]:
-    """(rows, weight) batches given to the shared registry's dispatchers so far (packs)."""
-    with _defaults_lock:
-        return list(_observations)
-
-
-def _join_shared(d: Dispatcher) -> None:
-    """A new dispatcher on the shared registry: startup packs, then the rows so far."""
-    from adaptive.pack import load_startup_packs
-    with _defaults_lock:
-        batches = list(_observations)
-    for rows, weight in batches:
-        d.add_observations(rows, weight)
-    load_startup_packs(d.backend)   # rows of packs loaded now reach d through _live
-
-
-def shared_registry() -> Registry:
-    """The registry shared by the default dispatchers (packs and promotions land here)."""
-    global _registry
-    if _registry is None:
-        with _defaults_lock:
-            if _registry is None:
-                _registry = default_registry()
-    return _registry
-
-
 def _serves(decision: Decision, problem: Problem) -> bool:
     """Whether a class's decision can run ``problem`` (every candidate it may run fits)."""
     scope = problem.scope()
@@ -763,102 +781,3 @@ def _serves(decision: Decision, problem: Problem) -> bool:
 def _first_of(decision: Decision) -> Candidate:
     """The candidate a decision runs first: its first explored one, or its choice."""
     return decision.explore[0] if decision.explore else decision.candidate
-
-
-def _device_of(x) -> str:
-    if hasattr(type(x), "signature") and hasattr(x, "info"):
-        return x.info().device
-    return arrays.info(x).device
-
-
-def default_dispatcher(args=(), device: str | None = None) -> Dispatcher:
-    """The process's dispatcher for the device the arguments live on (created once)."""
-    if device is None:
-        if not args:
-            raise InputTypeError("launch needs at least one array argument")
-        device = _device_of(args[-1])
-    d = _defaults.get(device)
-    if d is None:
-        with _defaults_lock:
-            d = _defaults.get(device)
-            if d is None:
-                want = config.get().backend
-                if device == "cpu":
-                    d = Dispatcher("cuda" if want == "cuda" else "host")
-                else:
-                    if want == "host":
-                        d = Dispatcher("host")
-                    else:
-                        d = Dispatcher("cuda", device=int(device.split(":")[1]))
-                _defaults[device] = d
-        if args:
-            _route(args[-1], d)
-    return d
-
-
-def _route(x, d: Dispatcher) -> None:
-    """Remember how to find ``d`` from arrays like ``x`` without describing them again."""
-    tp = type(x)
-    module = tp.__module__.split(".")[0]
-    if module == "numpy":
-        _by_type[tp] = lambda _x, _d=d: _d
-    elif module in ("cupy", "cupy_backends"):
-        _by_device_key[("cupy", x.data.device_id)] = d
-        _by_type[tp] = lambda _x: _by_device_key.get(("cupy", _x.data.device_id))
-    elif module == "torch":
-        _by_device_key[("torch", x.device)] = d
-        _by_type[tp] = lambda _x: _by_device_key.get(("torch", _x.device))
-
-
-def launch(op: str, *args, out=None, **params):
-    """Run ``op`` on ``args`` with the variant and config chosen for this input.
-
-    The first call of an input class (shapes, dtypes, layout, device, params) chooses among
-    the fitting candidates; later calls of it run the chosen plan at once. The dispatcher is
-    the process's default one for the device the arrays live on.
-
-    Args:
-        op: "gemm", "spmm", "attention" or "softmax" (``adaptive.OPS``).
-        *args: the op's arrays: NumPy, CuPy, PyTorch tensors or objects with
-            ``__cuda_array_interface__``, all of one kind and device (an
-            ``adaptive.SparseWeight`` where the op takes one).
-        out: optional result array (the caller's array type, the result's shape and
-            dtype, C-contiguous, writeable); a new one is returned when None.
-        **params: the op's parameters as scalars (attention: ``causal``, ``scale``);
-            ``variant="name"`` and ``config={...}`` pin a choice instead.
-
-    Returns:
-        The result in the caller's array type (``out`` when given).
-
-    Raises:
-        InputTypeError, InputValueError: bad arguments, checked before anything runs.
-        UnknownNameError: an unknown op, parameter or variant (the nearest is suggested).
-        NoCandidateError: no variant on this backend fits the input.
-
-    Example:
-        >>> c = adaptive.launch("gemm", a, b)
-        >>> o = adaptive.launch("attention", q, k, v, causal=True)
-    """
-    route = _by_type.get(type(args[-1])) if args else None
-    d = route(args[-1]) if route is not None else None
-    if d is None:
-        try:
-            d = default_dispatcher(args)
-        except InputTypeError:
-            (OPS.get(op) or get_op(op)).problem(args, params)   # names op and argument
-            raise
-    if params and ("variant" in params or "config" in params):
-        return d.launch(op, *args, out=out, **params)
-    return d.run(op, args, out, params)
-
-
-def reset_defaults() -> None:
-    """Forget the default dispatchers and registry (tests; after changing config)."""
-    global _registry
-    with _defaults_lock:
-        _defaults.clear()
-        _by_type.clear()
-        _by_device_key.clear()
-        _observations.clear()
-        _registry = None
-

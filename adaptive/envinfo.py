@@ -9,7 +9,7 @@ import json
 def collect() -> dict:
     from adaptive import config
     from adaptive.backends import gpu_available, resolve_name
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     registry = shared_registry()
     info = {
         "config": {k: ("<set>" if "key" in k and getattr(config.get(), k) else

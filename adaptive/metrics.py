@@ -24,7 +24,10 @@ import threading
 import weakref
 from collections.abc import Mapping
 
-from adaptive import counterlog, dispatch
+from adaptive import counterlog
+from adaptive.counterlog.recorders import cuda_index
+from adaptive.dispatch import Dispatcher, Recorder
+from adaptive.variants import shared_registry
 
 # kernel-time histogram bounds in seconds: 1 us .. 10 s
 KERNEL_TIME_BUCKETS_S = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
@@ -100,7 +103,7 @@ class _LaunchCounts:
         return out
 
 
-class _CountingRecorder(counterlog.Recorder):
+class _CountingRecorder(Recorder):
     """Counts launches per plan; the one hot-path cost of metrics."""
 
     def __init__(self, owner: MetricsServer):
@@ -116,7 +119,7 @@ class _CountingRecorder(counterlog.Recorder):
         table[plan] = table.get(plan, 0) + 1
         return self._next(plan, args, out)
 
-    def sampled(self, plan, time_ms: float) -> None:
+    def timed(self, plan, time_ms: float) -> None:
         table = self._table()
         table[plan] = table.get(plan, 0) + 1
         self.owner.observe_time(plan, time_ms / 1e3)
@@ -141,21 +144,27 @@ class MetricsServer:
         self.nvml = nvml
         self._httpd = None
         self.port = 0
+        self._registry = shared_registry()   # whose dispatchers it counts
 
     # ---- attaching ---------------------------------------------------------------------
-    def attach(self, d: dispatch.Dispatcher) -> None:
+    def attach(self, d: Dispatcher) -> None:
         if d in self._recorders:
             return
         rec = self._recorders[d] = _CountingRecorder(self)
-        counterlog.install_recorder(d, rec)
-        d.listeners.append(rec.sampled)
+        d.add_recorder(rec)
+
+    def detach(self, d: Dispatcher) -> None:
+        rec = self._recorders.pop(d, None)
+        if rec is not None:
+            d.remove_recorder(rec)
 
     def detach_all(self) -> None:
-        for d, rec in list(self._recorders.items()):
-            counterlog.remove_recorder(d, rec)
-            if rec.sampled in d.listeners:
-                d.listeners.remove(rec.sampled)
-        self._recorders.clear()
+        for d in list(self._recorders):
+            self.detach(d)
+
+    def dispatchers(self) -> list[Dispatcher]:
+        """The dispatchers this endpoint counts."""
+        return list(self._recorders)
 
     def observe_time(self, plan, time_s: float) -> None:
         key = (plan.problem.op, plan.candidate.variant.name, plan.candidate.variant.backend)
@@ -199,7 +208,7 @@ class MetricsServer:
                                      "decision-cache misses (new keys decided)",
                                      labels=["backend"])
         by_backend: dict[str, int] = {}
-        for d in dispatch.live_dispatchers():
+        for d in self.dispatchers():
             by_backend[d.backend.name] = by_backend.get(d.backend.name, 0) + d.stats["misses"]
         for name, n in sorted(by_backend.items()):
             misses.add_metric([name], n)
@@ -209,7 +218,7 @@ class MetricsServer:
                                         "plans evicted from the bounded plan cache "
                                         "(ADAPTIVE_PLAN_CACHE_SIZE)", labels=["backend"])
         by_backend = {}
-        for d in dispatch.live_dispatchers():
+        for d in self.dispatchers():
             n = d.stats.get("plan_evictions", 0)
             by_backend[d.backend.name] = by_backend.get(d.backend.name, 0) + n
         for name, n in sorted(by_backend.items()):
@@ -241,8 +250,8 @@ class MetricsServer:
             for index, s in clog.samplers.items():
                 samplers.setdefault(index, s)
         if self.nvml:
-            for d in dispatch.live_dispatchers():
-                index = counterlog._cuda_index(d.backend) if d.backend.name == "cuda" else None
+            for d in self.dispatchers():
+                index = cuda_index(d.backend) if d.backend.name == "cuda" else None
                 if index is not None and index not in samplers:
                     from profilers.nvml import NvmlSampler, nvml_device
                     s = self._samplers[index] = samplers[index] = NvmlSampler(nvml_device(index))
@@ -263,7 +272,7 @@ class MetricsServer:
     # ---- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
         """Stop serving, stop counting, stop the samplers this server started."""
-        _hooks_remove(self)
+        self._registry.unobserve(self)
         self.detach_all()
         if self._httpd is not None:
             self._httpd.shutdown()
@@ -273,31 +282,12 @@ class MetricsServer:
             s.stop()
 
 
-_servers: list[MetricsServer] = []
-_servers_lock = threading.Lock()
-
-
-def _on_new_dispatcher(d: dispatch.Dispatcher) -> None:
-    with _servers_lock:
-        servers = list(_servers)
-    for s in servers:
-        s.attach(d)
-
-
-def _hooks_remove(server: MetricsServer) -> None:
-    with _servers_lock:
-        if server in _servers:
-            _servers.remove(server)
-
-
-dispatch.new_dispatcher_hooks.append(_on_new_dispatcher)
-
-
 def serve_metrics(port: int, addr: str = "127.0.0.1", nvml: bool = True,
                   samplers: Mapping[int, object] | None = None) -> MetricsServer:
     """Serve Prometheus metrics on ``http://addr:port/metrics`` from a background thread.
 
-    Counts launches of every dispatcher, present and future, from now on.
+    Counts launches of every dispatcher on the shared registry, present and future, from
+    now on.
 
     Args:
         port: TCP port (0: any free one; read ``server.port``).
@@ -323,8 +313,6 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", nvml: bool = True,
     started = prometheus_client.start_http_server(port, addr=addr, registry=registry)
     server._httpd = started[0] if isinstance(started, tuple) else None
     server.port = server._httpd.server_port if server._httpd is not None else port
-    with _servers_lock:
-        _servers.append(server)
-    for d in dispatch.live_dispatchers():
-        server.attach(d)
+    server._registry = shared_registry()
+    server._registry.observe(server)
     return server

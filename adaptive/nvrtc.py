@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         print("adaptive nvrtc-check: cuda.bindings is not installed; "
               "pip install 'adaptive-dispatch[nvrtc]'", file=sys.stderr)
         return 2
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     from adaptive.progress import Heartbeat, doing
     with Heartbeat("adaptive nvrtc-check") if not args.quiet else contextlib.nullcontext():
         doing("finding the kernels")

@@ -12,13 +12,18 @@ import dataclasses
 import hashlib
 import threading
 import tomllib
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from adaptive.errors import ExpressionError, ManifestError, UnknownNameError
 from adaptive.expr import Expr, compile_expr
 from adaptive.optional import OPTIONAL_MODULES
 from adaptive.space import Space, as_config
+
+if TYPE_CHECKING:
+    from adaptive.dispatch import Dispatcher
 
 BACKENDS = ("host", "cuda")
 LANGUAGES = ("python", "cuda")
@@ -233,25 +238,100 @@ def builtin_folder() -> Path:
     raise FileNotFoundError(f"built-in variants not found beside {here}")
 
 
+@runtime_checkable
+class Observer(Protocol):
+    """Something that watches the dispatchers of a registry (the counter log, the metrics
+    endpoint, the regeneration service): :meth:`Registry.observe` attaches it to every
+    member, present and future; it installs its per-dispatcher
+    :class:`~adaptive.dispatch.Recorder` with ``Dispatcher.add_recorder``."""
+
+    def attach(self, dispatcher: Dispatcher) -> None:
+        """Start watching ``dispatcher`` (idempotent)."""
+
+    def detach(self, dispatcher: Dispatcher) -> None:
+        """Stop watching ``dispatcher``."""
+
+
 class Registry:
-    """All known variants by op; thread-safe to add to while dispatchers read it."""
+    """All known variants by op; thread-safe to add to while dispatchers read it.
+
+    A registry is also what its dispatchers share: each dispatcher made on it joins it
+    (:meth:`join`), and from then on receives what is given to the registry: the
+    variants' changes (the dispatcher re-decides the op), measurement rows
+    (:meth:`add_observations`: packs, counter logs) and observers (:meth:`observe`: the
+    counter log, metrics, regeneration; each attached to every member, present and future).
+    """
 
     def __init__(self, variants: Iterable[Variant] = ()):
         self._by_op: dict[str, dict[str, Variant]] = {}
-        self._lock = threading.Lock()
-        self._listeners: list = []
+        self._lock = threading.RLock()
+        self._members: weakref.WeakSet = weakref.WeakSet()   # dispatchers on this registry
+        self._observers: list = []
+        self._observations: list[tuple[tuple, float]] = []
         self.generation = 0   # bumped on every change
         for v in variants:
             self.add(v)
 
-    def subscribe(self, callback) -> None:
-        """Call ``callback(op)`` after every change to ``op``'s variants (dispatchers re-rank)."""
-        self._listeners.append(callback)
+    # ---- members and what they share --------------------------------------------------------
+    def join(self, dispatcher: Dispatcher) -> None:
+        """A new dispatcher on this registry: give it the rows so far and attach the
+        observers (in memory: no file is read, no thread started)."""
+        with self._lock:
+            self._members.add(dispatcher)
+            batches, observers = list(self._observations), list(self._observers)
+        for rows, weight in batches:
+            dispatcher.add_observations(rows, weight)
+        for observer in observers:
+            observer.attach(dispatcher)
+
+    def members(self) -> list[Dispatcher]:
+        """The dispatchers alive on this registry."""
+        with self._lock:
+            return list(self._members)
+
+    def observe(self, observer: Observer) -> None:
+        """Attach ``observer`` to every dispatcher on this registry, now and later."""
+        with self._lock:
+            if observer in self._observers:
+                return
+            self._observers.append(observer)
+            members = list(self._members)
+        for d in members:
+            observer.attach(d)
+
+    def unobserve(self, observer: Observer) -> None:
+        """Detach ``observer`` from every member (records it took stay its own)."""
+        with self._lock:
+            if observer not in self._observers:
+                return
+            self._observers.remove(observer)
+            members = list(self._members)
+        for d in members:
+            observer.detach(d)
+
+    def observers(self) -> list[Observer]:
+        with self._lock:
+            return list(self._observers)
+
+    def add_observations(self, rows: Iterable, weight: float = 1.0) -> None:
+        """Measurements made elsewhere (a pack, a counter log) for every member's policy,
+        present and future; ``weight`` < 1 marks rows measured on another device."""
+        rows = tuple(rows)
+        with self._lock:
+            self._observations.append((rows, weight))
+            members = list(self._members)
+        for d in members:
+            d.add_observations(rows, weight)
+
+    def observations(self) -> list[tuple[tuple, float]]:
+        """The (rows, weight) batches given so far."""
+        with self._lock:
+            return list(self._observations)
 
     def _changed(self, op: str) -> None:
         self.generation += 1
-        for callback in list(self._listeners):
-            callback(op)
+        for d in self.members():   # each member re-decides the op
+            d.forget(op)
 
     def add(self, variant: Variant, replace: bool = False) -> None:
         with self._lock:
@@ -285,6 +365,29 @@ class Registry:
 
     def __len__(self) -> int:
         return sum(len(t) for t in self._by_op.values())
+
+
+_shared: Registry | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_registry() -> Registry:
+    """The process's registry: the default dispatchers' and every dispatcher made without
+    one (packs, promotions and observers land here). Built on first use."""
+    global _shared
+    if _shared is None:
+        with _shared_lock:
+            if _shared is None:
+                _shared = default_registry()
+    return _shared
+
+
+def reset_shared_registry() -> None:
+    """Forget the shared registry (tests; after changing ``ADAPTIVE_VARIANT_PATH``): the
+    next :func:`shared_registry` builds a fresh one."""
+    global _shared
+    with _shared_lock:
+        _shared = None
 
 
 def default_registry(extra_folders: Iterable[str] = ()) -> Registry:

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(k):
             d.launch("softmax", x)
 
-    counterlog.install_recorder(d, rec)
+    d.add_recorder(rec)
     clog._recorders[d] = rec
 
     def launch_unlogged(k):

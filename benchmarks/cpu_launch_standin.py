@@ -23,9 +23,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import adaptive  # noqa: E402
-from adaptive import Dispatcher, Registry, config, dispatch  # noqa: E402
+from adaptive import Dispatcher, Registry, config, runtime  # noqa: E402
 from adaptive.backends import cuda_args  # noqa: E402
-from adaptive.dispatch import shared_registry  # noqa: E402
+from adaptive.variants import shared_registry  # noqa: E402
 from adaptive.space import Space  # noqa: E402
 
 
@@ -137,9 +137,7 @@ def main() -> None:
     with config.override(sample_every=0):
         d = Dispatcher(FakeCuda(), registry=reg)
         adaptive.reset_defaults()
-        dispatch._registry = reg
-        dispatch._defaults["cuda:0"] = d
-        dispatch._route(x, d)
+        runtime.set_default(d, like=x)
         adaptive.launch("softmax", x, out=out)
     d.launch("softmax", x, out=out, variant="warp_row", config=cfg)
     fn = FakeFunction()

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from adaptive import config  # noqa: E402
 from adaptive.backends import resolve_name  # noqa: E402
 from adaptive.counterlog import CounterLog, read_log  # noqa: E402
-from adaptive.counterlog_cli import plot, summarise  # noqa: E402
+from adaptive.counterlog.cli import plot, summarise  # noqa: E402
 from adaptive.dispatch import Dispatcher  # noqa: E402
 
 # (op, shape(s), dtype) per stream and device

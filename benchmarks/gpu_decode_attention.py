@@ -200,7 +200,8 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
             outs[0].double().cpu().numpy()) - got).max())
 
     # what the dispatcher serves, after it has explored and committed
-    auto = Dispatcher(device)
+    from adaptive.runtime import start
+    auto = start(Dispatcher(device))      # as adaptive.launch's: with the start-up packs
     auto.sample_every = 1
     calls, committed = 0, False
     while calls < (WARMUP_CALLS if device == "cuda" else 32) and not committed:

@@ -253,7 +253,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     import torch
 
     import adaptive
-    from adaptive.dispatch import default_dispatcher
+    from adaptive.runtime import default_dispatcher
     from adaptive.integrations import transformers as at
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

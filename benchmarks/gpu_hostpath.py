@@ -50,14 +50,14 @@ def _per_call_us(fn, calls: int, rounds: int, sync) -> float:
 def _only(registry, op: str, name: str, config: dict | None = None):
     """A dispatcher whose registry holds one candidate: its plan is what we time."""
     import adaptive
-    from adaptive.policy import Fixed
+    from adaptive.policy import First
     from adaptive.space import Space
     from adaptive.variants import Registry
     v = registry.get(op, name)
     if config:
         v = dataclasses.replace(v, space=Space.from_dict({k: [x] for k, x in config.items()}))
     with adaptive.config.override(sample_every=0):
-        return adaptive.Dispatcher(backend=v.backend, policy=Fixed(), registry=Registry([v]))
+        return adaptive.Dispatcher(backend=v.backend, policy=First(), registry=Registry([v]))
 
 
 def measure(device: str, quick: bool) -> list[dict]:

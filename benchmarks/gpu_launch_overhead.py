@@ -31,8 +31,8 @@ def main(out_dir: str) -> list[dict]:
     import cupy as cp
 
     import adaptive
-    from adaptive import Dispatcher, Registry, config, dispatch
-    from adaptive.dispatch import shared_registry
+    from adaptive import Dispatcher, Registry, config, runtime
+    from adaptive.variants import shared_registry
     from adaptive.space import Space
 
     x = cp.asarray(np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32))
@@ -46,9 +46,9 @@ def main(out_dir: str) -> list[dict]:
     with config.override(sample_every=0):
         d = Dispatcher("cuda", registry=reg)
         adaptive.reset_defaults()
-        dispatch._registry = reg
+        runtime.set_default(Dispatcher("cuda", registry=reg), like=x)
         adaptive.launch("softmax", x, out=out)          # default dispatcher, decided once
-        chosen = dispatch.default_dispatcher((x,)).decision("softmax", x).candidate.label
+        chosen = runtime.default_dispatcher((x,)).decision("softmax", x).candidate.label
     d.launch("softmax", x, out=out, variant="warp_row", config=cfg)
     variant = reg.get("softmax", "warp_row")
     raw, _, _ = d.backend.function(variant, cfg, "float32")

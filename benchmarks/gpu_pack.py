@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from adaptive import pack as packs  # noqa: E402
+from adaptive.packs import format as packs  # noqa: E402
 from adaptive.backends import resolve_name  # noqa: E402
 from adaptive.packs.build import Settings, build_pack, load_shapes  # noqa: E402
 from adaptive.packs.compare import best_per_input  # noqa: E402

@@ -3,7 +3,7 @@
     PYTHONPATH=$PWD python3 benchmarks/gpu_selection.py --out $OUT      # H200, ~2 min
     python benchmarks/gpu_selection.py --backend host --quick            # a dry run on CPU
 
-Runs :func:`adaptive.selection.run_selection` (three seeded streams: decode-heavy, a
+Runs :func:`adaptive.bench.selection.run_selection` (three seeded streams: decode-heavy, a
 long-sequence burst, a uniform mix). Every (input, candidate) pair is timed once up
 front; oracle, best-fixed and autotune are replayed from that table, measure-each and
 the learned policy (cold, from a pack of other inputs, and from the shipped pack when
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "."),
                         help="folder for gpu_selection.json (default: $OUT or .)")
     args = parser.parse_args(argv)
-    from adaptive.selection import run_selection
+    from adaptive.bench.selection import run_selection
     t0 = time.perf_counter()
     try:
         report = run_selection(args.backend, quick=args.quick, seed=args.seed,

@@ -22,7 +22,7 @@ import numpy as np
 
 import adaptive
 from adaptive.counterlog import read_log, to_observations
-from adaptive.counterlog_cli import summary_text
+from adaptive.counterlog.cli import summary_text
 
 
 def record_demo_log(path: str) -> None:

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent / "server"))
 
 from block import BlockShape  # noqa: E402
 
-from adaptive.pack import load_pack, read_pack  # noqa: E402
+from adaptive.packs.format import read_pack  # noqa: E402
+from adaptive.packs.install import load_pack  # noqa: E402
 from adaptive.packs.build import Case, Settings, build_pack  # noqa: E402
 
 

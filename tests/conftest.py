@@ -23,5 +23,5 @@ def quick_selection_report():
     """``run_selection("host", quick=True, seed=0)``, run once for every test that reads it
     (the selection tests and the selection benchmark's dry run)."""
     pytest.importorskip("sklearn")
-    from adaptive.selection import run_selection
+    from adaptive.bench.selection import run_selection
     return run_selection("host", quick=True, seed=0)

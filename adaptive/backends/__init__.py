@@ -2,69 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from typing import Protocol, runtime_checkable
-
+from adaptive.backends.base import Backend, PlanIO
 from adaptive.errors import BackendUnavailableError, UnknownNameError
 
+__all__ = ["NAMES", "Backend", "PlanIO", "get_backend", "gpu_available", "resolve_name"]
+
 NAMES = ("host", "cuda")
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanIO:
-    """A plan's arrays.
-
-    Attributes:
-        alloc: ``alloc()`` makes a result array of the caller's kind (or the native one,
-            when ``adapter`` converts).
-        adapter: None when the caller's arrays run as they are; else ``(to_native,
-            from_native)``, applied on each call.
-        returns: the prepared function returns its result and allocates it itself when
-            ``out`` is None (torch entries: the allocation torch makes anyway).
-    """
-
-    alloc: Callable
-    adapter: tuple | None = None
-    returns: bool = False
-
-
-@runtime_checkable
-class Backend(Protocol):
-    """What the dispatcher needs of a backend."""
-
-    name: str
-    device: str
-
-    def limits(self) -> dict:
-        """Device limits that config constraints may name (``cpu_count``, ``sm_count``...)."""
-
-    def peaks(self) -> dict:
-        """``{"flops_per_s": {dtype: rate}, "bytes_per_s": rate}`` for roofline floors."""
-
-    def prepare(self, candidate, problem, op):
-        """A callable ``fn(args, out)`` that runs the candidate and writes ``out``."""
-
-    def adapter(self, kind: str):
-        """``(to_native, from_native)`` converting the caller's arrays to this backend's."""
-
-    def empty(self, shape: tuple, dtype: str):
-        """An uninitialised native array."""
-
-    def io(self, candidate, problem, shape: tuple, like) -> PlanIO:
-        """How a plan allocates its result and sees the caller's arrays (:class:`PlanIO`)."""
-
-    def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
-        """Run ``fn(args, out)`` ``repeats`` times, synchronously; one time per run in ms."""
-
-    def fingerprint(self) -> dict:
-        """Identity of the device, for packs and logs."""
-
-    def stream_ptr(self, kind: str) -> int:
-        """The stream a launch of inputs of ``kind`` goes to (0 on the host)."""
-
-    def hold(self, stream_ptr: int, us: float) -> None:
-        """Keep the device busy on that stream for about ``us`` (a no-op on the host)."""
 
 
 def gpu_available() -> bool:

@@ -28,7 +28,8 @@ import threading
 import numpy as np
 
 from adaptive import nvrtc
-from adaptive.backends import PlanIO, cuda_args
+from adaptive.backends import cuda_args
+from adaptive.backends.base import PlanIO
 from adaptive.backends import cuda_sparse  # noqa: F401 (registers spmm's w_csr_*/w_bsr* args)
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import CompileError, InputTypeError, InputValueError
@@ -173,6 +174,11 @@ class CudaBackend:
 
     def synchronize(self) -> None:
         self._cp.cuda.Device(self.index).synchronize()
+
+    def device_state(self) -> dict:
+        """{}: this backend samples no counters itself (the counter log's NVML sampler
+        records them beside each launch)."""
+        return {}
 
     def _zeros_on(self, nbytes: int, stream_ptr: int):
         """A zeroed buffer whose memset is ordered before later work on ``stream_ptr`` (a

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from adaptive import arrays
-from adaptive.backends import PlanIO
+from adaptive.backends.base import PlanIO
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import InputTypeError
 
@@ -31,6 +31,7 @@ SHARED_HOLD_S = 1.0   # after two threads last took turns, BLAS stays at one thr
 
 class HostBackend:
     name = "host"
+    arch = "host"
     native_kind = "numpy"
 
     def __init__(self):
@@ -89,6 +90,16 @@ class HostBackend:
 
     def hold(self, stream_ptr: int, us: float) -> None:
         """Nothing to hold: host calls run as they are issued."""
+
+    def synchronize(self) -> None:
+        """Host runs are synchronous: nothing to wait for."""
+
+    def event_timer(self):
+        """None: sampled host calls are timed with the perf counter."""
+        return None
+
+    def device_state(self) -> dict:
+        return {}
 
     def stream_ptr(self, kind: str) -> int:
         return 0

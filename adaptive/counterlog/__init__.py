@@ -29,13 +29,12 @@ from adaptive.counterlog.format import BATCH_ROWS, FORMAT, ROW_FIELDS, VERSION, 
 from adaptive.counterlog.reader import (Batch, LogContents, ReadStats, iter_log,
                                         iter_log_batches, log_files, read_file, read_log,
                                         to_observations)
-from adaptive.counterlog.recorders import Recorder, install_recorder, remove_recorder
 from adaptive.counterlog.writer import (CounterLog, LogStats, active_logs, close_configured,
                                         counter_log, dropped_records_total,
                                         written_records_total)
 
 __all__ = ["BATCH_ROWS", "FORMAT", "ROW_FIELDS", "VERSION", "Batch", "CounterLog",
-           "CounterLogError", "LogContents", "LogStats", "ReadStats", "Recorder", "active_logs",
-           "close_configured", "counter_log", "dropped_records_total", "install_recorder",
+           "CounterLogError", "LogContents", "LogStats", "ReadStats", "active_logs",
+           "close_configured", "counter_log", "dropped_records_total",
            "iter_log", "iter_log_batches", "log_files", "read_file", "read_log",
-           "remove_recorder", "to_observations", "written_records_total"]
+           "to_observations", "written_records_total"]

@@ -23,7 +23,7 @@ from adaptive.errors import AdaptiveError
 
 FORMAT = "adaptive-counter-log"
 VERSION = 2
-_HEADER_KEYS = ("format", "version")
+HEADER_KEYS = ("format", "version")
 # a batch frame holds up to BATCH_ROWS records as rows of these fields; "plan" indexes the
 # frame's "plans", "state" its "states" (-1: none); "stream" is the CUDA stream pointer
 # of the launch (host: the calling thread's id), one trace track each
@@ -50,7 +50,7 @@ def frame_bytes(payload: bytes) -> bytes:
     return _FRAME_HEAD.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
-def _frame(record: dict) -> bytes:
+def frame(record: dict) -> bytes:
     return frame_bytes(_pack(record))
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 import msgpack
 
 from adaptive.observation import Observation
-from adaptive.counterlog.format import (_HEADER_KEYS, FORMAT, FRAME_HEAD_BYTES, MAGIC,
+from adaptive.counterlog.format import (HEADER_KEYS, FORMAT, FRAME_HEAD_BYTES, MAGIC,
                                         MAX_FRAME_BYTES, ROW_FIELDS, VERSION, CounterLogError,
                                         unpack_head)
 
@@ -261,7 +261,7 @@ def _corrupt(path, offset, why, n: int | None = None) -> CounterLogError:
 
 
 def _check_header(path, header: dict) -> dict:
-    if any(k not in header for k in _HEADER_KEYS) or header["format"] != FORMAT:
+    if any(k not in header for k in HEADER_KEYS) or header["format"] != FORMAT:
         raise CounterLogError(f"{path} is not an adaptive counter log: its first record has "
                               f"format={header.get('format')!r}, expected {FORMAT!r}")
     if not isinstance(header["version"], int) or header["version"] > VERSION:

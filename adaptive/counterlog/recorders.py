@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from adaptive import dispatch
+from adaptive.dispatch import Recorder
 
 if TYPE_CHECKING:
     from adaptive.counterlog.writer import CounterLog
@@ -16,79 +17,36 @@ if TYPE_CHECKING:
 log = logging.getLogger("adaptive.counterlog")
 
 
-# ---- recorders: the per-launch hook -----------------------------------------------------------
-
-def _run_plan(plan, args, out):
-    return plan.run(args, out)
-
-
-class Recorder:
-    """Base of per-dispatcher launch hooks; chained through ``inner`` so several coexist.
-
-    ``_next(plan, args, out)`` runs the rest of the chain; ``_direct`` is True when this
-    recorder is the last one (it may then call ``plan.run`` itself, one frame less)."""
-
-    def __init__(self):
-        self._next = _run_plan
-        self._direct = True
-
-    @property
-    def inner(self):
-        return None if self._next is _run_plan else self._next
-
-    @inner.setter
-    def inner(self, recorder) -> None:
-        self._next = _run_plan if recorder is None else recorder
-        self._direct = recorder is None
-
-
-def install_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
-    """Put ``recorder`` in front of ``d``'s recorder chain."""
-    recorder.inner = d.recorder
-    d.recorder = recorder
-
-
-def remove_recorder(d: dispatch.Dispatcher, recorder: Recorder) -> None:
-    """Take ``recorder`` out of ``d``'s chain (wherever it is)."""
-    if d.recorder is recorder:
-        d.recorder = recorder.inner
-        return
-    r = d.recorder
-    while isinstance(r, Recorder):
-        if r.inner is recorder:
-            r.inner = recorder.inner
-            return
-        r = r.inner
-
+# ---- the counter log's per-dispatcher recorders ---------------------------------------------
 
 _now = time.time
 _perf_ns = time.perf_counter_ns
 _thread_id = threading.get_ident
 
 
-class _LogRecorder(Recorder):
+class LogRecorder(Recorder):
     """Times every ``every``-th launch of one dispatcher into a :class:`CounterLog`.
 
     This class times host launches (the call is synchronous: a perf-counter pair);
-    with an event ``timer`` it is an :class:`_EventLogRecorder`, with a CUPTI ``timer``
-    a :class:`_CuptiLogRecorder`. Either way the caller's thread only takes a time and
+    with an event ``timer`` it is an :class:`EventLogRecorder`, with a CUPTI ``timer``
+    a :class:`CuptiLogRecorder`. Either way the caller's thread only takes a time and
     appends one tuple to a bounded queue; the writer thread builds the record (the
     per-plan fields once per plan, the device snapshot, the packing)."""
 
     def __new__(cls, owner: CounterLog, d: dispatch.Dispatcher, timer):
-        if cls is _LogRecorder and timer is not None:
-            cls = _CuptiLogRecorder if getattr(timer, "kind", "") == "cupti" else _EventLogRecorder
+        if cls is LogRecorder and timer is not None:
+            cls = CuptiLogRecorder if getattr(timer, "kind", "") == "cupti" else EventLogRecorder
         return super().__new__(cls)
 
     def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
         super().__init__()
         self.owner, self.every, self.timer = owner, owner.sample_every, timer
         self.backend = d.backend
-        self.index = _cuda_index(d.backend)        # the sampler to read (None: host)
+        self.index = cuda_index(d.backend)        # the sampler to read (None: host)
         self._count = itertools.count(1)
         self.static: dict = {}                      # plan -> its fixed record fields
         self.peaks = _peaks(d.backend)
-        self._queue, self._queue_size = owner._queue, owner.queue_size
+        self.queue, self._queue_size = owner.queue, owner.queue_size
 
     def __call__(self, plan, args, out):
         if self.every != 1 and next(self._count) % self.every:
@@ -96,20 +54,20 @@ class _LogRecorder(Recorder):
         t0 = _perf_ns()
         result = plan.run(args, out) if self._direct else self._next(plan, args, out)
         t1 = _perf_ns()
-        queue = self._queue
+        queue = self.queue
         if len(queue) < self._queue_size:
             queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host", _thread_id()))
         else:
-            self.owner._queue_dropped += 1
+            self.owner.queue_dropped += 1
         return result
 
-    def sampled(self, plan, time_ms: float) -> None:
-        """Listener for the dispatcher's sampled (synchronised) launches."""
+    def timed(self, plan, time_ms: float) -> None:
+        """The dispatcher's sampled (synchronised) launches."""
         if self.every == 1 or next(self._count) % self.every == 0:
             self.owner.submit((self, _now(), plan, time_ms, "sync", _thread_id()))
 
 
-class _EventLogRecorder(_LogRecorder):
+class EventLogRecorder(LogRecorder):
     """The cuda recorder: a pre-created event pair from the timer's ring recorded around
     the launch with the raw runtime call on the launch's stream, and one tuple
     ``(slot, time_s, plan, recorder, stream)`` appended to the ring's pending queue. A
@@ -153,7 +111,7 @@ class _EventLogRecorder(_LogRecorder):
         return self._torch_stream()
 
 
-class _CuptiLogRecorder(_LogRecorder):
+class CuptiLogRecorder(LogRecorder):
     """The cuda recorder with CUPTI: the launch runs between a push and a pop of an
     external correlation id, so the activity records of the kernels it issued carry the
     id; the writer joins them to ``(id, time_s, plan, recorder, stream)`` tuples queued
@@ -184,7 +142,7 @@ class _CuptiLogRecorder(_LogRecorder):
         self._append((ext, _now(), plan, self, stream))
         return result
 
-    _torch = _EventLogRecorder._torch
+    _torch = EventLogRecorder._torch
 
 
 def _peaks(backend) -> dict | None:
@@ -195,8 +153,7 @@ def _peaks(backend) -> dict | None:
         return None
 
 
-def _cuda_index(backend) -> int | None:
-    index = getattr(backend, "index", None)
-    if index is None and str(backend.device).startswith("cuda:"):
-        index = int(str(backend.device).split(":")[1])
-    return index
+def cuda_index(backend) -> int | None:
+    """The CUDA ordinal of a backend's device (None: the host)."""
+    device = str(backend.device)
+    return int(device.split(":")[1]) if device.startswith("cuda:") else None

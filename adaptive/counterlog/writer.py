@@ -20,11 +20,12 @@ from collections.abc import Iterator
 
 import msgpack
 
-from adaptive import config, dispatch
+from adaptive import config
+from adaptive.dispatch import Dispatcher
+from adaptive.variants import Registry, shared_registry
 from adaptive.observation import floor_ms
-from adaptive.counterlog.format import BATCH_ROWS, FORMAT, VERSION, _frame, frame_bytes
-from adaptive.counterlog.recorders import (_cuda_index, _LogRecorder, install_recorder,
-                                           remove_recorder)
+from adaptive.counterlog.format import BATCH_ROWS, FORMAT, VERSION, frame, frame_bytes
+from adaptive.counterlog.recorders import LogRecorder, cuda_index
 
 log = logging.getLogger("adaptive.counterlog")
 
@@ -73,8 +74,8 @@ class CounterLog:
         self.timing = timing            # asked for; ``timings`` says what each device got
         self.timings: dict[int, str] = {}
         self.stats = LogStats()
-        self._queue: collections.deque = collections.deque()
-        self._queue_dropped = 0
+        self.queue: collections.deque = collections.deque()
+        self.queue_dropped = 0
         self._recorders = weakref.WeakKeyDictionary()   # dispatcher -> its recorder
         self._timers: dict[int, object] = {}        # cuda index -> EventTimer
         self._closed_timers: dict[int, object] = {}
@@ -96,30 +97,29 @@ class CounterLog:
     # ---- hot path (caller's thread) ----------------------------------------------------
     def submit(self, item: tuple) -> None:
         """Queue one record for the writer; drop and count it when the queue is full."""
-        if len(self._queue) < self.queue_size:
-            self._queue.append(item)
+        if len(self.queue) < self.queue_size:
+            self.queue.append(item)
         else:
-            self._queue_dropped += 1
+            self.queue_dropped += 1
 
     # ---- attaching ---------------------------------------------------------------------
-    def attach(self, d: dispatch.Dispatcher) -> None:
+    def attach(self, d: Dispatcher) -> None:
         """Log launches of dispatcher ``d`` (idempotent)."""
         with self._lock:
             if d in self._recorders:
                 return
             timer = None
             if d.backend.name == "cuda":
-                index = _cuda_index(d.backend)
+                index = cuda_index(d.backend)
                 timer = self._timers.get(index)
                 if timer is None:
                     timer = self._timers[index] = self._make_timer(index)
                 if self.nvml and index not in self.samplers:
                     from profilers.nvml import NvmlSampler, nvml_device
                     self.samplers[index] = NvmlSampler(nvml_device(index)).start()
-            rec = _LogRecorder(self, d, timer)
+            rec = LogRecorder(self, d, timer)
             self._recorders[d] = rec
-        install_recorder(d, rec)
-        d.listeners.append(rec.sampled)
+        d.add_recorder(rec)
 
     def _make_timer(self, index: int):
         """The timing source for one device: CUPTI where asked for (or "auto") and
@@ -138,14 +138,12 @@ class CounterLog:
         self.timings[index] = "cuda_event"
         return EventTimer(self.event_capacity, index)
 
-    def detach(self, d: dispatch.Dispatcher) -> None:
+    def detach(self, d: Dispatcher) -> None:
         """Stop logging ``d``'s launches (records already taken are still written)."""
         with self._lock:
             rec = self._recorders.pop(d, None)
         if rec is not None:
-            remove_recorder(d, rec)
-            with contextlib.suppress(ValueError):
-                d.listeners.remove(rec.sampled)
+            d.remove_recorder(rec)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def open(self) -> CounterLog:
@@ -180,11 +178,11 @@ class CounterLog:
         for sampler in self.samplers.values():
             sampler.stop()
         for timer in self._timers.values():
-            self._queue_dropped += timer.discard_pending() + timer.dropped   # unfinished too
+            self.queue_dropped += timer.discard_pending() + timer.dropped   # unfinished too
             timer.close()
         self._closed_timers = dict(self._timers)    # last_error still reads their problems
         self._timers.clear()                        # a reopened log makes fresh rings
-        self.stats.dropped = self._queue_dropped
+        self.stats.dropped = self.queue_dropped
         self._file.close()
         self._file = None
         return self.stats
@@ -234,8 +232,8 @@ class CounterLog:
             self._wake.clear()
 
     def _drain(self) -> None:
-        queue = self._queue
-        self.stats.dropped = self._queue_dropped + sum(t.dropped for t in self._timers.values())
+        queue = self.queue
+        self.stats.dropped = self.queue_dropped + sum(t.dropped for t in self._timers.values())
         items = []
         while queue:
             items.append(queue.popleft())
@@ -252,9 +250,9 @@ class CounterLog:
                     done = min(i + BATCH_ROWS, len(items))
                 self._file.flush()
             except BaseException:                   # disk full, a bad record: counted
-                self._queue_dropped += len(items) - done
+                self.queue_dropped += len(items) - done
                 raise
-        self.stats.dropped = self._queue_dropped + sum(t.dropped for t in self._timers.values())
+        self.stats.dropped = self.queue_dropped + sum(t.dropped for t in self._timers.values())
 
     def _write_batch(self, items: list[tuple]) -> None:
         """One self-contained frame: the fields of the plans and the device states its rows
@@ -314,7 +312,7 @@ class CounterLog:
             return snaps[0], -math.inf, times[0]
         return snaps[i], times[i], times[i + 1] if i + 1 < len(times) else math.inf
 
-    def _static(self, rec: _LogRecorder, plan) -> dict:
+    def _static(self, rec: LogRecorder, plan) -> dict:
         """The part of a record fixed per plan, built once."""
         static = rec.static.get(plan)
         if static is None:
@@ -340,7 +338,7 @@ class CounterLog:
         header = {"format": FORMAT, "version": VERSION, "created_s": time.time(),
                   "pid": os.getpid(), "host": platform.node(), "sample_every": self.sample_every,
                   "timing": self.timing, "flush_interval_s": self.flush_interval_s}
-        self._file_bytes = self._file.write(_frame(header))
+        self._file_bytes = self._file.write(frame(header))
         self._file.flush()
         self.stats.bytes_written += self._file_bytes
 
@@ -396,10 +394,12 @@ _active_lock = threading.Lock()
 
 @contextlib.contextmanager
 def counter_log(path: str | os.PathLike, sample_every: int | None = None,
-                **options) -> Iterator[CounterLog]:
-    """Log every ``sample_every``-th launch of every dispatcher to ``path``.
+                registry: Registry | None = None, **options) -> Iterator[CounterLog]:
+    """Log every ``sample_every``-th launch of every dispatcher on ``registry`` to ``path``.
 
-    Applies to dispatchers alive now and to those created inside the block. Records go
+    Applies to the registry's dispatchers alive now and to those created inside the block
+    (``registry``: default the shared one, which ``adaptive.launch`` and every
+    ``Dispatcher()`` made without a registry use; ``CounterLog.attach(d)`` adds any other). Records go
     to a msgpack stream written by a background thread; a launch never waits for it.
 
     Args:
@@ -426,12 +426,13 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
     clog = CounterLog(path, sample_every, **options).open()
     with _active_lock:
         _active.append(clog)
+    registry = shared_registry() if registry is None else registry
     try:
-        for d in dispatch.live_dispatchers():
-            clog.attach(d)
+        registry.observe(clog)
         yield clog
     finally:
         global _closed_dropped, _closed_written
+        registry.unobserve(clog)
         stats = clog.close()
         with _active_lock:
             _active.remove(clog)
@@ -464,22 +465,19 @@ def active_logs() -> list[CounterLog]:
 _configured: dict[str, CounterLog] = {}
 
 
-def _on_new_dispatcher(d: dispatch.Dispatcher) -> None:
-    with _active_lock:
-        logs = list(_active)
-    cfg = config.get()
-    if cfg.counter_log:
-        clog = _configured.get(cfg.counter_log)
-        if clog is None:
-            clog = _configured[cfg.counter_log] = CounterLog(
-                cfg.counter_log, sample_every=max(cfg.counter_log_every, 1)).open()
-            with _active_lock:
-                _active.append(clog)
-            atexit.register(close_configured)
-        if clog not in logs:
-            logs.append(clog)
-    for clog in logs:
-        clog.attach(d)
+def open_configured(path: str, registry) -> CounterLog:
+    """The ``ADAPTIVE_COUNTER_LOG`` log (:func:`adaptive.runtime.start` opens it once):
+    logs every dispatcher of ``registry``, present and future, until the interpreter
+    exits or :func:`close_configured`."""
+    clog = _configured.get(path)
+    if clog is None:
+        clog = _configured[path] = CounterLog(
+            path, sample_every=max(config.get().counter_log_every, 1)).open()
+        with _active_lock:
+            _active.append(clog)
+        atexit.register(close_configured)
+    registry.observe(clog)
+    return clog
 
 
 def close_configured() -> None:
@@ -487,6 +485,7 @@ def close_configured() -> None:
     global _closed_dropped, _closed_written
     for path in list(_configured):
         clog = _configured.pop(path)
+        shared_registry().unobserve(clog)
         stats = clog.close()
         with _active_lock:
             if clog in _active:
@@ -494,5 +493,3 @@ def close_configured() -> None:
             _closed_dropped += stats.dropped
             _closed_written += stats.written
 
-
-dispatch.new_dispatcher_hooks.append(_on_new_dispatcher)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from adaptive.dispatch import default_dispatcher
+from adaptive.runtime import default_dispatcher
 from adaptive.ops.sparse import SparseWeight
 
 MODES = ("dense", "shared", "sparse")

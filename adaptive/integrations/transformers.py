@@ -28,7 +28,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from adaptive.dispatch import launch
+from adaptive.runtime import launch
 from adaptive.errors import InputTypeError, InputValueError
 
 NAME = "adaptive"

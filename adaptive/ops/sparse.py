@@ -18,9 +18,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
+
+if TYPE_CHECKING:
+    import scipy.sparse as sp
 
 from adaptive import arrays
 from adaptive.arrays import ArrayInfo
@@ -148,6 +151,7 @@ class SparseWeight:
     """
 
     def __init__(self, matrix, dtype: str | None = None):
+        import scipy.sparse as sp   # on first use: not at `import adaptive`
         device = "cpu"
         if sp.issparse(matrix):
             csr = sp.csr_matrix(matrix)
@@ -245,6 +249,7 @@ class SparseWeight:
     def bsr(self, block: int) -> sp.bsr_matrix:
         """Host BSR with square blocks of this size (the matrix padded to a multiple)."""
         def build():
+            import scipy.sparse as sp
             m, k = self.shape
             pm, pk = -(-m // block) * block, -(-k // block) * block
             padded = sp.csr_matrix((self._host_csr.data, self._host_csr.indices,

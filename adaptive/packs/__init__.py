@@ -2,7 +2,7 @@
 
 Each was built on one kind of device (``adaptive pack build``; the H200 pack by
 ``benchmarks/gpu_pack.py``). A dispatcher loads those whose fingerprint names its device
-(:func:`adaptive.pack.load_startup_packs`); the others stay on disk.
+(:func:`adaptive.packs.format.load_startup_packs`); the others stay on disk.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
     ref = op.reference(*inputs, **params) if cheap else None
     floor = floor_ms(flops, nbytes, backend.peaks(), problem.dtype)
     features = op.features(problem)
-    state = getattr(backend, "device_state", None)   # clocks, utilisation (as live rows)
+    state = backend.device_state   # clocks, utilisation (as live rows)
     rows, failures, cubins, timed = [], [], [], []
     for cand in dispatcher.candidates(case.op, *caller, **params):
         base = {"op": case.op, "dims": problem.dims_dict, "dtype": problem.dtype,
@@ -264,7 +264,7 @@ class Journal:
 
 
 def plan_of(cases: list[Case], backend: str, fingerprint: Mapping, settings: Settings) -> dict:
-    from adaptive.pack import describe_device
+    from adaptive.packs.format import describe_device
     h = hashlib.sha256(json.dumps([c.id for c in cases]).encode()).hexdigest()
     return {"cases_sha256": h, "backend": backend, "device": describe_device(fingerprint),
             "settings": dataclasses.asdict(settings)}
@@ -379,7 +379,7 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     ``deadline_s``, cases not started by then are left out (the header says how many) and
     the journal is kept, so the same call later measures the rest.
     """
-    from adaptive import pack as packs
+    from adaptive.packs import format as packs
     from adaptive.backends import resolve_name
     backend = resolve_name(backend)
     if workers is None:
@@ -397,7 +397,7 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     t0 = time.monotonic()
     if todo:
         doing(f"compiling the CUDA kernels of {len(todo)} cases")
-        precompile(backend, getattr(d.backend, "arch", ""), todo)
+        precompile(backend, d.backend.arch, todo)
 
     def record(result: dict) -> None:
         journal.add(result)

@@ -13,7 +13,8 @@ import msgpack
 
 from adaptive.errors import PackError
 from adaptive.observation import Observation
-from adaptive.pack import Pack, _code_of, describe_device, new_pack, same_device
+from adaptive.packs.format import Pack, describe_device, new_pack, same_device
+from adaptive.packs.install import code_of
 from adaptive.variants import Variant
 
 def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
@@ -34,7 +35,7 @@ def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
     variants: dict[str, Variant] = {}
     for p in packs:
         for v in p.variants:
-            if v.id in variants and _code_of(variants[v.id]) != _code_of(v):
+            if v.id in variants and code_of(variants[v.id]) != code_of(v):
                 raise PackError("<merge>", f"variant {v.id} differs between the packs (source "
                                 f"hash {variants[v.id].source_hash[:12]} vs "
                                 f"{v.source_hash[:12]}); rename one before merging")
@@ -73,7 +74,7 @@ def diff(a: Pack, b: Pack) -> dict:
         "variants_added": sorted(set(vb) - set(va)),
         "variants_removed": sorted(set(va) - set(vb)),
         "variants_changed": sorted(k for k in set(va) & set(vb)
-                                   if _code_of(va[k]) != _code_of(vb[k])),
+                                   if code_of(va[k]) != code_of(vb[k])),
         "rows": (len(a.rows), len(b.rows)),
         "only_in_a": len(set(ta) - set(tb)), "only_in_b": len(set(tb) - set(ta)),
         "ratios": ratios,

@@ -6,7 +6,8 @@ CuPy only inside the verifier's worker process.
 
 from __future__ import annotations
 
-from adaptive.regen.chat import ChatGenerator, OpenAIGenerator, Reply, TransformersGenerator
+from adaptive.regen.chat import (GENERATORS, ChatGenerator, OpenAIGenerator, Reply,
+                                 TransformersGenerator, make_generator)
 from adaptive.regen.loop import LoopResult, pick_winner, promote, run_loop
 from adaptive.regen.parametric import Generator, Parametric
 from adaptive.regen.regenerator import Regenerator, disable, enable
@@ -14,19 +15,6 @@ from adaptive.regen.report import Check, Outcome, Stage, VerifyReport
 from adaptive.regen.request import Attempt, Budget, Proposal, Request
 from adaptive.regen.source import variant_from_source, verify
 from adaptive.regen.verifier import Job, Verifier, static_check
-
-GENERATORS = {"parametric": Parametric, "hf": TransformersGenerator, "openai": OpenAIGenerator}
-
-
-def make_generator(name: str, registry=None, **kwargs) -> Generator:
-    """A generator by name: ``parametric``, ``hf`` or ``openai``."""
-    if name not in GENERATORS:
-        from adaptive.errors import UnknownNameError
-        raise UnknownNameError("generator", name, GENERATORS)
-    if name == "parametric":
-        return Parametric(registry, **kwargs)
-    return GENERATORS[name](**kwargs)
-
 
 __all__ = [
     "Attempt", "Budget", "ChatGenerator", "Check", "GENERATORS", "Generator", "Job",

@@ -24,7 +24,7 @@ import urllib.parse
 from collections.abc import Sequence
 
 from adaptive.errors import GeneratorError
-from adaptive.regen.parametric import derived_variant
+from adaptive.regen.parametric import Generator, Parametric, derived_variant
 from adaptive.regen.prompt import build_prompt, extract_code
 from adaptive.regen.request import Attempt, Proposal, Request
 
@@ -42,6 +42,7 @@ class ChatGenerator:
     """Base of model-backed generators; subclasses implement :meth:`complete`."""
 
     name = "chat"
+    model = ""     # the model's name, recorded in each variant's provenance
 
     def __init__(self, max_tokens: int = 8192, temperature: float = TEMPERATURE,
                  top_p: float = TOP_P):
@@ -68,7 +69,7 @@ class ChatGenerator:
             template, request.best.config, f"{self.name}{n}.", source=code,
             provenance={"generator": self.name, "extraction": how,
                         "template": template.provenance.get("template", template.id),
-                        "model": getattr(self, "model", "")})
+                        "model": self.model})
         return [Proposal(variant, request.best.config, self.name, how, prompt)]
 
 
@@ -80,12 +81,15 @@ class TransformersGenerator(ChatGenerator):
             DeepSeek-R1 distilled model.
         device: torch device string; default CUDA when available, else CPU.
         seed: sampling seed (None: not fixed).
+        lm, tokenizer: a model object and its tokenizer already loaded (then ``model`` is
+            only the name recorded with each attempt).
     """
 
     name = "hf"
 
     def __init__(self, model: str | None = None, max_tokens: int = 4096,
-                 device: str | None = None, seed: int | None = None, **kw):
+                 device: str | None = None, seed: int | None = None, lm=None, tokenizer=None,
+                 **kw):
         super().__init__(max_tokens=max_tokens, **kw)
         from adaptive import config
         self.model = model or config.get().llm_model
@@ -93,7 +97,10 @@ class TransformersGenerator(ChatGenerator):
             raise ValueError("the hf generator needs a model: pass model= (a local path or hub "
                              "id) or set ADAPTIVE_LLM_MODEL")
         self.device, self.seed = device, seed
-        self._lm = self._tokenizer = None
+        if (lm is None) != (tokenizer is None):
+            raise ValueError("pass lm= and tokenizer= together (or neither: then the model is "
+                             "loaded on first use)")
+        self._lm, self._tokenizer = lm, tokenizer
 
     def _load(self):
         try:
@@ -264,3 +271,16 @@ def _origin(url: str) -> str:
     except ValueError:      # a port that is not a number
         port = None
     return f"{scheme}://{(parts.hostname or '').lower()}:{port}"
+
+
+GENERATORS = {"parametric": Parametric, "hf": TransformersGenerator, "openai": OpenAIGenerator}
+
+
+def make_generator(name: str, registry=None, **kwargs) -> Generator:
+    """A generator by name: ``parametric``, ``hf`` or ``openai``."""
+    if name not in GENERATORS:
+        from adaptive.errors import UnknownNameError
+        raise UnknownNameError("generator", name, GENERATORS)
+    if name == "parametric":
+        return Parametric(registry, **kwargs)
+    return GENERATORS[name](**kwargs)

@@ -48,15 +48,15 @@ def current_best(d, op, problem, key, inputs, plan, max_timed: int = MAX_TIMED,
     decision = plan.decision
     observed = dict(decision.observed) if decision is not None else {}
     predicted = dict(decision.predicted_ms) if decision is not None else {}
-    pool = d._candidates(op, problem)
+    pool = d.candidates(op.name, *inputs, **problem.params_dict)
     order = sorted(pool, key=lambda c: (c.label != plan.candidate.label,
                                         observed.get(c.label, math.inf),
                                         predicted.get(c.label, math.inf)))
     timed: dict[str, float] = {}
     by_label = {}
     for cand in order[:max_timed]:
-        runs = [d._measure(op, problem, key, inputs, cand, warmup=1 if i == 0 else 0)
-                for i in range(reps)]
+        runs = [d.time_candidate(cand, op.name, *inputs, warmup=1 if i == 0 else 0,
+                                 **problem.params_dict) for i in range(reps)]
         timed[cand.label] = min(runs)
         by_label[cand.label] = cand
     finite = {k: v for k, v in timed.items() if math.isfinite(v)}
@@ -94,7 +94,7 @@ def measured_request(op_name: str, dims: dict, dtype: str, backend: str = "auto"
     except Exception as exc:  # noqa: BLE001 (say which input class cannot run here)
         raise ValueError(f"{op_name} {dims} {dtype} cannot run on the {d.backend.name} "
                          f"backend: {exc}") from None
-    plan = d._plans[op.key(inputs, {})]
+    plan = d.current_plan(op.key(inputs, {}))
     best, best_ms, timed = current_best(d, op, plan.problem, plan.key, inputs, plan)
     raise_to_observed(d.backend, plan.flops, plan.bytes, best_ms, dtype)   # floor <= best_ms
     floor = floor_ms(plan.flops, plan.bytes, d.backend.peaks(), dtype)

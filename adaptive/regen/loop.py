@@ -126,10 +126,11 @@ def run_loop(request: Request, generator: Generator, verifier: Verifier | None =
 
 def write_pack(result: LoopResult, path: str) -> str:
     """Write the promoted variant (its verifier report in the provenance) and its verified
-    timing as a variant pack (:mod:`adaptive.pack`); returns the pack's sha256."""
+    timing as a variant pack (:mod:`adaptive.packs.format`); returns the pack's sha256."""
     from adaptive.observation import Observation
-    from adaptive.pack import current_fingerprint, new_pack
-    from adaptive.pack import write_pack as write
+    from adaptive.packs.format import new_pack
+    from adaptive.packs.install import current_fingerprint
+    from adaptive.packs.format import write_pack as write
     if result.promoted is None or result.winner is None:
         raise ValueError(f"nothing to pack: {result.summary()}")
     r, req = result.winner.report, result.request

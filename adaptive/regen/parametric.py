@@ -82,7 +82,7 @@ class Parametric:
         catalogue: more families to search (e.g. the built-in registry when ``registry``
             serves a subset); their manifest points are proposals too.
         model: a cost model with ``predict_dist(rows) -> (mean, sigma) | None`` over
-            :func:`adaptive.model.candidate_row` rows (log time over the roofline floor).
+            :func:`adaptive.policy.cost_model.candidate_row` rows (log time over the roofline floor).
     """
 
     name = "parametric"
@@ -97,7 +97,7 @@ class Parametric:
         self.predicted_ms: dict[str, float] = {}      # proposal label -> the model's estimate
 
     def _serving(self) -> Registry:
-        from adaptive.dispatch import shared_registry
+        from adaptive.variants import shared_registry
         return self.registry or shared_registry()
 
     def _templates(self, request: Request) -> list[Variant]:
@@ -209,7 +209,7 @@ class Parametric:
         (removed from ``pools``); [] without a model or a prediction."""
         if self.model is None or limit < 1 or not math.isfinite(request.best_ms):
             return []
-        from adaptive.model import candidate_row, geometries
+        from adaptive.policy.features import geometries, row as candidate_row
         moves = [m for pool in pools.values() for m in pool]
         scope = {**request.dims, **request.stats, **request.params, "dtype": request.dtype}
         from adaptive.ops.base import DTYPE_BYTES

@@ -198,6 +198,5 @@ def recorded_local_generator(answers: Sequence[str], **kw):
     """A :class:`~adaptive.regen.chat.TransformersGenerator` whose model and tokenizer are
     the recorded stand-ins (nothing is loaded); its ``complete`` runs as with a real model."""
     from adaptive.regen.chat import TransformersGenerator
-    gen = TransformersGenerator(model="recorded", **kw)
-    gen._lm, gen._tokenizer = RecordedLM(len(answers)), RecordedTokenizer(answers)
-    return gen
+    return TransformersGenerator(model="recorded", lm=RecordedLM(len(answers)),
+                                 tokenizer=RecordedTokenizer(answers), **kw)

@@ -1,7 +1,7 @@
 """Background regeneration: the trigger on sampled launches, a queue and one worker thread.
 
-:meth:`Regenerator.attach` subscribes to a dispatcher's ``listeners``, which
-:meth:`Dispatcher.feedback` calls on sampled launches. The listener only appends
+:meth:`Regenerator.attach` installs a recorder on a dispatcher, whose ``timed``
+:meth:`Dispatcher.feedback` calls on sampled launches. The recorder only appends
 ``(plan, time_ms)`` to a bounded deque: efficiency, statistics, requests and whole
 regeneration loops run on the worker thread, never on the calling thread.
 
@@ -20,9 +20,11 @@ import math
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
-from adaptive.observation import floor_ms
+from adaptive.dispatch import Recorder
+from adaptive.variants import shared_registry
 from adaptive.regen.loop import LoopResult, run_loop
 from adaptive.regen.parametric import Generator
 from adaptive.regen.request import Budget, Request
@@ -40,15 +42,16 @@ class _KeyStats:
     plan: object = None
 
 
-class _Listener:
-    """What a dispatcher calls: O(1), never raises, never blocks."""
+class _Listener(Recorder):
+    """What a dispatcher calls on each timed launch: O(1), never raises, never blocks."""
 
-    __slots__ = ("inbox", "wake", "backend", "limits")
+    wraps_launches = False
 
     def __init__(self, inbox, wake, backend, limits):
+        super().__init__()
         self.inbox, self.wake, self.backend, self.limits = inbox, wake, backend, limits
 
-    def __call__(self, plan, time_ms: float) -> None:
+    def timed(self, plan, time_ms: float) -> None:
         self.inbox.append((self, plan, time_ms))
         self.wake.set()
 
@@ -101,18 +104,27 @@ class Regenerator:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._model = None
+        self._attached = weakref.WeakKeyDictionary()   # dispatcher -> its _Listener
 
     # ---- wiring ----------------------------------------------------------------------------
     def attach(self, dispatcher) -> Regenerator:
         """Subscribe to ``dispatcher``'s sampled launches; returns self."""
         if self.registry is None:
             self.registry = dispatcher.registry
-        model = getattr(getattr(dispatcher, "policy", None), "model", None)
-        if self._model is None and callable(getattr(model, "predict_dist", None)):
-            self._model = model            # the learned policy's cost model guides the search
-        dispatcher.listeners.append(_Listener(self._inbox, self._wake, dispatcher.backend,
-                                              dict(dispatcher.limits)))
+        if dispatcher in self._attached:
+            return self
+        if self._model is None:            # the learned policy's cost model guides the search
+            self._model = dispatcher.policy.cost_model
+        listener = self._attached[dispatcher] = _Listener(
+            self._inbox, self._wake, dispatcher.backend, dict(dispatcher.limits))
+        dispatcher.add_recorder(listener)
         return self
+
+    def detach(self, dispatcher) -> None:
+        """Stop watching ``dispatcher``."""
+        listener = self._attached.pop(dispatcher, None)
+        if listener is not None:
+            dispatcher.remove_recorder(listener)
 
     def start(self) -> Regenerator:
         if self._thread is None or not self._thread.is_alive():
@@ -187,9 +199,7 @@ class Regenerator:
             listener, plan, time_ms = self._inbox.popleft()
             st = self._stats.get(plan.key)
             if st is None:       # per key, over every candidate it was served (or explored) by
-                st = self._stats[plan.key] = _KeyStats(plan=plan)
-                peaks = listener.backend.peaks()
-                st.floor_ms = floor_ms(plan.flops, plan.bytes, peaks, plan.problem.dtype)
+                st = self._stats[plan.key] = _KeyStats(plan=plan, floor_ms=plan.floor_ms)
             st.samples += 1
             if math.isfinite(time_ms) and time_ms > 0:
                 if time_ms < st.best_ms:
@@ -258,19 +268,16 @@ def enable(generator: Generator | str | None = None, **kwargs) -> Regenerator:
         **kwargs: passed to :class:`Regenerator` (threshold, budget, verifier, ...).
     """
     global _service
-    from adaptive import config, dispatch
+    from adaptive import config
     with _service_lock:
         if _service is None:
-            registry = dispatch.shared_registry()
+            registry = shared_registry()
             if generator is None or isinstance(generator, str):
-                from adaptive.regen import make_generator
+                from adaptive.regen.chat import make_generator
                 name = generator or config.get().regen_generator
                 generator = make_generator("parametric" if name == "off" else name, registry)
             service = Regenerator(generator=generator, registry=registry, **kwargs)
-            for d in dispatch.live_dispatchers():
-                if d.registry is registry:
-                    service.attach(d)
-            dispatch.new_dispatcher_hooks.append(_attach_new)
+            registry.observe(service)
             _service = service.start()
     return _service
 
@@ -278,36 +285,9 @@ def enable(generator: Generator | str | None = None, **kwargs) -> Regenerator:
 def disable() -> None:
     """Stop the background service (after its loop in progress) and detach it."""
     global _service
-    from adaptive import dispatch
     with _service_lock:
         service, _service = _service, None
     if service is None:
         return
-    if _attach_new in dispatch.new_dispatcher_hooks:
-        dispatch.new_dispatcher_hooks.remove(_attach_new)
-    for d in dispatch.live_dispatchers():
-        d.listeners[:] = [x for x in d.listeners if not (isinstance(x, _Listener)
-                                                         and x.inbox is service._inbox)]
+    service.registry.unobserve(service)
     service.stop()
-
-
-def _attach_new(d) -> None:
-    service = _service
-    if service is not None and d.registry is service.registry:
-        service.attach(d)
-
-
-def _from_environment(d) -> None:
-    """A new-dispatcher hook: start the service when ``ADAPTIVE_REGEN`` asks for it."""
-    from adaptive import config
-    if _service is None and config.get().regen_generator != "off":
-        enable()
-
-
-def _install_hook() -> None:
-    from adaptive import dispatch
-    if _from_environment not in dispatch.new_dispatcher_hooks:
-        dispatch.new_dispatcher_hooks.append(_from_environment)
-
-
-_install_hook()

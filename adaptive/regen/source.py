@@ -52,7 +52,7 @@ def variant_from_source(source: str | Path, op: str, entry: str | None = None,
                         language: str | None = None, like: str | None = None,
                         registry: Registry | None = None, name: str | None = None) -> Variant:
     """A :class:`Variant` of ``op`` whose text is ``source`` (a path or the text itself)."""
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     from adaptive.ops import get_op
     get_op(op)
     path = None
@@ -117,7 +117,7 @@ def verify(source: str | Path, op: str, *, entry: str | None = None,
         >>> r = adaptive.verify("my_softmax.py", "softmax", dims={"R": 300, "C": 500})
         >>> print(r.verdict)
     """
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     from adaptive.ops import get_op
     from adaptive.regen.verifier import Job, Verifier
     registry = registry or shared_registry()

@@ -192,7 +192,7 @@ class AdaptiveBlock:
     def _track(self, name: str, args, params) -> None:
         d = self.dispatcher
         if d is None:
-            from adaptive.dispatch import default_dispatcher
+            from adaptive.runtime import default_dispatcher
             d = default_dispatcher(args)
         decision = d.decision(name, *args, **params)
         key = (name, tuple(getattr(a, "shape", None) for a in args), tuple(sorted(params.items())))

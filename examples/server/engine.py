@@ -222,7 +222,7 @@ class BlockLM:
 # ---- adaptive's decisions: warm-up and pinning ------------------------------------------
 def pending_keys() -> int:
     """How many keys the live dispatchers' learned policies are still exploring."""
-    from adaptive.dispatch import live_dispatchers
+    from adaptive.runtime import live_dispatchers
     return sum(1 for d in live_dispatchers()
                for state in getattr(d.policy, "keys", {}).values()
                if getattr(state, "committed", True) is None)
@@ -291,7 +291,7 @@ class Pinned:
 def pin_dispatchers() -> dict:
     """Pin every live dispatcher (the static mode): sampled timing off, each committed
     key kept for good, a key still exploring decided again without exploring."""
-    from adaptive.dispatch import live_dispatchers
+    from adaptive.runtime import live_dispatchers
     pinned = reopened = 0
     for d in live_dispatchers():
         d.sample_every = 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from adaptive import bench, cli
+from adaptive import cli
+from adaptive.bench import cli as bench
 
 
 def test_mixed_report_is_consistent():

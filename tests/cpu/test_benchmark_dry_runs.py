@@ -38,7 +38,7 @@ def test_gpu_selection_dry_run_writes_its_report(tmp_path, monkeypatch, capsys,
                                                 quick_selection_report):
     """In this process, on the quick host report the selection tests read too (running
     the same quick benchmark twice would double the suite's longest test)."""
-    import adaptive.selection
+    import adaptive.bench.selection
     sys.path.insert(0, str(ROOT))
     from benchmarks import gpu_selection
     asked = []
@@ -46,7 +46,7 @@ def test_gpu_selection_dry_run_writes_its_report(tmp_path, monkeypatch, capsys,
     def run_selection(backend, quick, seed, progress):
         asked.append((backend, quick, seed))
         return quick_selection_report
-    monkeypatch.setattr(adaptive.selection, "run_selection", run_selection)
+    monkeypatch.setattr(adaptive.bench.selection, "run_selection", run_selection)
     assert gpu_selection.main(["--backend", "host", "--quick", "--out", str(tmp_path)]) == 0
     assert asked == [("host", True, 0)]
     assert "selection targets" in capsys.readouterr().out

@@ -175,8 +175,8 @@ def test_soak_quick_keeps_the_bound_and_right_results():
 
 
 def test_the_learned_policy_forgets_the_classes_the_plan_cache_evicts(rng):
-    from adaptive.learned import Learned
-    from adaptive.model import LiveModel
+    from adaptive.policy.learned import Learned
+    from adaptive.policy.cost_model import LiveModel
     with config.override(plan_cache_size=3, sample_every=0):
         d = Dispatcher("host", policy=Learned(LiveModel(background=False)))
     for c in range(5, 13):
@@ -186,7 +186,7 @@ def test_the_learned_policy_forgets_the_classes_the_plan_cache_evicts(rng):
 
 
 def test_neighbours_keep_at_most_their_bound_of_measured_inputs(monkeypatch):
-    from adaptive.learned import Neighbours
+    from adaptive.policy.learned import Neighbours
     monkeypatch.setattr(Neighbours, "MAX_INPUTS", 8)
     n = Neighbours()
     for i in range(20):

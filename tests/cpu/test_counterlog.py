@@ -51,7 +51,7 @@ def check_gemm(c, a, b):
 def test_exploring_launches_are_logged_once(tmp_path, rng):
     """Under the learned policy the first calls of a key explore (and are timed for the
     policy); each call still becomes exactly one record."""
-    from adaptive.learned import Learned
+    from adaptive.policy.learned import Learned
     d = Dispatcher("host", policy=Learned())
     d.sample_every = 0
     path = tmp_path / "explore.alog"
@@ -185,7 +185,7 @@ def test_not_a_counter_log_empty_and_newer_version(tmp_path):
     with pytest.raises(CounterLogError, match="empty"):
         read_log(empty)
     newer = tmp_path / "newer.alog"
-    newer.write_bytes(counterlog_format._frame({"format": counterlog.FORMAT, "version": 99}))
+    newer.write_bytes(counterlog_format.frame({"format": counterlog.FORMAT, "version": 99}))
     with pytest.raises(CounterLogError, match="upgrade adaptive"):
         read_log(newer)
     with pytest.raises(FileNotFoundError, match="no counter log"):
@@ -204,18 +204,23 @@ def test_full_queue_drops_records_never_calls(tmp_path, rng, host):
     assert counterlog.dropped_records_total() >= 92
 
 
-def test_env_var_logs_new_dispatchers(tmp_path, rng):
+def test_env_var_logs_started_dispatchers(tmp_path, rng):
+    from adaptive import runtime
     path = str(tmp_path / "env.alog")
     a, b = gemm_inputs(rng, 10, 3, 7)
+    runtime.reset_defaults()
     with config.override(counter_log=path, counter_log_every=2):
         d = Dispatcher("host", policy=MeasureEach())   # one plain plan per key
+        assert d.recorder is None and not os.path.exists(path)   # made: nothing opened
+        runtime.start(d)                               # as adaptive.launch's dispatchers
     d.sample_every = 0
     for _ in range(10):
         check_gemm(d.launch("gemm", a, b), a, b)
     counterlog.close_configured()
     assert d.recorder is None
     assert len(read_log(path).records) == 5
-    assert Dispatcher("host").recorder is None                # env var off again
+    runtime.reset_defaults()
+    assert runtime.start(Dispatcher("host")).recorder is None   # env var off again
 
 
 class _Stream:
@@ -248,9 +253,9 @@ def test_gpu_path_writes_event_times_after_they_complete(tmp_path, rng, host):
     sampler = NvmlSampler(0, nvml=FakeNvml(sm_mhz=1410, power_mw=300_250))
     sampler.sample_once()
     clog.samplers[None] = sampler           # the host backend's "device index" is None
-    rec = recorders._LogRecorder(clog, host, timer)
+    rec = recorders.LogRecorder(clog, host, timer)
     clog._recorders[host] = rec
-    counterlog.install_recorder(host, rec)
+    host.add_recorder(rec)
     a, b = gemm_inputs(rng, 7, 7, 7)
     for _ in range(6):
         check_gemm(host.launch("gemm", a, b), a, b)          # the ring holds 4: 2 dropped

@@ -120,9 +120,9 @@ def kernels_in_run(d, op, args, cupti, spans):
 
 def attach(clog, d, timer):
     clog._timers[0] = timer
-    rec = recorders._LogRecorder(clog, d, timer)
+    rec = recorders.LogRecorder(clog, d, timer)
     clog._recorders[d] = rec
-    counterlog.install_recorder(d, rec)
+    d.add_recorder(rec)
     return rec
 
 
@@ -139,7 +139,7 @@ def test_each_logged_call_gets_the_gpu_span_of_its_kernels(tmp_path, rng, fake, 
     clog = CounterLog(tmp_path / "cupti.alog", sample_every=1, flush_interval_s=60.0,
                       nvml=False).open()
     rec = attach(clog, host, timer)
-    assert isinstance(rec, recorders._CuptiLogRecorder)
+    assert isinstance(rec, recorders.CuptiLogRecorder)
     for i in range(5):
         current.ptr = 0x7700 + i % 2
         y = host.launch("softmax", x)

@@ -112,9 +112,9 @@ def timed_launch(d, rt, op, *args, gpu_ms: float):
 
 def attach(clog, d, timer):
     clog._timers[0] = timer
-    rec = recorders._LogRecorder(clog, d, timer)
+    rec = recorders.LogRecorder(clog, d, timer)
     clog._recorders[d] = rec
-    counterlog.install_recorder(d, rec)
+    d.add_recorder(rec)
     return rec
 
 
@@ -126,7 +126,7 @@ def test_raw_events_time_every_call_on_the_current_stream(tmp_path, rng, fake_cu
     timer = EventTimer(8, None)                               # CupyEvents on the fake
     assert rt.created == 16
     rec = attach(clog, host, timer)
-    assert isinstance(rec, recorders._EventLogRecorder)
+    assert isinstance(rec, recorders.EventLogRecorder)
     durations = rng.uniform(0.005, 0.2, size=6)
     for i, ms in enumerate(durations):
         current.ptr = 0x5100 + i % 2                          # the caller switches streams
@@ -233,7 +233,7 @@ def test_each_record_gets_the_snapshot_nearest_before_it(tmp_path, rng, host):
         sampler.sample_once()
     clog = CounterLog(tmp_path / "snap.alog", flush_interval_s=60.0).open()
     clog.samplers[None] = sampler                             # a host dispatcher's device
-    rec = recorders._LogRecorder(clog, host, None)
+    rec = recorders.LogRecorder(clog, host, None)
     times = [99.0, 100.0, 100.5, 100.99, 101.0, 101.7, 102.0, 250.0, 100.2]
     for t in times:
         clog.submit((rec, t, plan, 0.01, "sync", 0))
@@ -312,7 +312,7 @@ def test_a_writer_failure_is_logged_once_with_its_traceback_and_exposed(tmp_path
     host.launch("softmax", x)
     plan = next(iter(host._plans.values()))
     clog = CounterLog(tmp_path / "bad.alog", flush_interval_s=60.0, nvml=False)
-    rec = recorders._LogRecorder(clog, host, None)
+    rec = recorders.LogRecorder(clog, host, None)
     clog.open()
     caplog.set_level("ERROR")
     rec.static[plan] = {"op": "softmax", "bad": object()}     # unpackable
@@ -320,7 +320,7 @@ def test_a_writer_failure_is_logged_once_with_its_traceback_and_exposed(tmp_path
         clog.submit((rec, time.time(), plan, 0.5, "host", 0))
         clog._wake.set()
         deadline = time.monotonic() + 5
-        while clog._queue and time.monotonic() < deadline:
+        while clog.queue and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.05)
     stats = clog.close()

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import adaptive
-from adaptive.dispatch import default_dispatcher
+from adaptive.runtime import default_dispatcher
 from adaptive.ops import OPS
-from adaptive.policy import Decision, Fixed
+from adaptive.policy import Decision, First
 
 
 def test_launch_caches_one_decision_per_key(rng):
@@ -32,7 +32,7 @@ def test_launch_caches_one_decision_per_key(rng):
 
 
 def test_pinned_variant_runs_that_variant(rng):
-    class Recording(Fixed):
+    class Recording(First):
         def decide(self, ctx, candidates):
             raise AssertionError("a pinned variant with a full config needs no policy")
 
@@ -45,7 +45,7 @@ def test_pinned_variant_runs_that_variant(rng):
 
 
 def test_policy_is_pluggable(rng):
-    d = adaptive.Dispatcher(backend="host", policy=Fixed())
+    d = adaptive.Dispatcher(backend="host", policy=First())
     x = rng.standard_normal((20, 30)).astype(np.float32)
     d.launch("softmax", x)
     assert d.decision("softmax", x).candidate == d.candidates("softmax", x)[0]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from adaptive.features import RESOURCE_DEFAULTS, DeviceState, kernel_resources, row
+from adaptive.policy.features import RESOURCE_DEFAULTS, DeviceState, kernel_resources, row
 
 
 class _Variant:
@@ -62,7 +62,7 @@ def test_explain_ranks_exactly_as_decide(rng):
     pytest.importorskip("sklearn")
     import adaptive
     from adaptive.dispatch import Dispatcher
-    from adaptive.learned import Learned
+    from adaptive.policy.learned import Learned
     from test_policy import replayed_model
     x = rng.standard_normal((300, 96)).astype(np.float32)
     d = Dispatcher("host")

@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from adaptive import config  # noqa: E402
-from adaptive import pack as packs  # noqa: E402
+from adaptive.packs import format as packs
+from adaptive.packs import install  # noqa: E402
 from adaptive.dispatch import Dispatcher  # noqa: E402
 from adaptive.errors import AdaptiveError  # noqa: E402
 from adaptive.ops import OPS  # noqa: E402
@@ -58,14 +59,14 @@ def sandbox(tmp_path_factory):
     that claims an sm_90 GPU so carried cubins reach the cache's key checks."""
     root = tmp_path_factory.mktemp("fuzz")
     (root / "cache").mkdir()
-    old_cwd, old_archs = os.getcwd(), packs.runnable_archs
+    old_cwd, old_archs = os.getcwd(), install.runnable_archs
     os.chdir(root)
-    packs.runnable_archs = lambda: frozenset({"sm_90"})
+    install.runnable_archs = lambda: frozenset({"sm_90"})
     try:
         with config.override(cache_dir=str(root / "cache")):
             yield root
     finally:
-        packs.runnable_archs = old_archs
+        install.runnable_archs = old_archs
         os.chdir(old_cwd)
 
 
@@ -80,7 +81,7 @@ def _load_all_ways(path: Path, root: Path) -> None:
     with alarm(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for call in (lambda: packs.peek_header(path), lambda: packs.read_pack(path),
-                     lambda: packs.load_pack(path, registry=reg, fingerprint=HOST_FP)):
+                     lambda: install.load_pack(path, registry=reg, fingerprint=HOST_FP)):
             try:
                 call()
             except AdaptiveError:

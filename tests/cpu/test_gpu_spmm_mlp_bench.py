@@ -7,7 +7,7 @@ from benchmarks.gpu_spmm_mlp import GROUPED, _timed_variants, ratios
 
 
 def test_times_cublas_and_every_bsr32_mma_variant_including_the_grouped_ones():
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
 
     class _Dispatcher:   # _timed_variants only reads the registry
         registry = shared_registry()

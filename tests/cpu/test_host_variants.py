@@ -93,7 +93,7 @@ def test_sdpa_library_variant_honours_any_scale(rng, scale, causal):
     import sys
     import types
 
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     variant = shared_registry().get("attention", "sdpa_torch")
     namespace: dict = {}
     stub = {"cupy": types.ModuleType("cupy")} if "cupy" not in sys.modules else {}

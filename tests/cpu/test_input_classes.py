@@ -5,7 +5,7 @@ import pytest
 
 import adaptive
 from adaptive.ops import OPS
-from adaptive.policy import Fixed, MeasureEach
+from adaptive.policy import First, MeasureEach
 from adaptive.variants import Registry, default_registry, variant_from_dict
 from adaptive.ops.base import bucket
 
@@ -50,7 +50,7 @@ def test_a_class_choice_that_cannot_run_an_input_is_decided_again(rng):
                                                                 "host_materialised").source,
                               "requires": ["Lk % 2 == 0"]}, "attention")
     fallback = default_registry().get("attention", "host_materialised")
-    d = adaptive.Dispatcher(backend="host", policy=Fixed(), registry=Registry([even, fallback]))
+    d = adaptive.Dispatcher(backend="host", policy=First(), registry=Registry([even, fallback]))
     q = rng.standard_normal((1, 2, 1, 8)).astype(np.float32)
     for lk in (70, 71, 72):                 # one class (65..76); 71 cannot run even_only
         k = rng.standard_normal((1, 2, lk, 8)).astype(np.float32)

@@ -121,8 +121,16 @@ def test_expressions_are_whitelisted():
 def test_registry_rejects_duplicates_and_notifies(tmp_path):
     (v,) = load_manifest(write(tmp_path, GOOD))
     seen = []
+
+    class Member:          # what the registry tells its dispatchers: the op to re-decide
+        def add_observations(self, rows, weight):
+            pass
+
+        def forget(self, op):
+            seen.append(op)
     registry = Registry()
-    registry.subscribe(seen.append)
+    member = Member()
+    registry.join(member)
     registry.add(v)
     with pytest.raises(ValueError, match="already registered"):
         registry.add(v)

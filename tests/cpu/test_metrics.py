@@ -127,7 +127,7 @@ def test_close_detaches_and_counting_is_one_cheap_hook(rng):
     server = adaptive.serve_metrics(0, nvml=False)
     assert isinstance(d.recorder, metrics._CountingRecorder)
     server.close()
-    assert d.recorder is None and not d.listeners
+    assert d.recorder is None and not d.recorders
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=2)
 

@@ -12,7 +12,7 @@ from adaptive.observation import Observation
 
 sklearn = pytest.importorskip("sklearn")
 
-from adaptive.model import (CostModel, LiveModel, candidate_row, held_out_accuracy,  # noqa: E402
+from adaptive.policy.cost_model import (CostModel, LiveModel, candidate_row, held_out_accuracy,  # noqa: E402
                             training_set)
 
 
@@ -123,7 +123,7 @@ def test_background_refit_swaps_whole_models(rng):
 
 
 def test_geometry_features_follow_the_manifest_grid_and_the_sm_count():
-    from adaptive.model import geometry, row_geometry
+    from adaptive.policy.features import geometry, row_geometry
     from adaptive.variants import default_registry
     reg = default_registry()
     tc = reg.get("gemm", "tc_mma")

@@ -11,7 +11,7 @@ import pytest
 
 import adaptive
 from adaptive import InputTypeError, InputValueError, UnknownNameError
-from adaptive.learned import Learned
+from adaptive.policy.learned import Learned
 from adaptive.policy import MeasureEach
 
 
@@ -172,7 +172,7 @@ def test_pack_show_prints_the_file_sha256_as_sha256sum_does(tmp_path, capsys):
     import hashlib
 
     from adaptive.cli import main
-    from adaptive.pack import new_pack, write_pack
+    from adaptive.packs.format import new_pack, write_pack
     path = tmp_path / "p.msgpack"
     content = write_pack(new_pack([], [], {"backend": "host"}), path)
     assert main(["pack", "show", str(path)]) == 0

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not nvrtc.available(),
 
 
 def _registry():
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     return shared_registry()
 
 

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import adaptive
-from adaptive import config, dispatch
-from adaptive import pack as packs
+from adaptive import config, runtime
+from adaptive.packs import format as packs
+from adaptive.packs import install
+from adaptive.dispatch import Dispatcher
 from adaptive.packs import compare
 from adaptive.errors import PackError
 from adaptive.observation import Observation
@@ -41,7 +43,7 @@ class Recording(MeasureEach):
         super().__init__()
         self.given: list[tuple[list, float]] = []
 
-    def add_observations(self, rows, weight):
+    def add_observations(self, rows, weight=1.0, geometry=None):
         self.given.append((list(rows), weight))
 
 
@@ -83,7 +85,7 @@ def isolated():
     """A fresh registry and a dispatcher on it whose policy records the rows it is given."""
     reg = Registry(default_registry().variants("softmax"))
     policy = Recording()
-    return reg, dispatch.Dispatcher("host", registry=reg, policy=policy), policy
+    return reg, Dispatcher("host", registry=reg, policy=policy), policy
 
 
 # ---- format -----------------------------------------------------------------------------------
@@ -119,10 +121,10 @@ def _write_outer(path, outer):
 
 def _refused(path, isolated, match):
     reg, d, policy = isolated
-    before = (len(reg), reg.generation, dispatch.shared_observations())
+    before = (len(reg), reg.generation, runtime.shared_registry().observations())
     with pytest.raises(PackError, match=match):
-        packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
-    assert (len(reg), reg.generation, dispatch.shared_observations()) == before
+        install.load_pack(path, registry=reg, fingerprint=HOST_FP)
+    assert (len(reg), reg.generation, runtime.shared_registry().observations()) == before
     assert policy.given == []
     with pytest.raises(Exception):
         reg.get("softmax", "pack_softmax")
@@ -206,7 +208,7 @@ def test_failed_write_leaves_the_old_file(small_pack, monkeypatch):
 
 def test_load_adds_variants_and_rows_and_the_variant_runs(small_pack, isolated, rng):
     reg, d, policy = isolated
-    report = packs.load_pack(small_pack, registry=reg, fingerprint=dict(HOST_FP, numpy="y"))
+    report = install.load_pack(small_pack, registry=reg, fingerprint=dict(HOST_FP, numpy="y"))
     assert report.same_device and report.weight == 1.0
     assert report.variants_added == ("softmax/pack_softmax",) and report.rows == 2
     assert reg.get("softmax", "pack_softmax").origin == f"pack {small_pack}"
@@ -216,15 +218,15 @@ def test_load_adds_variants_and_rows_and_the_variant_runs(small_pack, isolated, 
     x = OPS["softmax"].make_inputs({"R": 7, "C": 33}, "float32", rng)[0]
     out = d.launch("softmax", x, variant="pack_softmax", config={"rows": 2})
     assert OPS["softmax"].error(out, OPS["softmax"].reference(x)) < 1e-6
-    again = packs.load_pack(small_pack, registry=reg, fingerprint=HOST_FP)
+    again = install.load_pack(small_pack, registry=reg, fingerprint=HOST_FP)
     assert again.variants_added == () and again.rows == 0 and len(policy.given) == 1
 
 
 def test_other_device_loads_with_a_warning_and_down_weighted(small_pack, isolated):
     reg, d, policy = isolated
     h200 = {"backend": "cuda", "name": "NVIDIA H200", "cc": 90, "sm_count": 132}
-    with pytest.warns(packs.PackDeviceWarning, match="down-weighted"):
-        report = packs.load_pack(small_pack, registry=reg, fingerprint=h200)
+    with pytest.warns(install.PackDeviceWarning, match="down-weighted"):
+        report = install.load_pack(small_pack, registry=reg, fingerprint=h200)
     assert not report.same_device and report.weight == packs.FOREIGN_WEIGHT
     assert [w for _, w in policy.given] == [packs.FOREIGN_WEIGHT]
 
@@ -247,7 +249,7 @@ def test_variant_differing_from_the_registered_one_is_skipped(tmp_path, isolated
     rows = [_row("host_numpy", cfg={}), _row("host_blocked", cfg={"rows": 8})]
     path = tmp_path / "p.msgpack"
     packs.write_pack(packs.new_pack([changed, same], rows, HOST_FP), path)
-    report = packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
+    report = install.load_pack(path, registry=reg, fingerprint=HOST_FP)
     assert report.variants_skipped == ("softmax/host_numpy",)
     assert report.variants_present == ("softmax/host_blocked",)
     assert reg.get("softmax", "host_numpy") is builtin
@@ -255,34 +257,38 @@ def test_variant_differing_from_the_registered_one_is_skipped(tmp_path, isolated
     assert [r.variant for r in given] == ["host_blocked"]
 
 
-def test_adaptive_packs_env_loads_into_new_dispatchers(small_pack, monkeypatch):
+def test_adaptive_packs_env_loads_at_the_start_into_new_dispatchers(small_pack, monkeypatch):
     monkeypatch.setenv("ADAPTIVE_PACKS", str(small_pack))
-    dispatch.reset_defaults()
+    runtime.reset_defaults()
     try:
-        with config.override(packs=str(small_pack)), pytest.warns(packs.PackDeviceWarning):
-            d = dispatch.Dispatcher("host", policy=Recording())
-            assert dispatch.shared_registry().get("softmax", "pack_softmax").source == \
+        with config.override(packs=str(small_pack)), pytest.warns(install.PackDeviceWarning):
+            d = Dispatcher("host", policy=Recording())
+            assert "pack_softmax" not in {v.name for v in d.registry.variants("softmax")}
+            runtime.start(d)                 # what adaptive.launch does for its dispatchers
+            assert runtime.shared_registry().get("softmax", "pack_softmax").source == \
                 SOFTMAX_SRC
             assert d.stats["prior_rows"] == 2 and len(d.policy.given) == 1
-            later = dispatch.Dispatcher("host", policy=Recording())
+            later = Dispatcher("host", policy=Recording())
             assert [len(r) for r, _ in later.policy.given] == [2]   # rows reach later ones too
     finally:
-        dispatch.reset_defaults()
+        runtime.reset_defaults()
 
 
-def test_refused_adaptive_packs_entry_fails_dispatcher_creation(small_pack):
+def test_refused_adaptive_packs_entry_fails_the_start(small_pack, rng):
     small_pack.write_bytes(small_pack.read_bytes()[:100])
-    dispatch.reset_defaults()
+    runtime.reset_defaults()
     try:
         with config.override(packs=str(small_pack)):
             for _ in range(2):   # every attempt says so, none half-loads
                 with pytest.raises(PackError, match="truncated"):
-                    dispatch.Dispatcher("host")
+                    runtime.start(Dispatcher("host"))
+                with pytest.raises(PackError, match="truncated"):   # the default one too
+                    adaptive.launch("softmax", rng.standard_normal((3, 5)))
                 assert "pack_softmax" not in {
-                    v.name for v in dispatch.shared_registry().variants("softmax")}
-                assert dispatch.shared_observations() == []
+                    v.name for v in runtime.shared_registry().variants("softmax")}
+                assert runtime.shared_registry().observations() == []
     finally:
-        dispatch.reset_defaults()
+        runtime.reset_defaults()
 
 
 # ---- merge and diff ---------------------------------------------------------------------------
@@ -330,7 +336,7 @@ def test_quick_build_on_the_host_measures_every_fitting_candidate(quick_pack):
     assert pack.header["build"]["cases_done"] == len(cases) and not pack.failures
     assert pack.fingerprint["backend"] == "host"
     assert not path.with_name(path.name + ".partial").exists()
-    d = dispatch.Dispatcher("host", registry=default_registry())
+    d = Dispatcher("host", registry=default_registry())
     for case in cases:
         op = OPS[case.op]
         args = op.make_inputs(dict(case.dims), case.dtype, np.random.default_rng(0),
@@ -373,7 +379,7 @@ def test_wrong_or_failing_candidates_become_failures_not_rows():
     wrong = _variant("wrong", SOFTMAX_SRC.replace("out[...] = e / e.sum", "out[...] = e * e.sum"))
     broken = _variant("broken", SOFTMAX_SRC.replace("xf = x.astype", "xf = x.nope"))
     reg = Registry([_variant(), wrong, broken])
-    d = dispatch.Dispatcher("host", registry=reg)
+    d = Dispatcher("host", registry=reg)
     case = Case("softmax", (("R", 9), ("C", 31)))
     result = measure_case(d, case, FAST)
     assert {r["variant"] for r in result["rows"]} == {"pack_softmax"}
@@ -408,15 +414,15 @@ def test_cubins_travel_into_the_kernel_cache(tmp_path, isolated, monkeypatch):
     packs.write_pack(packs.new_pack([], [], HOST_FP, cubins=[packs.Cubin(**c)]), path)
     reg, _, _ = isolated
     with config.override(cache_dir=str(tmp_path / "fresh-cache")):
-        packs.load_pack(path, registry=reg, fingerprint=HOST_FP)   # no GPU here: no cubin
+        install.load_pack(path, registry=reg, fingerprint=HOST_FP)   # no GPU here: no cubin
         assert KernelCache(str(tmp_path / "fresh-cache")).get(c["key"]) is None
         assert not (tmp_path / "fresh-cache").exists()
-    monkeypatch.setattr(packs, "runnable_archs", lambda: frozenset({"sm_90"}))  # an H200
+    monkeypatch.setattr(install, "runnable_archs", lambda: frozenset({"sm_90"}))  # an H200
     path2 = tmp_path / "c2.msgpack"
     packs.write_pack(packs.new_pack([], [], HOST_FP, cubins=[packs.Cubin(**c)],
                                     created_s=1.0), path2)
     with config.override(cache_dir=str(tmp_path / "fresh-cache")):
-        packs.load_pack(path2, registry=reg, fingerprint=HOST_FP)
+        install.load_pack(path2, registry=reg, fingerprint=HOST_FP)
         hit = KernelCache(str(tmp_path / "fresh-cache")).get(c["key"])
     assert hit is not None and hit.path.read_bytes() == c["image"]
 
@@ -470,13 +476,13 @@ def test_cli_build_show_diff_merge(tmp_path, capsys, small_pack):
 def test_build_from_counter_log(tmp_path, rng):
     counterlog = pytest.importorskip("adaptive.counterlog")
     log_path = tmp_path / "run.alog"
-    d = dispatch.Dispatcher("host", registry=default_registry())
-    with counterlog.counter_log(log_path, sample_every=1):
+    d = Dispatcher("host", registry=default_registry())
+    with counterlog.counter_log(log_path, sample_every=1, registry=d.registry):
         for r, c in ((5, 17), (64, 96)):
             x = OPS["softmax"].make_inputs({"R": r, "C": c}, "float32", rng)[0]
             for _ in range(3):
                 d.launch("softmax", x)
-    from adaptive.pack_cli import build_from_logs
+    from adaptive.packs.cli import build_from_logs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pack = build_from_logs([str(log_path)], str(tmp_path / "l.msgpack"))
@@ -496,6 +502,6 @@ def test_shipped_pack_matches_the_built_in_variants():
         reg = default_registry()
         with warnings.catch_warnings():
             warnings.simplefilter("error")            # a skipped variant warns
-            report = packs.load_pack(path, registry=reg, fingerprint=pack.fingerprint)
+            report = install.load_pack(path, registry=reg, fingerprint=pack.fingerprint)
         assert not report.variants_skipped and report.same_device
         assert report.rows == len(pack.rows) > 1000, report

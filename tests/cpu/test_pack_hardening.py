@@ -12,7 +12,9 @@ import msgpack
 import pytest
 
 from adaptive import config
-from adaptive import pack as packs
+from adaptive.packs import format as packs
+from adaptive.packs import install
+from adaptive.dispatch import Dispatcher
 from adaptive.errors import ExpressionError, PackError
 from adaptive.expr import Expr
 from adaptive.kcache import KernelCache
@@ -57,7 +59,7 @@ def _cubin(key: str) -> dict:
 def sandbox(tmp_path, monkeypatch):
     """A cache folder inside a watched folder; the process's GPUs claim sm_90, so only
     the key checks stand between a crafted cubin and the disk."""
-    monkeypatch.setattr(packs, "runnable_archs", lambda: frozenset({"sm_90"}))
+    monkeypatch.setattr(install, "runnable_archs", lambda: frozenset({"sm_90"}))
     watched = tmp_path / "watched"
     (watched / "cache").mkdir(parents=True)
     monkeypatch.chdir(watched)
@@ -70,7 +72,7 @@ def _refused(path: Path, match: str, watched: Path) -> PackError:
     reg = Registry(default_registry().variants("softmax"))
     t0 = time.perf_counter()
     with pytest.raises(PackError, match=match) as info:
-        packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
+        install.load_pack(path, registry=reg, fingerprint=HOST_FP)
     assert time.perf_counter() - t0 < 1.0
     assert _files(watched) == before, "a refused pack wrote files"
     return info.value
@@ -104,7 +106,7 @@ def test_well_formed_key_that_does_not_recompute_is_not_cached(sandbox, caplog):
     path = _write(sandbox / "k.msgpack", body={"variants": [], "rows": [],
                                                "cubins": [_cubin("ab" * 32)], "failures": []})
     reg = Registry(default_registry().variants("softmax"))
-    packs.load_pack(path, registry=reg, fingerprint=HOST_FP)
+    install.load_pack(path, registry=reg, fingerprint=HOST_FP)
     assert not any(p.is_file() for p in (sandbox / "cache").rglob("*"))
     assert "does not match its variant" in caplog.text
 
@@ -196,20 +198,20 @@ def test_pack_show_of_a_wrong_shape_header_prints_an_error_not_a_traceback(tmp_p
 
 def test_shipped_gpu_pack_on_a_machine_without_its_gpu_writes_no_cubin(tmp_path,
                                                                         monkeypatch):
-    monkeypatch.setattr(packs, "runnable_archs", lambda: frozenset())   # this machine
+    monkeypatch.setattr(install, "runnable_archs", lambda: frozenset())   # this machine
     [h200] = [p for p in shipped_packs() if p.name == "h200.msgpack"]
     assert packs.read_pack(h200).cubins, "the shipped pack carries cubins"
     reg = Registry(default_registry().variants("softmax"))
     with config.override(cache_dir=str(tmp_path / "cache")), warnings.catch_warnings():
-        warnings.simplefilter("ignore", packs.PackDeviceWarning)
-        packs.load_pack(h200, registry=reg, fingerprint=HOST_FP)
+        warnings.simplefilter("ignore", install.PackDeviceWarning)
+        install.load_pack(h200, registry=reg, fingerprint=HOST_FP)
     assert not (tmp_path / "cache").exists() or _files(tmp_path / "cache") == set()
 
 
 def test_runnable_archs_is_empty_without_a_gpu():
-    packs.runnable_archs.cache_clear()
+    install.runnable_archs.cache_clear()
     try:
         import cupy  # noqa: F401
         pytest.skip("CuPy is installed: the answer depends on the GPUs here")
     except ImportError:
-        assert packs.runnable_archs() == frozenset()
+        assert install.runnable_archs() == frozenset()

@@ -16,8 +16,8 @@ pytest.importorskip("sklearn")
 
 import adaptive  # noqa: E402
 from adaptive.dispatch import Dispatcher  # noqa: E402
-from adaptive.learned import Learned, _diverse  # noqa: E402
-from adaptive.model import LiveModel, training_set  # noqa: E402
+from adaptive.policy.learned import Learned, _diverse  # noqa: E402
+from adaptive.policy.cost_model import LiveModel, training_set  # noqa: E402
 from adaptive.observation import Observation  # noqa: E402
 from adaptive.ops import OPS  # noqa: E402
 from adaptive.policy import Context  # noqa: E402
@@ -416,7 +416,7 @@ def test_commit_is_on_medians_after_the_sample_count_not_one_lucky_sample(rng):
 
 
 def test_a_keys_timings_are_a_bounded_ring_with_a_full_count(rng):
-    from adaptive.learned import Samples
+    from adaptive.policy.learned import Samples
     ctx, cands, _ = softmax_context(rng)
     policy = Learned(LiveModel(background=False), max_explore=2, samples=1, drift_window=4)
     d = policy.decide(ctx, cands)

@@ -76,7 +76,8 @@ def test_bench_on_an_unavailable_cuda_backend_is_one_line(capsys):
 
 
 def test_bench_overhead_runs_on_each_op_given(monkeypatch, capsys):
-    from adaptive import bench, config
+    from adaptive import config
+    from adaptive.bench import cli as bench
     from adaptive.cli import main
     ran = []
     real = bench.run_overhead

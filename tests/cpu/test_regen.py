@@ -72,7 +72,7 @@ def test_trigger_parametric_loop_promotes_and_dispatcher_reranks(rng, tmp_path):
     assert winner.provenance["request"]["best"] == "host_blocked[rows=1]"
     assert reg.get("softmax", winner.name) is winner
     assert winner.to_dict()["provenance"]["verifier"]["checks"]     # ready for a pack
-    from adaptive.pack import read_pack
+    from adaptive.packs.format import read_pack
     from adaptive.regen.loop import write_pack
     path = tmp_path / "regen.msgpack"
     write_pack(result, str(path))
@@ -411,10 +411,10 @@ def test_regen_baseline_beats_a_slow_dispatcher_pick(monkeypatch):
     fast = reg.get("softmax", "host_numpy")
     registry = Registry([slow, fast])
 
-    from adaptive.policy import Fixed
+    from adaptive.policy import First
     real = dispatch_mod.Dispatcher
     monkeypatch.setattr(dispatch_mod, "Dispatcher",
-                        lambda backend: real(backend, registry=registry, policy=Fixed()))
+                        lambda backend: real(backend, registry=registry, policy=First()))
     request, _ = regen_cli.measured_request("softmax", {"R": 64, "C": 48}, "float32", "host")
     assert request.best.label == "host_numpy", request.observed_ms
     assert request.observed_ms["host_sleepy"] >= 30 > request.best_ms
@@ -443,16 +443,19 @@ def test_regen_cli_pack_without_a_winner_says_so_and_writes_nothing(tmp_path, ca
     assert "no winner" in capsys.readouterr().err
 
 
-def test_environment_starts_the_service_for_new_dispatchers():
-    from adaptive import config, regen
+def test_environment_starts_the_service_for_started_dispatchers():
+    from adaptive import config, regen, runtime
 
     def ours(d, service):
-        return [x for x in d.listeners if getattr(x, "inbox", None) is service._inbox]
+        return [x for x in d.recorders if getattr(x, "inbox", None) is service._inbox]
 
     with config.override(regen_generator="parametric", regen_interval_s=3600.0):
         try:
+            runtime.reset_defaults()
             d = Dispatcher("host")
-            service = regen.enable()             # idempotent: the one the hook started
+            assert ours(d, regen.regenerator.Regenerator()) == []   # made: nothing started
+            runtime.start(d)
+            service = regen.enable()             # idempotent: the one the start started
             assert isinstance(service.generator, Parametric)
             assert len(ours(d, service)) == 1 and service.registry is d.registry
             assert regen.enable() is service
@@ -460,8 +463,9 @@ def test_environment_starts_the_service_for_new_dispatchers():
             regen.disable()
     assert ours(d, service) == []
     with config.override(regen_generator="off"):
+        runtime.reset_defaults()
         assert not any(getattr(x, "inbox", None) is not None for x in
-                       Dispatcher("host").listeners)
+                       runtime.start(Dispatcher("host")).recorders)
 
 
 def test_parametric_loop_on_cuda_variants_compiles_with_nvrtc(tmp_path):

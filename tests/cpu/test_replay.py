@@ -8,7 +8,7 @@ pytest.importorskip("sklearn")
 
 from adaptive import cli  # noqa: E402
 from adaptive.packs import shipped_packs  # noqa: E402
-from adaptive.replay import replay_setups  # noqa: E402
+from adaptive.bench.replay import replay_setups  # noqa: E402
 
 H200 = next((str(p) for p in shipped_packs() if "h200" in p.name), None)
 pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in this checkout")
@@ -21,7 +21,7 @@ def attention():
 
 
 def test_every_held_out_input_is_priced_from_its_own_measurements(attention):
-    from adaptive.pack import read_pack
+    from adaptive.packs.format import read_pack
     inputs = {(tuple(sorted(r.dims.items())), r.dtype, tuple(sorted(r.features.items())))
               for r in read_pack(H200).rows if r.op == "attention"}
     cases = [{(c.op, tuple(sorted(c.dims.items()))) for c in r.cases} for r in attention.values()]

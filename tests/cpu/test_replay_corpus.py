@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from adaptive.replay import replay_setups  # noqa: E402
+from adaptive.bench.replay import replay_setups  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from adaptive.selection import AUTOTUNE_RUNS, run_selection  # noqa: E402
+from adaptive.bench.selection import AUTOTUNE_RUNS, run_selection  # noqa: E402
 
 POLICIES = ("oracle", "best-fixed", "autotune", "measure-each", "learned-cold", "learned-pack")
 
@@ -69,10 +69,10 @@ def test_model_accuracy_is_reported_on_the_stream_inputs(report):
 def test_live_dispatchers_get_a_pack_only_where_the_benchmark_loads_one(tmp_path, rng):
     from adaptive.backends import get_backend
     from adaptive.dispatch import Dispatcher
-    from adaptive.learned import Learned
-    from adaptive.model import LiveModel
+    from adaptive.policy.learned import Learned
+    from adaptive.policy.cost_model import LiveModel
     from adaptive.observation import Observation
-    from adaptive.selection import _dispatcher, _write_pack
+    from adaptive.bench.selection import _dispatcher, _write_pack
     be = get_backend("host")
     x = rng.standard_normal((37, 53)).astype(np.float32)
     shared = Dispatcher(be)                      # timed rows, as the table makes them

@@ -368,7 +368,7 @@ def test_importing_the_integration_imports_neither_torch_nor_transformers():
 
 def _sdpa_entry():
     import types
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     variant = shared_registry().get("attention", "sdpa_torch")
     namespace: dict = {}
     with pytest.MonkeyPatch().context() as m:   # CuPy is used only by other functions there
@@ -406,7 +406,7 @@ def test_sdpa_torch_entry_matches_the_reference(rng, h, hkv, lq, lk, causal, mas
 
 
 def test_a_layer_holds_its_committed_plan_and_lets_go_when_it_goes_stale():
-    from adaptive.dispatch import default_dispatcher
+    from adaptive.runtime import default_dispatcher
     from adaptive.integrations.linear import HOLD_EVERY, AdaptiveLinear
     torch.manual_seed(3)
     layer = AdaptiveLinear(torch.nn.Linear(24, 10, bias=True)).eval()

@@ -140,7 +140,7 @@ def test_warm_call_reuses_plan_and_cached_cubin(cp, dispatcher, rng):
 
 def test_default_policy_picks_a_working_cuda_variant(cp, rng):
     from adaptive import Dispatcher, Registry
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     reg = Registry(v for v in shared_registry().variants("softmax", "cuda")
                    if v.name == "warp_row")
     d = Dispatcher("cuda", registry=reg)

@@ -32,7 +32,7 @@ def _sample(configs: list[dict], n: int = 3) -> list[dict]:
 
 
 def _cases():
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     reg = shared_registry()
     cases = []
     for op in ("gemm", "softmax"):

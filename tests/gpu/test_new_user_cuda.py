@@ -69,7 +69,7 @@ def test_measured_times_never_beat_the_floor_after_a_pack_build(tmp_path, capsys
     from adaptive import config
     from adaptive.backends import get_backend
     from adaptive.cli import main
-    from adaptive.pack import read_pack
+    from adaptive.packs.format import read_pack
     from adaptive.peaks import peaks_path
     be = get_backend("cuda")
     before = dict(be.peaks(), flops_per_s=dict(be.peaks()["flops_per_s"]))

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from adaptive import config
-from adaptive import pack as packs
+from adaptive.packs import format as packs
+from adaptive.packs import install
 from adaptive.kcache import KernelCache
 
 pytestmark = pytest.mark.gpu
@@ -18,15 +19,15 @@ def test_shipped_pack_cubins_recompute_and_install(tmp_path):
     from adaptive.packs import shipped_packs
     if not nvrtc.available():
         pytest.skip("NVRTC (cuda.bindings) is not installed: the backend compiles with CuPy")
-    packs.runnable_archs.cache_clear()
-    assert "sm_90" in packs.runnable_archs(), packs.runnable_archs()
+    install.runnable_archs.cache_clear()
+    assert "sm_90" in install.runnable_archs(), install.runnable_archs()
     [h200] = [p for p in shipped_packs() if p.name == "h200.msgpack"]
     pack = packs.read_pack(h200)
     if pack.fingerprint.get("nvrtc") != nvrtc.compiler_version():
         pytest.skip(f"the pack was built with {pack.fingerprint.get('nvrtc')}, this process "
                     f"has {nvrtc.compiler_version()}: its keys cannot match")
     with config.override(cache_dir=str(tmp_path)):
-        written = packs._install_cubins(pack)
+        written = install.install_cubins(pack)
     assert written == len(pack.cubins) > 100
     cache = KernelCache(tmp_path)
     assert all(cache.get(c.key) is not None for c in pack.cubins)

@@ -45,11 +45,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def explain_shape(args: argparse.Namespace):
-    """The :class:`~adaptive.explain.Explanation` of fresh inputs described by ``args``."""
+    """The :class:`~adaptive.policy.explain.Explanation` of fresh inputs described by ``args``."""
     import numpy as np
 
     from adaptive.dispatch import Dispatcher
-    from adaptive.explain import explain
+    from adaptive.policy.explain import explain
     from adaptive.ops import get_op
     from adaptive.regen.shapes import check_dims, parse_dims
     op = get_op(args.op)
@@ -60,7 +60,8 @@ def explain_shape(args: argparse.Namespace):
                          f"{', '.join(op.dtypes)}")
     if args.calls is not None and args.calls < 0:
         raise ValueError(f"--calls must be 0 or more, got {args.calls}")
-    d = Dispatcher(args.backend, policy=args.policy)
+    from adaptive.runtime import start
+    d = start(Dispatcher(args.backend, policy=args.policy))   # with the start-up packs
     stats = {"density": args.density} if op.name == "spmm" else {}
     inputs = op.make_inputs(dims, args.dtype, np.random.default_rng(args.seed), **stats)
     if d.backend.name == "cuda":
@@ -71,7 +72,7 @@ def explain_shape(args: argparse.Namespace):
     limit = MAX_CALLS if args.calls is None else args.calls
     for i in range(limit):
         d.launch(op.name, *inputs, **params)
-        plan = d._plans.get(key)
+        plan = d.current_plan(key)
         if args.calls is None and plan is not None and not plan.provisional:
             break
     d.harvest()

@@ -91,7 +91,7 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
     rng = np.random.default_rng(seed)
     streams = _QUICK if quick else _FULL
     table_d = Dispatcher(backend)
-    sync = getattr(table_d.backend, "synchronize", lambda: None)
+    sync = table_d.backend.synchronize
     reports = []
     for op_name in ops or list(streams):
         op = OPS[op_name]
@@ -155,7 +155,7 @@ def run_overhead(backend: str = "host", n: int = 20000, rounds: int = 7,
     dims, stats = _TINY[op]
     args = OPS[op].make_inputs(dims, "float32", np.random.default_rng(1), **stats)
     out = d.launch(op, *args)
-    plan = d._plans[OPS[op].key(args, {})]
+    plan = d.current_plan(OPS[op].key(args, {}))
     entry = load_entry(plan.candidate.variant)
     kwargs = {k: v for k, v in plan.candidate.config.items() if k != "threads"}
     direct_times, launch_times, module_times = [], [], []
@@ -257,7 +257,7 @@ def _run(args, backend: str, ops: list[str] | None) -> int:
     if args.mode in ("all", "selection"):
         doing("selection benchmark")
         try:
-            from adaptive.selection import run_selection
+            from adaptive.bench.selection import run_selection
         except ImportError:
             if args.mode == "selection":
                 print("selection benchmark not available in this build", file=sys.stderr)

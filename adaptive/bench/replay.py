@@ -98,7 +98,7 @@ class ReplayReport:
 
 
 def _group(rows: Sequence[Observation]) -> dict[tuple, list[Observation]]:
-    from adaptive.model import input_key
+    from adaptive.policy.cost_model import input_key
     out: dict[tuple, list[Observation]] = {}
     for r in rows:
         out.setdefault(input_key(r.op, r.features, r.dtype), []).append(r)
@@ -132,6 +132,7 @@ class _Context:
             first), key
         self._floor_ms = first.floor_ms
         self.limits = limits
+        self.resources = None     # the variants' own resource tables (as in a pack)
 
     def floor_ms(self) -> float:
         return self._floor_ms
@@ -160,7 +161,7 @@ def fold_of(keys: Sequence[tuple], folds: int, seed: int = 0) -> dict[tuple, int
 def replay(pack_path: str, anchors: bool = True, ops: Sequence[str] | None = None,
            progress: Callable[[int, int], None] | None = None, folds: int = 10,
            **policy_args) -> ReplayReport:
-    """Held-out replay of :class:`~adaptive.learned.Learned` on a pack's rows; see
+    """Held-out replay of :class:`~adaptive.policy.learned.Learned` on a pack's rows; see
     :func:`replay_setups` (this is one set-up of it)."""
     return replay_setups(pack_path, (anchors,), ops, progress, folds, **policy_args)[0]
 
@@ -179,9 +180,9 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     ``held_inputs``: hold out only this many inputs (a seeded draw; a quick check), the
     rest always train.
     """
-    from adaptive.learned import Learned, Neighbours
-    from adaptive.model import CostModel, LiveModel, row_geometry, training_set
-    from adaptive.pack import read_pack
+    from adaptive.policy.learned import Learned, Neighbours
+    from adaptive.policy.cost_model import CostModel, LiveModel, row_geometry, training_set
+    from adaptive.packs.format import read_pack
     from adaptive.space import as_config
     from adaptive.variants import make_candidate
     pack = read_pack(pack_path)

@@ -19,8 +19,8 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from adaptive import pack as packs
-from adaptive.packs import compare
+from adaptive.packs import format as packs
+from adaptive.packs import compare, install
 from adaptive.errors import AdaptiveError
 
 
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _replay(args) -> int:
     from adaptive.packs.build import Progress
-    from adaptive.replay import replay_setups
+    from adaptive.bench.replay import replay_setups
     ops = [o for o in args.ops.split(",") if o] or None
     bar = None
 
@@ -127,7 +127,7 @@ def build_from_logs(logs: list[str], out: str, ops: list[str] | None = None) -> 
     """A pack from counter logs: their rows, the registry's variants they name, and the
     device fingerprint of the log header (or this machine's, when the header has none)."""
     from adaptive import counterlog
-    from adaptive.dispatch import shared_registry
+    from adaptive.variants import shared_registry
     rows, headers = [], []
     for path in logs:
         contents = counterlog.read_log(path)
@@ -144,7 +144,7 @@ def build_from_logs(logs: list[str], out: str, ops: list[str] | None = None) -> 
     fp = next((h["fingerprint"] for h in headers if h.get("fingerprint")), None)
     if fp is None:
         backends = collections.Counter(r.device.get("backend") or "host" for r in kept)
-        fp = packs.current_fingerprint(backends.most_common(1)[0][0]) or {}
+        fp = install.current_fingerprint(backends.most_common(1)[0][0]) or {}
     variants = [known[k] for k in sorted({(r.op, r.variant) for r in kept})]
     build = {"from_logs": [str(p) for p in logs], "rows_skipped": len(rows) - len(kept)}
     pack = packs.new_pack(variants, kept, fp, build=build)

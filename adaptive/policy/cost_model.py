@@ -24,81 +24,15 @@ from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.utils.validation import check_is_fitted
 
 from adaptive.expr import compile_expr
-from adaptive.features import FEATURE_VERSION, row as features_row  # noqa: F401 (re-export)
+from adaptive.policy.features import FEATURE_VERSION, row as features_row  # noqa: F401 (re-export)
+from adaptive.policy.features import geometries, geometry, resources_of, row_geometry  # noqa: F401
 from adaptive.observation import Observation
 from adaptive.ops.base import DTYPE_BYTES
 
 MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
 
-# the rows are built by the one feature builder (adaptive/features.py)
+# the rows are built by the one feature builder (adaptive/policy/features.py)
 candidate_row = features_row
-
-
-def resources_of(candidate) -> dict:
-    """A candidate's kernel resources (registers, shared bytes, spills), if the variant has them.
-
-    ``Variant.resources`` is either one flat table or a table per candidate label.
-    """
-    res = candidate.variant.resources
-    if not res:
-        return {}
-    per_label = res.get(candidate.label)
-    if isinstance(per_label, Mapping):
-        return dict(per_label)
-    return {k: v for k, v in res.items() if isinstance(v, (int, float))}
-
-
-def geometry(variant, config: Mapping, scope: Mapping, limits: Mapping | None
-             ) -> dict[str, float]:
-    """Launch-geometry features of a kernel candidate on an input: log2 of the CTAs and of
-    the waves (CTAs / SMs), the last wave's fill, log2 threads per CTA. ``{}`` for library
-    and host variants, or when the device's limits are unknown. For many candidates of
-    one input, :func:`geometries` is cheaper."""
-    return geometries([(variant, config)], scope, limits)[0]
-
-
-def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | None
-               ) -> list[dict[str, float]]:
-    """:func:`geometry` of each (variant, config) on one input (a miss: one call)."""
-    sms = (limits or {}).get("sm_count")
-    if not sms:
-        return [{} for _ in candidates]
-    base = {**scope, **limits}
-    out = []
-    for variant, config in candidates:
-        exprs = _launch_exprs(variant)
-        if exprs is None:
-            out.append({})
-            continue
-        full = base | config
-        try:
-            ctas = math.prod(int(e(full)) for e in exprs[0])
-            threads = math.prod(int(e(full)) for e in exprs[1])
-        except Exception:  # noqa: BLE001 (a candidate that cannot launch here has no geometry)
-            out.append({})
-            continue
-        if ctas < 1 or threads < 1:
-            out.append({})
-            continue
-        waves = ctas / sms
-        out.append({"geo.log2_ctas": math.log2(ctas), "geo.log2_waves": math.log2(waves),
-                    "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads)})
-    return out
-
-
-def _launch_exprs(variant):
-    """(grid expressions, block expressions) of a kernel variant, or None."""
-    launch = variant.launch or {}
-    if variant.language != "cuda" or "grid" not in launch:
-        return None
-    return (tuple(compile_expr(str(e)) for e in launch["grid"]),
-            tuple(compile_expr(str(e)) for e in launch.get("block", ())))
-
-
-def row_geometry(variant, row: Observation, limits: Mapping | None) -> dict[str, float]:
-    """:func:`geometry` of a measurement row (its dims, dtype and config)."""
-    scope = {**row.dims, "dtype": row.dtype, "itemsize": DTYPE_BYTES.get(row.dtype, 4)}
-    return geometry(variant, row.config, scope, limits)
 
 
 def target(time_ms: float, floor_ms: float) -> float:

@@ -7,6 +7,7 @@ import math
 import statistics
 
 from adaptive.ops import get_op
+from adaptive.policy.base import Context
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,20 +76,21 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
         >>> print(adaptive.explain("softmax", x))
     """
     if dispatcher is None:
-        from adaptive.dispatch import default_dispatcher
+        from adaptive.runtime import default_dispatcher
         dispatcher = default_dispatcher(args)
     o = get_op(op)
     key = o.key(args, params)
     problem = o.problem(args, params)
     candidates = dispatcher.candidates(op, *args, **params)
     dispatcher.harvest()   # GPU timings finished since the last call reach the policy first
-    plan = dispatcher._plans.get(key)
+    plan = dispatcher.current_plan(key)
     decision = plan.decision if plan is not None else None
     policy = dispatcher.policy
-    state_of = getattr(policy, "state", None)
     # the policy keeps its state per input class (keys differing only in token counts)
-    state = state_of(plan.class_key if plan is not None else key) \
-        if state_of is not None else None
+    state = policy.state(plan.class_key if plan is not None else key)
+    ctx = Context(o, problem, key, _no_measure, dispatcher.backend.peaks,
+                  dispatcher.backend.device_state, dispatcher.limits)
+    ranking = policy.rank(ctx, candidates) if state is None else None
     predicted: dict = {}
     observed: dict = {}
     order: dict = {}      # label -> the policy's rank (0: its best-predicted)
@@ -103,23 +105,18 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
         observed = {c.label: (ts.median() if hasattr(ts, "median") else
                               statistics.median(ts), len(ts))
                     for c, ts in state.observed.items() if len(ts)}
-    elif callable(getattr(policy, "rank", None)):
+    elif ranking is not None:
         # the rows and ranking decide() would make now (one feature builder, one order)
-        from adaptive.learned import model_order
-        from adaptive.policy import Context
-        ctx = Context(o, problem, key, _no_measure, dispatcher.backend.peaks,
-                      getattr(dispatcher.backend, "device_state", None),
-                      getattr(dispatcher, "limits", None))
+        from adaptive.policy.learned import model_order
         floor = ctx.floor_ms()
-        _, dist, _, _, _ = policy.rank(ctx, candidates)
+        _, dist, _, _, _ = ranking
         if dist is not None:
             scale = floor if floor > 0 else 1.0
             predicted = {candidates[i].label: (math.exp(dist[0][i]) * scale, dist[1][i])
                          for i in model_order(dist[0])}
             order = {candidates[i].label: n for n, i in enumerate(model_order(dist[0]))}
     else:   # a policy without a model: the floor all the same
-        from adaptive.observation import floor_ms
-        floor = floor_ms(*o.roofline(problem), dispatcher.backend.peaks(), problem.dtype)
+        floor = ctx.floor_ms()
     if decision is not None:
         counts = dict(decision.samples)
         for label, t in decision.observed_ms:

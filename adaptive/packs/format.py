@@ -6,9 +6,11 @@ creator, device fingerprint) and the body (variants as source text + manifest en
 measurement rows, optional cubins). The hash covers header and body and is checked
 before either is decoded; nothing is pickled: the cost model is refitted from the rows.
 
+This module is the file format (encode, decode, check, read, write, the device
+fingerprint); installing a pack into a registry is :mod:`adaptive.packs.install`.
 Loading a pack runs its code (Python variant source, CUDA kernels): load only packs
-you trust. :func:`load_pack` refuses a truncated, corrupted or hash-mismatched file and
-an unknown schema with :class:`~adaptive.errors.PackError`, and then loads nothing.
+you trust. :func:`read_pack` refuses a truncated, corrupted or hash-mismatched file and
+an unknown schema with :class:`~adaptive.errors.PackError`.
 
 Everything inside is data until checked: the header against :data:`HEADER_SCHEMA` before
 it is printed or used, rows and cubins field by field, every expression with bounded
@@ -57,10 +59,6 @@ HEADER_SCHEMA = {
 }
 
 
-class PackDeviceWarning(UserWarning):
-    """A pack measured on another device was loaded; its rows are down-weighted."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Cubin:
     """A compiled kernel image carried by a pack (content address from ``adaptive.kcache``)."""
@@ -98,25 +96,11 @@ class Pack:
         return sorted({v.op for v in self.variants} | {r.op for r in self.rows})
 
 
-@dataclasses.dataclass(frozen=True)
-class LoadReport:
-    """What :func:`load_pack` did."""
-
-    path: str
-    sha256: str
-    variants_added: tuple[str, ...]
-    variants_present: tuple[str, ...]    # already registered with the same source
-    variants_skipped: tuple[str, ...]    # registered with other source, or unknown op
-    rows: int
-    weight: float
-    same_device: bool
-
-
 def new_pack(variants: Iterable[Variant], rows: Iterable[Observation], fingerprint: Mapping,
              cubins: Iterable[Cubin] = (), failures: Iterable[Mapping] = (),
              build: Mapping | None = None, created_s: float | None = None) -> Pack:
     """A pack with a fresh header (schema, creation time, creator, device fingerprint)."""
-    from adaptive import __version__
+    from adaptive.version import __version__
     from adaptive.ops import KEY_VERSION
     header = {"schema": SCHEMA_VERSION, "created_s": time.time() if created_s is None else
               created_s, "creator": f"adaptive {__version__}", "key_version": KEY_VERSION,
@@ -369,250 +353,3 @@ def describe_device(fp: Mapping) -> str:
         if k in fp:
             parts.append(f"{k}={fp[k]}")
     return f"{fp.get('backend', '?')}: " + ", ".join(parts)
-
-
-def current_fingerprint(backend: str) -> dict | None:
-    """The fingerprint of this machine's device for ``backend``; None if it has none."""
-    from adaptive.backends import get_backend
-    try:
-        return get_backend(backend).fingerprint()
-    except Exception:  # noqa: BLE001 (no such device here)
-        return None
-
-
-# ---- loading ----------------------------------------------------------------------------------
-
-_loaded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # registry -> {sha256}
-_load_lock = threading.RLock()
-
-
-def load_pack(path: str | os.PathLike, registry: Registry | None = None,
-              fingerprint: Mapping | None = None) -> LoadReport:
-    """Verify a pack, then add its variants to the registry and its rows to the dispatchers.
-
-    The hash is checked before anything is decoded; any problem raises
-    :class:`~adaptive.errors.PackError` and nothing is loaded. A pack measured on another
-    device loads with a :class:`PackDeviceWarning` and its rows get weight
-    :data:`FOREIGN_WEIGHT`. Loading the same pack twice into a registry is a no-op.
-    Packs carry code (kernel and Python source): load only packs you trust.
-
-    Args:
-        path: the pack file.
-        registry: where variants go (default: the shared registry of default dispatchers).
-        fingerprint: the device to compare with (default: this machine's device for the
-            pack's backend).
-
-    Returns:
-        A :class:`LoadReport`.
-
-    Example:
-        >>> adaptive.load_pack("h200.msgpack").rows
-        1840
-    """
-    from adaptive import dispatch
-    pack = read_pack(path)
-    shared = registry is None or registry is dispatch.shared_registry()
-    registry = dispatch.shared_registry() if shared else registry
-    if fingerprint is None:
-        fingerprint = current_fingerprint(pack.fingerprint.get("backend", "host"))
-    match = fingerprint is not None and same_device(pack.fingerprint, fingerprint)
-    with _load_lock:
-        done = _loaded.setdefault(registry, set())
-        if pack.sha256 in done:
-            return LoadReport(str(path), pack.sha256, (), tuple(v.id for v in pack.variants),
-                              (), 0, 1.0 if match else FOREIGN_WEIGHT, match)
-        add, present, skipped = _plan_variants(pack, registry, str(path))
-        usable = {v.id for v in add} | {v.id for v in present}
-        rows = [r for r in pack.rows if f"{r.op}/{r.variant}" in usable]
-        weight = 1.0 if match else FOREIGN_WEIGHT
-        if not match:
-            here = describe_device(fingerprint) if fingerprint else "no such device here"
-            warnings.warn(f"pack {path} was measured on {describe_device(pack.fingerprint)}, "
-                          f"not this device ({here}); its {len(rows)} rows are down-weighted to "
-                          f"{weight}", PackDeviceWarning, stacklevel=2)
-        from adaptive.ops import KEY_VERSION
-        if pack.header.get("key_version") != KEY_VERSION:
-            log.warning("pack %s: key version %s != %s; its rows are ignored", path,
-                        pack.header.get("key_version"), KEY_VERSION)
-            rows = []
-        for v in add:
-            registry.add(dataclasses.replace(v, origin=f"pack {path}"))
-        done.add(pack.sha256)
-    _install_cubins(pack, registry)
-    if rows:
-        rows = [dataclasses.replace(r, source="pack") for r in rows]
-        if shared:
-            dispatch.add_observations(rows, weight)
-        else:
-            dispatch.add_observations(rows, weight, registry=registry)
-    log.info("loaded pack %s: %d variants added, %d rows (weight %s)", path, len(add),
-             len(rows), weight)
-    return LoadReport(str(path), pack.sha256, tuple(v.id for v in add),
-                      tuple(v.id for v in present), tuple(skipped), len(rows), weight, match)
-
-
-def _plan_variants(pack: Pack, registry: Registry, where: str):
-    """Split the pack's variants into new, already present, and skipped (with a warning)."""
-    from adaptive.ops import OPS
-    add, present, skipped = [], [], []
-    for v in pack.variants:
-        if v.op not in OPS:
-            skipped.append(v.id)
-            log.warning("pack %s: variant %s is of unknown op %r; skipped", where, v.id, v.op)
-            continue
-        known = {x.name: x for x in registry.variants(v.op)}.get(v.name)
-        if known is None:
-            add.append(v)
-        elif _code_of(known) == _code_of(v):
-            present.append(v)
-        else:
-            skipped.append(v.id)
-            log.warning("pack %s: variant %s differs from the registered one (from %s); kept "
-                        "the registered one and ignored the pack's rows for it", where, v.id,
-                        known.origin)
-    return add, present, skipped
-
-
-def _code_of(v: Variant) -> dict:
-    """What decides a variant's behaviour (not its doc, provenance or measured resources)."""
-    d = v.to_dict()
-    for k in ("doc", "provenance", "resources", "source_name"):
-        d.pop(k)
-    return d
-
-
-@functools.lru_cache(maxsize=1)
-def runnable_archs() -> frozenset[str]:
-    """The GPU archs (``sm_90``) of the CUDA devices this process sees; empty without a
-    GPU or CuPy. Cubins of other archs in a pack are never written to the cache."""
-    try:
-        import cupy
-        rt = cupy.cuda.runtime
-        return frozenset(f"sm_{p['major']}{p['minor']}" for p in
-                         (rt.getDeviceProperties(i) for i in range(rt.getDeviceCount())))
-    except Exception:  # noqa: BLE001 (no CuPy, no driver, no device: nothing runs)
-        return frozenset()
-
-
-def _recomputed_key(c: Cubin, variants: Mapping[str, Variant], compiler: str) -> str | None:
-    """The kernel-cache key of ``c`` computed here from its variant's source and config
-    for each dtype of its op; None when none of them is ``c.key``."""
-    from adaptive import nvrtc
-    from adaptive.kcache import kernel_key
-    from adaptive.ops import OPS
-    v = variants.get(c.variant)
-    if v is None or v.language != "cuda" or v.op not in OPS:
-        return None
-    try:
-        options = nvrtc.macro_options(c.config) + tuple(v.options)
-        for dtype in OPS[v.op].dtypes:
-            source = nvrtc.full_source(v.source, dtype, v.source_name or f"{v.name}.cu")
-            key = kernel_key(source, options, c.arch, compiler)
-            if key == c.key:
-                return key
-    except ValueError:   # a config value that cannot be a macro, a dtype without a C type
-        return None
-    return None
-
-
-def _install_cubins(pack: Pack, registry: Registry | None = None) -> int:
-    """Hand carried cubins to the kernel cache: only those of an arch this process can
-    run, whose key recomputes from the variant (registered, else the pack's) to the same
-    digest; the number written. Without NVRTC the backend compiles with CuPy and never
-    reads the cache, so nothing is written."""
-    archs = runnable_archs()
-    usable = [c for c in pack.cubins if c.arch in archs]
-    if not usable:
-        if pack.cubins:
-            log.info("pack: %d cubins for %s, none for this process's GPUs (%s); not cached",
-                     len(pack.cubins), ", ".join(sorted({c.arch for c in pack.cubins})),
-                     ", ".join(sorted(archs)) or "none")
-        return 0
-    from adaptive import config, nvrtc
-    from adaptive.kcache import KernelCache
-    if not nvrtc.available():
-        return 0
-    compiler = nvrtc.compiler_version()
-    if registry is None:
-        from adaptive import dispatch
-        registry = dispatch.shared_registry()
-    variants = {v.id: v for v in pack.variants}
-    for v in {c.variant for c in usable}:
-        op, _, name = v.partition("/")
-        known = {x.name: x for x in registry.variants(op)}.get(name) if op in \
-            registry.ops() else None
-        if known is not None:
-            variants[v] = known
-    cache = KernelCache(config.get().cache_dir)
-    written = 0
-    for c in usable:
-        key = _recomputed_key(c, variants, compiler)
-        if key is None:
-            log.warning("pack cubin %s… of %s does not match its variant's source and config "
-                        "here (or another NVRTC built it); not cached", c.key[:12], c.variant)
-            continue
-        try:
-            if cache.get(key) is None:
-                cache.put(key, bytes(c.image), dict(c.resources))
-                written += 1
-        except OSError as exc:   # a cache failure only costs a compile
-            log.warning("pack cubin %s not cached: %s", key[:12], exc)
-    return written
-
-
-_startup_done: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> {device}
-
-
-def shipped_packs_for(fingerprint: Mapping) -> list[Path]:
-    """The shipped packs measured on the device ``fingerprint`` describes (a pack whose
-    header cannot be read is logged and left out; loading it would refuse it anyway)."""
-    from adaptive.packs import shipped_packs
-    out = []
-    for p in shipped_packs():
-        try:
-            if same_device(_cached_header(p).get("fingerprint", {}), fingerprint):
-                out.append(p)
-        except PackError as exc:
-            log.error("shipped pack refused: %s", exc)
-    return out
-
-
-def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadReport]:
-    """``ADAPTIVE_PACKS`` and the shipped packs matching ``backend``'s device, once per
-    registry and device (a dispatcher on the shared registry calls this when created)."""
-    from adaptive import config, dispatch
-    registry = dispatch.shared_registry() if registry is None else registry
-    fp = backend.fingerprint()
-    with _load_lock:
-        done = _startup_done.setdefault(registry, set())
-        if describe_device(fp) in done:
-            return []
-    reports = []
-    for p in [p for p in config.get().packs.split(":") if p]:
-        mine = _backend_of(p) == backend.name
-        reports.append(load_pack(p, registry, fp if mine else None))
-    for p in shipped_packs_for(fp):
-        try:
-            reports.append(load_pack(p, registry, fp))
-        except PackError as exc:
-            log.error("shipped pack refused: %s", exc)
-    with _load_lock:
-        done.add(describe_device(fp))   # only now: a refused ADAPTIVE_PACKS raises again
-    return reports
-
-
-@functools.lru_cache(maxsize=32)
-def _header_at(path: str, mtime_ns: int, size: int) -> dict:
-    return peek_header(path)
-
-
-def _cached_header(path: Path) -> dict:
-    st = path.stat()
-    return _header_at(str(path), st.st_mtime_ns, st.st_size)
-
-
-def _backend_of(path: str) -> str | None:
-    try:
-        return peek_header(path).get("fingerprint", {}).get("backend")
-    except PackError:
-        return None   # load_pack reports the problem

@@ -147,7 +147,7 @@ class SelectionReport:
     quick: bool
     seed: int
     streams: list[StreamReport]
-    accuracy: object             # adaptive.model.Accuracy on the stream inputs
+    accuracy: object             # adaptive.policy.cost_model.Accuracy on the stream inputs
     hot_path: dict               # warm-hit cost, learned vs measure-each
     max_threads: int = 0         # host BLAS thread cap in force (0: all cores)
     shipped: str = ""            # the shipped pack for this device ("" where none)
@@ -287,7 +287,7 @@ def _inputs(spec, rng, backend_name: str):
 
 def _time_table(d, specs, inputs, repeats: int, sync):
     """{spec: {label: median ms}} and the Observation rows of the same timings."""
-    from adaptive.model import candidate_row  # noqa: F401 (sklearn is needed below anyway)
+    from adaptive.policy.cost_model import candidate_row  # noqa: F401 (sklearn is needed below anyway)
     from adaptive.observation import Observation, floor_ms
     peaks = d.backend.peaks()
     table, rows = {}, []
@@ -414,23 +414,28 @@ def _live(name, dispatcher, stream, inputs, table, sync) -> tuple[PolicyResult, 
     total = (time.perf_counter_ns() - t_start) / 1e6
     for _ in range(3):   # let exploring keys finish: steady state means every key decided
         for s in dict.fromkeys(stream):
-            plan = dispatcher._plans.get(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
+            plan = dispatcher.current_plan(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
             while plan is not None and plan.provisional:
                 dispatcher.launch(s[0], *inputs[s][0], **inputs[s][1])
-                plan = dispatcher._plans.get(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
+                plan = dispatcher.current_plan(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
     choice = {s: dispatcher.decision(s[0], *inputs[s][0], **inputs[s][1]).candidate.label
               for s in set(stream)}
     best = {s: min(table[s].values()) for s in set(stream)}
     regret, explored = 0.0, 0
     policy = dispatcher.policy
-    if hasattr(policy, "keys"):   # learned: price the explored calls from the table
-        for key, state in policy.keys.items():
-            spec = next((s for s in seen if OPS[s[0]].key(*inputs[s]) == key), None)
+    states = {}    # input class -> (the first input of it seen, the policy's state of it)
+    for s in seen:
+        plan = dispatcher.current_plan(OPS[s[0]].key(*inputs[s]))
+        state = policy.state(plan.class_key) if plan is not None else None
+        if state is not None:
+            states.setdefault(plan.class_key, (s, state))
+    if states:     # learned: price the explored calls from the table
+        for spec, state in states.values():
             for cand, ts in state.observed.items():
-                if spec is not None and cand.label in table[spec]:
+                if cand.label in table[spec]:
                     regret += len(ts) * (table[spec][cand.label] - best[spec])
                     explored += len(ts)
-    else:                          # measure-each: its miss-time sweep is the tuning work
+    else:          # measure-each: its miss-time sweep is the tuning work
         for s in seen:
             dec = dispatcher.decision(s[0], *inputs[s][0], **inputs[s][1])
             regret += dec.tuning_ms
@@ -442,7 +447,7 @@ def _live(name, dispatcher, stream, inputs, table, sync) -> tuple[PolicyResult, 
 def _hot_path(backend, rounds: int, n: int) -> dict:
     """Warm-hit cost of launch under the learned policy vs measure-each (tiny softmax)."""
     from adaptive.dispatch import Dispatcher
-    from adaptive.learned import Learned
+    from adaptive.policy.learned import Learned
     x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
     if backend.name != "host":
         import cupy
@@ -452,7 +457,7 @@ def _hot_path(backend, rounds: int, n: int) -> dict:
     for d in ds.values():
         while True:   # until the key is committed
             d.launch("softmax", x)
-            plan = d._plans[OPS["softmax"].key((x,), {})]
+            plan = d.current_plan(OPS["softmax"].key((x,), {}))
             if not plan.provisional:
                 break
     sample_every = next(iter(ds.values())).sample_every
@@ -497,11 +502,11 @@ def run_selection(backend: str = "host", quick: bool = False, seed: int = 0,
 
 def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
     from adaptive.backends import get_backend
-    from adaptive.learned import Learned
-    from adaptive.model import LiveModel, held_out_accuracy, training_set
+    from adaptive.policy.learned import Learned
+    from adaptive.policy.cost_model import LiveModel, held_out_accuracy, training_set
     from adaptive.policy import MeasureEach
     be = get_backend(backend)
-    sync = getattr(be, "synchronize", None) or (lambda: None)
+    sync = be.synchronize
     rng = np.random.default_rng(seed)
     n_keys, n_calls, repeats = (8, 160, 3) if quick else (16, 600, 5)
     streams = {}
@@ -521,11 +526,12 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
     inputs = {s: _inputs(s, rng, be.name) for s in specs}
     shipped = _shipped_pack(be)
     if shipped:   # its cubins spare the table the compiles (what a server on this GPU gets)
-        from adaptive.pack import _install_cubins, read_pack
-        _install_cubins(read_pack(shipped))
+        from adaptive.packs.format import read_pack
+        from adaptive.packs.install import install_cubins
+        install_cubins(read_pack(shipped))
     if be.name == "cuda":   # the rest compile on all cores before anything is timed
         from adaptive.packs.build import precompile
-        errors = precompile("cuda", getattr(be, "arch", ""), [
+        errors = precompile("cuda", be.arch, [
             types.SimpleNamespace(op=s[0], dtype=s[2]) for s in specs])
         say(f"precompiled the candidates of {len({(s[0], s[2]) for s in specs})} "
             f"(op, dtype) pairs; {len(errors)} failed to compile")
@@ -569,7 +575,7 @@ def _dispatcher(be, policy, pack: str | None = None):
     unless given here; with ``pack``, loaded the way a server loads one (``load_pack``),
     the model's first fit done before the stream starts."""
     from adaptive.dispatch import Dispatcher
-    from adaptive.pack import load_pack
+    from adaptive.packs.install import load_pack
     from adaptive.variants import default_registry
     d = Dispatcher(be, policy=policy, registry=default_registry())
     if pack is not None:
@@ -582,7 +588,7 @@ def _dispatcher(be, policy, pack: str | None = None):
 
 def _write_pack(be, rows, path: Path) -> str:
     """The pack inputs' rows as a real pack file (variants as registered now)."""
-    from adaptive.pack import new_pack, write_pack
+    from adaptive.packs.format import new_pack, write_pack
     from adaptive.variants import default_registry
     reg = default_registry()
     names = sorted({(r.op, r.variant) for r in rows})
@@ -593,7 +599,7 @@ def _write_pack(be, rows, path: Path) -> str:
 
 def _shipped_pack(be) -> str | None:
     """The shipped pack measured on this very device, if there is one."""
-    from adaptive.pack import shipped_packs_for
+    from adaptive.packs.install import shipped_packs_for
     found = shipped_packs_for(be.fingerprint())
     return str(found[0]) if found else None
 

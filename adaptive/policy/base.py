@@ -50,9 +50,12 @@ class Context:
     limits: Mapping | None = None                       # the backend's limits (SM count, ...)
     # resources(candidate): its ptxas resources from the kernel cache ({} or None: unknown)
     resources: Callable | None = None
+    floor: float | None = None    # the roofline floor, when the dispatcher computed it
 
     def floor_ms(self) -> float:
         """Roofline floor of this input on this device in ms (0 when peaks are unknown)."""
+        if self.floor is not None:
+            return self.floor
         if self.peaks is None:
             return 0.0
         flops, nbytes = self.op.roofline(self.problem)
@@ -65,6 +68,9 @@ class Context:
 
 @runtime_checkable
 class Policy(Protocol):
+    """Everything the library asks of a policy. Subclass :class:`BasePolicy` to get the
+    optional capabilities as no-ops and write only ``decide`` (and ``observe``)."""
+
     name: str
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
@@ -77,8 +83,56 @@ class Policy(Protocol):
         after exploring; re-explore after drift); the dispatcher swaps it in.
         """
 
+    def forget_key(self, key: tuple) -> None:
+        """The dispatcher dropped ``key`` (its plan was evicted): drop its state too."""
 
-class MeasureEach:
+    def add_observations(self, rows: Sequence, weight: float = 1.0,
+                         geometry: Callable | None = None) -> None:
+        """Measurements made elsewhere (packs, counter logs); ``geometry(row)`` gives a
+        row's launch-geometry features on this device."""
+
+    def state(self, key: tuple):
+        """What the policy knows of one input class (for ``adaptive.explain``), or None."""
+
+    def rank(self, ctx: Context, candidates: Sequence[Candidate]):
+        """The model's view of ``candidates`` for ``ctx`` (for ``adaptive.explain``):
+        ``(rows, predictions, device, scope, limits)``, or None without a model."""
+
+    @property
+    def cost_model(self):
+        """The policy's cost model (guides regeneration's search), or None."""
+
+
+class BasePolicy:
+    """The optional parts of :class:`Policy` as no-ops: subclass and write ``decide``."""
+
+    name = "base"
+
+    def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
+        raise NotImplementedError
+
+    def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> Decision | None:
+        return None
+
+    def forget_key(self, key: tuple) -> None:
+        pass
+
+    def add_observations(self, rows: Sequence, weight: float = 1.0,
+                         geometry: Callable | None = None) -> None:
+        pass
+
+    def state(self, key: tuple):
+        return None
+
+    def rank(self, ctx: Context, candidates: Sequence[Candidate]):
+        return None
+
+    @property
+    def cost_model(self):
+        return None
+
+
+class MeasureEach(BasePolicy):
     """Run every candidate once on the real input and keep the fastest.
 
     The foundation's policy: exact for the input at hand, but each new key costs one
@@ -100,33 +154,11 @@ class MeasureEach:
         return Decision(best, f"fastest of {len(times)} timed once (after a warm-up) on this input",
                         observed_ms=tuple((c.label, t) for c, t in times))
 
-    def observe(self, key, candidate, time_ms) -> None:
-        pass
 
-
-class Fixed:
+class First(BasePolicy):
     """Always the first candidate (the manifest's order): a baseline for benchmarks."""
 
     name = "first"
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         return Decision(candidates[0], "first candidate in manifest order")
-
-    def observe(self, key, candidate, time_ms) -> None:
-        pass
-
-
-POLICIES = ("learned", "measure-each", "first")
-
-
-def make_policy(name: str) -> Policy:
-    """A fresh policy by name (``ADAPTIVE_POLICY``); the learned one loads scikit-learn."""
-    if name == "learned":
-        from adaptive.learned import Learned
-        return Learned()
-    if name == "measure-each":
-        return MeasureEach()
-    if name == "first":
-        return Fixed()
-    from adaptive.errors import UnknownNameError
-    raise UnknownNameError("policy", name, POLICIES)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from adaptive.policy import Context, Decision
+from adaptive.policy.base import BasePolicy, Context, Decision
 from adaptive.variants import Candidate
 
 
@@ -164,11 +164,11 @@ class Neighbours:
         return sum(len(v) for v in self._by.values())
 
 
-class Learned:
+class Learned(BasePolicy):
     """Choose with a learned cost model; explore only where the model is unsure.
 
     Args:
-        model: a :class:`~adaptive.model.LiveModel` (or None: a fresh one, fitted from the
+        model: a :class:`~adaptive.policy.cost_model.LiveModel` (or None: a fresh one, fitted from the
             observations this policy makes, refitted in the background).
         regret_bound: explore candidates whose optimistic time is within this fraction of
             the best prediction (0.2: at most 20 % slower, optimistically).
@@ -198,7 +198,7 @@ class Learned:
                  drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2,
                  per_variant: int = 2):
         if model is None:
-            from adaptive.model import LiveModel
+            from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
         if not 1 <= max_explore:
             raise ValueError(f"max_explore must be at least 1, got {max_explore}")
@@ -229,12 +229,12 @@ class Learned:
         """The model rows of ``candidates`` on this input and the model's (mean, sigma)
         of each (None before the first fit): what :meth:`decide` ranks by, and what
         :func:`adaptive.explain` shows for an input not decided yet."""
-        from adaptive.features import DeviceState, candidate_rows
+        from adaptive.policy.features import DeviceState, candidate_rows
         device = DeviceState.from_mapping(ctx.device())
-        limits = getattr(ctx, "limits", None)
+        limits = ctx.limits
         scope = ctx.problem.scope() if limits else {}
         rows = candidate_rows(ctx.op.name, ctx.op.features(ctx.problem), candidates, scope,
-                              limits, device, getattr(ctx, "resources", None))
+                              limits, device, ctx.resources)
         return rows, self.model.predict_dist(rows), device, scope, limits
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
@@ -409,8 +409,8 @@ class Learned:
     def _learn(self, state: KeyState, candidate: Candidate, time_ms: float) -> None:
         if not (math.isfinite(time_ms) and time_ms > 0):
             return
-        from adaptive.features import candidate_rows
-        from adaptive.model import input_key, target
+        from adaptive.policy.features import candidate_rows
+        from adaptive.policy.cost_model import input_key, target
         row = state.rows.get(candidate)
         if row is None:   # explored later than the miss (all first picks failed)
             row = state.rows[candidate] = candidate_rows(
@@ -423,7 +423,7 @@ class Learned:
         """Measurements made elsewhere (a pack, a counter log): the model's base rows.
         ``geometry(row)`` gives a row's launch-geometry features on this device (the
         dispatcher passes it: it knows the variants and the device's limits)."""
-        from adaptive.model import training_set
+        from adaptive.policy.cost_model import training_set
         from adaptive.space import as_config
         for r in rows:
             self.neighbours.add(r.op, r.dtype, r.features, r.variant, as_config(r.config),
@@ -436,6 +436,11 @@ class Learned:
     def state(self, key: tuple) -> KeyState | None:
         """What the policy knows about ``key`` (None before its first miss)."""
         return self.keys.get(key)
+
+    @property
+    def cost_model(self):
+        """The cost model (regeneration proposes where it predicts gains)."""
+        return self.model
 
     def forget_key(self, key: tuple) -> None:
         """Drop what the policy keeps of ``key`` (the dispatcher calls this when it evicts
