@@ -308,6 +308,59 @@ def test_tolerance_grows_with_the_reduction_length():
     assert get_op("softmax").reduction_dims == ("C",)
 
 
+def _spmm_fp16_subnormal_case():
+    """The H200 case: spmm M = N = K = 1, extreme regime: w = 6.7e-6 (subnormal in fp16),
+    b = -0.259; the exact product -1.743e-6 is subnormal in fp16 (spacing 2^-24)."""
+    op = get_op("spmm")
+    dims = {"M": 1, "N": 1, "K": 1}
+    inputs = make_inputs(op, dims, "float16", 559202032, "extreme")
+    ref = op.reference(*inputs)
+    assert 0 < abs(ref.item()) < RANGE["float16"][1]
+    return op, dims, ref
+
+
+def test_a_correctly_rounded_subnormal_result_passes_and_a_few_ulps_off_fail():
+    """Rounding to fp16 costs up to half the subnormal spacing (2^-25), which is 0.83%
+    relative here, past the 0.5% tolerance: the error floor (Op.error_floor) forgives
+    exactly that and no more."""
+    from adaptive.regen import worker
+    op, dims, ref = _spmm_fp16_subnormal_case()
+    tol, floor = op.tolerance_for("float16", dims), op.error_floor("float16")
+    assert floor == 2.0 ** -25
+    exact = ref.astype(np.float32).astype(np.float16).astype(np.float64)  # fp32 sum, rounded
+    assert op.error(exact, ref) > tol                 # what the relative bound alone says
+    assert worker._compare(op, dims, 1, "extreme", exact, exact, ref, tol, floor).ok
+    ulp = RANGE["float16"][2]
+    for off in (2, 3, -2):                            # a few ulps off (2 ulps: 3.4% here)
+        bad = exact + off * ulp
+        with pytest.raises(worker.Reject, match="relative error") as info:
+            worker._compare(op, dims, 1, "extreme", bad, bad, ref, tol, floor)
+        assert info.value.stage is Stage.WRONG
+
+
+def test_the_error_floor_keeps_exact_zeros_and_normal_results_relative():
+    from adaptive.regen import worker
+    rng = np.random.default_rng(3)
+    op, dims = get_op("gemm"), {"M": 8, "N": 64, "K": 4}
+    floor = op.error_floor("float16")
+    tol = op.tolerance_for("float16", dims)
+    # results over the subnormal range and the normal range, each correctly rounded: pass
+    ref = rng.standard_normal((8, 64)) * 2.0 ** rng.uniform(-24, 4, (8, 1))
+    ref[3] = 0.0                                      # an empty row: exactly zero
+    exact = ref.astype(np.float16).astype(np.float64)
+    assert worker._compare(op, dims, 1, "extreme", exact, exact, ref, tol, floor).ok
+    # the smallest fp16 subnormal where the reference is zero is still a wrong row
+    bad = exact.copy()
+    bad[3, 5] = RANGE["float16"][2]
+    with pytest.raises(worker.Reject, match=r"row-wise relative error inf .* in output row 3 "):
+        worker._compare(op, dims, 1, "extreme", bad, bad, ref, tol, floor)
+    # the floor is absolute: at normal magnitudes a 1% error still fails
+    big = exact * (1 + 0.01 * (np.abs(exact) > 1e-3))
+    with pytest.raises(worker.Reject, match="relative error"):
+        worker._compare(op, dims, 1, "extreme", big, big, ref, tol, floor)
+    assert op.error(big, ref, floor) == pytest.approx(op.error(big, ref), rel=1e-3)
+
+
 def test_long_reduction_shape_keeps_fixed_dims():
     shapes = dict(edge_shapes("attention", {"B": 2, "H": 4, "Lq": 64, "Lk": 64, "D": 64}))
     assert shapes["long-reduction"]["D"] == 64 and shapes["long-reduction"]["Lk"] == 4096
