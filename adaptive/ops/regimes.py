@@ -46,14 +46,18 @@ def np_dtype(dtype: str):
 
 
 def cast(x: np.ndarray, dtype: str) -> np.ndarray:
-    """``x`` clipped to the dtype's finite range (infinities kept) and cast."""
+    """``x`` clipped to the dtype's finite range (infinities kept) and cast, C-contiguous.
+
+    C order matters: a copy of a broadcast (``np.array(np.broadcast_to(...))``) keeps the
+    broadcast's memory order, which is Fortran order when the leading dims are 1, and a
+    CuPy copy of it stays Fortran-ordered; kernels read raw pointers in row-major order."""
     big = RANGE[dtype][0]
     x = np.asarray(x, np.float64)
     finite = np.isfinite(x)
     x = np.where(finite, np.clip(x, -big, big), x)
     if dtype == "bfloat16":      # generated as float32: round to the values bf16 can hold
-        return round_bf16(x.astype(np.float32))
-    return x.astype(np_dtype(dtype))
+        return np.ascontiguousarray(round_bf16(x.astype(np.float32)))
+    return np.ascontiguousarray(x.astype(np_dtype(dtype)))
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:
@@ -259,7 +263,7 @@ def attention_regimes() -> dict[str, Regime]:
         q ordinary."""
         qs, ks = _qkv_shapes(dims)
         k = np.broadcast_to(rng.standard_normal((ks[0], ks[1], 1, ks[3])), ks)
-        return (cast(rng.standard_normal(qs), dtype), cast(np.array(k), dtype),
+        return (cast(rng.standard_normal(qs), dtype), cast(k, dtype),
                 cast(rng.standard_normal(ks), dtype))
 
     def tiny(op, dims, dtype, rng, **stats):

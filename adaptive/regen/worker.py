@@ -252,6 +252,24 @@ class Guarded:
                              f"region changed) at {label}")
 
 
+def _same_input_class(runner: Runner, problem, native: tuple, params: dict,
+                      label: str) -> None:
+    """Validate a regime's inputs as a dispatcher validates a call and check that the plan
+    built for ``problem`` (from the shape's probe) serves them: the same key (shapes,
+    dtypes, strides). A kernel reads raw pointers, so a Fortran-ordered array given to a
+    plan of row-major ones is read transposed; that is the verifier's fault, not the
+    candidate's, and is raised as such."""
+    op = runner.op
+    try:
+        got = runner.problem(native, params)
+    except Exception as exc:  # noqa: BLE001 (the regime drew inputs the op refuses)
+        raise RuntimeError(f"the verifier drew inputs {op.name} refuses at {label}: {exc}; "
+                           "a value regime must draw valid inputs") from None
+    if got.dims != problem.dims or got.dtype != problem.dtype or got.kind != problem.kind:
+        raise RuntimeError(f"the verifier drew inputs of another input class at {label}: "
+                           f"{got.describe()} for a plan of {problem.describe()}")
+
+
 def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]:
     """Every edge shape × value regime (seeds rotate through the op's regimes; small shapes
     see every regime); returns (checks, skipped shape labels)."""
@@ -288,6 +306,7 @@ def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]
                           for x in inputs)
             native = runner.native(inputs)
             where = f"dims {dims}, seed {seed}, {dist} values"
+            _same_input_class(runner, problem, native, params, where)
             guarded = Guarded(runner, problem)
             out = guarded.out
             out.fill(SENTINEL)

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from adaptive.errors import InputValueError
 from adaptive.ops import OPS, get_op
 from adaptive.ops.regimes import RANGE, accumulation_tolerance
 from adaptive.regen import Job, Outcome, Stage, Verifier
@@ -278,6 +279,65 @@ def test_every_regime_draws_the_ops_shapes_and_a_finite_reference(op_name):
             else:
                 assert not undefined.any(), (regime, dtype)
             assert np.isfinite(ref[~undefined]).all(), (regime, dtype)
+
+
+TARGETS = {"softmax": {"R": 13, "C": 37}, "gemm": {"M": 7, "N": 5, "K": 33},
+           "spmm": {"M": 9, "N": 5, "K": 40},
+           "attention": {"B": 2, "H": 8, "Hkv": 2, "Lq": 1, "Lk": 65, "D": 16}}
+
+
+@pytest.mark.parametrize("op_name", sorted(OPS))
+def test_every_regime_draws_row_major_inputs_of_the_probes_input_class(op_name):
+    """The verifier builds a shape's plan from its normal probe and feeds it every regime's
+    inputs; kernels read raw row-major pointers. The constant attention regime once drew k
+    as a copy of a broadcast, Fortran-ordered where B * Hkv = 1 (CuPy keeps that order):
+    splitkv_mma read k transposed at B=1, H=7, Hkv=1 and was rejected on the H200."""
+    op = get_op(op_name)
+    stats = {"density": 0.2} if op_name == "spmm" else None
+    params = {"causal": False} if op_name == "attention" else {}
+    seen = 0
+    for label, dims in edge_shapes(op_name, TARGETS[op_name]):
+        for dtype in ("float16", "float32"):
+            try:
+                probe = op.problem(make_inputs(op, dims, dtype, 0, "normal", stats), params)
+            except InputValueError:           # an edge shape the op refuses: skipped there
+                continue
+            seen += 1
+            for regime in op.regimes:
+                inputs = make_inputs(op, dims, dtype, 7, regime, stats)
+                for x in inputs:
+                    if isinstance(x, np.ndarray):
+                        assert x.flags.c_contiguous, (label, dims, dtype, regime, x.strides)
+                got = op.problem(inputs, params)      # refuses what a dispatcher refuses
+                assert (got.dims, got.dtype, got.kind) == (probe.dims, probe.dtype,
+                                                           probe.kind), (label, regime)
+    assert seen >= 6
+
+
+def test_the_worker_refuses_inputs_its_plan_was_not_built_for(monkeypatch):
+    """A regime drawing an input the op refuses (here a Fortran-ordered k) is the
+    verifier's error, raised as such, not a verdict on the candidate: a host variant
+    (NumPy reads any layout) would pass, a CUDA kernel would read k transposed."""
+    from adaptive.backends import get_backend
+    from adaptive.regen import shapes, worker
+    from adaptive.variants import make_candidate
+    op = get_op("attention")
+    (variant,) = [v for v in default_registry().variants("attention", "host")
+                  if v.name == "host_materialised"]
+    config = {"threads": 1}
+    runner = worker.Runner(get_backend("host"), op, make_candidate(variant, config))
+    draw = shapes.make_inputs
+
+    def fortran_k(op_, dims, dtype, seed, dist, stats=None):
+        q, k, v = draw(op_, dims, dtype, seed, dist, stats)
+        return (q, np.asfortranarray(k), v) if dist == "constant" else (q, k, v)
+    job = {"dtype": "float32", "dims": {"B": 1, "H": 2, "Hkv": 1, "Lq": 1, "Lk": 9, "D": 8},
+           "params": {"causal": False}, "seeds": 5, "seed0": 1, "small_only": True}
+    checks, _ = worker.check_correctness(runner, variant, config, job)   # the real regimes
+    assert {c.distribution for c in checks} == set(op.regimes)
+    monkeypatch.setattr(shapes, "make_inputs", fortran_k)
+    with pytest.raises(RuntimeError, match="constant values.*not C-contiguous"):
+        worker.check_correctness(runner, variant, config, job)
 
 
 def test_regimes_reach_the_values_they_name():
