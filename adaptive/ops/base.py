@@ -15,7 +15,7 @@ import numpy as np
 from adaptive import arrays
 from adaptive.arrays import ArrayInfo
 from adaptive.errors import InputTypeError, InputValueError, UnknownNameError
-from adaptive.ops.regimes import GENERIC, Regime, accumulation_tolerance
+from adaptive.ops.regimes import GENERIC, Regime, accumulation_tolerance, rounding_floor
 
 KEY_VERSION = 1  # bump when the meaning of keys changes: old caches and packs are then ignored
 
@@ -120,9 +120,19 @@ class Op:
     def tolerance_for(self, dtype: str, dims: Mapping[str, int]) -> float:
         """The norm-wise relative tolerance at ``dims``: ``tolerance[dtype]``, grown for
         long reductions to ``16 * 2^-24 * sqrt(L)`` (L: the longest reduction dim), the
-        rounding of an fp32 accumulation of L random terms with a 16x margin."""
+        rounding of an fp32 accumulation of L random terms with a 16x margin.
+
+        Errors are measured beyond :meth:`error_floor` (half the output dtype's subnormal
+        spacing): a correctly rounded subnormal result can be off by more than ``tol``
+        relative (fp16 1.7e-6 rounds with 0.8% error), never by more than the floor."""
         length = max((int(dims.get(d, 1)) for d in self.reduction_dims), default=1)
         return accumulation_tolerance(self.tolerance[dtype], length)
+
+    def error_floor(self, dtype: str) -> float:
+        """The absolute error no output element is charged for: half the spacing of the
+        output dtype's subnormals (fp16 2^-25), what one correct rounding can cost there.
+        Every op's output has its inputs' dtype."""
+        return rounding_floor(dtype)
 
     # ---- hot path ----------------------------------------------------------------------
     def key(self, args: Sequence, params: Mapping) -> tuple:
@@ -268,8 +278,10 @@ class Op:
         """Fresh random NumPy inputs (never zeros) for these dims."""
         raise NotImplementedError
 
-    def error(self, out, ref: np.ndarray) -> float:
-        """Relative error ||out - ref|| / ||ref|| in float64; inf when out has NaN/Inf."""
+    def error(self, out, ref: np.ndarray, floor: float = 0.0) -> float:
+        """Relative error ||out - ref|| / ||ref|| in float64; inf when out has NaN/Inf.
+        With ``floor`` (:meth:`error_floor`) each element's |out - ref| counts only beyond
+        it: what rounding to the output dtype costs below its smallest normal."""
         out = np.asarray(arrays.to_numpy(out), dtype=np.float64)
         if out.shape != ref.shape:
             raise InputValueError(f"{self.name}: result shape {out.shape} != reference "
@@ -277,7 +289,13 @@ class Op:
         if not np.all(np.isfinite(out)):
             return math.inf
         denom = float(np.linalg.norm(ref)) or 1.0
-        return float(np.linalg.norm(out - ref)) / denom
+        return float(np.linalg.norm(excess(out, ref, floor))) / denom
+
+
+def excess(out: np.ndarray, ref: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """|out - ref| beyond ``floor`` per element (0 where within it), float64."""
+    diff = np.abs(np.asarray(out, np.float64) - ref)
+    return np.maximum(diff - floor, 0.0) if floor else diff
 
 
 def random_array(rng: np.random.Generator, shape, dtype: str, scale: float = 1.0) -> np.ndarray:

@@ -22,6 +22,7 @@ import traceback
 import numpy as np
 
 from adaptive import arrays
+from adaptive.ops.base import excess
 from adaptive.regen import shapes
 from adaptive.regen.report import Check, Outcome, Stage, VerifyReport, rejected
 
@@ -121,9 +122,10 @@ def _exc_text(exc: BaseException) -> str:
     return "".join(lines[-12:])
 
 
-def _elem_error(out: np.ndarray, ref: np.ndarray) -> float:
+def _elem_error(out: np.ndarray, ref: np.ndarray, floor: float = 0.0) -> float:
     """Largest |out - ref| / |ref| over elements whose reference is not near zero
-    (|ref| >= NEAR_ZERO * rms(ref)), where relative error means nothing."""
+    (|ref| >= NEAR_ZERO * rms(ref)), where relative error means nothing; |out - ref|
+    counts beyond ``floor`` (:meth:`Op.error_floor`: the cost of rounding a subnormal)."""
     mag = np.abs(ref)
     if not mag.size:
         return 0.0
@@ -131,21 +133,22 @@ def _elem_error(out: np.ndarray, ref: np.ndarray) -> float:
     keep = mag > NEAR_ZERO * rms
     if not np.any(keep):
         return 0.0
-    return float(np.max(np.abs(out[keep] - ref[keep]) / mag[keep]))
+    return float(np.max(excess(out[keep], ref[keep], floor) / mag[keep]))
 
 
-def _row_error(out: np.ndarray, ref: np.ndarray) -> tuple[float, int]:
+def _row_error(out: np.ndarray, ref: np.ndarray, floor: float = 0.0) -> tuple[float, int]:
     """(largest ||out_r - ref_r|| / ||ref_r|| over output rows (the last axis), that row).
 
     Rows are independent in every op (a softmax row, a gemm row, an attention query), and
     regimes scale rows over the whole exponent range, so a row 1e-30 the size of another
     must be right on its own; the norm-wise error over the whole output cannot see it.
-    A row whose reference is exactly zero (an empty sparse row) must be exactly zero."""
+    A row whose reference is exactly zero (an empty sparse row) must be exactly zero
+    (``floor`` is below every nonzero value of the dtype)."""
     if not out.size:
         return 0.0, -1
     o = out.reshape(-1, out.shape[-1]) if out.ndim else out.reshape(1, 1)
     r = ref.reshape(o.shape)
-    num = np.sqrt(np.sum((o - r) ** 2, axis=1))
+    num = np.sqrt(np.sum(excess(o, r, floor) ** 2, axis=1))
     den = np.sqrt(np.sum(r * r, axis=1))
     with np.errstate(divide="ignore", invalid="ignore"):
         err = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
@@ -153,8 +156,9 @@ def _row_error(out: np.ndarray, ref: np.ndarray) -> tuple[float, int]:
     return float(err[worst]), worst
 
 
-def _compare(op, dims, seed, dist, r1, r2, ref, tol) -> Check:
+def _compare(op, dims, seed, dist, r1, r2, ref, tol, floor: float = 0.0) -> Check:
     """Judge two candidate runs (poisoned with SENTINEL, then NaN) against the reference.
+    Element errors count beyond ``floor`` (:meth:`Op.error_floor` of the output dtype).
 
     Elements whose reference is NaN (softmax of a row that is -inf everywhere) have no
     defined result: any value is accepted there, and they are left out of every error."""
@@ -177,8 +181,8 @@ def _compare(op, dims, seed, dist, r1, r2, ref, tol) -> Check:
     if bad:
         raise Reject(Stage.NONFINITE, f"{bad} of {r1.size} output elements are NaN or Inf where "
                      f"the reference is finite at {label}")
-    e1, e2 = op.error(r1, ref), op.error(r2, ref)
-    elem = _elem_error(r1, ref)
+    e1, e2 = op.error(r1, ref, floor), op.error(r2, ref, floor)
+    elem = _elem_error(r1, ref, floor)
     problem = ""
     if e1 > tol:
         raise Reject(Stage.WRONG, f"relative error {e1:.3e} > tolerance {tol:.1e} at {label} "
@@ -187,7 +191,7 @@ def _compare(op, dims, seed, dist, r1, r2, ref, tol) -> Check:
         raise Reject(Stage.WRONG, f"element-wise relative error {elem:.3e} > "
                      f"{ELEM_FACTOR * tol:.1e} (norm-wise {e1:.3e} passed) at {label}: a few "
                      "elements are wrong")
-    row, which = _row_error(r1, ref)
+    row, which = _row_error(r1, ref, floor)
     if row > ELEM_FACTOR * tol:
         raise Reject(Stage.WRONG, f"row-wise relative error {row:.3e} > {ELEM_FACTOR * tol:.1e} "
                      f"in output row {which} (flattened; norm-wise {e1:.3e} passed) at {label}: "
@@ -248,6 +252,24 @@ class Guarded:
                              f"region changed) at {label}")
 
 
+def _same_input_class(runner: Runner, problem, native: tuple, params: dict,
+                      label: str) -> None:
+    """Validate a regime's inputs as a dispatcher validates a call and check that the plan
+    built for ``problem`` (from the shape's probe) serves them: the same key (shapes,
+    dtypes, strides). A kernel reads raw pointers, so a Fortran-ordered array given to a
+    plan of row-major ones is read transposed; that is the verifier's fault, not the
+    candidate's, and is raised as such."""
+    op = runner.op
+    try:
+        got = runner.problem(native, params)
+    except Exception as exc:  # noqa: BLE001 (the regime drew inputs the op refuses)
+        raise RuntimeError(f"the verifier drew inputs {op.name} refuses at {label}: {exc}; "
+                           "a value regime must draw valid inputs") from None
+    if got.dims != problem.dims or got.dtype != problem.dtype or got.kind != problem.kind:
+        raise RuntimeError(f"the verifier drew inputs of another input class at {label}: "
+                           f"{got.describe()} for a plan of {problem.describe()}")
+
+
 def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]:
     """Every edge shape × value regime (seeds rotate through the op's regimes; small shapes
     see every regime); returns (checks, skipped shape labels)."""
@@ -284,6 +306,7 @@ def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]
                           for x in inputs)
             native = runner.native(inputs)
             where = f"dims {dims}, seed {seed}, {dist} values"
+            _same_input_class(runner, problem, native, params, where)
             guarded = Guarded(runner, problem)
             out = guarded.out
             out.fill(SENTINEL)
@@ -297,7 +320,8 @@ def check_correctness(runner: Runner, variant, config, job) -> tuple[list, list]
             guarded.check(where + " (second call)")
             r2 = np.array(arrays.to_numpy(out), dtype=np.float64)
             _inputs_unchanged(native, saved, where)
-            checks.append(_compare(op, dims, seed, dist, r1, r2, ref, tol))
+            checks.append(_compare(op, dims, seed, dist, r1, r2, ref, tol,
+                                   op.error_floor(dtype)))
     if not checks:
         raise Reject(Stage.WRONG, "no shape to check: the variant's requires exclude the target "
                      "and every edge shape: " + "; ".join(skipped))

@@ -14,6 +14,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from adaptive.errors import InputValueError
 from adaptive.ops import OPS, get_op
 from adaptive.ops.regimes import RANGE, accumulation_tolerance
 from adaptive.regen import Job, Outcome, Stage, Verifier
@@ -280,6 +281,65 @@ def test_every_regime_draws_the_ops_shapes_and_a_finite_reference(op_name):
             assert np.isfinite(ref[~undefined]).all(), (regime, dtype)
 
 
+TARGETS = {"softmax": {"R": 13, "C": 37}, "gemm": {"M": 7, "N": 5, "K": 33},
+           "spmm": {"M": 9, "N": 5, "K": 40},
+           "attention": {"B": 2, "H": 8, "Hkv": 2, "Lq": 1, "Lk": 65, "D": 16}}
+
+
+@pytest.mark.parametrize("op_name", sorted(OPS))
+def test_every_regime_draws_row_major_inputs_of_the_probes_input_class(op_name):
+    """The verifier builds a shape's plan from its normal probe and feeds it every regime's
+    inputs; kernels read raw row-major pointers. The constant attention regime once drew k
+    as a copy of a broadcast, Fortran-ordered where B * Hkv = 1 (CuPy keeps that order):
+    splitkv_mma read k transposed at B=1, H=7, Hkv=1 and was rejected on the H200."""
+    op = get_op(op_name)
+    stats = {"density": 0.2} if op_name == "spmm" else None
+    params = {"causal": False} if op_name == "attention" else {}
+    seen = 0
+    for label, dims in edge_shapes(op_name, TARGETS[op_name]):
+        for dtype in ("float16", "float32"):
+            try:
+                probe = op.problem(make_inputs(op, dims, dtype, 0, "normal", stats), params)
+            except InputValueError:           # an edge shape the op refuses: skipped there
+                continue
+            seen += 1
+            for regime in op.regimes:
+                inputs = make_inputs(op, dims, dtype, 7, regime, stats)
+                for x in inputs:
+                    if isinstance(x, np.ndarray):
+                        assert x.flags.c_contiguous, (label, dims, dtype, regime, x.strides)
+                got = op.problem(inputs, params)      # refuses what a dispatcher refuses
+                assert (got.dims, got.dtype, got.kind) == (probe.dims, probe.dtype,
+                                                           probe.kind), (label, regime)
+    assert seen >= 6
+
+
+def test_the_worker_refuses_inputs_its_plan_was_not_built_for(monkeypatch):
+    """A regime drawing an input the op refuses (here a Fortran-ordered k) is the
+    verifier's error, raised as such, not a verdict on the candidate: a host variant
+    (NumPy reads any layout) would pass, a CUDA kernel would read k transposed."""
+    from adaptive.backends import get_backend
+    from adaptive.regen import shapes, worker
+    from adaptive.variants import make_candidate
+    op = get_op("attention")
+    (variant,) = [v for v in default_registry().variants("attention", "host")
+                  if v.name == "host_materialised"]
+    config = {"threads": 1}
+    runner = worker.Runner(get_backend("host"), op, make_candidate(variant, config))
+    draw = shapes.make_inputs
+
+    def fortran_k(op_, dims, dtype, seed, dist, stats=None):
+        q, k, v = draw(op_, dims, dtype, seed, dist, stats)
+        return (q, np.asfortranarray(k), v) if dist == "constant" else (q, k, v)
+    job = {"dtype": "float32", "dims": {"B": 1, "H": 2, "Hkv": 1, "Lq": 1, "Lk": 9, "D": 8},
+           "params": {"causal": False}, "seeds": 5, "seed0": 1, "small_only": True}
+    checks, _ = worker.check_correctness(runner, variant, config, job)   # the real regimes
+    assert {c.distribution for c in checks} == set(op.regimes)
+    monkeypatch.setattr(shapes, "make_inputs", fortran_k)
+    with pytest.raises(RuntimeError, match="constant values.*not C-contiguous"):
+        worker.check_correctness(runner, variant, config, job)
+
+
 def test_regimes_reach_the_values_they_name():
     sm = get_op("softmax")
     x32 = make_inputs(sm, {"R": 12, "C": 50}, "float32", 1, "large")[0]
@@ -306,6 +366,59 @@ def test_tolerance_grows_with_the_reduction_length():
     assert gemm.tolerance_for("float16", {"K": 1 << 20}) == 5e-3
     assert accumulation_tolerance(0.0, 0) == pytest.approx(16 * 2.0 ** -24)
     assert get_op("softmax").reduction_dims == ("C",)
+
+
+def _spmm_fp16_subnormal_case():
+    """The H200 case: spmm M = N = K = 1, extreme regime: w = 6.7e-6 (subnormal in fp16),
+    b = -0.259; the exact product -1.743e-6 is subnormal in fp16 (spacing 2^-24)."""
+    op = get_op("spmm")
+    dims = {"M": 1, "N": 1, "K": 1}
+    inputs = make_inputs(op, dims, "float16", 559202032, "extreme")
+    ref = op.reference(*inputs)
+    assert 0 < abs(ref.item()) < RANGE["float16"][1]
+    return op, dims, ref
+
+
+def test_a_correctly_rounded_subnormal_result_passes_and_a_few_ulps_off_fail():
+    """Rounding to fp16 costs up to half the subnormal spacing (2^-25), which is 0.83%
+    relative here, past the 0.5% tolerance: the error floor (Op.error_floor) forgives
+    exactly that and no more."""
+    from adaptive.regen import worker
+    op, dims, ref = _spmm_fp16_subnormal_case()
+    tol, floor = op.tolerance_for("float16", dims), op.error_floor("float16")
+    assert floor == 2.0 ** -25
+    exact = ref.astype(np.float32).astype(np.float16).astype(np.float64)  # fp32 sum, rounded
+    assert op.error(exact, ref) > tol                 # what the relative bound alone says
+    assert worker._compare(op, dims, 1, "extreme", exact, exact, ref, tol, floor).ok
+    ulp = RANGE["float16"][2]
+    for off in (2, 3, -2):                            # a few ulps off (2 ulps: 3.4% here)
+        bad = exact + off * ulp
+        with pytest.raises(worker.Reject, match="relative error") as info:
+            worker._compare(op, dims, 1, "extreme", bad, bad, ref, tol, floor)
+        assert info.value.stage is Stage.WRONG
+
+
+def test_the_error_floor_keeps_exact_zeros_and_normal_results_relative():
+    from adaptive.regen import worker
+    rng = np.random.default_rng(3)
+    op, dims = get_op("gemm"), {"M": 8, "N": 64, "K": 4}
+    floor = op.error_floor("float16")
+    tol = op.tolerance_for("float16", dims)
+    # results over the subnormal range and the normal range, each correctly rounded: pass
+    ref = rng.standard_normal((8, 64)) * 2.0 ** rng.uniform(-24, 4, (8, 1))
+    ref[3] = 0.0                                      # an empty row: exactly zero
+    exact = ref.astype(np.float16).astype(np.float64)
+    assert worker._compare(op, dims, 1, "extreme", exact, exact, ref, tol, floor).ok
+    # the smallest fp16 subnormal where the reference is zero is still a wrong row
+    bad = exact.copy()
+    bad[3, 5] = RANGE["float16"][2]
+    with pytest.raises(worker.Reject, match=r"row-wise relative error inf .* in output row 3 "):
+        worker._compare(op, dims, 1, "extreme", bad, bad, ref, tol, floor)
+    # the floor is absolute: at normal magnitudes a 1% error still fails
+    big = exact * (1 + 0.01 * (np.abs(exact) > 1e-3))
+    with pytest.raises(worker.Reject, match="relative error"):
+        worker._compare(op, dims, 1, "extreme", big, big, ref, tol, floor)
+    assert op.error(big, ref, floor) == pytest.approx(op.error(big, ref), rel=1e-3)
 
 
 def test_long_reduction_shape_keeps_fixed_dims():
