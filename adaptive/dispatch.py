@@ -31,6 +31,7 @@ from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
 from adaptive.observation import Observation, floor_ms
 from adaptive.ops import OPS, Op, Problem, get_op
 from adaptive.policy import POLICIES, Context, Decision, Policy, make_policy
+from adaptive.timing import measure
 from adaptive.variants import Candidate, Registry, Variant, default_registry, make_candidate
 
 log = logging.getLogger("adaptive")
@@ -390,22 +391,20 @@ class Dispatcher:
         which absorb one-time costs such as building a sparse format); ``inf`` if it fails."""
         try:
             plan = self._prepare(op, problem, key, candidate, args[-1])
-            for _ in range(warmup):
-                self._run_sync(plan, args)
-            t0 = time.perf_counter_ns()
-            self._run_sync(plan, args)
-            return (time.perf_counter_ns() - t0) / 1e6
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
-            log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(),
-                        exc)
-            return math.inf
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            m = measure(functools.partial(plan.run, args, None), warmup=warmup,
+                        sync=self._sync())
+            if not m.error:
+                return m.samples_ms[0]
+            error = m.error
+        log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(), error)
+        return math.inf
 
-    def _run_sync(self, plan: Plan, args):
-        result = plan.run(args, None)
-        sync = getattr(self.backend, "synchronize", None)
-        if sync is not None:
-            sync()
-        return result
+    def _sync(self) -> Callable[[], object] | None:
+        """The backend's synchronise (None: nothing to wait for)."""
+        return getattr(self.backend, "synchronize", None)
 
     def _pinned_plan(self, op, key, args, params, variant, config_) -> Plan:
         pkey = (key, variant, tuple(config_.items()) if config_ else None)
@@ -463,12 +462,12 @@ class Dispatcher:
                 self._events_failed(exc)
             self.stats["samples"] += 1
             return result
-        t0 = time.perf_counter_ns()
-        result = plan.run(args, out)
-        sync = getattr(self.backend, "synchronize", None)
-        if sync is not None:
-            sync()
-        time_ms = (time.perf_counter_ns() - t0) / 1e6
+        result = None
+
+        def call():
+            nonlocal result
+            result = plan.run(args, out)
+        time_ms = measure(call, sync=self._sync(), raise_errors=True).samples_ms[0]
         self.stats["samples"] += 1
         self.feedback(plan, time_ms)
         return result

@@ -233,3 +233,11 @@ def test_the_dispatchers_measurement_is_warmup_then_one_synchronised_sample(cloc
     assert d._measure(op, problem, key, (x,), bad, warmup=2) == math.inf
     assert clock.log == ["run"]                        # the failed warm-up ended it
     assert f"candidate {bad.label} failed" in caplog.text and "bad launch" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs", [{"reps": 0}, {"timing_s": 0.0}], ids=["no-reps", "no-time"])
+def test_the_verifier_refuses_timing_settings_that_time_nothing(kwargs):
+    from adaptive.regen import Verifier
+    with pytest.raises(ValueError, match="times at least one run") as info:
+        Verifier(**kwargs)
+    assert f"{next(iter(kwargs))}={next(iter(kwargs.values()))}" in str(info.value)
