@@ -202,6 +202,16 @@ def test_cuda_events_bracket_the_run_and_wait_for_the_stop_event():
     assert cp.log == ["record start", "run", "record stop", "wait stop"]
 
 
+def test_the_benchmarks_timer_flushes_before_each_run_and_reports_the_event_times():
+    from benchmarks.timing import Timer
+    samples = [0.5, 0.25, 2.0, 0.75, 1.0]
+    cp = FakeCupy(samples)
+    out = Timer(cp, 50 << 20).time_ms(lambda: cp.log.append("run"), warmup=2, reps=5)
+    assert cp.log[:4] == ["flush", "run", "flush", "run"]          # warm-up: not timed
+    assert cp.log[4:] == ["flush", "record start", "run", "record stop", "wait stop"] * 5
+    # spread: p90 - p10 of the five sorted samples (1.0 - 0.25)
+    assert out == {"median_ms": 0.75, "min_ms": 0.25, "spread_ms": 0.75, "reps": 5}
+
 def test_the_dispatchers_measurement_is_warmup_then_one_synchronised_sample(clock, caplog):
     from adaptive.backends.host import HostBackend
     from adaptive.dispatch import Dispatcher
