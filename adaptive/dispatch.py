@@ -30,6 +30,7 @@ from adaptive.observation import Observation, floor_ms
 from adaptive.ops import OPS, Op, Problem, get_op
 from adaptive.policy import POLICIES, make_policy
 from adaptive.policy.base import Context, Decision, Policy
+from adaptive.timing import measure
 from adaptive.variants import Candidate, Registry, Variant, make_candidate, shared_registry
 
 log = logging.getLogger("adaptive")
@@ -463,20 +464,20 @@ class Dispatcher:
         which absorb one-time costs such as building a sparse format); ``inf`` if it fails."""
         try:
             plan = self._prepare(op, problem, key, candidate, args[-1])
-            for _ in range(warmup):
-                self._run_sync(plan, args)
-            t0 = time.perf_counter_ns()
-            self._run_sync(plan, args)
-            return (time.perf_counter_ns() - t0) / 1e6
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
-            log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(),
-                        exc)
-            return math.inf
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            m = measure(functools.partial(plan.run, args, None), warmup=warmup,
+                        sync=self._sync())
+            if not m.error:
+                return m.samples_ms[0]
+            error = m.error
+        log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(), error)
+        return math.inf
 
-    def _run_sync(self, plan: Plan, args):
-        result = plan.run(args, None)
-        self.backend.synchronize()
-        return result
+    def _sync(self) -> Callable[[], object]:
+        """The backend's synchronise (a no-op on the host)."""
+        return self.backend.synchronize
 
     def _pinned_plan(self, op, key, args, params, variant, config_) -> Plan:
         pkey = (key, variant, tuple(config_.items()) if config_ else None)
@@ -534,10 +535,12 @@ class Dispatcher:
                 self._events_failed(exc)
             self.stats["samples"] += 1
             return result
-        t0 = time.perf_counter_ns()
-        result = plan.run(args, out)
-        self.backend.synchronize()
-        time_ms = (time.perf_counter_ns() - t0) / 1e6
+        result = None
+
+        def call():
+            nonlocal result
+            result = plan.run(args, out)
+        time_ms = measure(call, sync=self._sync(), raise_errors=True).samples_ms[0]
         self.stats["samples"] += 1
         self.feedback(plan, time_ms)
         return result

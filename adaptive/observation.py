@@ -16,11 +16,14 @@ from collections.abc import Mapping, Sequence
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    """Timing samples of one candidate on one input (after ``warmup`` untimed runs)."""
+    """Timing samples of one candidate on one input (after ``warmup`` untimed runs); made
+    by :func:`adaptive.timing.measure`. ``error``: why the last sample is ``inf`` (empty
+    when no run failed)."""
 
     samples_ms: tuple[float, ...]
     warmup: int = 0
     l2_flushed: bool = False
+    error: str = ""
 
     @property
     def median_ms(self) -> float:

@@ -35,6 +35,7 @@ from adaptive.backends.pysource import load_entry
 from adaptive.errors import CompileError, InputTypeError, InputValueError
 from adaptive.expr import compile_expr
 from adaptive.kcache import KernelCache
+from adaptive.timing import CudaEvents, measure
 
 log = logging.getLogger("adaptive")
 
@@ -330,16 +331,8 @@ class CudaBackend:
 
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
         """CUDA-event times of ``fn(args, out)`` on the current stream, one per run."""
-        cp = self._cp
-        times = []
-        for _ in range(repeats):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            fn(args, out)
-            stop.record()
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop))
-        return times
+        return list(measure(lambda: fn(args, out), reps=repeats, timer=CudaEvents(self._cp),
+                            raise_errors=True).samples_ms)
 
 
 _HOLD_SOURCE = r"""

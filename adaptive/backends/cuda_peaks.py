@@ -9,22 +9,14 @@ warm-up. bfloat16 takes the float16 rate (same tensor-core peak).
 
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
+
+from adaptive.timing import CudaEvents, measure
 
 
 def _median_ms(cp, fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return statistics.median(times)
+    return measure(fn, warmup=1, reps=repeats, timer=CudaEvents(cp),
+                   raise_errors=True).median_ms
 
 
 def copy_bytes_per_s(cp, nbytes: int = 1 << 28, repeats: int = 5) -> float:

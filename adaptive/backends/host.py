@@ -24,6 +24,7 @@ from adaptive import arrays
 from adaptive.backends.base import PlanIO
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import InputTypeError
+from adaptive.timing import measure
 
 _NP_DTYPES = {"float16": np.float16, "float32": np.float32, "float64": np.float64}
 SHARED_HOLD_S = 1.0   # after two threads last took turns, BLAS stays at one thread this long
@@ -151,12 +152,7 @@ class HostBackend:
         return run
 
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter_ns()
-            fn(args, out)
-            times.append((time.perf_counter_ns() - t0) / 1e6)
-        return times
+        return list(measure(lambda: fn(args, out), reps=repeats, raise_errors=True).samples_ms)
 
 
 def _measure_peaks() -> dict:
@@ -166,19 +162,16 @@ def _measure_peaks() -> dict:
     flops = 0.0
     for n in (384, 768):
         a = rng.standard_normal((n, n), dtype=np.float32)
-        np.matmul(a, a)
-        flops = max(flops, 2 * n**3 / min(_wall(lambda: np.matmul(a, a)) for _ in range(3)))
+        flops = max(flops, 2 * n**3 / _best_s(lambda: np.matmul(a, a), 3))
     bw = 0.0
     for n in (64 << 10, 1 << 20, 8 << 20):    # 256 KiB, 4 MiB and 32 MiB of float32
         src = rng.standard_normal(n).astype(np.float32)
         dst = np.empty_like(src)
-        np.copyto(dst, src)
-        bw = max(bw, 2 * src.nbytes / min(_wall(lambda: np.copyto(dst, src)) for _ in range(5)))
+        bw = max(bw, 2 * src.nbytes / _best_s(lambda: np.copyto(dst, src), 5))
     return {"flops_per_s": {d: flops for d in ("float16", "float32", "float64")},
             "bytes_per_s": bw}
 
 
-def _wall(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def _best_s(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` runs after one warm-up, in seconds."""
+    return measure(fn, warmup=1, reps=repeats, raise_errors=True).min_ms / 1e3

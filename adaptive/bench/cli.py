@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import statistics
 import sys
 import time
 
@@ -19,6 +18,7 @@ import numpy as np
 
 from adaptive.ops import OPS
 from adaptive.progress import Heartbeat, doing
+from adaptive.timing import measure, measure_each
 
 # (op, dims, dtype, stats) per input; the "quick" stream is a subset with smaller sizes
 _FULL = {
@@ -67,16 +67,6 @@ class OpReport:
         return self.adaptive_steady_ms / self.oracle_ms
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up (first-touch, thread start, format caches)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter_ns()
-        fn()
-        times.append((time.perf_counter_ns() - t0) / 1e6)
-    return statistics.median(times)
-
-
 def _to_backend(args, backend_name: str):
     if backend_name == "host":
         return args
@@ -105,12 +95,11 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
             for cand in table_d.candidates(op_name, *args):
                 def call(c=cand, a=args):
                     table_d.launch(op_name, *a, variant=c.variant.name, config=c.config)
-                    sync()
-                try:
-                    row[cand.label] = _median_ms(call, repeats)
-                except Exception as exc:  # noqa: BLE001 (a failing candidate is data)
-                    progress(f"  {op_name}: {cand.label} failed: {exc}")
-                    row[cand.label] = math.inf
+                # one warm-up run: first touch, thread start, format caches
+                m = measure(call, warmup=1, reps=repeats, sync=sync)
+                if m.error:   # a failing candidate is data
+                    progress(f"  {op_name}: {cand.label} failed: {m.error}")
+                row[cand.label] = math.inf if m.error else m.median_ms
             table.append(row)
         progress(f"  {op_name}: timed {sum(len(r) for r in table)} (input, candidate) pairs")
         # the stream: every input calls_per_input times, interleaved in a seeded order
@@ -158,23 +147,22 @@ def run_overhead(backend: str = "host", n: int = 20000, rounds: int = 7,
     plan = d.current_plan(OPS[op].key(args, {}))
     entry = load_entry(plan.candidate.variant)
     kwargs = {k: v for k, v in plan.candidate.config.items() if k != "threads"}
-    direct_times, launch_times, module_times = [], [], []
-    for r in range(rounds):
-        doing(f"overhead: {op} round {r + 1}/{rounds}")
-        t0 = time.perf_counter_ns()
+
+    def direct_n():
         for _ in range(n):
             entry(*args, out=out, **kwargs)
-        direct_times.append((time.perf_counter_ns() - t0) / n / 1e3)
-        t0 = time.perf_counter_ns()
+
+    def launch_n():
         for _ in range(n):
             d.launch(op, *args, out=out)
-        launch_times.append((time.perf_counter_ns() - t0) / n / 1e3)
-        t0 = time.perf_counter_ns()
+
+    def module_n():
         for _ in range(n):
             adaptive.launch(op, *args, out=out)
-        module_times.append((time.perf_counter_ns() - t0) / n / 1e3)
-    direct, via, module = (statistics.median(t) for t in (direct_times, launch_times,
-                                                             module_times))
+    # each sample is n calls, the three ways interleaved round by round
+    doing(f"overhead: {op}, {rounds} rounds of {n} calls three ways")
+    ms = measure_each((direct_n, launch_n, module_n), reps=rounds, raise_errors=True)
+    direct, via, module = (m.median_ms * 1e3 / n for m in ms)
     return {"direct_us": direct, "dispatcher_launch_us": via, "module_launch_us": module,
             "overhead_us": via - direct, "module_overhead_us": module - direct,
             "variant": plan.candidate.label, "op": op}

@@ -181,7 +181,8 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     rest always train.
     """
     from adaptive.policy.learned import Learned, Neighbours
-    from adaptive.policy.cost_model import CostModel, LiveModel, row_geometry, training_set
+    from adaptive.policy.cost_model import CostModel, LiveModel, training_set
+    from adaptive.policy.features import row_geometry
     from adaptive.packs.format import read_pack
     from adaptive.space import as_config
     from adaptive.variants import make_candidate

@@ -39,6 +39,7 @@ import numpy as np
 
 from adaptive.ops import OPS
 from adaptive.progress import doing
+from adaptive.timing import measure, measure_each
 
 AUTOTUNE_RUNS = 4   # Triton-style: warm-up + 3 timed runs of every candidate on a new key
 
@@ -302,17 +303,8 @@ def _time_table(d, specs, inputs, repeats: int, sync):
         for cand in d.candidates(spec[0], *args, **params):
             def call(c=cand):
                 d.launch(spec[0], *args, variant=c.variant.name, config=c.config, **params)
-                sync()
-            try:
-                call()
-                samples = []
-                for _ in range(repeats):
-                    t0 = time.perf_counter_ns()
-                    call()
-                    samples.append((time.perf_counter_ns() - t0) / 1e6)
-                t = statistics.median(samples)
-            except Exception:  # noqa: BLE001 (a failing candidate is data)
-                t = math.inf
+            m = measure(call, warmup=1, reps=repeats, sync=sync)
+            t = math.inf if m.error else m.median_ms   # a failing candidate is data
             times[cand.label] = t
             rows.append(Observation(spec[0], dict(problem.dims), problem.dtype,
                                     cand.variant.name, cand.config, t, floor, feats,
@@ -368,19 +360,18 @@ def _retime(d, pairs, inputs, sync, rounds: int, batch: int) -> dict:
 
         def call(c=cand, a=args, p=params):
             d.launch(spec[0], *a, variant=c.variant.name, config=c.config, **p)
+
+        def batch_of(c=call):
+            for _ in range(batch):
+                c()
         try:
-            call()
+            call()   # the warm-up: one call
             sync()
-            per_round = []
-            for _ in range(rounds):
-                t0 = time.perf_counter_ns()
-                for _ in range(batch):
-                    call()
-                sync()
-                per_round.append((time.perf_counter_ns() - t0) / 1e6 / batch)
-            out[(spec, label)] = min(per_round)
         except Exception:  # noqa: BLE001 (a failing candidate is data)
             out[(spec, label)] = math.inf
+            continue
+        m = measure(batch_of, reps=rounds, sync=sync)
+        out[(spec, label)] = math.inf if m.error else m.min_ms / batch
     return out
 
 
@@ -462,17 +453,19 @@ def _hot_path(backend, rounds: int, n: int) -> dict:
                 break
     sample_every = next(iter(ds.values())).sample_every
     out = {"sample_every": sample_every}
+
+    def calls(d):   # one sample: n warm calls
+        def run():
+            for _ in range(n):
+                d.launch("softmax", x)
+        return run
+    runs = [calls(d) for d in ds.values()]
     for suffix, every in (("_us", 0), ("_sampled_us", sample_every)):
-        times = {k: [] for k in ds}
-        for _ in range(rounds):
-            for k, d in ds.items():
-                d.sample_every = every
-                t0 = time.perf_counter_ns()
-                for _ in range(n):
-                    d.launch("softmax", x)
-                times[k].append((time.perf_counter_ns() - t0) / n / 1e3)
-        for k in ds:
-            out[k + suffix] = min(times[k])
+        for d in ds.values():
+            d.sample_every = every
+        ms = measure_each(runs, reps=rounds, raise_errors=True)   # interleaved by round
+        for k, m in zip(ds, ms):
+            out[k + suffix] = m.min_ms * 1e3 / n
     out["ratio"] = out["learned_us"] / out["measure_each_us"]
     return out
 

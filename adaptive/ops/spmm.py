@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from adaptive.backends.cuda_args import ArgProvider, register
-from adaptive.errors import InputTypeError, InputValueError
+from adaptive.errors import InputValueError
 from adaptive.ops.base import Op, Problem, random_array
 from adaptive.ops.regimes import matmul_regimes
 from adaptive.ops.sparse import SparseWeight

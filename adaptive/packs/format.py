@@ -24,14 +24,10 @@ config, dtype, arch and this NVRTC's version is the same.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import logging
 import os
-import threading
 import time
-import warnings
-import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -40,7 +36,7 @@ import msgpack
 from adaptive.errors import ManifestError, PackError
 from adaptive.fileio import atomic_write
 from adaptive.observation import Observation
-from adaptive.variants import Registry, Variant, variant_from_dict
+from adaptive.variants import Variant, variant_from_dict
 
 log = logging.getLogger("adaptive")
 

@@ -23,11 +23,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.utils.validation import check_is_fitted
 
-from adaptive.expr import compile_expr
 from adaptive.policy.features import FEATURE_VERSION, row as features_row  # noqa: F401 (re-export)
-from adaptive.policy.features import geometries, geometry, resources_of, row_geometry  # noqa: F401
 from adaptive.observation import Observation
-from adaptive.ops.base import DTYPE_BYTES
 
 MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
 

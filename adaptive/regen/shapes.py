@@ -10,7 +10,6 @@ so a kernel tuned to one value range (or one that ignores the data) is caught.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np

@@ -121,7 +121,8 @@ class Verifier:
     Args:
         timeout_s: wall time one candidate may take (default ``ADAPTIVE_VERIFY_TIMEOUT_S``).
         seeds: random seeds per shape (at least 5; value distributions rotate with them).
-        reps: timed repetitions at the target shape.
+        reps: timed repetitions at the target shape (at least 1).
+        timing_s: the time budget of that timing, warm-up included (> 0).
         sanitize: run accepted CUDA candidates under compute-sanitizer memcheck and
             racecheck: "auto" (where installed and a GPU is present), "on" or "off".
         cache_dir: kernel cache for NVRTC output (default ``ADAPTIVE_CACHE_DIR``).
@@ -137,6 +138,9 @@ class Verifier:
         from adaptive import config
         if seeds < 5:
             raise ValueError(f"seeds={seeds}: the verifier needs at least 5 seeds")
+        if reps < 1 or not timing_s > 0:
+            raise ValueError(f"reps={reps}, timing_s={timing_s}: the verifier times at least "
+                             "one run (reps >= 1) within a budget above 0 seconds")
         if sanitize not in ("auto", "on", "off"):
             raise ValueError(f"sanitize={sanitize!r}: expected 'auto', 'on' or 'off'")
         self.timeout_s = float(timeout_s or config.get().verify_timeout_s)

@@ -11,6 +11,7 @@ and the parent starts a fresh one for the remaining jobs.
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from adaptive import arrays
 from adaptive.ops.base import excess
 from adaptive.regen import shapes
 from adaptive.regen.report import Check, Outcome, Stage, VerifyReport, rejected
+from adaptive.timing import CudaEvents, measure_each
 
 SENTINEL = 1536.0                # first poison: exact in float16/32, far from every output
 NEAR_ZERO = 0.1                  # element-wise errors count where |ref| >= this x rms(ref)
@@ -340,35 +342,25 @@ def time_candidates(runners: list[Runner], job) -> tuple[list[list[float]], bool
         import cupy
         l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
         flush_buf = cupy.empty(max(2 * l2, 1 << 20), dtype=cupy.uint8)
+        timer = CudaEvents(cupy)   # events time the GPU only: runs do not synchronise
     else:
-        flush_buf = np.empty(32 << 20, dtype=np.uint8)
-    samples: list[list[float]] = [[] for _ in runners]
+        flush_buf, timer = np.empty(32 << 20, dtype=np.uint8), None
     reps, warmup, budget_s = int(job.get("reps", 10)), 2, float(job.get("timing_s", 3.0))
-    t_end = time.perf_counter() + budget_s
-    for rep in range(warmup + reps):
-        for k, runner in enumerate(runners):
-            native = sets[(rep + k) % len(sets)]
-            flush_buf.fill(rep & 0xFF)
-            if cuda:
-                import cupy
-                start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-                start.record()
-                runner.call(problem, native, outs[k], sync=False)   # events time the GPU only
-                stop.record()
-                try:
-                    stop.synchronize()
-                except Exception as exc:  # noqa: BLE001 (an asynchronous fault shows here)
-                    raise Reject(Stage.RUN, _exc_text(exc), fatal=True) from None
-                ms = cupy.cuda.get_elapsed_time(start, stop)
-            else:
-                t0 = time.perf_counter_ns()
-                runner.call(problem, native, outs[k])
-                ms = (time.perf_counter_ns() - t0) / 1e6
-            if rep >= warmup:
-                samples[k].append(ms)
-        if rep >= warmup and time.perf_counter() > t_end:
-            break
-    return samples, True
+    fills = itertools.count()
+
+    def run_of(k: int, runner: Runner):
+        inputs = itertools.cycle(sets[k:] + sets[:k])   # round r runs set (r + k) % 3
+        return lambda: runner.call(problem, next(inputs), outs[k], sync=False)
+    try:
+        measured = measure_each(
+            [run_of(k, r) for k, r in enumerate(runners)], warmup=warmup, reps=reps,
+            budget_s=budget_s, sync=runners[0].sync, timer=timer,
+            flush=lambda: flush_buf.fill(next(fills) & 0xFF), raise_errors=True)
+    except Reject:
+        raise
+    except Exception as exc:  # noqa: BLE001 (an asynchronous fault shows at the wait)
+        raise Reject(Stage.RUN, _exc_text(exc), fatal=True) from None
+    return [list(m.samples_ms) for m in measured], all(m.l2_flushed for m in measured)
 
 
 def verify_job(job: dict) -> VerifyReport:

@@ -11,7 +11,6 @@ import types
 import numpy as np
 import pytest
 
-from adaptive import counterlog
 from adaptive.counterlog import CounterLog, read_log, recorders
 from adaptive.dispatch import Dispatcher
 from adaptive.ops import get_op

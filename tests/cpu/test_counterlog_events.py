@@ -14,7 +14,7 @@ import types
 import numpy as np
 import pytest
 
-from adaptive import config, counterlog
+from adaptive import config
 from adaptive.counterlog import recorders
 from adaptive.counterlog import CounterLog, read_log
 from adaptive.dispatch import Dispatcher

@@ -14,12 +14,11 @@ import pytest
 from adaptive import config
 from adaptive.packs import format as packs
 from adaptive.packs import install
-from adaptive.dispatch import Dispatcher
 from adaptive.errors import ExpressionError, PackError
 from adaptive.expr import Expr
 from adaptive.kcache import KernelCache
 from adaptive.packs import shipped_packs
-from adaptive.variants import Registry, default_registry, variant_from_dict
+from adaptive.variants import Registry, default_registry
 
 HOST_FP = {"backend": "host", "name": "test-cpu", "cpu_count": 2}
 SRC = "def f(x, out):\n    out[...] = x\n"
