@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from adaptive import headers
 from adaptive.errors import CompileError
 from adaptive.kcache import CachedKernel, KernelCache, kernel_key
 
@@ -69,8 +70,11 @@ def prelude(dtype: str) -> str:
 
 
 def full_source(variant_source: str, dtype: str, source_name: str = "variant.cu") -> str:
-    """Prelude + variant text; ``#line`` keeps compiler messages on the file's own lines."""
-    return f"{prelude(dtype)}#line 1 \"{source_name}\"\n{variant_source}"
+    """Prelude + variant text, the shipped headers it includes put in place
+    (:func:`adaptive.headers.expand`); ``#line`` keeps compiler messages on each file's
+    own lines. What is compiled and what the kernel-cache key hashes."""
+    text = headers.expand(variant_source, source_name)
+    return f"{prelude(dtype)}#line 1 \"{source_name}\"\n{text}"
 
 
 def macro_options(config: Mapping) -> tuple[str, ...]:
