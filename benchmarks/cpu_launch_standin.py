@@ -26,6 +26,7 @@ import adaptive  # noqa: E402
 from adaptive import Dispatcher, Registry, config, dispatch  # noqa: E402
 from adaptive.backends import cuda_args  # noqa: E402
 from adaptive.dispatch import shared_registry  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
 from adaptive.space import Space  # noqa: E402
 
 
@@ -78,9 +79,7 @@ class FakeCuda:
     index = 0
 
     def limits(self):
-        return {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132,
-                "warp_size": 32, "max_registers_per_block": 65536, "l2_bytes": 50 << 20,
-                "cc": 90}
+        return dict(SM90)
 
     def peaks(self):
         return {"flops_per_s": {"float32": 6e13}, "bytes_per_s": 4.8e12}

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_emu  # noqa: E402
 from adaptive.expr import compile_expr  # noqa: E402
-from adaptive.nvrtc import SM90_LIMITS  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
 from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
 
@@ -89,7 +89,7 @@ def _launch(fn, variant, config, q, k, v, causal, scale):
     hkv, lk = k.shape[1], k.shape[2]
     scope = {"B": b, "H": h, "Hkv": hkv, "Lq": lq, "Lk": lk, "D": d, "causal": causal,
              "scale": scale, "dtype": "float16", "itemsize": 2, "masked": 0, **config,
-             **SM90_LIMITS}
+             **SM90}
     assert variant.fits(scope, config), variant.why_not(scope, config)
     ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
     grid = [ev(e) for e in variant.launch["grid"]]
@@ -128,7 +128,7 @@ CASES = [  # config, (B, H, Hkv, Lq, Lk), causal, scale
                               "mha-empty"])
 def test_splitkv_kernel_emulated_against_float64(tmp_path, rng, config, dims, causal, scale):
     variant = _variant()
-    assert config in variant.space.configs(SM90_LIMITS)
+    assert config in variant.space.configs(SM90)
     fn = _build(tmp_path, config)
     b, h, hkv, lq, lk = dims
     d = config["HD"]
@@ -146,7 +146,7 @@ def test_splitkv_kernel_emulated_against_float64(tmp_path, rng, config, dims, ca
 def test_claims_only_what_it_serves():
     """requires: Lq <= 16, D equal to the config's HD, fp16/bf16, the group's rows within the
     warps (an m16 tile a warp at least), grouped heads of any group size."""
-    variant, configs = _variant(), _variant().space.configs(SM90_LIMITS)
+    variant, configs = _variant(), _variant().space.configs(SM90)
 
     def fits(b, h, hkv, lq, lk, d, dtype="float16", config=None, causal=False):
         shapes = ((b, h, lq, d), (b, hkv, lk, d), (b, hkv, lk, d))

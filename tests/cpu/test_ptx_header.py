@@ -17,6 +17,7 @@ import pytest
 
 from adaptive import headers, nvrtc
 from adaptive.kcache import kernel_key
+from adaptive.limits import SM90
 from adaptive.variants import Registry, builtin_folder, load_folder
 
 HEADER = headers.INCLUDE_DIR / "adaptive_ptx.cuh"
@@ -106,7 +107,7 @@ def test_the_header_is_part_of_the_variant_identity_and_cache_key(monkeypatch):
     assert new.source == old.source
     assert "twice(float x)" in new.code and new.source_hash != old_hash
     assert new.to_dict()["source"] == new.code != old_code
-    options = nvrtc.macro_options(old.space.configs(nvrtc.SM90_LIMITS)[0])
+    options = nvrtc.macro_options(old.space.configs(SM90)[0])
     keys = {kernel_key(nvrtc.full_source(text, "float16", "gemm_tc.cu"), options, "sm_90",
                        "nvrtc-x") for text in (old_code, new.source)}
     assert len(keys) == 2, "a changed header must change the kernel-cache key"
@@ -119,7 +120,7 @@ def test_a_pack_carries_the_header_and_a_changed_one_turns_its_rows_away(tmp_pat
     from adaptive import pack as packs
     from adaptive.observation import Observation
     builtin = _builtin("gemm", "tc_mma")
-    config = builtin.space.configs(nvrtc.SM90_LIMITS)[0]
+    config = builtin.space.configs(SM90)[0]
     row = Observation(op="gemm", dims={"M": 64, "N": 64, "K": 64}, dtype="float16",
                       variant="tc_mma", config=config, time_ms=0.1, floor_ms=0.05)
     fp = {"backend": "cuda", "name": "NVIDIA H200", "cc": 90, "sm_count": 132}
@@ -151,7 +152,7 @@ def test_sources_of_packs_compile_without_the_header_and_errors_name_both_files(
     cache = KernelCache(tmp_path)
     for path in shipped_packs():        # written before or after the header: self-contained
         v = next(v for v in read_pack(path).variants if v.id == "gemm/tc_mma")
-        config = v.space.configs(nvrtc.SM90_LIMITS)[0]
+        config = v.space.configs(SM90)[0]
         assert nvrtc.compile_candidate(v, config, "float16", cache=cache).resources[
             "registers"] > 0
     src = ('#include "adaptive_ptx.cuh"\nextern "C" __global__ void k(float* o) {\n'

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_emu  # noqa: E402
 from adaptive.errors import InputValueError  # noqa: E402
 from adaptive.expr import compile_expr  # noqa: E402
-from adaptive.nvrtc import SM90_LIMITS  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
 from adaptive.ops.sparse import SparseWeight, compress_24, pack_meta  # noqa: E402
 from adaptive.ops.spmm import prune_24  # noqa: E402
@@ -229,7 +229,7 @@ def emulated(tmp_path_factory):
 def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
     config, ns = CONFIGS[index]
     variant = _variant()
-    assert {"DIRECT": 0, **config} in variant.space.configs(SM90_LIMITS)
+    assert {"DIRECT": 0, **config} in variant.space.configs(SM90)
     fn = emulated[index]
     m, k = 77, 651                 # 5 row tiles (the last partial), 21 chunks, a 3-column group
     dense = _pruned(rng, m, k)
@@ -240,7 +240,7 @@ def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
         b = rng.standard_normal((k, n)).astype(np.float16)
         b[-1] = 1e4                # large values in the last row of b: must not be lost
         scope = {"M": m, "N": n, "K": k, "dtype": "float16", "is_2to4": 1.0,
-                 "nnz": m * k // 2, "DIRECT": 0, **config, **SM90_LIMITS}
+                 "nnz": m * k // 2, "DIRECT": 0, **config, **SM90}
         grid = [int(compile_expr(str(e))(scope)) for e in variant.launch["grid"]]
         (block,) = [int(compile_expr(str(e))(scope)) for e in variant.launch["block"]]
         smem = int(compile_expr(variant.launch["shared_bytes"])(scope))
@@ -261,7 +261,7 @@ def test_the_largest_register_config_compiles_for_sm90_without_spills(tmp_path):
     if not nvrtc.available():
         pytest.skip("cuda.bindings is not installed (pip install .[nvrtc])")
     config = {"NT": 8, "MT": 2, "WR": 1, "WK": 8, "DIRECT": 0}   # 64 fp32 sums a thread
-    assert config in _variant().space.configs(SM90_LIMITS)
+    assert config in _variant().space.configs(SM90)
     res = nvrtc.compile_candidate(_variant(), config, "float16", "sm_90",
                                   KernelCache(tmp_path)).resources
     assert res["registers"] <= 255 and res["spill_store_bytes"] == 0, res

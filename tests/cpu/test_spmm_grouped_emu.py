@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_emu  # noqa: E402
 from adaptive.backends.cuda_sparse import bsr_row_groups  # noqa: E402
 from adaptive.expr import compile_expr  # noqa: E402
-from adaptive.nvrtc import SM90_LIMITS  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops.sparse import SparseWeight  # noqa: E402
 from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
 
@@ -72,7 +72,7 @@ CONFIGS = [  # a sample: both groups, both tiles, shallow and deep pipelines, sp
 @pytest.mark.parametrize("name,config", CONFIGS, ids=[n for n, _ in CONFIGS])
 def test_grouped_kernel_emulated_against_float64(tmp_path, rng, name, config):
     variant = _variant(name)
-    assert config in variant.space.configs(SM90_LIMITS)
+    assert config in variant.space.configs(SM90)
     fn = _build(tmp_path, variant, config)
     m, k = 301, 330                            # 10 block rows (the last partial), 11 columns
     mask = rng.random((10, 11)) < 0.35
@@ -90,7 +90,7 @@ def test_grouped_kernel_emulated_against_float64(tmp_path, rng, name, config):
     values = np.ascontiguousarray(bsr.data.astype(np.float16))
     for n in (45, 136):
         b = rng.standard_normal((k, n)).astype(np.float16)
-        scope = {"M": m, "N": n, "K": k, **config, **SM90_LIMITS}
+        scope = {"M": m, "N": n, "K": k, **config, **SM90}
         grid = [int(compile_expr(str(e))(scope)) for e in variant.launch["grid"]] + [1, 1]
         (block,) = [int(compile_expr(str(e))(scope)) for e in variant.launch["block"]]
         ws_bytes = int(compile_expr(str(variant.launch.get("workspace_bytes", 0)))(scope))
