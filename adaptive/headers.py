@@ -19,7 +19,7 @@ from pathlib import Path
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 HEADERS = ("adaptive_ptx.cuh",)
-_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([\w.]+)[>"][ \t]*(//.*)?$', re.M)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([\w.]+)[>"][ \t]*(//.*)?$', re.MULTILINE)
 
 
 @functools.cache

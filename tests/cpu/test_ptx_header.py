@@ -25,9 +25,9 @@ EMULATION = Path(__file__).with_name("ptx_emu.h")
 # the PTX instructions the header wraps: a variant's own asm must not issue them
 WRAPPED = ("cp.async", "ldmatrix", "mma.sync", "mma.sp", "ex2.approx",
            "ld.global.nc.L1::no_allocate")
-_DEFINITION = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:static\s+|inline\s+|__device__\s+|"
-                         r"__forceinline__\s+|__noinline__\s+)+[\w:<>&*\s]*?\b(\w+)\s*(?:<[^>()]*>)?"
-                         r"\s*\(", re.M)
+_DEFINITION = re.compile(r"^(?:template\s*<[^>]*>\s*)?"
+                         r"(?:(?:static|inline|__device__|__forceinline__|__noinline__)\s+)+"
+                         r"[\w:<>&*\s]*?\b(\w+)\s*(?:<[^>()]*>)?\s*\(", re.MULTILINE)
 
 
 def _functions(text: str) -> set[str]:
@@ -37,7 +37,7 @@ def _functions(text: str) -> set[str]:
 
 def _asm_strings(text: str) -> list[str]:
     text = re.sub(r"//[^\n]*", "", text)
-    return re.findall(r"\basm\s*(?:volatile\s*)?\((.*?)\)\s*;", text, re.S)
+    return re.findall(r"\basm\s*(?:volatile\s*)?\((.*?)\)\s*;", text, re.DOTALL)
 
 
 def _cuda_files() -> list[Path]:
@@ -180,3 +180,42 @@ def test_the_regen_prompt_names_every_helper_of_the_header():
     text = inspect.getsource(prompt)
     missing = sorted(n for n in _functions(HEADER.read_text()) if n not in text)
     assert "adaptive_ptx.cuh" in text and not missing, f"the prompt does not name {missing}"
+
+
+GENERATED = r"""
+#include "adaptive_ptx.cuh"
+extern "C" __global__ void softmax_thread(const T* __restrict__ x, T* __restrict__ out,
+                                          int R, int C) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= R) return;
+    const float l2e = 1.4426950408889634f;
+    float m = -INFINITY, s = 0.f;
+    for (int c = 0; c < C; ++c) m = fmaxf(m, to_f32(x[(size_t)row * C + c]));
+    for (int c = 0; c < C; ++c) s += ex2((to_f32(x[(size_t)row * C + c]) - m) * l2e);
+    for (int c = 0; c < C; ++c) {
+        const float e = ex2((to_f32(x[(size_t)row * C + c]) - m) * l2e);
+        out[(size_t)row * C + c] = from_f32<T>(e / s);
+    }
+}
+"""
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="cuda.bindings is not installed")
+def test_a_generated_variant_including_the_header_passes_the_verifiers_compile(tmp_path):
+    from adaptive.backends import gpu_available
+    from adaptive.regen import Job, Outcome, Stage, Verifier
+    from adaptive.space import Space
+    from adaptive.variants import Variant
+    if gpu_available():
+        pytest.skip("a GPU is present: the verifier runs the kernel (tests/gpu)")
+    variant = Variant("ex2_row", "softmax", "cuda", "cuda", "softmax_thread",
+                      source=GENERATED, space=Space((("THREADS", (64,)),)),
+                      launch={"grid": ["ceil_div(R, THREADS)"], "block": ["THREADS"]})
+    copy = dataclasses.replace(variant, source=GENERATED.replace(
+        '#include "adaptive_ptx.cuh"',
+        "__device__ float ex2(float x) { return exp2f(x); }\n#include \"adaptive_ptx.cuh\""))
+    good, bad = Verifier(timeout_s=60, cache_dir=str(tmp_path)).verify_many(
+        [Job(variant, {"THREADS": 64}, {"R": 48, "C": 96}, "float16"),
+         Job(copy, {"THREADS": 64}, {"R": 48, "C": 96}, "float16")])
+    assert good.outcome is Outcome.COMPILED_ONLY and good.resources["registers"] > 0, good
+    assert bad.stage is Stage.COMPILE and "ex2" in bad.detail, bad.detail[:2000]
