@@ -90,7 +90,8 @@ class Variant:
         return None
 
     def to_dict(self) -> dict:
-        """Plain data for packs (msgpack); inverse of :func:`variant_from_dict`."""
+        """Plain data for packs (msgpack); inverse of :func:`variant_from_dict`, except that
+        ``source`` is :attr:`code` (the shipped headers in place: self-contained)."""
         return {
             "name": self.name, "op": self.op, "backend": self.backend,
             "language": self.language, "entry": self.entry, "source": self.code,
