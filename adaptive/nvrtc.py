@@ -23,15 +23,12 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from adaptive import headers
 from adaptive.errors import CompileError
 from adaptive.kcache import CachedKernel, KernelCache, kernel_key
+from adaptive.limits import SM90
 
 DEFAULT_ARCH = "sm_90"
-
-# Device limits of an H100/H200 (sm_90) for enumerating configs without a GPU.
-SM90_LIMITS = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132,
-               "warp_size": 32, "max_registers_per_block": 65536, "l2_bytes": 60 << 20,
-               "cc": 90, "cpu_count": 1}
 
 _CTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
            "float64": "double"}
@@ -69,8 +66,11 @@ def prelude(dtype: str) -> str:
 
 
 def full_source(variant_source: str, dtype: str, source_name: str = "variant.cu") -> str:
-    """Prelude + variant text; ``#line`` keeps compiler messages on the file's own lines."""
-    return f"{prelude(dtype)}#line 1 \"{source_name}\"\n{variant_source}"
+    """Prelude + variant text, the shipped headers it includes put in place
+    (:func:`adaptive.headers.expand`); ``#line`` keeps compiler messages on each file's
+    own lines. What is compiled and what the kernel-cache key hashes."""
+    text = headers.expand(variant_source, source_name)
+    return f"{prelude(dtype)}#line 1 \"{source_name}\"\n{text}"
 
 
 def macro_options(config: Mapping) -> tuple[str, ...]:
@@ -227,8 +227,9 @@ def variant_dtypes(variant, config: Mapping | None = None) -> list[str]:
 
 
 def cuda_jobs(registry, op: str | None = None,
-              limits: Mapping = SM90_LIMITS) -> Iterator[tuple]:
-    """Every (variant, config, dtype) of a CUDA-language variant that can launch."""
+              limits: Mapping = SM90) -> Iterator[tuple]:
+    """Every (variant, config, dtype) of a CUDA-language variant that can launch (on an
+    sm_90 GPU unless ``limits`` says otherwise)."""
     ops = [op] if op else registry.ops()
     for name in ops:
         for v in registry.variants(name, "cuda"):

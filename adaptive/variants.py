@@ -9,6 +9,7 @@ registry serve all three.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import threading
 import tomllib
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from adaptive.errors import ExpressionError, ManifestError, UnknownNameError
 from adaptive.expr import Expr, compile_expr
+from adaptive.headers import expand
 from adaptive.optional import OPTIONAL_MODULES
 from adaptive.space import Space, as_config
 
@@ -56,9 +58,19 @@ class Variant:
     torch_entry: str = ""
     needs: tuple[str, ...] = ()             # optional modules imported once before a run
 
-    @property
+    @functools.cached_property
+    def code(self) -> str:
+        """The source as compiled and as packs store it: for a cuda variant, the shipped
+        headers it includes are put in place (:func:`adaptive.headers.expand`), so a
+        header's content is part of the variant's identity."""
+        if self.language != "cuda":
+            return self.source
+        return expand(self.source, self.source_name or f"{self.name}.cu")
+
+    @functools.cached_property
     def source_hash(self) -> str:
-        return hashlib.sha256(self.source.encode()).hexdigest()
+        """sha256 of :attr:`code`."""
+        return hashlib.sha256(self.code.encode()).hexdigest()
 
     @property
     def id(self) -> str:
@@ -83,10 +95,11 @@ class Variant:
         return None
 
     def to_dict(self) -> dict:
-        """Plain data for packs (msgpack); inverse of :func:`variant_from_dict`."""
+        """Plain data for packs (msgpack); inverse of :func:`variant_from_dict`, except that
+        ``source`` is :attr:`code` (the shipped headers in place: self-contained)."""
         return {
             "name": self.name, "op": self.op, "backend": self.backend,
-            "language": self.language, "entry": self.entry, "source": self.source,
+            "language": self.language, "entry": self.entry, "source": self.code,
             "source_name": self.source_name, "space": self.space.to_dict(),
             "requires": [r.text for r in self.requires],
             "launch": {k: (list(v) if isinstance(v, (list, tuple)) else v)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import adaptive  # noqa: E402
 from adaptive import Dispatcher, Registry, config, runtime  # noqa: E402
 from adaptive.backends import cuda_args  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
 from adaptive.variants import shared_registry  # noqa: E402
 from adaptive.space import Space  # noqa: E402
 
@@ -75,12 +76,26 @@ class FakeCuda:
 
     name = "cuda"
     device = "cuda:0"
+    arch = "sm_90"
     index = 0
 
+    def synchronize(self):
+        pass
+
+    def event_timer(self):
+        return None
+
+    def device_state(self):
+        return {}
+
+    def stream_ptr(self, kind):
+        return 0
+
+    def hold(self, stream_ptr, us):
+        pass
+
     def limits(self):
-        return {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132,
-                "warp_size": 32, "max_registers_per_block": 65536, "l2_bytes": 50 << 20,
-                "cc": 90}
+        return dict(SM90)
 
     def peaks(self):
         return {"flops_per_s": {"float32": 6e13}, "bytes_per_s": 4.8e12}

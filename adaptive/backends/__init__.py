@@ -5,7 +5,8 @@ from __future__ import annotations
 from adaptive.backends.base import Backend, PlanIO
 from adaptive.errors import BackendUnavailableError, UnknownNameError
 
-__all__ = ["NAMES", "Backend", "PlanIO", "get_backend", "gpu_available", "resolve_name"]
+__all__ = ["NAMES", "Backend", "PlanIO", "device_limits", "get_backend", "gpu_available",
+           "resolve_name"]
 
 NAMES = ("host", "cuda")
 
@@ -39,3 +40,12 @@ def get_backend(name: str = "auto", device: int | None = None) -> Backend:
                                       "use backend='host'")
     from adaptive.backends.cuda import CudaBackend
     return CudaBackend(device or 0)
+
+
+def device_limits(device: int = 0) -> dict[str, int]:
+    """The limits of CUDA device ``device`` as the cuda backend reads them, or a copy of
+    :data:`SM90` where there is no GPU (or no CuPy)."""
+    from adaptive.limits import SM90
+    if not gpu_available():
+        return dict(SM90)
+    return get_backend("cuda", device).limits()

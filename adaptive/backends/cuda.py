@@ -35,6 +35,7 @@ from adaptive.backends.pysource import load_entry
 from adaptive.errors import CompileError, InputTypeError, InputValueError
 from adaptive.expr import compile_expr
 from adaptive.kcache import KernelCache
+from adaptive.limits import from_properties
 from adaptive.timing import CudaEvents, measure
 
 log = logging.getLogger("adaptive")
@@ -96,18 +97,9 @@ class CudaBackend:
         self.device = f"cuda:{self.index}"
         props = cupy.cuda.runtime.getDeviceProperties(self.index)
         self._props = props
-        self.cc = props["major"] * 10 + props["minor"]
+        self._limits = from_properties(props)
+        self.cc = self._limits["cc"]
         self.arch = f"sm_{props['major']}{props['minor']}"
-        self._limits = {
-            "max_threads_per_block": int(props["maxThreadsPerBlock"]),
-            "max_shared_bytes": int(props.get("sharedMemPerBlockOptin",
-                                              props["sharedMemPerBlock"])),
-            "sm_count": int(props["multiProcessorCount"]),
-            "warp_size": int(props["warpSize"]),
-            "max_registers_per_block": int(props["regsPerBlock"]),
-            "l2_bytes": int(props["l2CacheSize"]),
-            "cc": self.cc,
-        }
         self._modules: dict = {}
         self._hold_fn = None
         self._lock = threading.Lock()

@@ -20,6 +20,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 
+from adaptive.limits import for_fingerprint as _limits
 from adaptive.observation import Observation
 from adaptive.ops.base import DTYPE_BYTES
 
@@ -139,13 +140,6 @@ class _Context:
 
     def device(self) -> dict:
         return {}
-
-
-def _limits(fingerprint: dict) -> dict:
-    """The limits the grid expressions read, for the pack's device: its SM count, and
-    the sm_90 maxima otherwise (what every shipped pack's GPU has)."""
-    return {"sm_count": int(fingerprint.get("sm_count", 132)), "max_threads_per_block": 1024,
-            "max_shared_bytes": 232448, "warp_size": 32}
 
 
 def fold_of(keys: Sequence[tuple], folds: int, seed: int = 0) -> dict[tuple, int]:

@@ -57,8 +57,12 @@ def build_prompt(request: Request, template: Variant, history: Sequence[Attempt]
     if lang == "cuda":
         contract = (contract or "Same kernel signature as the current best below.") + (
             "\n\nThe library prepends a prelude: the fp16/bf16 headers, the element type `T`, "
-            "`float to_f32(T)` and `T from_f32<T>(float)`. Config values arrive as macros "
-            "(-DNAME=value); grid and block come from the launch expressions shown below.")
+            "`float to_f32(T)` and `T from_f32<T>(float)`. `#include \"adaptive_ptx.cuh\"` "
+            "gives the inline-PTX helpers (smem_u32, cp_async16, cp_async_commit, "
+            "cp_async_wait<N>, ldmatrix_x4, ldmatrix_x4_trans, mma16816, mma_sp16832, "
+            "load_stream16, ex2, pack2); do not define functions of those names. Config values "
+            "arrive as macros (-DNAME=value); grid and block come from the launch expressions "
+            "shown below.")
     parts.append("## Contract (calling convention; a candidate must follow it exactly)\n"
                  + (contract or "Same signature as the current best below."))
     try:

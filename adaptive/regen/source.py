@@ -13,14 +13,12 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from adaptive.backends import device_limits
+from adaptive.limits import SM90
 from adaptive.regen.report import VerifyReport
 from adaptive.regen.shapes import DEFAULT_DIMS, check_dims
 from adaptive.space import Space
 from adaptive.variants import Registry, Variant, make_candidate
-
-# device limits for choosing a default config where no device is at hand (an H100/H200)
-DEFAULT_LIMITS = {"max_threads_per_block": 1024, "max_shared_bytes": 232448,
-                  "sm_count": 132, "cpu_count": 1}
 
 
 def _language(path: Path | None, text: str, language: str | None) -> str:
@@ -82,8 +80,10 @@ def variant_from_source(source: str | Path, op: str, entry: str | None = None,
 
 
 def default_config(variant: Variant, limits: Mapping | None = None) -> dict:
-    """The first config of the variant's space that this device (or an H200) admits."""
-    limits = {**DEFAULT_LIMITS, **(limits or {})}
+    """The first config of the variant's space that this machine's GPU admits (a cuda
+    variant; an H200 where there is none) and ``limits`` (overrides)."""
+    device = device_limits() if variant.backend == "cuda" else SM90
+    limits = {**device, **(limits or {})}
     configs = variant.space.configs(limits)
     if variant.space.params and not configs:
         raise ValueError(f"no config of {variant.id}'s space fits the device limits; pass "

@@ -8,6 +8,10 @@ memory-model behaviour are not emulated: a race that real hardware would show ma
 
     lib = build(source, {"kernel": ["ptr", "i32", "f32"]}, tmp_path)
     lib["kernel"](grid, block, (array, np.int32(3), np.float32(1.0)))
+
+Tensor-core variants run with :data:`PTX` (ptx_emu.h: fp16 built-ins and the emulation of
+adaptive/include/adaptive_ptx.cuh) after :data:`HEADER`, and their text from
+:func:`kernel_source`.
 """
 
 from __future__ import annotations
@@ -80,6 +84,24 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
 }
 #line 1 "kernel.cu"
 """
+
+PTX = '#line 1 "ptx_emu.h"\n' + (Path(__file__).with_name("ptx_emu.h")).read_text()
+_INCLUDE = '#include "adaptive_ptx.cuh"'
+_SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
+
+
+def kernel_source(path: Path) -> str:
+    """A variant's .cu text for g++ after HEADER + PTX: its include of adaptive_ptx.cuh
+    dropped (PTX emulates the header), its dynamic shared memory on ``emu_smem``."""
+    src = Path(path).read_text()
+    for text, what in ((_INCLUDE, "include of adaptive_ptx.cuh"),
+                       (_SMEM, "dynamic shared memory declaration")):
+        if src.count(text) != 1:
+            raise ValueError(f"{path.name}: expected one {what} ({text!r}), found "
+                             f"{src.count(text)}")
+    src = src.replace(_INCLUDE, "// adaptive_ptx.cuh: emulated by ptx_emu.h")
+    return f'#line 1 "{path.name}"\n' + src.replace(_SMEM, "unsigned char* smem_raw = emu_smem;")
+
 
 _C_TYPES = {"ptr": ("void*", ctypes.c_void_p), "i32": ("int", ctypes.c_int),
             "i64": ("long long", ctypes.c_longlong), "f32": ("float", ctypes.c_float)}

@@ -1,6 +1,6 @@
-"""attention_splitkv.cu itself, run on the CPU: its PTX helpers (cp.async, ldmatrix, mma.sync,
-ex2) are swapped for the C++ emulations of test_spmm_grouped_emu.py (whose fragment layouts
-reproduce a kernel the H200 tests check), the rest of the kernel is compiled by g++ as
+"""attention_splitkv.cu itself, run on the CPU: its PTX helpers (adaptive_ptx.cuh: cp.async,
+ldmatrix, mma.sync, ex2) are the C++ emulations of tests/cpu/ptx_emu.h (whose fragment
+layouts reproduce a kernel the H200 tests check), the rest of the kernel is compiled by g++ as
 written (fp16 as _Float16) and launched on the grid, block and workspace the manifest gives,
 against the float64 reference. Checks the row-to-head mapping of grouped-query heads, the
 bottom-right causal limits per row, keys off the tiles and off the splits, the merge of the
@@ -20,24 +20,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_emu  # noqa: E402
-from test_spmm_grouped_emu import EMULATION  # noqa: E402
 from adaptive.expr import compile_expr  # noqa: E402
-from adaptive.nvrtc import SM90_LIMITS  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
 from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
 
 SOURCE = builtin_folder() / "attention" / "attention_splitkv.cu"
 
-HELPERS = r"""
-#include <cstdint>
+EXTRA = r"""
 #undef __launch_bounds__
 #define __launch_bounds__(...)
-struct float2 { float x, y; };
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
-inline float2 make_float2(float a, float b) { return {a, b}; }
-inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-template <> inline __half from_f32<__half>(float x) { return (__half)x; }
 static int emu_votes[1024];
 inline bool __any_sync(unsigned, bool p) {
     const int t = emu_tid(), base = t & ~31;
@@ -48,17 +40,6 @@ inline bool __any_sync(unsigned, bool p) {
         any = any || emu_votes[base + i];
     emu_warp_sync();
     return any;
-}
-inline float ex2(float x) { return std::exp2(x); }
-inline unsigned smem_u32(const void* p) {
-    return (unsigned)((const unsigned char*)p - emu_smem);
-}
-inline void cp_async16(unsigned dst, const void* src, int n) { cp_async16(emu_smem + dst, src, n); }
-inline void cp_async_wait_one() {}
-inline void cp_async_wait_all() {}
-inline void ldmatrix_x4(unsigned* r, unsigned a) { ldmatrix_x4(r, (const void*)(emu_smem + a)); }
-inline void ldmatrix_x4_trans(unsigned* r, unsigned a) {
-    ldmatrix_x4_trans(r, (const void*)(emu_smem + a));
 }
 #define T __half
 """
@@ -71,16 +52,7 @@ def _variant():
 
 
 def _kernel_source() -> str:
-    src = SOURCE.read_text()
-    start = src.index("__device__ __forceinline__ float ex2")
-    end = src.index("// Keys [j0, j0 + BN)")
-    helpers = src[start:end]
-    for name in ("cp_async16", "ldmatrix_x4(", "ldmatrix_x4_trans", "mma16816", "ex2"):
-        assert name in helpers, f"{name} is no longer among the kernel's PTX helpers"
-    src = src[:start] + src[end:]
-    decl = "extern __shared__ __align__(16) unsigned char smem_raw[];"
-    assert src.count(decl) == 1, "the kernel's dynamic shared memory declaration changed"
-    return EMULATION + HELPERS + src.replace(decl, "unsigned char* smem_raw = emu_smem;")
+    return cuda_emu.PTX + EXTRA + cuda_emu.kernel_source(SOURCE)
 
 
 _BUILT: dict = {}
@@ -117,7 +89,7 @@ def _launch(fn, variant, config, q, k, v, causal, scale):
     hkv, lk = k.shape[1], k.shape[2]
     scope = {"B": b, "H": h, "Hkv": hkv, "Lq": lq, "Lk": lk, "D": d, "causal": causal,
              "scale": scale, "dtype": "float16", "itemsize": 2, "masked": 0, **config,
-             **SM90_LIMITS}
+             **SM90}
     assert variant.fits(scope, config), variant.why_not(scope, config)
     ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
     grid = [ev(e) for e in variant.launch["grid"]]
@@ -156,7 +128,7 @@ CASES = [  # config, (B, H, Hkv, Lq, Lk), causal, scale
                               "mha-empty"])
 def test_splitkv_kernel_emulated_against_float64(tmp_path, rng, config, dims, causal, scale):
     variant = _variant()
-    assert config in variant.space.configs(SM90_LIMITS)
+    assert config in variant.space.configs(SM90)
     fn = _build(tmp_path, config)
     b, h, hkv, lq, lk = dims
     d = config["HD"]
@@ -174,7 +146,7 @@ def test_splitkv_kernel_emulated_against_float64(tmp_path, rng, config, dims, ca
 def test_claims_only_what_it_serves():
     """requires: Lq <= 16, D equal to the config's HD, fp16/bf16, the group's rows within the
     warps (an m16 tile a warp at least), grouped heads of any group size."""
-    variant, configs = _variant(), _variant().space.configs(SM90_LIMITS)
+    variant, configs = _variant(), _variant().space.configs(SM90)
 
     def fits(b, h, hkv, lq, lk, d, dtype="float16", config=None, causal=False):
         shapes = ((b, h, lq, d), (b, hkv, lk, d), (b, hkv, lk, d))

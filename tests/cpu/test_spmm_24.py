@@ -1,10 +1,11 @@
 """2:4 sparse weights on the host: detection, the compressed form and its mma.sp fragment
 order, the host_24 variant, and spmm_24_mma.cu itself run on the CPU.
 
-The kernel's PTX helpers (ldmatrix.trans, mma.sp m16n8k32, streaming loads) are swapped for
-C++ emulations of the PTX ISA's fragment layouts (per-warp exchanges through
-tests/cpu/cuda_emu.py's barriers); the rest of the kernel is compiled by g++ as written and
-launched on the grid the manifest gives, against a float64 product: NaN-poisoned out, M, K
+The kernel's PTX helpers (adaptive_ptx.cuh: ldmatrix.trans, mma.sp m16n8k32, streaming
+loads) are the C++ emulations of tests/cpu/ptx_emu.h, the PTX ISA's fragment layouts
+(per-warp exchanges through tests/cpu/cuda_emu.py's barriers); the rest of the kernel is
+compiled by g++ as written and launched on the grid the manifest gives, against a float64
+product: NaN-poisoned out, M, K
 and N off the tiles, several slabs (ping-pong register sets), K not a multiple of 4. The
 emulated metadata must name two distinct positions in ascending order, as the hardware's
 ordered metadata requires. Whether the hardware reads fragments as emulated here is what
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_emu  # noqa: E402
 from adaptive.errors import InputValueError  # noqa: E402
 from adaptive.expr import compile_expr  # noqa: E402
-from adaptive.nvrtc import SM90_LIMITS  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
 from adaptive.ops.sparse import SparseWeight, compress_24, pack_meta  # noqa: E402
 from adaptive.ops.spmm import prune_24  # noqa: E402
@@ -164,112 +165,9 @@ def test_sparse_2to4_weights_at_low_density_keep_their_density(rng):
 
 SOURCE = builtin_folder() / "spmm" / "spmm_24_mma.cu"
 
-EMULATION = r"""
-#include <atomic>
-#include <cstring>
-#define __align__(n)
-typedef _Float16 __half;
-template <> inline __half from_f32<__half>(float x) { return (__half)x; }
-struct uint4 { unsigned x, y, z, w; };
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
-template <class V> inline V __ldg(const V* p) { return *p; }
-inline unsigned short __half_as_ushort(__half h) {
-    unsigned short s;
-    std::memcpy(&s, &h, 2);
-    return s;
-}
-inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
-alignas(16) static unsigned char emu_smem[240 * 1024];
-static int emu_bad_meta = 0;
-
-static const void* emu_ptrs[1024];
-static unsigned emu_regs[1024][10];
-static void emu_warp_sync() { emu_warp_barriers[emu_tid() / 32]->arrive_and_wait(); }
-static unsigned emu_pack(__half lo, __half hi) {
-    unsigned short a, b;
-    std::memcpy(&a, &lo, 2);
-    std::memcpy(&b, &hi, 2);
-    return a | (unsigned(b) << 16);
-}
-static float emu_half(unsigned r, int i) {
-    unsigned short s = i ? (r >> 16) : (r & 0xffff);
-    __half h;
-    std::memcpy(&h, &s, 2);
-    return (float)h;
-}
-// transposed: lane l's register j holds column l/4 of rows 2(l%4), 2(l%4)+1 of matrix j
-static void ldmatrix_x4_trans(unsigned* r, const void* p) {
-    const int t = emu_tid(), base = t & ~31, l = t & 31;
-    emu_ptrs[t] = p;
-    emu_warp_sync();
-    for (int j = 0; j < 4; ++j) {
-        const __half* r0 = (const __half*)emu_ptrs[base + 8 * j + 2 * (l % 4)];
-        const __half* r1 = (const __half*)emu_ptrs[base + 8 * j + 2 * (l % 4) + 1];
-        r[j] = emu_pack(r0[l / 4], r1[l / 4]);
-    }
-    emu_warp_sync();
-}
-// mma.sp m16n8k32 f16, sparsity selector 0: compressed A 16x16 in the dense m16n8k16 A
-// fragment layout; metadata of row g (low 16 bits) and g+8 (high) from lane 4g+t for
-// logical columns 16t..16t+15 (t = 0, 1); B 32x8: register j holds rows 8j+2t, +1 of col g
-static void mma_sp16832(float* c, const uint4& a, const unsigned* b, unsigned e) {
-    const int t = emu_tid(), base = t & ~31, l = t & 31;
-    const unsigned in[9] = {a.x, a.y, a.z, a.w, b[0], b[1], b[2], b[3], e};
-    for (int i = 0; i < 9; ++i) emu_regs[t][i] = in[i];
-    emu_warp_sync();
-    float C[16][16] = {}, A[16][32] = {}, B[32][8];
-    for (int q = 0; q < 32; ++q) {
-        const int g = q / 4, tq = q % 4;
-        const unsigned* R = emu_regs[base + q];
-        for (int h = 0; h < 2; ++h) {
-            C[g][2 * tq + h] = emu_half(R[0], h);
-            C[g + 8][2 * tq + h] = emu_half(R[1], h);
-            C[g][2 * tq + 8 + h] = emu_half(R[2], h);
-            C[g + 8][2 * tq + 8 + h] = emu_half(R[3], h);
-            for (int j = 0; j < 4; ++j) B[8 * j + 2 * tq + h][g] = emu_half(R[4 + j], h);
-        }
-    }
-    for (int q = 0; q < 32; ++q) {
-        const int g = q / 4, tq = q % 4;
-        if (tq > 1) continue;
-        const unsigned E = emu_regs[base + q][8];
-        for (int half = 0; half < 2; ++half) {
-            const int row = g + 8 * half;
-            const unsigned bits = half ? (E >> 16) : (E & 0xffff);
-            for (int j = 0; j < 4; ++j) {
-                const unsigned code = (bits >> (4 * j)) & 0xf, p0 = code & 3, p1 = code >> 2;
-                if (p0 >= p1) emu_bad_meta = 1;
-                A[row][16 * tq + 4 * j + p0] = C[row][8 * tq + 2 * j];
-                A[row][16 * tq + 4 * j + p1] = C[row][8 * tq + 2 * j + 1];
-            }
-        }
-    }
-    emu_warp_sync();
-    const int g = l / 4, tq = l % 4;
-    for (int i = 0; i < 4; ++i) {
-        const int row = g + 8 * (i / 2), col = 2 * tq + (i % 2);
-        float s = 0.f;
-        for (int k = 0; k < 32; ++k) s += A[row][k] * B[k][col];
-        c[i] += s;
-    }
-}
-static uint4 load_stream16(const uint4* p) { return *p; }
-"""
-
-
 def _kernel_source() -> str:
-    """The .cu file without its PTX helpers, its shared memory on emu_smem, C++ linkage."""
-    src = SOURCE.read_text()
-    start = src.index("__device__ __forceinline__ unsigned smem_u32")
-    end = src.index("struct Frags")
-    helpers = src[start:end]
-    for name in ("ldmatrix_x4_trans", "mma_sp16832", "load_stream16"):
-        assert name in helpers, f"{name} is no longer among the kernel's PTX helpers"
-    src = src[:start] + src[end:]
-    src, n = re.subn(r"extern __shared__ __align__\(16\) unsigned char smem_raw\[\];",
-                     "unsigned char* smem_raw = emu_smem;", src)
-    assert n == 1, "the kernel's dynamic shared memory declaration changed"
-    src, n = re.subn(r'extern "C" __global__', "__global__", src)
+    """The .cu file with C++ linkage for its entry (one copy per config's namespace)."""
+    src, n = re.subn(r'extern "C" __global__', "__global__", cuda_emu.kernel_source(SOURCE))
     assert n == 1, "the kernel's entry declaration changed"
     return src
 
@@ -297,12 +195,12 @@ def emulated(tmp_path_factory):
         pytest.skip("g++ is not installed")
     header = cuda_emu.HEADER.replace("typedef float T;", "typedef _Float16 T;")
     assert header != cuda_emu.HEADER
-    parts = [header.replace('#line 1 "kernel.cu"', ""), EMULATION]
+    parts = [header.replace('#line 1 "kernel.cu"', ""), cuda_emu.PTX]
     kernel = _kernel_source()
     for i, (config, _) in enumerate(CONFIGS):
         defines = "".join(f"#define {k} {v}\n" for k, v in config.items())
         undefs = "".join(f"#undef {k}\n" for k in ("NT", "MT", "WR", "WK", "DIRECT", "STAGE"))
-        parts.append(f"namespace c{i} {{\n{defines}#line 1 \"spmm_24_mma.cu\"\n{kernel}\n"
+        parts.append(f"namespace c{i} {{\n{defines}{kernel}\n"
                      f"{undefs}}}\n"
                      f'extern "C" int emu_run{i}(unsigned gx, unsigned gy, unsigned bx, '
                      "const uint4* v, const unsigned* e, const __half* b, __half* out, int M, "
@@ -331,7 +229,7 @@ def emulated(tmp_path_factory):
 def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
     config, ns = CONFIGS[index]
     variant = _variant()
-    assert {"DIRECT": 0, **config} in variant.space.configs(SM90_LIMITS)
+    assert {"DIRECT": 0, **config} in variant.space.configs(SM90)
     fn = emulated[index]
     m, k = 77, 651                 # 5 row tiles (the last partial), 21 chunks, a 3-column group
     dense = _pruned(rng, m, k)
@@ -342,7 +240,7 @@ def test_sparse24_kernel_emulated_against_float64(emulated, rng, index):
         b = rng.standard_normal((k, n)).astype(np.float16)
         b[-1] = 1e4                # large values in the last row of b: must not be lost
         scope = {"M": m, "N": n, "K": k, "dtype": "float16", "is_2to4": 1.0,
-                 "nnz": m * k // 2, "DIRECT": 0, **config, **SM90_LIMITS}
+                 "nnz": m * k // 2, "DIRECT": 0, **config, **SM90}
         grid = [int(compile_expr(str(e))(scope)) for e in variant.launch["grid"]]
         (block,) = [int(compile_expr(str(e))(scope)) for e in variant.launch["block"]]
         smem = int(compile_expr(variant.launch["shared_bytes"])(scope))
@@ -363,7 +261,7 @@ def test_the_largest_register_config_compiles_for_sm90_without_spills(tmp_path):
     if not nvrtc.available():
         pytest.skip("cuda.bindings is not installed (pip install .[nvrtc])")
     config = {"NT": 8, "MT": 2, "WR": 1, "WK": 8, "DIRECT": 0}   # 64 fp32 sums a thread
-    assert config in _variant().space.configs(SM90_LIMITS)
+    assert config in _variant().space.configs(SM90)
     res = nvrtc.compile_candidate(_variant(), config, "float16", "sm_90",
                                   KernelCache(tmp_path)).resources
     assert res["registers"] <= 255 and res["spill_store_bytes"] == 0, res

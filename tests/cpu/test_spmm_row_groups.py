@@ -9,7 +9,7 @@ import pytest
 
 from adaptive.backends import cuda_sparse   # registers the w_* providers
 from adaptive.expr import compile_expr
-from adaptive.nvrtc import SM90_LIMITS
+from adaptive.limits import SM90
 from adaptive.ops.sparse import SparseWeight
 from adaptive.variants import builtin_folder, load_manifest
 
@@ -121,10 +121,10 @@ def test_grouped_variants_grid_covers_every_group(m):
         group = int(next(o for o in v.options if o.startswith("-DGROUP=")).split("=")[1])
         assert f"w_bsr32_g{group}_ptr" in v.launch["args"]
         n_groups = -(-(-(-m // 32)) // group)
-        configs = list(v.space.configs(SM90_LIMITS))
+        configs = list(v.space.configs(SM90))
         assert 1 <= len(configs) <= 8
         for config in configs:
-            scope = {"M": m, "N": 200, "K": 512, **config, **SM90_LIMITS}
+            scope = {"M": m, "N": 200, "K": 512, **config, **SM90}
             grid = [int(compile_expr(str(e))(scope)) for e in v.launch["grid"]]
             block = [int(compile_expr(str(e))(scope)) for e in v.launch["block"]]
             split = config.get("SPLIT", 1)
@@ -137,4 +137,4 @@ def test_grouped_variants_grid_covers_every_group(m):
             smem = int(compile_expr(v.launch["shared_bytes"])(scope))
             tn, stages = config["TN"], config["STAGES"]
             assert smem == stages * 2 * (32 * (tn + 8) + group * 32 * 40)
-            assert smem <= SM90_LIMITS["max_shared_bytes"]
+            assert smem <= SM90["max_shared_bytes"]

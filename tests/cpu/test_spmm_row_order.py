@@ -9,7 +9,7 @@ import pytest
 
 from adaptive.backends import cuda_sparse   # registers the w_* providers
 from adaptive.backends.cuda_args import bind
-from adaptive.nvrtc import SM90_LIMITS
+from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.variants import builtin_folder, load_manifest
 
@@ -36,8 +36,8 @@ def test_every_spmm_kernel_argument_binds(rng, variant):
     op = get_op("spmm")
     w, b = op.make_inputs({"M": 70, "N": 40, "K": 90}, "float16", rng, density=0.2, block=32)
     problem = op.problem((w, b), {})
-    config = next(iter(variant.space.configs(SM90_LIMITS)))
-    scope = {**problem.scope(), **config, **SM90_LIMITS}
+    config = next(iter(variant.space.configs(SM90)))
+    scope = {**problem.scope(), **config, **SM90}
     workspace = object() if variant.launch.get("workspace_bytes") else None   # a stand-in
     slots, _ = bind(op, list(variant.launch["args"]), "cupy", scope, problem, workspace)
     assert [s.name for s in slots] == [a.partition(":")[0] for a in variant.launch["args"]]
@@ -53,8 +53,8 @@ def test_rows_variant_grid_gives_every_block_row_one_cta_slot(m):
     (v,) = [v for v in load_manifest(builtin_folder() / "spmm" / "manifest.toml")
             if v.name == "bsr32_rows_mma"]
     rows = -(-m // 32)
-    for config in v.space.configs(SM90_LIMITS):
-        scope = {"M": m, "N": 256, "K": 512, **config, **SM90_LIMITS}
+    for config in v.space.configs(SM90):
+        scope = {"M": m, "N": 256, "K": 512, **config, **SM90}
         grid = [int(compile_expr(str(e))(scope)) for e in v.launch["grid"]]
         assert grid[0] == -(-256 // config["TN"])
         p, rpc = grid[1], config["RPC"]
@@ -62,4 +62,4 @@ def test_rows_variant_grid_gives_every_block_row_one_cta_slot(m):
         assert sorted(s for s in slots if s < rows) == list(range(rows)), (config, grid)
         smem = int(compile_expr(v.launch["shared_bytes"])(scope))
         assert smem == config["STAGES"] * 2 * (32 * 40 + 32 * (config["TN"] + 8))
-        assert smem <= SM90_LIMITS["max_shared_bytes"]
+        assert smem <= SM90["max_shared_bytes"]

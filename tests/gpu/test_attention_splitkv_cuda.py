@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.nvrtc import SM90_LIMITS
+from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.variants import builtin_folder, load_manifest
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 NAME = "splitkv_mma"
 (VARIANT,) = [v for v in load_manifest(builtin_folder() / "attention" / "manifest.toml")
               if v.name == NAME]
-CONFIGS = VARIANT.space.configs(SM90_LIMITS)
+CONFIGS = VARIANT.space.configs(SM90)
 
 
 def _label(config: dict) -> str:

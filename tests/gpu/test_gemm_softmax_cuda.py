@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive import nvrtc
+from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.ops.base import DTYPE_BYTES
 
@@ -37,7 +37,7 @@ def _cases():
     cases = []
     for op in ("gemm", "softmax"):
         for v in reg.variants(op, "cuda"):
-            configs = v.space.configs(nvrtc.SM90_LIMITS) or [{}]
+            configs = v.space.configs(SM90) or [{}]
             picked = _sample(configs)
             if v.name == "tc_mma":   # one config over 48 KiB of dynamic shared memory
                 big = [c for c in configs if c["STAGES"] == 4 and c["BM"] * c["BN"] >= 128 * 128]

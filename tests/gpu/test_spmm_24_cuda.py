@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.nvrtc import SM90_LIMITS
+from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.ops.spmm import prune_24
 from adaptive.variants import builtin_folder, load_manifest
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 OP = get_op("spmm")
 MMA = [c for v in load_manifest(builtin_folder() / "spmm" / "manifest.toml")
-       if v.name == "sparse24_mma" for c in v.space.configs(SM90_LIMITS)]
+       if v.name == "sparse24_mma" for c in v.space.configs(SM90)]
 
 
 def _label(config: dict) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.nvrtc import SM90_LIMITS
+from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.variants import load_manifest, builtin_folder
 
@@ -22,7 +22,7 @@ def _cuda_candidates(op: str) -> list[tuple[str, dict]]:
     out = []
     for v in load_manifest(builtin_folder() / op / "manifest.toml"):
         if v.backend == "cuda":
-            out += [(v.name, c) for c in v.space.configs(SM90_LIMITS)]
+            out += [(v.name, c) for c in v.space.configs(SM90)]
     return out
 
 

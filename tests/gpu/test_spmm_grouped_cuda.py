@@ -9,14 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adaptive.nvrtc import SM90_LIMITS
+from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.variants import builtin_folder, load_manifest
 
 pytestmark = pytest.mark.gpu
 
 GROUPED = [(v.name, c) for v in load_manifest(builtin_folder() / "spmm" / "manifest.toml")
-           if v.name.startswith("bsr32_grouped") for c in v.space.configs(SM90_LIMITS)]
+           if v.name.startswith("bsr32_grouped") for c in v.space.configs(SM90)]
 
 
 def _label(name: str, config: dict) -> str:

@@ -14,6 +14,8 @@
 // Config macros: HD (head dim; must equal D), BC (keys per tile), NWARPS.
 // Dynamic shared memory: (BR + 2 * BC) * (HD + 8) * 2 bytes.
 
+#include "adaptive_ptx.cuh"
+
 #ifndef HD
 #define HD 128
 #endif
@@ -29,52 +31,6 @@
 #define NTHREADS (NWARPS * 32)
 #define LDS (HD + 8)            // padded rows: conflict-free ldmatrix and cp.async
 #define NEG_INF (-__int_as_float(0x7f800000))
-
-#if defined(ADAPTIVE_DTYPE_BFLOAT16)
-#define MMA_TYPE "bf16"
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-#else
-#define MMA_TYPE "f16"
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-#endif
-
-__device__ __forceinline__ float ex2(float x) {          // 2^x; ex2(-inf) = +0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-// ldmatrix from a 32-bit shared-memory address (fewer registers than generic pointers)
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // ROWS rows of a [n, HD] matrix starting at row r0 into shared memory (row stride LDS);
 // rows past n are zero-filled. 16-byte cp.async, NTHREADS threads.
@@ -141,7 +97,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     if (n_tiles > 0) load_rows<BC>(k_s, kb, 0, Lk);
     cp_async_commit();
     if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
-        cp_async_wait_all();
+        cp_async_wait<0>();
         negate_rows<BR>(q_s);   // the barrier at the top of the loop publishes them
     }
 
@@ -166,7 +122,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
     for (int jt = 0; jt < n_tiles; ++jt) {
         const int j0 = jt * BC;
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();                       // K(j) (and q) visible; all done with V(j-1)
         load_rows<BC>(v_s, vb, j0, Lk);
         cp_async_commit();
@@ -248,7 +204,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             }
         }
 
-        cp_async_wait_all();
+        cp_async_wait<0>();
         __syncthreads();                       // V(j) visible; every warp is done with K(j)
         if (jt + 1 < n_tiles) load_rows<BC>(k_s, kb, j0 + BC, Lk);
         cp_async_commit();
@@ -269,7 +225,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             }
         }
     }
-    cp_async_wait_all();
+    cp_async_wait<0>();
 
     T* ob = out + bh * Lq * HD;
     #pragma unroll

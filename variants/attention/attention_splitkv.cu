@@ -17,6 +17,8 @@
 // + 32) * 4) bytes. Workspace (floats): B*Hkv*S*R*HD partial outputs, then B*Hkv*S*R (m, l)
 // pairs, then B*Hkv counters (S = ceil_div(Lk, KPS) splits).
 
+#include "adaptive_ptx.cuh"
+
 #ifndef HD
 #define HD 128
 #endif
@@ -40,54 +42,6 @@
 #define CW_STRIDE (16 * HD + 32)  // floats per warp in the merge buffer: o[16][HD], m[16], l[16]
 #define NEG_INF (-__int_as_float(0x7f800000))
 #define MB (HD >= 128 ? 8 : 4)  // splits merged a step by the last CTA (registers: 6 a split)
-
-#if defined(ADAPTIVE_DTYPE_BFLOAT16)
-#define MMA_TYPE "bf16"
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-#else
-#define MMA_TYPE "f16"
-__device__ __forceinline__ unsigned pack2(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<unsigned*>(&h);
-}
-#endif
-
-__device__ __forceinline__ float ex2(float x) {          // 2^x; ex2(-inf) = +0
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-__device__ __forceinline__ void cp_async_wait_one() {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // Keys [j0, j0 + BN) of one kv head (rows of HD elements) into a shared tile (row stride
 // LDS); keys at or past j_end are zero-filled (they are masked too).
@@ -176,7 +130,7 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
             load_tile(v_base + nx, vb, j0 + BN, j_end);
         }
         cp_async_commit();
-        cp_async_wait_one();
+        cp_async_wait<1>();
         __syncthreads();                       // tile jt visible to every warp
 
         if (active) {
@@ -243,7 +197,7 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
         }
         __syncthreads();                       // every warp is done with stage jt & 1
     }
-    cp_async_wait_all();
+    cp_async_wait<0>();
 
     // merge the KW warps of each m tile through shared memory (the staging area is free)
     float* cw = reinterpret_cast<float*>(smem_raw);

@@ -5,6 +5,8 @@
 // 16-byte aligned (K or N not a multiple of 8), are loaded element by element with
 // zeros outside, so any M, N, K work. Dynamic shared memory: STAGES*(BM*(BK+8) +
 // BK*(BN+8)) elements. Config: BM, BN, WARPS_M, WARPS_N, STAGES. Convention: convention.md.
+#include "adaptive_ptx.cuh"
+
 #define BK 32
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define WTM (BM / WARPS_M)            // warp tile rows
@@ -15,27 +17,6 @@
 #define BS_LD (BN + 8)                // padded row pitch of the B tile
 #define A_STAGE (BM * AS_LD)
 #define B_STAGE (BK * BS_LD)
-
-#if defined(ADAPTIVE_DTYPE_BFLOAT16)
-#define MMA_TYPE "bf16"
-#else
-#define MMA_TYPE "f16"
-#endif
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // Load the A tile [BM x BK] at (m0, k0) and the B tile [BK x BN] at (k0, n0) into a stage.
 __device__ __forceinline__ void load_tiles(T* As, T* Bs, const T* __restrict__ a,
@@ -116,29 +97,18 @@ gemm_tc(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
                 const T* p = as + (wm * WTM + i * 16 + (lane % 16)) * AS_LD + kk + (lane / 16) * 8;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
-                             : "r"(smem_u32(p)));
+                ldmatrix_x4(af[i], p);
             }
 #pragma unroll
             for (int j = 0; j < NT; j += 2) {
                 const T* p = bs + (kk + (lane % 16)) * BS_LD + wn * WTN + j * 8 + (lane / 16) * 8;
-                asm volatile(
-                    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                    : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1])
-                    : "r"(smem_u32(p)));
+                ldmatrix_x4_trans(bf[j][0], bf[j][1], bf[j + 1][0], bf[j + 1][1], smem_u32(p));
             }
 #pragma unroll
             for (int i = 0; i < MT; ++i)
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
-                        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                        : "+f"(acc[i][j][0]), "+f"(acc[i][j][1]), "+f"(acc[i][j][2]),
-                          "+f"(acc[i][j][3])
-                        : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]),
-                          "r"(bf[j][0]), "r"(bf[j][1]));
+                    mma16816(acc[i][j], af[i], bf[j]);
         }
     }
     cp_async_wait<0>();

@@ -10,6 +10,8 @@
 // pointer not 16-byte aligned) take a (slow) element-by-element load path, zeros outside.
 // Dynamic shared memory: STAGES * (BM * BK + BK * BN) * 2 bytes.
 // Config: BM, BN, BK (32 | 64), WARPS_M, WARPS_N, STAGES. Convention: convention.md.
+#include "adaptive_ptx.cuh"
+
 #define THREADS (WARPS_M * WARPS_N * 32)
 #define WTM (BM / WARPS_M)            // warp tile rows
 #define WTN (BN / WARPS_N)            // warp tile cols
@@ -38,13 +40,11 @@
 #endif
 
 #if defined(ADAPTIVE_DTYPE_BFLOAT16)
-#define MMA_TYPE "bf16"
 typedef __nv_bfloat162 T2;
-__device__ __forceinline__ T2 pack2(float x, float y) { return __floats2bfloat162_rn(x, y); }
+__device__ __forceinline__ T2 to_t2(float x, float y) { return __floats2bfloat162_rn(x, y); }
 #else
-#define MMA_TYPE "f16"
 typedef __half2 T2;
-__device__ __forceinline__ T2 pack2(float x, float y) { return __floats2half2_rn(x, y); }
+__device__ __forceinline__ T2 to_t2(float x, float y) { return __floats2half2_rn(x, y); }
 #endif
 
 // Physical 16-byte chunk of logical chunk `c` in row `r`: 8 consecutive rows read at the
@@ -57,23 +57,6 @@ __device__ __forceinline__ int a_swz(int r, int c) {
 #endif
 }
 __device__ __forceinline__ int b_swz(int r, int c) { return c ^ (r & 7); }
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// 16-byte async copy; src_bytes = 0 fills the destination with zeros (src must be valid).
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(pred ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // Per-thread copy state: the next k tile's source of the thread's first A and B chunk
 // (advanced by BK columns of A / BK rows of B per tile), and which of its A rows are inside M.
@@ -99,7 +82,7 @@ __device__ __forceinline__ void load_stage_vec(unsigned st, Copier& cp, const T*
         const int r = ar + i * A_RSTEP;   // r & 7 does not depend on i: A_RSTEP % 8 == 0
         const unsigned dst = st + r * A_ROW_BYTES + (a_swz(r, ac) << 4);
         const bool ok = ak_ok && ((cp.a_rows_ok >> i) & 1u);
-        cp_async16(dst, ok ? cp.a_src + (size_t)i * A_RSTEP * K : a, ok);
+        cp_async16(dst, ok ? cp.a_src + (size_t)i * A_RSTEP * K : a, ok ? 16 : 0);
     }
     const unsigned bst = st + A_STAGE_BYTES;
 #pragma unroll
@@ -107,7 +90,7 @@ __device__ __forceinline__ void load_stage_vec(unsigned st, Copier& cp, const T*
         const int r = br + i * B_RSTEP;
         const unsigned dst = bst + r * B_ROW_BYTES + (b_swz(r, bc) << 4);
         const bool ok = cp.b_col_ok && k0 + r < K;
-        cp_async16(dst, ok ? cp.b_src + (size_t)i * B_RSTEP * N : b, ok);
+        cp_async16(dst, ok ? cp.b_src + (size_t)i * B_RSTEP * N : b, ok ? 16 : 0);
     }
     cp.a_src += BK;
     cp.b_src += (size_t)BK * N;
@@ -152,17 +135,13 @@ __device__ __forceinline__ void load_frags(unsigned (&af)[MT][4], unsigned (&bf)
     for (int i = 0; i < MT; ++i) {
         const int r = wm * WTM + i * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
         const unsigned p = st + r * A_ROW_BYTES + (a_swz(r, c) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
-                     : "r"(p));
+        ldmatrix_x4(af[i], p);
     }
 #pragma unroll
     for (int j = 0; j < NT; j += 2) {
         const int r = ks * 16 + (lane & 15), c = (wn * WTN + j * 8) / 8 + (lane >> 4);
         const unsigned p = st + A_STAGE_BYTES + r * B_ROW_BYTES + (b_swz(r, c) << 4);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1])
-                     : "r"(p));
+        ldmatrix_x4_trans(bf[j][0], bf[j][1], bf[j + 1][0], bf[j + 1][1], p);
     }
 }
 
@@ -173,13 +152,7 @@ __device__ __forceinline__ void mma_all(float (&acc)[MT][NT][4], const unsigned 
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
             const int jj = (i & 1) ? NT - 1 - j : j;   // serpentine: reuse B registers
-            asm volatile(
-                "mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "
-                "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                : "+f"(acc[i][jj][0]), "+f"(acc[i][jj][1]), "+f"(acc[i][jj][2]),
-                  "+f"(acc[i][jj][3])
-                : "r"(af[i][0]), "r"(af[i][1]), "r"(af[i][2]), "r"(af[i][3]),
-                  "r"(bf[jj][0]), "r"(bf[jj][1]));
+            mma16816(acc[i][jj], af[i], bf[jj]);
         }
 }
 
@@ -287,7 +260,7 @@ gemm_tc_wide(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ o
                 if (r >= M || col >= N) continue;
                 T* p = out + (size_t)r * N + col;
                 if (pairs) {   // N even: col + 1 < N too
-                    *reinterpret_cast<T2*>(p) = pack2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    *reinterpret_cast<T2*>(p) = to_t2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
                 } else {
                     p[0] = from_f32<T>(acc[i][j][2 * h]);
                     if (col + 1 < N) p[1] = from_f32<T>(acc[i][j][2 * h + 1]);

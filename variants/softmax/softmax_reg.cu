@@ -10,6 +10,9 @@
 // Reduction in one shared-memory round: each thread keeps (m_t, s_t) with s_t relative to
 // its own max; a warp reduces max then rescales and reduces sums (one exp per thread);
 // warps meet in shared memory once; the final scale is exp(m_t - M) / S.
+
+#include "adaptive_ptx.cuh"
+
 #ifndef ITEMS
 #define ITEMS 1
 #endif
@@ -30,12 +33,6 @@ constexpr int WIDTH = TPR < 32 ? TPR : 32;           // shuffle width of a row's
 constexpr int NW = TPR > 32 ? TPR / 32 : 1;          // warps per row
 constexpr float LOG2E = 1.4426950408889634f;
 struct alignas(16) VecT { T v[VEC]; };
-
-__device__ __forceinline__ float ex2(float a) {      // MUFU.EX2; ex2(-inf) = 0
-    float r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
-    return r;
-}
 
 __device__ __forceinline__ VecT load16(const T* p) {
     int4 r;

@@ -15,6 +15,8 @@
 // from global memory (b is a few KB, L1-resident), so warps stream without barriers.
 // Config macros: NT (1, 2, 4, 8), MT (1, 2), WR, WK, DIRECT (0, 1). Needs T == __half.
 
+#include "adaptive_ptx.cuh"
+
 #ifndef NT
 #define NT 1
 #endif
@@ -41,30 +43,6 @@
 #define CPS (UNROLL * WK)               // 32-column chunks per slab
 #define KC (32 * CPS)                   // columns of K per slab
 #define NWARPS (WR * WK)
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-// d += A (16 x 32, 2:4, compressed to 16 x 16: registers a) x B (32 x 8) with metadata e
-// (sparsity selector 0: lanes 4g and 4g + 1 give rows g and g + 8)
-__device__ __forceinline__ void mma_sp16832(float* c, const uint4& a, const unsigned* b,
-                                            unsigned e) {
-    asm volatile("mma.sp.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9,%10,%11}, {%0,%1,%2,%3}, %12, 0x0;\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w),
-                   "r"(b[0]), "r"(b[1]), "r"(b[2]), "r"(b[3]), "r"(e));
-}
-__device__ __forceinline__ uint4 load_stream16(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
 
 struct Frags {
     uint4 a[UNROLL][MT];

@@ -19,6 +19,8 @@
 // Config macros: TN (128, 256), NWARPS (4, 8), STAGES (>= 2), RPC (block rows per CTA, 1-4).
 // Needs T == __half (the prelude of adaptive/nvrtc.py provides T and cuda_fp16.h).
 
+#include "adaptive_ptx.cuh"
+
 #ifndef TN
 #define TN 128
 #endif
@@ -45,33 +47,6 @@
 static_assert(WN % 16 == 0, "each warp needs a multiple of 16 columns");
 static_assert(STAGES >= 2, "the pipeline needs two stages");
 static_assert(RPC >= 1 && RPC <= 4, "RPC (block rows per CTA) must be 1 to 4");
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // The whole CTA stages one A block and its 32 x TN slab of b (rows k0.., columns n0..).
 __device__ __forceinline__ void load_stage(__half* as, __half* bs, const __half* __restrict__ a_blk,
@@ -190,8 +165,8 @@ spmm_bsr_rows(const int* __restrict__ indptr, const int* __restrict__ indices,
                     ldmatrix_x4_trans(bf, bs + (ks * 16 + (lane & 15)) * B_LD + wn0 + np * 16 + (lane >> 4) * 8);
                     #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
-                        mma16816(acc[mt][2 * np], af[mt], bf);
-                        mma16816(acc[mt][2 * np + 1], af[mt], bf + 2);
+                        mma16816<__half>(acc[mt][2 * np], af[mt], bf);
+                        mma16816<__half>(acc[mt][2 * np + 1], af[mt], bf + 2);
                     }
                 }
             }

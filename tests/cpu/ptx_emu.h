@@ -1,0 +1,201 @@
+// The C++ emulation of adaptive/include/adaptive_ptx.cuh, and the fp16 CUDA built-ins the
+// tensor-core kernels use, for running them on the CPU under cuda_emu.HEADER (one thread per
+// CUDA thread; warp-wide instructions exchange registers through the warp's barrier).
+// fp16 only (__half is _Float16); fragment layouts are the PTX ISA's, as the H200 runs them
+// (test_spmm_grouped_emu.py checks a kernel whose results the GPU tests check). Copies land
+// at issue: a missing cp.async wait is not caught. Every function the header defines is
+// defined here (test_ptx_header.py checks).
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#define __align__(n)
+
+// ---- fp16 and vector built-ins -------------------------------------------------------------
+typedef _Float16 __half;
+struct __half2 { __half x, y; };
+struct uint4 { unsigned x, y, z, w; };
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline __half __float2half(float x) { return (__half)x; }
+inline __half __float2half_rn(float x) { return (__half)x; }
+inline __half2 __floats2half2_rn(float a, float b) { return {(__half)a, (__half)b}; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned short __half_as_ushort(__half h) {
+    unsigned short s;
+    std::memcpy(&s, &h, 2);
+    return s;
+}
+template <> inline __half from_f32<__half>(float x) { return (__half)x; }
+template <class V> inline V __ldg(const V* p) { return *p; }
+template <class V> inline V __ldcg(const V* p) { return *p; }
+inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+// ---- shared memory and warp exchanges ------------------------------------------------------
+alignas(16) static unsigned char emu_smem[240 * 1024];   // a kernel's dynamic shared memory
+static const void* emu_ptrs[1024];
+static unsigned emu_regs[1024][10];
+static void emu_warp_sync() { emu_warp_barriers[emu_tid() / 32]->arrive_and_wait(); }
+static unsigned emu_pack(__half lo, __half hi) {
+    unsigned short a, b;
+    std::memcpy(&a, &lo, 2);
+    std::memcpy(&b, &hi, 2);
+    return a | (unsigned(b) << 16);
+}
+static __half emu_half(unsigned r, int i) {
+    unsigned short s = i ? (r >> 16) : (r & 0xffff);
+    __half h;
+    std::memcpy(&h, &s, 2);
+    return h;
+}
+
+// ---- adaptive_ptx.cuh ----------------------------------------------------------------------
+// shared addresses are offsets into emu_smem
+inline unsigned smem_u32(const void* p) {
+    return (unsigned)((const unsigned char*)p - emu_smem);
+}
+
+inline void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    std::memset(emu_smem + dst, 0, 16);
+    std::memcpy(emu_smem + dst, src, src_bytes);
+}
+inline void cp_async16(void* dst, const void* src, int src_bytes) {
+    cp_async16(smem_u32(dst), src, src_bytes);
+}
+inline void cp_async16(void* dst, const void* src) { cp_async16(dst, src, 16); }
+void cp_async16(unsigned dst, const void* src, bool) = delete;
+void cp_async16(void* dst, const void* src, bool) = delete;
+inline void cp_async_commit() {}
+template <int PENDING> inline void cp_async_wait() {}
+
+// lane l's register j: matrix j (row addresses from lanes 8j..8j+7), row l/4, columns
+// 2(l%4), +1; transposed: column l/4 of rows 2(l%4), +1
+static void emu_ldmatrix(unsigned* r, unsigned addr, bool trans) {
+    const int t = emu_tid(), base = t & ~31, l = t & 31;
+    emu_ptrs[t] = emu_smem + addr;
+    emu_warp_sync();
+    for (int j = 0; j < 4; ++j) {
+        if (trans) {
+            const __half* r0 = (const __half*)emu_ptrs[base + 8 * j + 2 * (l % 4)];
+            const __half* r1 = (const __half*)emu_ptrs[base + 8 * j + 2 * (l % 4) + 1];
+            r[j] = emu_pack(r0[l / 4], r1[l / 4]);
+        } else {
+            const __half* row = (const __half*)emu_ptrs[base + 8 * j + l / 4];
+            r[j] = emu_pack(row[2 * (l % 4)], row[2 * (l % 4) + 1]);
+        }
+    }
+    emu_warp_sync();
+}
+inline void ldmatrix_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3,
+                        unsigned addr) {
+    unsigned r[4];
+    emu_ldmatrix(r, addr, false);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+inline void ldmatrix_x4_trans(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3,
+                              unsigned addr) {
+    unsigned r[4];
+    emu_ldmatrix(r, addr, true);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+inline void ldmatrix_x4(unsigned* r, unsigned addr) { ldmatrix_x4(r[0], r[1], r[2], r[3], addr); }
+inline void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
+    ldmatrix_x4_trans(r[0], r[1], r[2], r[3], addr);
+}
+inline void ldmatrix_x4(unsigned* r, const void* p) { ldmatrix_x4(r, smem_u32(p)); }
+inline void ldmatrix_x4_trans(unsigned* r, const void* p) { ldmatrix_x4_trans(r, smem_u32(p)); }
+
+// m16n8k16, A row-major fragments, B column fragments, fp32 C (PTX ISA fragment layouts)
+template <typename ELEM = __half>
+inline void mma16816(float* c, const unsigned* a, const unsigned* b) {
+    static_assert(sizeof(ELEM) == 2, "fp16 only");
+    const int t = emu_tid(), base = t & ~31, l = t & 31;
+    for (int i = 0; i < 4; ++i) emu_regs[t][i] = a[i];
+    for (int i = 0; i < 2; ++i) emu_regs[t][4 + i] = b[i];
+    emu_warp_sync();
+    float A[16][16], B[16][8];
+    for (int q = 0; q < 32; ++q) {
+        const int g = q / 4, tq = q % 4;
+        const unsigned* R = emu_regs[base + q];
+        for (int h = 0; h < 2; ++h) {
+            A[g][2 * tq + h] = (float)emu_half(R[0], h);
+            A[g + 8][2 * tq + h] = (float)emu_half(R[1], h);
+            A[g][2 * tq + 8 + h] = (float)emu_half(R[2], h);
+            A[g + 8][2 * tq + 8 + h] = (float)emu_half(R[3], h);
+            B[2 * tq + h][g] = (float)emu_half(R[4], h);
+            B[2 * tq + 8 + h][g] = (float)emu_half(R[5], h);
+        }
+    }
+    emu_warp_sync();
+    const int g = l / 4, tq = l % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * tq + (i % 2);
+        float s = 0.f;
+        for (int k = 0; k < 16; ++k) s += A[row][k] * B[k][col];
+        c[i] += s;
+    }
+}
+
+// mma.sp m16n8k32 f16, sparsity selector 0: compressed A 16x16 in the dense m16n8k16 A
+// fragment layout; metadata of row g (low 16 bits) and g+8 (high) from lane 4g+t for
+// logical columns 16t..16t+15 (t = 0, 1); B 32x8: register j holds rows 8j+2t, +1 of col g.
+// Metadata whose two positions are not distinct and ascending sets emu_bad_meta.
+static int emu_bad_meta = 0;
+inline void mma_sp16832(float* c, const uint4& a, const unsigned* b, unsigned e) {
+    const int t = emu_tid(), base = t & ~31, l = t & 31;
+    const unsigned in[9] = {a.x, a.y, a.z, a.w, b[0], b[1], b[2], b[3], e};
+    for (int i = 0; i < 9; ++i) emu_regs[t][i] = in[i];
+    emu_warp_sync();
+    float C[16][16] = {}, A[16][32] = {}, B[32][8];
+    for (int q = 0; q < 32; ++q) {
+        const int g = q / 4, tq = q % 4;
+        const unsigned* R = emu_regs[base + q];
+        for (int h = 0; h < 2; ++h) {
+            C[g][2 * tq + h] = (float)emu_half(R[0], h);
+            C[g + 8][2 * tq + h] = (float)emu_half(R[1], h);
+            C[g][2 * tq + 8 + h] = (float)emu_half(R[2], h);
+            C[g + 8][2 * tq + 8 + h] = (float)emu_half(R[3], h);
+            for (int j = 0; j < 4; ++j) B[8 * j + 2 * tq + h][g] = (float)emu_half(R[4 + j], h);
+        }
+    }
+    for (int q = 0; q < 32; ++q) {
+        const int g = q / 4, tq = q % 4;
+        if (tq > 1) continue;
+        const unsigned E = emu_regs[base + q][8];
+        for (int half = 0; half < 2; ++half) {
+            const int row = g + 8 * half;
+            const unsigned bits = half ? (E >> 16) : (E & 0xffff);
+            for (int j = 0; j < 4; ++j) {
+                const unsigned code = (bits >> (4 * j)) & 0xf, p0 = code & 3, p1 = code >> 2;
+                if (p0 >= p1) emu_bad_meta = 1;
+                A[row][16 * tq + 4 * j + p0] = C[row][8 * tq + 2 * j];
+                A[row][16 * tq + 4 * j + p1] = C[row][8 * tq + 2 * j + 1];
+            }
+        }
+    }
+    emu_warp_sync();
+    const int g = l / 4, tq = l % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * tq + (i % 2);
+        float s = 0.f;
+        for (int k = 0; k < 32; ++k) s += A[row][k] * B[k][col];
+        c[i] += s;
+    }
+}
+
+inline uint4 load_stream16(const uint4* p) { return *p; }
+
+inline float ex2(float x) { return std::exp2(x); }
+
+template <typename ELEM = __half>
+inline unsigned pack2(float a, float b) {
+    static_assert(sizeof(ELEM) == 2, "fp16 only");
+    return emu_pack((__half)a, (__half)b);
+}
