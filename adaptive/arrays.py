@@ -186,6 +186,23 @@ def to_numpy(x):
     raise InputTypeError(f"cannot read a {type(x).__name__} as a NumPy array")
 
 
+def to_cuda(inputs: tuple) -> tuple:
+    """An op's host inputs on the current CUDA device: NumPy arrays copied with CuPy
+    (bfloat16 data, which NumPy cannot hold, comes as float32 and becomes a torch
+    bfloat16 tensor), everything else (a SparseWeight, arrays already on the device) as it
+    is. The one place tools (pack build, verifier, benchmarks, CLIs) move inputs over."""
+    cupy = sys.modules.get("cupy") or __import__("cupy")
+    return tuple(cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in inputs)
+
+
+def to_cuda_bfloat16(inputs: tuple) -> tuple:
+    """As :func:`to_cuda`, for inputs drawn as float32 that the op takes in bfloat16: torch
+    bfloat16 tensors on the current CUDA device."""
+    torch = sys.modules.get("torch") or __import__("torch")
+    return tuple(torch.from_numpy(a).to(device="cuda", dtype=torch.bfloat16)
+                 if isinstance(a, np.ndarray) else a for a in inputs)
+
+
 def from_numpy(result: np.ndarray, like):
     """Return ``result`` in the array type of ``like`` (the caller's first array)."""
     if isinstance(like, np.ndarray):

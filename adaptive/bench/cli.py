@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from adaptive import arrays
 from adaptive.ops import OPS
 from adaptive.progress import Heartbeat, doing
 from adaptive.timing import measure, measure_each
@@ -70,8 +71,7 @@ class OpReport:
 def _to_backend(args, backend_name: str):
     if backend_name == "host":
         return args
-    import cupy
-    return tuple(a if not isinstance(a, np.ndarray) else cupy.asarray(a) for a in args)
+    return arrays.to_cuda(args)
 
 
 def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats: int = 5,

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from adaptive import arrays
 from adaptive.ops import OPS
 from adaptive.progress import doing
 from adaptive.timing import measure, measure_each
@@ -281,8 +282,7 @@ def _inputs(spec, rng, backend_name: str):
     op, dims, dtype, stats, params = spec
     args = OPS[op].make_inputs(dict(dims), dtype, rng, **dict(stats))
     if backend_name != "host":
-        import cupy
-        args = tuple(cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args)
+        args = arrays.to_cuda(args)
     return args, dict(params)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import msgpack
 
+from adaptive import arrays
 from adaptive.errors import PackError
 from adaptive.observation import Measurement, Observation, floor_ms
 from adaptive.packs.presets import PRESETS
@@ -178,19 +179,13 @@ def _on_device(inputs: tuple, dtype: str, backend: str) -> tuple:
     CuPy on the GPU (bfloat16 as PyTorch tensors: CuPy has no bfloat16)."""
     if backend == "host":
         return inputs
-    import cupy
-    if dtype == "bfloat16":
-        import torch
-        return tuple(a if hasattr(type(a), "signature") else
-                     torch.from_numpy(a).to(device="cuda", dtype=torch.bfloat16) for a in inputs)
-    return tuple(a if hasattr(type(a), "signature") else cupy.asarray(a) for a in inputs)
+    return arrays.to_cuda_bfloat16(inputs) if dtype == "bfloat16" else arrays.to_cuda(inputs)
 
 
 def _host_float(x):
     """A float32/64 NumPy copy of a result in any array type (bfloat16 tensors included)."""
     if type(x).__module__.split(".")[0] == "torch":
         return x.float().cpu().numpy()
-    from adaptive import arrays
     return arrays.to_numpy(x)
 
 

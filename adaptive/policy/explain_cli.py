@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from adaptive import arrays
+
 MAX_CALLS = 64   # launches before giving up on a commit (the learned policy needs a few)
 
 
@@ -65,8 +67,7 @@ def explain_shape(args: argparse.Namespace):
     stats = {"density": args.density} if op.name == "spmm" else {}
     inputs = op.make_inputs(dims, args.dtype, np.random.default_rng(args.seed), **stats)
     if d.backend.name == "cuda":
-        import cupy
-        inputs = tuple(cupy.asarray(x) if isinstance(x, np.ndarray) else x for x in inputs)
+        inputs = arrays.to_cuda(inputs)
     params = {"causal": True} if args.causal else {}
     key = op.key(inputs, params)
     limit = MAX_CALLS if args.calls is None else args.calls

@@ -11,6 +11,8 @@ import argparse
 import json
 import math
 import sys
+
+from adaptive import arrays
 import time
 
 
@@ -87,8 +89,7 @@ def measured_request(op_name: str, dims: dict, dtype: str, backend: str = "auto"
     d = Dispatcher(backend)
     inputs = make_inputs(op, dims, dtype, 0, "normal")
     if d.backend.name == "cuda":
-        import cupy
-        inputs = tuple(cupy.asarray(x) if hasattr(x, "dtype") else x for x in inputs)
+        inputs = arrays.to_cuda(inputs)
     try:
         d.launch(op_name, *inputs)
     except Exception as exc:  # noqa: BLE001 (say which input class cannot run here)

@@ -83,8 +83,7 @@ class Runner:
     def native(self, inputs: tuple) -> tuple:
         if not self.cuda:
             return inputs
-        import cupy
-        return tuple(cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in inputs)
+        return arrays.to_cuda(inputs)
 
     def sync(self) -> None:
         if self.cuda:

@@ -117,7 +117,8 @@ def test_a_pack_carries_the_header_and_a_changed_one_turns_its_rows_away(tmp_pat
                                                                        monkeypatch):
     import warnings
 
-    from adaptive import pack as packs
+    from adaptive.packs import format as packs
+    from adaptive.packs import install
     from adaptive.observation import Observation
     builtin = _builtin("gemm", "tc_mma")
     config = builtin.space.configs(SM90)[0]
@@ -131,7 +132,7 @@ def test_a_pack_carries_the_header_and_a_changed_one_turns_its_rows_away(tmp_pat
     for dtype in ("float16", "bfloat16"):   # cubin keys recompute the same from either text
         assert nvrtc.full_source(packed.source, dtype, "gemm_tc.cu") == \
             nvrtc.full_source(builtin.source, dtype, "gemm_tc.cu")
-    report = packs.load_pack(tmp_path / "p.msgpack", Registry([builtin]), fingerprint=fp)
+    report = install.load_pack(tmp_path / "p.msgpack", Registry([builtin]), fingerprint=fp)
     assert report.variants_present == ("gemm/tc_mma",) and report.rows == 1
 
     grown = _grown(headers.header_text("adaptive_ptx.cuh"))
@@ -139,7 +140,7 @@ def test_a_pack_carries_the_header_and_a_changed_one_turns_its_rows_away(tmp_pat
     registry = Registry([dataclasses.replace(builtin)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = packs.load_pack(tmp_path / "p.msgpack", registry, fingerprint=fp)
+        report = install.load_pack(tmp_path / "p.msgpack", registry, fingerprint=fp)
     assert report.variants_skipped == ("gemm/tc_mma",) and report.rows == 0
 
 
@@ -147,7 +148,7 @@ def test_a_pack_carries_the_header_and_a_changed_one_turns_its_rows_away(tmp_pat
 def test_sources_of_packs_compile_without_the_header_and_errors_name_both_files(tmp_path):
     from adaptive.errors import CompileError
     from adaptive.kcache import KernelCache
-    from adaptive.pack import read_pack
+    from adaptive.packs.format import read_pack
     from adaptive.packs import shipped_packs
     cache = KernelCache(tmp_path)
     for path in shipped_packs():        # written before or after the header: self-contained
