@@ -119,8 +119,9 @@ class CuptiActivity:
 
     def _select_api(self, cupti, launches_only: bool) -> bool:
         """Enable API records of launches only (``launches_only``) or of every call; True
-        when the launch calls are known to be on and the others off."""
-        found = False
+        when every launch call is known to be on and every other call off (then one id
+        record comes per launch, which is what a call's kernel count is checked against)."""
+        found, exact = False, True
         for lower, upper, setter in _CBID_ENUMS:
             cbids, enable = getattr(cupti, lower, None) or getattr(cupti, upper, None), \
                 getattr(cupti, setter, None)
@@ -133,14 +134,14 @@ class CuptiActivity:
                 try:
                     enable(int(member), 1 if launch or not launches_only else 0)
                 except Exception as exc:  # noqa: BLE001
-                    if launch:                    # a launch left without its id record
+                    if launch and launches_only:  # a launch left without its id record
                         log.info("CUPTI: cannot narrow API records (%s: %s); keeping all",
                                  name, exc)
-                        if launches_only:
-                            self._select_api(cupti, launches_only=False)
+                        self._select_api(cupti, launches_only=False)
                         return False
+                    exact = False                 # a call left on: ids are not launches
                 found = found or launch
-        return found and launches_only
+        return found and exact and launches_only
 
     def widen(self) -> None:
         """Record every API call again (a launch path the narrowing missed)."""

@@ -586,3 +586,19 @@ def test_a_launch_the_narrowing_missed_widens_the_api_records(tmp_path, rng, fak
     clog._drain()
     stats = clog.close()
     assert (stats.written, stats.dropped) == (1, 1)
+
+
+def test_api_records_are_narrowed_to_launch_calls_only_when_every_switch_took():
+    """One id record a launch is what a call's kernel count is checked against: when a
+    non-launch call cannot be switched off, the activity says it is not narrowed."""
+    class Stubborn(FakeCupti):
+        def activity_enable_driver_api(self, cbid, enable):
+            if cbid == 1 and not enable:
+                raise RuntimeError("CUPTI_ERROR_NOT_SUPPORTED")
+            super().activity_enable_driver_api(cbid, enable)
+
+    ok, stubborn = FakeCupti(), Stubborn()
+    assert CuptiActivity(cupti=ok).narrowed
+    assert ok.api_off == {("driver", 1), ("driver", 2), ("driver", 5), ("runtime", 1)}
+    assert not CuptiActivity(cupti=stubborn).narrowed
+    assert ("driver", 2) in stubborn.api_off          # the others still off: fewer records
