@@ -429,13 +429,14 @@ class CuptiTimer:
     to its last kernel's end on the GPU clock (the GPU time of the kernels it issued,
     without the launch latency before the first kernel that an event pair also reads).
 
-    A call is finished when its kernels have come: every launch it made (``narrowed``
-    activity: one id record a launch) and an id record of a later call has come, or else
-    ``settle_s`` after the writer first saw it. A call with no kernel is dropped and
-    counted only ``lost_after_s`` after that, or at the final harvest, which forces CUPTI
-    to hand over every buffer first: CUPTI keeps a buffer until it is full or all its
-    records are complete, so on a busy stream a record can come a second late, and
-    records of one launch come in any order, in any buffers.
+    A call is finished when a kernel has come for every launch it made (``narrowed``
+    activity: one id record a launch; else its first kernel) and either an id record of a
+    later call has come or no record of it came for ``settle_s``. A call still without
+    all its kernels is dropped and counted only ``lost_after_s`` after the writer first
+    saw it, or at the final harvest, which forces CUPTI to hand over every buffer first:
+    CUPTI keeps a buffer until it is full or all its records are complete, so on a busy
+    stream a record can come a second late, and the records of one launch come in any
+    order, in any buffers.
 
     ``status`` is "ok" or why CUPTI cannot be used (then callers use events).
     """
