@@ -12,7 +12,8 @@ arity that return at once, and ``cupy.cuda.Event`` is a Python class shaped like
 are the Python-level work around the CUDA calls, not the driver's own cost (about
 0.1-0.5 us per event record on a real GPU, the same before and after).
 
-Rows (median over alternating rounds; microseconds per launch):
+Rows (median over alternating rounds, and the best round's difference, steadier on a
+shared machine; microseconds per launch):
 - ``cuda recorder``: the event recorder around a no-op plan, against the plan alone; then
   the same recorder logging one call in ``ADAPTIVE_COUNTER_LOG_EVERY`` (the default).
 - ``cupti recorder``: the CUPTI recorder (external correlation id pushed and popped around
@@ -152,13 +153,15 @@ def per_launch_us(fn, n: int) -> float:
 
 
 def side_by_side(off, on, rounds: int, n: int, between=None) -> tuple[float, float]:
-    """Median µs per launch of ``off(n)`` and ``on(n)``, alternating, order flipped."""
+    """Median µs per launch of ``off(n)`` and ``on(n)``, alternating, order flipped (the
+    best round of each too, in ``side_by_side.best``: steadier on a shared machine)."""
     times = {"off": [], "on": []}
     for r in range(rounds):
         for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
             times[mode].append(per_launch_us(off if mode == "off" else on, n))
             if between is not None:
                 between()
+    side_by_side.best = (min(times["off"]), min(times["on"]))
     return statistics.median(times["off"]), statistics.median(times["on"])
 
 
@@ -217,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     def measure(name, off_fn, on_fn):
         written.clear()
         off, on = side_by_side(off_fn, on_fn, args.rounds, n, drain)
-        rows.append((name, off, on, statistics.median(written) if written else 0.0))
+        rows.append((name, off, on, statistics.median(written) if written else 0.0,
+                     side_by_side.best))
 
     measure("cuda recorder (no-op plan)", run_noop, rec_noop)
     every = counterlog_every()
@@ -250,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in (("cupti recorder (no-op plan)", cupti_noop),
                      (f"  the same, 1 call in {every}", cupti_sampled_noop)):
         off, on = side_by_side(run_noop, fn, args.rounds, n, cupti_timer.discard_pending)
-        rows.append((name, off, on, 0.0))
+        rows.append((name, off, on, 0.0, side_by_side.best))
     assert cupti_timer.dropped == 0, cupti_timer.dropped
 
     def launch(k):
@@ -283,9 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     where = Path(counterlog.__file__).resolve().parents[2]
     print(f"cpu_counterlog_overhead: tree {where}; cupy {'stand-in' if fake else 'real'}; "
           f"{n} launches x {args.rounds} rounds per mode; {stats.written} records written")
-    print(f"  {'path':<28} {'off us':>8} {'on us':>8} {'caller +us':>11} {'writer us':>10}")
-    for name, off, on, writer_us in rows:
-        print(f"  {name:<28} {off:>8.3f} {on:>8.3f} {on - off:>+11.3f} {writer_us:>10.3f}")
+    print(f"  {'path':<28} {'off us':>8} {'on us':>8} {'caller +us':>11} {'best +us':>9} "
+          f"{'writer us':>10}")
+    for name, off, on, writer_us, (best_off, best_on) in rows:
+        print(f"  {name:<28} {off:>8.3f} {on:>8.3f} {on - off:>+11.3f} "
+              f"{best_on - best_off:>+9.3f} {writer_us:>10.3f}")
     return 0
 
 
