@@ -15,18 +15,29 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
+import re
 import threading
 import traceback
 
 log = logging.getLogger("profilers.cupti")
 
-_MAX_OPEN_TAGS = 1 << 16
+_MAX_OPEN_TAGS = 1 << 16      # ids, spans and waiting kernels kept (oldest dropped first)
+_ORPHAN_ROUNDS = 4            # deliveries a kernel without its id waits for the id
+FLUSH_FORCED = 1              # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
 # CUPTI writes an EXTERNAL_CORRELATION record only beside an API activity record (the
 # external id is attached to the driver/runtime call that launched the kernel): without
 # DRIVER and RUNTIME enabled no kernel can be joined to the id pushed around its call
 _KIND_NAMES = ("CONCURRENT_KERNEL", "EXTERNAL_CORRELATION", "DRIVER", "RUNTIME")
+# the API records kept when they are narrowed to launches: every other driver/runtime call
+# (context queries, allocations, event calls: ~5 a CuPy launch) then costs CUPTI no record
+_LAUNCH_API = re.compile(r"cu(?:da)?(?:LaunchKernel|LaunchCooperativeKernel|LaunchGrid|"
+                         r"GraphLaunch|Launch(?:_|$))")
+_CBID_ENUMS = (("driver_api_trace_cbid", "Driver_api_trace_cbid", "activity_enable_driver_api"),
+               ("runtime_api_trace_cbid", "Runtime_api_trace_cbid",
+                "activity_enable_runtime_api"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +55,26 @@ class KernelRecord:
 
 
 class CuptiActivity:
-    """Collects kernel activity records in the background.
+    """Collects kernel activity records in the background and joins them to the external
+    ids pushed around launches.
 
     Args:
         cupti: the ``cupti.cupti`` bindings module (default: imported; tests pass a fake).
-        buffer_bytes: size of each activity buffer handed to CUPTI.
+        buffer_bytes: size of each activity buffer handed to CUPTI. CUPTI hands a buffer
+            back when it is full, or on a flush once every record in it is complete; on a
+            busy stream the newest kernel is always in flight, so a smaller buffer is what
+            bounds how late a record comes (1 MiB: a few thousand launches).
+        narrow: keep API records of kernel launches only (see ``narrowed``).
 
     ``status`` is "ok" or why CUPTI is unavailable; when it is not "ok" every method is a
-    cheap no-op, so callers need no second code path.
+    cheap no-op, so callers need no second code path. External ids come from one
+    process-wide counter (``ids``), so the records of one user (a closed log, another
+    device's timer) can never be joined to another's calls.
+
+    Records of one launch may come in any order and in different buffers: a kernel
+    whose external-correlation record has not come yet waits ``_ORPHAN_ROUNDS``
+    deliveries for it; a call's kernels add to its span whenever they come
+    (:meth:`collect`, :meth:`take_span`).
 
     Example:
         >>> act = CuptiActivity()
@@ -60,17 +83,28 @@ class CuptiActivity:
         ...     act.flush(); act.harvest()  # [KernelRecord(...)]
     """
 
-    def __init__(self, cupti=None, buffer_bytes: int = 8 << 20):
+    def __init__(self, cupti=None, buffer_bytes: int = 1 << 20, narrow: bool = True):
         self.buffer_bytes = buffer_bytes
+        self.narrow = narrow
+        self.narrowed = False        # API records limited to launches (1 id record a launch)
         self._cupti = None
         self._raw: collections.deque = collections.deque()
         self._tags: dict[int, object] = {}
         self._external: dict[int, int] = {}       # CUPTI correlation id -> our id
-        self._ids = itertools.count(1)
+        self.ids = itertools.count(1)             # external ids, process-wide
         self._lock = threading.Lock()
         self._kinds = None
+        self.users = 0                            # timers reading spans (see CuptiTimer)
+        # joined state (collect): spans of our ids, kernels whose id has not come yet
+        self._spans: dict[int, list] = {}         # id -> [first start, last end, kernels]
+        self._launches: dict[int, int] = {}       # id -> its API calls seen (id records)
+        self._touched: dict[int, float] = {}      # id -> when its last record came
+        self._now = 0.0
+        self._orphans: collections.deque = collections.deque()   # per delivery: corr -> k
+        self.newest_id = 0                        # the highest id an id record came for
         # what CUPTI delivered (read them to tell "no kernels" from "no ids" on a device)
-        self.counts = {"buffers": 0, "kernels": 0, "external": 0, "other": 0}
+        self.counts = {"buffers": 0, "kernels": 0, "external": 0, "other": 0,
+                       "incomplete": 0, "unmatched": 0}
         self.error: str | None = None       # the first exception in the buffer callback
         self.status = self._open(cupti)
 
@@ -80,10 +114,41 @@ class CuptiActivity:
     def _enable(self, cupti) -> None:
         for kind in self._enabled_kinds(cupti):
             cupti.activity_enable(kind)
+        if self.narrow:
+            self.narrowed = self._select_api(cupti, launches_only=True)
 
-    def _disable(self, cupti) -> None:
-        for kind in self._enabled_kinds(cupti):
-            cupti.activity_disable(kind)
+    def _select_api(self, cupti, launches_only: bool) -> bool:
+        """Enable API records of launches only (``launches_only``) or of every call; True
+        when every launch call is known to be on and every other call off (then one id
+        record comes per launch, which is what a call's kernel count is checked against)."""
+        found, exact = False, True
+        for lower, upper, setter in _CBID_ENUMS:
+            cbids, enable = getattr(cupti, lower, None) or getattr(cupti, upper, None), \
+                getattr(cupti, setter, None)
+            if cbids is None or enable is None:
+                return False
+            for name, member in cbids.__members__.items():
+                if name in ("INVALID", "SIZE", "FORCE_INT"):
+                    continue
+                launch = _LAUNCH_API.search(name) is not None
+                try:
+                    enable(int(member), 1 if launch or not launches_only else 0)
+                except Exception as exc:  # noqa: BLE001
+                    if launch and launches_only:  # a launch left without its id record
+                        log.info("CUPTI: cannot narrow API records (%s: %s); keeping all",
+                                 name, exc)
+                        self._select_api(cupti, launches_only=False)
+                        return False
+                    exact = False                 # a call left on: ids are not launches
+                found = found or launch
+        return found and exact and launches_only
+
+    def widen(self) -> None:
+        """Record every API call again (a launch path the narrowing missed)."""
+        if self._cupti is not None and self.narrowed:
+            self.narrowed = False
+            self.narrow = False
+            self._select_api(self._cupti, launches_only=False)
 
     def _open(self, cupti) -> str:
         try:
@@ -120,19 +185,19 @@ class CuptiActivity:
         try:
             kinds, out, counts = self._kinds, [], self.counts
             external, kernel = kinds.EXTERNAL_CORRELATION, kinds.CONCURRENT_KERNEL
-            counts["buffers"] += 1
+            other = 0
             for a in activities:
                 kind = a.kind
                 if kind == external:
                     out.append((external, int(a.correlation_id), int(a.external_id)))
-                    counts["external"] += 1
                 elif kind == kernel:
                     out.append((kernel, int(a.correlation_id), str(a.name), int(a.start),
                                 int(a.end)))
-                    counts["kernels"] += 1
                 else:
-                    counts["other"] += 1
-            self._raw.extend(out)
+                    other += 1
+            counts["buffers"] += 1
+            counts["other"] += other
+            self._raw.append(out)
         except Exception as exc:  # noqa: BLE001 (CUPTI's thread: report, never raise)
             if self.error is None:
                 self.error = (f"CUPTI buffer callback failed: {type(exc).__name__}: {exc}\n"
@@ -144,7 +209,7 @@ class CuptiActivity:
         """Tag the kernels launched from this thread until :meth:`pop`; returns the id."""
         if self._cupti is None:
             return 0
-        ext = next(self._ids)
+        ext = next(self.ids)
         if len(self._tags) < _MAX_OPEN_TAGS:
             self._tags[ext] = tag
         self._cupti.activity_push_external_correlation_id(self._kind, ext)
@@ -159,49 +224,126 @@ class CuptiActivity:
         return _Tagged(self, tag)
 
     # ---- any thread -------------------------------------------------------------------
-    def flush(self) -> None:
-        """Ask CUPTI to hand over every completed buffer now (it otherwise does so when full)."""
+    def flush(self, forced: bool = False) -> None:
+        """Ask CUPTI to hand over every buffer whose records are complete now (it otherwise
+        does so when one is full). ``forced``: every buffer, a kernel still in flight
+        then comes incomplete and is counted, not timed (so only when nothing runs)."""
         if self._cupti is not None:
-            self._cupti.activity_flush_all(0)
+            self._cupti.activity_flush_all(FLUSH_FORCED if forced else 0)
 
     def harvest(self) -> list[KernelRecord]:
-        """Kernel records delivered so far, oldest first, with their tags."""
-        out = []
-        for ext, _, name, start, end in self._kernels():
-            tag = self._tags.pop(ext, None) if ext is not None else None
-            out.append(KernelRecord(name, start, end, tag))
-        return out
-
-    def _kernels(self) -> list[tuple[int | None, int, str, int, int]]:
-        """(external id or None, correlation id, name, start ns, end ns) of the kernels
-        delivered so far (an id that comes later: :meth:`external_of`)."""
+        """Kernel records delivered so far, oldest first, with their tags (a standalone
+        reader: do not mix it with :class:`CuptiTimer`, which joins the same records)."""
         kinds = self._kinds
         if kinds is None:
             return []
         kernels, out = [], []
         with self._lock:
-            raw = self._raw
-            while raw:
-                rec = raw.popleft()
-                if rec[0] == kinds.EXTERNAL_CORRELATION:
-                    self._external[rec[1]] = rec[2]
-                else:
-                    kernels.append(rec)
+            while self._raw:
+                for rec in self._raw.popleft():
+                    if rec[0] == kinds.EXTERNAL_CORRELATION:
+                        self._external[rec[1]] = rec[2]
+                    else:
+                        kernels.append(rec)
             for _, corr, name, start, end in kernels:
-                out.append((self._external.pop(corr, None), corr, name, start, end))
-            if len(self._external) > _MAX_OPEN_TAGS:     # ids whose kernels never came
-                for corr in list(self._external)[:len(self._external) - _MAX_OPEN_TAGS]:
-                    del self._external[corr]
+                ext = self._external.pop(corr, None)
+                tag = self._tags.pop(ext, None) if ext is not None else None
+                out.append(KernelRecord(name, start, end, tag))
         return out
 
-    def external_of(self, corr: int) -> int | None:
-        """The external id of CUPTI correlation ``corr`` if its record has come (taken)."""
+    def collect(self, now: float = 0.0) -> None:
+        """Join what CUPTI delivered since the last call (any thread; the timers' writer
+        threads call it): each kernel adds to the span of the id its launch carried,
+        whatever order and buffers the kernel and id records came in. ``now``: the
+        caller's clock, kept per id as the time its last record came
+        (:meth:`quiet_since`)."""
+        kinds = self._kinds
+        if kinds is None or not self._raw:
+            return
         with self._lock:
-            raw = self._raw
-            while raw and raw[0][0] == self._kinds.EXTERNAL_CORRELATION:
-                rec = raw.popleft()
-                self._external[rec[1]] = rec[2]
-            return self._external.pop(corr, None)
+            self._now = now
+            raw, ids, kernels = self._raw, [], []
+            external = kinds.EXTERNAL_CORRELATION
+            while raw:
+                for rec in raw.popleft():
+                    (ids if rec[0] == external else kernels).append(rec)
+            counts, ext_of, launches = self.counts, self._external, self._launches
+            counts["external"] += len(ids)
+            counts["kernels"] += len(kernels)
+            newest = self.newest_id
+            touched = self._touched
+            for _, corr, ext in ids:
+                ext_of[corr] = ext
+                launches[ext] = launches.get(ext, 0) + 1
+                touched[ext] = now
+                newest = max(newest, ext)
+            self.newest_id = newest
+            add = self._add
+            if ids and self._orphans:                 # kernels that came before their id
+                for _, corr, ext in ids:
+                    for waiting in self._orphans:
+                        k = waiting.pop(corr, None)
+                        if k is not None:
+                            add(ext, k[0], k[1])
+                            break
+            orphans = {}
+            get = ext_of.get
+            for _, corr, _, start, end in kernels:
+                ext = get(corr)
+                if ext is None:
+                    if len(orphans) < _MAX_OPEN_TAGS:
+                        orphans[corr] = (start, end)
+                    else:
+                        counts["unmatched"] += 1
+                else:
+                    add(ext, start, end)
+            if ids or kernels:                        # one delivery: the oldest ages out
+                self._orphans.append(orphans)
+                while len(self._orphans) > _ORPHAN_ROUNDS:
+                    counts["unmatched"] += len(self._orphans.popleft())
+            for table in (ext_of, launches, self._spans, touched):
+                if len(table) > _MAX_OPEN_TAGS:       # ids whose calls are gone
+                    for key in list(itertools.islice(table, len(table) - _MAX_OPEN_TAGS)):
+                        del table[key]
+
+    def _add(self, ext: int, start: int, end: int) -> None:
+        self._touched[ext] = self._now
+        if end <= 0 or end < start:                   # delivered before CUPTI completed it
+            self.counts["incomplete"] += 1
+            start = end = -1
+        span = self._spans.get(ext)
+        if span is None:
+            self._spans[ext] = [start, end, 1]
+        elif span[0] < 0 or start < 0:
+            span[0] = span[1] = -1
+            span[2] += 1
+        else:
+            span[0], span[1] = min(span[0], start), max(span[1], end)
+            span[2] += 1
+
+    def span_of(self, ext: int) -> list | None:
+        """``[first start ns, last end ns, kernels]`` of id ``ext`` so far (-1s: a kernel
+        came incomplete), None before its first kernel."""
+        return self._spans.get(ext)
+
+    def quiet_since(self, ext: int, default: float) -> float:
+        """When the last record of id ``ext`` came (``default``: none yet)."""
+        return self._touched.get(ext, default)
+
+    def launches_of(self, ext: int) -> int:
+        """API calls CUPTI recorded under id ``ext`` so far (launches, when ``narrowed``)."""
+        return self._launches.get(ext, 0)
+
+    def take(self, ext: int) -> list | None:
+        """Forget id ``ext`` (its call is written or dropped); returns its span."""
+        with self._lock:
+            self._launches.pop(ext, None)
+            self._touched.pop(ext, None)
+            return self._spans.pop(ext, None)
+
+    def waiting_kernels(self) -> int:
+        """Kernels delivered whose id has not come (yet)."""
+        return sum(len(w) for w in self._orphans)
 
     def pause(self) -> None:
         """Stop recording kernels (flushing what was recorded); :meth:`resume` restarts.
@@ -210,11 +352,15 @@ class CuptiActivity:
         if cupti is None or self.status != "ok":
             return
         try:
-            cupti.activity_flush_all(1)
+            cupti.activity_flush_all(FLUSH_FORCED)
             self._disable(cupti)
         except Exception as exc:  # noqa: BLE001
             log.warning("pausing CUPTI activity: %s", exc)
         self.status = "paused"
+
+    def _disable(self, cupti) -> None:
+        for kind in self._enabled_kinds(cupti):
+            cupti.activity_disable(kind)
 
     def resume(self) -> None:
         """Record kernels again after :meth:`pause`."""
@@ -235,7 +381,7 @@ class CuptiActivity:
             return
         cupti, self._cupti = self._cupti, None
         try:
-            cupti.activity_flush_all(1)
+            cupti.activity_flush_all(FLUSH_FORCED)
             self._disable(cupti)
         except Exception as exc:  # noqa: BLE001
             log.warning("closing CUPTI activity: %s", exc)
@@ -276,11 +422,21 @@ class CuptiTimer:
 
     The counter log's CUPTI timing source, shaped for a hot caller like
     :class:`~profilers.events.EventTimer`: ``ids`` (next id), ``push_id(id)`` and
-    ``pop_id()`` around a call, ``append_pending((id, ...))`` after it, ``pending_calls``
-    (bounded by ``capacity`` by the caller). :meth:`harvest_entries` (writer thread)
-    flushes CUPTI and gives ``(entry, time_ms)`` per call whose kernels arrived: the span
-    from its first kernel's start to its last kernel's end on the GPU clock (what an event
-    pair around the call would read, without the launch gaps before the first kernel).
+    ``pop_id()`` around a call (C calls, no Python frame), ``append_pending((id, ...))``
+    after it (a deque's append), ``pending_calls`` (bounded by ``capacity`` by the
+    caller). :meth:`harvest_entries` (writer thread) flushes CUPTI, joins what came and
+    gives ``(entry, time_ms)`` per finished call: the span from its first kernel's start
+    to its last kernel's end on the GPU clock (the GPU time of the kernels it issued,
+    without the launch latency before the first kernel that an event pair also reads).
+
+    A call is finished when a kernel has come for every launch it made (``narrowed``
+    activity: one id record a launch; else its first kernel) and either an id record of a
+    later call has come or no record of it came for ``settle_s``. A call still without
+    all its kernels is dropped and counted only ``lost_after_s`` after the writer first
+    saw it, or at the final harvest, which forces CUPTI to hand over every buffer first:
+    CUPTI keeps a buffer until it is full or all its records are complete, so on a busy
+    stream a record can come a second late, and the records of one launch come in any
+    order, in any buffers.
 
     ``status`` is "ok" or why CUPTI cannot be used (then callers use events).
     """
@@ -288,7 +444,7 @@ class CuptiTimer:
     kind = "cupti"
 
     def __init__(self, capacity: int = 4096, activity: CuptiActivity | None = None,
-                 settle_s: float = 0.5, clock=None):
+                 settle_s: float = 0.5, clock=None, lost_after_s: float = 5.0):
         import time
         global _shared_users
         self._shared = activity is None
@@ -296,31 +452,28 @@ class CuptiTimer:
         if self._shared:
             with _shared_lock:
                 _shared_users += 1
+        self.activity.users += 1
         self.status = self.activity.status
-        self.capacity, self.settle_s = capacity, settle_s
+        self.capacity, self.settle_s, self.lost_after_s = capacity, settle_s, lost_after_s
         self._clock = clock or time.monotonic
-        self.ids = itertools.count(1)
-        self.pending_calls: collections.deque = collections.deque()
-        self.append_pending = self._append
+        self.ids = self.activity.ids                 # one process-wide sequence of ids
+        self.pending_calls: collections.deque = collections.deque()   # caller -> writer
+        self.append_pending = self.pending_calls.append
+        self._waiting: collections.deque = collections.deque()   # [first seen s, entry]
         self.dropped = 0
+        self.incomplete = 0                          # calls whose kernels came unfinished
         self.problem: str | None = None            # why calls were dropped (the first time)
-        self.untagged_kernels = 0                  # kernels no id ever came for
-        self._untagged: dict[int, tuple] = {}      # CUPTI correlation -> (seen, start, end)
-        self._spans: dict[int, list] = {}          # id -> [first start, last end, kernels]
         self._lock = threading.Lock()
+        self._closed = False
         cupti, kind = self.activity._cupti, getattr(self.activity, "_kind", None)
         if cupti is not None:
-            push, pop = cupti.activity_push_external_correlation_id, \
-                cupti.activity_pop_external_correlation_id
-            self.push_id = lambda ext: push(kind, ext)
-            self.pop_id = lambda: pop(kind)
+            self.push_id = functools.partial(cupti.activity_push_external_correlation_id,
+                                             kind)
+            self.pop_id = functools.partial(cupti.activity_pop_external_correlation_id, kind)
         else:
-            self.push_id = lambda ext: None
-            self.pop_id = lambda: None
+            self.push_id = _ignore
+            self.pop_id = _nothing
         self.current_stream = _null_stream
-
-    def _append(self, entry: tuple) -> None:
-        self.pending_calls.append((self._clock(), entry))
 
     def use_cupy_streams(self) -> CuptiTimer:
         """Report CuPy's current stream as the launch's stream (the cuda backend's)."""
@@ -328,81 +481,86 @@ class CuptiTimer:
         self.current_stream = cupy.cuda.get_current_stream
         return self
 
-    def harvest_entries(self, limit: int | None = None) -> list[tuple[tuple, float]]:
-        """``(entry, time_ms)`` of calls whose kernels have arrived, in call order. A call
-        with no kernel after ``settle_s`` (it issued none, or CUPTI lost them) is dropped
-        and counted, and the first such drop sets :attr:`problem` (with what CUPTI
-        delivered so far). A kernel whose external-correlation record has not come yet
-        waits for it (up to ``settle_s``): the two may arrive in different buffers."""
+    def harvest_entries(self, limit: int | None = None,
+                        final: bool = False) -> list[tuple[tuple, float]]:
+        """``(entry, time_ms)`` of finished calls, oldest first. ``final`` (the log is
+        closing, its caller done): force CUPTI's buffers out first (unless another timer
+        still shares the subscription) and finish or drop every call."""
         with self._lock:
             activity = self.activity
-            activity.flush()
-            spans, now = self._spans, self._clock()
-            kernels = activity._kernels()
-            if self._untagged:                        # ids that came after their kernels
-                waiting, self._untagged = self._untagged, {}
-                for corr, (seen_s, start, end) in waiting.items():
-                    ext = activity.external_of(corr)
-                    if ext is not None:
-                        kernels.append((ext, corr, "", start, end))
-                    elif now - seen_s <= self.settle_s:
-                        self._untagged[corr] = (seen_s, start, end)
-                    else:
-                        self.untagged_kernels += 1    # not ours (or its id was lost)
-            for ext, corr, _, start, end in kernels:
-                if ext is None:
-                    if len(self._untagged) < 4 * self.capacity:
-                        self._untagged[corr] = (now, start, end)
-                    else:
-                        self.untagged_kernels += 1
-                    continue
-                span = spans.get(ext)
-                if span is None:
-                    spans[ext] = [start, end, 1]
-                else:
-                    span[0], span[1] = min(span[0], start), max(span[1], end)
-                    span[2] += 1
-            out, keep = [], []
-            newest = max(spans, default=0)
+            activity.flush(forced=final and activity.users <= 1)
+            now = self._clock()
+            activity.collect(now)
+            waiting = self._waiting
             pending = self.pending_calls
-            for _ in range(len(pending)):
-                queued_s, entry = pending.popleft()
-                span = spans.get(entry[0])
-                # complete once a later call's kernels arrived or the call has settled
-                if span is not None and (entry[0] < newest or now - queued_s > self.settle_s):
-                    del spans[entry[0]]
-                    out.append((entry, (span[1] - span[0]) / 1e6))
-                elif span is None and now - queued_s > self.settle_s:
-                    self.dropped += 1
-                    if self.problem is None:
-                        self._no_kernels(entry[0])
+            while pending:
+                waiting.append((now, pending.popleft()))
+            while len(waiting) > self.capacity:       # the writer fell far behind
+                _, entry = waiting.popleft()
+                activity.take(entry[0])
+                self._lose(entry[0], "the writer fell behind")
+            out, keep = [], []
+            narrowed, newest = activity.narrowed, activity.newest_id
+            for seen_s, entry in waiting:
+                ext = entry[0]
+                span = activity.span_of(ext)
+                age = now - seen_s
+                # finished: a kernel for every launch it made (narrowed: one id record a
+                # launch; else: one kernel will do), and no record of it for settle_s or
+                # a later id came (its own id records are then in)
+                launches = activity.launches_of(ext)
+                complete = span is not None and (span[2] >= launches if narrowed else True)
+                if complete and (final or (narrowed and ext < newest) or
+                                 now - activity.quiet_since(ext, seen_s) > self.settle_s):
+                    activity.take(ext)
+                    if span[0] < 0:
+                        self.incomplete += 1
+                        self._lose(ext, "a kernel of it came incomplete (a forced flush "
+                                        "while it ran)")
+                    else:
+                        out.append((entry, (span[1] - span[0]) / 1e6))
+                elif final or age > self.lost_after_s:
+                    activity.take(ext)
+                    got = (f"{span[2]} of its {launches} kernels came" if span is not None
+                           else "no kernel record came")
+                    self._lose(ext, f"{got} in {age:.1f} s"
+                               + (", and a forced flush" if final else ""))
                 else:
-                    keep.append((queued_s, entry))
-            pending.extend(keep)
-            if len(spans) > 4 * self.capacity:        # kernels of calls no longer pending
-                for ext in sorted(spans)[:len(spans) - 4 * self.capacity]:
-                    del spans[ext]
+                    keep.append((seen_s, entry))
+            waiting.clear()
+            waiting.extend(keep)
         return out
 
-    def _no_kernels(self, ext: int) -> None:
-        counts = self.activity.counts
+    def _lose(self, ext: int, why: str) -> None:
+        self.dropped += 1
+        if self.problem is not None:
+            return
+        a, counts = self.activity, self.activity.counts
+        api = "narrowed to launches" if a.narrowed else "all"
+        if a.narrowed and a.waiting_kernels():
+            # kernels came without ids: a launch call the narrowing did not keep
+            a.widen()
+            api += " (now widened to every call)"
         self.problem = (
-            f"CUPTI timing: call {ext} has no kernel record {self.settle_s} s after it was "
-            f"queued; its record is dropped (CUPTI delivered {counts['buffers']} buffers, "
-            f"{counts['kernels']} kernel records, {counts['external']} external-correlation "
-            f"records, {counts['other']} others; {len(self._untagged)} kernels wait for "
-            f"their id, {self.untagged_kernels} never got one"
-            + (f"; {self.activity.error.splitlines()[0]}" if self.activity.error else "")
-            + ")")
+            f"CUPTI timing: call {ext} dropped: {why} (CUPTI delivered {counts['buffers']} "
+            f"buffers, {counts['kernels']} kernel records, {counts['external']} "
+            f"external-correlation records, {counts['other']} others, "
+            f"{counts['incomplete']} incomplete; {a.waiting_kernels()} kernels wait for "
+            f"their id, {counts['unmatched']} never got one; API records {api}"
+            + (f"; {a.error.splitlines()[0]}" if a.error else "") + ")")
         log.warning("%s", self.problem)
 
     @property
     def pending(self) -> int:
-        return len(self.pending_calls)
+        return len(self.pending_calls) + len(self._waiting)
 
     def discard_pending(self) -> int:
-        n = len(self.pending_calls)
-        self.pending_calls.clear()
+        with self._lock:
+            n = self.pending
+            for _, entry in self._waiting:
+                self.activity.take(entry[0])
+            self._waiting.clear()
+            self.pending_calls.clear()
         return n
 
     def close(self) -> None:
@@ -410,8 +568,10 @@ class CuptiTimer:
         kernels are no longer recorded once no log needs them)."""
         global _shared_users
         self.discard_pending()
-        self._spans.clear()
-        self._untagged.clear()
+        if self._closed:
+            return
+        self._closed = True
+        self.activity.users -= 1
         if self._shared:
             self._shared = False
             with _shared_lock:
@@ -419,6 +579,14 @@ class CuptiTimer:
                 last = _shared_users == 0
             if last:
                 self.activity.pause()
+
+
+def _ignore(ext: int) -> None:
+    return None
+
+
+def _nothing() -> None:
+    return None
 
 
 class _NullStream:

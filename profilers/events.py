@@ -158,10 +158,12 @@ class EventTimer:
             self.busy[slot] = False
 
     # ---- any thread -------------------------------------------------------------------
-    def harvest_entries(self, limit: int | None = None) -> list[tuple[tuple, float]]:
+    def harvest_entries(self, limit: int | None = None,
+                        final: bool = False) -> list[tuple[tuple, float]]:
         """``(pending entry, time_ms)`` of finished pairs, oldest first; stops at the first
         unfinished. Frees their slots. A pair the runtime cannot time (an error other than
-        not-ready) is dropped and counted."""
+        not-ready) is dropped and counted. ``final`` (the log is closing) changes nothing
+        here: a pair still pending then is counted by the log."""
         out: list[tuple[tuple, float]] = []
         append = out.append
         elapsed, error = self.events.elapsed_ms, getattr(self.events, "error", None)

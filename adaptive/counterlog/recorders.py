@@ -49,8 +49,8 @@ class LogRecorder(Recorder):
         self.queue, self._queue_size = owner.queue, owner.queue_size
 
     def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:
-            return self._next(plan, args, out)
+        if self.every != 1 and next(self._count) % self.every:     # not logged
+            return plan.run(args, out) if self._direct else self._next(plan, args, out)
         t0 = _perf_ns()
         result = plan.run(args, out) if self._direct else self._next(plan, args, out)
         t1 = _perf_ns()
@@ -81,8 +81,8 @@ class EventLogRecorder(LogRecorder):
         self._torch_stream = None
 
     def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:
-            return self._next(plan, args, out)
+        if self.every != 1 and next(self._count) % self.every:     # not logged
+            return plan.run(args, out) if self._direct else self._next(plan, args, out)
         slot = next(self._ticket) % self._capacity
         busy = self._busy
         if busy[slot]:                              # still pending: drop the record
@@ -115,7 +115,8 @@ class CuptiLogRecorder(LogRecorder):
     """The cuda recorder with CUPTI: the launch runs between a push and a pop of an
     external correlation id, so the activity records of the kernels it issued carry the
     id; the writer joins them to ``(id, time_s, plan, recorder, stream)`` tuples queued
-    here. No event is recorded and nothing is read on the caller's thread."""
+    here. No event is recorded and nothing is read on the caller's thread: a logged call
+    costs two C calls around the launch, the stream lookup and one deque append."""
 
     def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
         super().__init__(owner, d, timer)
@@ -127,8 +128,8 @@ class CuptiLogRecorder(LogRecorder):
         self._torch_stream = None
 
     def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:
-            return self._next(plan, args, out)
+        if self.every != 1 and next(self._count) % self.every:     # not logged
+            return plan.run(args, out) if self._direct else self._next(plan, args, out)
         if len(self._pending) >= self._capacity:    # the writer is behind: drop the record
             self.timer.dropped += 1
             return self._next(plan, args, out)
@@ -138,8 +139,8 @@ class CuptiLogRecorder(LogRecorder):
             result = plan.run(args, out) if self._direct else self._next(plan, args, out)
         finally:
             self._pop()
-        stream = (self._stream() if plan.problem.kind != "torch" else self._torch()).ptr
-        self._append((ext, _now(), plan, self, stream))
+        self._append((ext, _now(), plan, self,
+                      (self._stream() if plan.problem.kind != "torch" else self._torch()).ptr))
         return result
 
     _torch = EventLogRecorder._torch

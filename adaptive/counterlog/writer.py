@@ -223,7 +223,7 @@ class CounterLog:
         while True:
             closing = self._closing
             try:
-                self._drain()
+                self._drain(final=closing)
             except Exception as exc:  # noqa: BLE001 (the writer never takes the process down)
                 self._failed(exc)
             if closing:
@@ -231,7 +231,9 @@ class CounterLog:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
 
-    def _drain(self) -> None:
+    def _drain(self, final: bool = False) -> None:
+        """Write what was queued and what the timers finished (``final``: the log is
+        closing; timers hand over or drop every call still in flight)."""
         queue = self.queue
         self.stats.dropped = self.queue_dropped + sum(t.dropped for t in self._timers.values())
         items = []
@@ -240,7 +242,8 @@ class CounterLog:
         for timer in list(self._timers.values()):
             source = "cupti" if getattr(timer, "kind", "") == "cupti" else "cuda_event"
             items += [(rec, time_s, plan, float(time_ms), source, stream)
-                      for (_, time_s, plan, rec, stream), time_ms in timer.harvest_entries()]
+                      for (_, time_s, plan, rec, stream), time_ms in
+                      timer.harvest_entries(final=final)]
         if items:
             items.sort(key=_time_of)                # mostly in order already: a linear pass
             done = 0

@@ -5,6 +5,7 @@ in N, kernels that never come are counted, and "auto" falls back to event pairs.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import sys
 import types
 
@@ -24,7 +25,9 @@ class FakeCupti:
 
     Like CUPTI, an external-correlation record is written only beside an API record: a
     launch inside a pushed id yields one when DRIVER or RUNTIME activity is enabled, and
-    none otherwise (the kernel then carries no id: what the H200 showed)."""
+    none otherwise (the kernel then carries no id: what the H200 showed). Each launch
+    also makes a context query first (``cuCtxGetCurrent``, as CuPy does), which has its
+    own API record and id record unless the API records are narrowed to launches."""
 
     class ActivityKind:
         DRIVER, RUNTIME, CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 5, 6, 10, 19
@@ -32,9 +35,16 @@ class FakeCupti:
     class ExternalCorrelationKind:
         CUSTOM0 = 4
 
+    driver_api_trace_cbid = enum.IntEnum("driver_api_trace_cbid", {
+        "INVALID": 0, "cuCtxGetCurrent": 1, "cuMemAlloc_v2": 2, "cuLaunchKernel": 3,
+        "cuLaunchKernelEx": 4, "cuLaunchHostFunc": 5, "SIZE": 6})
+    runtime_api_trace_cbid = enum.IntEnum("runtime_api_trace_cbid", {
+        "INVALID": 0, "cudaGetDevice_v3020": 1, "cudaLaunchKernel_v7000": 2, "SIZE": 3})
+
     def __init__(self):
         self.stack, self.pending, self.correlation, self.pushes = [], [], 100, 0
         self.enabled = set()
+        self.api_off = set()                              # (driver?, cbid) switched off
 
     def activity_register_callbacks(self, requested, completed):
         self.requested, self.completed = requested, completed
@@ -45,6 +55,12 @@ class FakeCupti:
     def activity_disable(self, kind):
         self.enabled.discard(kind)
 
+    def activity_enable_driver_api(self, cbid, enable):
+        (self.api_off.discard if enable else self.api_off.add)(("driver", cbid))
+
+    def activity_enable_runtime_api(self, cbid, enable):
+        (self.api_off.discard if enable else self.api_off.add)(("runtime", cbid))
+
     def activity_push_external_correlation_id(self, kind, ext):
         assert kind == 4
         self.pushes += 1
@@ -53,15 +69,20 @@ class FakeCupti:
     def activity_pop_external_correlation_id(self, kind):
         return self.stack.pop()
 
-    def launch(self, name, start_ns, end_ns):
+    def _api(self, cbid: int, start_ns: int) -> None:
+        """One driver API call: its API record, and an id record inside a push."""
         self.correlation += 1
-        api = self.enabled & {5, 6}
-        if self.stack and api and 19 in self.enabled:
+        if 5 not in self.enabled or ("driver", cbid) in self.api_off:
+            return
+        if self.stack and 19 in self.enabled:
             self.pending.append(types.SimpleNamespace(
                 kind=19, correlation_id=self.correlation, external_id=self.stack[-1]))
-        for kind in sorted(api):                          # the launch call's API record
-            self.pending.append(types.SimpleNamespace(kind=kind, correlation_id=self.correlation,
-                                                      start=start_ns - 3000, end=start_ns - 1000))
+        self.pending.append(types.SimpleNamespace(kind=5, correlation_id=self.correlation,
+                                                  start=start_ns - 3000, end=start_ns - 1000))
+
+    def launch(self, name, start_ns, end_ns, cbid: int = 3):
+        self._api(1, start_ns)                            # cuCtxGetCurrent: no kernel
+        self._api(cbid, start_ns)                         # cuLaunchKernel (default)
         self.pending.append(types.SimpleNamespace(kind=10, correlation_id=self.correlation,
                                                   name=name, start=start_ns, end=end_ns))
 
@@ -71,8 +92,11 @@ class FakeCupti:
         records, self.pending = self.pending[:cut], self.pending[cut:]
         self.completed(records)
 
+    held_until_forced = False                     # a buffer a default flush leaves
+
     def activity_flush_all(self, flag):
-        pass                                          # the test delivers explicitly
+        if flag == 1 and self.held_until_forced and self.pending:
+            self.deliver()                            # else the test delivers explicitly
 
 
 class Clock:
@@ -186,7 +210,8 @@ def test_calls_whose_kernels_never_come_are_dropped_and_counted(tmp_path, rng, f
     for _ in range(3):
         host.launch("softmax", x)              # two calls without kernels, then one
     cupti.deliver()
-    clock.now += 1.0
+    clog._drain()                              # seen; then past lost_after_s
+    clock.now += 10.0
     clog._drain()
     stats = clog.close()
     assert stats.written == 1 and stats.dropped == 2
@@ -204,6 +229,7 @@ def test_one_call_in_n_is_tagged(tmp_path, rng, fake, host):
         host.launch("softmax", x)
     assert cupti.pushes == 3
     cupti.deliver()
+    clog._drain()
     clock.now += 1.0
     clog._drain()
     clog.close()
@@ -290,7 +316,8 @@ def test_without_api_activity_kernels_carry_no_id_and_the_log_says_why(tmp_path,
         d.launch("softmax", x)
         d.launch("softmax", x)
         cupti.deliver()
-        clock.now += 1.0
+        clog._drain()
+        clock.now += 10.0
         clog._drain()
         stats = clog.close()
         results[len(kinds)] = (stats.written, stats.dropped, clog.last_error)
@@ -315,7 +342,7 @@ def test_an_id_delivered_after_its_kernel_still_joins(tmp_path, rng, fake, host)
     cupti.pending = [r for r in cupti.pending if r.kind != 19]
     cupti.deliver()                                   # kernels first, without their ids
     clog._drain()
-    assert clog.stats.written == 0 and len(timer._untagged) == 2
+    assert clog.stats.written == 0 and timer.activity.waiting_kernels() == 2
     cupti.pending = external
     cupti.deliver()
     clock.now += 1.0
@@ -346,8 +373,232 @@ def test_a_failing_buffer_callback_is_reported_once_with_its_traceback(tmp_path,
     assert timer.activity.error.startswith("CUPTI buffer callback failed: AttributeError")
     assert "Traceback" in timer.activity.error
     assert sum("CUPTI buffer callback failed" in r.message for r in caplog.records) == 1
-    clock.now += 1.0
+    clog._drain()
+    clock.now += 10.0
     clog._drain()
     stats = clog.close()
     assert (stats.written, stats.dropped) == (0, 2)
     assert "CUPTI buffer callback failed: AttributeError" in clog.last_error
+
+
+# ---- records in any order, in any buffer (the device-state test on the H200) ------------------
+
+def _by_launch(records):
+    """The fake's records grouped per launch (a group ends with its kernel record)."""
+    groups, group = [], []
+    for r in records:
+        group.append(r)
+        if r.kind == 10:
+            groups.append(group)
+            group = []
+    assert not group
+    return groups
+
+
+def test_records_in_any_order_and_buffers_join_their_calls(tmp_path, rng, fake, host):
+    """The H200 device-state test lost a call whose kernel record came more than 0.5 s
+    after the call, in a later buffer (CUPTI keeps a buffer while a record in it is
+    incomplete, so on a busy stream records come late): here every kernel record comes
+    before its id record, calls' kernels are cut across buffers of random sizes, unlogged
+    launches' kernels (no id) are interleaved, and the buffers come over 3 s."""
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((6, 10)).astype(np.float32)
+    n_calls, t = 45, 1_000_000
+    spans = []
+    for _ in range(n_calls):
+        k = int(rng.integers(1, 4))
+        call = []
+        for _ in range(k):
+            dur = int(rng.integers(2_000, 40_000))
+            call.append((t, t + dur))
+            t += dur + int(rng.integers(500, 5_000))
+        spans.append(call)
+    kernels_in_run(host, "softmax", (x,), cupti, list(spans))
+    clog = CounterLog(tmp_path / "order.alog", sample_every=3, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    for _ in range(n_calls):
+        host.launch("softmax", x)
+    logged = [i for i in range(n_calls) if (i + 1) % 3 == 0]
+    expected_ms = [(spans[i][-1][1] - spans[i][0][0]) / 1e6 for i in logged]
+    # per launch: its kernel record first, then its API and id records
+    order = [r for group in _by_launch(cupti.pending) for r in reversed(group)]
+    assert sum(r.kind == 19 for r in order) == sum(len(spans[i]) for i in logged)
+    cupti.pending = []
+    rounds = 0
+    while order:
+        size = int(rng.integers(1, 9))
+        cupti.pending, order = order[:size], order[size:]
+        cupti.deliver()
+        clog._drain()
+        clock.now += 0.1
+        rounds += 1
+    assert rounds * 0.1 > 1.0                       # well past the old 0.5 s deadline
+    clock.now += 1.0
+    clog._drain()
+    assert timer.pending == 0
+    stats = clog.close()
+    assert (stats.written, stats.dropped, clog.last_error) == (len(logged), 0, None)
+    recs = sorted(read_log(tmp_path / "order.alog").records, key=lambda r: r["time_s"])
+    assert [r["time_ms"] for r in recs] == pytest.approx(expected_ms, rel=1e-12)
+    counts = timer.activity.counts
+    unlogged = sum(len(spans[i]) for i in range(n_calls) if i not in logged)
+    # the unlogged calls' kernels only: aged out, or still waiting (the last deliveries)
+    assert counts["unmatched"] + timer.activity.waiting_kernels() == unlogged
+    assert counts["other"] == sum(map(len, spans))    # one API record a launch: narrowed
+    assert timer.activity.narrowed
+
+
+def test_a_call_is_not_cut_short_while_its_second_kernel_is_held(tmp_path, rng, fake, host):
+    """A call with two launches whose first kernel came: it waits for the second (one id
+    record a launch says how many), past ``settle_s``, and a later call finishing first
+    does not cut it short."""
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti,
+                   [[(1_000, 5_000), (6_000, 19_000)], [(20_000, 23_000)]])
+    clog = CounterLog(tmp_path / "held.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    host.launch("softmax", x)
+    host.launch("softmax", x)
+    groups = _by_launch(cupti.pending)
+    held = groups[1][-1]                              # the first call's second kernel
+    cupti.pending = [r for r in cupti.pending if r is not held]
+    cupti.deliver()
+    clog._drain()
+    clock.now += 2.0                                  # settled, still not lost
+    clog._drain()
+    assert clog.stats.written == 1 and timer.pending == 1
+    cupti.pending = [held]
+    cupti.deliver()
+    clog._drain()
+    stats = clog.close()
+    assert (stats.written, stats.dropped) == (2, 0)
+    recs = sorted(read_log(tmp_path / "held.alog").records, key=lambda r: r["time_s"])
+    assert [r["time_ms"] for r in recs] == pytest.approx([0.018, 0.003])
+
+
+def test_the_closing_harvest_forces_the_held_buffers_out(tmp_path, rng, fake, host):
+    """Records CUPTI keeps past the wait (a buffer a default flush leaves) are forced out
+    by the log's last harvest instead of being declared lost."""
+    cupti, timer, _, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti, [[(1_000, 9_000)], [(10_000, 12_000)]])
+    cupti.held_until_forced = True
+    clog = CounterLog(tmp_path / "forced.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    host.launch("softmax", x)
+    host.launch("softmax", x)
+    clog._drain()
+    assert clog.stats.written == 0 and timer.pending == 2
+    stats = clog.close(wait_gpu_s=0.0)
+    assert (stats.written, stats.dropped, clog.last_error) == (2, 0, None)
+    assert [r["time_ms"] for r in read_log(tmp_path / "forced.alog").records] == \
+        pytest.approx([0.008, 0.002])
+
+
+def test_timers_sharing_the_subscription_keep_their_own_calls(tmp_path, rng, monkeypatch):
+    """One CUPTI subscription a process: two logs (or two devices) read the same records.
+    Ids come from one sequence, so neither takes the other's kernels, and kernels of a
+    closed log's calls never join a later log's calls."""
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0x7700))))
+    cupti, clock = FakeCupti(), Clock()
+    activity = CuptiActivity(cupti=cupti)
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    timers, clogs, dispatchers = [], [], []
+    for i, spans in enumerate(([[(1_000, 4_000)], [(9_000, 10_000)]],
+                               [[(5_000, 8_000)], [(11_000, 19_000)]])):
+        timer = CuptiTimer(16, activity=activity, clock=clock)
+        d = Dispatcher("host", policy=MeasureEach())
+        d.sample_every = 0
+        kernels_in_run(d, "softmax", (x,), cupti, spans)
+        clog = CounterLog(tmp_path / f"s{i}.alog", sample_every=1, flush_interval_s=60.0,
+                          nvml=False).open()
+        attach(clog, d, timer)
+        timers.append(timer), clogs.append(clog), dispatchers.append(d)
+    for _ in range(2):                                # interleaved: a, b, a, b
+        for d in dispatchers:
+            d.launch("softmax", x)
+    cupti.deliver()
+    for clog in clogs[::-1]:                          # the second log harvests first
+        clog._drain()
+    clock.now += 1.0
+    for clog in clogs:
+        clog._drain()
+    times = []
+    for i, clog in enumerate(clogs):
+        stats = clog.close()
+        assert (stats.written, stats.dropped, clog.last_error) == (2, 0, None)
+        times.append([r["time_ms"] for r in read_log(tmp_path / f"s{i}.alog").records])
+    assert times == [pytest.approx([0.003, 0.001]), pytest.approx([0.003, 0.008])]
+    # a closed log's call whose kernel comes late, then a new log: ids never repeat
+    late = CuptiTimer(16, activity=activity, clock=clock)
+    late.push_id(next(late.ids))
+    cupti.launch("late", 30_000, 90_000)
+    late.pop_id()
+    late.close()
+    fresh = CuptiTimer(16, activity=activity, clock=clock)
+    ext = next(fresh.ids)
+    fresh.push_id(ext)
+    cupti.launch("fresh", 100_000, 101_000)
+    fresh.pop_id()
+    fresh.append_pending((ext, "fresh"))
+    cupti.deliver()
+    fresh.harvest_entries()
+    clock.now += 1.0
+    assert fresh.harvest_entries() == [((ext, "fresh"), pytest.approx(0.001))]
+    fresh.close()
+
+
+def test_a_launch_the_narrowing_missed_widens_the_api_records(tmp_path, rng, fake, host):
+    """Kernels launched through a call the launch list does not name get no id record:
+    their call is dropped once, said, and the API records are widened to every call."""
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    d_spans = [[(1_000, 3_000)], [(4_000, 9_000)]]
+    host.launch("softmax", x)                         # decided before the log
+    plan = host._plans[get_op("softmax").key((x,), {})]
+    run = plan.run
+
+    def run_through_memalloc(a, out):                 # cbid 2: not a launch call
+        start, end = d_spans.pop(0)[0]
+        cupti.launch("odd", start, end, cbid=2 if d_spans else 3)
+        return run(a, out)
+    host._plans[plan.key] = dataclasses.replace(plan, run=run_through_memalloc)
+    clog = CounterLog(tmp_path / "wide.alog", sample_every=1, flush_interval_s=60.0,
+                      nvml=False).open()
+    attach(clog, host, timer)
+    host.launch("softmax", x)
+    cupti.deliver()
+    clog._drain()
+    clock.now += 10.0
+    clog._drain()
+    assert timer.dropped == 1 and not timer.activity.narrowed
+    assert "1 kernels wait for their id" in clog.last_error
+    assert "API records narrowed to launches (now widened" in clog.last_error
+    host.launch("softmax", x)                         # now every API call has its record
+    cupti.deliver()
+    clog._drain()
+    clock.now += 1.0
+    clog._drain()
+    stats = clog.close()
+    assert (stats.written, stats.dropped) == (1, 1)
+
+
+def test_api_records_are_narrowed_to_launch_calls_only_when_every_switch_took():
+    """One id record a launch is what a call's kernel count is checked against: when a
+    non-launch call cannot be switched off, the activity says it is not narrowed."""
+    class Stubborn(FakeCupti):
+        def activity_enable_driver_api(self, cbid, enable):
+            if cbid == 1 and not enable:
+                raise RuntimeError("CUPTI_ERROR_NOT_SUPPORTED")
+            super().activity_enable_driver_api(cbid, enable)
+
+    ok, stubborn = FakeCupti(), Stubborn()
+    assert CuptiActivity(cupti=ok).narrowed
+    assert ok.api_off == {("driver", 1), ("driver", 2), ("driver", 5), ("runtime", 1)}
+    assert not CuptiActivity(cupti=stubborn).narrowed
+    assert ("driver", 2) in stubborn.api_off          # the others still off: fewer records

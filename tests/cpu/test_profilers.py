@@ -318,7 +318,7 @@ class FakeCupti:
                                                   name=name, start=start, end=end))
 
     def activity_flush_all(self, flag):
-        assert self.requested() == (8 << 20, 0)
+        assert self.requested() == (1 << 20, 0)
         records, self.pending = self.pending, []
         self.completed(records)
 

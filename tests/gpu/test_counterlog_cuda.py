@@ -85,14 +85,20 @@ def _queued_pairs(cp, spin, n: int, call) -> list[float]:
 
 @pytest.mark.parametrize("timing", ["events", "cupti"])
 def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, timing):
-    """The logged time of each call against a CUDA event pair around the same call.
+    """The logged time of each call against CUDA event pairs.
 
-    The reference pairs are recorded with the log off: with it on, a pair around a call
-    also brackets the log's own two event records (each one costs the stream time on the
-    GPU), about 3 us more than the log's pair around the same call on the H200 — a pair
-    around a different span, not a wrong logged time. That nested pair is still measured
-    and must contain the logged time. CUPTI times the kernels alone (first start to last
-    end), so its reference is the pair less what a pair around no work reads."""
+    The median is taken against pairs recorded with the log off: with it on, a pair
+    around a call also brackets the log's own two event records (each one costs the
+    stream time on the GPU), about 3 us more than the log's pair around the same call on
+    the H200. CUPTI times the kernels alone (first start to last end), so its reference
+    is the pair less what a pair around no work reads.
+
+    Each call, though, is held against the pair around that same call (recorded with the
+    log on, less the same offsets): a pair around another execution of the call cannot
+    vouch for this one. Other processes on the GPU (scripts/gpu-check runs the test
+    files at once) time-slice with this one, and a slice landing in one call's kernel
+    lengthens that kernel and its own pair alike, but not the log-off pair of the same
+    index: that read as one CUPTI-timed call 2.6 ms off on the H200 (run L)."""
     _timing_or_skip(timing)
     from adaptive import Dispatcher
     from adaptive.counterlog import counter_log, read_log
@@ -114,7 +120,8 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, ti
     assert clog.last_error is None, clog.last_error
     assert np.abs(cp.asnumpy(out[-1]) - ref).max() < 1e-5
     assert clog.stats.written == n and clog.stats.dropped == 0, clog.stats
-    recs = sorted(read_log(tmp_path / "gpu.alog").records, key=lambda r: r["seq"])
+    # call order: the time each call was queued (one thread; calls are microseconds apart)
+    recs = sorted(read_log(tmp_path / "gpu.alog").records, key=lambda r: r["time_s"])
     assert {r["timer"] for r in recs} == {"cupti" if timing == "cupti" else "cuda_event"}
     log_ms = [r["time_ms"] for r in recs]
     pair_cost_ms = statistics.median(empty_ms)
@@ -129,7 +136,16 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, ti
     # the issue's bar: within 5 % or 2 us of an event pair on the same calls
     assert statistics.median(errors) <= max(0.05 * med_ref, 0.002), (
         summary, statistics.median(errors))
-    assert max(errors) <= max(0.25 * med_ref, 0.01), (summary, log_ms, reference)
+    # each call against the pair around it: less what the log's records add to a pair
+    # (events) or what a pair reads around nothing (CUPTI: the log adds no GPU work)
+    offset_ms = (statistics.median(nested_ms) - statistics.median(event_ms)
+                 if timing == "events" else pair_cost_ms)
+    same_call = [abs(b - offset_ms - a) for a, b in zip(log_ms, nested_ms)]
+    worst = max(range(n), key=same_call.__getitem__)
+    worst_text = (f"call {worst}: logged {log_ms[worst]} ms, pair around it "
+                  f"{nested_ms[worst]} ms, offset {offset_ms} ms")
+    assert same_call[worst] <= max(0.25 * med_ref, 0.01), (summary, worst_text, log_ms,
+                                                           nested_ms)
     # the log's own span lies inside a pair recorded around the logged call
     assert all(a <= b + 0.0005 for a, b in zip(log_ms, nested_ms)), (summary, log_ms,
                                                                      nested_ms)
@@ -178,6 +194,9 @@ def test_cupti_tags_the_kernels_of_a_call(cp):
         assert len(done) == 2, (timer.problem, timer.activity.counts, timer.activity.error)
         (first, long_ms), (second, short_ms) = done
         assert first[0] == timer_id and long_ms > 20 * short_ms > 0, done
+        # API records narrowed to launches: CuPy's other driver calls leave none
+        print("CUPTI counts:", timer.activity.counts, "narrowed:", timer.activity.narrowed)
+        assert timer.activity.narrowed, timer.activity.counts
     finally:
         timer.close()
 
@@ -199,6 +218,10 @@ def test_logged_records_carry_device_state_into_the_exports(cp, tmp_path):
         while time.monotonic() < deadline:
             d.launch("softmax", x)
         cp.cuda.Device().synchronize()
+    print("timing sources:", clog.timings, "stats:", clog.stats)
+    if clog.timings.get(0) == "cupti":
+        from profilers import cupti
+        print("CUPTI counts:", cupti._shared.counts, "narrowed:", cupti._shared.narrowed)
     assert clog.last_error is None, clog.last_error
     sampler = next(iter(clog.samplers.values()))
     assert sampler.status == "ok", sampler.status
