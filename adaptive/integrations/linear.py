@@ -25,6 +25,8 @@ through it.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -91,7 +93,8 @@ class AdaptiveLinear(nn.Linear):
         self._dtype = w.dtype
         self._w_linear = w if self.mode != "dense" else self._wt.t()   # [out, in]
         self._b_linear = b
-        self._calls = 0
+        # counts warm calls (next(): no nn.Module.__setattr__ on the hot path)
+        self._turn = itertools.count(1)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -108,8 +111,7 @@ class AdaptiveLinear(nn.Linear):
         plan = self._library.get(x.shape)
         if (plan is not None and x.dtype is self._dtype and not plan.stale
                 and not self.training):
-            self._calls = calls = self._calls + 1
-            if calls % HOLD_EVERY:
+            if next(self._turn) % HOLD_EVERY:
                 return F.linear(x, self._w_linear, self._b_linear)
             return self._compute(x, True)
         return self._compute(x)
@@ -144,8 +146,7 @@ class AdaptiveLinear(nn.Linear):
         key = (x.shape, x.dtype, x.device)
         if not route:
             plan = self._held.get(key)
-            self._calls = calls = self._calls + 1
-            if plan is not None and not plan.stale and calls % HOLD_EVERY:
+            if plan is not None and not plan.stale and next(self._turn) % HOLD_EVERY:
                 return plan.run((a, b), None)
         return self._through_dispatcher(op, key, a, b, given)
 
