@@ -249,7 +249,8 @@ def build(full: bool, device: str):
     return model
 
 
-def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2) -> list[dict]:
+def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2,
+         layout: str = "transposed") -> list[dict]:
     import torch
 
     import adaptive
@@ -271,9 +272,10 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     new_tokens = NEW_TOKENS if not quick else 8
     t0 = t_build = time.perf_counter()
     models = {"torch": build(not quick, dev)}
-    models["adaptive"] = at.patch(copy.deepcopy(models["torch"]))
+    models["adaptive"] = at.patch(copy.deepcopy(models["torch"]), layout=layout)
     n_params = sum(p.numel() for p in models["torch"].parameters())
-    print(f"{BENCH}: model {n_params / 1e9:.2f}B parameters on {dev}, built and patched in "
+    print(f"{BENCH}: model {n_params / 1e9:.2f}B parameters on {dev}, built and patched "
+          f"(dense weights {layout}) in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     counts = (5, 2) if not quick else (2, 1)
     batches = (1, 16) if not quick else (1, 3)
@@ -429,5 +431,8 @@ if __name__ == "__main__":
                         help="host: the tiny model on the CPU (a dry run)")
     parser.add_argument("--quick", action="store_true", help="tiny model, few tokens")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per mode")
+    parser.add_argument("--layout", choices=("transposed", "torch"), default="transposed",
+                        help="patch(layout=...): dense weights kept [in, out] or as given")
     args = parser.parse_args()
-    main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds)
+    main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds,
+         args.layout)

@@ -8,8 +8,8 @@ Three layouts of the same weight, chosen once by ``patch()``:
 - ``dense``: the weight is kept transposed and contiguous, ``wt [in, out]``, and
   ``weight`` is a transposed view of it (state_dict keeps ``[out, in]``, no second copy);
   ``y = gemm(x, wt)``.
-- ``shared``: a weight tied to another module (e.g. an embedding) stays as it is, ``[out,
-  in]``; ``yᵀ = gemm(W, xᵀ)``.
+- ``shared``: a weight tied to another module (e.g. an embedding), or any dense weight
+  under ``patch(layout="torch")``, stays as it is, ``[out, in]``; ``yᵀ = gemm(W, xᵀ)``.
 - ``sparse``: a pruned weight as an :class:`adaptive.SparseWeight` built once (the dense
   ``weight`` stays for state_dict); ``yᵀ = spmm(W, xᵀ)``.
 

@@ -187,7 +187,10 @@ def _layer(module) -> str:
 
 # ---- patch ----------------------------------------------------------------------------------
 
-def patch(model, *, sparse=None, skip=None):
+LAYOUTS = ("transposed", "torch")
+
+
+def patch(model, *, sparse=None, skip=None, layout: str = "transposed"):
     """Serve ``model``'s linears and attention through adaptive, in place; inference only.
 
     Every ``nn.Linear`` becomes an :class:`~adaptive.integrations.linear.AdaptiveLinear`
@@ -203,6 +206,11 @@ def patch(model, *, sparse=None, skip=None):
             most :data:`AUTO_MAX_DENSITY` of the weight nonzero), a density bound in (0,
             1], or True/False; or a predicate ``(path, linear) -> bool``.
         skip: a predicate ``(path, linear) -> bool`` naming linears to leave as they are.
+        layout: how dense weights are kept: ``"transposed"`` (``[in, out]``, one copy at
+            patch time: ``y = gemm(x, Wᵀ)``, what our gemm kernels read best) or
+            ``"torch"`` (``[out, in]`` as given, no copy: ``yᵀ = gemm(W, xᵀ)``, and a warm
+            call whose plan is torch's own matmul is then the plain layer's very call,
+            the same cuBLAS kernel).
 
     Returns:
         ``model``, patched.
@@ -223,7 +231,9 @@ def patch(model, *, sparse=None, skip=None):
     if skip is not None and not callable(skip):
         raise InputTypeError(f"skip must be a predicate (path, linear) -> bool, got "
                              f"{type(skip).__name__}")
-    linears, models = _plan(model, _sparse_rule(sparse), skip)
+    if layout not in LAYOUTS:
+        raise InputValueError(f"patch(layout={layout!r}); expected one of {LAYOUTS}")
+    linears, models = _plan(model, _sparse_rule(sparse), skip, layout == "torch")
     from adaptive.integrations.linear import AdaptiveLinear
     previous = [(m, m.config._attn_implementation) for _, m in models]
     done = []
@@ -282,7 +292,7 @@ def _transformers_models(model) -> list:
     return found
 
 
-def _plan(model, sparse_rule, skip):
+def _plan(model, sparse_rule, skip, as_given: bool = False):
     """Everything patch() will change, or an error naming every module it cannot serve."""
     import torch
     nn = torch.nn
@@ -333,7 +343,7 @@ def _plan(model, sparse_rule, skip):
                     problems.append(f"{cpath}: sparse weight of dtype {dtype}; "
                                     f"adaptive.SparseWeight takes {', '.join(SPARSE_DTYPES)}")
                     continue
-            mode = "sparse" if as_sparse else ("shared" if shared else "dense")
+            mode = "sparse" if as_sparse else ("shared" if shared or as_given else "dense")
             linears.append((cpath, module, attr, child, mode))
     if isinstance(sparse_rule, _PatternRule):
         for pattern in sparse_rule.patterns:

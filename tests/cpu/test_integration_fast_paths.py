@@ -228,7 +228,8 @@ def test_attention_plans_bound_to_their_exact_key_are_not_held():
     assert not at._held
 
 
-def test_a_patched_llama_on_library_plans_generates_the_plain_greedy_tokens(library):
+@pytest.mark.parametrize("layout", ["transposed", "torch"])
+def test_a_patched_llama_on_library_plans_generates_the_plain_greedy_tokens(library, layout):
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
                          max_position_embeddings=512, pad_token_id=0, eos_token_id=None,
@@ -237,7 +238,9 @@ def test_a_patched_llama_on_library_plans_generates_the_plain_greedy_tokens(libr
     plain = LlamaForCausalLM(config).eval()
     patched = LlamaForCausalLM(config)
     patched.load_state_dict(plain.state_dict())
-    at.patch(patched)
+    weights = {n: m.weight for n, m in patched.named_modules()
+               if isinstance(m, torch.nn.Linear)}
+    at.patch(patched, layout=layout)
     ids = torch.randint(1, 256, (2, 9))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0   # left padding: the masked attention path too
@@ -250,3 +253,16 @@ def test_a_patched_llama_on_library_plans_generates_the_plain_greedy_tokens(libr
     layers = [m for m in patched.modules() if isinstance(m, at.AdaptiveLinear)]
     assert all(m._library for m in layers), "a library plan was not served by F.linear"
     assert at._held
+    kept = [n for n, m in patched.named_modules()
+            if isinstance(m, at.AdaptiveLinear) and m.weight is weights[n]]
+    if layout == "torch":   # every weight as given: no copy, F.linear on the very tensor
+        assert len(kept) == len(layers)
+    else:                   # transposed once, except the embedding-tied head
+        assert len(kept) < len(layers)
+
+
+def test_an_unknown_layout_is_refused_before_anything_changes():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(adaptive.InputValueError, match=r"layout='rows'.*'transposed', 'torch'"):
+        at.patch(model, layout="rows")
+    assert type(model[0]) is torch.nn.Linear
