@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -105,7 +106,8 @@ def _linears(calls: int, rounds: int) -> list[dict]:
         patched = at.AdaptiveLinear(torch.nn.Linear(features, features, bias=True), "dense",
                                     "bench").eval()
         x = torch.randn(1, tokens, features)
-        t_plain, t_patched = _side_by_side(lambda: plain(x), lambda: patched(x), calls, rounds)
+        t_plain, t_patched = _side_by_side(functools.partial(plain, x),
+                                           functools.partial(patched, x), calls, rounds)
         rows.append({"case": f"linear x [1, {tokens}, {features}]", "plain_us": t_plain,
                      "patched_us": t_patched, "overhead_us": t_patched - t_plain})
     return rows
