@@ -266,3 +266,21 @@ def test_an_unknown_layout_is_refused_before_anything_changes():
     with pytest.raises(adaptive.InputValueError, match=r"layout='rows'.*'transposed', 'torch'"):
         at.patch(model, layout="rows")
     assert type(model[0]) is torch.nn.Linear
+
+
+def test_torch_library_is_checked_in_manifests_and_kept_in_packs():
+    from adaptive.errors import ManifestError
+    from adaptive.variants import variant_from_dict
+    base = {"name": "mm", "backend": "host", "language": "python", "entry": "gemm_numpy",
+            "source": "def gemm_numpy(a, b, out):\n    out[...] = a @ b\n"}
+    with pytest.raises(ManifestError, match="torch_library.*only with a torch_entry"):
+        variant_from_dict({**base, "torch_library": True}, "gemm")
+    with pytest.raises(ManifestError, match="torch_library.*got 'yes'"):
+        variant_from_dict({**base, "torch_entry": "gemm_numpy", "torch_library": "yes"},
+                          "gemm")
+    v = variant_from_dict({**base, "torch_entry": "gemm_numpy", "torch_library": True}, "gemm")
+    again = variant_from_dict(v.to_dict(), "gemm")
+    assert v.torch_library and again.torch_library
+    assert "torch_library" not in variant_from_dict(base, "gemm").to_dict()
+    from adaptive.variants import shared_registry
+    assert shared_registry().get("gemm", "cublas").torch_library   # cuBLAS through torch.mm
