@@ -177,7 +177,7 @@ def main(calls: int = 20000, rounds: int = 5, quick: bool = False,
     getattr(at, "forget_held", lambda: None)()   # plans of an earlier default dispatcher
     with torch.no_grad():
         rows = _linears(calls, rounds) + [_attention(calls, rounds)]
-    rows.append(_decode(max(rounds, 3), 8 if quick else 64))
+    rows.append(_decode(2 if quick else max(2 * rounds + 1, 3), 8 if quick else 32))
     for r in rows:
         extra = (f"; plain/patched {r['ratio']:.3f}, same greedy tokens: {r['same_tokens']}"
                  if "ratio" in r else "")
