@@ -37,6 +37,9 @@ from adaptive.ops.sparse import SparseWeight
 MODES = ("dense", "shared", "sparse")
 HOLD_EVERY = 64    # one warm call in this many goes through the dispatcher
 MAX_HELD = 64      # input shapes whose plans one layer holds (prefill lengths, decode)
+# where each layer's count of warm calls starts: layers called once per token route on
+# different tokens (spread over HOLD_EVERY), not all on the same one (a per-token spike)
+_stagger = itertools.count()
 
 
 class AdaptiveLinear(nn.Linear):
@@ -94,7 +97,7 @@ class AdaptiveLinear(nn.Linear):
         self._w_linear = w if self.mode != "dense" else self._wt.t()   # [out, in]
         self._b_linear = b
         # counts warm calls (next(): no nn.Module.__setattr__ on the hot path)
-        self._turn = itertools.count(1)
+        self._turn = itertools.count(1 + next(_stagger) % HOLD_EVERY)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)

@@ -78,6 +78,24 @@ def test_a_warm_library_plan_is_plain_f_linear_with_one_call_in_hold_every_route
     assert counted.calls - 1 == calls // HOLD_EVERY   # the rest never reached the dispatcher
 
 
+def test_layers_called_once_per_token_route_on_different_tokens(library):
+    """155 layers (a 1.1B Llama's linears) each routing one call in HOLD_EVERY: about
+    155 / HOLD_EVERY of them per token, never all of them on one token (a p99 spike)."""
+    layers = [at.AdaptiveLinear(torch.nn.Linear(8, 8), "dense").eval() for _ in range(155)]
+    x = torch.randn(1, 1, 8)
+    for layer in layers:
+        layer(x)
+    counted = _Counted(library)
+    per_token = []
+    for _ in range(2 * HOLD_EVERY):
+        before = counted.calls
+        for layer in layers:
+            layer(x)
+        per_token.append(counted.calls - before)
+    assert sum(per_token) == 2 * len(layers)
+    assert max(per_token) <= math.ceil(len(layers) / HOLD_EVERY) + 1, per_token
+
+
 def test_a_stale_plan_goes_back_through_the_dispatcher(library):
     counted = _Counted(library)
     layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
