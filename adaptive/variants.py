@@ -31,7 +31,8 @@ BACKENDS = ("host", "cuda")
 LANGUAGES = ("python", "cuda")
 _REQUIRED = ("name", "backend", "language", "entry")
 _KNOWN_FIELDS = {"name", "backend", "language", "entry", "source", "space", "requires",
-                 "launch", "doc", "provenance", "options", "resources", "torch_entry", "needs"}
+                 "launch", "doc", "provenance", "options", "resources", "torch_entry", "torch_library",
+                "needs"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -56,6 +57,9 @@ class Variant:
     # python variants: the function called with PyTorch tensors as they are (out from
     # torch's allocator, torch's current stream); "" means tensors are converted for entry
     torch_entry: str = ""
+    # the torch entry is torch's own library call on the op's operands (``torch.mm``:
+    # cuBLAS): a caller holding a committed plan of it may make that call itself
+    torch_library: bool = False
     needs: tuple[str, ...] = ()             # optional modules imported once before a run
 
     @functools.cached_property
@@ -108,6 +112,7 @@ class Variant:
             "provenance": dict(self.provenance), "resources": dict(self.resources),
             # only when set, so packs without them stay readable by older releases
             **({"torch_entry": self.torch_entry} if self.torch_entry else {}),
+            **({"torch_library": True} if self.torch_library else {}),
             **({"needs": list(self.needs)} if self.needs else {}),
         }
 
@@ -182,6 +187,10 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
     if not isinstance(torch_entry, str) or (torch_entry and entry["language"] != "python"):
         _fail(where, f"{prefix}.torch_entry", f"expected the name of a function in a python "
               f"variant's source, got {torch_entry!r} ({entry['language']} variant)")
+    torch_library = entry.get("torch_library", False)
+    if not isinstance(torch_library, bool) or (torch_library and not torch_entry):
+        _fail(where, f"{prefix}.torch_library", f"expected true or false, and true only with "
+              f"a torch_entry, got {torch_library!r} (torch_entry {torch_entry!r})")
     needs = entry.get("needs", [])
     if not isinstance(needs, list) or not all(n in OPTIONAL_MODULES for n in needs):
         _fail(where, f"{prefix}.needs", f"expected a list of optional modules from "
@@ -206,7 +215,7 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
         requires=requires, launch=launch, options=tuple(entry.get("options", ())),
         doc=entry.get("doc", ""), provenance=dict(entry.get("provenance", {})),
         resources=dict(entry.get("resources", {})), origin=str(where),
-        torch_entry=torch_entry, needs=tuple(needs))
+        torch_entry=torch_entry, torch_library=torch_library, needs=tuple(needs))
 
 
 def load_manifest(path: str | Path) -> list[Variant]:

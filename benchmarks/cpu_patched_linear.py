@@ -1,66 +1,199 @@
-"""Host cost of a patched ``nn.Linear`` forward against a plain one, on tiny CPU tensors.
+"""Host cost of a patched model against the plain one, on tiny CPU tensors.
 
-The matmul is tiny, so the difference is the patched layer's Python work per call (reshape,
-one ``adaptive.launch``: key, lookup, plan run, conversions on the host backend) and
-nothing else. The patched forward's own part is also timed alone, with ``launch``
-replaced by a call of the plain matmul, to separate it from the dispatcher's.
+Three measurements, each patched against plain, rounds alternating and medians kept:
 
-    python benchmarks/cpu_patched_linear.py [--calls 20000]
+- one ``nn.Linear`` forward (x ``[1, 1, 16]`` and ``[1, 4, 64]``);
+- one attention call at a decode step (transformers' SDPA attention function against
+  ``adaptive.integrations.transformers.attention_forward``);
+- a whole decode step of a tiny Llama (``generate()``, random weights built from a config,
+  nothing downloaded): host time per token, and the plain/patched ratio (the tokens/s
+  ratio of a host-bound decode loop).
+
+The shapes are tiny, so the difference is the patched code's Python work per call and
+nothing else. Times are this thread's CPU time (``time.thread_time_ns``, torch on one
+thread), so other processes on a shared machine do not count in them. The dispatcher is a host one whose variants are torch's own calls
+(``torch.mm`` with ``torch_library``, SDPA through a torch entry), so that the plans it
+commits are the ones the H200 commits for such a model (cuBLAS and SDPA through torch):
+what is timed is what the patched layers add around the same library calls.
+
+    python benchmarks/cpu_patched_linear.py [--calls 20000] [--rounds 5] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import json
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+_SOURCE = textwrap.dedent('''
+    def gemm_numpy(a, b, out):
+        out[...] = a @ b
 
-def _per_call_us(fn, x, calls: int, rounds: int = 5) -> float:
-    for _ in range(2000):   # the adaptive plan explores its first calls; measure it committed
-        fn(x)
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn(x)
-        times.append((time.perf_counter_ns() - t0) / calls / 1e3)
-    return statistics.median(times)
+    def gemm_torch(a, b, out=None):
+        import torch
+        return torch.mm(a, b) if out is None else torch.mm(a, b, out=out)
+
+    def attention_numpy(q, k, v, mask=None, *, out, causal=False, scale=None):
+        raise NotImplementedError("this benchmark's attention takes torch tensors only")
+
+    def attention_torch(q, k, v, mask=None, *, out=None, causal=False, scale=None):
+        import torch
+        F = torch.nn.functional
+        h, hkv, lq, lk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+        causal = causal and lq > 1
+        if causal and lq != lk:   # bottom-right causal as a mask (SDPA's is top-left)
+            seen = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
+            mask, causal = seen if mask is None else mask & seen, False
+        if mask is not None and hkv != h:
+            k = k.repeat_interleave(h // hkv, dim=1)
+            v = v.repeat_interleave(h // hkv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           scale=scale, enable_gqa=mask is None and hkv != h)
+        return y if out is None else out.copy_(y)
+''')
 
 
-def main(calls: int = 20000) -> list[dict]:
+def library_dispatcher():
+    """A host dispatcher whose only variants are torch's own gemm and attention calls."""
+    import adaptive
+    from adaptive.variants import Registry, Variant, variant_from_dict
+    gemm = variant_from_dict({"name": "torch_mm", "backend": "host", "language": "python",
+                              "entry": "gemm_numpy", "torch_entry": "gemm_torch",
+                              "source": _SOURCE}, "gemm")
+    if "torch_library" in Variant.__dataclass_fields__:   # (absent from older trees)
+        gemm = dataclasses.replace(gemm, torch_library=True)
+    attention = variant_from_dict({"name": "torch_sdpa", "backend": "host",
+                                   "language": "python", "entry": "attention_numpy",
+                                   "torch_entry": "attention_torch", "source": _SOURCE},
+                                  "attention")
+    return adaptive.Dispatcher(backend="host", registry=Registry([gemm, attention]))
+
+
+def _timed_us(fn, calls: int) -> float:
+    t0 = time.thread_time_ns()
+    for _ in range(calls):
+        fn()
+    return (time.thread_time_ns() - t0) / calls / 1e3
+
+
+def _side_by_side(plain, patched, calls: int, rounds: int) -> tuple[float, float]:
+    """Median µs per call of each, rounds alternating (the machine is shared and noisy)."""
+    for _ in range(max(calls // 10, 300)):   # past exploration: measure the plans committed
+        plain()
+        patched()
+    times = {"plain": [], "patched": []}
+    for i in range(rounds):
+        order = ("plain", "patched") if i % 2 == 0 else ("patched", "plain")
+        for name in order:
+            times[name].append(_timed_us(plain if name == "plain" else patched, calls))
+    return statistics.median(times["plain"]), statistics.median(times["patched"])
+
+
+def _linears(calls: int, rounds: int) -> list[dict]:
     import torch
-    from adaptive.integrations import linear as linear_mod
     from adaptive.integrations import transformers as at
-    torch.set_num_threads(1)
     rows = []
     for tokens, features in ((1, 16), (4, 64)):
         plain = torch.nn.Linear(features, features, bias=True).eval()
         patched = at.AdaptiveLinear(torch.nn.Linear(features, features, bias=True), "dense",
                                     "bench").eval()
         x = torch.randn(1, tokens, features)
+        t_plain, t_patched = _side_by_side(functools.partial(plain, x),
+                                           functools.partial(patched, x), calls, rounds)
+        rows.append({"case": f"linear x [1, {tokens}, {features}]", "plain_us": t_plain,
+                     "patched_us": t_patched, "overhead_us": t_patched - t_plain})
+    return rows
+
+
+def _attention(calls: int, rounds: int) -> dict:
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from adaptive.integrations import transformers as at
+
+    class Layer(torch.nn.Module):   # what transformers passes as ``module``
+        is_causal, num_key_value_groups, layer_idx = True, 2, 0
+    layer = Layer()
+    q = torch.randn(1, 4, 1, 16)
+    k, v = torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16)
+    t_plain, t_patched = _side_by_side(
+        lambda: sdpa_attention_forward(layer, q, k, v, None, scaling=0.25),
+        lambda: at.attention_forward(layer, q, k, v, None, scaling=0.25), calls, rounds)
+    return {"case": "attention decode q [1, 4, 1, 16], k/v [1, 2, 100, 16]",
+            "plain_us": t_plain, "patched_us": t_patched, "overhead_us": t_patched - t_plain}
+
+
+def _decode(rounds: int, new_tokens: int) -> dict:
+    import copy
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from adaptive.integrations import transformers as at
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         max_position_embeddings=1024, pad_token_id=0, eos_token_id=None,
+                         bos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    plain = LlamaForCausalLM(config).eval()
+    patched = at.patch(copy.deepcopy(plain))
+    ids = torch.randint(1, 256, (1, 8))
+    mask = torch.ones_like(ids)
+
+    def generate(model):
         with torch.no_grad():
-            t_plain = _per_call_us(plain, x, calls)
-            t_patched = _per_call_us(patched, x, calls)
-            real = linear_mod.AdaptiveLinear._launch
-            linear_mod.AdaptiveLinear._launch = lambda self, op, a, b, x: a @ b  # layer only
-            try:
-                t_layer = _per_call_us(patched, x, calls)
-            finally:
-                linear_mod.AdaptiveLinear._launch = real
-        rows.append({"tokens": tokens, "features": features, "plain_us": t_plain,
-                     "patched_us": t_patched, "layer_only_us": t_layer,
-                     "overhead_us": t_patched - t_plain})
-        print(f"x [1, {tokens}, {features}]: nn.Linear {t_plain:6.2f} us/call, patched "
-              f"{t_patched:6.2f} us/call (+{t_patched - t_plain:.2f}); the patched layer "
-              f"with a plain matmul for launch {t_layer:6.2f} us/call")
+            return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    for _ in range(3):   # past exploration of every class the loop meets
+        same = torch.equal(generate(plain), generate(patched))
+    times = {"plain": [], "patched": []}
+    for i in range(rounds):
+        order = ("plain", "patched") if i % 2 == 0 else ("patched", "plain")
+        for name in order:
+            t0 = time.thread_time_ns()
+            generate(plain if name == "plain" else patched)
+            times[name].append((time.thread_time_ns() - t0) / new_tokens / 1e3)
+    t_plain, t_patched = statistics.median(times["plain"]), statistics.median(times["patched"])
+    return {"case": f"tiny Llama decode ({config.num_hidden_layers} layers, {new_tokens} "
+                    "tokens) per token", "plain_us": t_plain, "patched_us": t_patched,
+            "overhead_us": t_patched - t_plain, "ratio": t_plain / t_patched,
+            "same_tokens": same}
+
+
+def main(calls: int = 20000, rounds: int = 5, quick: bool = False,
+         out_dir: str | None = None) -> list[dict]:
+    import torch
+    from adaptive import runtime
+    from adaptive.integrations import transformers as at
+    torch.set_num_threads(1)
+    if quick:
+        calls, rounds = min(calls, 300), min(rounds, 2)
+    runtime.set_default(library_dispatcher(), torch.empty(1))
+    getattr(at, "forget_held", lambda: None)()   # plans of an earlier default dispatcher
+    with torch.no_grad():
+        rows = _linears(calls, rounds) + [_attention(calls, rounds)]
+    rows.append(_decode(2 if quick else max(2 * rounds + 1, 3), 8 if quick else 32))
+    for r in rows:
+        extra = (f"; plain/patched {r['ratio']:.3f}, same greedy tokens: {r['same_tokens']}"
+                 if "ratio" in r else "")
+        print(f"{r['case']}: plain {r['plain_us']:8.2f} us, patched {r['patched_us']:8.2f} us "
+              f"(+{r['overhead_us']:.2f}){extra}")
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "cpu_patched_linear.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
-    main(parser.parse_args().calls)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="few calls (a dry run)")
+    parser.add_argument("--out", default=None, help="folder for cpu_patched_linear.json")
+    args = parser.parse_args()
+    main(args.calls, args.rounds, args.quick, args.out)

@@ -193,8 +193,8 @@ def profile_request(model, request, device, new_tokens, sync, out: Path, mode: s
     top_host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:30]
     lines = [f"{mode}: one request (batch {request[0]}, prompt {request[1].shape[1]}, "
              f"{new_tokens} new tokens) under torch.profiler", "",
-             "(adaptive::<op> rows: the whole adaptive.launch, dispatcher and kernels, as "
-             "called by the patched model)", "",
+             "(adaptive::<op> rows: each patched call whole, warm path or dispatcher, and "
+             "its kernels)", "",
              f"{'op':<60} {'calls':>7} {'self device ms':>15} {'self host ms':>13} "
              f"{'host ms':>9}"]
     for title, rows in (("top by self device time", top_device),
@@ -216,24 +216,26 @@ def profile_request(model, request, device, new_tokens, sync, out: Path, mode: s
 
 @contextlib.contextmanager
 def _labelled_launches():
-    """Each adaptive.launch of the patched model as a profiler range ``adaptive::<op>``."""
+    """Each patched call of the model as a profiler range ``adaptive::<op>``: a linear
+    layer's forward (its warm F.linear, or its launch) and an attention call (its held plan,
+    or its launch)."""
     from torch.profiler import record_function
 
     from adaptive.integrations import linear, transformers
-    layer_launch, attention_launch = linear.AdaptiveLinear._launch, transformers.launch
+    layer_forward, attend = linear.AdaptiveLinear.forward, transformers._attend
 
-    def layer(self, op, *args):
-        with record_function(f"adaptive::{op}"):
-            return layer_launch(self, op, *args)
+    def layer(self, x):
+        with record_function("adaptive::linear"):
+            return layer_forward(self, x)
 
-    def attention(op, *args, **params):
-        with record_function(f"adaptive::{op}"):
-            return attention_launch(op, *args, **params)
-    linear.AdaptiveLinear._launch, transformers.launch = layer, attention
+    def attention(*args, **params):
+        with record_function("adaptive::attention"):
+            return attend(*args, **params)
+    linear.AdaptiveLinear.forward, transformers._attend = layer, attention
     try:
         yield
     finally:
-        linear.AdaptiveLinear._launch, transformers.launch = layer_launch, attention_launch
+        linear.AdaptiveLinear.forward, transformers._attend = layer_forward, attend
 
 
 def build(full: bool, device: str):
@@ -249,7 +251,8 @@ def build(full: bool, device: str):
     return model
 
 
-def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2) -> list[dict]:
+def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2,
+         layout: str = "transposed") -> list[dict]:
     import torch
 
     import adaptive
@@ -271,9 +274,10 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     new_tokens = NEW_TOKENS if not quick else 8
     t0 = t_build = time.perf_counter()
     models = {"torch": build(not quick, dev)}
-    models["adaptive"] = at.patch(copy.deepcopy(models["torch"]))
+    models["adaptive"] = at.patch(copy.deepcopy(models["torch"]), layout=layout)
     n_params = sum(p.numel() for p in models["torch"].parameters())
-    print(f"{BENCH}: model {n_params / 1e9:.2f}B parameters on {dev}, built and patched in "
+    print(f"{BENCH}: model {n_params / 1e9:.2f}B parameters on {dev}, built and patched "
+          f"(dense weights {layout}) in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     counts = (5, 2) if not quick else (2, 1)
     batches = (1, 16) if not quick else (1, 3)
@@ -429,5 +433,8 @@ if __name__ == "__main__":
                         help="host: the tiny model on the CPU (a dry run)")
     parser.add_argument("--quick", action="store_true", help="tiny model, few tokens")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per mode")
+    parser.add_argument("--layout", choices=("transposed", "torch"), default="transposed",
+                        help="patch(layout=...): dense weights kept [in, out] or as given")
     args = parser.parse_args()
-    main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds)
+    main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds,
+         args.layout)

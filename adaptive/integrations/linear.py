@@ -8,16 +8,28 @@ Three layouts of the same weight, chosen once by ``patch()``:
 - ``dense``: the weight is kept transposed and contiguous, ``wt [in, out]``, and
   ``weight`` is a transposed view of it (state_dict keeps ``[out, in]``, no second copy);
   ``y = gemm(x, wt)``.
-- ``shared``: a weight tied to another module (e.g. an embedding) stays as it is, ``[out,
-  in]``; ``yᵀ = gemm(W, xᵀ)``.
+- ``shared``: a weight tied to another module (e.g. an embedding), or any dense weight
+  under ``patch(layout="torch")``, stays as it is, ``[out, in]``; ``yᵀ = gemm(W, xᵀ)``.
 - ``sparse``: a pruned weight as an :class:`adaptive.SparseWeight` built once (the dense
   ``weight`` stays for state_dict); ``yᵀ = spmm(W, xᵀ)``.
+
+A warm call costs what the plain layer's costs: once the dispatcher has committed an input
+shape to torch's own matmul (a ``torch_library`` variant: cuBLAS through ``torch.mm``),
+the layer calls ``F.linear(x, weight, bias)`` itself, as ``nn.Linear`` does, guarded by
+one dict lookup on ``x.shape``, a dtype identity and the plan's ``stale`` flag. Other
+committed plans are held per exact input and run without the dispatcher's key. Either
+way one call in :data:`HOLD_EVERY` goes through the dispatcher (sampling, drift, the
+counter log), a plan the dispatcher drops is let go, and exploring shapes always go
+through it.
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from adaptive.runtime import default_dispatcher
 from adaptive.ops.sparse import SparseWeight
@@ -25,6 +37,9 @@ from adaptive.ops.sparse import SparseWeight
 MODES = ("dense", "shared", "sparse")
 HOLD_EVERY = 64    # one warm call in this many goes through the dispatcher
 MAX_HELD = 64      # input shapes whose plans one layer holds (prefill lengths, decode)
+# where each layer's count of warm calls starts: layers called once per token route on
+# different tokens (spread over HOLD_EVERY), not all on the same one (a per-token spike)
+_stagger = itertools.count()
 
 
 class AdaptiveLinear(nn.Linear):
@@ -76,7 +91,13 @@ class AdaptiveLinear(nn.Linear):
         self._bias = b if self.mode == "dense" else None
         self._bias_col = None if b is None or self.mode == "dense" else b.view(-1, 1)
         self._held = {}   # (x shape, dtype, device) -> the dispatcher's committed plan
-        self._calls = 0
+        # x.shape -> a committed plan of torch's own matmul: F.linear is called instead
+        self._library = {}
+        self._dtype = w.dtype
+        self._w_linear = w if self.mode != "dense" else self._wt.t()   # [out, in]
+        self._b_linear = b
+        # counts warm calls (next(): no nn.Module.__setattr__ on the hot path)
+        self._turn = itertools.count(1 + next(_stagger) % HOLD_EVERY)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -90,6 +111,16 @@ class AdaptiveLinear(nn.Linear):
         self._bind()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        plan = self._library.get(x.shape)
+        if (plan is not None and x.dtype is self._dtype and not plan.stale
+                and not self.training):
+            if next(self._turn) % HOLD_EVERY:
+                return F.linear(x, self._w_linear, self._b_linear)
+            return self._compute(x, True)
+        return self._compute(x)
+
+    def _compute(self, x: torch.Tensor, route: bool = False) -> torch.Tensor:
+        """The layer as adaptive launches (``route``: through the dispatcher)."""
         if self.training:
             raise RuntimeError(f"{self.path or 'AdaptiveLinear'}: adaptive layers are for "
                                "inference and give no gradients; call model.eval()")
@@ -98,37 +129,46 @@ class AdaptiveLinear(nn.Linear):
             x2 = x2.contiguous()
         wt = self._wt
         if wt is not None:
-            y = self._launch("gemm", x2, wt, x2)
+            y = self._launch("gemm", x2, wt, x2, x, route)
             if self._bias is not None:
                 y += self._bias
             return y.view(x.shape[:-1] + (self.out_features,))
         xt = x2.t().contiguous()
-        y = self._launch(self._op, self._w, xt, xt)     # [out, tokens]
+        y = self._launch(self._op, self._w, xt, xt, x, route)     # [out, tokens]
         if self._bias_col is not None:
             y += self._bias_col
         return y.t().reshape(x.shape[:-1] + (self.out_features,))
 
-    def _launch(self, op: str, a, b, x):
-        """One launch of ``op(a, b)``; ``x`` is the activation (the other operand is this
-        layer's weight). The plan serving ``x``'s shape is held here once the dispatcher
-        has committed it, so a warm call skips the dispatcher's key (four tensor
-        attributes per argument); one call in ``HOLD_EVERY`` still goes through the
-        dispatcher, so sampling, drift and the counter log keep seeing the layer."""
+    def _launch(self, op: str, a, b, x, given, route: bool):
+        """One launch of ``op(a, b)``; ``x`` is the activation as launched (the other
+        operand is this layer's weight), ``given`` the layer's input. The plan serving
+        ``x``'s shape is held here once the dispatcher has committed it, so a warm call
+        skips the dispatcher's key (four tensor attributes per argument); one call in
+        ``HOLD_EVERY`` still goes through the dispatcher, so sampling, drift and the
+        counter log keep seeing the layer."""
         key = (x.shape, x.dtype, x.device)
-        plan = self._held.get(key)
-        self._calls += 1
-        if plan is not None and not plan.stale and self._calls % HOLD_EVERY:
-            return plan.run((a, b), None)
-        return self._through_dispatcher(op, key, a, b)
+        if not route:
+            plan = self._held.get(key)
+            if plan is not None and not plan.stale and next(self._turn) % HOLD_EVERY:
+                return plan.run((a, b), None)
+        return self._through_dispatcher(op, key, a, b, given)
 
-    def _through_dispatcher(self, op: str, key: tuple, a, b):
+    def _through_dispatcher(self, op: str, key: tuple, a, b, given):
         d = default_dispatcher((a, b))
         y = d.run(op, (a, b), None, {})
         plan = d.plan(op, a, b)
+        shape = given.shape
         if plan.provisional or plan.stale:   # still exploring: every call goes through
             self._held.pop(key, None)
-        elif key in self._held or len(self._held) < MAX_HELD:
+            self._library.pop(shape, None)
+            return y
+        if key in self._held or len(self._held) < MAX_HELD:
             self._held[key] = plan
+        if _is_library(plan, op) and given.dtype is self._dtype:
+            if shape in self._library or len(self._library) < MAX_HELD:
+                self._library[shape] = plan
+        else:
+            self._library.pop(shape, None)
         return y
 
     def to_linear(self) -> nn.Linear:
@@ -141,3 +181,10 @@ class AdaptiveLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mode={self.mode}"
+
+
+def _is_library(plan, op: str) -> bool:
+    """Whether ``plan`` runs torch's own matmul on the tensors as given (then
+    ``F.linear`` computes what it computes, with the kernel torch picks)."""
+    variant = plan.candidate.variant
+    return op == "gemm" and variant.torch_library and plan.problem.kind == "torch"

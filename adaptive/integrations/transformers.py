@@ -23,13 +23,15 @@ torch and transformers are imported when a function here is first called (the
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from adaptive.runtime import launch
+from adaptive.runtime import default_dispatcher, launch
 from adaptive.errors import InputTypeError, InputValueError
+from adaptive.ops.base import bucket
 
 NAME = "adaptive"
 AUTO_MAX_DENSITY = 0.5      # sparse="auto": a weight with at most this fraction nonzero
@@ -37,8 +39,16 @@ LINEAR_DTYPES = {"cuda": ("float16", "bfloat16", "float32"),
                  "cpu": ("float16", "float32")}          # NumPy (host backend): no bfloat16
 SPARSE_DTYPES = ("float16", "float32")                   # adaptive.SparseWeight's
 
+HOLD_EVERY = 64     # one held attention call in this many goes through the dispatcher
+MAX_HELD = 64       # attention input classes whose plans are held
+
 _lock = threading.Lock()
 _registered = False
+# attention plans that run the same function for every key of their input class (a torch
+# entry: SDPA), held by (q shape, Hkv, Lk's class, dtype, device, params, mask layout), so
+# a decode step's new Lk neither builds a key nor misses the dispatcher's exact-key cache
+_held: dict[tuple, object] = {}
+_turn = itertools.count(1)
 
 
 def __getattr__(name: str):
@@ -116,7 +126,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
             key, value = key[:, :, :lq], value[:, :, :lq]
         k = key if key.is_contiguous() else key.contiguous()
         v = value if value.is_contiguous() else value.contiguous()
-        out = launch("attention", q, k, v, causal=causal, scale=scaling)
+        out = _attend((q, k, v), causal, scaling, None)
     else:
         if mask.dim() != 4:
             raise InputValueError(f"{_layer(module)}: attention mask of shape "
@@ -129,8 +139,45 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
             mask = mask.contiguous()
         k = key if key.is_contiguous() else key.contiguous()
         v = value if value.is_contiguous() else value.contiguous()
-        out = launch("attention", q, k, v, mask, causal=False, scale=scaling)
+        out = _attend((q, k, v, mask), False, scaling, (mask.shape[0], mask.shape[1],
+                                                         mask.dtype))
     return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(args: tuple, causal: bool, scale, mask_layout):
+    """``adaptive.launch("attention", *args, ...)``, or the held plan of its input class
+    (one call in :data:`HOLD_EVERY` still goes through the dispatcher)."""
+    q, k = args[0], args[1]
+    hold = (q.shape, k.shape[1], bucket(k.shape[2]), q.dtype, q.device, causal, scale,
+            mask_layout)
+    plan = _held.get(hold)
+    if plan is not None and not plan.stale and next(_turn) % HOLD_EVERY:
+        return plan.run(args, None)
+    out = launch("attention", *args, causal=causal, scale=scale)
+    plan = default_dispatcher(args).plan("attention", *args, causal=causal, scale=scale)
+    with _lock:
+        if plan.provisional or plan.stale or not _any_key(plan):
+            _held.pop(hold, None)   # exploring, or bound to this exact key: not held
+        else:
+            if hold not in _held and len(_held) >= MAX_HELD:
+                del _held[next(iter(_held))]   # the oldest class goes
+            _held[hold] = plan
+    return out
+
+
+def _any_key(plan) -> bool:
+    """Whether ``plan`` runs the same function for every key of its input class: a torch
+    entry (bound to the op's parameters and its config, never to shapes) on tensors, with
+    no requirement on the input that another key of the class could fail."""
+    variant = plan.candidate.variant
+    return bool(variant.torch_entry) and plan.problem.kind == "torch" and not variant.requires
+
+
+def forget_held() -> None:
+    """Let go of the attention plans held here (after replacing the default dispatcher;
+    plans the dispatcher itself drops are let go on their next call)."""
+    with _lock:
+        _held.clear()
 
 
 def _layer(module) -> str:
@@ -140,7 +187,10 @@ def _layer(module) -> str:
 
 # ---- patch ----------------------------------------------------------------------------------
 
-def patch(model, *, sparse=None, skip=None):
+LAYOUTS = ("transposed", "torch")
+
+
+def patch(model, *, sparse=None, skip=None, layout: str = "transposed"):
     """Serve ``model``'s linears and attention through adaptive, in place; inference only.
 
     Every ``nn.Linear`` becomes an :class:`~adaptive.integrations.linear.AdaptiveLinear`
@@ -156,6 +206,11 @@ def patch(model, *, sparse=None, skip=None):
             most :data:`AUTO_MAX_DENSITY` of the weight nonzero), a density bound in (0,
             1], or True/False; or a predicate ``(path, linear) -> bool``.
         skip: a predicate ``(path, linear) -> bool`` naming linears to leave as they are.
+        layout: how dense weights are kept: ``"transposed"`` (``[in, out]``, one copy at
+            patch time: ``y = gemm(x, Wᵀ)``, what our gemm kernels read best) or
+            ``"torch"`` (``[out, in]`` as given, no copy: ``yᵀ = gemm(W, xᵀ)``, and a warm
+            call whose plan is torch's own matmul is then the plain layer's very call,
+            the same cuBLAS kernel).
 
     Returns:
         ``model``, patched.
@@ -176,7 +231,9 @@ def patch(model, *, sparse=None, skip=None):
     if skip is not None and not callable(skip):
         raise InputTypeError(f"skip must be a predicate (path, linear) -> bool, got "
                              f"{type(skip).__name__}")
-    linears, models = _plan(model, _sparse_rule(sparse), skip)
+    if layout not in LAYOUTS:
+        raise InputValueError(f"patch(layout={layout!r}); expected one of {LAYOUTS}")
+    linears, models = _plan(model, _sparse_rule(sparse), skip, layout == "torch")
     from adaptive.integrations.linear import AdaptiveLinear
     previous = [(m, m.config._attn_implementation) for _, m in models]
     done = []
@@ -235,7 +292,7 @@ def _transformers_models(model) -> list:
     return found
 
 
-def _plan(model, sparse_rule, skip):
+def _plan(model, sparse_rule, skip, as_given: bool = False):
     """Everything patch() will change, or an error naming every module it cannot serve."""
     import torch
     nn = torch.nn
@@ -286,7 +343,7 @@ def _plan(model, sparse_rule, skip):
                     problems.append(f"{cpath}: sparse weight of dtype {dtype}; "
                                     f"adaptive.SparseWeight takes {', '.join(SPARSE_DTYPES)}")
                     continue
-            mode = "sparse" if as_sparse else ("shared" if shared else "dense")
+            mode = "sparse" if as_sparse else ("shared" if shared or as_given else "dense")
             linears.append((cpath, module, attr, child, mode))
     if isinstance(sparse_rule, _PatternRule):
         for pattern in sparse_rule.patterns:

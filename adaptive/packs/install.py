@@ -141,10 +141,12 @@ def _plan_variants(pack: Pack, registry: Registry, where: str):
 
 
 def code_of(v: Variant) -> dict:
-    """What decides a variant's behaviour (not its doc, provenance or measured resources)."""
+    """What decides a variant's behaviour (not its doc, provenance or measured resources,
+    nor ``torch_library``, a hint to callers about what its torch entry is)."""
     d = v.to_dict()
     for k in ("doc", "provenance", "resources", "source_name"):
         d.pop(k)
+    d.pop("torch_library", None)
     return d
 
 

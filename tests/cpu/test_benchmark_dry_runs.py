@@ -19,6 +19,7 @@ DRY_RUNS = {   # the fewest launches that still run every code path
     "gpu_decode_attention": (["--device", "host", "--quick"], "decode attention targets"),
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
     "gpu_hostpath": (["--device", "host", "--quick"], "Lk + 1 per call"),
+    "cpu_patched_linear": (["--quick"], "same greedy tokens: True"),
 }
 
 

@@ -1,0 +1,304 @@
+"""The warm paths of the transformers integration: a patched linear whose committed plan is
+torch's own matmul calls ``F.linear`` itself, and attention plans that run one function
+for every key of their input class are held by class. Both still send one call in
+HOLD_EVERY through the dispatcher, let go of stale plans, and never hold exploring ones.
+
+The default CPU dispatcher is replaced here by a host one whose variants are torch's own
+calls (as the H200 commits cuBLAS and SDPA for such a model), and put back after."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is in the test extra")
+pytest.importorskip("transformers", reason="transformers is in the test extra")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import adaptive  # noqa: E402
+from adaptive import runtime  # noqa: E402
+from adaptive.integrations import transformers as at  # noqa: E402
+from adaptive.integrations import linear as linear_mod  # noqa: E402
+from adaptive.variants import Registry  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.cpu_patched_linear import library_dispatcher  # noqa: E402
+
+HOLD_EVERY = linear_mod.HOLD_EVERY
+
+
+class _Counted:
+    """Counts the dispatcher's ``run`` calls (what the layers send through it)."""
+
+    def __init__(self, d):
+        self.calls = 0
+        real = d.run
+
+        def run(*args, **kwargs):
+            self.calls += 1
+            return real(*args, **kwargs)
+        d.run = run
+
+
+@pytest.fixture
+def library():
+    """The library dispatcher as the CPU default (and the previous one back after)."""
+    torch.set_num_threads(1)
+    like = torch.empty(1)
+    before = runtime.default_dispatcher(device="cpu")
+    d = library_dispatcher()
+    runtime.set_default(d, like)
+    at.forget_held()
+    yield d
+    runtime.set_default(before, like)
+    at.forget_held()
+
+
+def _reference(x, layer):
+    return x.double() @ layer.weight.detach().double().t() + layer.bias.detach().double()
+
+
+def test_a_warm_library_plan_is_plain_f_linear_with_one_call_in_hold_every_routed(library):
+    counted = _Counted(library)
+    torch.manual_seed(0)
+    layer = at.AdaptiveLinear(torch.nn.Linear(24, 10), "dense", "mlp").eval()
+    x = torch.randn(3, 5, 24)
+    y = layer(x)
+    torch.testing.assert_close(y.double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
+    assert counted.calls == 1 and list(layer._library) == [x.shape]
+    calls = 4 * HOLD_EVERY
+    for _ in range(calls):
+        x = torch.randn(3, 5, 24)
+        torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
+                                   atol=1e-5)
+    assert counted.calls - 1 == calls // HOLD_EVERY   # the rest never reached the dispatcher
+
+
+def test_layers_called_once_per_token_route_on_different_tokens(library):
+    """155 layers (a 1.1B Llama's linears) each routing one call in HOLD_EVERY: about
+    155 / HOLD_EVERY of them per token, never all of them on one token (a p99 spike)."""
+    layers = [at.AdaptiveLinear(torch.nn.Linear(8, 8), "dense").eval() for _ in range(155)]
+    x = torch.randn(1, 1, 8)
+    for layer in layers:
+        layer(x)
+    counted = _Counted(library)
+    per_token = []
+    for _ in range(2 * HOLD_EVERY):
+        before = counted.calls
+        for layer in layers:
+            layer(x)
+        per_token.append(counted.calls - before)
+    assert sum(per_token) == 2 * len(layers)
+    assert max(per_token) <= math.ceil(len(layers) / HOLD_EVERY) + 1, per_token
+
+
+def test_a_stale_plan_goes_back_through_the_dispatcher(library):
+    counted = _Counted(library)
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
+    x = torch.randn(1, 1, 16)
+    layer(x)
+    plan = layer._library[x.shape]
+    library.forget("gemm")
+    assert plan.stale
+    before = counted.calls
+    x = torch.randn(1, 1, 16)
+    torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
+    assert counted.calls == before + 1
+    assert layer._library[x.shape] is not plan and not layer._library[x.shape].stale
+
+
+def test_a_new_shape_goes_through_the_dispatcher_once_then_each_shape_is_held(library):
+    counted = _Counted(library)
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "shared").eval()
+    shapes = [(1, 1, 16), (2, 7, 16), (1, 1, 16), (5, 16), (2, 7, 16)]
+    for shape in shapes:
+        x = torch.randn(*shape)
+        y = layer(x)
+        assert y.shape == shape[:-1] + (8,)
+        torch.testing.assert_close(y.double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
+    assert counted.calls == 3   # one per new shape
+    assert set(layer._library) == {torch.Size(s) for s in shapes}
+
+
+def test_another_dtype_is_never_served_by_the_held_plan(library):
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
+    x = torch.randn(2, 16)
+    layer(x)
+    counted = _Counted(library)
+    with pytest.raises(adaptive.InputTypeError, match=r"different dtypes \(a is float64, "
+                                                     r"b is float32\)"):
+        layer(x.double())
+    assert counted.calls == 1 and list(layer._library) == [x.shape]
+
+
+def test_a_layer_in_training_mode_is_refused_even_when_warm(library):
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
+    x = torch.randn(2, 16)
+    layer(x)
+    layer.train()
+    with pytest.raises(RuntimeError, match="call model.eval"):
+        layer(x)
+
+
+def test_other_plans_are_held_by_exact_key_and_never_replaced_by_f_linear():
+    """The host backend's own gemm (NumPy BLAS) is not torch's: held, run as a plan."""
+    torch.set_num_threads(1)
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
+    x = torch.randn(3, 16)
+    for _ in range(40):
+        torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
+                                   atol=1e-5)
+    assert not layer._library
+    (plan,) = layer._held.values()
+    assert not plan.candidate.variant.torch_library
+
+
+def test_exploring_shapes_always_go_through_the_dispatcher():
+    import dataclasses
+    d0 = library_dispatcher()
+    (gemm,) = d0.registry.variants("gemm", "host")
+    twin = dataclasses.replace(gemm, name="torch_mm_twin")
+    like = torch.empty(1)
+    before = runtime.default_dispatcher(device="cpu")
+    with adaptive.config.override(sample_every=0):
+        d = adaptive.Dispatcher(backend="host", registry=Registry([gemm, twin]))
+    runtime.set_default(d, like)
+    try:
+        counted = _Counted(d)
+        layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
+        x = torch.randn(4, 16)
+        layer(x)
+        n = 1
+        assert d.plan("gemm", x, layer._wt).provisional, "two fresh candidates: explored"
+        while d.plan("gemm", x, layer._wt).provisional:
+            assert not layer._library, "an exploring plan was held"
+            layer(x)
+            n += 1
+            assert n < 500, "the policy never committed"
+        assert counted.calls == n
+        layer(x)
+        assert list(layer._library) == [x.shape]
+    finally:
+        runtime.set_default(before, like)
+
+
+# ---- attention ------------------------------------------------------------------------------
+
+class _Layer(torch.nn.Module):
+    is_causal, num_key_value_groups, layer_idx = True, 2, 0
+
+
+def _eager(q, k, v, mask=None, scale=None):
+    from adaptive.ops import get_op
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    ref = get_op("attention").reference(*(a.numpy() for a in args), scale=scale)
+    return torch.from_numpy(ref).transpose(1, 2)
+
+
+def test_decode_attention_is_held_by_input_class_across_new_key_lengths(library):
+    counted = _Counted(library)
+    layer = _Layer()
+    steps = 2 * HOLD_EVERY
+    for lk in range(200, 200 + steps):   # Lk 200..327: a few quarter-octave classes
+        q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, lk, 16), torch.randn(2, 2, lk, 16)
+        out, _ = at.attention_forward(layer, q, k, v, None, scaling=0.3)
+        torch.testing.assert_close(out.double(), _eager(q, k, v, scale=0.3), rtol=1e-4,
+                                   atol=1e-5)
+    from adaptive.ops.base import bucket
+    classes = len({bucket(lk) for lk in range(200, 200 + steps)})
+    assert classes < counted.calls <= classes + steps // HOLD_EVERY + 1
+    assert len(at._held) == classes
+
+
+def test_masked_attention_is_held_apart_and_a_stale_plan_is_let_go(library):
+    counted = _Counted(library)
+    layer = _Layer()
+    lk = 40
+    q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, lk, 16), torch.randn(2, 2, lk, 16)
+    mask = torch.ones(2, 1, 1, lk, dtype=torch.bool)
+    mask[0, ..., :7] = False   # left padding
+    out, _ = at.attention_forward(layer, q, k, v, mask, scaling=0.3)
+    torch.testing.assert_close(out.double(), _eager(q, k, v, mask, 0.3), rtol=1e-4, atol=1e-5)
+    at.attention_forward(layer, q, k, v, None, scaling=0.3)
+    assert counted.calls == 2 and len(at._held) == 2   # masked and unmasked: two classes
+    held = list(at._held.values())
+    library.forget("attention")
+    assert all(p.stale for p in held)
+    out, _ = at.attention_forward(layer, q, k, v, mask, scaling=0.3)
+    torch.testing.assert_close(out.double(), _eager(q, k, v, mask, 0.3), rtol=1e-4, atol=1e-5)
+    assert counted.calls == 3
+    fresh = [p for p in at._held.values() if not p.stale]
+    assert len(fresh) == 1 and all(fresh[0] is not p for p in held)
+
+
+def test_attention_plans_bound_to_their_exact_key_are_not_held():
+    """The host backend's attention runs on NumPy copies: its plans are per key."""
+    torch.set_num_threads(1)
+    at.forget_held()
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    out, _ = at.attention_forward(_Layer(), q, k, v, None)
+    torch.testing.assert_close(out.double(), _eager(q, k, v, scale=1 / math.sqrt(8)),
+                               rtol=1e-4, atol=1e-5)
+    assert not at._held
+
+
+@pytest.mark.parametrize("layout", ["transposed", "torch"])
+def test_a_patched_llama_on_library_plans_generates_the_plain_greedy_tokens(library, layout):
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         max_position_embeddings=512, pad_token_id=0, eos_token_id=None,
+                         bos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(1)
+    plain = LlamaForCausalLM(config).eval()
+    patched = LlamaForCausalLM(config)
+    patched.load_state_dict(plain.state_dict())
+    weights = {n: m.weight for n, m in patched.named_modules()
+               if isinstance(m, torch.nn.Linear)}
+    at.patch(patched, layout=layout)
+    ids = torch.randint(1, 256, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0   # left padding: the masked attention path too
+    with torch.no_grad():
+        want = plain.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                              pad_token_id=0)
+        got = patched.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False,
+                               pad_token_id=0)
+    assert torch.equal(got, want)
+    layers = [m for m in patched.modules() if isinstance(m, at.AdaptiveLinear)]
+    assert all(m._library for m in layers), "a library plan was not served by F.linear"
+    assert at._held
+    kept = [n for n, m in patched.named_modules()
+            if isinstance(m, at.AdaptiveLinear) and m.weight is weights[n]]
+    if layout == "torch":   # every weight as given: no copy, F.linear on the very tensor
+        assert len(kept) == len(layers)
+    else:                   # transposed once, except the embedding-tied head
+        assert len(kept) < len(layers)
+
+
+def test_an_unknown_layout_is_refused_before_anything_changes():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.raises(adaptive.InputValueError, match=r"layout='rows'.*'transposed', 'torch'"):
+        at.patch(model, layout="rows")
+    assert type(model[0]) is torch.nn.Linear
+
+
+def test_torch_library_is_checked_in_manifests_and_kept_in_packs():
+    from adaptive.errors import ManifestError
+    from adaptive.variants import variant_from_dict
+    base = {"name": "mm", "backend": "host", "language": "python", "entry": "gemm_numpy",
+            "source": "def gemm_numpy(a, b, out):\n    out[...] = a @ b\n"}
+    with pytest.raises(ManifestError, match="torch_library.*only with a torch_entry"):
+        variant_from_dict({**base, "torch_library": True}, "gemm")
+    with pytest.raises(ManifestError, match="torch_library.*got 'yes'"):
+        variant_from_dict({**base, "torch_entry": "gemm_numpy", "torch_library": "yes"},
+                          "gemm")
+    v = variant_from_dict({**base, "torch_entry": "gemm_numpy", "torch_library": True}, "gemm")
+    again = variant_from_dict(v.to_dict(), "gemm")
+    assert v.torch_library and again.torch_library
+    assert "torch_library" not in variant_from_dict(base, "gemm").to_dict()
+    from adaptive.variants import shared_registry
+    assert shared_registry().get("gemm", "cublas").torch_library   # cuBLAS through torch.mm

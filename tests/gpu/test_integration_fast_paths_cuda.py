@@ -1,0 +1,92 @@
+"""The integration's warm paths on CUDA, fp16, with a dispatcher whose only variants are
+cuBLAS (torch.mm) and SDPA through torch: a warm patched linear is F.linear itself (with
+layout="torch", bit for bit the plain layer's output), decode attention is held by input
+class, and a patched tiny Llama generates the plain model's greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import adaptive  # noqa: E402
+from adaptive import runtime  # noqa: E402
+from adaptive.integrations import transformers as at  # noqa: E402
+from adaptive.integrations.linear import HOLD_EVERY  # noqa: E402
+from adaptive.variants import Registry, shared_registry  # noqa: E402
+
+DEV = "cuda"
+
+
+@pytest.fixture
+def library():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    like = torch.empty(1, device=DEV)
+    before = runtime.default_dispatcher(device="cuda:0")
+    shared = shared_registry()
+    d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
+        [shared.get("gemm", "cublas"), shared.get("attention", "sdpa_torch")]))
+    runtime.start(d)
+    runtime.set_default(d, like)
+    at.forget_held()
+    yield d
+    runtime.set_default(before, like)
+    at.forget_held()
+
+
+def test_a_warm_linear_is_the_plain_layers_call_bit_for_bit(library):
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(2048, 5632, device=DEV, dtype=torch.float16).eval()
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 5632, device=DEV, dtype=torch.float16))
+    model[0].load_state_dict(plain.state_dict())
+    at.patch(model, layout="torch")
+    layer = model[0]
+    runs = []
+    real = library.run
+
+    def counted(*args, **kwargs):
+        runs.append(1)
+        return real(*args, **kwargs)
+    library.run = counted
+    with torch.no_grad():
+        for i in range(2 * HOLD_EVERY):
+            x = torch.randn(1, 1, 2048, device=DEV, dtype=torch.float16)
+            y = layer(x)
+            if i % HOLD_EVERY:   # warm, not routed: F.linear on the same [out, in] weight
+                assert torch.equal(y, plain(x))
+            else:                # through the dispatcher: torch.mm, then the bias
+                torch.testing.assert_close(y, plain(x), rtol=2e-3, atol=2e-3)
+    assert list(layer._library) == [torch.Size([1, 1, 2048])]
+    assert 2 <= len(runs) <= 3   # the first call, then one in HOLD_EVERY
+
+
+def test_a_patched_llama_holds_its_plans_and_generates_the_plain_tokens(library):
+    config = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, vocab_size=512,
+                         max_position_embeddings=1024, pad_token_id=0, eos_token_id=None,
+                         bos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(1)
+    plain = LlamaForCausalLM(config).to(DEV, torch.float16).eval()
+    patched = LlamaForCausalLM(config).to(DEV, torch.float16)
+    patched.load_state_dict(plain.state_dict())
+    at.patch(patched)
+    ids = torch.randint(1, 512, (2, 40), device=DEV)
+    mask = torch.ones_like(ids)
+    mask[1, :11] = 0
+    with torch.no_grad():
+        want = plain.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                              pad_token_id=0)
+        got = patched.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                               pad_token_id=0)
+    # the first 16 new tokens: fp16 sums over the transposed weight may round otherwise,
+    # which can flip a near tie later in a random model
+    assert torch.equal(got[:, :56], want[:, :56])
+    layers = [m for m in patched.modules() if isinstance(m, at.AdaptiveLinear)]
+    assert all(m._library for m in layers)
+    assert at._held
