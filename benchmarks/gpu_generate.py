@@ -252,7 +252,7 @@ def build(full: bool, device: str):
 
 
 def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2,
-         layout: str = "transposed") -> list[dict]:
+         layout: str = "torch") -> list[dict]:
     import torch
 
     import adaptive
@@ -433,7 +433,7 @@ if __name__ == "__main__":
                         help="host: the tiny model on the CPU (a dry run)")
     parser.add_argument("--quick", action="store_true", help="tiny model, few tokens")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per mode")
-    parser.add_argument("--layout", choices=("transposed", "torch"), default="transposed",
+    parser.add_argument("--layout", choices=("transposed", "torch"), default="torch",
                         help="patch(layout=...): dense weights kept [in, out] or as given")
     args = parser.parse_args()
     main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds,

@@ -190,7 +190,7 @@ def _layer(module) -> str:
 LAYOUTS = ("transposed", "torch")
 
 
-def patch(model, *, sparse=None, skip=None, layout: str = "transposed"):
+def patch(model, *, sparse=None, skip=None, layout: str = "torch"):
     """Serve ``model``'s linears and attention through adaptive, in place; inference only.
 
     Every ``nn.Linear`` becomes an :class:`~adaptive.integrations.linear.AdaptiveLinear`
@@ -206,11 +206,12 @@ def patch(model, *, sparse=None, skip=None, layout: str = "transposed"):
             most :data:`AUTO_MAX_DENSITY` of the weight nonzero), a density bound in (0,
             1], or True/False; or a predicate ``(path, linear) -> bool``.
         skip: a predicate ``(path, linear) -> bool`` naming linears to leave as they are.
-        layout: how dense weights are kept: ``"transposed"`` (``[in, out]``, one copy at
-            patch time: ``y = gemm(x, Wᵀ)``, what our gemm kernels read best) or
-            ``"torch"`` (``[out, in]`` as given, no copy: ``yᵀ = gemm(W, xᵀ)``, and a warm
-            call whose plan is torch's own matmul is then the plain layer's very call,
-            the same cuBLAS kernel).
+        layout: how dense weights are kept: ``"torch"`` (the default: ``[out, in]`` as
+            given, no copy: ``yᵀ = gemm(W, xᵀ)``, and a warm call whose plan is torch's own
+            matmul is then the plain layer's very call, the same cuBLAS kernel, so a
+            patched model is never slower where the library wins) or ``"transposed"``
+            (``[in, out]``, one copy at patch time: ``y = gemm(x, Wᵀ)``, what our gemm
+            kernels read best).
 
     Returns:
         ``model``, patched.

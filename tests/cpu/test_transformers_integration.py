@@ -176,7 +176,7 @@ def test_patched_model_generates_the_same_greedy_tokens():
 def test_patch_keeps_the_state_dict_and_stores_each_weight_once():
     plain, patched = _pair(attention_bias=True, tie_word_embeddings=True)
     before = {k: v.clone() for k, v in patched.state_dict().items()}
-    at.patch(patched)
+    at.patch(patched, layout="transposed")     # the layout that copies: one copy only
     after = patched.state_dict()
     assert list(after) == list(before)
     for name, value in before.items():
@@ -205,7 +205,7 @@ def test_pruned_weights_run_as_sparse_weights_built_once(monkeypatch):
                     keep = torch.rand(lin.weight.shape, generator=torch.Generator()
                                       .manual_seed(lin.weight.numel())) < 0.2
                     lin.weight.mul_(keep)
-    at.patch(patched, sparse={"mlp": "auto"})
+    at.patch(patched, sparse={"mlp": "auto"}, layout="transposed")
     modes = {n: m.mode for n, m in patched.named_modules() if isinstance(m, at.AdaptiveLinear)}
     assert modes["model.layers.1.mlp.up_proj"] == "sparse"
     assert modes["model.layers.1.mlp.gate_proj"] == "dense"      # not pruned: "auto" says no
@@ -227,11 +227,11 @@ def test_pruned_weights_run_as_sparse_weights_built_once(monkeypatch):
 
 def test_sparse_rules_by_predicate_and_bound():
     _, model = _pair()
-    at.patch(model, sparse=lambda path, lin: path.endswith("o_proj"))
+    at.patch(model, sparse=lambda path, lin: path.endswith("o_proj"), layout="transposed")
     assert model.model.layers[0].self_attn.o_proj.mode == "sparse"
     assert model.model.layers[0].self_attn.k_proj.mode == "dense"
     _, model = _pair()
-    at.patch(model, sparse={"layers.1": True, "layers.1.mlp": False})
+    at.patch(model, sparse={"layers.1": True, "layers.1.mlp": False}, layout="transposed")
     assert model.model.layers[1].self_attn.v_proj.mode == "sparse"
     assert model.model.layers[1].mlp.up_proj.mode == "dense"         # False wins
     assert model.model.layers[0].self_attn.v_proj.mode == "dense"
