@@ -163,6 +163,29 @@ def _wrapper(name: str, params: list[str], casts: list[str]) -> str:
             f"    emu_launch(gx, gy, gz, bx, by, bz, [=] {{ {name}({call}); }});\n}}\n")
 
 
+GXX = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w"]
+
+
+def compile_all(jobs: Mapping[Path, tuple[str, list[str]]], timeout_s: float = 300) -> None:
+    """Compile each ``lib: (source text, extra g++ flags)`` into the shared library ``lib``,
+    the g++ processes side by side; raise naming the first that failed, with the end of its
+    errors."""
+    procs = {}
+    for lib, (text, flags) in jobs.items():
+        src = lib.with_suffix(".cpp")
+        src.write_text(text)
+        procs[lib] = subprocess.Popen([*GXX, *flags, "-o", str(lib), str(src)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+    failed = []
+    for lib, proc in procs.items():
+        out, _ = proc.communicate(timeout=timeout_s)
+        if proc.returncode != 0:
+            failed.append(f"g++ failed on {lib.with_suffix('.cpp')}:\n{out[-4000:]}")
+    if failed:
+        raise RuntimeError(failed[0])
+
+
 def build(source: str, kernels: Mapping[str, list], workdir: Path) -> dict:
     """Compile ``source`` with entry points for ``kernels``: name -> parameter list, each
     "ptr", "i32", "i64", "f32" or ("ptr", "const T*") for a pointer's C type (default
