@@ -59,8 +59,18 @@ def test_anchors_land_at_least_as_close_to_the_best():
     assert with_.geomean_ratio() <= 1.05, str(with_)
 
 
-def test_cli_prints_both_set_ups(capsys):
+def test_cli_prints_both_set_ups(attention, monkeypatch, capsys):
+    """On the fixture's reports: the same replay (attention, two folds), not fitted twice."""
+    import adaptive.replay
+    asked = []
+
+    def replay_setups(pack, setups, ops=None, folds=10, progress=None):
+        asked.append((pack, tuple(setups), ops, folds, progress))
+        return [attention[s] for s in setups]
+    monkeypatch.setattr(adaptive.replay, "replay_setups", replay_setups)
     assert cli.main(["pack", "replay", H200, "--ops", "attention", "--no-progress",
                      "--folds", "2"]) == 0
+    assert asked == [(H200, (False, True), ["attention"], 2, None)]
     out = capsys.readouterr().out
+    assert "2 folds by input" in out
     assert "model picks only (no anchors)" in out and "\nlearned: committed/best" in out
