@@ -171,6 +171,7 @@ class CounterLog:
             return self.stats
         deadline = time.monotonic() + wait_gpu_s
         while any(t.pending for t in self._timers.values()) and time.monotonic() < deadline:
+            self._wake.set()            # harvest now, not at the next flush interval
             time.sleep(0.005)
         self._closing = True
         self._wake.set()

@@ -1,4 +1,4 @@
-"""Run simple CUDA kernels on the CPU: one OS thread per CUDA thread, blocks one at a time.
+"""Run simple CUDA kernels on the CPU: a fiber per CUDA thread, blocks one at a time.
 
 For checking the logic of small kernels (index maths, shared-memory tiles, warp
 shuffles, barriers) on machines without a GPU. The kernel source is compiled by g++
@@ -26,17 +26,39 @@ import numpy as np
 
 HEADER = r"""
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
+#include <ucontext.h>
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
-static thread_local dim3 threadIdx, blockIdx;
+static dim3 threadIdx, blockIdx;     // the running CUDA thread's (one runs at a time)
 static dim3 blockDim, gridDim;
-static std::barrier<>* emu_block_barrier;
-static std::vector<std::unique_ptr<std::barrier<>>> emu_warp_barriers;
+// A CUDA thread is a fiber (ucontext) of one OS thread: it runs until it waits at a
+// barrier or ends, then the next one runs. Barriers count arrivals; a waiting thread runs
+// again once its barrier's phase has moved on.
+struct emu_fiber { ucontext_t ctx; dim3 idx; const struct emu_barrier_t* waits = nullptr;
+                   unsigned long phase = 0; bool done = false; };
+static std::vector<emu_fiber> emu_fibers;
+static ucontext_t emu_main;
+static int emu_current;
+struct emu_barrier_t {
+    int expected, arrived = 0;
+    unsigned long phase = 0;
+    explicit emu_barrier_t(int n) : expected(n) {}
+    void arrive_and_wait() {
+        if (++arrived == expected) { arrived = 0; ++phase; return; }
+        emu_fiber& f = emu_fibers[emu_current];
+        f.waits = this;
+        f.phase = phase;
+        swapcontext(&f.ctx, &emu_main);
+    }
+};
+static emu_barrier_t* emu_block_barrier;
+static std::vector<std::unique_ptr<emu_barrier_t>> emu_warp_barriers;
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -60,26 +82,68 @@ typedef float T;
 inline float to_f32(float x) { return x; }
 template <typename U> inline U from_f32(float x);
 template <> inline float from_f32<float>(float x) { return x; }
+static const std::function<void()>* emu_kernel;
+static void emu_fiber_main() {
+    (*emu_kernel)();
+    emu_fibers[emu_current].done = true;          // returns to emu_main (uc_link)
+}
+constexpr size_t emu_stack_bytes = 256 * 1024;
 template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                    unsigned by, unsigned bz, F kernel) {
     gridDim = {gx, gy, gz};
     blockDim = {bx, by, bz};
     const unsigned n = bx * by * bz;
+    const std::function<void()> fn = kernel;
+    emu_kernel = &fn;
+    emu_barrier_t bar(n);
+    emu_block_barrier = &bar;
+    emu_warp_barriers.clear();
+    for (unsigned w = 0; w < (n + 31) / 32; ++w)
+        emu_warp_barriers.emplace_back(new emu_barrier_t(std::min(32u, n - 32 * w)));
+    static char* stacks = nullptr;
+    static size_t stack_count = 0;
+    if (stack_count < n) {
+        std::free(stacks);
+        stacks = static_cast<char*>(std::malloc(n * emu_stack_bytes));
+        stack_count = n;
+    }
+    emu_fibers.assign(n, emu_fiber());
     for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y)
     for (unsigned x = 0; x < gx; ++x) {
-        std::barrier<> bar(n);
-        emu_block_barrier = &bar;
-        emu_warp_barriers.clear();
-        for (unsigned w = 0; w < (n + 31) / 32; ++w)
-            emu_warp_barriers.emplace_back(new std::barrier<>(std::min(32u, n - 32 * w)));
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < n; ++t)
-            threads.emplace_back([=] {
-                threadIdx = {t % bx, (t / bx) % by, t / (bx * by)};
-                blockIdx = {x, y, z};
-                kernel();
-            });
-        for (auto& th : threads) th.join();
+        blockIdx = {x, y, z};
+        for (unsigned t = 0; t < n; ++t) {
+            emu_fiber& f = emu_fibers[t];
+            f = emu_fiber();
+            f.idx = {t % bx, (t / bx) % by, t / (bx * by)};
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = stacks + t * emu_stack_bytes;
+            f.ctx.uc_stack.ss_size = emu_stack_bytes;
+            f.ctx.uc_link = &emu_main;
+            makecontext(&f.ctx, emu_fiber_main, 0);
+        }
+        // sweeps alternate direction, so a thread reading a neighbour's slot before a
+        // barrier finds it unwritten in one of them whichever side the neighbour is on
+        unsigned live = n;
+        for (bool forward = true; live; forward = !forward) {
+            bool ran = false;
+            for (unsigned i = 0; i < n; ++i) {
+                const int t = forward ? i : n - 1 - i;
+                emu_fiber& f = emu_fibers[t];
+                if (f.done || (f.waits && f.waits->phase == f.phase)) continue;
+                f.waits = nullptr;
+                emu_current = t;
+                threadIdx = f.idx;
+                swapcontext(&emu_main, &f.ctx);
+                ran = true;
+                live -= f.done;
+            }
+            if (!ran) {
+                std::fprintf(stderr, "cuda_emu: deadlock in block (%u, %u, %u): %u of %u threads "
+                             "wait at a barrier that the others never reach\n", x, y, z, live, n);
+                std::fflush(stderr);
+                std::abort();
+            }
+        }
     }
 }
 #line 1 "kernel.cu"
@@ -119,6 +183,29 @@ def _wrapper(name: str, params: list[str], casts: list[str]) -> str:
     return (f'extern "C" void emu_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
             f"unsigned by, unsigned bz{', ' if decl else ''}{decl}) {{\n"
             f"    emu_launch(gx, gy, gz, bx, by, bz, [=] {{ {name}({call}); }});\n}}\n")
+
+
+GXX = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w"]
+
+
+def compile_all(jobs: Mapping[Path, tuple[str, list[str]]], timeout_s: float = 300) -> None:
+    """Compile each ``lib: (source text, extra g++ flags)`` into the shared library ``lib``,
+    the g++ processes side by side; raise naming the first that failed, with the end of its
+    errors."""
+    procs = {}
+    for lib, (text, flags) in jobs.items():
+        src = lib.with_suffix(".cpp")
+        src.write_text(text)
+        procs[lib] = subprocess.Popen([*GXX, *flags, "-o", str(lib), str(src)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True)
+    failed = []
+    for lib, proc in procs.items():
+        out, _ = proc.communicate(timeout=timeout_s)
+        if proc.returncode != 0:
+            failed.append(f"g++ failed on {lib.with_suffix('.cpp')}:\n{out[-4000:]}")
+    if failed:
+        raise RuntimeError(failed[0])
 
 
 def build(source: str, kernels: Mapping[str, list], workdir: Path) -> dict:

@@ -11,7 +11,6 @@ The memory model is not emulated (copies land at issue): a missing wait can pass
 from __future__ import annotations
 
 import ctypes
-import subprocess
 import sys
 from pathlib import Path
 
@@ -55,33 +54,35 @@ def _kernel_source() -> str:
     return cuda_emu.PTX + EXTRA + cuda_emu.kernel_source(SOURCE)
 
 
-_BUILT: dict = {}
-
-
-def _build(tmp_path, config):
-    key = tuple(sorted(config.items()))
-    if key not in _BUILT:
-        _BUILT[key] = _compile(tmp_path, config)
-    return _BUILT[key]
-
-
-def _compile(tmp_path, config):
-    macros = [f"-D{k}={v}" for k, v in config.items()]
+def _wrapped_source() -> str:
     wrapper = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const __half* q, "
                "const __half* k, const __half* v, __half* out, int Lq, int Lk, int H, int Hkv, "
                "float scale, int causal, float* ws) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
                "attention_splitkv(q, k, v, out, Lq, Lk, H, Hkv, scale, causal, ws); });\n}\n")
-    src = tmp_path / "splitkv.cpp"
-    lib = tmp_path / f"splitkv_{abs(hash(tuple(macros)))}.so"
-    src.write_text(cuda_emu.HEADER + _kernel_source() + "\n" + wrapper)
-    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
-                           *macros, "-o", str(lib), str(src)], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    return cuda_emu.HEADER + _kernel_source() + "\n" + wrapper
+
+
+def _load(lib):
     fn = ctypes.CDLL(str(lib)).emu_run
     fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + \
         [ctypes.c_float, ctypes.c_int, ctypes.c_void_p]
     return fn
+
+
+def _key(config) -> tuple:
+    return tuple(sorted(config.items()))
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    """Each config the cases use, compiled once and side by side: key -> emu_run."""
+    tmp = tmp_path_factory.mktemp("splitkv")
+    configs = {_key(c): c for c in (getattr(case, "values", case)[0] for case in CASES)}
+    text = _wrapped_source()
+    libs = {key: tmp / f"splitkv_{i}.so" for i, key in enumerate(configs)}
+    cuda_emu.compile_all({libs[key]: (text, [f"-D{k}={v}" for k, v in config.items()])
+                          for key, config in configs.items()})
+    return {key: _load(lib) for key, lib in libs.items()}
 
 
 def _launch(fn, variant, config, q, k, v, causal, scale):
@@ -126,10 +127,10 @@ CASES = [  # config, (B, H, Hkv, Lq, Lk), causal, scale
 @pytest.mark.parametrize("config,dims,causal,scale", CASES,
                          ids=["gqa-decode", "gqa-lq3", "gqa-lq3-tiles", "mtiles3", "one-split",
                               "mha-empty"])
-def test_splitkv_kernel_emulated_against_float64(tmp_path, rng, config, dims, causal, scale):
+def test_splitkv_kernel_emulated_against_float64(kernels, rng, config, dims, causal, scale):
     variant = _variant()
     assert config in variant.space.configs(SM90)
-    fn = _build(tmp_path, config)
+    fn = kernels[_key(config)]
     b, h, hkv, lq, lk = dims
     d = config["HD"]
     q = rng.standard_normal((b, h, lq, d)).astype(np.float16)

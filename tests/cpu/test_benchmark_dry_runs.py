@@ -4,6 +4,7 @@ are CPU runs of GPU benchmarks.)"""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,16 +24,63 @@ DRY_RUNS = {   # the fewest launches that still run every code path
 }
 
 
-@pytest.mark.parametrize("name", sorted(DRY_RUNS))
-def test_benchmark_dry_run_completes_on_the_host(name, tmp_path):
+# One fresh process runs every dry run in turn, each as its script would run (``__main__``,
+# its own argv, its folder first on sys.path), so torch and transformers are imported once
+# rather than once a benchmark; its stdout and stderr go to a file each, its exit code to
+# the runner's stdout.
+RUNNER = r"""
+import contextlib, json, os, runpy, sys, traceback
+for name, script, argv, out_base in json.loads(sys.argv[1]):
+    sys.argv, sys.path[0], code = [script, *argv], os.path.dirname(script), 0
+    with open(out_base + ".out", "w") as out, open(out_base + ".err", "w") as err, \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else exc.code is not None
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    print(json.dumps({"name": name, "rc": int(code)}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory):
+    """name -> (exit code or None if never finished, stdout, stderr, its --out folder)."""
     pytest.importorskip("sklearn")
-    args, last_words = DRY_RUNS[name]
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args,
-                           "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert last_words in proc.stdout, proc.stdout[-3000:]
-    assert any(tmp_path.iterdir()), "the benchmark wrote nothing under --out"
+    base = tmp_path_factory.mktemp("dry_runs")
+    jobs = []
+    for name in sorted(DRY_RUNS):
+        (base / name).mkdir()
+        jobs.append([name, str(ROOT / "benchmarks" / f"{name}.py"),
+                     [*DRY_RUNS[name][0], "--out", str(base / name)], str(base / name)])
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(jobs)],
+                          capture_output=True, text=True, timeout=240 * len(jobs), cwd=ROOT)
+    codes = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            codes[record["name"]] = record["rc"]
+
+    def text(path):
+        return path.read_text() if path.exists() else ""
+    runs = {name: (codes.get(name), text(base / f"{name}.out"), text(base / f"{name}.err"),
+                   base / name) for name in DRY_RUNS}
+    return runs, proc
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUNS))
+def test_benchmark_dry_run_completes_on_the_host(name, dry_runs):
+    runs, proc = dry_runs
+    rc, stdout, stderr, out = runs[name]
+    _, last_words = DRY_RUNS[name]
+    assert rc == 0, (f"{name}: exit code {rc} (the runner's: {proc.returncode})\n"
+                     + stdout[-3000:] + stderr[-3000:] + proc.stderr[-3000:])
+    assert last_words in stdout, stdout[-3000:]
+    assert any(out.iterdir()), "the benchmark wrote nothing under --out"
 
 
 def test_gpu_selection_dry_run_writes_its_report(tmp_path, monkeypatch, capsys,

@@ -49,7 +49,7 @@ def test_trigger_parametric_loop_promotes_and_dispatcher_reranks(rng, tmp_path):
     d = Dispatcher("host", registry=reg, policy=MeasureEach())
     d.sample_every = 1
     regen = Regenerator(registry=reg, verifier=Verifier(timeout_s=30), threshold=1.0,
-                        min_samples=3, interval_s=0.0, budget=Budget(wall_s=60, candidates=6))
+                        min_samples=3, interval_s=0.0, budget=Budget(wall_s=60, candidates=3))
     regen.attach(d).start()
     try:
         x = rng.standard_normal((3000, 40)).astype(np.float32)

@@ -21,7 +21,7 @@ from adaptive.regen.recorded import Event, RecordedChatServer, recorded_local_ge
 def llm_run(tmp_path_factory):
     from benchmarks import gpu_regen_llm
     out = tmp_path_factory.mktemp("regen_llm")
-    rows = gpu_regen_llm.main(str(out), backend="host", dims={"R": 256, "C": 96}, slow_s=0.5)
+    rows = gpu_regen_llm.main(str(out), backend="host", dims={"R": 64, "C": 96}, slow_s=0.5)
     return rows, json.loads((out / "regen_llm.json").read_text()), out
 
 

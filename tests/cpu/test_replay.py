@@ -8,7 +8,7 @@ pytest.importorskip("sklearn")
 
 from adaptive import cli  # noqa: E402
 from adaptive.packs import shipped_packs  # noqa: E402
-from adaptive.bench.replay import replay_setups  # noqa: E402
+from adaptive.bench.replay import fold_of, replay_setups  # noqa: E402
 
 H200 = next((str(p) for p in shipped_packs() if "h200" in p.name), None)
 pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in this checkout")
@@ -16,8 +16,21 @@ pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in th
 
 @pytest.fixture(scope="module")
 def attention():
-    without, with_ = replay_setups(H200, (False, True), ops=["attention"], folds=0)
+    """Two folds: every input is held out once, two fits (one a fold) instead of one an
+    input; the dealing itself is checked by test_folds_hold_out_every_input_once."""
+    without, with_ = replay_setups(H200, (False, True), ops=["attention"], folds=2)
     return {True: with_, False: without}
+
+
+def test_folds_hold_out_every_input_once():
+    keys = [("attention", (("Lk", n),)) for n in (7, 3, 11, 5, 2, 13, 17)]
+    own = fold_of(keys, 0)                                  # 0: each input its own fold
+    assert own == {k: i for i, k in enumerate(sorted(keys))}
+    assert fold_of(keys, len(keys)) == fold_of(keys, 99) == own
+    three = fold_of(keys, 3)
+    assert set(three) == set(keys) and sorted(three.values()) == [0, 0, 0, 1, 1, 2, 2]
+    assert three == fold_of(keys[::-1], 3)                  # seeded: not the caller's order
+    assert fold_of(keys, 3, seed=1) != three
 
 
 def test_every_held_out_input_is_priced_from_its_own_measurements(attention):
@@ -27,6 +40,7 @@ def test_every_held_out_input_is_priced_from_its_own_measurements(attention):
     cases = [{(c.op, tuple(sorted(c.dims.items()))) for c in r.cases} for r in attention.values()]
     assert cases[0] == cases[1] and len(cases[0]) >= len(inputs) // 2 > 1   # both price the same
     for report in attention.values():
+        assert report.folds == 2 and "2 folds by input" in str(report)
         for c in report.cases:
             assert c.op == "attention" and c.ratio >= 1.0 and 1 <= c.explored <= 8
             assert c.ratio == 1.0 or c.committed != c.best     # ties: another can be 1.0
@@ -45,8 +59,18 @@ def test_anchors_land_at_least_as_close_to_the_best():
     assert with_.geomean_ratio() <= 1.05, str(with_)
 
 
-def test_cli_prints_both_set_ups(capsys):
+def test_cli_prints_both_set_ups(attention, monkeypatch, capsys):
+    """On the fixture's reports: the same replay (attention, two folds), not fitted twice."""
+    import adaptive.replay
+    asked = []
+
+    def replay_setups(pack, setups, ops=None, folds=10, progress=None):
+        asked.append((pack, tuple(setups), ops, folds, progress))
+        return [attention[s] for s in setups]
+    monkeypatch.setattr(adaptive.replay, "replay_setups", replay_setups)
     assert cli.main(["pack", "replay", H200, "--ops", "attention", "--no-progress",
                      "--folds", "2"]) == 0
+    assert asked == [(H200, (False, True), ["attention"], 2, None)]
     out = capsys.readouterr().out
+    assert "2 folds by input" in out
     assert "model picks only (no anchors)" in out and "\nlearned: committed/best" in out

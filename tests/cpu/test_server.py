@@ -551,7 +551,7 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
         integrated = True
     except ImportError:
         integrated = False
-    payload = gpu_server.run(str(tmp_path), device="host")
+    payload = gpu_server.run(str(tmp_path), device="host", duration_s=0.3)   # s per load
     results = {r["mode"]: r for r in payload["results"]}
     assert list(results) == ["torch", "adaptive", "static"]
     assert payload["preset"] == "tiny" and payload["concurrency"] == [2, 4]

@@ -2,8 +2,8 @@
 
 1. It compiles with NVRTC for sm_90 in float16 and float32, every kernel present, no
    spills.
-2. Its logic runs on the CPU through a thin CUDA emulation (tests/cpu/cuda_emu.py: g++, one
-   thread per CUDA thread) driven by the real launcher (``fused.Fused``), against float64
+2. Its logic runs on the CPU through a thin CUDA emulation (tests/cpu/cuda_emu.py: g++, a
+   fiber per CUDA thread) driven by the real launcher (``fused.Fused``), against float64
    references on fresh random inputs with odd shapes; and the whole block's CUDA forward
    pass (fused glue + host ops) matches ``block.reference``.
 """

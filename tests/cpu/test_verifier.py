@@ -129,7 +129,8 @@ def _variant(template, name, body) -> Variant:
 
 @pytest.fixture(scope="module")
 def planted_reports(template):
-    verifier = Verifier(timeout_s=8)
+    # the limit is what the planted hang costs; the other jobs take milliseconds each
+    verifier = Verifier(timeout_s=4)
     names = list(PLANTED)
     jobs = [Job(_variant(template, n, PLANTED[n][1]), {"rows": 16}, DIMS) for n in names]
     jobs.append(Job(_variant(template, "good", GOOD), {"rows": 16}, DIMS))
@@ -302,8 +303,10 @@ def test_target_excluded_by_requires_is_checked_at_edges_but_not_timed(template)
 
 
 @pytest.mark.parametrize("errors", [0, 2])
-def test_sanitizer_verdict_from_exit_code_and_summary(template, tmp_path, monkeypatch, errors):
-    """A stand-in compute-sanitizer (runs the worker, then reports) drives the verdict."""
+def test_sanitizer_verdict_from_exit_code_and_summary(template, tmp_path, monkeypatch, errors,
+                                                      planted_reports):
+    """A stand-in compute-sanitizer (runs the worker, then reports) drives the verdict on
+    the accepted report of the planted batch's good job."""
     fake = tmp_path / "compute-sanitizer"
     fake.write_text("#!/bin/sh\nshift 6\n\"$@\"\nrc=$?\n"
                     f"echo '========= ERROR SUMMARY: {errors} errors'\n"
@@ -311,9 +314,9 @@ def test_sanitizer_verdict_from_exit_code_and_summary(template, tmp_path, monkey
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     v = Verifier(timeout_s=20, sanitizer_tools=("memcheck",))
-    job = Job(_variant(template, "good", GOOD), {"rows": 8}, DIMS)
-    report = v.verify(job)
-    assert report.ok
+    job = Job(_variant(template, "good", GOOD), {"rows": 16}, DIMS)
+    report = planted_reports["good"]
+    assert report.ok and report.config == job.config
     judged = v._sanitized(job.to_dict(v), report)
     if errors:
         assert judged.stage is Stage.SANITIZER and not judged.ok
