@@ -61,13 +61,13 @@ def test_anchors_land_at_least_as_close_to_the_best():
 
 def test_cli_prints_both_set_ups(attention, monkeypatch, capsys):
     """On the fixture's reports: the same replay (attention, two folds), not fitted twice."""
-    import adaptive.replay
+    import adaptive.bench.replay
     asked = []
 
     def replay_setups(pack, setups, ops=None, folds=10, progress=None):
         asked.append((pack, tuple(setups), ops, folds, progress))
         return [attention[s] for s in setups]
-    monkeypatch.setattr(adaptive.replay, "replay_setups", replay_setups)
+    monkeypatch.setattr(adaptive.bench.replay, "replay_setups", replay_setups)
     assert cli.main(["pack", "replay", H200, "--ops", "attention", "--no-progress",
                      "--folds", "2"]) == 0
     assert asked == [(H200, (False, True), ["attention"], 2, None)]
