@@ -279,16 +279,20 @@ class Learned(BasePolicy):
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
 
     def _picks(self, ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
-        """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant."""
+        """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant
+        first; room left (few variants within reach) goes to the next of ``ranked`` in
+        order, whatever their variant: the cap spreads the budget, it does not shrink it."""
         count: dict[str, int] = {}
-        out = []
+        out, rest = [], []
         for c in ranked:
             if count.get(c.variant.id, 0) < self.per_variant:
                 count[c.variant.id] = count.get(c.variant.id, 0) + 1
                 out.append(c)
                 if len(out) == self.max_explore:
-                    break
-        return tuple(out)
+                    return tuple(out)
+            elif len(rest) < self.max_explore:
+                rest.append(c)
+        return tuple(out + rest[: self.max_explore - len(out)])
 
     def _anchored(self, op, dtype, features, candidates, ranked, explore):
         """Explore also the fastest candidates of the ``neighbours_k`` nearest measured
