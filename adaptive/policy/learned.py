@@ -180,9 +180,14 @@ class Learned(BasePolicy):
             (:class:`Neighbours`) and the best-ranked library candidate, in place of the
             model's last picks (``adaptive pack replay`` measures what they buy).
         neighbours_k: how many nearest inputs' fastest candidates are anchors.
-        per_variant: most candidates of one variant among the model's picks: four configs
-            of one kernel all share the model's error about that kernel (on the H200
-            corpus, 2 instead of unlimited: spmm best-of-4 within 5% 73% -> 78%).
+        per_variant: candidates of one variant among the model's first picks: four
+            configs of one kernel all share the model's error about that kernel (on the
+            H200 corpus, 2 instead of unlimited: spmm best-of-4 within 5% 73% -> 78%).
+            Room left in ``max_explore`` after the cap goes to the next candidates within
+            the regret bound, in model order (one variant within reach gets up to
+            ``max_explore`` of its configs: on the corpus, softmax within 5% 88% -> 91-94%,
+            where large-C inputs explored 3 configs of block_row and missed a 5-9% faster
+            one ranked 5th to 8th).
         samples: timed calls per explored candidate before committing; the commit compares
             each candidate's median (3: one cold first call or one interfered call cannot
             decide it, as the fastest single sample could).
