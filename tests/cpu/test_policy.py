@@ -449,3 +449,22 @@ def test_the_per_variant_cap_spreads_the_exploration_budget_and_never_shrinks_it
     assert policy._picks(many[:1]) == (many[0],)
     with pytest.raises(ValueError, match="per_variant must be at least 1, got 0"):
         Learned(LiveModel(background=False), per_variant=0)
+
+
+def test_one_library_anchor_the_best_ranked_of_several_libraries():
+    from adaptive.variants import default_registry, make_candidate
+    cands = [make_candidate(v, cfg) for v in default_registry().variants("spmm", "cuda")
+             for cfg in list(v.space.all_configs())[:2]]
+    library = [c for c in cands if c.variant.language == "python"]
+    kernels = [c for c in cands if c.variant.language != "python"]
+    assert len({c.variant.id for c in library}) >= 2, "spmm has two library variants"
+    policy = Learned(LiveModel(background=False), max_explore=8)
+    for ranked in (kernels + library, kernels + library[::-1]):
+        explore, why = policy._anchored("spmm", "float16", {"log2_M": 10.0}, cands, ranked,
+                                        tuple(kernels[:8]))
+        # the model's first picks stay, the last makes room for the library it ranks first
+        assert explore == tuple(kernels[:7]) + (ranked[len(kernels)],), why
+        assert why.count("a library's") == 1 and ranked[len(kernels)].label in why
+    explore, why = Learned(LiveModel(background=False), anchors=False)._anchored(
+        "spmm", "float16", {"log2_M": 10.0}, cands, kernels + library, tuple(kernels[:8]))
+    assert explore == tuple(kernels[:8]) and why == ""
