@@ -180,9 +180,14 @@ class Learned(BasePolicy):
             (:class:`Neighbours`) and the best-ranked library candidate, in place of the
             model's last picks (``adaptive pack replay`` measures what they buy).
         neighbours_k: how many nearest inputs' fastest candidates are anchors.
-        per_variant: most candidates of one variant among the model's picks: four configs
-            of one kernel all share the model's error about that kernel (on the H200
-            corpus, 2 instead of unlimited: spmm best-of-4 within 5% 73% -> 78%).
+        per_variant: candidates of one variant among the model's first picks: four
+            configs of one kernel all share the model's error about that kernel (on the
+            H200 corpus, 2 instead of unlimited: spmm best-of-4 within 5% 73% -> 78%).
+            Room left in ``max_explore`` after the cap goes to the next candidates within
+            the regret bound, in model order (one variant within reach gets up to
+            ``max_explore`` of its configs: on the corpus, softmax within 5% 88% -> 91-94%,
+            where large-C inputs explored 3 configs of block_row and missed a 5-9% faster
+            one ranked 5th to 8th).
         samples: timed calls per explored candidate before committing; the commit compares
             each candidate's median (3: one cold first call or one interfered call cannot
             decide it, as the fastest single sample could).
@@ -279,22 +284,26 @@ class Learned(BasePolicy):
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
 
     def _picks(self, ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
-        """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant."""
+        """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant
+        first; room left (few variants within reach) goes to the next of ``ranked`` in
+        order, whatever their variant: the cap spreads the budget, it does not shrink it."""
         count: dict[str, int] = {}
-        out = []
+        out, rest = [], []
         for c in ranked:
             if count.get(c.variant.id, 0) < self.per_variant:
                 count[c.variant.id] = count.get(c.variant.id, 0) + 1
                 out.append(c)
                 if len(out) == self.max_explore:
-                    break
-        return tuple(out)
+                    return tuple(out)
+            elif len(rest) < self.max_explore:
+                rest.append(c)
+        return tuple(out + rest[: self.max_explore - len(out)])
 
     def _anchored(self, op, dtype, features, candidates, ranked, explore):
         """Explore also the fastest candidates of the ``neighbours_k`` nearest measured
         inputs and the best-ranked library candidate (cuBLAS, SDPA: a committed choice can
-        then not be slower than the library on this input), in place of the model's last
-        picks; the model's best pick always stays."""
+        then not be slower than the library the model prefers on this input), in place of
+        the model's last picks; the model's best pick always stays."""
         if not self.anchors:
             return explore, ""
         anchors, notes = [], []
@@ -306,17 +315,15 @@ class Learned(BasePolicy):
                 notes.append(f"{pick.label}, the fastest on a near measured input "
                              f"(distance {dist:.2f})")
                 self.stats["neighbour_added"] += 1
-        # each library variant's best-ranked candidate (cuBLAS, SDPA, a CuPy composition):
-        # the model ranks a library call by its name alone and can be far off
-        seen_lib: set[str] = set()
-        for library in ranked:
-            if library.variant.language != "python" or library.variant.backend == "host" \
-                    or library.variant.id in seen_lib:
-                continue
-            seen_lib.add(library.variant.id)
-            if library not in explore and library not in anchors:
-                anchors.append(library)
-                notes.append(f"{library.label}, a library's")
+        # the best-ranked library candidate (cuBLAS, SDPA, a CuPy composition): the model
+        # ranks a library call by its name alone and can be far off. One, not one per
+        # library: spmm's cuBLAS-dense and cuSPARSE both ranked near last took 2 of its 8
+        # slots (on the H200 corpus, one: worst 1.17-1.79x -> 1.15-1.47x)
+        library = next((c for c in ranked if c.variant.language == "python"
+                        and c.variant.backend != "host"), None)
+        if library is not None and library not in explore and library not in anchors:
+            anchors.append(library)
+            notes.append(f"{library.label}, a library's")
         room = max(0, self.max_explore - 1)
         anchors = anchors[:room]
         if not anchors:

@@ -428,3 +428,43 @@ def test_a_keys_timings_are_a_bounded_ring_with_a_full_count(rng):
     kept = policy.state(ctx.key).observed[a]
     assert len(kept) == 501 and len(list(kept)) == Samples.RING_SIZE
     assert len(policy.state(ctx.key).recent) <= 8
+
+
+def test_the_per_variant_cap_spreads_the_exploration_budget_and_never_shrinks_it(rng):
+    _, cands, _ = softmax_context(rng)
+    by_variant: dict[str, list] = {}
+    for c in cands:
+        by_variant.setdefault(c.variant.id, []).append(c)
+    many, other = sorted(by_variant.values(), key=len, reverse=True)[:2]
+    assert len(many) >= 3 and other, "the host softmax needs two variants, one with 3 configs"
+    policy = Learned(LiveModel(background=False), max_explore=4, per_variant=2)
+    # the model ranks three configs of one variant first: two of them, then the other
+    # variant's best, then the room left goes to the next of the first variant in order
+    ranked = many[:3] + other[:1]
+    assert policy._picks(ranked) == (many[0], many[1], other[0], many[2])
+    # one variant within reach: its configs in order, up to max_explore, not just two
+    assert policy._picks(many[:3]) == tuple(many[:3])
+    assert Learned(LiveModel(background=False), max_explore=2)._picks(ranked) == tuple(
+        many[:2])
+    assert policy._picks(many[:1]) == (many[0],)
+    with pytest.raises(ValueError, match="per_variant must be at least 1, got 0"):
+        Learned(LiveModel(background=False), per_variant=0)
+
+
+def test_one_library_anchor_the_best_ranked_of_several_libraries():
+    from adaptive.variants import default_registry, make_candidate
+    cands = [make_candidate(v, cfg) for v in default_registry().variants("spmm", "cuda")
+             for cfg in list(v.space.all_configs())[:2]]
+    library = [c for c in cands if c.variant.language == "python"]
+    kernels = [c for c in cands if c.variant.language != "python"]
+    assert len({c.variant.id for c in library}) >= 2, "spmm has two library variants"
+    policy = Learned(LiveModel(background=False), max_explore=8)
+    for ranked in (kernels + library, kernels + library[::-1]):
+        explore, why = policy._anchored("spmm", "float16", {"log2_M": 10.0}, cands, ranked,
+                                        tuple(kernels[:8]))
+        # the model's first picks stay, the last makes room for the library it ranks first
+        assert explore == tuple(kernels[:7]) + (ranked[len(kernels)],), why
+        assert why.count("a library's") == 1 and ranked[len(kernels)].label in why
+    explore, why = Learned(LiveModel(background=False), anchors=False)._anchored(
+        "spmm", "float16", {"log2_M": 10.0}, cands, kernels + library, tuple(kernels[:8]))
+    assert explore == tuple(kernels[:8]) and why == ""

@@ -58,14 +58,16 @@ def test_commits_within_the_targets(op):
     assert report.top1_within(1.05, op) >= 0.25, str(report)
 
 
-@pytest.mark.parametrize("op", ["softmax", "spmm"])
-def test_softmax_and_spmm_commit_close_to_the_best(op):
-    """Not yet at the targets (whole-op replays: softmax 1.018-1.020 geomean, 88 % within
-    5 %; spmm 1.027-1.041, 76-84 %, worst 1.29-1.83x depending on the ensemble's seed);
-    this slice holds what is reached so that it cannot regress unseen."""
+@pytest.mark.parametrize("op, within", [("softmax", 0.85), ("spmm", 0.80)])
+def test_softmax_and_spmm_commit_close_to_the_best(op, within):
+    """At the geomean and worst targets; within 5 % not yet on every split. Whole-op
+    replays (5, 10 and 3 folds by input, fold and ensemble seeds 0-3): softmax geomean
+    1.013-1.016, 91-94 % within 5 %, worst 1.11-1.12x (the targets); spmm 1.014-1.021,
+    84-90 %, worst 1.15-1.47x (an input whose best is a SIMT kernel no other input
+    prefers). On this slice softmax has 14 of 16 within 5 %, spmm 13 of 16."""
     report = _replay(op)
     assert len(report.cases) == 16
-    assert report.geomean_ratio(op) <= 1.05, str(report)
-    assert report.within(1.05, op) >= 0.70, str(report)
+    assert report.geomean_ratio(op) <= 1.03, str(report)
+    assert report.within(1.05, op) >= within, str(report)
     assert report.worst(op) <= 1.5, str(report)
     assert report.top3_within(1.02, op) >= 0.4, str(report)
