@@ -55,6 +55,12 @@ def test_a_warm_linear_is_the_plain_layers_call_bit_for_bit(library):
         return real(*args, **kwargs)
     library.run = counted
     with torch.no_grad():
+        for _ in range(64 * HOLD_EVERY):   # the policy explores first: every call routed
+            layer(torch.randn(1, 1, 2048, device=DEV, dtype=torch.float16))
+            if list(layer._library) == [torch.Size([1, 1, 2048])]:
+                break
+        assert list(layer._library) == [torch.Size([1, 1, 2048])], "never committed"
+        del runs[:]
         for _ in range(2 * HOLD_EVERY):
             x = torch.randn(1, 1, 2048, device=DEV, dtype=torch.float16)
             before = len(runs)
@@ -63,8 +69,7 @@ def test_a_warm_linear_is_the_plain_layers_call_bit_for_bit(library):
                 assert torch.equal(y, plain(x))
             else:        # through the dispatcher (each layer at its own offset): torch.mm
                 torch.testing.assert_close(y, plain(x), rtol=2e-3, atol=2e-3)
-    assert list(layer._library) == [torch.Size([1, 1, 2048])]
-    assert 2 <= len(runs) <= 3   # the first call, then one in HOLD_EVERY
+    assert 1 <= len(runs) <= 3   # committed: one call in HOLD_EVERY goes through
 
 
 def test_a_patched_llama_holds_its_plans_and_generates_the_plain_tokens(library):
