@@ -10,7 +10,6 @@ The memory model is not emulated (copies land at issue): a missing wait can pass
 from __future__ import annotations
 
 import ctypes
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,21 +34,16 @@ def _kernel_source(path=None) -> str:
     return cuda_emu.PTX + cuda_emu.kernel_source(path or SOURCE)
 
 
-def _build(tmp_path, variant, config):
-    macros = [f"-D{k}={v}" for k, v in config.items()] + list(variant.options)
-    split = config.get("SPLIT", 1) > 1
-    src = tmp_path / "grouped.cpp"
-    lib = tmp_path / f"grouped_{abs(hash(tuple(macros)))}.so"
+def _wrapped_source(split: bool) -> str:
     wrapper = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, "
                "const int* p, const int* k, const int* blk, const __half* v, const __half* b, "
                "__half* out, int M, int N, int K, float* ws) {\n"
                "  emu_launch(gx, gy, gz, bx, 1, 1, [=] { spmm_bsr_grouped(p, k, blk, v, b, out, "
                f"M, N, K{', ws' if split else ''}); }});\n}}\n")
-    src.write_text(cuda_emu.HEADER + _kernel_source() + "\n" + wrapper)
-    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
-                           *macros, "-o", str(lib), str(src)], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    return cuda_emu.HEADER + _kernel_source() + "\n" + wrapper
+
+
+def _load(lib):
     fn = ctypes.CDLL(str(lib)).emu_run
     fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.c_void_p] * 6 + [ctypes.c_int] * 3 + \
         [ctypes.c_void_p]
@@ -69,11 +63,38 @@ CONFIGS = [  # a sample: both groups, both tiles, shallow and deep pipelines, sp
 ]
 
 
+MMA_FLAGS = ["-DBS=32", "-DTN=64", "-DNWARPS=4", "-DSTAGES=2"]
+
+
+def _mma_source() -> str:
+    src = _kernel_source(builtin_folder() / "spmm" / "spmm_bsr_mma.cu")
+    wrapper = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const int* p, "
+               "const int* k, const __half* v, const __half* b, __half* out, int M, int N, "
+               "int K) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { spmm_bsr_mma(p, k, v, b, out, "
+               "M, N, K); });\n}\n")
+    return cuda_emu.HEADER + src + "\n" + wrapper
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    """The kernels of CONFIGS and spmm_bsr_mma.cu, compiled once and side by side: the
+    name (or "mma") -> the shared library."""
+    tmp = tmp_path_factory.mktemp("grouped")
+    jobs = {}
+    for name, config in CONFIGS:
+        variant = _variant(name)
+        flags = [f"-D{k}={v}" for k, v in config.items()] + list(variant.options)
+        jobs[tmp / f"{name}.so"] = (_wrapped_source(config.get("SPLIT", 1) > 1), flags)
+    jobs[tmp / "mma.so"] = (_mma_source(), MMA_FLAGS)
+    cuda_emu.compile_all(jobs)
+    return {lib.stem: lib for lib in jobs}
+
+
 @pytest.mark.parametrize("name,config", CONFIGS, ids=[n for n, _ in CONFIGS])
-def test_grouped_kernel_emulated_against_float64(tmp_path, rng, name, config):
+def test_grouped_kernel_emulated_against_float64(libs, rng, name, config):
     variant = _variant(name)
     assert config in variant.space.configs(SM90)
-    fn = _build(tmp_path, variant, config)
+    fn = _load(libs[name])
     m, k = 301, 330                            # 10 block rows (the last partial), 11 columns
     mask = rng.random((10, 11)) < 0.35
     mask[[1, 4]] = False                       # empty block rows
@@ -109,21 +130,10 @@ def test_grouped_kernel_emulated_against_float64(tmp_path, rng, name, config):
             assert not counters.any(), "split-K tile counters were not reset"
 
 
-def test_emulation_runs_the_h200_checked_bsr32_mma_kernel(tmp_path, rng):
+def test_emulation_runs_the_h200_checked_bsr32_mma_kernel(libs, rng):
     """The emulated helpers reproduce spmm_bsr_mma.cu, whose results the GPU tests check on
     the H200: the fragment layouts emulated here are the hardware's."""
-    src = _kernel_source(builtin_folder() / "spmm" / "spmm_bsr_mma.cu")
-    wrapper = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const int* p, "
-               "const int* k, const __half* v, const __half* b, __half* out, int M, int N, "
-               "int K) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { spmm_bsr_mma(p, k, v, b, out, "
-               "M, N, K); });\n}\n")
-    (tmp_path / "mma.cpp").write_text(cuda_emu.HEADER + src + "\n" + wrapper)
-    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
-                           "-DBS=32", "-DTN=64", "-DNWARPS=4", "-DSTAGES=2", "-o",
-                           str(tmp_path / "mma.so"), str(tmp_path / "mma.cpp")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    fn = ctypes.CDLL(str(tmp_path / "mma.so")).emu_run
+    fn = ctypes.CDLL(str(libs["mma"])).emu_run
     fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3
     m, k, n = 100, 130, 70
     full = np.kron(rng.random((4, 5)) < 0.5, np.ones((32, 32), bool))[:m, :k]
