@@ -130,7 +130,7 @@ def _variant(template, name, body) -> Variant:
 @pytest.fixture(scope="module")
 def planted_reports(template):
     # the limit is what the planted hang costs; the other jobs take milliseconds each
-    verifier = Verifier(timeout_s=4)
+    verifier = Verifier(timeout_s=1.5)
     names = list(PLANTED)
     jobs = [Job(_variant(template, n, PLANTED[n][1]), {"rows": 16}, DIMS) for n in names]
     jobs.append(Job(_variant(template, "good", GOOD), {"rows": 16}, DIMS))
