@@ -240,7 +240,7 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         concurrency=tuple(concurrency) if not dry else (2, 4),
         duration_s=min(duration_s, 1.0) if dry else duration_s,
         max_tokens=4 if dry else max_tokens, client_warmup_s=0.5 if dry else client_warmup_s,
-        warmup_limit_s=min(warmup_limit_s, 5.0) if dry else warmup_limit_s,
+        warmup_limit_s=min(warmup_limit_s, 1.0) if dry else warmup_limit_s,
         max_batch=4 if dry else max_batch,
         start_timeout_s=240.0, in_process=dry)
     prompt_max = 64 if dry else 2048

@@ -236,8 +236,8 @@ def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: b
     happen here, not under load.
 
     Returns {"warmup_s", "rounds", "pending_keys"} (``pending_keys`` None without
-    ``settle``); a warm-up that runs out of rounds or time says so in ``pending_keys``
-    (> 0) and in ``progress``.
+    ``settle``); a warm-up that runs out of rounds or time (``limit_s`` is checked from
+    the second round on) says so in ``pending_keys`` (> 0) and in ``progress``.
     """
     t0 = time.perf_counter()
     pending = None
@@ -254,7 +254,7 @@ def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: b
                      + f", {time.perf_counter() - t0:.1f} s")
         if rounds >= 2 and not pending:
             break
-        if time.perf_counter() - t0 > limit_s:
+        if rounds >= 2 and time.perf_counter() - t0 > limit_s:   # (every batch twice first)
             if progress is not None:
                 progress(f"warm-up stopped at its {limit_s:.0f} s limit with {pending} key(s) "
                          "still exploring")

@@ -465,6 +465,30 @@ def test_engine_queue_is_bounded_and_a_failed_batch_fails_its_requests():
     assert len(done) == 3 and all(isinstance(e, RuntimeError) for e in done)
 
 
+def test_warm_up_serves_every_batch_twice_then_stops_at_its_limit(monkeypatch):
+    import engine
+    from engine import warm_up
+
+    class Model:   # a generate that takes 20 ms a call, recording what it served
+        vocab_size, served = 256, []
+
+        def generate(self, prompts, budgets, emit):
+            time.sleep(0.02)
+            self.served.append((len(prompts), len(prompts[0]), budgets[0]))
+    model = Model()
+    info = warm_up(model, [(1, 4, 2), (2, 6, 2)], settle=False, limit_s=0.0)
+    assert info["rounds"] == 2 and info["pending_keys"] is None            # a 0 s limit
+    assert model.served == [(1, 4, 2), (2, 6, 2)] * 2
+    model.served = []
+    monkeypatch.setattr(engine, "pending_keys", lambda: 3)        # never settles
+    info = warm_up(model, [(1, 4, 2)], settle=True, limit_s=0.1, max_rounds=50)
+    assert 2 < info["rounds"] < 50 and info["warmup_s"] > 0.1, info          # the limit
+    assert info["pending_keys"] == 3 and len(model.served) == info["rounds"]
+    model.served = []
+    info = warm_up(model, [(1, 4, 2)], settle=True, limit_s=0.0)
+    assert info["rounds"] == 2 and len(model.served) == 2                  # twice even so
+
+
 def test_presets_and_byte_tokenizer():
     need("torch", "transformers")
     model = build_llama("tiny", "torch")
@@ -526,8 +550,10 @@ def test_block_model_serves_its_greedy_tokens_and_adaptive_metrics():
 def test_adaptive_modes_match_the_float64_reference(mode, reference_model):
     need(*SERVE)
     pytest.importorskip("adaptive.integrations.transformers")
+    # static: pinned after two warm-up rounds (its keys never stop exploring before)
+    limit_s = "5" if mode == "adaptive" else "0.01"
     s = ServerThread(["--mode", mode, "--preset", "tiny", "--device", "cpu", *LIMITS,
-                      "--warmup-lengths", "16,40", "--warmup-limit-s", "5"])
+                      "--warmup-lengths", "16,40", "--warmup-limit-s", limit_s])
     try:
         prompt = list(range(40, 70))
         status, out, _ = post(s.url, {"model": MODEL, "prompt": prompt, "max_tokens": 8})
@@ -536,7 +562,7 @@ def test_adaptive_modes_match_the_float64_reference(mode, reference_model):
         stats = json.loads(get(s.url, "/stats")[1])
         assert stats["mode"] == mode
         if mode == "static":
-            assert stats["warmup"]["rounds"] >= 1 and stats["pinned"]["pinned_keys"] > 0
+            assert stats["warmup"]["rounds"] == 2 and stats["pinned"]["pinned_keys"] > 0
     finally:
         s.close()
 
