@@ -468,16 +468,12 @@ class Dispatcher:
             error = f"{type(exc).__name__}: {exc}"
         else:
             m = measure(functools.partial(plan.run, args, None), warmup=warmup,
-                        sync=self._sync())
+                        sync=self.backend.synchronize)
             if not m.error:
                 return m.samples_ms[0]
             error = m.error
         log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(), error)
         return math.inf
-
-    def _sync(self) -> Callable[[], object]:
-        """The backend's synchronise (a no-op on the host)."""
-        return self.backend.synchronize
 
     def _pinned_plan(self, op, key, args, params, variant, config_) -> Plan:
         pkey = (key, variant, tuple(config_.items()) if config_ else None)
@@ -540,7 +536,7 @@ class Dispatcher:
         def call():
             nonlocal result
             result = plan.run(args, out)
-        time_ms = measure(call, sync=self._sync(), raise_errors=True).samples_ms[0]
+        time_ms = measure(call, sync=self.backend.synchronize, raise_errors=True).samples_ms[0]
         self.stats["samples"] += 1
         self.feedback(plan, time_ms)
         return result

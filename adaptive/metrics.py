@@ -313,6 +313,5 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", nvml: bool = True,
     started = prometheus_client.start_http_server(port, addr=addr, registry=registry)
     server._httpd = started[0] if isinstance(started, tuple) else None
     server.port = server._httpd.server_port if server._httpd is not None else port
-    server._registry = shared_registry()
     server._registry.observe(server)
     return server

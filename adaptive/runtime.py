@@ -38,7 +38,6 @@ _defaults: dict[str, Dispatcher] = {}
 _by_type: dict[type, Callable] = {}
 _by_device_key: dict = {}
 _lock = threading.RLock()
-_started: set[tuple[int, str]] = set()     # (id(registry), device) started
 _environment_started = False
 
 
@@ -52,17 +51,8 @@ def start(dispatcher: Dispatcher) -> Dispatcher:
         >>> d = adaptive.runtime.start(adaptive.Dispatcher("cuda"))   # the shipped pack too
     """
     from adaptive.packs.install import load_startup_packs
-    done = (id(dispatcher.registry), dispatcher.backend.device)
-    with _lock:
-        first = done not in _started
-        _started.add(done)
-    if first:
-        try:
-            load_startup_packs(dispatcher.backend, dispatcher.registry)
-        except BaseException:
-            with _lock:
-                _started.discard(done)   # a refused ADAPTIVE_PACKS raises again next time
-            raise
+    # once per registry and device; a refused ADAPTIVE_PACKS entry raises again next time
+    load_startup_packs(dispatcher.backend, dispatcher.registry)
     _start_environment()
     return dispatcher
 
@@ -95,17 +85,13 @@ def add_observations(rows: Sequence[Observation], weight: float = 1.0,
     (registry or shared_registry()).add_observations(rows, weight)
 
 
-def _device_of(x) -> str:
-    return arrays.info(x).device
-
-
 def default_dispatcher(args=(), device: str | None = None) -> Dispatcher:
     """The process's dispatcher for the device the arguments live on (made and started
     once)."""
     if device is None:
         if not args:
             raise InputTypeError("launch needs at least one array argument")
-        device = _device_of(args[-1])
+        device = arrays.info(args[-1]).device
     d = _defaults.get(device)
     if d is None:
         with _lock:
@@ -129,7 +115,7 @@ def set_default(dispatcher: Dispatcher, like) -> None:
     """Make ``dispatcher`` the default one for arrays on ``like``'s device (benchmarks
     that time ``adaptive.launch`` on a dispatcher of their own; tests)."""
     with _lock:
-        _defaults[_device_of(like)] = dispatcher
+        _defaults[arrays.info(like).device] = dispatcher
         _route(like, dispatcher)
 
 
@@ -198,6 +184,5 @@ def reset_defaults() -> None:
         _defaults.clear()
         _by_type.clear()
         _by_device_key.clear()
-        _started.clear()
         _environment_started = False
         reset_shared_registry()

@@ -331,10 +331,6 @@ class Registry:
         for d in members:
             observer.detach(d)
 
-    def observers(self) -> list[Observer]:
-        with self._lock:
-            return list(self._observers)
-
     def add_observations(self, rows: Iterable, weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log) for every member's policy,
         present and future; ``weight`` < 1 marks rows measured on another device."""
