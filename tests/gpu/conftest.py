@@ -61,7 +61,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_report_teststatus(report, config):
     """A GPU test skipped for want of a device: counted, but no letter and no summary line."""
-    if report.skipped and (SKIPPED, True) in report.user_properties:
+    if report.skipped and (SKIPPED, True) in getattr(report, "user_properties", ()):
         return SKIPPED, "", "SKIPPED (no GPU)"
     return None
 
