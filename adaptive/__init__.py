@@ -32,6 +32,7 @@ _LAZY = {
     "Explanation": "adaptive.policy.explain",
     "explain": "adaptive.policy.explain",
     "Learned": "adaptive.policy.learned",
+    "unbounded_exploration": "adaptive.policy.base",
     "verify": "adaptive.regen.source",
 }
 
@@ -68,6 +69,6 @@ __all__ = [
     "count_regeneration_request", "counter_log", "launch",
     "LoadReport", "MissingDependencyError", "PackError", "load_pack",
     "load_folder", "reset_defaults", "serve_metrics", "shared_registry",
-    "Explanation", "Learned", "explain",
+    "Explanation", "Learned", "explain", "unbounded_exploration",
     "verify",
 ]

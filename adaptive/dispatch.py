@@ -351,7 +351,7 @@ class Dispatcher:
             # prepared on their first turn, so the first result pays for one
             scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
             first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
-                                  ckey, scale, roofline)
+                                  ckey, scale, roofline, exploring=bool(cls.decision.explore))
             plan = self._plan_for(cls.decision, first, cls.turn)
             self._plans[key] = plan
             cls.keys.add(key)
@@ -435,10 +435,15 @@ class Dispatcher:
 
     def _prepare(self, op: Op, problem: Problem, key: tuple, candidate: Candidate,
                  like, class_key: tuple = (), time_scale: float = 1.0,
-                 roofline: tuple[float, float, float] | None = None) -> Plan:
+                 roofline: tuple[float, float, float] | None = None,
+                 exploring: bool = False) -> Plan:
+        """The plan of ``candidate`` on ``key`` (prepared once: compiled, loaded, its
+        output allocation set). ``exploring``: a candidate prepared to be explored, whose
+        preparation time (a compile, a module load) the policy charges to exploring."""
         pkey = (key, candidate)
         plan = self._prepared.get(pkey)
         if plan is None:
+            t0 = time.perf_counter()
             for module in candidate.variant.needs:   # once, under one lock, never on a hit
                 optional.require(module, f"variant {candidate.variant.id}")
             fn = self.backend.prepare(candidate, problem, op)
@@ -453,6 +458,8 @@ class Dispatcher:
             self._prepared[pkey] = plan
             if len(self._prepared) > 4 * self.plan_cache_size:   # measure-each prepares many
                 self._trim(self._prepared, 4 * self.plan_cache_size)
+            if exploring:
+                self.policy.charge_exploration(time.perf_counter() - t0)
         elif class_key and plan.class_key != class_key:   # prepared to be measured, first
             plan = self._prepared[pkey] = dataclasses.replace(plan, class_key=class_key,
                                                               time_scale=time_scale)
@@ -643,7 +650,7 @@ class Dispatcher:
         with self._lock:
             return self._prepare(get_op(plan.problem.op), plan.problem, plan.key, candidate,
                                  args[-1], plan.class_key, plan.time_scale,
-                                 (plan.flops, plan.bytes, plan.floor_ms))
+                                 (plan.flops, plan.bytes, plan.floor_ms), exploring=True)
 
     def _revise(self, class_key: tuple, decision: Decision) -> None:
         """The policy's new decision for an input class: each key served from it gets a

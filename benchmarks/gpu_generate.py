@@ -31,6 +31,12 @@ Item 5 of issue 12 (where a gap comes from): one request per mode (batch 1, the 
 prompt, 32 new tokens) runs under ``torch.profiler``; the top ops by device time and by
 host time go to ``generate_profile_<mode>.txt`` and a summary into the rows.
 
+Batch 1, where adaptive's host time goes: the same three requests (64 new tokens) with
+torch, adaptive, adaptive with no warm call routed through the dispatcher, that and the
+dispatcher's sampling off, and adaptive with the cost model's refits held, modes
+alternating; every request also reports its time in Python's garbage collector and the
+refits during the measured rounds are counted.
+
 A last request of prompt lengths never seen shows what the misses of new shapes cost
 (reported, not a target).
 
@@ -45,10 +51,12 @@ import argparse
 import collections
 import contextlib
 import copy
+import gc
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -107,10 +115,43 @@ class _Clock:
         return scores
 
 
+class GcClock:
+    """Time spent in the garbage collector (gc.callbacks), per generation: a host-bound
+    decode loop pays a collection's pause in full, so each request reports its own."""
+
+    def __init__(self):
+        self.total_s = [0.0, 0.0, 0.0]
+        self.counts = [0, 0, 0]
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            gen = info.get("generation", 0)
+            self.total_s[gen] += time.perf_counter() - self._t0
+            self.counts[gen] += 1
+
+    def read(self) -> tuple[float, int]:
+        """(seconds in every collection so far, full collections so far)."""
+        return sum(self.total_s), self.counts[2]
+
+
+GC = GcClock()
+
+
+def refits(dispatcher) -> int:
+    """How many times the learned policy's cost model was refitted so far (0: none)."""
+    model = getattr(dispatcher.policy, "model", None)
+    return int(getattr(model, "generation", 0) or 0)
+
+
 def run_request(model, request, device, new_tokens: int, sync) -> dict:
     import torch
     from transformers import LogitsProcessorList
     batch, ids, mask = request
+    gc_s, full = GC.read()
     ids_t = torch.from_numpy(ids).to(device)
     mask_t = torch.from_numpy(mask).to(device)
     clock = _Clock(sync)
@@ -123,7 +164,9 @@ def run_request(model, request, device, new_tokens: int, sync) -> dict:
     sync()
     t1 = time.perf_counter()
     gaps = np.diff(clock.times) * 1e3
+    gc_after, full_after = GC.read()
     return {"batch": batch, "prompt_len": int(ids.shape[1]), "wall_s": t1 - t0,
+            "gc_ms": (gc_after - gc_s) * 1e3, "gc_full": full_after - full,
             "tokens": batch * new_tokens, "ttft_ms": (clock.times[0] - t0) * 1e3,
             "step_ms": gaps.tolist(), "new": out[:, ids.shape[1]:].cpu().numpy(),
             "first_logits": clock.first.cpu().numpy()}
@@ -135,6 +178,8 @@ def summarise(results: list[dict]) -> dict:
             "ttft_p50_ms": statistics.median(r["ttft_ms"] for r in results),
             "token_p50_ms": float(np.percentile(steps, 50)) if steps else float("nan"),
             "token_p99_ms": float(np.percentile(steps, 99)) if steps else float("nan"),
+            "gc_ms_per_token": sum(r.get("gc_ms", 0.0) for r in results)
+            / max(1, sum(r["tokens"] for r in results)),
             "requests": len(results)}
 
 
@@ -172,6 +217,60 @@ def decisions(dispatcher, max_tokens: int = 16) -> list[dict]:
                     "committed": plan.candidate.label, "provisional": plan.provisional,
                     "observed_ms": observed,
                     "reason": plan.decision.reason if plan.decision else ""})
+    return out
+
+
+def _policy_stats(dispatcher) -> str:
+    stats = getattr(dispatcher.policy, "stats", {})
+    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in stats.items() if k in ("deferred", "reopened", "explore_s",
+                                                        "drifts", "commits"))
+
+
+def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2) -> dict:
+    """Batch 1, the same requests, modes alternating: torch; adaptive; adaptive with no
+    warm call routed through the dispatcher (each patched layer's one in HOLD_EVERY);
+    that and the dispatcher's sampling off too; adaptive with the cost model's refits
+    held. Which switch closes the gap says where the host time goes."""
+    from adaptive.integrations import linear, transformers as at
+    never = 1 << 62
+    hold = (linear.HOLD_EVERY, at.HOLD_EVERY)
+    every = dispatcher.sample_every
+    model = getattr(dispatcher.policy, "model", None)
+
+    def routing(on: bool):
+        linear.HOLD_EVERY, at.HOLD_EVERY = hold if on else (never, never)
+
+    def setting(name):
+        routing(name not in ("adaptive, no routing", "adaptive, no routing, no sampling"))
+        dispatcher.sample_every = 0 if name == "adaptive, no routing, no sampling" else every
+        if model is not None and hasattr(model, "refit_every"):
+            model.refit_every = never if name == "adaptive, refits held" else refit_every
+
+    refit_every = getattr(model, "refit_every", None)
+    names = ("torch", "adaptive", "adaptive, no routing", "adaptive, no routing, no sampling",
+             "adaptive, refits held")
+    results = {n: [] for n in names}
+    counters = {n: {"refits": 0, "misses": 0} for n in names}
+    try:
+        for i in range(rounds):
+            for name in (names if i % 2 == 0 else names[::-1]):
+                setting(name)
+                before = (refits(dispatcher), dispatcher.stats.get("misses", 0))
+                m = models["torch" if name == "torch" else "adaptive"]
+                for r in requests:
+                    results[name].append(run_request(m, r, dev, new_tokens, sync))
+                counters[name]["refits"] += refits(dispatcher) - before[0]
+                counters[name]["misses"] += dispatcher.stats.get("misses", 0) - before[1]
+    finally:
+        setting("adaptive")
+    out = {}
+    for name in names:
+        out[name] = {**summarise(results[name]), **counters[name]}
+        print(f"  b1 ablation {name:<36} per-token p50 {out[name]['token_p50_ms']:.3f} ms, "
+              f"p99 {out[name]['token_p99_ms']:.3f} ms, {out[name]['tokens_per_s']:.1f} tok/s,"
+              f" gc {out[name]['gc_ms_per_token'] * 1e3:.1f} us/token, "
+              f"refits {out[name]['refits']}, misses {out[name]['misses']}", flush=True)
     return out
 
 
@@ -252,7 +351,7 @@ def build(full: bool, device: str):
 
 
 def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2,
-         layout: str = "torch") -> list[dict]:
+         layout: str = "torch", ablate_b1: bool = True) -> list[dict]:
     import torch
 
     import adaptive
@@ -298,9 +397,10 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
             print(f"  warm-up stopped: half of the {BUDGET_S:.0f} s budget spent", flush=True)
             break
         before = dispatcher.stats.get("misses", 0)
-        for r in requests:
-            run_request(models["adaptive"], r, dev, new_tokens, sync)
-            warm["adaptive"] += 1
+        with adaptive.unbounded_exploration():     # explore it all here, not when measured
+            for r in requests:
+                run_request(models["adaptive"], r, dev, new_tokens, sync)
+                warm["adaptive"] += 1
         state = choices(dispatcher)
         passes.append({"new_keys": state["misses"] - before, "exploring": state["exploring"]})
         print(f"  adaptive warm-up pass {len(passes)}: {passes[-1]['new_keys']} new keys, "
@@ -314,6 +414,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     # ---- measured rounds, modes alternating -------------------------------------------------
     results = {m: [] for m in models}
     misses_before = dispatcher.stats.get("misses", 0)
+    refits_before = refits(dispatcher)
     rounds_t0 = time.perf_counter()
     for i in range(rounds):
         per_round_s = (time.perf_counter() - rounds_t0) / max(i, 1)
@@ -326,8 +427,13 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
             for mode in order:
                 results[mode].append(run_request(models[mode], r, dev, new_tokens, sync))
     measured_misses = dispatcher.stats.get("misses", 0) - misses_before
+    measured_refits = refits(dispatcher) - refits_before
     final_state = choices(dispatcher)
     final_state["decode_decisions"] = decisions(dispatcher)
+
+    # ---- batch 1: where adaptive's host time goes (each switch off in turn) ------------------
+    ablation = ablate(models, [r for r in requests if r[0] == 1][:3], dev,
+                      min(64, new_tokens), sync, dispatcher) if ablate_b1 else {}
 
     # ---- one request of lengths never seen: what a miss per new shape costs ----------------
     fresh_request = make_requests((1,), (1,), models["torch"].config.vocab_size,
@@ -378,8 +484,20 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                      "unit": "keys", "note": f"exploring {final_state['exploring'].get(op, 0)}"})
     rows.append({"bench": BENCH, "case": "warm-up generates (torch / adaptive)",
                  "value": f"{warm['torch']} / {warm['adaptive']}", "unit": "",
-                 "note": f"{len(passes)} adaptive passes; misses while measured: "
-                         f"{measured_misses}"})
+                 "note": f"{len(passes)} adaptive passes; while measured: {measured_misses} "
+                         f"misses, {measured_refits} cost-model refits; policy "
+                         f"{_policy_stats(dispatcher)}"})
+    for batch in batches:
+        rows.append({"bench": BENCH, "case": f"gc pause per token batch {batch} torch / adaptive",
+                     "value": f"{summary[(batch, 'torch')]['gc_ms_per_token'] * 1e3:.1f} / "
+                              f"{summary[(batch, 'adaptive')]['gc_ms_per_token'] * 1e3:.1f}",
+                     "unit": "us", "note": "time in Python's garbage collector"})
+    for name, s_ in ablation.items():
+        rows.append({"bench": BENCH, "case": f"batch 1 ablation: {name}",
+                     "value": f"{s_['token_p50_ms']:.3f} / {s_['token_p99_ms']:.3f}",
+                     "unit": "ms p50/p99", "note": f"{s_['tokens_per_s']:.1f} tok/s; gc "
+                     f"{s_['gc_ms_per_token'] * 1e3:.1f} us/token; refits {s_['refits']}; "
+                     f"misses {s_['misses']}"})
     for mode, p in profiles.items():
         rows.append({"bench": BENCH, "case": f"profile {mode}: device / host self time",
                      "value": f"{p['device_ms']:.1f} / {p['host_ms']:.1f}", "unit": "ms",
@@ -409,6 +527,8 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                "parameters": n_params, "new_tokens": new_tokens,
                "warmup": {"generates": warm, "passes": passes, "choices": warm_state},
                "choices": final_state, "measured_misses": measured_misses,
+               "measured_refits": measured_refits, "ablation_b1": ablation,
+               "threads": [t.name for t in threading.enumerate()],
                "fresh": {"misses": fresh_misses, "adaptive": fa, "torch": ft,
                          "prompt_len": int(fresh_request[1].shape[1])},
                "profiles": profiles,
@@ -435,6 +555,8 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per mode")
     parser.add_argument("--layout", choices=("transposed", "torch"), default="torch",
                         help="patch(layout=...): dense weights kept [in, out] or as given")
+    parser.add_argument("--no-ablation", action="store_true",
+                        help="skip the batch-1 ablation (routing, sampling, refits switched off)")
     args = parser.parse_args()
     main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds,
-         args.layout)
+         args.layout, ablate_b1=not args.no_ablation)

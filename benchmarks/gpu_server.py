@@ -15,8 +15,11 @@ it listens (``--warmup``: each prompt length bucket at batch 1 and the largest b
 adaptive has no key left exploring); then the client warms it with a few seconds of the
 load, untimed, and sends the same seeded closed-loop load at 8 and then 32 streaming
 clients (loadgen.py: prompt lengths lognormal, median 128, clipped to 16..2048; 64 new
-tokens each; up to 32 requests decoded together, prompts left-padded to a multiple of
-64). Decision-cache misses inside the timed windows are counted from /metrics.
+tokens each; up to 32 requests decoded together, prompts left-padded to a power-of-two
+width of at least 64 and batches to a power-of-two rows, in every mode: the server's
+warm-up meets each of those shapes, inside ``adaptive.unbounded_exploration()``).
+Decision-cache misses inside the timed windows are counted from /metrics, and adaptive's
+exploration inside them is bounded by the learned policy's exploration budget.
 An NVML sampler reads SM activity and clocks while the load runs.
 
 Writes ``gpu_server.json`` to ``--out`` and prints, last, a table per mode and client
@@ -184,7 +187,7 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
     argv = ["--mode", mode, "--preset", args.preset, "--device", args.device,
             "--max-batch", str(args.max_batch), "--max-tokens-limit", str(args.max_tokens),
             "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued", "4096",
-            "--pad-to", "64"]      # fewer distinct shapes to decide; the same for every mode
+            "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes in every mode
     if args.in_process:     # the dry run: short warm-up, one CPU thread (shared CI machines)
         argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
     t0 = time.perf_counter()
@@ -227,7 +230,7 @@ def check_deps() -> str | None:
 
 
 def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY,
-        duration_s: float = 12.0, quick: bool = False, preset: str | None = None,
+        duration_s: float = 16.0, quick: bool = False, preset: str | None = None,
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 45.0,
         max_batch: int = 32, requests: int = 20000) -> dict:
     """Every mode on one request stream; writes gpu_server.json; returns the payload."""
@@ -383,7 +386,7 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--clients", default=",".join(map(str, CONCURRENCY)),
                    help="client counts, one timed load each")
-    p.add_argument("--duration-s", type=float, default=12.0, help="each timed load")
+    p.add_argument("--duration-s", type=float, default=16.0, help="each timed load")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--preset", default=None, help="default 1b on the GPU, tiny on the host")

@@ -229,7 +229,8 @@ def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveMod
     times as real calls would, and price the commit."""
     live = LiveModel(background=False, refit_every=1 << 30)
     live.model = model            # fitted on the other folds; live rows never refit it
-    policy = Learned(live, anchors=anchors, **policy_args)
+    # times here are a pack's, not spent now: the wall-clock exploration budget is off
+    policy = Learned(live, anchors=anchors, **{"explore_budget": None, **policy_args})
     policy.neighbours = near
     first = measured[0]
     times = {make_candidate(variants[(r.op, r.variant)], r.config): r.time_ms

@@ -7,8 +7,10 @@ sampled observations of later calls through :meth:`Policy.observe`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -86,6 +88,10 @@ class Policy(Protocol):
     def forget_key(self, key: tuple) -> None:
         """The dispatcher dropped ``key`` (its plan was evicted): drop its state too."""
 
+    def charge_exploration(self, seconds: float) -> None:
+        """Host time the dispatcher spent preparing a candidate to explore (a compile, a
+        module load): exploring's cost beyond the timed calls."""
+
     def add_observations(self, rows: Sequence, weight: float = 1.0,
                          geometry: Callable | None = None) -> None:
         """Measurements made elsewhere (packs, counter logs); ``geometry(row)`` gives a
@@ -107,6 +113,8 @@ class BasePolicy:
     """The optional parts of :class:`Policy` as no-ops: subclass and write ``decide``."""
 
     name = "base"
+    # the fraction of wall time exploring calls may take (None: unbounded; see Learned)
+    explore_budget: float | None = None
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         raise NotImplementedError
@@ -115,6 +123,9 @@ class BasePolicy:
         return None
 
     def forget_key(self, key: tuple) -> None:
+        pass
+
+    def charge_exploration(self, seconds: float) -> None:
         pass
 
     def add_observations(self, rows: Sequence, weight: float = 1.0,
@@ -162,3 +173,35 @@ class First(BasePolicy):
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         return Decision(candidates[0], "first candidate in manifest order")
+
+
+# ---- a process-wide warm-up: exploration without the budget ---------------------------------
+
+_unbounded = 0          # unbounded_exploration() blocks open now
+_unbounded_lock = threading.Lock()
+
+
+def exploring_unbounded() -> bool:
+    """Whether an :func:`unbounded_exploration` block is open in this process."""
+    return _unbounded > 0
+
+
+@contextlib.contextmanager
+def unbounded_exploration():
+    """Inside the block, policies explore with no exploration budget and what they explore
+    is not charged to it: a server's warm-up, before it takes load, explores every input
+    class it meets, and the budget is whole when serving starts. Applies to every
+    dispatcher, those made inside the block too; blocks nest.
+
+    Example:
+        >>> with adaptive.unbounded_exploration():
+        ...     warm_up(model)
+    """
+    global _unbounded
+    with _unbounded_lock:
+        _unbounded += 1
+    try:
+        yield
+    finally:
+        with _unbounded_lock:
+            _unbounded -= 1

@@ -19,12 +19,13 @@ import dataclasses
 import math
 import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
-from adaptive.policy.base import BasePolicy, Context, Decision
+from adaptive.policy.base import BasePolicy, Context, Decision, exploring_unbounded
 from adaptive.variants import Candidate
 
 
@@ -92,6 +93,9 @@ class KeyState:
     rows: dict = dataclasses.field(default_factory=dict)   # explored candidate -> model row
     # what happened to the key (miss, commits, drifts), newest last; bounded
     history: deque = dataclasses.field(default_factory=lambda: deque(maxlen=16))
+    # committed to the library candidate without exploring (the exploration budget was
+    # spent); ``explore`` holds what the policy would have explored, opened later
+    deferred: bool = False
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -194,6 +198,17 @@ class Learned(BasePolicy):
         drift_ratio: re-explore when the median of recent samples leaves
             [expected / ratio, expected · ratio].
         drift_window: how many recent samples that median covers.
+        explore_budget: the fraction of wall time that exploring calls may take (None:
+            unbounded). Exploring runs candidates that may be slower than the library on
+            real calls; once the calls explored have taken more than ``explore_burst_s``
+            plus ``explore_budget`` of the time since, a new input class is served by its
+            library candidate (cuBLAS or SDPA through torch: what the plain program runs)
+            without exploring, and is explored later, on one of its sampled calls, when
+            the budget allows again. A serving process that warms up first lifts the bound
+            for its warm-up (:func:`adaptive.unbounded_exploration`).
+        explore_burst_s: exploring time allowed at once (the bucket's size; 0.5 s: a cold
+            process explores its first classes at once, a warmed-up server that meets a new
+            class mid-load spends at most this on it before the fraction applies).
     """
 
     name = "learned"
@@ -201,7 +216,8 @@ class Learned(BasePolicy):
     def __init__(self, model=None, regret_bound: float = 0.2, z: float = 1.0,
                  max_explore: int = 8, samples: int = 3, drift_ratio: float = 1.5,
                  drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2,
-                 per_variant: int = 2):
+                 per_variant: int = 2, explore_budget: float | None = 0.01,
+                 explore_burst_s: float = 0.5):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -220,13 +236,24 @@ class Learned(BasePolicy):
         if per_variant < 1:
             raise ValueError(f"per_variant must be at least 1, got {per_variant}")
         self.per_variant = per_variant
+        if explore_budget is not None and not (
+                isinstance(explore_budget, (int, float)) and 0 < explore_budget <= 1):
+            raise ValueError(f"explore_budget must be a fraction in (0, 1] or None "
+                             f"(unbounded), got {explore_budget!r}")
+        if not (isinstance(explore_burst_s, (int, float)) and explore_burst_s > 0):
+            raise ValueError(f"explore_burst_s must be > 0 seconds, got {explore_burst_s!r}")
+        self.explore_budget = explore_budget
+        self.explore_burst_s = explore_burst_s
+        self._credit_s = explore_burst_s          # exploring time left (a token bucket)
+        self._credit_at = time.monotonic()
         self.samples = samples
         self.drift_ratio = drift_ratio
         self.drift_window = drift_window
         self.keys: dict[tuple, KeyState] = {}
         self.neighbours = Neighbours()
         self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
-                      "drifts": 0, "explore_calls": 0}
+                      "drifts": 0, "explore_calls": 0, "deferred": 0, "reopened": 0,
+                      "explore_s": 0.0}
         self._lock = threading.Lock()
 
     # ---- miss ---------------------------------------------------------------------------
@@ -276,7 +303,18 @@ class Learned(BasePolicy):
             self.keys[ctx.key] = state
             self.stats["decisions"] += 1
             self.stats["cold"] += dist is None
+            deferred = len(explore) > 1 and self._credit() <= 0
+            if deferred:
+                self.stats["deferred"] += 1
         predicted_ms = tuple((c.label, state.predicted_ms(c)) for c in ranked if c in predicted)
+        if deferred:
+            safe = library_candidate(ctx.problem, ranked) or explore[0]
+            state.committed, state.deferred = safe, True
+            state.reason = (f"{why}; deferred: the exploration budget "
+                            f"({self.explore_budget:.0%} of wall time) is spent, serving "
+                            f"{safe.label} until a sampled call finds it again")
+            state.history.append(state.reason)
+            return Decision(safe, state.reason, predicted_ms=predicted_ms)
         if len(explore) == 1:
             state.committed = explore[0]
             state.reason = why + "; committed without exploring"
@@ -344,13 +382,57 @@ class Learned(BasePolicy):
             if candidate != state.committed:
                 return None
             self._learn(state, candidate, time_ms)
+            if state.deferred:
+                return self._reopen(state)
             state.recent.append(time_ms)
             return self._check_drift(state)
+
+    # ---- the exploration budget (callers hold the lock) -------------------------------------
+    def _credit(self) -> float:
+        """Seconds of exploring left now (inf: unbounded)."""
+        if self.explore_budget is None or exploring_unbounded():
+            return math.inf
+        now = time.monotonic()
+        self._credit_s = min(self.explore_burst_s, self._credit_s
+                             + (now - self._credit_at) * self.explore_budget)
+        self._credit_at = now
+        return self._credit_s
+
+    def _spend(self, time_ms: float) -> None:
+        if math.isfinite(time_ms) and time_ms > 0:
+            self.stats["explore_s"] += time_ms / 1e3
+            if not exploring_unbounded():
+                self._credit_s -= time_ms / 1e3
+
+    def charge_exploration(self, seconds: float) -> None:
+        """Preparing an explored candidate (a compile, a module load) is exploring too."""
+        with self._lock:
+            self._spend(seconds * 1e3)
+
+    def _reopen(self, state: KeyState) -> Decision | None:
+        """A deferred key's sampled call: explore it now if the budget allows."""
+        if self._credit() <= 0:
+            return None
+        current = state.committed
+        explore = (current,) + tuple(c for c in state.explore if c != current)
+        explore = explore[: max(self.max_explore, 1)]
+        state.deferred = False
+        if len(explore) == 1:
+            return None
+        self.stats["reopened"] += 1
+        state.reason = (f"exploring {len(explore)} candidates, deferred at the miss: the "
+                        "exploration budget allows it again")
+        state.committed, state.explore = None, explore
+        state.observed = {c: Samples() for c in explore}
+        state.explorations += 1
+        state.history.append(state.reason)
+        return Decision(current, state.reason, explore=explore)
 
     def _after_explore_sample(self, state: KeyState, candidate, time_ms) -> Decision | None:
         if candidate not in state.observed:
             return None
         self.stats["explore_calls"] += 1
+        self._spend(time_ms)
         self._learn(state, candidate, time_ms)
         # the sample count is the commit criterion: every explored candidate timed
         # ``samples`` times (a failed one is done: it is never chosen)
@@ -459,6 +541,18 @@ class Learned(BasePolicy):
     def forget(self) -> None:
         with self._lock:
             self.keys.clear()
+
+
+def library_candidate(problem, ranked: Sequence[Candidate]) -> Candidate | None:
+    """The best-ranked candidate that runs what the plain program would: on torch
+    tensors torch's own call (a torch entry, torch's matmul), else a library's (cuBLAS,
+    SDPA, a CuPy composition); None on the host."""
+    if problem.kind == "torch":
+        for c in ranked:
+            if c.variant.torch_library or c.variant.torch_entry:
+                return c
+    return next((c for c in ranked if c.variant.language == "python"
+                 and c.variant.backend != "host"), None)
 
 
 def model_order(mean) -> list[int]:

@@ -9,7 +9,9 @@ a callback returning False (the client left) drops that row from the batch's out
 
 Two language models fit the engine's :class:`LanguageModel` protocol:
 :class:`CausalLM` (a ``transformers`` causal LM with a KV cache; prompts left-padded to a
-multiple of ``pad_to`` so that the shapes met are a bounded set) and :class:`BlockLM`
+multiple of ``pad_to``, or with ``buckets`` to a power of two, and batches padded to a
+power of two rows, so that the shapes met are a small set a warm-up covers) and
+:class:`BlockLM`
 (the hand-built block of block.py, re-run on the whole sequence for each token).
 """
 
@@ -153,11 +155,17 @@ class CausalLM:
 
     Prompts are left-padded to a multiple of ``pad_to`` (and to the batch's longest) with
     an attention mask and position ids that skip the padding, as ``generate()`` does.
+    With ``buckets``, the padded width is a power of two (at least ``pad_to``) and a batch
+    of n requests runs as the next power of two rows (the extra rows repeat the first
+    prompt and are never emitted): every mode pays the padding alike, and a warm-up over
+    the powers of two meets every shape the load will (what servers that capture CUDA
+    graphs per batch size do too).
     """
 
-    def __init__(self, model, name: str, pad_to: int = 16):
+    def __init__(self, model, name: str, pad_to: int = 16, buckets: bool = False):
         import torch
         self.torch, self.model, self.name, self.pad_to = torch, model, name, pad_to
+        self.buckets = buckets
         config = model.config
         self.vocab_size = config.vocab_size
         self.max_context = config.max_position_embeddings
@@ -169,11 +177,23 @@ class CausalLM:
         from transformers import DynamicCache
         return DynamicCache(config=self.model.config)
 
+    def width(self, longest: int, max_new: int) -> int:
+        """The padded prompt width of a batch whose longest prompt is ``longest``."""
+        width = -(-longest // self.pad_to) * self.pad_to
+        if self.buckets:
+            width = max(self.pad_to, 1 << (longest - 1).bit_length())
+        return max(min(width, self.max_context - max_new), longest)
+
+    def rows(self, n: int) -> int:
+        """The rows a batch of ``n`` requests runs as."""
+        return 1 << (n - 1).bit_length() if self.buckets else n
+
     def generate(self, prompts, max_new, emit) -> None:
         torch = self.torch
-        longest = max(len(p) for p in prompts)
-        width = min(-(-longest // self.pad_to) * self.pad_to, self.max_context - max(max_new))
-        width = max(width, longest)
+        real = len(prompts)
+        prompts = list(prompts) + [prompts[0]] * (self.rows(real) - real)
+        max_new = list(max_new) + [max_new[0]] * (len(prompts) - real)
+        width = self.width(max(len(p) for p in prompts), max(max_new))
         ids = torch.zeros((len(prompts), width), dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -182,7 +202,7 @@ class CausalLM:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self._cache()
-        active = list(range(len(prompts)))
+        active = list(range(real))            # padding rows are computed, never emitted
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
@@ -265,9 +285,10 @@ def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: b
 class Pinned:
     """A policy that keeps every decision already made: no exploring, no revision.
 
-    Wraps the policy the warm-up ran with; a key first met after pinning gets the wrapped
-    policy's top-ranked candidate, without exploring. Attributes (``keys``, ``stats``) are
-    the wrapped policy's.
+    Wraps the policy the warm-up ran with; a key first met after pinning gets, without
+    exploring, the library candidate (torch's own call: what the plain program runs) where
+    the wrapped policy would have explored, else its choice. Attributes (``keys``,
+    ``stats``) are the wrapped policy's.
     """
 
     name = "pinned"
@@ -276,8 +297,12 @@ class Pinned:
         self.policy = policy
 
     def decide(self, ctx, candidates):
+        from adaptive.policy.learned import library_candidate
         decision = self.policy.decide(ctx, candidates)
-        first = decision.explore[0] if decision.explore else decision.candidate
+        first = decision.candidate
+        if decision.explore:
+            first = (library_candidate(ctx.problem, decision.explore)
+                     or library_candidate(ctx.problem, candidates) or decision.explore[0])
         return dataclasses.replace(decision, candidate=first, explore=(),
                                    reason=decision.reason + "; pinned (no exploring)")
 

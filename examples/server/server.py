@@ -546,7 +546,8 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
         torch.set_num_threads(args.torch_threads)   # process-wide: CPU ops' thread pool
     t0 = time.perf_counter()
     model = build_llama(args.preset, args.mode, device, args.dtype, seed=args.seed)
-    lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to)
+    lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to,
+                  buckets=args.shape_buckets == "pow2")
     info = {"device": device, "dtype": str(next(model.parameters()).dtype),
             "preset": args.preset, "build_s": round(time.perf_counter() - t0, 2)}
     tokenizer = ByteTokenizer(lm.vocab_size) if lm.vocab_size >= 256 else None
@@ -559,9 +560,19 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
     if args.warmup:
         new = 8
         lengths = [n for n in args.warmup_lengths if n + new <= lm.max_context]
-        batches = [(b, n, new) for n in lengths for b in sorted({1, args.max_batch})]
-        info["warmup"] = warm_up(lm, batches, settle=args.mode != "torch",
-                                 limit_s=args.warmup_limit_s, progress=progress)
+        sizes = {1, args.max_batch}
+        if getattr(lm, "buckets", False):
+            # every shape the load can meet: each power-of-two width up to the longest
+            # length asked for, at each power-of-two batch up to --max-batch
+            top = lm.width(max(lengths), new)
+            lengths = [w for w in (lm.width(1 << k, new) for k in range(top.bit_length()))
+                       if w <= top]
+            sizes = {lm.rows(b) for b in range(1, args.max_batch + 1)}
+        batches = [(b, n, new) for n in sorted(set(lengths)) for b in sorted(sizes)]
+        import adaptive
+        with adaptive.unbounded_exploration():   # explore it all now, not under load
+            info["warmup"] = warm_up(lm, batches, settle=args.mode != "torch",
+                                     limit_s=args.warmup_limit_s, progress=progress)
     if args.mode == "static" and args.model == "llama":
         info["pinned"] = pin_dispatchers()
     return info
@@ -603,6 +614,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pad-to", type=int, default=16,
                    help="prompts left-padded to a multiple of this (bounded shapes)")
     p.add_argument("--max-batch", type=int, default=8, help="requests decoded together")
+    p.add_argument("--shape-buckets", choices=("pow2", "none"), default="pow2",
+                   help="pow2: prompts padded to a power-of-two width (at least --pad-to) "
+                   "and batches to a power-of-two rows, so the warm-up meets every shape "
+                   "the load will; none: widths a multiple of --pad-to, batches as queued")
     p.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond this get 503")
     p.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens")

@@ -468,3 +468,102 @@ def test_one_library_anchor_the_best_ranked_of_several_libraries():
     explore, why = Learned(LiveModel(background=False), anchors=False)._anchored(
         "spmm", "float16", {"log2_M": 10.0}, cands, kernels + library, tuple(kernels[:8]))
     assert explore == tuple(kernels[:8]) and why == ""
+
+
+class _Clock:
+    """A monotonic clock the test moves by hand (the exploration budget's time base)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _explore_fully(policy, key, decision, time_ms):
+    update = None
+    for _ in range(policy.samples):
+        for c in decision.explore:
+            update = policy.observe(key, c, time_ms) or update
+    return update
+
+
+def test_a_spent_exploration_budget_defers_new_classes_and_reopens_them_later(rng,
+                                                                             monkeypatch):
+    from adaptive.policy import learned
+    clock = _Clock()
+    monkeypatch.setattr(learned.time, "monotonic", clock)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=2,
+                     explore_budget=0.01, explore_burst_s=0.5)
+    ctx, cands, _ = softmax_context(rng)
+    first = policy.decide(ctx, cands)
+    assert len(first.explore) == 3
+    # 6 exploring calls of 100 ms: 0.6 s spent of a 0.5 s bucket
+    assert _explore_fully(policy, ctx.key, first, 100.0).candidate == first.explore[0]
+    assert policy.stats["explore_s"] == pytest.approx(0.6)
+    ctx2, cands2, _ = softmax_context(rng, rows=1000, cols=40)
+    deferred = policy.decide(ctx2, cands2)
+    assert deferred.explore == () and policy.stats["deferred"] == 1
+    assert "budget" in deferred.reason and "1%" in deferred.reason
+    state = policy.state(ctx2.key)
+    assert state.deferred and state.committed == deferred.candidate
+    assert len(state.explore) == 3              # what it will explore, later
+    # a sampled call while the bucket is still empty changes nothing
+    assert policy.observe(ctx2.key, deferred.candidate, 1.0) is None
+    # 5 s at 1 %: 0.05 s refilled, half the debt (0.1 s) paid: still nothing to spend
+    clock.now += 5.0
+    assert policy.observe(ctx2.key, deferred.candidate, 1.0) is None
+    clock.now += 10.0
+    reopened = policy.observe(ctx2.key, deferred.candidate, 1.0)
+    assert reopened is not None and reopened.candidate == deferred.candidate
+    assert set(reopened.explore) == set(state.explore) | {deferred.candidate}
+    assert policy.stats["reopened"] == 1 and not state.deferred
+    assert state.committed is None              # exploring now, committed after samples
+    assert _explore_fully(policy, ctx2.key, reopened, 1.0) is not None
+    assert state.committed is not None
+
+
+def test_unbounded_exploration_neither_defers_nor_spends_the_budget(rng, monkeypatch):
+    from adaptive.policy import learned
+    monkeypatch.setattr(learned.time, "monotonic", _Clock())
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1,
+                     explore_budget=0.01, explore_burst_s=0.1)
+    with adaptive.unbounded_exploration():
+        for rows in (300, 600, 900):
+            ctx, cands, _ = softmax_context(rng, rows=rows)
+            d = policy.decide(ctx, cands)
+            assert len(d.explore) == 2
+            _explore_fully(policy, ctx.key, d, 500.0)
+    assert policy.stats["deferred"] == 0 and policy.stats["explore_s"] == pytest.approx(3.0)
+    ctx, cands, _ = softmax_context(rng, rows=1200)
+    assert len(policy.decide(ctx, cands).explore) == 2    # the bucket is whole afterwards
+    unbounded = Learned(LiveModel(background=False), max_explore=2, samples=1,
+                        explore_budget=None)
+    for rows in (300, 600):
+        ctx, cands, _ = softmax_context(rng, rows=rows)
+        _explore_fully(unbounded, ctx.key, unbounded.decide(ctx, cands), 1e6)
+    assert unbounded.stats["deferred"] == 0
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.1, "1%"])
+def test_the_exploration_budget_is_validated(bad):
+    with pytest.raises((ValueError, TypeError), match=r"explore_budget must be a fraction "
+                       r"in \(0, 1\] or None \(unbounded\), got " + repr(bad).replace(".", r"\.")):
+        Learned(LiveModel(background=False), explore_budget=bad)
+    with pytest.raises(ValueError, match="explore_burst_s must be > 0 seconds, got 0"):
+        Learned(LiveModel(background=False), explore_burst_s=0)
+
+
+def test_a_deferred_class_is_served_by_what_the_plain_program_runs():
+    from types import SimpleNamespace as NS
+    from adaptive.policy.learned import library_candidate
+
+    def cand(name, language="cuda", backend="cuda", torch_library=False, torch_entry=""):
+        return NS(label=name, variant=NS(language=language, backend=backend,
+                                         torch_library=torch_library,
+                                         torch_entry=torch_entry))
+    ranked = [cand("tc_mma"), cand("cublas", "python"), cand("torch_mm", "python",
+                                                              torch_library=True)]
+    assert library_candidate(NS(kind="torch"), ranked).label == "torch_mm"
+    assert library_candidate(NS(kind="cupy"), ranked).label == "cublas"
+    assert library_candidate(NS(kind="numpy"), [cand("host_numpy", "python", "host")]) is None

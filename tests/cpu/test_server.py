@@ -642,3 +642,29 @@ def test_examples_run(script, args, expect, tmp_path):
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert expect in proc.stdout
+
+
+def test_shape_buckets_pad_width_and_rows_to_powers_of_two_and_emit_real_rows_only(
+        reference_model):
+    """--shape-buckets pow2: a batch of 3 prompts (longest 70) runs as 4 rows of width
+    128; only the 3 requests get tokens, each the float64 reference's greedy ones."""
+    from engine import CausalLM
+    lm = CausalLM(reference_model, "tiny", pad_to=64, buckets=True)
+    assert [lm.width(n, 8) for n in (1, 64, 65, 70, 128, 129)] == [64, 64, 128, 128, 128, 256]
+    assert [lm.rows(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    plain = CausalLM(reference_model, "tiny", pad_to=64)
+    assert (plain.width(70, 8), plain.rows(3)) == (128, 3)
+    assert plain.width(130, 8) == 192
+    shapes = []
+    handle = reference_model.register_forward_pre_hook(
+        lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True)
+    prompts = [[5, 9, 13], [7] * 70, [1, 2, 3, 4, 5, 6]]
+    got = {i: [] for i in range(3)}
+    try:
+        lm.generate(prompts, [3, 2, 3], lambda row, token: got[row].append(token) or True)
+    finally:
+        handle.remove()
+    assert shapes[0] == (4, 128) and all(s == (4, 1) for s in shapes[1:])
+    assert got == {i: greedy_reference(reference_model, p, n)
+                   for i, (p, n) in enumerate(zip(prompts, [3, 2, 3]))}
