@@ -83,7 +83,11 @@ class KeyState:
     explore: tuple[Candidate, ...]
     observed: dict                             # candidate -> Samples (bounded ring)
     committed: Candidate | None = None
-    expected_ms: float = math.nan
+    expected_ms: float = math.nan              # the committed candidate's explored median
+    # the median of the first steady samples after a commit: what drift is measured
+    # against (steady samples are timed without the hold exploring samples queue behind,
+    # so on an idle GPU they read the launch latency too: like is compared with like)
+    steady_ms: float = math.nan
     reason: str = ""
     recent: deque = dataclasses.field(default_factory=lambda: deque(maxlen=8))
     explorations: int = 0                      # how many times exploration was opened
@@ -417,6 +421,8 @@ class Learned(BasePolicy):
         explore = (current,) + tuple(c for c in state.explore if c != current)
         explore = explore[: max(self.max_explore, 1)]
         state.deferred = False
+        state.steady_ms = math.nan
+        state.recent.clear()
         if len(explore) == 1:
             return None
         self.stats["reopened"] += 1
@@ -455,6 +461,7 @@ class Learned(BasePolicy):
             state.history.append(state.reason)
             return Decision(state.explore[0], state.reason, explore=state.explore)
         state.committed, state.expected_ms = best, fastest[best]
+        state.steady_ms = math.nan
         self.neighbours.add(state.op, state.dtype, state.features, best.variant.name,
                             best.config_items, fastest[best])
         state.recent.clear()
@@ -476,18 +483,31 @@ class Learned(BasePolicy):
         if len(state.recent) < self.drift_window:
             return None
         now = _median(list(state.recent)[-self.drift_window:])
-        ratio = now / state.expected_ms if state.expected_ms > 0 else 1.0
+        if not state.steady_ms > 0:      # the first window after the commit: the baseline
+            state.steady_ms = now
+            return None
+        ratio = now / state.steady_ms
         if 1 / self.drift_ratio <= ratio <= self.drift_ratio:
             return None
         self.stats["drifts"] += 1
-        state.reason = (f"drift: {state.committed.label} now {now:.4g} ms, expected "
-                        f"{state.expected_ms:.4g} ms; re-exploring {len(state.explore)}")
         current = state.committed
         explore = (current,) + tuple(c for c in state.explore if c != current)
+        if self._credit() <= 0:          # re-explore when the budget allows it again
+            state.reason = (f"drift: {current.label} now {now:.4g} ms, steady "
+                            f"{state.steady_ms:.4g} ms; re-exploring deferred (the "
+                            "exploration budget is spent)")
+            state.deferred = True
+            state.steady_ms = math.nan
+            state.recent.clear()
+            state.history.append(state.reason)
+            return None
+        state.reason = (f"drift: {current.label} now {now:.4g} ms, steady "
+                        f"{state.steady_ms:.4g} ms; re-exploring {len(explore)}")
         state.committed, state.explore = None, explore
         state.observed = {c: Samples() for c in explore}
         state.explorations += 1
         state.history.append(state.reason)
+        state.steady_ms = math.nan
         if len(explore) == 1:
             state.committed = current
             state.expected_ms = now

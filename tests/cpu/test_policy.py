@@ -567,3 +567,44 @@ def test_a_deferred_class_is_served_by_what_the_plain_program_runs():
     assert library_candidate(NS(kind="torch"), ranked).label == "torch_mm"
     assert library_candidate(NS(kind="cupy"), ranked).label == "cublas"
     assert library_candidate(NS(kind="numpy"), [cand("host_numpy", "python", "host")]) is None
+
+
+def test_drift_is_measured_against_the_steady_samples_not_the_explored_ones(rng):
+    """Explored samples queue behind a hold; steady ones on an idle GPU also read the
+    launch latency (2x here on a short kernel): that alone is no drift, 2x more is."""
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1, drift_window=3,
+                     drift_ratio=1.5, explore_budget=None)
+    d = policy.decide(ctx, cands)
+    a, b = d.explore
+    policy.observe(ctx.key, a, 0.010)
+    assert policy.observe(ctx.key, b, 0.030).candidate == a
+    for t in (0.021, 0.019, 0.020, 0.022, 0.018, 0.021):       # steady: 2x the explored
+        assert policy.observe(ctx.key, a, t) is None
+    assert policy.state(ctx.key).steady_ms == pytest.approx(0.020)
+    assert policy.stats["drifts"] == 0
+    assert policy.observe(ctx.key, a, 0.041) is None
+    out = policy.observe(ctx.key, a, 0.043)                      # median 0.041: 2x steady
+    assert out is not None and set(out.explore) == {a, b} and policy.stats["drifts"] == 1
+    assert "steady 0.02 ms" in out.reason
+
+
+def test_a_drift_met_with_the_budget_spent_re_explores_later(rng, monkeypatch):
+    from adaptive.policy import learned
+    clock = _Clock()
+    monkeypatch.setattr(learned.time, "monotonic", clock)
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1, drift_window=1,
+                     drift_ratio=1.5, explore_budget=0.01, explore_burst_s=0.1)
+    d = policy.decide(ctx, cands)
+    a, b = d.explore
+    policy.observe(ctx.key, a, 100.0)
+    policy.observe(ctx.key, b, 300.0)                  # 0.4 s spent of the 0.1 s bucket
+    assert policy.observe(ctx.key, a, 100.0) is None   # the steady baseline
+    assert policy.observe(ctx.key, a, 400.0) is None   # drift, but nothing to spend
+    state = policy.state(ctx.key)
+    assert policy.stats["drifts"] == 1 and state.deferred and state.committed == a
+    assert "deferred" in state.reason
+    clock.now += 60.0                                  # 0.6 s refilled: the debt is paid
+    out = policy.observe(ctx.key, a, 400.0)
+    assert out is not None and set(out.explore) == {a, b} and policy.stats["reopened"] == 1
