@@ -36,7 +36,7 @@ from adaptive.ops.sparse import SparseWeight
 
 MODES = ("dense", "shared", "sparse")
 HOLD_EVERY = 64    # one warm call in this many goes through the dispatcher
-MAX_HELD = 64      # input shapes whose plans one layer holds (prefill lengths, decode)
+MAX_HELD = 256     # input shapes whose plans one layer holds (prefill lengths, decode)
 # where each layer's count of warm calls starts: layers called once per token route on
 # different tokens (spread over HOLD_EVERY), not all on the same one (a per-token spike)
 _stagger = itertools.count()

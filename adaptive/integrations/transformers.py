@@ -40,7 +40,10 @@ LINEAR_DTYPES = {"cuda": ("float16", "bfloat16", "float32"),
 SPARSE_DTYPES = ("float16", "float32")                   # adaptive.SparseWeight's
 
 HOLD_EVERY = 64     # one held attention call in this many goes through the dispatcher
-MAX_HELD = 64       # attention input classes whose plans are held
+# attention input classes whose plans are held: a server's shapes (prefill widths x batch
+# sizes, decode batch sizes x cached-length classes) are a few hundred; an entry is a key
+# and a plan reference
+MAX_HELD = 1024
 
 _lock = threading.Lock()
 _registered = False

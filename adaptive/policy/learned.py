@@ -205,10 +205,11 @@ class Learned(BasePolicy):
         explore_budget: the fraction of wall time that exploring calls may take (None:
             unbounded). Exploring runs candidates that may be slower than the library on
             real calls; once the calls explored have taken more than ``explore_burst_s``
-            plus ``explore_budget`` of the time since, a new input class is served by its
+            plus ``explore_budget`` of the time since, a new input class that has a
             library candidate (cuBLAS or SDPA through torch: what the plain program runs)
-            without exploring, and is explored later, on one of its sampled calls, when
-            the budget allows again. A serving process that warms up first lifts the bound
+            is served by it without exploring, and is explored later, on one of its
+            sampled calls, when the budget allows again (a class with no library
+            candidate, on the host, is explored at once). A serving process that warms up first lifts the bound
             for its warm-up (:func:`adaptive.unbounded_exploration`).
         explore_burst_s: exploring time allowed at once (the bucket's size; 0.5 s: a cold
             process explores its first classes at once, a warmed-up server that meets a new
@@ -307,12 +308,15 @@ class Learned(BasePolicy):
             self.keys[ctx.key] = state
             self.stats["decisions"] += 1
             self.stats["cold"] += dist is None
-            deferred = len(explore) > 1 and self._credit() <= 0
+            # with the budget spent, a class with a library candidate (what the plain
+            # program runs) is served by it and explored later; without one (the host)
+            # there is nothing safe to serve instead, and it is explored now
+            safe = library_candidate(ctx.problem, ranked) if len(explore) > 1 else None
+            deferred = safe is not None and self._credit() <= 0
             if deferred:
                 self.stats["deferred"] += 1
         predicted_ms = tuple((c.label, state.predicted_ms(c)) for c in ranked if c in predicted)
         if deferred:
-            safe = library_candidate(ctx.problem, ranked) or explore[0]
             state.committed, state.deferred = safe, True
             state.reason = (f"{why}; deferred: the exploration budget "
                             f"({self.explore_budget:.0%} of wall time) is spent, serving "

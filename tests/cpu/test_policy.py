@@ -493,6 +493,9 @@ def test_a_spent_exploration_budget_defers_new_classes_and_reopens_them_later(rn
     from adaptive.policy import learned
     clock = _Clock()
     monkeypatch.setattr(learned.time, "monotonic", clock)
+    # the host has no library candidate: stand one in (what the plain program runs)
+    monkeypatch.setattr(learned, "library_candidate", lambda problem, ranked: next(
+        c for c in ranked if c.variant.name == "host_numpy"))
     policy = Learned(LiveModel(background=False), max_explore=3, samples=2,
                      explore_budget=0.01, explore_burst_s=0.5)
     ctx, cands, _ = softmax_context(rng)
@@ -505,6 +508,7 @@ def test_a_spent_exploration_budget_defers_new_classes_and_reopens_them_later(rn
     deferred = policy.decide(ctx2, cands2)
     assert deferred.explore == () and policy.stats["deferred"] == 1
     assert "budget" in deferred.reason and "1%" in deferred.reason
+    assert deferred.candidate.variant.name == "host_numpy"
     state = policy.state(ctx2.key)
     assert state.deferred and state.committed == deferred.candidate
     assert len(state.explore) == 3              # what it will explore, later
@@ -521,11 +525,17 @@ def test_a_spent_exploration_budget_defers_new_classes_and_reopens_them_later(rn
     assert state.committed is None              # exploring now, committed after samples
     assert _explore_fully(policy, ctx2.key, reopened, 1.0) is not None
     assert state.committed is not None
+    # with no library candidate there is nothing safe to serve instead: explored at once
+    monkeypatch.setattr(learned, "library_candidate", lambda problem, ranked: None)
+    ctx3, cands3, _ = softmax_context(rng, rows=700, cols=33)
+    assert len(policy.decide(ctx3, cands3).explore) == 3
+    assert policy.stats["deferred"] == 1
 
 
 def test_unbounded_exploration_neither_defers_nor_spends_the_budget(rng, monkeypatch):
     from adaptive.policy import learned
     monkeypatch.setattr(learned.time, "monotonic", _Clock())
+    monkeypatch.setattr(learned, "library_candidate", lambda problem, ranked: ranked[-1])
     policy = Learned(LiveModel(background=False), max_explore=2, samples=1,
                      explore_budget=0.01, explore_burst_s=0.1)
     with adaptive.unbounded_exploration():
@@ -537,6 +547,9 @@ def test_unbounded_exploration_neither_defers_nor_spends_the_budget(rng, monkeyp
     assert policy.stats["deferred"] == 0 and policy.stats["explore_s"] == pytest.approx(3.0)
     ctx, cands, _ = softmax_context(rng, rows=1200)
     assert len(policy.decide(ctx, cands).explore) == 2    # the bucket is whole afterwards
+    _explore_fully(policy, ctx.key, policy.decide(ctx, cands), 500.0)   # now spent
+    ctx, cands, _ = softmax_context(rng, rows=1500)
+    assert policy.decide(ctx, cands).explore == () and policy.stats["deferred"] == 1
     unbounded = Learned(LiveModel(background=False), max_explore=2, samples=1,
                         explore_budget=None)
     for rows in (300, 600):
