@@ -21,6 +21,7 @@ import logging
 import re
 import threading
 import traceback
+from time import thread_time
 
 log = logging.getLogger("profilers.cupti")
 
@@ -106,6 +107,11 @@ class CuptiActivity:
         self.counts = {"buffers": 0, "kernels": 0, "external": 0, "other": 0,
                        "incomplete": 0, "unmatched": 0}
         self.error: str | None = None       # the first exception in the buffer callback
+        # CPU time spent in the buffer callback (CUPTI's thread: taken from the serving
+        # thread through the GIL); the counter log's governor counts it as its cost
+        self.callback_cpu_s = 0.0
+        self.idle_users = 0                 # users that let recording pause (see idle())
+        self._idle_lock = threading.Lock()
         self.status = self._open(cupti)
 
     def _enabled_kinds(self, cupti) -> list:
@@ -182,6 +188,7 @@ class CuptiActivity:
     def _buffer_completed(self, activities) -> None:
         # copy the fields out now: the records live in CUPTI's buffer, reused afterwards.
         # This runs on CUPTI's thread, where an exception is lost: keep the first one.
+        t0 = thread_time()
         try:
             kinds, out, counts = self._kinds, [], self.counts
             external, kernel = kinds.EXTERNAL_CORRELATION, kinds.CONCURRENT_KERNEL
@@ -203,6 +210,8 @@ class CuptiActivity:
                 self.error = (f"CUPTI buffer callback failed: {type(exc).__name__}: {exc}\n"
                               + traceback.format_exc())
                 log.error("%s", self.error)
+        finally:
+            self.callback_cpu_s += thread_time() - t0
 
     # ---- caller's thread ---------------------------------------------------------------
     def push(self, tag: object) -> int:
@@ -358,6 +367,18 @@ class CuptiActivity:
             log.warning("pausing CUPTI activity: %s", exc)
         self.status = "paused"
 
+    def idle(self, idle: bool) -> None:
+        """A user lets recording pause (``idle``) or needs it again. The activity pauses
+        when every user is idle and resumes when one is not (the counter log's duty cycle;
+        a user idles only once none of its tagged calls is pending, since pausing forces
+        a flush)."""
+        with self._idle_lock:
+            self.idle_users += 1 if idle else -1
+            if idle and self.idle_users >= self.users:
+                self.pause()
+            elif not idle:
+                self.resume()
+
     def _disable(self, cupti) -> None:
         for kind in self._enabled_kinds(cupti):
             cupti.activity_disable(kind)
@@ -463,6 +484,7 @@ class CuptiTimer:
         self.dropped = 0
         self.incomplete = 0                          # calls whose kernels came unfinished
         self.problem: str | None = None            # why calls were dropped (the first time)
+        self.recording = True                      # False: idle (see set_recording)
         self._lock = threading.Lock()
         self._closed = False
         cupti, kind = self.activity._cupti, getattr(self.activity, "_kind", None)
@@ -550,6 +572,13 @@ class CuptiTimer:
             + (f"; {a.error.splitlines()[0]}" if a.error else "") + ")")
         log.warning("%s", self.problem)
 
+    def set_recording(self, on: bool) -> None:
+        """Let the shared activity pause (``on`` False: call only once no tagged call of
+        this timer is pending) or make it record again."""
+        if on != self.recording and not self._closed:
+            self.recording = on
+            self.activity.idle(not on)
+
     @property
     def pending(self) -> int:
         return len(self.pending_calls) + len(self._waiting)
@@ -571,6 +600,10 @@ class CuptiTimer:
         if self._closed:
             return
         self._closed = True
+        if not self.recording:                     # idle: no longer a user at all
+            self.recording = True
+            with self.activity._idle_lock:
+                self.activity.idle_users -= 1
         self.activity.users -= 1
         if self._shared:
             self._shared = False
