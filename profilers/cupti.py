@@ -452,7 +452,8 @@ class CuptiTimer:
 
     A call is finished when a kernel has come for every launch it made (``narrowed``
     activity: one id record a launch; else its first kernel) and either an id record of a
-    later call has come or no record of it came for ``settle_s``. A call still without
+    later call has come, or no record of it came for ``settle_s``, or the activity is
+    paused (pausing forces every buffer out: all its records are in). A call still without
     all its kernels is dropped and counted only ``lost_after_s`` after the writer first
     saw it, or at the final harvest, which forces CUPTI to hand over every buffer first:
     CUPTI keeps a buffer until it is full or all its records are complete, so on a busy
@@ -523,6 +524,9 @@ class CuptiTimer:
                 self._lose(entry[0], "the writer fell behind")
             out, keep = [], []
             narrowed, newest = activity.narrowed, activity.newest_id
+            # paused (the log's duty cycle, once no call of it was unsettled): the pause's
+            # forced flush handed over every record, so a call is finished or never will be
+            paused = activity.status == "paused"
             for seen_s, entry in waiting:
                 ext = entry[0]
                 span = activity.span_of(ext)
@@ -532,7 +536,7 @@ class CuptiTimer:
                 # a later id came (its own id records are then in)
                 launches = activity.launches_of(ext)
                 complete = span is not None and (span[2] >= launches if narrowed else True)
-                if complete and (final or (narrowed and ext < newest) or
+                if complete and (final or paused or (narrowed and ext < newest) or
                                  now - activity.quiet_since(ext, seen_s) > self.settle_s):
                     activity.take(ext)
                     if span[0] < 0:
@@ -541,12 +545,12 @@ class CuptiTimer:
                                         "while it ran)")
                     else:
                         out.append((entry, (span[1] - span[0]) / 1e6))
-                elif final or age > self.lost_after_s:
+                elif final or paused or age > self.lost_after_s:
                     activity.take(ext)
                     got = (f"{span[2]} of its {launches} kernels came" if span is not None
                            else "no kernel record came")
                     self._lose(ext, f"{got} in {age:.1f} s"
-                               + (", and a forced flush" if final else ""))
+                               + (", and a forced flush" if final or paused else ""))
                 else:
                     keep.append((seen_s, entry))
             waiting.clear()
@@ -571,6 +575,18 @@ class CuptiTimer:
             f"their id, {counts['unmatched']} never got one; API records {api}"
             + (f"; {a.error.splitlines()[0]}" if a.error else "") + ")")
         log.warning("%s", self.problem)
+
+    def unsettled(self) -> int:
+        """Pending calls still missing a kernel of a launch whose id record came (or any
+        kernel); the rest wait only for :meth:`harvest_entries`' settling. Read after a
+        harvest: calls queued since count as unsettled."""
+        with self._lock:
+            a, n = self.activity, len(self.pending_calls)
+            for _, entry in self._waiting:
+                span = a.span_of(entry[0])
+                if span is None or (a.narrowed and span[2] < a.launches_of(entry[0])):
+                    n += 1
+        return n
 
     def set_recording(self, on: bool) -> None:
         """Let the shared activity pause (``on`` False: call only once no tagged call of

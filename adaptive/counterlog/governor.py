@@ -11,10 +11,14 @@ time and hands it to :meth:`Governor.step`:
   fraction is over ``budget`` and halves (never below the configured one) while it is
   under ``budget / 3``, up to :data:`MAX_EVERY`; every record carries the interval in
   effect when it was taken, so counts can be scaled back;
-* CUPTI: a duty cycle. While over budget, no call is tagged (``tagging`` False); once
-  no tagged call is pending the activity is paused (kernels then cost CUPTI nothing);
-  after an off time chosen from the cost measured while on, it resumes for a window of
-  at least ``window_s``. The fraction of time CUPTI recorded is :attr:`active_fraction`.
+* CUPTI: a duty cycle. While over budget, no call is tagged (state "draining"); once
+  every tagged call has its kernels (``unsettled`` 0) the activity is paused (state
+  "off": kernels then cost CUPTI nothing; the pause's forced flush hands over the rest
+  of the records, so a call tagged before it is written or counted lost, never joined
+  to another's kernels); after an off time chosen from the cost measured while on (so
+  that on / (on + off) times that cost is 0.8 of the budget), it resumes for a window of
+  at least ``window_s``. The fraction of time CUPTI recorded is
+  :attr:`GovernorState.active_fraction`; the planned one ``cupti_share``.
 
 The governor holds no clock: the writer passes ``now`` and the cost so far (tests pass
 their own numbers).
@@ -47,6 +51,7 @@ class GovernorState:
     every: int                   # the interval of sampled (host, event) recorders now
     cost_fraction: float = 0.0   # the last period's measured cost / wall time
     cupti: str = "on"            # "on" (tagging), "draining" (untagged, calls pending), "off"
+    cupti_share: float = 1.0     # the planned fraction of time CUPTI records
     active_s: float = 0.0        # time CUPTI recorded (since the log opened)
     elapsed_s: float = 0.0       # time governed (since the log opened)
     every_min: int = 0           # the range of intervals used so far
@@ -77,7 +82,7 @@ class Governor:
     """
 
     def __init__(self, budget: float, every: int, period_s: float = 0.25,
-                 window_s: float = 0.25, max_off_s: float = 10.0, max_every: int = MAX_EVERY):
+                 window_s: float = 0.25, max_off_s: float = 30.0, max_every: int = MAX_EVERY):
         self.budget = check_budget(budget)
         self.base_every, self.max_every = every, max(max_every, every)
         self.period_s, self.window_s, self.max_off_s = period_s, window_s, max_off_s
@@ -88,14 +93,23 @@ class Governor:
         self._off_until = 0.0
         self._last = math.nan
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`step` (or :meth:`start`) has set the first period's start."""
+        return not math.isnan(self._t0)
+
     def start(self, now: float, cost_s: float) -> None:
         self._t0 = self._since = self._on_since = self._last = now
         self._cost0 = self._on_cost = cost_s
 
-    def step(self, now: float, cost_s: float, cupti_pending: int = 0) -> GovernorState:
-        """Judge the cost up to ``now`` (``cost_s``: the log's CPU time so far; with
-        CUPTI, ``cupti_pending``: tagged calls not yet harvested). Returns the state; the
-        caller applies ``every`` and the CUPTI state."""
+    def step(self, now: float, cost_s: float, unsettled: int = 0,
+             cupti: bool = False) -> GovernorState:
+        """Judge the cost up to ``now`` (``cost_s``: the log's CPU time so far; ``cupti``:
+        the log times launches with CUPTI, to be duty-cycled; ``unsettled``: its tagged
+        calls still missing kernels). Returns the state; the
+        caller applies ``every`` and the CUPTI state (it calls again at least once between
+        setting "draining" and acting on "off", so a call tagged as tagging stopped is
+        counted in ``unsettled``)."""
         s = self.state
         if math.isnan(self._t0):
             self.start(now, cost_s)
@@ -104,12 +118,12 @@ class Governor:
             s.active_s += now - self._last
         s.elapsed_s = now - self._t0
         self._last = now
-        if s.cupti == "draining" and cupti_pending == 0:
+        if s.cupti == "draining" and unsettled == 0:
             # nothing tagged is in flight: pause; off for as long as the window's cost asks
             active_s = max(now - self._on_since, 1e-9)
             rate = (cost_s - self._on_cost) / active_s      # cost fraction while on
             share = min(max(0.8 * self.budget / rate, 1e-3), 1.0) if rate > 0 else 1.0
-            s.cupti = "off"
+            s.cupti, s.cupti_share = "off", share
             self._off_until = now + min(active_s * (1 / share - 1), self.max_off_s)
         elif s.cupti == "off" and now >= self._off_until:
             s.cupti = "on"
@@ -121,7 +135,7 @@ class Governor:
         s.cost_fraction = fraction
         if fraction > self.budget:
             s.every = min(s.every * 2, self.max_every)
-            if s.cupti == "on" and now - self._on_since >= self.window_s:
+            if cupti and s.cupti == "on" and now - self._on_since >= self.window_s:
                 s.cupti = "draining"
         elif fraction < self.budget / 3:
             s.every = max(s.every // 2, self.base_every)

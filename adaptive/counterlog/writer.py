@@ -262,7 +262,7 @@ class CounterLog:
         with self._govern_lock:
             cupti = [t for t in list(self._timers.values()) if getattr(t, "kind", "") == "cupti"]
             state = self.governor.step(self._clock(), self._cost_s(),
-                                       sum(t.pending for t in cupti))
+                                       sum(t.unsettled() for t in cupti), bool(cupti))
             with self._lock:
                 recorders = list(self._recorders.values())
             for rec in recorders:
