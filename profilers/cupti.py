@@ -66,6 +66,9 @@ class CuptiActivity:
             busy stream the newest kernel is always in flight, so a smaller buffer is what
             bounds how late a record comes (1 MiB: a few thousand launches).
         narrow: keep API records of kernel launches only (see ``narrowed``).
+        names: copy each kernel's name out of the buffer (for :meth:`harvest`'s records;
+            the timers join by id and need none: the shared activity copies none, which
+            saves building a string of a mangled name for every kernel launched).
 
     ``status`` is "ok" or why CUPTI is unavailable; when it is not "ok" every method is a
     cheap no-op, so callers need no second code path. External ids come from one
@@ -84,9 +87,10 @@ class CuptiActivity:
         ...     act.flush(); act.harvest()  # [KernelRecord(...)]
     """
 
-    def __init__(self, cupti=None, buffer_bytes: int = 1 << 20, narrow: bool = True):
+    def __init__(self, cupti=None, buffer_bytes: int = 1 << 20, narrow: bool = True,
+                 names: bool = True):
         self.buffer_bytes = buffer_bytes
-        self.narrow = narrow
+        self.narrow, self.names = narrow, names
         self.narrowed = False        # API records limited to launches (1 id record a launch)
         self._cupti = None
         self._raw: collections.deque = collections.deque()
@@ -192,14 +196,15 @@ class CuptiActivity:
         try:
             kinds, out, counts = self._kinds, [], self.counts
             external, kernel = kinds.EXTERNAL_CORRELATION, kinds.CONCURRENT_KERNEL
-            other = 0
+            other, names = 0, self.names
+            append = out.append
             for a in activities:
                 kind = a.kind
                 if kind == external:
-                    out.append((external, int(a.correlation_id), int(a.external_id)))
+                    append((external, int(a.correlation_id), int(a.external_id)))
                 elif kind == kernel:
-                    out.append((kernel, int(a.correlation_id), str(a.name), int(a.start),
-                                int(a.end)))
+                    append((kernel, int(a.correlation_id), str(a.name) if names else "",
+                            int(a.start), int(a.end)))
                 else:
                     other += 1
             counts["buffers"] += 1
@@ -432,7 +437,7 @@ def shared_activity(cupti=None) -> CuptiActivity:
     global _shared
     with _shared_lock:
         if _shared is None or _shared.status == "closed":
-            _shared = CuptiActivity(cupti)
+            _shared = CuptiActivity(cupti, names=False)     # its timers join by id
         elif _shared.status == "paused":
             _shared.resume()
         return _shared

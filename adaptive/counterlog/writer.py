@@ -55,7 +55,8 @@ class CounterLog:
                  max_bytes: int = 64 << 20, backups: int = 3, queue_size: int = 65536,
                  flush_interval_s: float = 0.05, nvml: bool = True, event_capacity: int = 4096,
                  timing: str | None = None, overhead_budget: float | None = None,
-                 govern_period_s: float = 0.25, clock=None, cpu_time=None):
+                 govern: bool = True, govern_period_s: float = 0.25, clock=None,
+                 cpu_time=None):
         cfg = config.get()
         if sample_every is None:
             sample_every = cfg.counter_log_every
@@ -80,7 +81,7 @@ class CounterLog:
         self.timings: dict[int, str] = {}
         # the overhead governor, driven by the writer thread's clock and CPU time (tests
         # pass their own ``clock`` and ``cpu_time``)
-        self.overhead_budget = budget
+        self.overhead_budget, self.govern = budget, govern
         self.governor = Governor(budget, sample_every, period_s=govern_period_s)
         self._clock = clock or time.monotonic
         self._cpu_time = cpu_time or time.thread_time
@@ -238,7 +239,7 @@ class CounterLog:
             closing = self._closing
             try:
                 self._drain(final=closing)
-                if not closing:
+                if self.govern and not closing:
                     self._govern()
             except Exception as exc:  # noqa: BLE001 (the writer never takes the process down)
                 self._failed(exc)
@@ -391,7 +392,7 @@ class CounterLog:
         header = {"format": FORMAT, "version": VERSION, "created_s": time.time(),
                   "pid": os.getpid(), "host": platform.node(), "sample_every": self.sample_every,
                   "timing": self.timing, "flush_interval_s": self.flush_interval_s,
-                  "overhead_budget": self.overhead_budget}
+                  "overhead_budget": self.overhead_budget if self.govern else None}
         self._file_bytes = self._file.write(frame(header))
         self._file.flush()
         self.stats.bytes_written += self._file_bytes
@@ -470,7 +471,9 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
             ``ADAPTIVE_COUNTER_LOG_TIMING``), ``overhead_budget`` (the share of wall time the
             log's own threads may take, default ``ADAPTIVE_COUNTER_LOG_BUDGET``, 0.02: over
             it the interval of sampled launches doubles, up to 65536, and CUPTI recording is
-            duty-cycled; each record carries the interval it was taken at).
+            duty-cycled; each record carries the interval it was taken at), ``govern``
+            (default True; False keeps the interval and CUPTI as configured: measurements
+            that need every call).
 
     Yields:
         the :class:`CounterLog` (``.stats`` has written, dropped and rotation counts).
