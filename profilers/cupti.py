@@ -437,7 +437,8 @@ def shared_activity(cupti=None) -> CuptiActivity:
     global _shared
     with _shared_lock:
         if _shared is None or _shared.status == "closed":
-            _shared = CuptiActivity(cupti, names=False)     # its timers join by id
+            _shared = CuptiActivity(cupti)
+            _shared.names = False                   # its timers join by id: no names
         elif _shared.status == "paused":
             _shared.resume()
         return _shared
