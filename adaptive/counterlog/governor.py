@@ -52,6 +52,7 @@ class GovernorState:
     cost_fraction: float = 0.0   # the last period's measured cost / wall time
     cupti: str = "on"            # "on" (tagging), "draining" (untagged, calls pending), "off"
     cupti_share: float = 1.0     # the planned fraction of time CUPTI records
+    cupti_pauses: int = 0        # times CUPTI was paused
     active_s: float = 0.0        # time CUPTI recorded (since the log opened)
     elapsed_s: float = 0.0       # time governed (since the log opened)
     every_min: int = 0           # the range of intervals used so far
@@ -124,6 +125,7 @@ class Governor:
             rate = (cost_s - self._on_cost) / active_s      # cost fraction while on
             share = min(max(0.8 * self.budget / rate, 1e-3), 1.0) if rate > 0 else 1.0
             s.cupti, s.cupti_share = "off", share
+            s.cupti_pauses += 1
             self._off_until = now + min(active_s * (1 / share - 1), self.max_off_s)
         elif s.cupti == "off" and now >= self._off_until:
             s.cupti = "on"
