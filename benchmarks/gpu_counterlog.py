@@ -21,7 +21,10 @@ lead. Beside each loss is what the log's overhead governor settled on (budget
 ``ADAPTIVE_COUNTER_LOG_BUDGET``, default 2 % of wall time): the sampling interval (one
 launch in N, median of the rounds' final values, and the range used) and, for CUPTI, the
 fraction of the timed blocks during which CUPTI recorded (its duty cycle there), the
-duty cycle it planned and the one over the logs' lifetimes.
+duty cycle it planned and the one over the logs' lifetimes; "cost" is the log's own CPU
+time (writer thread, CUPTI buffer callback) per wall time as the governor last measured
+it, "NVML sampler" the sampler thread's CPU time per timed block (not governed: a cause
+to tell apart when the loss and the cost disagree).
 
 Accuracy: per input and timing source, 40 calls queued behind a ~20 ms spin kernel (so
 the GPU runs them back to back and an event pair times GPU work, not launch gaps), each
@@ -183,16 +186,20 @@ def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], 
             if clog is not None:
                 g = clog.governor.state               # updated in place by the writer
                 active0_s, elapsed0_s = g.active_s, g.elapsed_s
-            rate = n / dev.time_s(stream)
+                nvml0_s = sum(s.cpu_s for s in clog.samplers.values())
+            block_s = dev.time_s(stream)
+            rate = n / block_s
             if clog is not None:
-                block_s = g.elapsed_s - elapsed0_s
+                nvml_s = sum(s.cpu_s for s in clog.samplers.values()) - nvml0_s
+                governed_s = g.elapsed_s - elapsed0_s
                 if r >= 0:
                     governed[mode].append({
                         "every": g.every, "every_min": g.every_min, "every_max": g.every_max,
                         "cost_fraction": g.cost_fraction, "cupti_state": g.cupti,
+                        "nvml_fraction": nvml_s / block_s,     # not governed: reported
                         "cupti_share": g.cupti_share, "cupti_active_log": g.active_fraction,
-                        "cupti_active_block": (g.active_s - active0_s) / block_s
-                        if block_s > 0 else g.active_fraction})
+                        "cupti_active_block": (g.active_s - active0_s) / governed_s
+                        if governed_s > 0 else g.active_fraction})
                 clog.detach(d)
                 stats = clog.close()
                 timings[mode] = dict(clog.timings)
@@ -219,8 +226,8 @@ def governor_summary(rounds: list[dict]) -> dict:
     if not rounds:
         return {}
     med = {k: statistics.median(r[k] for r in rounds)
-           for k in ("every", "cost_fraction", "cupti_share", "cupti_active_log",
-                     "cupti_active_block")}
+           for k in ("every", "cost_fraction", "nvml_fraction", "cupti_share",
+                     "cupti_active_log", "cupti_active_block")}
     return {**med, "every_min": min(r["every_min"] for r in rounds),
             "every_max": max(r["every_max"] for r in rounds), "rounds": rounds}
 
@@ -231,9 +238,9 @@ def governor_text(mode: str, g: dict) -> str:
     if mode.startswith("cupti"):
         return (f"; governor: CUPTI on {g['cupti_active_block']:.1%} of the timed blocks "
                 f"(planned {g['cupti_share']:.1%}, over the logs {g['cupti_active_log']:.1%})"
-                f", cost {g['cost_fraction']:.1%}")
+                f", cost {g['cost_fraction']:.1%}, NVML sampler {g['nvml_fraction']:.1%}")
     return (f"; governor: one in {g['every']:.0f} (range {g['every_min']}..{g['every_max']})"
-            f", cost {g['cost_fraction']:.1%}")
+            f", cost {g['cost_fraction']:.1%}, NVML sampler {g['nvml_fraction']:.1%}")
 
 
 def queued_pairs(dev: Device, calls: int, call) -> list[float]:
