@@ -111,9 +111,12 @@ class CuptiActivity:
         self.counts = {"buffers": 0, "kernels": 0, "external": 0, "other": 0,
                        "incomplete": 0, "unmatched": 0}
         self.error: str | None = None       # the first exception in the buffer callback
-        # CPU time spent in the buffer callback (CUPTI's thread: taken from the serving
-        # thread through the GIL); the counter log's governor counts it as its cost
+        # CPU time spent in the buffer callback on CUPTI's own thread (taken from the
+        # serving thread through the GIL; the counter log's governor counts it as its
+        # cost); a callback inside a flush runs on the flushing thread, whose own CPU time
+        # already holds it, so it is left out here
         self.callback_cpu_s = 0.0
+        self._flushing: int | None = None         # the thread inside a flush, if any
         self.idle_users = 0                 # users that let recording pause (see idle())
         self._idle_lock = threading.Lock()
         self.status = self._open(cupti)
@@ -216,7 +219,8 @@ class CuptiActivity:
                               + traceback.format_exc())
                 log.error("%s", self.error)
         finally:
-            self.callback_cpu_s += thread_time() - t0
+            if threading.get_ident() != self._flushing:
+                self.callback_cpu_s += thread_time() - t0
 
     # ---- caller's thread ---------------------------------------------------------------
     def push(self, tag: object) -> int:
@@ -243,7 +247,14 @@ class CuptiActivity:
         does so when one is full). ``forced``: every buffer, a kernel still in flight
         then comes incomplete and is counted, not timed (so only when nothing runs)."""
         if self._cupti is not None:
-            self._cupti.activity_flush_all(FLUSH_FORCED if forced else 0)
+            self._flush_all(self._cupti, FLUSH_FORCED if forced else 0)
+
+    def _flush_all(self, cupti, flag: int) -> None:
+        self._flushing = threading.get_ident()
+        try:
+            cupti.activity_flush_all(flag)
+        finally:
+            self._flushing = None
 
     def harvest(self) -> list[KernelRecord]:
         """Kernel records delivered so far, oldest first, with their tags (a standalone
@@ -366,7 +377,7 @@ class CuptiActivity:
         if cupti is None or self.status != "ok":
             return
         try:
-            cupti.activity_flush_all(FLUSH_FORCED)
+            self._flush_all(cupti, FLUSH_FORCED)
             self._disable(cupti)
         except Exception as exc:  # noqa: BLE001
             log.warning("pausing CUPTI activity: %s", exc)
@@ -375,8 +386,8 @@ class CuptiActivity:
     def idle(self, idle: bool) -> None:
         """A user lets recording pause (``idle``) or needs it again. The activity pauses
         when every user is idle and resumes when one is not (the counter log's duty cycle;
-        a user idles only once none of its tagged calls is pending, since pausing forces
-        a flush)."""
+        a user idles only once each of its tagged calls has its kernels, since pausing
+        forces a flush: what is in flight then comes incomplete)."""
         with self._idle_lock:
             self.idle_users += 1 if idle else -1
             if idle and self.idle_users >= self.users:

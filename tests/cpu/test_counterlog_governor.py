@@ -244,3 +244,21 @@ def test_the_budget_comes_from_the_environment(monkeypatch):
     assert config.from_env({"ADAPTIVE_COUNTER_LOG_BUDGET": "0.05"}).counter_log_budget == 0.05
     with pytest.raises(ValueError, match="ADAPTIVE_COUNTER_LOG_BUDGET='lots': expected a number"):
         config.from_env({"ADAPTIVE_COUNTER_LOG_BUDGET": "lots"})
+
+
+def test_the_cupti_callbacks_time_counts_as_the_logs_cost(tmp_path, rng, fake_cupti, host):
+    cupti, timer, clock = fake_cupti
+    cost = Cost()                                         # the writer itself: idle
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    kernels_in_run(host, "softmax", (x,), cupti, [[(0, 400)]])
+    clog = opened(tmp_path / "callback.alog", clock, cost, sample_every=1)
+    rec = attach(clog, host, timer)
+    clock.now += 0.3
+    timer.activity.callback_cpu_s += 0.001                # 0.3 %: within the budget
+    assert clog._govern().cupti == "on" and rec.every == 1
+    clock.now += 0.3
+    timer.activity.callback_cpu_s += 0.03                 # 10 %: over it
+    assert clog._govern().cupti == "draining" and rec.every == recorders.UNTAGGED
+    host.launch("softmax", x)
+    assert cupti.pushes == 0                              # nothing tagged while draining
+    clog.close()
