@@ -39,6 +39,10 @@ class Config:
         "env": "ADAPTIVE_COUNTER_LOG_TIMING", "doc": "counter log timing of cuda launches: auto "
         "(CUPTI activity records where cupti-python is installed, else event pairs), cupti, "
         "events"})
+    counter_log_budget: float = dataclasses.field(default=0.02, metadata={
+        "env": "ADAPTIVE_COUNTER_LOG_BUDGET", "doc": "counter log: the share of wall time its "
+        "own threads may take (0.02: 2 %); over it the log samples fewer launches and "
+        "duty-cycles CUPTI"})
     cache_dir: str = dataclasses.field(default_factory=_cache_dir_default, metadata={
         "env": "ADAPTIVE_CACHE_DIR", "doc": "content-addressed cache of compiled kernels, and "
         "each GPU's measured roofline peaks"})

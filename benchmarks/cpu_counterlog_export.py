@@ -74,7 +74,7 @@ def synthetic_log(path: str | os.PathLike, records: int, max_bytes: int = 64 << 
                                     other_processes_mem_bytes=1 << 30, sm_active_ratio=0.7,
                                     dram_active_ratio=0.5))
         items = [(rec, t0 + (step + j) * 2e-5, plans[(step + j) % 3], 0.01 + (j % 7) * 1e-3,
-                  "cupti", 0x5000 + 0x100 * ((step + j) % 2)) for j in range(n)]
+                  "cupti", 0x5000 + 0x100 * ((step + j) % 2), 16) for j in range(n)]
         clog._write_batch(items)
         step += n
     clog._file.flush()

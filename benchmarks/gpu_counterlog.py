@@ -2,7 +2,7 @@
 in N timed) against off, with each timing source, and the logged times against CUDA
 event pairs around the same calls.
 
-    PYTHONPATH=$PWD python3 benchmarks/gpu_counterlog.py --out $OUT      # H200, < 3 min
+    PYTHONPATH=$PWD python3 benchmarks/gpu_counterlog.py --out $OUT      # H200, ~ 1.5 min
     python benchmarks/gpu_counterlog.py --device host --quick            # a dry run on CPU
 
 Two streams, each a round-robin over three inputs (so several plans are live):
@@ -12,8 +12,19 @@ round by round (order rotated and flipped) on one dispatcher with its own sampli
 ``off`` (no log), ``events`` (the log with sampled CUDA event pairs, one call in
 ``--every``, default ``ADAPTIVE_COUNTER_LOG_EVERY``), ``cupti`` (the same with CUPTI
 activity records, where cupti-python can subscribe) and ``cupti_all`` (CUPTI, every
-call tagged). Each "on" round opens a fresh log with its NVML/GPM sampler (0.1 s) and
-closes it after the timed block, so no mode's state leaks into another's rounds.
+call tagged). Each "on" round opens a fresh log with its NVML/GPM sampler (0.1 s), runs
+the stream untimed for ``--settle-s`` (the writer, the sampler and the overhead governor
+past their start: a log that stays on is judged in its steady state), times a block of
+about ``--round-s`` (launches scaled from the log-off rate) and closes the log, so no
+mode's state leaks into another's rounds; every mode, off included, gets the same untimed
+lead. Beside each loss is what the log's overhead governor settled on (budget
+``ADAPTIVE_COUNTER_LOG_BUDGET``, default 2 % of wall time): the sampling interval (one
+launch in N, median of the rounds' final values, and the range used) and, for CUPTI, the
+fraction of the timed blocks during which CUPTI recorded (its duty cycle there), the
+duty cycle it planned and the one over the logs' lifetimes; "cost" is the log's own CPU
+time (writer thread, CUPTI buffer callback) per wall time as the governor last measured
+it, "NVML sampler" the sampler thread's CPU time per timed block (not governed: a cause
+to tell apart when the loss and the cost disagree).
 
 Accuracy: per input and timing source, 40 calls queued behind a ~20 ms spin kernel (so
 the GPU runs them back to back and an event pair times GPU work, not launch gaps), each
@@ -134,22 +145,34 @@ class Device:
         return (pair[1] - pair[0]) * 1e3
 
 
-def open_log(path: Path, mode: str, every: int, device: str) -> CounterLog:
+def open_log(path: Path, mode: str, every: int, device: str, govern: bool = True
+             ) -> CounterLog:
     timing = "events" if mode == "events" else "cupti"
     return CounterLog(path, sample_every=1 if mode == "cupti_all" else every, timing=timing,
-                      nvml=device == "cuda", event_capacity=1 << 14).open()
+                      nvml=device == "cuda", event_capacity=1 << 14, govern=govern).open()
 
 
 def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], args,
                every: int, device: str, log_dir: Path) -> dict:
-    n = args.launches
-
-    def stream():
-        for i in range(n):
+    def launches(k: int) -> None:
+        for i in range(k):
             op, xs = inputs[i % len(inputs)]
             d.launch(op, *xs)
 
+    def settle() -> None:
+        deadline = time.monotonic() + args.settle_s
+        while time.monotonic() < deadline:
+            launches(len(inputs) * 16)
+
+    # launches per timed block: about --round-s at the log-off rate, at least --launches
+    off_rate = args.launches / dev.time_s(lambda: launches(args.launches))
+    n = max(args.launches, int(off_rate * args.round_s))
+
+    def stream():
+        launches(n)
+
     rates = {mode: [] for mode in modes}
+    governed: dict[str, list[dict]] = {mode: [] for mode in modes if mode != "off"}
     timings, errors = {}, {}
     for r in range(-1, args.rounds):             # round -1: one untimed pass per mode
         k = max(r, 0) % len(modes)
@@ -159,8 +182,24 @@ def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], 
             if mode != "off":
                 clog = open_log(log_dir / f"{name}-{mode}-{r + 1}.alog", mode, every, device)
                 clog.attach(d)
-            rate = n / dev.time_s(stream)
+            settle()
             if clog is not None:
+                g = clog.governor.state               # updated in place by the writer
+                active0_s, elapsed0_s = g.active_s, g.elapsed_s
+                nvml0_s = sum(s.cpu_s for s in clog.samplers.values())
+            block_s = dev.time_s(stream)
+            rate = n / block_s
+            if clog is not None:
+                nvml_s = sum(s.cpu_s for s in clog.samplers.values()) - nvml0_s
+                governed_s = g.elapsed_s - elapsed0_s
+                if r >= 0:
+                    governed[mode].append({
+                        "every": g.every, "every_min": g.every_min, "every_max": g.every_max,
+                        "cost_fraction": g.cost_fraction, "cupti_state": g.cupti,
+                        "nvml_fraction": nvml_s / block_s,     # not governed: reported
+                        "cupti_share": g.cupti_share, "cupti_active_log": g.active_fraction,
+                        "cupti_active_block": (g.active_s - active0_s) / governed_s
+                        if governed_s > 0 else g.active_fraction})
                 clog.detach(d)
                 stats = clog.close()
                 timings[mode] = dict(clog.timings)
@@ -177,7 +216,31 @@ def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], 
             "off_launches_per_s": off, "timings": timings, "errors": errors,
             "modes": {mode: {"launches_per_s": med[mode], "loss": 1 - med[mode] / off,
                              "per_launch_cost_us": (1 / med[mode] - 1 / off) * 1e6,
-                             "rates": rates[mode]} for mode in modes if mode != "off"}}
+                             "rates": rates[mode], "governor": governor_summary(governed[mode])}
+                      for mode in modes if mode != "off"}}
+
+
+def governor_summary(rounds: list[dict]) -> dict:
+    """What the governor settled on over a mode's timed rounds (medians; the range of
+    intervals used), and the rounds themselves."""
+    if not rounds:
+        return {}
+    med = {k: statistics.median(r[k] for r in rounds)
+           for k in ("every", "cost_fraction", "nvml_fraction", "cupti_share",
+                     "cupti_active_log", "cupti_active_block")}
+    return {**med, "every_min": min(r["every_min"] for r in rounds),
+            "every_max": max(r["every_max"] for r in rounds), "rounds": rounds}
+
+
+def governor_text(mode: str, g: dict) -> str:
+    if not g:
+        return ""
+    if mode.startswith("cupti"):
+        return (f"; governor: CUPTI on {g['cupti_active_block']:.1%} of the timed blocks "
+                f"(planned {g['cupti_share']:.1%}, over the logs {g['cupti_active_log']:.1%})"
+                f", cost {g['cost_fraction']:.1%}, NVML sampler {g['nvml_fraction']:.1%}")
+    return (f"; governor: one in {g['every']:.0f} (range {g['every_min']}..{g['every_max']})"
+            f", cost {g['cost_fraction']:.1%}, NVML sampler {g['nvml_fraction']:.1%}")
 
 
 def queued_pairs(dev: Device, calls: int, call) -> list[float]:
@@ -202,7 +265,7 @@ def accuracy(d: Dispatcher, dev: Device, op: str, xs, mode: str, device: str,
     a pair around no work (``empty_pair_median_ms``)."""
     event_ms = queued_pairs(dev, calls, lambda: d.launch(op, *xs))
     empty_ms = queued_pairs(dev, calls, lambda: None)
-    clog = open_log(path, mode, 1, device)
+    clog = open_log(path, mode, 1, device, govern=False)     # every call, as configured
     clog.attach(d)
     nested_ms = queued_pairs(dev, calls, lambda: d.launch(op, *xs))
     clog.detach(d)
@@ -232,7 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the outputs")
     p.add_argument("--device", choices=("auto", "cuda", "host"), default="auto")
     p.add_argument("--launches", type=int, default=3000, help="launches per round")
-    p.add_argument("--rounds", type=int, default=8, help="timed rounds per mode")
+    p.add_argument("--rounds", type=int, default=6, help="timed rounds per mode")
+    p.add_argument("--settle-s", type=float, default=0.3,
+                   help="untimed launching before each round's timed block")
+    p.add_argument("--round-s", type=float, default=0.4,
+                   help="length of a timed block (launches scaled from the log-off rate; "
+                        "at least --launches)")
     p.add_argument("--every", type=int, default=None,
                    help="log one call in N (default: ADAPTIVE_COUNTER_LOG_EVERY)")
     p.add_argument("--accuracy-calls", type=int, default=40)
@@ -244,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.launches, args.rounds, args.accuracy_calls = 300, 2, 10
+        args.settle_s, args.round_s = 0.05, 0.0
     every = args.every or config.get().counter_log_every
     out = Path(args.out)
     log_dir = out / "gpu_counterlog_logs"
@@ -319,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode, m in r["modes"].items():
             print(f"    {r['stream']:<11} {mode:<9} {m['launches_per_s']:>9.0f}/s  loss "
                   f"{m['loss']:+.2%}  cost {m['per_launch_cost_us']:+.2f} us/launch "
-                  f"(timing {r['timings'].get(mode)})")
+                  f"(timing {r['timings'].get(mode)})" + governor_text(mode, m["governor"]))
     print(f"  log sample {sample_log.name}: {len(contents.records)} records, "
           f"{len(with_state)} with device state; plot {plot_path}")
     print(f"  wall {payload['wall_s']:.0f} s")

@@ -21,6 +21,7 @@ import logging
 import re
 import threading
 import traceback
+from time import thread_time
 
 log = logging.getLogger("profilers.cupti")
 
@@ -65,6 +66,9 @@ class CuptiActivity:
             busy stream the newest kernel is always in flight, so a smaller buffer is what
             bounds how late a record comes (1 MiB: a few thousand launches).
         narrow: keep API records of kernel launches only (see ``narrowed``).
+        names: copy each kernel's name out of the buffer (for :meth:`harvest`'s records;
+            the timers join by id and need none: the shared activity copies none, which
+            saves building a string of a mangled name for every kernel launched).
 
     ``status`` is "ok" or why CUPTI is unavailable; when it is not "ok" every method is a
     cheap no-op, so callers need no second code path. External ids come from one
@@ -83,9 +87,10 @@ class CuptiActivity:
         ...     act.flush(); act.harvest()  # [KernelRecord(...)]
     """
 
-    def __init__(self, cupti=None, buffer_bytes: int = 1 << 20, narrow: bool = True):
+    def __init__(self, cupti=None, buffer_bytes: int = 1 << 20, narrow: bool = True,
+                 names: bool = True):
         self.buffer_bytes = buffer_bytes
-        self.narrow = narrow
+        self.narrow, self.names = narrow, names
         self.narrowed = False        # API records limited to launches (1 id record a launch)
         self._cupti = None
         self._raw: collections.deque = collections.deque()
@@ -106,6 +111,14 @@ class CuptiActivity:
         self.counts = {"buffers": 0, "kernels": 0, "external": 0, "other": 0,
                        "incomplete": 0, "unmatched": 0}
         self.error: str | None = None       # the first exception in the buffer callback
+        # CPU time spent in the buffer callback on CUPTI's own thread (taken from the
+        # serving thread through the GIL; the counter log's governor counts it as its
+        # cost); a callback inside a flush runs on the flushing thread, whose own CPU time
+        # already holds it, so it is left out here
+        self.callback_cpu_s = 0.0
+        self._flushing: int | None = None         # the thread inside a flush, if any
+        self.idle_users = 0                 # users that let recording pause (see idle())
+        self._idle_lock = threading.Lock()
         self.status = self._open(cupti)
 
     def _enabled_kinds(self, cupti) -> list:
@@ -182,17 +195,19 @@ class CuptiActivity:
     def _buffer_completed(self, activities) -> None:
         # copy the fields out now: the records live in CUPTI's buffer, reused afterwards.
         # This runs on CUPTI's thread, where an exception is lost: keep the first one.
+        t0 = thread_time()
         try:
             kinds, out, counts = self._kinds, [], self.counts
             external, kernel = kinds.EXTERNAL_CORRELATION, kinds.CONCURRENT_KERNEL
-            other = 0
+            other, names = 0, self.names
+            append = out.append
             for a in activities:
                 kind = a.kind
                 if kind == external:
-                    out.append((external, int(a.correlation_id), int(a.external_id)))
+                    append((external, int(a.correlation_id), int(a.external_id)))
                 elif kind == kernel:
-                    out.append((kernel, int(a.correlation_id), str(a.name), int(a.start),
-                                int(a.end)))
+                    append((kernel, int(a.correlation_id), str(a.name) if names else "",
+                            int(a.start), int(a.end)))
                 else:
                     other += 1
             counts["buffers"] += 1
@@ -203,6 +218,9 @@ class CuptiActivity:
                 self.error = (f"CUPTI buffer callback failed: {type(exc).__name__}: {exc}\n"
                               + traceback.format_exc())
                 log.error("%s", self.error)
+        finally:
+            if threading.get_ident() != self._flushing:
+                self.callback_cpu_s += thread_time() - t0
 
     # ---- caller's thread ---------------------------------------------------------------
     def push(self, tag: object) -> int:
@@ -229,7 +247,14 @@ class CuptiActivity:
         does so when one is full). ``forced``: every buffer, a kernel still in flight
         then comes incomplete and is counted, not timed (so only when nothing runs)."""
         if self._cupti is not None:
-            self._cupti.activity_flush_all(FLUSH_FORCED if forced else 0)
+            self._flush_all(self._cupti, FLUSH_FORCED if forced else 0)
+
+    def _flush_all(self, cupti, flag: int) -> None:
+        self._flushing = threading.get_ident()
+        try:
+            cupti.activity_flush_all(flag)
+        finally:
+            self._flushing = None
 
     def harvest(self) -> list[KernelRecord]:
         """Kernel records delivered so far, oldest first, with their tags (a standalone
@@ -352,11 +377,23 @@ class CuptiActivity:
         if cupti is None or self.status != "ok":
             return
         try:
-            cupti.activity_flush_all(FLUSH_FORCED)
+            self._flush_all(cupti, FLUSH_FORCED)
             self._disable(cupti)
         except Exception as exc:  # noqa: BLE001
             log.warning("pausing CUPTI activity: %s", exc)
         self.status = "paused"
+
+    def idle(self, idle: bool) -> None:
+        """A user lets recording pause (``idle``) or needs it again. The activity pauses
+        when every user is idle and resumes when one is not (the counter log's duty cycle;
+        a user idles only once each of its tagged calls has its kernels, since pausing
+        forces a flush: what is in flight then comes incomplete)."""
+        with self._idle_lock:
+            self.idle_users += 1 if idle else -1
+            if idle and self.idle_users >= self.users:
+                self.pause()
+            elif not idle:
+                self.resume()
 
     def _disable(self, cupti) -> None:
         for kind in self._enabled_kinds(cupti):
@@ -412,6 +449,7 @@ def shared_activity(cupti=None) -> CuptiActivity:
     with _shared_lock:
         if _shared is None or _shared.status == "closed":
             _shared = CuptiActivity(cupti)
+            _shared.names = False                   # its timers join by id: no names
         elif _shared.status == "paused":
             _shared.resume()
         return _shared
@@ -431,7 +469,8 @@ class CuptiTimer:
 
     A call is finished when a kernel has come for every launch it made (``narrowed``
     activity: one id record a launch; else its first kernel) and either an id record of a
-    later call has come or no record of it came for ``settle_s``. A call still without
+    later call has come, or no record of it came for ``settle_s``, or the activity is
+    paused (pausing forces every buffer out: all its records are in). A call still without
     all its kernels is dropped and counted only ``lost_after_s`` after the writer first
     saw it, or at the final harvest, which forces CUPTI to hand over every buffer first:
     CUPTI keeps a buffer until it is full or all its records are complete, so on a busy
@@ -463,6 +502,7 @@ class CuptiTimer:
         self.dropped = 0
         self.incomplete = 0                          # calls whose kernels came unfinished
         self.problem: str | None = None            # why calls were dropped (the first time)
+        self.recording = True                      # False: idle (see set_recording)
         self._lock = threading.Lock()
         self._closed = False
         cupti, kind = self.activity._cupti, getattr(self.activity, "_kind", None)
@@ -501,6 +541,9 @@ class CuptiTimer:
                 self._lose(entry[0], "the writer fell behind")
             out, keep = [], []
             narrowed, newest = activity.narrowed, activity.newest_id
+            # paused (the log's duty cycle, once no call of it was unsettled): the pause's
+            # forced flush handed over every record, so a call is finished or never will be
+            paused = activity.status == "paused"
             for seen_s, entry in waiting:
                 ext = entry[0]
                 span = activity.span_of(ext)
@@ -510,7 +553,7 @@ class CuptiTimer:
                 # a later id came (its own id records are then in)
                 launches = activity.launches_of(ext)
                 complete = span is not None and (span[2] >= launches if narrowed else True)
-                if complete and (final or (narrowed and ext < newest) or
+                if complete and (final or paused or (narrowed and ext < newest) or
                                  now - activity.quiet_since(ext, seen_s) > self.settle_s):
                     activity.take(ext)
                     if span[0] < 0:
@@ -519,12 +562,12 @@ class CuptiTimer:
                                         "while it ran)")
                     else:
                         out.append((entry, (span[1] - span[0]) / 1e6))
-                elif final or age > self.lost_after_s:
+                elif final or paused or age > self.lost_after_s:
                     activity.take(ext)
                     got = (f"{span[2]} of its {launches} kernels came" if span is not None
                            else "no kernel record came")
                     self._lose(ext, f"{got} in {age:.1f} s"
-                               + (", and a forced flush" if final else ""))
+                               + (", and a forced flush" if final or paused else ""))
                 else:
                     keep.append((seen_s, entry))
             waiting.clear()
@@ -550,6 +593,25 @@ class CuptiTimer:
             + (f"; {a.error.splitlines()[0]}" if a.error else "") + ")")
         log.warning("%s", self.problem)
 
+    def unsettled(self) -> int:
+        """Pending calls still missing a kernel of a launch whose id record came (or any
+        kernel); the rest wait only for :meth:`harvest_entries`' settling. Read after a
+        harvest: calls queued since count as unsettled."""
+        with self._lock:
+            a, n = self.activity, len(self.pending_calls)
+            for _, entry in self._waiting:
+                span = a.span_of(entry[0])
+                if span is None or (a.narrowed and span[2] < a.launches_of(entry[0])):
+                    n += 1
+        return n
+
+    def set_recording(self, on: bool) -> None:
+        """Let the shared activity pause (``on`` False: call only once no tagged call of
+        this timer is pending) or make it record again."""
+        if on != self.recording and not self._closed:
+            self.recording = on
+            self.activity.idle(not on)
+
     @property
     def pending(self) -> int:
         return len(self.pending_calls) + len(self._waiting)
@@ -571,6 +633,10 @@ class CuptiTimer:
         if self._closed:
             return
         self._closed = True
+        if not self.recording:                     # idle: no longer a user at all
+            self.recording = True
+            with self.activity._idle_lock:
+                self.activity.idle_users -= 1
         self.activity.users -= 1
         if self._shared:
             self._shared = False

@@ -158,6 +158,7 @@ class NvmlSampler:
         self._gpm_prev_s = -math.inf
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.cpu_s = 0.0            # CPU time of the background thread's samples so far
         self._nvml = None
         self._pid = os.getpid()
         self.status = self._open(nvml)
@@ -314,7 +315,9 @@ class NvmlSampler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            t0 = time.thread_time()
             self.sample_once()
+            self.cpu_s += time.thread_time() - t0
             self._stop.wait(self.period_s)
 
     def stop(self) -> None:

@@ -148,9 +148,16 @@ def summary_text(contents: LogContents) -> str:
 def _summary_text(rows: list[dict], stats: ReadStats) -> str:
     damage = stats.damage_text()
     every = sorted({h.get("sample_every", 1) for h in stats.headers})
-    head = (f"{stats.records} records in {len(stats.files)} file(s)"
-            + (f" (one launch in {every[0]} logged)" if every and every != [1] and
-               len(every) == 1 else "") + (f"; {damage}" if damage else ""))
+    lo, hi = stats.sample_every_min, stats.sample_every_max
+    if lo is not None and hi != lo:         # the governor moved it: each record says its own
+        rate = f" (one launch in {lo} to {hi} logged, per record's sample_every)"
+    else:
+        rate = (f" (one launch in {every[0]} logged)" if every and every != [1] and
+                len(every) == 1 else "")
+    if stats.cupti_active is not None and stats.cupti_active < 1:
+        rate += f"; CUPTI recording {stats.cupti_active:.1%} of the time (duty cycle)"
+    head = (f"{stats.records} records in {len(stats.files)} file(s)" + rate
+            + (f"; {damage}" if damage else ""))
     lines = [head, f"{'op':<12}{'variant':<28}{'calls':>9}{'share':>8}{'p50 ms':>11}"
              f"{'p99 ms':>11}{'roofline':>10}"]
     for r in rows:

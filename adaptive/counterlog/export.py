@@ -27,7 +27,7 @@ from adaptive.counterlog.reader import ReadStats, iter_log_batches, iter_plans
 
 FORMATS = ("csv", "parquet", "trace")
 RECORD_COLUMNS = ("seq", "time_s", "op", "variant", "dtype", "backend", "device", "timer",
-                  "stream", "time_ms", "floor_ms", "flops", "bytes")
+                  "stream", "sample_every", "time_ms", "floor_ms", "flops", "bytes")
 # the device state's fields (profilers.nvml.DeviceState), in export order
 DEVICE_COLUMNS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c",
                   "gpu_util_ratio", "mem_util_ratio", "clock_event_reasons",
@@ -113,10 +113,11 @@ def write_csv(path, out: io.TextIOBase, rotated: bool = True,
         if not batch.rows:
             continue
         # column-wise: each column formatted by one C-level map, rows joined at the end
-        seqs, pids, times, ms, timers, sids, streams = zip(*batch.rows)
+        seqs, pids, times, ms, timers, sids, streams, everys = zip(*batch.rows)
         ab = [plans[p] for p in pids]
         timer_text = [t if t in _SAFE_TIMERS else _csv_line([t]) for t in timers]
-        stream_text = ["" if x is None else str(x) for x in streams]
+        stream_text = [("" if x is None else str(x)) + ("," if e is None else f",{e}")
+                       for x, e in zip(streams, everys)]
         state_text = []
         for time_s, sid in zip(times, sids):
             if sid < 0:
@@ -164,7 +165,8 @@ def write_parquet(path, out_path: str | os.PathLike, rotated: bool = True,
     state_fields = [(k, pa.int64() if k in _INT_DEVICE else pa.float64())
                     for k in DEVICE_COLUMNS] + [("clock_event_names", pa.string())]
     fields = ([("seq", pa.int64()), ("time_s", pa.float64()), ("timer", pa.string()),
-               ("stream", pa.int64()), ("time_ms", pa.float64())] + plan_fields
+               ("stream", pa.int64()), ("sample_every", pa.int64()),
+               ("time_ms", pa.float64())] + plan_fields
               + state_fields + [("state_age_ms", pa.float64())])
     schema = pa.schema(fields)
     plan_cast = [_cast(t) for _, t in plan_fields]
@@ -190,8 +192,8 @@ def write_parquet(path, out_path: str | os.PathLike, rotated: bool = True,
                     state_cast, [st.get(k) for k in DEVICE_COLUMNS]
                     + [_clock_names(st.get("clock_event_reasons"))])) for st in batch.states]
                 at = [st.get("time_s") for st in batch.states]
-                seqs, pids, times, ms, timers, sids, streams = zip(*batch.rows)
-                columns = [seqs, times, timers, streams, ms]    # types checked by the reader
+                seqs, pids, times, ms, timers, sids, streams, everys = zip(*batch.rows)
+                columns = [seqs, times, timers, streams, everys, ms]   # checked by the reader
                 columns += zip(*[plans[p] for p in pids])
                 columns += zip(*[states[i] if i >= 0 else none_state for i in sids])
                 columns.append([(t - at[i]) * 1e3 if i >= 0 and isinstance(at[i], (int, float))
@@ -266,7 +268,7 @@ def write_trace(path, out: io.TextIOBase, rotated: bool = True,
         on_track: dict[tuple, tuple] = {}      # (plan, stream) -> its track, this batch
         last_sid = -1
         inf = math.inf
-        for seq, pid_, time_s, time_ms, timer, sid, stream in batch.rows:
+        for seq, pid_, time_s, time_ms, timer, sid, stream, _ in batch.rows:
             track = on_track.get((pid_, stream))
             if track is None:
                 device, name, cat, plan_args = plans[pid_]

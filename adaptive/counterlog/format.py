@@ -1,6 +1,10 @@
 """The counter log's on-disk framing: format name, version, batch layout, frames.
 
-Version 2 (this one) frames each msgpack payload as::
+Version 3 (this one) adds a row field, ``sample_every``: the sampling interval in effect
+when the record was taken (the overhead governor raises and lowers it; scale counts by
+it), and a batch key ``governor`` (the interval, the measured cost fraction and, with
+CUPTI, the fraction of time activity was recorded). Versions 2 and 3 frame each msgpack
+payload as::
 
     MAGIC (4 bytes) | payload length (u32 LE) | crc32(payload) (u32 LE) | payload
 
@@ -22,16 +26,18 @@ from adaptive.errors import AdaptiveError
 
 
 FORMAT = "adaptive-counter-log"
-VERSION = 2
+VERSION = 3
 HEADER_KEYS = ("format", "version")
 # a batch frame holds up to BATCH_ROWS records as rows of these fields; "plan" indexes the
 # frame's "plans", "state" its "states" (-1: none); "stream" is the CUDA stream pointer
-# of the launch (host: the calling thread's id), one trace track each
-ROW_FIELDS = ("seq", "plan", "time_s", "time_ms", "timer", "state", "stream")
+# of the launch (host: the calling thread's id), one trace track each; "sample_every" the
+# interval (one launch in it logged) when the record was taken (older logs: the header's)
+ROW_FIELDS = ("seq", "plan", "time_s", "time_ms", "timer", "state", "stream", "sample_every")
+ROW_FIELDS_V2 = ROW_FIELDS[:7]
 ROW_FIELDS_V1 = ROW_FIELDS[:6]
 BATCH_ROWS = 1024
 
-MAGIC = b"\xadCL\x02"                    # starts every v2 frame; resynchronisation marker
+MAGIC = b"\xadCL\x02"                    # starts every v2/v3 frame; resynchronisation marker
 _FRAME_HEAD = struct.Struct("<4sII")     # magic, payload length, crc32 of the payload
 FRAME_HEAD_BYTES = _FRAME_HEAD.size
 MAX_FRAME_BYTES = 64 << 20               # larger length fields are damage, not frames

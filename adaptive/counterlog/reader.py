@@ -40,6 +40,9 @@ class ReadStats:
     lost_frames: int = 0         # frames that failed their length or checksum test
     lost_records: int = 0        # records missing between intact frames (sequence gaps)
     dropped_records: int = 0     # records the writer dropped (it fell behind), as it logged
+    sample_every_min: int | None = None    # the range of sampling intervals of the records
+    sample_every_max: int | None = None
+    cupti_active: float | None = None      # the CUPTI duty cycle the writer last reported
 
     def damage_text(self) -> str:
         """One line on damage and truncation ("" when the log read cleanly)."""
@@ -68,12 +71,16 @@ class LogContents:
     lost_frames: int = 0
     lost_records: int = 0
     dropped_records: int = 0
+    sample_every_min: int | None = None
+    sample_every_max: int | None = None
+    cupti_active: float | None = None
 
     @property
     def stats(self) -> ReadStats:
         return ReadStats(list(self.files), list(self.headers), len(self.records),
                          self.truncated_bytes, self.lost_bytes, self.lost_frames,
-                         self.lost_records, self.dropped_records)
+                         self.lost_records, self.dropped_records, self.sample_every_min,
+                         self.sample_every_max, self.cupti_active)
 
 
 # ---- frames -----------------------------------------------------------------------------------
@@ -200,7 +207,8 @@ def _frames(path: str, stats: ReadStats, decode=_unpack) -> Iterator[tuple[int, 
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """One batch frame, normalised: ``plans`` id -> per-plan fields, ``states`` device
-    states, ``rows`` tuples of :data:`ROW_FIELDS` (``stream`` None in version-1 logs)."""
+    states, ``rows`` tuples of :data:`ROW_FIELDS` (``stream`` None in version-1 logs;
+    ``sample_every`` the header's rate in logs before version 3)."""
 
     plans: dict
     states: list
@@ -208,16 +216,18 @@ class Batch:
 
     def records(self) -> Iterator[dict]:
         plans, states = self.plans, self.states
-        for seq, pid, time_s, time_ms, timer, sid, stream in self.rows:
+        for seq, pid, time_s, time_ms, timer, sid, stream, every in self.rows:
             record = {"seq": seq, "time_s": time_s, **plans[pid], "time_ms": time_ms,
-                      "timer": timer, "stream": stream}
+                      "timer": timer, "stream": stream, "sample_every": every}
             if sid >= 0:
                 record["device_state"] = states[sid]
             yield record
 
 
-def _batch(path: str, offset: int, payload: dict, plans: dict | None = None) -> Batch:
-    """A checked :class:`Batch` of a frame's payload (``plans``: v1's per-file table)."""
+def _batch(path: str, offset: int, payload: dict, plans: dict | None = None,
+           every: int | None = None) -> Batch:
+    """A checked :class:`Batch` of a frame's payload (``plans``: v1's per-file table;
+    ``every``: the header's sampling rate, the interval of rows before version 3)."""
     try:
         if plans is None:
             plans = {pid: static for pid, static in payload["plans"]}
@@ -230,13 +240,15 @@ def _batch(path: str, offset: int, payload: dict, plans: dict | None = None) -> 
         if not isinstance(states, list) or not isinstance(rows, list):
             raise TypeError("states and rows must be lists")
         if rows and len(rows[0]) == 6:                     # version 1: no stream
-            rows = [(*row, None) for row in rows]
+            rows = [(*row, None, every) for row in rows]
+        elif rows and len(rows[0]) == 7:                   # version 2: no sample_every
+            rows = [(*row, every) for row in rows]
         # checked column-wise (a frame passed its checksum: damage here is a writer bug
         # or a forged file, so one clear error for the frame)
-        if set(map(len, rows)) - {7}:
+        if set(map(len, rows)) - {8}:
             raise ValueError(f"rows must have {len(ROW_FIELDS)} fields ({', '.join(ROW_FIELDS)})")
         if rows:
-            seqs, pids, times, ms, timers, sids, streams = zip(*rows)
+            seqs, pids, times, ms, timers, sids, streams, everys = zip(*rows)
             if not set(pids) <= plans.keys():
                 raise ValueError(f"rows name plans {sorted(set(pids) - plans.keys())}, absent")
             if min(sids) < -1 or max(sids) >= len(states):
@@ -248,10 +260,28 @@ def _batch(path: str, offset: int, payload: dict, plans: dict | None = None) -> 
             if not set(map(type, timers)) <= {str} or not set(map(type, streams)) <= {
                     int, type(None)}:
                 raise ValueError("timers must be strings and streams integers")
+            if not set(map(type, everys)) <= {int, type(None)}:
+                raise ValueError("sampling intervals must be integers")
         out = rows
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise _corrupt(path, offset, f"malformed batch ({type(exc).__name__}: {exc})") from None
     return Batch(dict(plans), states, out)
+
+
+def _header_every(header: dict) -> int | None:
+    every = header.get("sample_every")
+    return every if isinstance(every, int) and not isinstance(every, bool) else None
+
+
+def _note_intervals(stats: ReadStats, rows: list) -> None:
+    """Widen ``stats``' range of sampling intervals by a batch's rows."""
+    everys = [row[7] for row in rows if row[7] is not None]
+    if everys:
+        lo, hi = min(everys), max(everys)
+        stats.sample_every_min = lo if stats.sample_every_min is None else min(
+            stats.sample_every_min, lo)
+        stats.sample_every_max = hi if stats.sample_every_max is None else max(
+            stats.sample_every_max, hi)
 
 
 def _corrupt(path, offset, why, n: int | None = None) -> CounterLogError:
@@ -297,8 +327,9 @@ def iter_batches(path: str | os.PathLike, stats: ReadStats | None = None) -> Ite
             stats.headers.append(header)
             log.warning("%s: the header frame is damaged; reading the batches as version %d",
                         path, VERSION)
-        batch = _batch(path, offset, payload)
+        batch = _batch(path, offset, payload, every=_header_every(header))
         if batch.rows:
+            _note_intervals(stats, batch.rows)
             first = batch.rows[0][0]
             if last_seq is not None and stats.lost_frames > damage_seen and first > last_seq + 1:
                 stats.lost_records += first - last_seq - 1
@@ -307,6 +338,9 @@ def iter_batches(path: str | os.PathLike, stats: ReadStats | None = None) -> Ite
         dropped = payload.get("dropped", 0)
         if isinstance(dropped, int):
             stats.dropped_records = max(stats.dropped_records, dropped)
+        governor = payload.get("governor")
+        if isinstance(governor, dict) and isinstance(governor.get("cupti_active"), (int, float)):
+            stats.cupti_active = float(governor["cupti_active"])
         stats.records += len(batch.rows)
         yield batch
     if header is None:
@@ -374,7 +408,8 @@ def _read_v1(path: str, stats: ReadStats) -> Iterator[Batch]:
             header = _check_header(path, payload)
             stats.headers.append(header)
             continue
-        batch = _batch(path, offset, payload, plans)
+        batch = _batch(path, offset, payload, plans, _header_every(header))
+        _note_intervals(stats, batch.rows)
         n += len(batch.rows)
         stats.records += len(batch.rows)
         yield batch
@@ -435,7 +470,8 @@ def read_log(path: str | os.PathLike, rotated: bool = True) -> LogContents:
     records = tuple(iter_log(path, rotated, stats))
     return LogContents(records, tuple(stats.files), tuple(stats.headers),
                        stats.truncated_bytes, stats.lost_bytes, stats.lost_frames,
-                       stats.lost_records, stats.dropped_records)
+                       stats.lost_records, stats.dropped_records, stats.sample_every_min,
+                       stats.sample_every_max, stats.cupti_active)
 
 
 def to_observations(records: Sequence[dict] | LogContents) -> list[Observation]:

@@ -19,6 +19,10 @@ log = logging.getLogger("adaptive.counterlog")
 
 # ---- the counter log's per-dispatcher recorders ---------------------------------------------
 
+# a CUPTI recorder's ``every`` while its activity is paused: no call is ever tagged (the
+# count reaches a multiple of it after 2**62 launches: never)
+UNTAGGED = 1 << 62
+
 _now = time.time
 _perf_ns = time.perf_counter_ns
 _thread_id = threading.get_ident
@@ -31,7 +35,11 @@ class LogRecorder(Recorder):
     with an event ``timer`` it is an :class:`EventLogRecorder`, with a CUPTI ``timer``
     a :class:`CuptiLogRecorder`. Either way the caller's thread only takes a time and
     appends one tuple to a bounded queue; the writer thread builds the record (the
-    per-plan fields once per plan, the device snapshot, the packing)."""
+    per-plan fields once per plan, the device snapshot, the packing).
+
+    ``every`` is the log's overhead governor's to change (the writer thread sets it);
+    each record carries the interval read at the start of its call. A CUPTI recorder
+    whose ``every`` is :data:`UNTAGGED` tags no call (CUPTI is being paused)."""
 
     def __new__(cls, owner: CounterLog, d: dispatch.Dispatcher, timer):
         if cls is LogRecorder and timer is not None:
@@ -49,22 +57,24 @@ class LogRecorder(Recorder):
         self.queue, self._queue_size = owner.queue, owner.queue_size
 
     def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:     # not logged
+        every = self.every
+        if every != 1 and next(self._count) % every:               # not logged
             return plan.run(args, out) if self._direct else self._next(plan, args, out)
         t0 = _perf_ns()
         result = plan.run(args, out) if self._direct else self._next(plan, args, out)
         t1 = _perf_ns()
         queue = self.queue
         if len(queue) < self._queue_size:
-            queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host", _thread_id()))
+            queue.append((self, _now(), plan, (t1 - t0) / 1e6, "host", _thread_id(), every))
         else:
             self.owner.queue_dropped += 1
         return result
 
     def timed(self, plan, time_ms: float) -> None:
         """The dispatcher's sampled (synchronised) launches."""
-        if self.every == 1 or next(self._count) % self.every == 0:
-            self.owner.submit((self, _now(), plan, time_ms, "sync", _thread_id()))
+        every = self.every
+        if every == 1 or next(self._count) % every == 0:
+            self.owner.submit((self, _now(), plan, time_ms, "sync", _thread_id(), every))
 
 
 class EventLogRecorder(LogRecorder):
@@ -81,7 +91,8 @@ class EventLogRecorder(LogRecorder):
         self._torch_stream = None
 
     def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:     # not logged
+        every = self.every
+        if every != 1 and next(self._count) % every:               # not logged
             return plan.run(args, out) if self._direct else self._next(plan, args, out)
         slot = next(self._ticket) % self._capacity
         busy = self._busy
@@ -101,7 +112,7 @@ class EventLogRecorder(LogRecorder):
             busy[slot] = False
             raise
         record(self._ends[slot], stream)
-        self._append((slot, _now(), plan, self, stream))
+        self._append((slot, _now(), plan, self, stream, every))
         return result
 
     def _torch(self):
@@ -116,7 +127,8 @@ class CuptiLogRecorder(LogRecorder):
     external correlation id, so the activity records of the kernels it issued carry the
     id; the writer joins them to ``(id, time_s, plan, recorder, stream)`` tuples queued
     here. No event is recorded and nothing is read on the caller's thread: a logged call
-    costs two C calls around the launch, the stream lookup and one deque append."""
+    costs two C calls around the launch, the stream lookup and one deque append. While
+    the governor pauses CUPTI its ``every`` is :data:`UNTAGGED`: no call is tagged."""
 
     def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
         super().__init__(owner, d, timer)
@@ -128,7 +140,8 @@ class CuptiLogRecorder(LogRecorder):
         self._torch_stream = None
 
     def __call__(self, plan, args, out):
-        if self.every != 1 and next(self._count) % self.every:     # not logged
+        every = self.every
+        if every != 1 and next(self._count) % every:               # not logged
             return plan.run(args, out) if self._direct else self._next(plan, args, out)
         if len(self._pending) >= self._capacity:    # the writer is behind: drop the record
             self.timer.dropped += 1
@@ -140,7 +153,8 @@ class CuptiLogRecorder(LogRecorder):
         finally:
             self._pop()
         self._append((ext, _now(), plan, self,
-                      (self._stream() if plan.problem.kind != "torch" else self._torch()).ptr))
+                      (self._stream() if plan.problem.kind != "torch" else self._torch()).ptr,
+                      every))
         return result
 
     _torch = EventLogRecorder._torch

@@ -25,7 +25,8 @@ from adaptive.dispatch import Dispatcher
 from adaptive.variants import Registry, shared_registry
 from adaptive.observation import floor_ms
 from adaptive.counterlog.format import BATCH_ROWS, FORMAT, VERSION, frame, frame_bytes
-from adaptive.counterlog.recorders import LogRecorder, cuda_index
+from adaptive.counterlog.governor import Governor, GovernorState, check_budget
+from adaptive.counterlog.recorders import UNTAGGED, CuptiLogRecorder, LogRecorder, cuda_index
 
 log = logging.getLogger("adaptive.counterlog")
 
@@ -44,6 +45,7 @@ class LogStats:
     dropped: int = 0
     rotations: int = 0
     bytes_written: int = 0
+    governor: GovernorState | None = None   # the overhead governor's state (live)
 
 
 class CounterLog:
@@ -52,7 +54,9 @@ class CounterLog:
     def __init__(self, path: str | os.PathLike, sample_every: int | None = None,
                  max_bytes: int = 64 << 20, backups: int = 3, queue_size: int = 65536,
                  flush_interval_s: float = 0.05, nvml: bool = True, event_capacity: int = 4096,
-                 timing: str | None = None):
+                 timing: str | None = None, overhead_budget: float | None = None,
+                 govern: bool = True, govern_period_s: float = 0.25, clock=None,
+                 cpu_time=None):
         cfg = config.get()
         if sample_every is None:
             sample_every = cfg.counter_log_every
@@ -67,13 +71,21 @@ class CounterLog:
         if backups < 0 or queue_size < 1 or not flush_interval_s > 0:
             raise ValueError("backups must be >= 0, queue_size >= 1 and flush_interval_s > 0; "
                              f"got {backups}, {queue_size}, {flush_interval_s}")
+        budget = check_budget(cfg.counter_log_budget if overhead_budget is None
+                              else overhead_budget)
         self.path = os.fspath(path)
         self.sample_every, self.max_bytes, self.backups = sample_every, max_bytes, backups
         self.queue_size, self.flush_interval_s = queue_size, flush_interval_s
         self.nvml, self.event_capacity = nvml, event_capacity
         self.timing = timing            # asked for; ``timings`` says what each device got
         self.timings: dict[int, str] = {}
-        self.stats = LogStats()
+        # the overhead governor, driven by the writer thread's clock and CPU time (tests
+        # pass their own ``clock`` and ``cpu_time``)
+        self.overhead_budget, self.govern = budget, govern
+        self.governor = Governor(budget, sample_every, period_s=govern_period_s)
+        self._clock = clock or time.monotonic
+        self._cpu_time = cpu_time or time.thread_time
+        self.stats = LogStats(governor=self.governor.state)
         self.queue: collections.deque = collections.deque()
         self.queue_dropped = 0
         self._recorders = weakref.WeakKeyDictionary()   # dispatcher -> its recorder
@@ -81,6 +93,7 @@ class CounterLog:
         self._closed_timers: dict[int, object] = {}
         self.samplers: dict[int, object] = {}       # cuda index -> NvmlSampler
         self._lock = threading.Lock()
+        self._govern_lock = threading.Lock()       # the writer's; tests drive it too
         self._wake = threading.Event()
         self._closing = False
         self._file = None
@@ -118,6 +131,7 @@ class CounterLog:
                     from profilers.nvml import NvmlSampler, nvml_device
                     self.samplers[index] = NvmlSampler(nvml_device(index)).start()
             rec = LogRecorder(self, d, timer)
+            self._apply(rec, self.governor.state)
             self._recorders[d] = rec
         d.add_recorder(rec)
 
@@ -225,12 +239,44 @@ class CounterLog:
             closing = self._closing
             try:
                 self._drain(final=closing)
+                if self.govern and not closing:
+                    self._govern()
             except Exception as exc:  # noqa: BLE001 (the writer never takes the process down)
                 self._failed(exc)
             if closing:
                 return
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
+
+    # ---- the overhead governor (writer thread) ----------------------------------------------
+    def _cost_s(self) -> float:
+        """The log's CPU time so far: the writer thread's (the caller's thread) and the CUPTI
+        buffer callbacks' of its timers."""
+        activities = {id(t.activity): t.activity for t in list(self._timers.values())
+                      if getattr(t, "kind", "") == "cupti"}
+        return self._cpu_time() + sum(a.callback_cpu_s for a in activities.values())
+
+    def _govern(self) -> GovernorState:
+        """Judge the log's cost against the budget and apply the governor's answer: the
+        sampling interval of host and event recorders; CUPTI tagging on or off, and the
+        activity paused once no tagged call is pending."""
+        with self._govern_lock:
+            cupti = [t for t in list(self._timers.values()) if getattr(t, "kind", "") == "cupti"]
+            state = self.governor.step(self._clock(), self._cost_s(),
+                                       sum(t.unsettled() for t in cupti), bool(cupti))
+            with self._lock:
+                recorders = list(self._recorders.values())
+            for rec in recorders:
+                self._apply(rec, state)
+            for timer in cupti:
+                timer.set_recording(state.cupti != "off")
+            return state
+
+    def _apply(self, rec: LogRecorder, state: GovernorState) -> None:
+        if isinstance(rec, CuptiLogRecorder):
+            rec.every = self.sample_every if state.cupti == "on" else UNTAGGED
+        else:
+            rec.every = state.every
 
     def _drain(self, final: bool = False) -> None:
         """Write what was queued and what the timers finished (``final``: the log is
@@ -242,8 +288,8 @@ class CounterLog:
             items.append(queue.popleft())
         for timer in list(self._timers.values()):
             source = "cupti" if getattr(timer, "kind", "") == "cupti" else "cuda_event"
-            items += [(rec, time_s, plan, float(time_ms), source, stream)
-                      for (_, time_s, plan, rec, stream), time_ms in
+            items += [(rec, time_s, plan, float(time_ms), source, stream, every)
+                      for (_, time_s, plan, rec, stream, every), time_ms in
                       timer.harvest_entries(final=final)]
         if items:
             items.sort(key=_time_of)                # mostly in order already: a linear pass
@@ -269,7 +315,7 @@ class CounterLog:
         # records come in time order, so most share it
         at_index, lo, hi, at_sid = None, math.inf, -math.inf, -1
         seq = self._seq
-        for rec, time_s, plan, time_ms, timer, stream in items:
+        for rec, time_s, plan, time_ms, timer, stream, every in items:
             pid = plan_ids.get(plan)
             if pid is None:
                 pid = plan_ids[plan] = len(plan_ids)
@@ -288,10 +334,14 @@ class CounterLog:
                             states.append(snap.to_dict())
                         at_sid = sid
             seq += 1
-            rows.append((seq, pid, time_s, time_ms, timer, sid, stream))
+            rows.append((seq, pid, time_s, time_ms, timer, sid, stream, every))
         self._seq = seq
+        g = self.governor.state
+        governor = {"every": g.every, "cost": g.cost_fraction}
+        if any(getattr(t, "kind", "") == "cupti" for t in list(self._timers.values())):
+            governor["cupti_active"] = g.active_fraction
         payload = self._pack({"plans": plans, "states": states, "rows": rows,
-                              "dropped": self.stats.dropped})
+                              "dropped": self.stats.dropped, "governor": governor})
         frame = frame_bytes(payload)
         self._file.write(frame)
         self._file_bytes += len(frame)
@@ -341,7 +391,8 @@ class CounterLog:
         self._file = open(self.path, "wb")
         header = {"format": FORMAT, "version": VERSION, "created_s": time.time(),
                   "pid": os.getpid(), "host": platform.node(), "sample_every": self.sample_every,
-                  "timing": self.timing, "flush_interval_s": self.flush_interval_s}
+                  "timing": self.timing, "flush_interval_s": self.flush_interval_s,
+                  "overhead_budget": self.overhead_budget if self.govern else None}
         self._file_bytes = self._file.write(frame(header))
         self._file.flush()
         self.stats.bytes_written += self._file_bytes
@@ -410,13 +461,19 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
         path: the log file; an existing one is moved to ``path.1`` (and so on).
         sample_every: log one launch in this many (per dispatcher; default
             ``ADAPTIVE_COUNTER_LOG_EVERY``, 16: low enough a cost to stay on in serving).
-            The rate is written in the log's header.
+            The rate is written in the log's header; it is the floor of the interval the
+            overhead governor raises (each record's ``sample_every`` says the one used).
         **options: ``max_bytes`` (rotation size, default 64 MiB), ``backups`` (rotated
             files kept, default 3), ``queue_size``, ``flush_interval_s``, ``nvml`` (sample
             NVML/GPM for cuda dispatchers, default True), ``event_capacity`` (timings in
             flight, per device), ``timing`` ("auto": CUPTI activity records where
             cupti-python can subscribe, else CUDA event pairs; "cupti"; "events"; default
-            ``ADAPTIVE_COUNTER_LOG_TIMING``).
+            ``ADAPTIVE_COUNTER_LOG_TIMING``), ``overhead_budget`` (the share of wall time the
+            log's own threads may take, default ``ADAPTIVE_COUNTER_LOG_BUDGET``, 0.02: over
+            it the interval of sampled launches doubles, up to 65536, and CUPTI recording is
+            duty-cycled; each record carries the interval it was taken at), ``govern``
+            (default True; False keeps the interval and CUPTI as configured: measurements
+            that need every call).
 
     Yields:
         the :class:`CounterLog` (``.stats`` has written, dropped and rotation counts).

@@ -221,7 +221,7 @@ def test_config_sets_the_default_rate_and_the_header_says_it(tmp_path, rng, host
     clog.close()
     contents = read_log(tmp_path / "rate.alog")
     assert len(contents.records) == 3 and contents.headers[0]["sample_every"] == 4
-    assert contents.headers[0]["version"] == fmt.VERSION == 2
+    assert contents.headers[0]["version"] == fmt.VERSION == 3
 
 
 def test_a_batch_the_writer_cannot_write_is_counted_and_logging_goes_on(tmp_path, rng, host,
@@ -231,7 +231,7 @@ def test_a_batch_the_writer_cannot_write_is_counted_and_logging_goes_on(tmp_path
     clog = CounterLog(path, sample_every=1, flush_interval_s=60.0, nvml=False).open()
     clog.attach(host)
     host.launch("gemm", a, a.T.copy())
-    clog.submit(("not a recorder", 1.0, None, 0.5, "host", 0))   # breaks its batch
+    clog.submit(("not a recorder", 1.0, None, 0.5, "host", 0, 1))   # breaks its batch
     with pytest.raises(AttributeError):
         clog._drain()
     host.launch("gemm", a, a.T.copy())

@@ -236,8 +236,8 @@ def test_each_record_gets_the_snapshot_nearest_before_it(tmp_path, rng, host):
     rec = recorders.LogRecorder(clog, host, None)
     times = [99.0, 100.0, 100.5, 100.99, 101.0, 101.7, 102.0, 250.0, 100.2]
     for t in times:
-        clog.submit((rec, t, plan, 0.01, "sync", 0))
-    clog.submit((rec, 101.5, plan, 0.01, "host", 0))          # host-timed: no device state
+        clog.submit((rec, t, plan, 0.01, "sync", 0, 1))
+    clog.submit((rec, 101.5, plan, 0.01, "host", 0, 1))       # host-timed: no device state
     clog.close()
     recs = read_log(tmp_path / "snap.alog").records
     assert [r["time_s"] for r in recs] == sorted(times + [101.5])
@@ -317,7 +317,7 @@ def test_a_writer_failure_is_logged_once_with_its_traceback_and_exposed(tmp_path
     caplog.set_level("ERROR")
     rec.static[plan] = {"op": "softmax", "bad": object()}     # unpackable
     for _ in range(3):
-        clog.submit((rec, time.time(), plan, 0.5, "host", 0))
+        clog.submit((rec, time.time(), plan, 0.5, "host", 0, 1))
         clog._wake.set()
         deadline = time.monotonic() + 5
         while clog.queue and time.monotonic() < deadline:

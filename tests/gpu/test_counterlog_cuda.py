@@ -90,8 +90,17 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, ti
     The median is taken against pairs recorded with the log off: with it on, a pair
     around a call also brackets the log's own two event records (each one costs the
     stream time on the GPU), about 3 us more than the log's pair around the same call on
-    the H200. CUPTI times the kernels alone (first start to last end), so its reference
-    is the pair less what a pair around no work reads.
+    the H200.
+
+    CUPTI times the kernels alone (first kernel start to last kernel end). A pair around
+    one call also reads the front-end delay from its start event to the kernel's start
+    and from the kernel's end to its end event, which a pair around nothing does not:
+    "pair less an empty pair" read 2-3 us over the kernel time of an 18.6 us softmax on
+    the H200 (run O), against the 2 us bar. So CUPTI's reference is the call's GPU time
+    measured by events with the fixed cost cancelled: per index, a pair around two
+    back-to-back executions of the call less a pair around one (both queued behind the
+    spin kernel, log off). What is left is the gap between two queued kernels, the
+    same gap each kernel of a multi-kernel call has.
 
     Each call, though, is held against the pair around that same call (recorded with the
     log on, less the same offsets): a pair around another execution of the call cannot
@@ -115,7 +124,13 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, ti
     event_ms = _queued_pairs(cp, spin, n, lambda: d.launch("softmax", x))     # log off
     empty_ms = _queued_pairs(cp, spin, n, lambda: None)                       # pair cost
     out = []
-    with counter_log(tmp_path / "gpu.alog", sample_every=1, nvml=False, timing=timing) as clog:
+    if timing == "cupti":
+        twice_ms = _queued_pairs(cp, spin, n, lambda: (d.launch("softmax", x),
+                                                      d.launch("softmax", x)))
+    # every call logged (as configured: the governor would not act within the ~30 ms the
+    # calls take, but this test measures, so nothing may change the rate under it)
+    with counter_log(tmp_path / "gpu.alog", sample_every=1, nvml=False, timing=timing,
+                     govern=False) as clog:
         nested_ms = _queued_pairs(cp, spin, n, lambda: out.append(d.launch("softmax", x)))
     assert clog.last_error is None, clog.last_error
     assert np.abs(cp.asnumpy(out[-1]) - ref).max() < 1e-5
@@ -125,21 +140,26 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, ti
     assert {r["timer"] for r in recs} == {"cupti" if timing == "cupti" else "cuda_event"}
     log_ms = [r["time_ms"] for r in recs]
     pair_cost_ms = statistics.median(empty_ms)
-    reference = event_ms if timing == "events" else [e - pair_cost_ms for e in event_ms]
+    reference = (event_ms if timing == "events" else
+                 [two - one for one, two in zip(event_ms, twice_ms)])
     med_log, med_ref = statistics.median(log_ms), statistics.median(reference)
-    summary = (f"{timing}: logged median {med_log * 1e3:.2f} us; pair around the call (log "
-               f"off) {statistics.median(event_ms) * 1e3:.2f} us; pair around nothing "
-               f"{pair_cost_ms * 1e3:.2f} us; pair around the logged call "
-               f"{statistics.median(nested_ms) * 1e3:.2f} us")
+    summary = (f"{timing}: logged median {med_log * 1e3:.2f} us; reference "
+               f"{med_ref * 1e3:.2f} us; pair around the call (log off) "
+               f"{statistics.median(event_ms) * 1e3:.2f} us"
+               + (f"; around two calls {statistics.median(twice_ms) * 1e3:.2f} us"
+                  if timing == "cupti" else "")
+               + f"; pair around nothing {pair_cost_ms * 1e3:.2f} us; pair around the "
+               f"logged call {statistics.median(nested_ms) * 1e3:.2f} us")
     print(summary)
     errors = [abs(a - b) for a, b in zip(log_ms, reference)]
     # the issue's bar: within 5 % or 2 us of an event pair on the same calls
     assert statistics.median(errors) <= max(0.05 * med_ref, 0.002), (
         summary, statistics.median(errors))
     # each call against the pair around it: less what the log's records add to a pair
-    # (events) or what a pair reads around nothing (CUPTI: the log adds no GPU work)
+    # (events) or what a pair around one call reads beyond the call's GPU time (CUPTI:
+    # the log adds no GPU work)
     offset_ms = (statistics.median(nested_ms) - statistics.median(event_ms)
-                 if timing == "events" else pair_cost_ms)
+                 if timing == "events" else statistics.median(event_ms) - med_ref)
     same_call = [abs(b - offset_ms - a) for a, b in zip(log_ms, nested_ms)]
     worst = max(range(n), key=same_call.__getitem__)
     worst_text = (f"call {worst}: logged {log_ms[worst]} ms, pair around it "
@@ -243,3 +263,50 @@ def test_logged_records_carry_device_state_into_the_exports(cp, tmp_path):
     events = json.loads((tmp_path / "state.json").read_text())["traceEvents"]
     assert any(e["ph"] == "C" and e["name"] == "sm_clock_mhz" for e in events)
     assert sum(e["ph"] == "X" for e in events) == len(recs)
+
+
+def test_a_governed_cupti_log_pauses_and_resumes_without_losing_a_call(cp, tmp_path):
+    """A host-bound stream (kernels of a few microseconds, every call tagged) costs CUPTI's
+    buffer callback more than a 2 % budget: the governor stops tagging, pauses CUPTI once
+    the tagged calls have their kernels, resumes it after the off time, and again. No
+    call is dropped or joined to another call's kernels: two inputs of ~10x different
+    kernel times, alternated, keep their own times."""
+    _timing_or_skip("cupti")
+    from adaptive import Dispatcher
+    from adaptive.counterlog import counter_log, read_log
+    d = Dispatcher("cuda")
+    d.sample_every = 0
+    rng = np.random.default_rng(11)
+    small = cp.asarray(rng.standard_normal((32, 256)).astype(np.float32))
+    large = cp.asarray(rng.standard_normal((8192, 2048)).astype(np.float32))
+    _committed(d, "softmax", small)
+    _committed(d, "softmax", large)
+    path = tmp_path / "governed.alog"
+    with counter_log(path, sample_every=1, nvml=False, timing="cupti",
+                     overhead_budget=0.02) as clog:
+        clog.governor.max_off_s = 0.5                       # several cycles in 3 s
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            for _ in range(50):
+                d.launch("softmax", small)
+            d.launch("softmax", large)
+        cp.cuda.Device().synchronize()
+        state = clog.governor.state
+        print("governor:", state, "CUPTI counts:", clog._timers[0].activity.counts)
+    assert clog.timings == {0: "cupti"}
+    assert clog.last_error is None, clog.last_error
+    assert clog.stats.dropped == 0, clog.stats
+    assert state.cupti_pauses >= 2 and state.active_fraction < 0.9, state
+    contents = read_log(path)
+    assert contents.cupti_active is not None and contents.cupti_active < 1
+    by_rows = {}
+    for r in contents.records:
+        by_rows.setdefault(r["dims"]["R"], []).append(r["time_ms"])
+    assert set(by_rows) == {32, 8192} and min(map(len, by_rows.values())) > 5, by_rows.keys()
+    small_ms, large_ms = sorted(by_rows[32]), sorted(by_rows[8192])
+    small_med, large_med = statistics.median(small_ms), statistics.median(large_ms)
+    assert 0 < small_med < 0.3 * large_med, (small_med, large_med)
+    # a small call joined to a large kernel (or the reverse) would read the other's time;
+    # a time slice of another process may lengthen a few kernels, never many
+    assert sum(t > 0.5 * large_med for t in small_ms) <= max(len(small_ms) // 100, 1)
+    assert sum(t < 2 * small_med for t in large_ms) <= max(len(large_ms) // 100, 1)
