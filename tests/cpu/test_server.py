@@ -334,6 +334,7 @@ def test_stream_client_leaving_stops_its_generation(server):
 
 def test_metrics_and_stats(server):
     pytest.importorskip("prometheus_client")
+    assert post(server.url, {"model": MODEL, "prompt": [3, 5], "max_tokens": 2})[0] == 200
     status, body = get(server.url, "/metrics")
     text = body.decode()
     assert status == 200 and "# TYPE adaptive_launches_total counter" in text
