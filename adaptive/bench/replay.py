@@ -117,6 +117,8 @@ class _Op:
 
 
 class _Problem:
+    kind = "cupy"      # a pack's rows are measured on CuPy arrays
+
     def __init__(self, row: Observation):
         self.dtype, self._row = row.dtype, row
 
