@@ -385,8 +385,8 @@ class CuptiActivity:
 
     def idle(self, idle: bool) -> None:
         """A user lets recording pause (``idle``) or needs it again. The activity pauses
-        when every user is idle and resumes when one is not (the counter log's duty cycle;
-        a user idles only once each of its tagged calls has its kernels, since pausing
+        when every user is idle and resumes when one is not (a counter log whose CUPTI
+        hands over idles once each of its tagged calls has its kernels, since pausing
         forces a flush: what is in flight then comes incomplete)."""
         with self._idle_lock:
             self.idle_users += 1 if idle else -1
@@ -541,7 +541,7 @@ class CuptiTimer:
                 self._lose(entry[0], "the writer fell behind")
             out, keep = [], []
             narrowed, newest = activity.narrowed, activity.newest_id
-            # paused (the log's duty cycle, once no call of it was unsettled): the pause's
+            # paused (a log handing over, once no call of it was unsettled): the pause's
             # forced flush handed over every record, so a call is finished or never will be
             paused = activity.status == "paused"
             for seen_s, entry in waiting:

@@ -154,8 +154,9 @@ def _summary_text(rows: list[dict], stats: ReadStats) -> str:
     else:
         rate = (f" (one launch in {every[0]} logged)" if every and every != [1] and
                 len(every) == 1 else "")
-    if stats.cupti_active is not None and stats.cupti_active < 1:
-        rate += f"; CUPTI recording {stats.cupti_active:.1%} of the time (duty cycle)"
+    if stats.cupti_handover:
+        rate += (f"; CUPTI timed calls for {stats.cupti_active or 0:.1%} of the log's time, "
+                 f"then handed over: {stats.cupti_handover}")
     head = (f"{stats.records} records in {len(stats.files)} file(s)" + rate
             + (f"; {damage}" if damage else ""))
     lines = [head, f"{'op':<12}{'variant':<28}{'calls':>9}{'share':>8}{'p50 ms':>11}"

@@ -11,14 +11,14 @@ time and hands it to :meth:`Governor.step`:
   fraction is over ``budget`` and halves (never below the configured one) while it is
   under ``budget / 3``, up to :data:`MAX_EVERY`; every record carries the interval in
   effect when it was taken, so counts can be scaled back;
-* CUPTI: a duty cycle. While over budget, no call is tagged (state "draining"); once
-  every tagged call has its kernels (``unsettled`` 0) the activity is paused (state
-  "off": kernels then cost CUPTI nothing; the pause's forced flush hands over the rest
-  of the records, so a call tagged before it is written or counted lost, never joined
-  to another's kernels); after an off time chosen from the cost measured while on (so
-  that on / (on + off) times that cost is 0.8 of the budget), it resumes for a window of
-  at least ``window_s``. The fraction of time CUPTI recorded is
-  :attr:`GovernorState.active_fraction`; the planned one ``cupti_share``.
+* CUPTI: its cost grows with every kernel launched, logged or not, so no interval can
+  bound it. Once it has been over ``budget`` for a period after at least ``window_s`` of
+  recording, the state turns "events" for the rest of the log: the writer times calls by
+  sampled event pairs from then on (their interval governed as above) and stops CUPTI
+  once every call it tagged has its kernels. The handover is one-way: pausing and
+  resuming CUPTI's activity (a duty cycle) cost the H200 more than it saved (run R2 in
+  docs/benchmarks.md: 67 % throughput on a GPU-bound stream). The fraction of the log's
+  time CUPTI recorded is :attr:`GovernorState.active_fraction`.
 
 The governor holds no clock: the writer passes ``now`` and the cost so far (tests pass
 their own numbers).
@@ -50,9 +50,8 @@ class GovernorState:
 
     every: int                   # the interval of sampled (host, event) recorders now
     cost_fraction: float = 0.0   # the last period's measured cost / wall time
-    cupti: str = "on"            # "on" (tagging), "draining" (untagged, calls pending), "off"
-    cupti_share: float = 1.0     # the planned fraction of time CUPTI records
-    cupti_pauses: int = 0        # times CUPTI was paused
+    cupti: str = "on"            # "on" (CUPTI times calls), "events" (handed over for good)
+    handover_cost: float = 0.0   # the cost fraction that made CUPTI hand over (0: none)
     active_s: float = 0.0        # time CUPTI recorded (since the log opened)
     elapsed_s: float = 0.0       # time governed (since the log opened)
     every_min: int = 0           # the range of intervals used so far
@@ -60,19 +59,19 @@ class GovernorState:
 
     @property
     def active_fraction(self) -> float:
-        """The CUPTI duty cycle so far: the fraction of time it recorded (1 before any)."""
+        """The fraction of the log's time CUPTI timed calls so far (1 before any)."""
         return self.active_s / self.elapsed_s if self.elapsed_s > 0 else 1.0
 
 
 class Governor:
-    """Raises and lowers the sampling interval and duty-cycles CUPTI to meet ``budget``.
+    """Raises and lowers the sampling interval, and hands CUPTI over to sampled event
+    pairs, to meet ``budget``.
 
     Args:
         budget: the log's cost as a fraction of wall time (0.02: 2 %).
         every: the configured interval (the floor of the raised one).
         period_s: how often the cost is judged.
-        window_s: the shortest CUPTI on-window after a resume.
-        max_off_s: the longest CUPTI off time (a window comes at least this often).
+        window_s: how long CUPTI records before its cost can make it hand over.
         max_every: the ceiling of the raised interval.
 
     Example:
@@ -83,15 +82,13 @@ class Governor:
     """
 
     def __init__(self, budget: float, every: int, period_s: float = 0.25,
-                 window_s: float = 0.25, max_off_s: float = 30.0, max_every: int = MAX_EVERY):
+                 window_s: float = 0.5, max_every: int = MAX_EVERY):
         self.budget = check_budget(budget)
         self.base_every, self.max_every = every, max(max_every, every)
-        self.period_s, self.window_s, self.max_off_s = period_s, window_s, max_off_s
+        self.period_s, self.window_s = period_s, window_s
         self.state = GovernorState(every, every_min=every, every_max=every)
         self._t0 = self._since = math.nan       # the log's start; the period's start
         self._cost0 = 0.0                       # cost at the period's start
-        self._on_since = self._on_cost = 0.0    # the CUPTI window's start (time, cost)
-        self._off_until = 0.0
         self._last = math.nan
 
     @property
@@ -100,36 +97,26 @@ class Governor:
         return not math.isnan(self._t0)
 
     def start(self, now: float, cost_s: float) -> None:
-        self._t0 = self._since = self._on_since = self._last = now
-        self._cost0 = self._on_cost = cost_s
+        self._t0 = self._since = self._last = now
+        self._cost0 = cost_s
 
-    def step(self, now: float, cost_s: float, unsettled: int = 0,
-             cupti: bool = False) -> GovernorState:
+    def keep_cupti(self) -> None:
+        """Undo a handover the caller could not make: CUPTI stays, never handed over."""
+        self.state.cupti, self.state.handover_cost = "on", 0.0
+        self.window_s = math.inf
+
+    def step(self, now: float, cost_s: float, cupti: bool = False) -> GovernorState:
         """Judge the cost up to ``now`` (``cost_s``: the log's CPU time so far; ``cupti``:
-        the log times launches with CUPTI, to be duty-cycled; ``unsettled``: its tagged
-        calls still missing kernels). Returns the state; the
-        caller applies ``every`` and the CUPTI state (it calls again at least once between
-        setting "draining" and acting on "off", so a call tagged as tagging stopped is
-        counted in ``unsettled``)."""
+        the log times launches with CUPTI, which may hand over). Returns the state; the
+        caller applies ``every`` and, once ``cupti`` is "events", the handover."""
         s = self.state
         if math.isnan(self._t0):
             self.start(now, cost_s)
             return s
-        if s.cupti != "off":
+        if cupti and s.cupti == "on":
             s.active_s += now - self._last
         s.elapsed_s = now - self._t0
         self._last = now
-        if s.cupti == "draining" and unsettled == 0:
-            # nothing tagged is in flight: pause; off for as long as the window's cost asks
-            active_s = max(now - self._on_since, 1e-9)
-            rate = (cost_s - self._on_cost) / active_s      # cost fraction while on
-            share = min(max(0.8 * self.budget / rate, 1e-3), 1.0) if rate > 0 else 1.0
-            s.cupti, s.cupti_share = "off", share
-            s.cupti_pauses += 1
-            self._off_until = now + min(active_s * (1 / share - 1), self.max_off_s)
-        elif s.cupti == "off" and now >= self._off_until:
-            s.cupti = "on"
-            self._on_since, self._on_cost = now, cost_s
         if now - self._since < self.period_s:
             return s
         fraction = (cost_s - self._cost0) / (now - self._since)
@@ -137,8 +124,8 @@ class Governor:
         s.cost_fraction = fraction
         if fraction > self.budget:
             s.every = min(s.every * 2, self.max_every)
-            if cupti and s.cupti == "on" and now - self._on_since >= self.window_s:
-                s.cupti = "draining"
+            if cupti and s.cupti == "on" and s.active_s >= self.window_s:
+                s.cupti, s.handover_cost = "events", fraction
         elif fraction < self.budget / 3:
             s.every = max(s.every // 2, self.base_every)
         s.every_min, s.every_max = min(s.every_min, s.every), max(s.every_max, s.every)

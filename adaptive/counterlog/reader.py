@@ -42,7 +42,8 @@ class ReadStats:
     dropped_records: int = 0     # records the writer dropped (it fell behind), as it logged
     sample_every_min: int | None = None    # the range of sampling intervals of the records
     sample_every_max: int | None = None
-    cupti_active: float | None = None      # the CUPTI duty cycle the writer last reported
+    cupti_active: float | None = None      # the fraction of time CUPTI timed calls
+    cupti_handover: str | None = None      # why the writer handed CUPTI over to events
 
     def damage_text(self) -> str:
         """One line on damage and truncation ("" when the log read cleanly)."""
@@ -74,13 +75,14 @@ class LogContents:
     sample_every_min: int | None = None
     sample_every_max: int | None = None
     cupti_active: float | None = None
+    cupti_handover: str | None = None
 
     @property
     def stats(self) -> ReadStats:
         return ReadStats(list(self.files), list(self.headers), len(self.records),
                          self.truncated_bytes, self.lost_bytes, self.lost_frames,
                          self.lost_records, self.dropped_records, self.sample_every_min,
-                         self.sample_every_max, self.cupti_active)
+                         self.sample_every_max, self.cupti_active, self.cupti_handover)
 
 
 # ---- frames -----------------------------------------------------------------------------------
@@ -341,6 +343,8 @@ def iter_batches(path: str | os.PathLike, stats: ReadStats | None = None) -> Ite
         governor = payload.get("governor")
         if isinstance(governor, dict) and isinstance(governor.get("cupti_active"), (int, float)):
             stats.cupti_active = float(governor["cupti_active"])
+        if isinstance(governor, dict) and isinstance(governor.get("handover"), str):
+            stats.cupti_handover = governor["handover"]
         stats.records += len(batch.rows)
         yield batch
     if header is None:
@@ -471,7 +475,7 @@ def read_log(path: str | os.PathLike, rotated: bool = True) -> LogContents:
     return LogContents(records, tuple(stats.files), tuple(stats.headers),
                        stats.truncated_bytes, stats.lost_bytes, stats.lost_frames,
                        stats.lost_records, stats.dropped_records, stats.sample_every_min,
-                       stats.sample_every_max, stats.cupti_active)
+                       stats.sample_every_max, stats.cupti_active, stats.cupti_handover)
 
 
 def to_observations(records: Sequence[dict] | LogContents) -> list[Observation]:

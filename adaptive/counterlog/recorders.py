@@ -19,10 +19,6 @@ log = logging.getLogger("adaptive.counterlog")
 
 # ---- the counter log's per-dispatcher recorders ---------------------------------------------
 
-# a CUPTI recorder's ``every`` while its activity is paused: no call is ever tagged (the
-# count reaches a multiple of it after 2**62 launches: never)
-UNTAGGED = 1 << 62
-
 _now = time.time
 _perf_ns = time.perf_counter_ns
 _thread_id = threading.get_ident
@@ -37,9 +33,10 @@ class LogRecorder(Recorder):
     appends one tuple to a bounded queue; the writer thread builds the record (the
     per-plan fields once per plan, the device snapshot, the packing).
 
-    ``every`` is the log's overhead governor's to change (the writer thread sets it);
-    each record carries the interval read at the start of its call. A CUPTI recorder
-    whose ``every`` is :data:`UNTAGGED` tags no call (CUPTI is being paused)."""
+    ``every`` is the log's overhead governor's to change (the writer thread sets it; a
+    CUPTI recorder keeps the configured one, and the governor replaces it by an event
+    recorder when CUPTI's cost is over the budget); each record carries the interval read
+    at the start of its call."""
 
     def __new__(cls, owner: CounterLog, d: dispatch.Dispatcher, timer):
         if cls is LogRecorder and timer is not None:
@@ -127,8 +124,7 @@ class CuptiLogRecorder(LogRecorder):
     external correlation id, so the activity records of the kernels it issued carry the
     id; the writer joins them to ``(id, time_s, plan, recorder, stream)`` tuples queued
     here. No event is recorded and nothing is read on the caller's thread: a logged call
-    costs two C calls around the launch, the stream lookup and one deque append. While
-    the governor pauses CUPTI its ``every`` is :data:`UNTAGGED`: no call is tagged."""
+    costs two C calls around the launch, the stream lookup and one deque append."""
 
     def __init__(self, owner: CounterLog, d: dispatch.Dispatcher, timer):
         super().__init__(owner, d, timer)

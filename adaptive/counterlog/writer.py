@@ -26,7 +26,7 @@ from adaptive.variants import Registry, shared_registry
 from adaptive.observation import floor_ms
 from adaptive.counterlog.format import BATCH_ROWS, FORMAT, VERSION, frame, frame_bytes
 from adaptive.counterlog.governor import Governor, GovernorState, check_budget
-from adaptive.counterlog.recorders import UNTAGGED, CuptiLogRecorder, LogRecorder, cuda_index
+from adaptive.counterlog.recorders import CuptiLogRecorder, LogRecorder, cuda_index
 
 log = logging.getLogger("adaptive.counterlog")
 
@@ -47,6 +47,14 @@ class LogStats:
     bytes_written: int = 0
     governor: GovernorState | None = None   # the overhead governor's state (live)
 
+
+@dataclasses.dataclass
+class _Retired:
+    """A CUPTI timer the governor handed over from (see :meth:`CounterLog._hand_over`)."""
+
+    index: int
+    timer: object
+    closed: bool = False          # every call it tagged written or counted; stopped
 
 class CounterLog:
     """Writes launch records of the dispatchers it is attached to; see :func:`counter_log`."""
@@ -91,6 +99,10 @@ class CounterLog:
         self._recorders = weakref.WeakKeyDictionary()   # dispatcher -> its recorder
         self._timers: dict[int, object] = {}        # cuda index -> EventTimer
         self._closed_timers: dict[int, object] = {}
+        # CUPTI timers the governor handed over from: harvested until every call they
+        # tagged is written or counted, then stopped (kept: last_error reads them)
+        self._retired: list[_Retired] = []
+        self.handover: str | None = None            # why CUPTI handed over, and when
         self.samplers: dict[int, object] = {}       # cuda index -> NvmlSampler
         self._lock = threading.Lock()
         self._govern_lock = threading.Lock()       # the writer's; tests drive it too
@@ -137,8 +149,8 @@ class CounterLog:
 
     def _make_timer(self, index: int):
         """The timing source for one device: CUPTI where asked for (or "auto") and
-        available, else a ring of CUDA event pairs."""
-        if self.timing in ("auto", "cupti"):
+        available and not handed over by the governor, else a ring of CUDA event pairs."""
+        if self.timing in ("auto", "cupti") and self.governor.state.cupti == "on":
             from profilers.cupti import CuptiTimer
             timer = CuptiTimer(self.event_capacity)
             if timer.status == "ok":
@@ -148,8 +160,13 @@ class CounterLog:
             if self.timing == "cupti":
                 log.warning("counter log %s: CUPTI timing asked for but %s", self.path,
                             timer.status)
-        from profilers.events import EventTimer
         self.timings[index] = "cuda_event"
+        return self._event_timer(index)
+
+    def _event_timer(self, index: int):
+        """A ring of CUDA event pairs on device ``index`` (tests without a GPU replace it
+        with one that returns None: their host dispatcher then times by the host clock)."""
+        from profilers.events import EventTimer
         return EventTimer(self.event_capacity, index)
 
     def detach(self, d: Dispatcher) -> None:
@@ -184,7 +201,7 @@ class CounterLog:
         if thread is None:
             return self.stats
         deadline = time.monotonic() + wait_gpu_s
-        while any(t.pending for t in self._timers.values()) and time.monotonic() < deadline:
+        while any(t.pending for t in self._live_timers()) and time.monotonic() < deadline:
             self._wake.set()            # harvest now, not at the next flush interval
             time.sleep(0.005)
         self._closing = True
@@ -192,9 +209,10 @@ class CounterLog:
         thread.join()
         for sampler in self.samplers.values():
             sampler.stop()
-        for timer in self._timers.values():
+        for timer in self._live_timers():
             self.queue_dropped += timer.discard_pending() + timer.dropped   # unfinished too
             timer.close()
+        self.queue_dropped += sum(r.timer.dropped for r in self._retired if r.closed)
         self._closed_timers = dict(self._timers)    # last_error still reads their problems
         self._timers.clear()                        # a reopened log makes fresh rings
         self.stats.dropped = self.queue_dropped
@@ -217,11 +235,18 @@ class CounterLog:
         pairs the runtime cannot time). Tests and health checks assert it is None."""
         if self._last_error is not None:
             return self._last_error
-        for index, timer in sorted(self._timers.items()) or sorted(self._closed_timers.items()):
+        for index, timer in [*(sorted(self._timers.items()) or
+                               sorted(self._closed_timers.items())),
+                             *((r.index, r.timer) for r in self._retired)]:
             problem = _timer_problem(timer)
             if problem is not None:
                 return f"device {index}: {problem}"
         return None
+
+    def _live_timers(self) -> list:
+        """Every timer still handing over calls: each device's, and CUPTI's while it
+        settles after a handover."""
+        return [*self._timers.values(), *(r.timer for r in self._retired if not r.closed)]
 
     def _failed(self, exc: BaseException) -> None:
         """Count a writer failure; log the first of each kind with its traceback."""
@@ -251,42 +276,81 @@ class CounterLog:
     # ---- the overhead governor (writer thread) ----------------------------------------------
     def _cost_s(self) -> float:
         """The log's CPU time so far: the writer thread's (the caller's thread) and the CUPTI
-        buffer callbacks' of its timers."""
-        activities = {id(t.activity): t.activity for t in list(self._timers.values())
+        buffer callbacks' of its timers (a retired one's too: CUPTI records until it stops)."""
+        activities = {id(t.activity): t.activity
+                      for t in [*self._timers.values(), *(r.timer for r in self._retired)]
                       if getattr(t, "kind", "") == "cupti"}
         return self._cpu_time() + sum(a.callback_cpu_s for a in activities.values())
 
     def _govern(self) -> GovernorState:
         """Judge the log's cost against the budget and apply the governor's answer: the
-        sampling interval of host and event recorders; CUPTI tagging on or off, and the
-        activity paused once no tagged call is pending."""
+        sampling interval of host and event recorders, and CUPTI's handover to event
+        pairs; a retired CUPTI timer stops once every call it tagged has its kernels."""
         with self._govern_lock:
             cupti = [t for t in list(self._timers.values()) if getattr(t, "kind", "") == "cupti"]
-            state = self.governor.step(self._clock(), self._cost_s(),
-                                       sum(t.unsettled() for t in cupti), bool(cupti))
+            state = self.governor.step(self._clock(), self._cost_s(), bool(cupti))
+            if cupti and state.cupti == "events":
+                self._hand_over(state)
             with self._lock:
                 recorders = list(self._recorders.values())
             for rec in recorders:
                 self._apply(rec, state)
-            for timer in cupti:
-                timer.set_recording(state.cupti != "off")
+            for r in self._retired:
+                if not r.closed and r.timer.recording and r.timer.unsettled() == 0:
+                    r.timer.set_recording(False)    # pauses CUPTI (its last user)
             return state
 
     def _apply(self, rec: LogRecorder, state: GovernorState) -> None:
-        if isinstance(rec, CuptiLogRecorder):
-            rec.every = self.sample_every if state.cupti == "on" else UNTAGGED
-        else:
+        if not isinstance(rec, CuptiLogRecorder):   # CUPTI tags at the configured rate
             rec.every = state.every
+
+    def _hand_over(self, state: GovernorState) -> None:
+        """Time calls by event pairs from now on (governor thread): each CUPTI timer is
+        retired (harvested until its tagged calls are in) and each recorder of it replaced
+        by one on the device's new event ring."""
+        with self._lock:
+            cupti = {i: t for i, t in self._timers.items() if getattr(t, "kind", "") == "cupti"}
+            try:
+                rings = {index: self._event_timer(index) for index in cupti}
+            except Exception as exc:  # noqa: BLE001 (no event ring: CUPTI keeps timing)
+                self.governor.keep_cupti()
+                self.handover = None
+                log.warning("counter log %s: CUPTI is over its budget but no CUDA event ring "
+                            "could be made (%s: %s); CUPTI keeps timing", self.path,
+                            type(exc).__name__, exc)
+                return
+            swaps = []
+            for index, timer in cupti.items():
+                self._retired.append(_Retired(index, timer))
+                new = rings[index]
+                if new is None:
+                    del self._timers[index]
+                else:
+                    self._timers[index] = new
+                self.timings[index] = "cuda_event" if new is not None else "host"
+                swaps += [(d, rec, new) for d, rec in self._recorders.items()
+                          if rec.timer is timer]
+            for d, old, new in swaps:
+                rec = LogRecorder(self, d, new)
+                self._apply(rec, state)
+                self._recorders[d] = rec
+                d.add_recorder(rec)                 # in front of the old one: no call
+                d.remove_recorder(old)              # goes unlogged in between
+            self.handover = (
+                f"CUPTI's cost was {state.handover_cost:.1%} of wall time, over the "
+                f"{self.overhead_budget:.1%} budget, {state.elapsed_s:.1f} s into the log: "
+                "calls are timed by sampled CUDA event pairs from then on")
+        log.warning("counter log %s: %s", self.path, self.handover)
 
     def _drain(self, final: bool = False) -> None:
         """Write what was queued and what the timers finished (``final``: the log is
         closing; timers hand over or drop every call still in flight)."""
         queue = self.queue
-        self.stats.dropped = self.queue_dropped + sum(t.dropped for t in self._timers.values())
+        self.stats.dropped = self._dropped()
         items = []
         while queue:
             items.append(queue.popleft())
-        for timer in list(self._timers.values()):
+        for timer in self._live_timers():
             source = "cupti" if getattr(timer, "kind", "") == "cupti" else "cuda_event"
             items += [(rec, time_s, plan, float(time_ms), source, stream, every)
                       for (_, time_s, plan, rec, stream, every), time_ms in
@@ -302,7 +366,15 @@ class CounterLog:
             except BaseException:                   # disk full, a bad record: counted
                 self.queue_dropped += len(items) - done
                 raise
-        self.stats.dropped = self.queue_dropped + sum(t.dropped for t in self._timers.values())
+        for r in self._retired:                     # settled and stopped: done with
+            if not r.closed and not r.timer.recording and not r.timer.pending:
+                r.closed = True
+                r.timer.close()
+        self.stats.dropped = self._dropped()
+
+    def _dropped(self) -> int:
+        return (self.queue_dropped + sum(t.dropped for t in self._timers.values())
+                + sum(r.timer.dropped for r in self._retired))
 
     def _write_batch(self, items: list[tuple]) -> None:
         """One self-contained frame: the fields of the plans and the device states its rows
@@ -338,8 +410,11 @@ class CounterLog:
         self._seq = seq
         g = self.governor.state
         governor = {"every": g.every, "cost": g.cost_fraction}
-        if any(getattr(t, "kind", "") == "cupti" for t in list(self._timers.values())):
+        if self._retired or any(getattr(t, "kind", "") == "cupti"
+                                for t in list(self._timers.values())):
             governor["cupti_active"] = g.active_fraction
+        if self.handover is not None:
+            governor["handover"] = self.handover
         payload = self._pack({"plans": plans, "states": states, "rows": rows,
                               "dropped": self.stats.dropped, "governor": governor})
         frame = frame_bytes(payload)
@@ -470,8 +545,9 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
             cupti-python can subscribe, else CUDA event pairs; "cupti"; "events"; default
             ``ADAPTIVE_COUNTER_LOG_TIMING``), ``overhead_budget`` (the share of wall time the
             log's own threads may take, default ``ADAPTIVE_COUNTER_LOG_BUDGET``, 0.02: over
-            it the interval of sampled launches doubles, up to 65536, and CUPTI recording is
-            duty-cycled; each record carries the interval it was taken at), ``govern``
+            it the interval of sampled launches doubles, up to 65536, and CUPTI hands over
+            to sampled event pairs for the rest of the log; each record carries the
+            interval and the timer it was taken with), ``govern``
             (default True; False keeps the interval and CUPTI as configured: measurements
             that need every call).
 

@@ -1,6 +1,8 @@
 """The counter log's CUPTI timing source, on a fake CUPTI: each logged call gets the GPU
 span of the kernels it issued (joined by external correlation id), calls are sampled one
-in N, kernels that never come are counted, and "auto" falls back to event pairs."""
+in N, kernels that never come are counted, and "auto" falls back to event pairs. The logs
+here are not governed (the governor's handover is in test_counterlog_governor.py): it
+would judge the fake's costs by this machine's clock."""
 
 from __future__ import annotations
 
@@ -160,7 +162,7 @@ def test_each_logged_call_gets_the_gpu_span_of_its_kernels(tmp_path, rng, fake, 
     kernels_in_run(host, "softmax", (x,), cupti, list(spans))
     cupti.launch("someone_elses", 1, 2)                           # untagged: ignored
     clog = CounterLog(tmp_path / "cupti.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     rec = attach(clog, host, timer)
     assert isinstance(rec, recorders.CuptiLogRecorder)
     for i in range(5):
@@ -186,7 +188,7 @@ def test_a_call_waits_for_kernels_in_a_later_buffer(tmp_path, rng, fake, host):
     x = rng.standard_normal((4, 9)).astype(np.float32)
     kernels_in_run(host, "softmax", (x,), cupti, [[(0, 5_000), (6_000, 11_000)]])
     clog = CounterLog(tmp_path / "late.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     host.launch("softmax", x)
     cupti.deliver(keep_last=2)                 # the second kernel (and its id) comes later
@@ -205,7 +207,7 @@ def test_calls_whose_kernels_never_come_are_dropped_and_counted(tmp_path, rng, f
     x = rng.standard_normal((4, 9)).astype(np.float32)
     kernels_in_run(host, "softmax", (x,), cupti, [[], [], [(0, 4_000)]])
     clog = CounterLog(tmp_path / "none.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     for _ in range(3):
         host.launch("softmax", x)              # two calls without kernels, then one
@@ -223,7 +225,7 @@ def test_one_call_in_n_is_tagged(tmp_path, rng, fake, host):
     kernels_in_run(host, "softmax", (x,), cupti,
                    [[(1000 * i, 1000 * i + 500)] for i in range(12)])
     clog = CounterLog(tmp_path / "every.alog", sample_every=4, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     for _ in range(12):
         host.launch("softmax", x)
@@ -311,7 +313,8 @@ def test_without_api_activity_kernels_carry_no_id_and_the_log_says_why(tmp_path,
         d.sample_every = 0
         kernels_in_run(d, "softmax", (x,), cupti, [[(1000, 4000)], [(5000, 9000)]])
         clog = CounterLog(tmp_path / f"k{len(kinds)}.alog", sample_every=1,
-                          flush_interval_s=60.0, nvml=False).open()
+                          flush_interval_s=60.0, nvml=False,
+                          govern=False).open()
         attach(clog, d, timer)
         d.launch("softmax", x)
         d.launch("softmax", x)
@@ -334,7 +337,7 @@ def test_an_id_delivered_after_its_kernel_still_joins(tmp_path, rng, fake, host)
     x = rng.standard_normal((4, 9)).astype(np.float32)
     kernels_in_run(host, "softmax", (x,), cupti, [[(10_000, 17_000)], [(20_000, 23_000)]])
     clog = CounterLog(tmp_path / "late_id.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     host.launch("softmax", x)
     host.launch("softmax", x)
@@ -361,7 +364,7 @@ def test_a_failing_buffer_callback_is_reported_once_with_its_traceback(tmp_path,
     x = rng.standard_normal((4, 9)).astype(np.float32)
     kernels_in_run(host, "softmax", (x,), cupti, [[(0, 5_000)], [(6_000, 9_000)]])
     clog = CounterLog(tmp_path / "cb.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     caplog.set_level("ERROR")
     for _ in range(2):
@@ -415,7 +418,7 @@ def test_records_in_any_order_and_buffers_join_their_calls(tmp_path, rng, fake, 
         spans.append(call)
     kernels_in_run(host, "softmax", (x,), cupti, list(spans))
     clog = CounterLog(tmp_path / "order.alog", sample_every=3, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     for _ in range(n_calls):
         host.launch("softmax", x)
@@ -458,7 +461,7 @@ def test_a_call_is_not_cut_short_while_its_second_kernel_is_held(tmp_path, rng, 
     kernels_in_run(host, "softmax", (x,), cupti,
                    [[(1_000, 5_000), (6_000, 19_000)], [(20_000, 23_000)]])
     clog = CounterLog(tmp_path / "held.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     host.launch("softmax", x)
     host.launch("softmax", x)
@@ -487,7 +490,7 @@ def test_the_closing_harvest_forces_the_held_buffers_out(tmp_path, rng, fake, ho
     kernels_in_run(host, "softmax", (x,), cupti, [[(1_000, 9_000)], [(10_000, 12_000)]])
     cupti.held_until_forced = True
     clog = CounterLog(tmp_path / "forced.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     host.launch("softmax", x)
     host.launch("softmax", x)
@@ -516,7 +519,7 @@ def test_timers_sharing_the_subscription_keep_their_own_calls(tmp_path, rng, mon
         d.sample_every = 0
         kernels_in_run(d, "softmax", (x,), cupti, spans)
         clog = CounterLog(tmp_path / f"s{i}.alog", sample_every=1, flush_interval_s=60.0,
-                          nvml=False).open()
+                          govern=False, nvml=False).open()
         attach(clog, d, timer)
         timers.append(timer), clogs.append(clog), dispatchers.append(d)
     for _ in range(2):                                # interleaved: a, b, a, b
@@ -569,7 +572,7 @@ def test_a_launch_the_narrowing_missed_widens_the_api_records(tmp_path, rng, fak
         return run(a, out)
     host._plans[plan.key] = dataclasses.replace(plan, run=run_through_memalloc)
     clog = CounterLog(tmp_path / "wide.alog", sample_every=1, flush_interval_s=60.0,
-                      nvml=False).open()
+                      govern=False, nvml=False).open()
     attach(clog, host, timer)
     host.launch("softmax", x)
     cupti.deliver()

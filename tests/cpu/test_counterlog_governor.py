@@ -1,8 +1,8 @@
 """The counter log's overhead governor, driven by an injected clock and CPU-time source
 (no timed assertions): the sampling interval rises while the log's measured cost is over
 its budget and falls back (never below the configured one) when under; every record
-carries the interval it was taken at; CUPTI is duty-cycled (tagging stops, the activity
-pauses once the tagged calls have their kernels, resumes later) without mis-joining a
+carries the interval it was taken at; CUPTI over the budget hands over to sampled timing
+for good (CUPTI stops once its tagged calls have their kernels) without mis-joining a
 call; bad budgets are refused with what was expected and what was given."""
 
 from __future__ import annotations
@@ -129,19 +129,20 @@ def fake_cupti(monkeypatch):
     return cupti, timer, clock
 
 
-def test_cupti_is_duty_cycled_and_no_call_is_joined_to_anothers_kernels(tmp_path, rng,
-                                                                        fake_cupti, host):
+def test_cupti_over_budget_hands_over_to_sampled_timing_without_mis_joining_a_call(
+        tmp_path, rng, fake_cupti, host):
     cupti, timer, clock = fake_cupti
     cost = Cost()
     x = rng.standard_normal((4, 9)).astype(np.float32)
-    # per call the kernels it issues (start, end ns): tagged calls 0-2, then untagged
-    # ones while CUPTI drains and is paused, then tagged ones after it resumes
+    # per call the kernels it issues (start, end ns): calls 0-2 tagged by CUPTI, then
+    # calls timed by the fallback source (the host clock here: a host dispatcher)
     spans = [[(1000 * i, 1000 * i + 100 + i)] for i in range(12)]
     kernels_in_run(host, "softmax", (x,), cupti, list(spans))
-    path = tmp_path / "duty.alog"
+    path = tmp_path / "handover.alog"
     clog = opened(path, clock, cost, sample_every=1, overhead_budget=0.02)
+    clog._event_timer = lambda index: None                # no GPU: the host clock times
     rec = attach(clog, host, timer)
-    assert rec.every == 1
+    clog.timings[0] = "cupti"
     for _ in range(3):                                    # calls 0-2: tagged
         host.launch("softmax", x)
     assert cupti.pushes == 3
@@ -149,81 +150,77 @@ def test_cupti_is_duty_cycled_and_no_call_is_joined_to_anothers_kernels(tmp_path
     clog._drain()
     clock.now += 0.3
     cost.s += 0.3                                         # the log took all the time
+    assert clog._govern().cupti == "on"                   # CUPTI's first window: kept
+    clock.now += 0.3
+    cost.s += 0.3
     state = clog._govern()
-    assert state.cupti == "draining" and rec.every == recorders.UNTAGGED
-    host.launch("softmax", x)                             # call 3: not tagged
-    assert cupti.pushes == 3
+    assert state.cupti == "events" and state.handover_cost == pytest.approx(1.0)
+    assert clog._recorders[host] is not rec and clog.timings == {0: "host"}
+    assert "over the 2.0% budget" in clog.handover
+    assert rec not in host._recorders                     # the CUPTI recorder is gone
+    assert clog._recorders[host].every == 4               # doubled while over budget
+    for _ in range(8):                                    # calls 3-10: 2 host-timed
+        host.launch("softmax", x)
+    assert cupti.pushes == 3                              # nothing tagged any more
     clog._drain()
-    assert timer.unsettled() == 1                         # call 2 waits for its kernel
+    assert timer.unsettled() == 1 and cupti.enabled       # call 2 waits: CUPTI still on
     clock.now += 0.05
-    assert clog._govern().cupti == "draining" and cupti.enabled   # not paused under it
+    clog._govern()
+    assert cupti.enabled and timer.recording
     cupti.deliver()
     clog._drain()
     assert timer.unsettled() == 0
     clock.now += 0.05
-    state = clog._govern()
-    assert state.cupti == "off" and timer.activity.status == "paused" and not cupti.enabled
-    assert 0 < state.cupti_share < 0.1 and state.cupti_pauses == 1   # 0.8 of 2 % of ~100 %
+    clog._govern()                                        # settled: CUPTI stops
+    assert not cupti.enabled and timer.activity.status == "paused"
     clog._drain()                                         # the pause let the last call out
-    assert clog.stats.written == 3 and timer.pending == 0
-    for _ in range(2):                                    # calls 4-5: paused, not tagged
-        host.launch("softmax", x)
-    assert cupti.pushes == 3
-    clock.now += 0.05
-    assert clog._govern().cupti == "off"                  # the off time has not passed
-    clock.now += 60.0                                     # past the longest off time
-    state = clog._govern()
-    assert state.cupti == "on" and timer.activity.status == "ok" and rec.every == 1
-    assert 0 < state.active_fraction < 0.05
-    cupti.pending.clear()                                 # records of no id (paused)
-    for _ in range(2):                                    # calls 6-7: tagged again
-        host.launch("softmax", x)
-    assert cupti.pushes == 5
-    cupti.deliver()
-    clog._drain()
-    clock.now += 1.0
-    clog._drain()
+    assert clog._live_timers() == []
+    clock.now += 60.0
+    assert clog._govern().cupti == "events"               # for good: no resume
+    assert not cupti.enabled
     stats = clog.close()
     assert stats.written == 5 and stats.dropped == 0 and clog.last_error is None
     contents = read_log(path)
-    expected = [(s[0][1] - s[0][0]) / 1e6 for s in spans[:3] + spans[6:8]]
-    assert [r["time_ms"] for r in contents.records] == pytest.approx(expected, rel=1e-12)
-    assert {r["sample_every"] for r in contents.records} == {1}
-    assert contents.cupti_active is not None and contents.cupti_active < 0.05
-    assert "CUPTI recording" in summary_text(contents).splitlines()[0]
+    by_timer = {}
+    for r in contents.records:
+        by_timer.setdefault(r["timer"], []).append(r["time_ms"])
+    assert by_timer["cupti"] == pytest.approx([(s[0][1] - s[0][0]) / 1e6 for s in spans[:3]],
+                                              rel=1e-12)
+    assert len(by_timer["host"]) == 2
+    assert sorted(r["sample_every"] for r in contents.records) == [1, 1, 1, 4, 4]
+    assert contents.cupti_handover == clog.handover
+    assert "then handed over" in summary_text(contents).splitlines()[0]
 
 
-def test_a_tagged_call_whose_kernels_never_come_is_counted_lost_before_the_pause(
+def test_a_tagged_call_whose_kernels_never_come_is_counted_lost_after_the_handover(
         tmp_path, rng, fake_cupti, host):
     cupti, timer, clock = fake_cupti
     cost = Cost()
     x = rng.standard_normal((4, 9)).astype(np.float32)
     kernels_in_run(host, "softmax", (x,), cupti, [[], [(5000, 5400)]])
     clog = opened(tmp_path / "lost.alog", clock, cost, sample_every=1)
+    clog._event_timer = lambda index: None
     attach(clog, host, timer)
     host.launch("softmax", x)                             # its kernel never comes
     clog._drain()
-    clock.now += 0.3
-    cost.s += 0.3
-    assert clog._govern().cupti == "draining"
+    clock.now += 0.6
+    cost.s += 0.6
+    assert clog._govern().cupti == "events"
     clock.now += 0.05
     clog._drain()
-    assert clog._govern().cupti == "draining" and timer.unsettled() == 1
+    clog._govern()
+    assert timer.unsettled() == 1 and cupti.enabled
     clock.now += 10.0                                     # past lost_after_s
     clog._drain()
     assert timer.dropped == 1 and timer.unsettled() == 0
-    assert clog._govern().cupti == "off"
-    clock.now += 60.0
-    assert clog._govern().cupti == "on"
-    host.launch("softmax", x)                             # tagged: its own kernel only
-    cupti.deliver()
-    clog._drain()
-    clock.now += 1.0
-    clog._drain()
+    clog._govern()
+    assert not cupti.enabled
+    host.launch("softmax", x)                             # host-timed: its own time
     stats = clog.close()
     assert stats.written == 1 and stats.dropped == 1
     (record,) = read_log(tmp_path / "lost.alog").records
-    assert record["time_ms"] == pytest.approx(0.0004)
+    assert record["timer"] == "host" and record["time_ms"] > 0
+    assert "call 1 dropped: no kernel record came" in clog.last_error
 
 
 @pytest.mark.parametrize("budget, error, words", [
@@ -253,12 +250,13 @@ def test_the_cupti_callbacks_time_counts_as_the_logs_cost(tmp_path, rng, fake_cu
     kernels_in_run(host, "softmax", (x,), cupti, [[(0, 400)]])
     clog = opened(tmp_path / "callback.alog", clock, cost, sample_every=1)
     rec = attach(clog, host, timer)
+    clog._event_timer = lambda index: None
     clock.now += 0.3
     timer.activity.callback_cpu_s += 0.001                # 0.3 %: within the budget
-    assert clog._govern().cupti == "on" and rec.every == 1
+    assert clog._govern().cupti == "on" and clog._recorders[host] is rec
     clock.now += 0.3
     timer.activity.callback_cpu_s += 0.03                 # 10 %: over it
-    assert clog._govern().cupti == "draining" and rec.every == recorders.UNTAGGED
+    assert clog._govern().cupti == "events" and clog._recorders[host] is not rec
     host.launch("softmax", x)
-    assert cupti.pushes == 0                              # nothing tagged while draining
+    assert cupti.pushes == 0                              # nothing tagged after it
     clog.close()
