@@ -14,7 +14,7 @@ import pytest
 from test_counterlog_cupti import Clock, FakeCupti, attach, kernels_in_run
 
 from adaptive import config
-from adaptive.counterlog import CounterLog, read_log, recorders
+from adaptive.counterlog import CounterLog, read_log
 from adaptive.counterlog.cli import summary_text
 from adaptive.counterlog.governor import MAX_EVERY, Governor
 from adaptive.dispatch import Dispatcher
