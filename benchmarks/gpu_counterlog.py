@@ -13,10 +13,11 @@ round by round (order rotated and flipped) on one dispatcher with its own sampli
 ``--every``, default ``ADAPTIVE_COUNTER_LOG_EVERY``), ``cupti`` (the same with CUPTI
 activity records, where cupti-python can subscribe; the governor hands CUPTI over to
 sampled event pairs when its cost is over the budget) and ``cupti_raw`` (CUPTI kept
-whatever it costs: the log ungoverned, for reference; not a target). Each "on" round opens a fresh log with its NVML/GPM sampler (0.1 s), runs
-the stream untimed for ``--settle-s`` (the writer, the sampler and the overhead governor
-past their start: a log that stays on is judged in its steady state), times a block of
-about ``--round-s`` (launches scaled from the log-off rate) and closes the log, so no
+whatever it costs: the log ungoverned, for reference; not a target). Each "on" round
+opens a fresh log with its NVML/GPM sampler (0.1 s), runs the stream untimed for
+``--settle-s`` (the writer, the sampler and the overhead governor past their start, and
+CUPTI past its first window, where a handover happens: a log that stays on is judged
+in its steady state), times a block of about ``--round-s`` (launches scaled from the log-off rate) and closes the log, so no
 mode's state leaks into another's rounds; every mode, off included, gets the same untimed
 lead. Beside each loss is what the log's overhead governor settled on (budget
 ``ADAPTIVE_COUNTER_LOG_BUDGET``, default 2 % of wall time): the sampling interval (one
@@ -228,7 +229,8 @@ def governor_summary(rounds: list[dict]) -> dict:
         return {}
     med = {k: statistics.median(r[k] for r in rounds)
            for k in ("every", "cost_fraction", "nvml_fraction", "cupti_active_block")}
-    return {**med, "handed_over": sum(r["handed_over"] for r in rounds), "every_min": min(r["every_min"] for r in rounds),
+    return {**med, "handed_over": sum(r["handed_over"] for r in rounds),
+            "every_min": min(r["every_min"] for r in rounds),
             "every_max": max(r["every_max"] for r in rounds), "rounds": rounds}
 
 

@@ -51,6 +51,11 @@ _registered = False
 # entry: SDPA), held by (q shape, Hkv, Lk's class, dtype, device, params, mask layout), so
 # a decode step's new Lk neither builds a key nor misses the dispatcher's exact-key cache
 _held: dict[tuple, object] = {}
+# the other committed attention plans (a CUDA kernel's launch is bound to its key's
+# shapes), held by exact shapes: a decode step's layers after the first, which share the
+# step's shapes, run it without building a key; the newest MAX_EXACT are kept
+_exact: dict[tuple, object] = {}
+MAX_EXACT = 256
 _turn = itertools.count(1)
 
 
@@ -156,15 +161,28 @@ def _attend(args: tuple, causal: bool, scale, mask_layout):
     plan = _held.get(hold)
     if plan is not None and not plan.stale and next(_turn) % HOLD_EVERY:
         return plan.run(args, None)
+    # q, k, v (and the mask) are contiguous here: their shapes, dtypes and device are
+    # the dispatcher's key
+    exact = (hold, k.shape, k.dtype, args[2].shape, args[2].dtype,
+             args[3].shape if len(args) > 3 else None)
+    plan = _exact.get(exact)
+    if plan is not None and not plan.stale and next(_turn) % HOLD_EVERY:
+        return plan.run(args, None)
     out = launch("attention", *args, causal=causal, scale=scale)
     plan = default_dispatcher(args).plan("attention", *args, causal=causal, scale=scale)
     with _lock:
-        if plan.provisional or plan.stale or not _any_key(plan):
-            _held.pop(hold, None)   # exploring, or bound to this exact key: not held
-        else:
+        if plan.provisional or plan.stale:
+            _held.pop(hold, None)      # exploring: not held
+            _exact.pop(exact, None)
+        elif _any_key(plan):
             if hold not in _held and len(_held) >= MAX_HELD:
                 del _held[next(iter(_held))]   # the oldest class goes
             _held[hold] = plan
+        else:                          # bound to this key's shapes: held by them
+            _held.pop(hold, None)
+            if exact not in _exact and len(_exact) >= MAX_EXACT:
+                del _exact[next(iter(_exact))]
+            _exact[exact] = plan
     return out
 
 
@@ -181,6 +199,7 @@ def forget_held() -> None:
     plans the dispatcher itself drops are let go on their next call)."""
     with _lock:
         _held.clear()
+        _exact.clear()
 
 
 def _layer(module) -> str:

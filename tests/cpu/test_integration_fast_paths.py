@@ -8,6 +8,7 @@ calls (as the H200 commits cuBLAS and SDPA for such a model), and put back after
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -235,15 +236,42 @@ def test_masked_attention_is_held_apart_and_a_stale_plan_is_let_go(library):
     assert len(fresh) == 1 and all(fresh[0] is not p for p in held)
 
 
-def test_attention_plans_bound_to_their_exact_key_are_not_held():
-    """The host backend's attention runs on NumPy copies: its plans are per key."""
+def test_attention_plans_bound_to_their_exact_key_are_held_by_it(monkeypatch):
+    """The host backend's attention runs on NumPy copies: its plans are per key (as a CUDA
+    kernel's, whose launch is bound to its shapes). They are held by exact shapes, never
+    by class: a decode step's layers after the first run the plan without the
+    dispatcher, and each new key length goes through it once."""
     torch.set_num_threads(1)
     at.forget_held()
-    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
-    out, _ = at.attention_forward(_Layer(), q, k, v, None)
-    torch.testing.assert_close(out.double(), _eager(q, k, v, scale=1 / math.sqrt(8)),
-                               rtol=1e-4, atol=1e-5)
-    assert not at._held
+    d = runtime.default_dispatcher(device="cpu")
+    for lk in (9, 9, 10):                 # explore each key to its commit
+        q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 2, lk, 8), torch.randn(1, 2, lk, 8)
+        while d.plan("attention", q, k, v, causal=False, scale=None).provisional:
+            d.launch("attention", q, k, v, causal=False, scale=None)
+    counted = _Counted(d)
+    monkeypatch.setattr(at, "_turn", itertools.count(1))   # no routed turn in 64 calls
+    try:
+        layers = 4
+        for lk in (9, 10):                # two decode steps of a 4-layer model
+            for _ in range(layers):
+                q = torch.randn(1, 4, 1, 8)
+                k, v = torch.randn(1, 2, lk, 8), torch.randn(1, 2, lk, 8)
+                out, _ = at.attention_forward(_Layer(), q, k, v, None)
+                torch.testing.assert_close(out.double(), _eager(q, k, v, scale=1 / math.sqrt(8)),
+                                           rtol=1e-4, atol=1e-5)
+        assert not at._held and len(at._exact) == 2
+        assert counted.calls == 2         # the first layer of each step
+        k11 = torch.randn(1, 2, 11, 8)
+        at.attention_forward(_Layer(), torch.randn(1, 4, 1, 8), k11, k11.clone(), None)
+        assert counted.calls == 3         # a new key length: through the dispatcher
+        q = torch.randn(1, 4, 1, 8).to(torch.float64)   # another dtype: never the held plan
+        k = torch.randn(1, 2, 9, 8, dtype=torch.float64)
+        with pytest.raises(adaptive.InputTypeError, match="float32"):
+            at.attention_forward(_Layer(), q, k, k.float(), None)
+        assert counted.calls == 4
+    finally:
+        del d.run
+        at.forget_held()
 
 
 @pytest.mark.parametrize("layout", ["transposed", "torch"])
