@@ -18,8 +18,8 @@ opens a fresh log with its NVML/GPM sampler (0.1 s), runs the stream untimed for
 ``--settle-s`` (the writer, the sampler and the overhead governor past their start, and
 CUPTI past its first window, where a handover happens: a log that stays on is judged
 in its steady state), times a block of about ``--round-s`` (launches scaled from the
-log-off rate) and closes the log, so no mode's state leaks into another's rounds; every mode, off included, gets the same untimed
-lead. Beside each loss is what the log's overhead governor settled on (budget
+log-off rate) and closes the log, so no mode's state leaks into another's rounds; every
+mode, off included, gets the same untimed lead. Beside each loss is what the log's overhead governor settled on (budget
 ``ADAPTIVE_COUNTER_LOG_BUDGET``, default 2 % of wall time): the sampling interval (one
 launch in N, median of the rounds' final values, and the range used) and, for CUPTI, the
 fraction of the timed blocks during which CUPTI still timed calls and in how many rounds
