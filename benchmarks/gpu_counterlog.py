@@ -16,17 +16,17 @@ sampled event pairs when its cost is over the budget) and ``cupti_raw`` (CUPTI k
 whatever it costs: the log ungoverned, for reference; not a target). Each "on" round
 opens a fresh log with its NVML/GPM sampler (0.1 s), runs the stream untimed for
 ``--settle-s`` (the writer, the sampler and the overhead governor past their start, and
-CUPTI past its first window, where a handover happens: a log that stays on is judged
-in its steady state), times a block of about ``--round-s`` (launches scaled from the
-log-off rate) and closes the log, so no mode's state leaks into another's rounds; every
-mode, off included, gets the same untimed lead. Beside each loss is what the log's overhead governor settled on (budget
-``ADAPTIVE_COUNTER_LOG_BUDGET``, default 2 % of wall time): the sampling interval (one
-launch in N, median of the rounds' final values, and the range used) and, for CUPTI, the
-fraction of the timed blocks during which CUPTI still timed calls and in how many rounds
-it had handed over (before or in the block); "cost" is the log's own CPU
-time (writer thread, CUPTI buffer callback) per wall time as the governor last measured
-it, "NVML sampler" the sampler thread's CPU time per timed block (not governed: a cause
-to tell apart when the loss and the cost disagree).
+CUPTI past its first window, where a handover happens: a log that stays on is judged in
+its steady state), times a block of about ``--round-s`` (launches scaled from the log-off
+rate) and closes the log, so no mode's state leaks into another's rounds; every mode, off
+included, gets the same untimed lead. Beside each loss is what the log's overhead
+governor settled on (budget ``ADAPTIVE_COUNTER_LOG_BUDGET``, default 2 % of wall time):
+the sampling interval (one launch in N, median of the rounds' final values, and the range
+used) and, for CUPTI, the fraction of the timed blocks during which CUPTI still timed
+calls and in how many rounds it had handed over (before or in the block); "cost" is the
+log's own CPU time (writer thread, CUPTI buffer callback) per wall time as the governor
+last measured it, "NVML sampler" the sampler thread's CPU time per timed block (not
+governed: a cause to tell apart when the loss and the cost disagree).
 
 Accuracy: per input and timing source, 40 calls queued behind a ~20 ms spin kernel (so
 the GPU runs them back to back and an event pair times GPU work, not launch gaps), each
