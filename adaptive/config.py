@@ -37,8 +37,8 @@ class Config:
         "launch per dispatcher (1: all; the rate is written in the log)"})
     counter_log_timing: str = dataclasses.field(default="auto", metadata={
         "env": "ADAPTIVE_COUNTER_LOG_TIMING", "doc": "counter log timing of cuda launches: auto "
-        "(CUPTI activity records where cupti-python is installed, else event pairs), cupti, "
-        "events"})
+        "(sampled CUDA event pairs), events, or cupti (CUPTI activity records: its activity "
+        "alone cost 40-82 % of launch throughput on the H200, docs/benchmarks.md run S3)"})
     counter_log_budget: float = dataclasses.field(default=0.02, metadata={
         "env": "ADAPTIVE_COUNTER_LOG_BUDGET", "doc": "counter log: the share of wall time its "
         "own threads may take (0.02: 2 %); over it the log samples fewer launches and "

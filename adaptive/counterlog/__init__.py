@@ -3,9 +3,9 @@
 Each logged launch (one in ``sample_every`` per dispatcher) becomes one record: wall
 time, op, dims and features, variant and config, the GPU time of the kernels it issued,
 its stream, and the NVML/GPM sample nearest before it. On the cuda backend the time
-comes from CUPTI activity records (an external correlation id pushed around the call;
-``timing="auto"`` where cupti-python can subscribe) or from a pre-created CUDA event
-pair recorded around the call on its stream; on the host from a perf-counter pair. The
+comes from a pre-created CUDA event pair recorded around the call on its stream (the
+default), or from CUPTI activity records (``timing="cupti"``: an external correlation id
+pushed around the call); on the host from a perf-counter pair. The
 caller's thread appends one small tuple to a bounded queue; a writer thread reads the
 times (no synchronisation), builds the records from per-plan fields made once, joins
 the device sample, packs and writes. When a queue or the event ring is full, records

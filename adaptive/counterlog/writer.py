@@ -30,8 +30,9 @@ from adaptive.counterlog.recorders import CuptiLogRecorder, LogRecorder, cuda_in
 
 log = logging.getLogger("adaptive.counterlog")
 
-# timing sources of cuda launches: "auto" is CUPTI where cupti-python can subscribe, else
-# event pairs; host launches are always timed by a perf-counter pair around the call
+# timing sources of cuda launches: "auto" is sampled event pairs (CUPTI's activity alone
+# took 40-82 % of the H200's launch throughput: docs/benchmarks.md, run S3), "cupti" where
+# asked for; host launches are always timed by a perf-counter pair around the call
 TIMINGS = ("auto", "cupti", "events")
 
 
@@ -148,18 +149,17 @@ class CounterLog:
         d.add_recorder(rec)
 
     def _make_timer(self, index: int):
-        """The timing source for one device: CUPTI where asked for (or "auto") and
-        available and not handed over by the governor, else a ring of CUDA event pairs."""
-        if self.timing in ("auto", "cupti") and self.governor.state.cupti == "on":
+        """The timing source for one device: CUPTI where asked for ("cupti"), available
+        and not handed over by the governor, else a ring of CUDA event pairs."""
+        if self.timing == "cupti" and self.governor.state.cupti == "on":
             from profilers.cupti import CuptiTimer
             timer = CuptiTimer(self.event_capacity)
             if timer.status == "ok":
                 self.timings[index] = "cupti"
                 return timer.use_cupy_streams()
             timer.close()
-            if self.timing == "cupti":
-                log.warning("counter log %s: CUPTI timing asked for but %s", self.path,
-                            timer.status)
+            log.warning("counter log %s: CUPTI timing asked for but %s", self.path,
+                        timer.status)
         self.timings[index] = "cuda_event"
         return self._event_timer(index)
 
@@ -541,8 +541,9 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
         **options: ``max_bytes`` (rotation size, default 64 MiB), ``backups`` (rotated
             files kept, default 3), ``queue_size``, ``flush_interval_s``, ``nvml`` (sample
             NVML/GPM for cuda dispatchers, default True), ``event_capacity`` (timings in
-            flight, per device), ``timing`` ("auto": CUPTI activity records where
-            cupti-python can subscribe, else CUDA event pairs; "cupti"; "events"; default
+            flight, per device), ``timing`` ("auto" and "events": sampled CUDA event
+            pairs; "cupti": CUPTI activity records where cupti-python can subscribe, else
+            event pairs, at a cost measured at 40-82 % of launch throughput; default
             ``ADAPTIVE_COUNTER_LOG_TIMING``), ``overhead_budget`` (the share of wall time the
             log's own threads may take, default ``ADAPTIVE_COUNTER_LOG_BUDGET``, 0.02: over
             it the interval of sampled launches doubles, up to 65536, and CUPTI hands over

@@ -1,8 +1,8 @@
 """The counter log's CUPTI timing source, on a fake CUPTI: each logged call gets the GPU
 span of the kernels it issued (joined by external correlation id), calls are sampled one
-in N, kernels that never come are counted, and "auto" falls back to event pairs. The logs
-here are not governed (the governor's handover is in test_counterlog_governor.py): it
-would judge the fake's costs by this machine's clock."""
+in N, kernels that never come are counted, "auto" is event pairs and "cupti" falls back to
+them where CUPTI refuses. The logs here are not governed (the governor's handover is in
+test_counterlog_governor.py): it would judge the fake's costs by this machine's clock."""
 
 from __future__ import annotations
 
@@ -240,14 +240,17 @@ def test_one_call_in_n_is_tagged(tmp_path, rng, fake, host):
     assert contents.headers[0]["sample_every"] == 4
 
 
-def test_auto_timing_falls_back_to_event_pairs_without_cupti(tmp_path, monkeypatch, caplog):
+def test_auto_timing_is_event_pairs_and_cupti_falls_back_to_them(tmp_path, monkeypatch,
+                                                                  caplog):
+    asked = []
     monkeypatch.setattr(cupti_mod, "shared_activity",
-                        lambda cupti=None: CuptiActivity(cupti=_Refusing()))
+                        lambda cupti=None: asked.append(1) or CuptiActivity(cupti=_Refusing()))
     made = []
     monkeypatch.setattr("profilers.events.EventTimer",
                         lambda capacity, index: made.append((capacity, index)) or "events")
     auto = CounterLog(tmp_path / "a.alog", timing="auto", nvml=False, event_capacity=32)
     assert auto._make_timer(0) == "events" and auto.timings == {0: "cuda_event"}
+    assert not asked                              # auto never starts CUPTI
     strict = CounterLog(tmp_path / "b.alog", timing="cupti", nvml=False)
     caplog.set_level("WARNING")
     assert strict._make_timer(0) == "events"
