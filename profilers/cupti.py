@@ -567,23 +567,32 @@ class CuptiTimer:
                     got = (f"{span[2]} of its {launches} kernels came" if span is not None
                            else "no kernel record came")
                     self._lose(ext, f"{got} in {age:.1f} s"
-                               + (", and a forced flush" if final or paused else ""))
+                               + (", and a forced flush" if final or paused else ""),
+                               no_id=launches == 0)
                 else:
                     keep.append((seen_s, entry))
             waiting.clear()
             waiting.extend(keep)
         return out
 
-    def _lose(self, ext: int, why: str) -> None:
+    def _lose(self, ext: int, why: str, no_id: bool = False) -> None:
+        """Count call ``ext`` lost. ``no_id``: no id record came for it, so its launch
+        call may be one the narrowing to launch calls left out; with kernels waiting for
+        their id, the API records are widened to every call (untagged calls' kernels
+        wait for ids that never come too, so a call lost another way never widens:
+        every API record costs the process more than a launch's own)."""
         self.dropped += 1
+        a = self.activity
+        widened = False
+        if no_id and a.narrowed and a.waiting_kernels():
+            a.widen()
+            widened = True
         if self.problem is not None:
             return
-        a, counts = self.activity, self.activity.counts
+        counts = a.counts
         api = "narrowed to launches" if a.narrowed else "all"
-        if a.narrowed and a.waiting_kernels():
-            # kernels came without ids: a launch call the narrowing did not keep
-            a.widen()
-            api += " (now widened to every call)"
+        if widened:
+            api = "narrowed to launches (now widened to every call)"
         self.problem = (
             f"CUPTI timing: call {ext} dropped: {why} (CUPTI delivered {counts['buffers']} "
             f"buffers, {counts['kernels']} kernel records, {counts['external']} "

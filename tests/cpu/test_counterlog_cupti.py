@@ -594,6 +594,36 @@ def test_a_launch_the_narrowing_missed_widens_the_api_records(tmp_path, rng, fak
     assert (stats.written, stats.dropped) == (1, 1)
 
 
+def test_a_call_lost_with_its_id_record_in_never_widens_the_api_records(tmp_path, rng,
+                                                                         fake, host):
+    """A tagged call whose id record came but whose kernel never did is lost, while an
+    untagged call's kernel waits for an id that never comes: that is no sign of a launch
+    call the narrowing missed, and widening would record every API call for good."""
+    cupti, timer, clock, _ = fake
+    x = rng.standard_normal((4, 9)).astype(np.float32)
+    host.launch("softmax", x)                         # decided before the log
+    plan = host._plans[get_op("softmax").key((x,), {})]
+    run = plan.run
+
+    def run_kernel_lost(a, out):                      # the id record only
+        cupti._api(3, 1_000)
+        return run(a, out)
+    host._plans[plan.key] = dataclasses.replace(plan, run=run_kernel_lost)
+    clog = CounterLog(tmp_path / "narrow.alog", sample_every=1, flush_interval_s=60.0,
+                      govern=False, nvml=False).open()
+    attach(clog, host, timer)
+    host.launch("softmax", x)
+    cupti.launch("untagged", 2_000, 3_000)            # no id pushed: waits for none
+    cupti.deliver()
+    clog._drain()
+    assert timer.activity.waiting_kernels() == 1
+    clock.now += 10.0
+    clog._drain()
+    assert timer.dropped == 1 and timer.activity.narrowed
+    assert "no kernel record came" in clog.last_error and "widened" not in clog.last_error
+    clog.close()
+
+
 def test_api_records_are_narrowed_to_launch_calls_only_when_every_switch_took():
     """One id record a launch is what a call's kernel count is checked against: when a
     non-launch call cannot be switched off, the activity says it is not narrowed."""
