@@ -38,7 +38,7 @@ def test_fit_follows_the_sklearn_contract(rng):
     ts = training_set(synthetic_rows(rng, 30))
     model = CostModel(n_estimators=16, random_state=3)
     assert model.get_params() == {"n_estimators": 16, "min_samples_leaf": 2, "random_state": 3,
-                                  "min_group_rows": 8}
+                                  "min_group_rows": 8, "offset_cap": math.log(3.0)}
     assert not hasattr(model, "ensemble_")
     with pytest.raises(sklearn.exceptions.NotFittedError):
         model.predict(ts.rows[:2])
