@@ -96,7 +96,7 @@ class Spmm(Op):
             stored = max(float(features.get(f"block_density_{block}", 1.0)), density)
             per_row = -(-k // block) * stored
         return {"log2_fill": float(np.log2(max(stored, density) / density)),
-                "log2_row_entries": float(np.log2(max(per_row, 1.0)))}
+                "log2_row_entries": float(np.log2(max(per_row, 2.0 ** -20)))}
 
     def reference(self, w, b):
         dense = w.csr().toarray() if isinstance(w, SparseWeight) else (
