@@ -111,7 +111,8 @@ class CostModel(RegressorMixin, BaseEstimator):
         random_state: seed of the ensemble.
         min_group_rows: rows an input needs for its own best to be its level.
         offset_cap: the most an offset from the input's level counts, in log units (None:
-            no cap; only with ``groups``).
+            no cap; only where an input level is fitted: with ``groups``, two inputs or
+            more with ``min_group_rows``).
 
     Example:
         >>> m = CostModel().fit(ts.rows, ts.y)
@@ -184,7 +185,7 @@ class CostModel(RegressorMixin, BaseEstimator):
             self.used_ = np.arange(min(1, M.shape[1]))
         if groups is not None:
             y = y - self._fit_level(M, y, groups)
-            if self.offset_cap is not None:
+            if self.offset_cap is not None and self.level_ is not None:  # y are offsets
                 y = np.minimum(y, self.offset_cap)
         self.ensemble_ = self._ensemble(self.n_estimators).fit(
             M[:, self.used_], y, sample_weight=sample_weight)
