@@ -8,6 +8,8 @@ weight); CSR/BSR forms are named in ``adaptive/backends/cuda_sparse.py``.
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 
 import numpy as np
@@ -95,8 +97,8 @@ class Spmm(Op):
         else:
             stored = max(float(features.get(f"block_density_{block}", 1.0)), density)
             per_row = -(-k // block) * stored
-        return {"log2_fill": float(np.log2(max(stored, density) / density)),
-                "log2_row_entries": float(np.log2(max(per_row, 2.0 ** -20)))}
+        return {"log2_fill": math.log2(max(stored, density) / density),
+                "log2_row_entries": math.log2(max(per_row, 2.0 ** -20))}
 
     def reference(self, w, b):
         dense = w.csr().toarray() if isinstance(w, SparseWeight) else (
@@ -134,8 +136,13 @@ def _form_block(variant, config) -> int | None:
     its kernel arguments (``w_bsr32_values``: 32) or a ``block`` config; None: not said."""
     if isinstance(config.get("block"), int) and config["block"] > 0:
         return int(config["block"])
-    for arg in (variant.launch or {}).get("args", ()):
-        m = _FORM_ARG.match(str(arg))
+    return _args_block(tuple(str(a) for a in (variant.launch or {}).get("args", ())))
+
+
+@functools.lru_cache(maxsize=256)   # one entry per distinct argument list (a variant's)
+def _args_block(args: tuple[str, ...]) -> int | None:
+    for arg in args:
+        m = _FORM_ARG.match(arg)
         if m:
             return int(m.group(1)) if m.group(1) else (1 if m.group(2) else 0)
     return None
