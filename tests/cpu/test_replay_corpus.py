@@ -49,7 +49,7 @@ def _replay(op: str):
 def test_commits_within_the_targets(op):
     """Whole-op replays of spmm (10 folds by input, fold seeds 0-5): geomean 1.014-1.020,
     86-92 % within 5 % (90 % with the command's seed), worst 1.29-1.47x; on this slice 15 of
-    16 within 5 %. Its misses are mostly inputs of 12-20 us whose best candidate's own
+    16 within 5 %. Its misses are mostly inputs of 12-16 us whose best candidate's own
     spread (IQR / median) is 5-12 %, and one whose best is a SIMT kernel no other input
     prefers."""
     report = _replay(op)
