@@ -269,6 +269,16 @@ class Op:
         feats["log2_intensity"] = feats["log2_flops"] - feats["log2_bytes"]
         return feats
 
+    def work(self, features: Mapping[str, float], variant, config: Mapping
+             ) -> dict[str, float]:
+        """What one candidate does on an input beyond what the op's ``features`` say, in
+        log2 (names without a prefix; the cost model reads them as ``work.*``): an op
+        whose variants read different forms of an input (spmm: CSR, BSR blocks of 16, 32,
+        64) says here how much each form makes a candidate do. Computed from the op's
+        features, which a pack's rows store, so a pack's rows and a live miss agree.
+        ``{}``: every candidate does the op's work (the default)."""
+        return {}
+
     def reference(self, *inputs: np.ndarray, **params) -> np.ndarray:
         """The float64 NumPy result (inputs upcast); the ground truth in every test."""
         raise NotImplementedError

@@ -8,6 +8,10 @@ weight); CSR/BSR forms are named in ``adaptive/backends/cuda_sparse.py``.
 
 from __future__ import annotations
 
+import functools
+import math
+import re
+
 import numpy as np
 
 from adaptive.backends.cuda_args import ArgProvider, register
@@ -72,6 +76,30 @@ class Spmm(Op):
         feats["log2_nnz"] = float(np.log2(max(feats.pop("nnz"), 1.0)))
         return feats
 
+    def work(self, features, variant, config):
+        """The weight a candidate reads, by the form its declared arguments name (a BSR
+        form reads whole blocks, the zeros inside included; CSR its non-zeros; the 2:4
+        form half of the dense weight) or its ``block`` config (SciPy BSR):
+        ``log2_fill``, stored entries read per non-zero (log2 of block density / density:
+        a 16x16-structured weight costs a 32x32 kernel 4x the work, 0 for CSR), and
+        ``log2_row_entries``, the entries (blocks or non-zeros) one row of the form holds,
+        the chain one block row's walk makes. ``{}`` for a library call (its variant
+        alone names what it reads)."""
+        block = _form_block(variant, config)
+        if block is None:
+            return {}
+        density = max(float(features.get("density", 0.0)), 1e-12)
+        k = 2.0 ** float(features.get("log2_K", 0.0))
+        if block == 0:                        # the 2:4 compressed form: half of each row
+            stored, per_row = 0.5, k / 2
+        elif block == 1:                      # CSR: the non-zeros
+            stored, per_row = density, k * density
+        else:
+            stored = max(float(features.get(f"block_density_{block}", 1.0)), density)
+            per_row = -(-k // block) * stored
+        return {"log2_fill": math.log2(max(stored, density) / density),
+                "log2_row_entries": math.log2(max(per_row, 2.0 ** -20))}
+
     def reference(self, w, b):
         dense = w.csr().toarray() if isinstance(w, SparseWeight) else (
             w.toarray() if type(w).__module__.startswith("scipy.sparse") else w)
@@ -98,6 +126,26 @@ class Spmm(Op):
         dense = np.where(mask, values, 0).astype(values.dtype)
         w = SparseWeight(prune_24(dense) if is_2to4 else dense, dtype=dtype)
         return (w, random_array(rng, (k, n), dtype, scale=1.0 / np.sqrt(max(density * k, 1.0))))
+
+
+_FORM_ARG = re.compile(r"^w_(?:bsr(\d+)|(csr)|(24))_")
+
+
+def _form_block(variant, config) -> int | None:
+    """The block size of the weight form a candidate reads (1: CSR, 0: the 2:4 form), from
+    its kernel arguments (``w_bsr32_values``: 32) or a ``block`` config; None: not said."""
+    if isinstance(config.get("block"), int) and config["block"] > 0:
+        return int(config["block"])
+    return _args_block(tuple(str(a) for a in (variant.launch or {}).get("args", ())))
+
+
+@functools.lru_cache(maxsize=256)   # one entry per distinct argument list (a variant's)
+def _args_block(args: tuple[str, ...]) -> int | None:
+    for arg in args:
+        m = _FORM_ARG.match(arg)
+        if m:
+            return int(m.group(1)) if m.group(1) else (1 if m.group(2) else 0)
+    return None
 
 
 def prune_24(dense: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 Decision (:meth:`adaptive.policy.learned.Learned.decide`), training (pack, counter-log and live
 rows through :func:`adaptive.policy.cost_model.training_set` and :meth:`Learned.observe`) and
 :func:`adaptive.explain` all build their rows here, so a row means the same thing
-wherever it was made. A row is a dict of named floats in five groups:
+wherever it was made. A row is a dict of named floats in six groups:
 
 ``op.*``    the op's features of the input (log2 sizes, itemsize, density, ...).
 ``variant=``/``cfg.*``  which candidate: a one-hot of the variant, its config values (and
@@ -11,6 +11,9 @@ wherever it was made. A row is a dict of named floats in five groups:
 ``geo.*``   launch geometry on this device (CTAs, waves, the last wave's fill, threads
             per CTA), from the variant's launch expressions and the device's limits;
             absent for library and host variants and when the limits are unknown.
+``work.*``  what the candidate does on this input beyond the op's features, from
+            :meth:`adaptive.ops.base.Op.work` (spmm: the entries its weight form reads per
+            non-zero, and per row); absent where the op does not say.
 ``res.*``   kernel resources from ptxas (registers, shared memory, spills), as stored with
             the cubin in the kernel cache (:mod:`adaptive.kcache`). Unknown (a library or
             host variant, CuPy's own NVRTC, a candidate not compiled yet): the defaults of
@@ -35,7 +38,7 @@ from adaptive.expr import compile_expr
 from adaptive.observation import Observation
 from adaptive.ops.base import DTYPE_BYTES
 
-FEATURE_VERSION = 3   # bump when row names or meanings change: older fitted state is refused
+FEATURE_VERSION = 4   # bump when row names or meanings change: older fitted state is refused
 
 # ptxas resources of a kernel; absent (not compiled here, a library call): these values
 RESOURCE_DEFAULTS = {"registers": 0.0, "shared_bytes": 0.0, "spill_store_bytes": 0.0,
@@ -149,7 +152,19 @@ def candidate_rows(op: str, op_features: Mapping[str, float], candidates: Sequen
     state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
     geo = geometries([(c.variant, c.config) for c in candidates], scope, limits)
     return [row(op_features, op, c.variant.name, c.config, kernel_resources(c, resources),
-                state, g) for c, g in zip(candidates, geo)]
+                state, g | work(op, c.variant, c.config, op_features))
+            for c, g in zip(candidates, geo)]
+
+
+def work(op: str, variant, config: Mapping, op_features: Mapping[str, float]
+         ) -> dict[str, float]:
+    """``work.*`` features of a candidate on an input (:meth:`adaptive.ops.base.Op.work`;
+    ``{}`` for an op this process does not know)."""
+    from adaptive.ops import OPS
+    known = OPS.get(op)
+    if known is None:
+        return {}
+    return {f"work.{k}": float(v) for k, v in known.work(op_features, variant, config).items()}
 
 
 # ---- launch geometry ------------------------------------------------------------------------
@@ -216,6 +231,9 @@ def _launch_exprs(variant):
 
 
 def row_geometry(variant, row: Observation, limits: Mapping | None) -> dict[str, float]:
-    """:func:`geometry` of a measurement row (its dims, dtype and config)."""
+    """:func:`geometry` of a measurement row (its dims, dtype and config), with its
+    candidate's :func:`work` (from the row's stored op features): what a row needs from
+    its variant beyond the row itself."""
     scope = {**row.dims, "dtype": row.dtype, "itemsize": DTYPE_BYTES.get(row.dtype, 4)}
-    return geometry(variant, row.config, scope, limits)
+    return geometry(variant, row.config, scope, limits) | work(row.op, variant, row.config,
+                                                               row.features)

@@ -209,14 +209,15 @@ class Parametric:
         (removed from ``pools``); [] without a model or a prediction."""
         if self.model is None or limit < 1 or not math.isfinite(request.best_ms):
             return []
-        from adaptive.policy.features import geometries, row as candidate_row
+        from adaptive.policy.features import geometries, row as candidate_row, work
         moves = [m for pool in pools.values() for m in pool]
         scope = {**request.dims, **request.stats, **request.params, "dtype": request.dtype}
         from adaptive.ops.base import DTYPE_BYTES
         scope["itemsize"] = DTYPE_BYTES.get(request.dtype, 4)
         try:
             geo = geometries([(t, c) for t, c, _ in moves], scope, request.limits or None)
-            rows = [candidate_row(request.features, request.op, t.name, c, None, None, g)
+            rows = [candidate_row(request.features, request.op, t.name, c, None, None,
+                                  g | work(request.op, t, c, request.features))
                     for (t, c, _), g in zip(moves, geo)]
             dist = self.model.predict_dist(rows)
         except Exception:  # noqa: BLE001 (a model that cannot score these: explore instead)

@@ -82,3 +82,39 @@ def test_explain_ranks_exactly_as_decide(rng):
     assert row0["dev.gpu_util_ratio"] == 0.9
     after = adaptive.explain("softmax", x, dispatcher=d)
     assert [r.label for r in after.rows] == [c.label for c in state.candidates]
+
+
+def test_work_says_what_a_candidates_weight_form_reads_alike_for_packs_and_misses(rng):
+    """A 16x16-structured weight: a BSR-16 kernel reads its non-zeros, a BSR-32 kernel the
+    zeros of each 32x32 block too; CSR reads the non-zeros; a library call says nothing.
+    A pack's row (its stored op features) and a live miss give the same ``work.*``."""
+    from adaptive.observation import Observation
+    from adaptive.ops import OPS
+    from adaptive.policy.features import candidate_rows, row_geometry, work
+    from adaptive.variants import default_registry, make_candidate
+    spmm = OPS["spmm"]
+    w, b = spmm.make_inputs({"M": 256, "N": 8, "K": 512}, "float16", rng, density=0.05,
+                            block=16)
+    feats = spmm.features(spmm.problem((w, b), {}))
+    assert feats["block_density_32"] > 2 * feats["density"]   # 16x16 blocks, scattered
+    reg = {v.name: v for v in default_registry().variants("spmm")}
+    bsr16 = make_candidate(reg["bsr16_mma"], {"TN": 64, "NWARPS": 4, "STAGES": 2})
+    bsr32 = make_candidate(reg["bsr32_mma"], {"TN": 64, "NWARPS": 4, "STAGES": 2})
+    csr = make_candidate(reg["csr_rowsplit"], {"VEC": 1, "LANES_N": 4, "WARPS": 4})
+    host_bsr = make_candidate(reg["host_bsr"], {"block": 32})
+    lib = make_candidate(reg["cublas_dense"], {})
+    fill = {c: work("spmm", c.variant, c.config, feats).get("work.log2_fill")
+            for c in (bsr16, bsr32, csr, host_bsr, lib)}
+    assert fill[bsr16] == pytest.approx(0.0, abs=1e-9) and fill[csr] == 0.0
+    expected = math.log2(feats["block_density_32"] / feats["density"])
+    assert fill[bsr32] == pytest.approx(expected) and fill[host_bsr] == pytest.approx(expected)
+    assert fill[lib] is None
+    entries = work("spmm", bsr32.variant, bsr32.config, feats)["work.log2_row_entries"]
+    assert entries == pytest.approx(math.log2(512 / 32 * feats["block_density_32"]))
+    assert work("gemm", bsr32.variant, bsr32.config, feats) == {}   # gemm says nothing
+    live = candidate_rows("spmm", feats, [bsr16, bsr32, lib], {}, None)
+    for c, r in zip((bsr16, bsr32, lib), live):
+        obs = Observation("spmm", {"M": 256, "N": 8, "K": 512}, "float16", c.variant.name,
+                          c.config, 0.01, 0.001, feats)
+        packed = row_geometry(c.variant, obs, None)
+        assert {k: v for k, v in r.items() if k.startswith("work.")} == packed

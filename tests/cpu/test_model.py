@@ -38,7 +38,7 @@ def test_fit_follows_the_sklearn_contract(rng):
     ts = training_set(synthetic_rows(rng, 30))
     model = CostModel(n_estimators=16, random_state=3)
     assert model.get_params() == {"n_estimators": 16, "min_samples_leaf": 2, "random_state": 3,
-                                  "min_group_rows": 8}
+                                  "min_group_rows": 8, "offset_cap": math.log(3.0)}
     assert not hasattr(model, "ensemble_")
     with pytest.raises(sklearn.exceptions.NotFittedError):
         model.predict(ts.rows[:2])
@@ -62,6 +62,22 @@ def test_bad_inputs_are_rejected_with_clear_errors(rng):
     fitted = CostModel(n_estimators=4).fit(ts.rows, ts.y)
     with pytest.raises(ValueError, match="pass dicts"):
         fitted.predict(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="offset_cap must be > 0"):
+        CostModel(offset_cap=0.0).fit(ts.rows, ts.y, groups=ts.groups)
+
+
+def test_offsets_count_up_to_the_cap_from_each_inputs_best(rng):
+    """The input level is its best candidate; a candidate far slower than the best counts
+    as ``offset_cap`` slower, however slow (the splits go to ordering the fast ones)."""
+    ts = training_set(synthetic_rows(rng, 40))
+    cap = math.log(3.0)
+    model = CostModel(n_estimators=16, min_group_rows=3).fit(ts.rows, ts.y, groups=ts.groups)
+    assert model.offset_cap == pytest.approx(cap)
+    offsets = model.ensemble_.predict(model._matrix(ts.rows)[:, model.used_])
+    assert offsets.min() >= -1e-9 and offsets.max() <= cap + 1e-9
+    uncapped = CostModel(n_estimators=16, min_group_rows=3, offset_cap=None).fit(
+        ts.rows, ts.y, groups=ts.groups)
+    assert uncapped.ensemble_.predict(uncapped._matrix(ts.rows)[:, uncapped.used_]).max() > cap
 
 
 def test_failed_measurements_stay_out_of_the_fit(rng):

@@ -45,8 +45,13 @@ def _replay(op: str):
                          held_inputs=16)[0]
 
 
-@pytest.mark.parametrize("op", ["gemm", "attention"])
+@pytest.mark.parametrize("op", ["gemm", "attention", "spmm"])
 def test_commits_within_the_targets(op):
+    """Whole-op replays of spmm (10 folds by input, fold seeds 0-5): geomean 1.014-1.020,
+    86-92 % within 5 % (90 % with the command's seed), worst 1.29-1.47x; on this slice 15 of
+    16 within 5 %. Its misses are mostly inputs of 12-16 us whose best candidate's own
+    spread (IQR / median) is 5-12 %, and one whose best is a SIMT kernel no other input
+    prefers."""
     report = _replay(op)
     assert len(report.cases) == 16 and all(c.op == op for c in report.cases)
     assert all(c.ratio >= 1.0 and c.explored <= 8 for c in report.cases)
@@ -56,15 +61,14 @@ def test_commits_within_the_targets(op):
     assert report.worst(op) <= 1.5, str(report)
     # the model alone: its first pick is within 5 % of the best on a fair share of inputs
     assert report.top1_within(1.05, op) >= 0.25, str(report)
+    assert report.top3_within(1.02, op) >= 0.4, str(report)
 
 
-@pytest.mark.parametrize("op, within", [("softmax", 0.85), ("spmm", 0.80)])
-def test_softmax_and_spmm_commit_close_to_the_best(op, within):
-    """At the geomean and worst targets; within 5 % not yet on every split. Whole-op
-    replays (5, 10 and 3 folds by input, fold and ensemble seeds 0-3): softmax geomean
-    1.013-1.016, 91-94 % within 5 %, worst 1.11-1.12x (the targets); spmm 1.014-1.021,
-    84-90 %, worst 1.15-1.47x (an input whose best is a SIMT kernel no other input
-    prefers). On this slice softmax has 14 of 16 within 5 %, spmm 13 of 16."""
+@pytest.mark.parametrize("op, within", [("softmax", 0.85)])
+def test_softmax_commits_close_to_the_best(op, within):
+    """At the geomean and worst targets; within 5 % not on this slice. Whole-op replays
+    (10 folds by input, fold seeds 0-5): softmax geomean 1.012-1.014, 91-95 % within 5 %,
+    worst 1.11-1.13x (the targets). On this slice softmax has 14 of 16 within 5 %."""
     report = _replay(op)
     assert len(report.cases) == 16
     assert report.geomean_ratio(op) <= 1.03, str(report)
