@@ -2,13 +2,16 @@
 
 By default a covering set of its configs x dtypes is compiled (every dtype and every value
 of each parameter at least once, the configs nearest each device limit, every config of the
-variants checked for spills); ``pytest --nvrtc-all`` compiles every one. The compiles run in
-the background from the start of the session (``nvrtc_results`` in ``tests/conftest.py``),
-into the kernel cache (so reruns are fast). A failure names the variant, the config, the
-dtype and carries NVRTC's log.
+variants checked for spills); ``pytest --nvrtc-all`` compiles every one. The compiles are
+``adaptive nvrtc-check`` in the background, at nice 19, from the start of the session
+(``tests/background.py``), into the kernel cache (so reruns are fast). A failure names the
+variant, the config, the dtype and carries NVRTC's log.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,14 +22,34 @@ from adaptive.kcache import KernelCache, kernel_key
 from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.space import Space
+from background import Job
 
 pytestmark = pytest.mark.skipif(not nvrtc.available(),
                                 reason="cuda.bindings is not installed (pip install .[nvrtc])")
 
 
+def _check_args(folder: Path, config) -> list[str]:
+    args = ["-c", "import sys; from adaptive.cli import main; sys.exit(main())", "nvrtc-check",
+            "--quiet", "--workers", "2", "--json", str(folder / "results.json")]
+    return args if config.getoption("--nvrtc-all") else [*args, "--cover"]
+
+
+BACKGROUND = {"nvrtc-check": Job(_check_args, cpu_s=60.0, nice=19)} if nvrtc.available() \
+    else {}
+
+
 def _registry():
     from adaptive.variants import shared_registry
     return shared_registry()
+
+
+@pytest.fixture(scope="module")
+def nvrtc_results(background) -> list[dict]:
+    """One dict per compiled (variant, config, dtype), as ``nvrtc.check_all`` returns them."""
+    done = background("nvrtc-check")
+    path = done.folder / "results.json"
+    assert done.rc in (0, 1) and path.exists(), done.report()   # 1: some kernels failed
+    return json.loads(path.read_text())
 
 
 def _cuda_variant_ids():
