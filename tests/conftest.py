@@ -12,7 +12,6 @@ import zlib
 
 import numpy as np
 import pytest
-
 from background import Running
 
 _RUNNING = pytest.StashKey[dict]()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from background import Job
 
 from adaptive import nvrtc
 from adaptive.errors import CompileError, InputValueError
@@ -22,7 +23,6 @@ from adaptive.kcache import KernelCache, kernel_key
 from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.space import Space
-from background import Job
 
 pytestmark = pytest.mark.skipif(not nvrtc.available(),
                                 reason="cuda.bindings is not installed (pip install .[nvrtc])")
