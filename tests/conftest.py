@@ -23,19 +23,29 @@ def pytest_addoption(parser):
                           "a covering set: every variant, dtype and parameter value)")
 
 
+# fixtures whose live timings (a policy's choices) would be disturbed by background work:
+# their tests run after the readers of every background job
+QUIET = ("quick_selection_report",)
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Start the background jobs of the modules with tests reading one; those go last."""
-    readers = [item for item in items if "background" in getattr(item, "fixturenames", ())]
+    """Start the background jobs of the modules with tests reading one; those go last, then
+    the tests that time live choices (``QUIET``)."""
+    def uses(item, names):
+        return any(n in getattr(item, "fixturenames", ()) for n in names)
+    readers = [item for item in items if uses(item, ("background",))]
     jobs = {}
     for item in readers:
         jobs.update(getattr(item.module, "BACKGROUND", {}))
-    if readers:
-        def cpu_s(item):
-            return max((j.cpu_s for j in getattr(item.module, "BACKGROUND", {}).values()),
-                       default=0.0)
-        chosen = set(map(id, readers))
-        items[:] = [item for item in items if id(item) not in chosen] + sorted(readers,
-                                                                               key=cpu_s)
+
+    def place(item):
+        if uses(item, QUIET):
+            return (2, 0.0)
+        if item in readers:
+            return (1, max((j.cpu_s for j in getattr(item.module, "BACKGROUND", {}).values()),
+                           default=0.0))
+        return (0, 0.0)
+    items.sort(key=place)   # stable: the order within each group is kept
     if jobs and not config.option.collectonly:
         config.stash[_RUNNING] = {name: Running(name, job, config)
                                   for name, job in sorted(jobs.items(),

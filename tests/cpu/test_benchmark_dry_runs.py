@@ -58,7 +58,7 @@ def _runner_args(folder: Path, config) -> list[str]:
 
 
 # all of them in one process in the background, from the start of the session
-BACKGROUND = {"benchmark-dry-runs": Job(_runner_args, cpu_s=25.0, cwd=ROOT,
+BACKGROUND = {"benchmark-dry-runs": Job(_runner_args, cpu_s=25.0, nice=19, cwd=ROOT,
                                         timeout_s=240 * len(DRY_RUNS))} \
     if importlib.util.find_spec("sklearn") else {}
 

@@ -64,7 +64,7 @@ _SIXTEEN_THREADS = textwrap.dedent(f'''
 
 # a fresh process, so that torch is not imported yet; started with the session
 BACKGROUND = {"sixteen-threads-import-torch": Job(lambda folder, config: [
-    "-c", _SIXTEEN_THREADS], cpu_s=3.0, timeout_s=120)} if importlib.util.find_spec("torch") \
+    "-c", _SIXTEEN_THREADS], cpu_s=3.0, nice=19, timeout_s=300)} if importlib.util.find_spec("torch") \
     else {}
 
 

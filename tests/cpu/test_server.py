@@ -594,11 +594,12 @@ def _has(*modules: str) -> bool:
 
 
 # subprocesses started with the session, beside the other tests (the load generator's
-# windows are timed: normal priority)
+# windows are timed: normal priority; the examples wait for idle CPU)
 BACKGROUND = {
     **({"gpu_server-dry-run": Job(_gpu_server_args, cpu_s=8.0, timeout_s=600)}
        if _has(*SERVE) else {}),
-    **{f"example-{script}": Job(_example_args(script, args), cpu_s=3.0, timeout_s=120)
+    **{f"example-{script}": Job(_example_args(script, args), cpu_s=3.0, nice=19,
+                                timeout_s=300)
        for script, args, _ in EXAMPLES if script != "torch_interop.py" or _has("torch")},
 }
 
