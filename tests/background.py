@@ -35,6 +35,7 @@ class Job:
     nice: int = 0             # 19: no clock inside, so it may wait for idle CPU
     timeout_s: float = 900.0  # from its start; then its process group is killed
     cwd: Path | None = None   # default: its folder
+    env: Callable[[Path], dict] | None = None   # its whole environment, given its folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Running:
         with open(self._out, "wb") as out, open(self._err, "wb") as err:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=err,
                                          stdin=subprocess.DEVNULL, cwd=job.cwd or self.folder,
+                                         env=job.env(self.folder) if job.env else None,
                                          start_new_session=True)
         self._finished: Finished | None = None
 
