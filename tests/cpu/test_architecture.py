@@ -6,6 +6,7 @@ Dispatcher that touches no file and starts no thread when made."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,11 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@functools.lru_cache(maxsize=None)   # one parse per file for the whole module's tests
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _type_checking_lines(tree: ast.AST) -> set[int]:
     """Lines of imports under ``if TYPE_CHECKING:`` (for annotations only, never run)."""
     lines = set()
@@ -41,7 +47,7 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module of ours that ``name`` imports, at module level or in a function."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     skip = _type_checking_lines(tree)
     is_pkg = path.name == "__init__.py"
     out = set()
@@ -123,7 +129,7 @@ FOREIGN_PRIVATE = {
 
 
 def _private_reaches(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     own = set()       # underscore names this module defines (its own objects' internals)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
@@ -172,7 +178,7 @@ CAPABILITIES = {"synchronize", "event_timer", "stream_ptr", "device_state", "arc
 
 
 def _probes(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
