@@ -28,6 +28,7 @@ def pytest_addoption(parser):
 QUIET = ("quick_selection_report",)
 
 
+@pytest.hookimpl(trylast=True)   # after -k / -m deselection: no job for a deselected test
 def pytest_collection_modifyitems(session, config, items):
     """Start the background jobs of the modules with tests reading one; those go last, then
     the tests that time live choices (``QUIET``)."""
@@ -37,11 +38,12 @@ def pytest_collection_modifyitems(session, config, items):
     jobs = {}
     for item in readers:
         jobs.update(getattr(item.module, "BACKGROUND", {}))
+    reading = set(map(id, readers))
 
     def place(item):
         if uses(item, QUIET):
             return (2, 0.0)
-        if item in readers:
+        if id(item) in reading:
             return (1, max((j.cpu_s for j in getattr(item.module, "BACKGROUND", {}).values()),
                            default=0.0))
         return (0, 0.0)
