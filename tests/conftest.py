@@ -8,6 +8,7 @@ last. ``--nvrtc-all`` makes the NVRTC tests compile every config, not a covering
 
 from __future__ import annotations
 
+import gc
 import zlib
 
 import numpy as np
@@ -52,6 +53,26 @@ def pytest_collection_modifyitems(session, config, items):
         config.stash[_RUNNING] = {name: Running(name, job, config)
                                   for name, job in sorted(jobs.items(),
                                                           key=lambda kv: -kv[1].cpu_s)}
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, scikit-learn: ~500k objects) lives to
+    the end: out of the cyclic collector's reach, so the tests' full collections (gc.collect
+    in the soak and memory tests, the automatic ones) do not walk it each time. The same
+    for what each module's tests leave alive (see ``pytest_runtest_setup``)."""
+    gc.collect()
+    gc.freeze()
+
+
+_last_module = [None]
+
+
+def pytest_runtest_setup(item):
+    module = getattr(item, "module", None)
+    if module is not _last_module[0]:
+        _last_module[0] = module
+        gc.collect()      # cheap: the objects of earlier modules are frozen already
+        gc.freeze()
 
 
 def pytest_unconfigure(config):
