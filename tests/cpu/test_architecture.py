@@ -29,7 +29,7 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-@functools.lru_cache(maxsize=None)   # one parse per file for the whole module's tests
+@functools.cache   # one parse per file for the whole module's tests
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text())
 
