@@ -7,8 +7,9 @@ into resources (registers, static shared memory, spills) that are kept with the 
 in the :class:`~adaptive.kcache.KernelCache` and become cost-model features.
 
 Also the ``adaptive nvrtc-check [--arch sm_90] [--op OP]`` command, which compiles every
-CUDA variant × config × dtype in the registry, with a progress line every few seconds,
-and prints the failures and a summary (``--verbose``: a line per kernel).
+CUDA variant × config × dtype in the registry (``--cover``: a covering set of them, see
+:func:`covering_jobs`), with a progress line every few seconds, and prints the failures
+and a summary (``--verbose``: a line per kernel; ``--json PATH``: the results as JSON).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import re
 import sys
 import time
@@ -240,6 +242,69 @@ def cuda_jobs(registry, op: str | None = None,
                     yield v, config, dtype
 
 
+# device limits a config can come close to, whose edge is worth a compile (static shared
+# memory and block size are what ptxas and the launch reject when a constraint is wrong)
+EDGE_LIMITS = ("max_shared_bytes", "max_threads_per_block", "max_registers_per_block")
+
+
+def limit_need(space, config: Mapping, name: str, limits: Mapping = SM90) -> int:
+    """The smallest value of the device limit ``name`` under which ``space`` still admits
+    ``config``: how close the config comes to that limit (0 when no constraint reads it)."""
+    lo, hi = 0, int(limits[name])
+    if not space.admits(config, {**limits, name: hi}):
+        return hi + 1
+    while lo < hi:                      # constraints are monotone in a limit: bisect
+        mid = (lo + hi) // 2
+        if space.admits(config, {**limits, name: mid}):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+# variants whose every config must also compile without register spills (memory-bound
+# kernels where a spill costs the bandwidth they exist for): a covering set keeps them whole
+NO_SPILLS = frozenset({"attention/splitkv_mma"})
+
+
+def covering_jobs(registry, op: str | None = None, limits: Mapping = SM90,
+                  every: frozenset[str] | set[str] = NO_SPILLS) -> list[tuple]:
+    """A subset of :func:`cuda_jobs` that still compiles every CUDA variant: for each, every
+    dtype and every value of each space parameter at least once, and, for each device limit
+    its constraints read (:data:`EDGE_LIMITS`), the config nearest that limit in every
+    dtype. Variants whose ids are in ``every`` keep all their jobs. Chosen greedily (the job
+    covering the most unseen values first), in enumeration order on ties: deterministic."""
+    by_variant: dict[str, list[tuple]] = {}
+    for v, config, dtype in cuda_jobs(registry, op, limits):
+        by_variant.setdefault(v.id, []).append((v, config, dtype))
+    out = []
+    for vid, jobs in by_variant.items():
+        if vid in every:
+            out += jobs
+            continue
+        space = jobs[0][0].space
+        read = set().union(*(c.names for c in space.constraints)) if space.constraints else set()
+        chosen = set()
+        for name in (n for n in EDGE_LIMITS if n in read):
+            needs = [limit_need(space, config, name, limits) for _, config, _ in jobs]
+            edge = jobs[needs.index(max(needs))][1]       # the first config nearest the limit
+            chosen |= {i for i, (_, config, _) in enumerate(jobs) if config == edge}
+        seen = set().union(*(_features(jobs[i]) for i in chosen)) if chosen else set()
+        wanted = set().union(*(_features(j) for j in jobs))
+        while wanted - seen:
+            best = max((i for i in range(len(jobs)) if i not in chosen),
+                       key=lambda i: (len(_features(jobs[i]) - seen), -i))
+            chosen.add(best)
+            seen |= _features(jobs[best])
+        out += [jobs[i] for i in sorted(chosen)]
+    return out
+
+
+def _features(job: tuple) -> set[tuple]:
+    _, config, dtype = job
+    return {("dtype", dtype), *config.items()}
+
+
 def _job(args) -> tuple[bool, dict, str, float]:
     source, options, arch, entry, label, config, cache_dir = args
     t0 = time.perf_counter()
@@ -253,12 +318,14 @@ def _job(args) -> tuple[bool, dict, str, float]:
 
 def check_all(registry, op: str | None = None, arch: str = DEFAULT_ARCH,
               cache_dir: str | None = None, workers: int = 2,
-              on_result: Callable[[int, int], None] | None = None) -> list[dict]:
-    """Compile every CUDA candidate; one result dict per (variant, config, dtype).
-    ``on_result(done, total)`` is called as each compile finishes."""
+              on_result: Callable[[int, int], None] | None = None,
+              cover: bool = False) -> list[dict]:
+    """Compile every CUDA candidate (``cover``: only :func:`covering_jobs`); one result dict
+    per (variant, config, dtype). ``on_result(done, total)`` is called as each compile
+    finishes."""
     from adaptive import config as cfg
     cache_dir = cache_dir or cfg.get().cache_dir
-    jobs = list(cuda_jobs(registry, op))
+    jobs = covering_jobs(registry, op) if cover else list(cuda_jobs(registry, op))
     payload = []
     for v, config, dtype in jobs:
         source = full_source(v.source, dtype, v.source_name or f"{v.name}.cu")
@@ -291,6 +358,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a line per compiled kernel (registers, shared memory, spills)")
     parser.add_argument("--quiet", action="store_true",
                         help="no progress lines: the failures and the summary only")
+    parser.add_argument("--cover", action="store_true",
+                        help="a covering set only: every variant, dtype and parameter value, "
+                             "the configs nearest each device limit (see covering_jobs)")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the results (one object per kernel) to PATH")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -303,7 +375,11 @@ def run(args: argparse.Namespace) -> int:
     with Heartbeat("adaptive nvrtc-check") if not args.quiet else contextlib.nullcontext():
         doing("finding the kernels")
         results = check_all(shared_registry(), args.op, args.arch, workers=args.workers,
-                            on_result=lambda i, n: doing(f"compiled {i}/{n} kernels"))
+                            on_result=lambda i, n: doing(f"compiled {i}/{n} kernels"),
+                            cover=args.cover)
+    if args.json:
+        from adaptive.fileio import atomic_write
+        atomic_write(args.json, json.dumps(results).encode(), durable=False)
     failed = [r for r in results if not r["ok"]]
     for r in results:
         if r["ok"] and args.verbose:

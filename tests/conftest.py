@@ -1,14 +1,96 @@
 """Test layout by hardware: ``tests/cpu`` runs anywhere; ``tests/gpu`` needs a CUDA device.
 
 The device probe and the skipping of ``gpu``-marked tests are in ``tests/gpu/conftest.py``.
+Long subprocess work (NVRTC compiles, benchmark dry runs, examples) starts once the tests
+are collected and runs beside the rest (``tests/background.py``); the tests reading it run
+last. ``--nvrtc-all`` makes the NVRTC tests compile every config, not a covering set.
 """
 
 from __future__ import annotations
 
+import gc
 import zlib
 
 import numpy as np
 import pytest
+from background import Running
+
+_RUNNING = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--nvrtc-all", action="store_true", default=False,
+                     help="compile every CUDA variant x config x dtype with NVRTC (default: "
+                          "a covering set: every variant, dtype and parameter value)")
+
+
+# fixtures whose live timings (a policy's choices) would be disturbed by background work:
+# their tests run after the readers of every background job
+QUIET = ("quick_selection_report",)
+
+
+@pytest.hookimpl(trylast=True)   # after -k / -m deselection: no job for a deselected test
+def pytest_collection_modifyitems(session, config, items):
+    """Start the background jobs of the modules with tests reading one; those go last, then
+    the tests that time live choices (``QUIET``)."""
+    def uses(item, names):
+        return any(n in getattr(item, "fixturenames", ()) for n in names)
+    readers = [item for item in items if uses(item, ("background",))]
+    jobs = {}
+    for item in readers:
+        jobs.update(getattr(item.module, "BACKGROUND", {}))
+    reading = set(map(id, readers))
+
+    def place(item):
+        if uses(item, QUIET):
+            return (2, 0.0)
+        if id(item) in reading:
+            return (1, max((j.cpu_s for j in getattr(item.module, "BACKGROUND", {}).values()),
+                           default=0.0))
+        return (0, 0.0)
+    items.sort(key=place)   # stable: the order within each group is kept
+    if jobs and not config.option.collectonly:
+        config.stash[_RUNNING] = {name: Running(name, job, config)
+                                  for name, job in sorted(jobs.items(),
+                                                          key=lambda kv: -kv[1].cpu_s)}
+
+
+def pytest_collection_finish(session):
+    """What collection imported (torch, transformers, scikit-learn: ~500k objects) lives to
+    the end: out of the cyclic collector's reach, so the tests' full collections (gc.collect
+    in the soak and memory tests, the automatic ones) do not walk it each time. The same
+    for what each module's tests leave alive (see ``pytest_runtest_setup``)."""
+    gc.collect()
+    gc.freeze()
+
+
+_last_module = [None]
+
+
+def pytest_runtest_setup(item):
+    module = getattr(item, "module", None)
+    if module is not _last_module[0]:
+        _last_module[0] = module
+        gc.collect()      # cheap: the objects of earlier modules are frozen already
+        gc.freeze()
+
+
+def pytest_unconfigure(config):
+    for running in config.stash.get(_RUNNING, {}).values():
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def background(request):
+    """``background(name)``: wait for that background job and return its ``Finished``."""
+    running = request.config.stash.get(_RUNNING, {})
+
+    def result(name: str):
+        if name not in running:
+            pytest.fail(f"background job {name!r} was not started (declared in the module's "
+                        "BACKGROUND?)")
+        return running[name].result()
+    return result
 
 
 @pytest.fixture

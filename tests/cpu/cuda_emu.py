@@ -208,6 +208,27 @@ def compile_all(jobs: Mapping[Path, tuple[str, list[str]]], timeout_s: float = 3
         raise RuntimeError(failed[0])
 
 
+# compile a test module's ``emu_jobs(folder)`` (what compile_all takes), in a fresh process
+_BUILD = ("import importlib, sys; from pathlib import Path; sys.path[:0] = sys.argv[1:3]; "
+          "import cuda_emu; cuda_emu.compile_all(importlib.import_module(sys.argv[3])"
+          ".emu_jobs(Path(sys.argv[4])))")
+
+
+def background_build(test_file: str, cpu_s: float) -> dict:
+    """The ``BACKGROUND`` entry of a test module whose ``emu_jobs(folder)`` gives the
+    libraries to compile: g++ runs from the start of the session at nice 19; the module's
+    fixture reads ``background("emu-<module>")`` and finds ``emu_jobs(its folder)`` built."""
+    from background import Job
+    if not available():
+        return {}
+    here = Path(test_file).resolve()
+    name = here.stem
+
+    def args(folder: Path, config) -> list[str]:
+        return ["-c", _BUILD, str(here.parent), str(here.parents[1]), name, str(folder)]
+    return {f"emu-{name}": Job(args, cpu_s=cpu_s, nice=19, timeout_s=600)}
+
+
 def build(source: str, kernels: Mapping[str, list], workdir: Path) -> dict:
     """Compile ``source`` with entry points for ``kernels``: name -> parameter list, each
     "ptr", "i32", "i64", "f32" or ("ptr", "const T*") for a pointer's C type (default

@@ -6,11 +6,13 @@ Dispatcher that touches no file and starts no thread when made."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from background import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("adaptive", "profilers")
@@ -27,6 +29,11 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache   # one parse per file for the whole module's tests
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _type_checking_lines(tree: ast.AST) -> set[int]:
     """Lines of imports under ``if TYPE_CHECKING:`` (for annotations only, never run)."""
     lines = set()
@@ -40,7 +47,7 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module of ours that ``name`` imports, at module level or in a function."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     skip = _type_checking_lines(tree)
     is_pkg = path.name == "__init__.py"
     out = set()
@@ -122,7 +129,7 @@ FOREIGN_PRIVATE = {
 
 
 def _private_reaches(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     own = set()       # underscore names this module defines (its own objects' internals)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
@@ -171,7 +178,7 @@ CAPABILITIES = {"synchronize", "event_timer", "stream_ptr", "device_state", "arc
 
 
 def _probes(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     bad = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
@@ -219,11 +226,7 @@ def test_protocols_list_what_the_dispatcher_uses():
         adaptive.Dispatcher("host", policy=Bare())
 
 
-def test_making_a_dispatcher_touches_no_file_and_starts_no_thread(tmp_path):
-    """In a fresh process with a start-up pack, a counter log and regeneration configured:
-    Dispatcher() opens no file and starts no thread (the variants it chooses among and its
-    policy exist before it); runtime.start() then reads the pack."""
-    code = f"""
+_NO_FILE_NO_THREAD = f"""
 import builtins, io, os, threading, sys
 sys.path.insert(0, {str(ROOT)!r})
 import adaptive
@@ -244,14 +247,28 @@ try:
 except adaptive.PackError as exc:
     print("start read the pack:", str(exc)[:60])
 """
-    env = {"PATH": "/usr/bin:/bin", "ADAPTIVE_PACKS": str(tmp_path / "missing.msgpack"),
-           "ADAPTIVE_CACHE_DIR": str(tmp_path / "cache"), "HOME": str(tmp_path),
-           "ADAPTIVE_COUNTER_LOG": str(tmp_path / "run.alog"), "ADAPTIVE_REGEN": "parametric"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "start read the pack" in proc.stdout, proc.stdout
-    assert not (tmp_path / "run.alog").exists()   # start() stopped at the refused pack
+
+
+def _configured_env(folder: Path) -> dict:
+    """A start-up pack (missing), a counter log and regeneration configured under folder."""
+    return {"PATH": "/usr/bin:/bin", "ADAPTIVE_PACKS": str(folder / "missing.msgpack"),
+            "ADAPTIVE_CACHE_DIR": str(folder / "cache"), "HOME": str(folder),
+            "ADAPTIVE_COUNTER_LOG": str(folder / "run.alog"), "ADAPTIVE_REGEN": "parametric"}
+
+
+# a fresh process, started with the session (it imports scikit-learn: seconds of CPU)
+BACKGROUND = {"dispatcher-no-file-no-thread": Job(lambda folder, config: [
+    "-c", _NO_FILE_NO_THREAD], cpu_s=4.0, nice=19, timeout_s=300, env=_configured_env)}
+
+
+def test_making_a_dispatcher_touches_no_file_and_starts_no_thread(background):
+    """In a fresh process with a start-up pack, a counter log and regeneration configured:
+    Dispatcher() opens no file and starts no thread (the variants it chooses among and its
+    policy exist before it); runtime.start() then reads the pack."""
+    done = background("dispatcher-no-file-no-thread")
+    assert done.rc == 0, done.report(2000)
+    assert "start read the pack" in done.stdout, done.stdout
+    assert not (done.folder / "run.alog").exists()   # start() stopped at the refused pack
 
 
 def test_import_adaptive_loads_only_the_warm_path():

@@ -73,16 +73,27 @@ def _key(config) -> tuple:
     return tuple(sorted(config.items()))
 
 
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    """Each config the cases use, compiled once and side by side: key -> emu_run."""
-    tmp = tmp_path_factory.mktemp("splitkv")
-    configs = {_key(c): c for c in (getattr(case, "values", case)[0] for case in CASES)}
+def _configs() -> dict:
+    return {_key(c): c for c in (getattr(case, "values", case)[0] for case in CASES)}
+
+
+def emu_jobs(folder: Path) -> dict:
+    """Each config the cases use: its library -> (source, g++ flags)."""
     text = _wrapped_source()
-    libs = {key: tmp / f"splitkv_{i}.so" for i, key in enumerate(configs)}
-    cuda_emu.compile_all({libs[key]: (text, [f"-D{k}={v}" for k, v in config.items()])
-                          for key, config in configs.items()})
-    return {key: _load(lib) for key, lib in libs.items()}
+    return {folder / f"splitkv_{i}.so": (text, [f"-D{k}={v}" for k, v in config.items()])
+            for i, config in enumerate(_configs().values())}
+
+
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=12.0)
+
+
+@pytest.fixture(scope="module")
+def kernels(background):
+    """Each config the cases use, compiled once, side by side, in the background:
+    key -> emu_run."""
+    done = background(f"emu-{Path(__file__).stem}")
+    assert done.rc == 0, done.report()
+    return {key: _load(lib) for key, lib in zip(_configs(), emu_jobs(done.folder))}
 
 
 def _launch(fn, variant, config, q, k, v, causal, scale):

@@ -197,7 +197,7 @@ def test_a_call_waits_for_kernels_in_a_later_buffer(tmp_path, rng, fake, host):
     cupti.deliver()
     clock.now += 1.0
     clog._drain()
-    clog.close()
+    clog.close(wait_gpu_s=0.0)   # the last call waits for a later one: the closing harvest
     (rec,) = read_log(tmp_path / "late.alog").records
     assert rec["time_ms"] == pytest.approx(0.011)
 
@@ -353,7 +353,7 @@ def test_an_id_delivered_after_its_kernel_still_joins(tmp_path, rng, fake, host)
     cupti.deliver()
     clock.now += 1.0
     clog._drain()
-    stats = clog.close()
+    stats = clog.close(wait_gpu_s=0.0)   # the closing harvest hands over the last call
     assert (stats.written, stats.dropped, clog.last_error) == (2, 0, None)
     recs = read_log(tmp_path / "late_id.alog").records
     assert [r["time_ms"] for r in recs] == pytest.approx([0.007, 0.003])

@@ -4,17 +4,16 @@ back in the caller's array type, the default dispatcher is shared and thread-saf
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
+from background import Job
 
 import adaptive
-from adaptive.runtime import default_dispatcher
 from adaptive.ops import OPS
 from adaptive.policy import Decision, First
+from adaptive.runtime import default_dispatcher
 
 
 def test_launch_caches_one_decision_per_key(rng):
@@ -113,22 +112,30 @@ def test_torch_cpu_tensors_come_back_as_tensors(rng):
     np.testing.assert_allclose(c.numpy(), a.numpy() @ b.numpy(), rtol=1e-5)
 
 
-def test_import_leaves_heavy_dependencies_out():
+_HEAVY = ("{'torch', 'transformers', 'sklearn', 'cupy', 'matplotlib', 'prometheus_client', "
+          "'cupti', 'pynvml'}")
+_ARGS = "np.ones((2, 2), 'f4'), np.ones((2, 2), 'f4')"
+_IMPORTS = (f"import sys, adaptive, profilers, numpy as np\n"
+            f"heavy = {_HEAVY}\n"
+            "print(sorted(heavy & set(sys.modules)))\n"
+            f"adaptive.launch('gemm', {_ARGS})\n"
+            "print(sorted(heavy & set(sys.modules)))\n"
+            f"adaptive.Dispatcher('host', policy='learned').launch('gemm', {_ARGS})\n"
+            "print(sorted((heavy - {'sklearn'}) & set(sys.modules)))\n")
+
+# a fresh process (each costs an interpreter start and scikit-learn's import), started with
+# the session
+BACKGROUND = {"heavy-imports": Job(lambda folder, config: ["-c", _IMPORTS], cpu_s=2.0, nice=19,
+                                   timeout_s=300, env=lambda folder: {
+                                       **os.environ, "ADAPTIVE_POLICY": "measure-each"})}
+
+
+def test_import_leaves_heavy_dependencies_out(background):
     """One subprocess for every import check (each costs an interpreter start): importing
     adaptive and profilers, a host launch, then a learned dispatcher's launch."""
-    heavy = ("{'torch', 'transformers', 'sklearn', 'cupy', 'matplotlib', 'prometheus_client', "
-             "'cupti', 'pynvml'}")
-    args = "np.ones((2, 2), 'f4'), np.ones((2, 2), 'f4')"
-    code = (f"import sys, adaptive, profilers, numpy as np\n"
-            f"heavy = {heavy}\n"
-            "print(sorted(heavy & set(sys.modules)))\n"
-            f"adaptive.launch('gemm', {args})\n"
-            "print(sorted(heavy & set(sys.modules)))\n"
-            f"adaptive.Dispatcher('host', policy='learned').launch('gemm', {args})\n"
-            "print(sorted((heavy - {'sklearn'}) & set(sys.modules)))\n")
-    env = {**os.environ, "ADAPTIVE_POLICY": "measure-each"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=env).stdout.splitlines()
+    done = background("heavy-imports")
+    assert done.rc == 0, done.report()
+    out = done.stdout.splitlines()
     assert out[0] == "[]", f"heavy modules imported by import adaptive, profilers: {out[0]}"
     assert out[1] == "[]", f"heavy modules imported by a host launch (measure-each): {out[1]}"
     assert out[2] == "[]", f"heavy modules imported by the learned policy: {out[2]}"

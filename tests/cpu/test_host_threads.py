@@ -30,6 +30,9 @@ def test_blas_threads_is_one_while_threads_take_turns(monkeypatch):
 def test_threaded_launches_are_right_and_hold_blas_at_one_thread(monkeypatch):
     import benchmarks.cpu_threads as bench
     monkeypatch.setattr(bench, "WORK", bench.WORK[:1] + bench.WORK[2:])   # gemm, softmax
+    # a hold no stall of a loaded machine outlasts: "after" is what the threads' turns left,
+    # not the clock (the hold's expiry is test_blas_threads_is_one_while_threads_take_turns')
+    monkeypatch.setattr(host, "SHARED_HOLD_S", 600.0)
     from adaptive.policy import MeasureEach
     r = bench.run(threads=4, launches=40, check_every=1, warmup=4, policy=MeasureEach())
     assert r["errors"] == [] and r["worst_rel_error"] < bench.TOLERANCE

@@ -1,22 +1,41 @@
-"""Every CUDA variant x config x dtype in the registry compiles for sm_90 with NVRTC.
+"""Every CUDA variant in the registry compiles for sm_90 with NVRTC.
 
-Enumerated from the registry (all ops, whoever added them), compiled by a pool of two
-processes into the kernel cache (so reruns are fast). A failure names the variant, the
-config, the dtype and carries NVRTC's log.
+By default a covering set of its configs x dtypes is compiled (every dtype and every value
+of each parameter at least once, the configs nearest each device limit, every config of the
+variants checked for spills); ``pytest --nvrtc-all`` compiles every one. The compiles are
+``adaptive nvrtc-check`` in the background, at nice 19, from the start of the session
+(``tests/background.py``), into the kernel cache (so reruns are fast). A failure names the
+variant, the config, the dtype and carries NVRTC's log.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
+from background import Job
 
 from adaptive import nvrtc
 from adaptive.errors import CompileError, InputValueError
 from adaptive.kcache import KernelCache, kernel_key
+from adaptive.limits import SM90
 from adaptive.ops import get_op
+from adaptive.space import Space
 
 pytestmark = pytest.mark.skipif(not nvrtc.available(),
                                 reason="cuda.bindings is not installed (pip install .[nvrtc])")
+
+
+def _check_args(folder: Path, config) -> list[str]:
+    args = ["-c", "import sys; from adaptive.cli import main; sys.exit(main())", "nvrtc-check",
+            "--quiet", "--workers", "2", "--json", str(folder / "results.json")]
+    return args if config.getoption("--nvrtc-all") else [*args, "--cover"]
+
+
+BACKGROUND = {"nvrtc-check": Job(_check_args, cpu_s=60.0, nice=19)} if nvrtc.available() \
+    else {}
 
 
 def _registry():
@@ -24,25 +43,24 @@ def _registry():
     return shared_registry()
 
 
+@pytest.fixture(scope="module")
+def nvrtc_results(background) -> list[dict]:
+    """One dict per compiled (variant, config, dtype), as ``nvrtc.check_all`` returns them."""
+    done = background("nvrtc-check")
+    path = done.folder / "results.json"
+    assert done.rc in (0, 1) and path.exists(), done.report()   # 1: some kernels failed
+    return json.loads(path.read_text())
+
+
 def _cuda_variant_ids():
     reg = _registry()
     return [v.id for op in reg.ops() for v in reg.variants(op, "cuda") if v.language == "cuda"]
 
 
-# variants whose every config must also compile without register spills (memory-bound
-# kernels where a spill costs the bandwidth they exist for)
-NO_SPILLS = {"attention/splitkv_mma"}
-
-
-@pytest.fixture(scope="module")
-def results():
-    return nvrtc.check_all(_registry(), workers=2)
-
-
 @pytest.mark.parametrize("variant_id", _cuda_variant_ids())
-def test_every_config_compiles(results, variant_id):
+def test_every_config_compiles(nvrtc_results, variant_id):
     op, name = variant_id.split("/")
-    mine = [r for r in results if r["op"] == op and r["variant"] == name]
+    mine = [r for r in nvrtc_results if r["op"] == op and r["variant"] == name]
     assert mine, f"{variant_id}: no config of it can launch on sm_90 (check its space)"
     failed = [r for r in mine if not r["ok"]]
     report = "\n\n".join(f"{variant_id} {r['dtype']} config={r['config']}:\n{r['log']}"
@@ -50,10 +68,54 @@ def test_every_config_compiles(results, variant_id):
     assert not failed, f"{len(failed)}/{len(mine)} configs failed to compile:\n{report}"
     for r in mine:
         assert r["resources"]["registers"] > 0, f"no ptxas report for {variant_id} {r}"
-    if variant_id in NO_SPILLS:
+    if variant_id in nvrtc.NO_SPILLS:
         spilled = [(r["dtype"], r["config"], r["resources"]) for r in mine
                    if r["resources"]["spill_store_bytes"] or r["resources"]["stack_bytes"]]
         assert not spilled, f"{variant_id}: configs that spill: {spilled}"
+
+
+def _key(job):
+    v, config, dtype = job
+    return v.id, tuple(sorted(config.items())), dtype
+
+
+def test_covering_set_holds_every_variant_dtype_value_and_limit_edge():
+    reg = _registry()
+    every = list(nvrtc.cuda_jobs(reg))
+    cover = nvrtc.covering_jobs(reg)
+    assert {_key(j) for j in cover} <= {_key(j) for j in every}
+    assert len(cover) < len(every) / 3, "a covering set this large saves nothing"
+    for vid in _cuda_variant_ids():
+        all_mine = [j for j in every if j[0].id == vid]
+        mine = [j for j in cover if j[0].id == vid]
+        if vid in nvrtc.NO_SPILLS:
+            assert len(mine) == len(all_mine), f"{vid}: every config is checked for spills"
+        assert {j[2] for j in mine} == {j[2] for j in all_mine}, f"{vid}: a dtype left out"
+        for name in all_mine[0][0].space.names:
+            assert {j[1][name] for j in mine} == {j[1][name] for j in all_mine}, \
+                f"{vid}: values of {name} left out"
+        space = all_mine[0][0].space
+        read = set().union(*(c.names for c in space.constraints)) if space.constraints else set()
+        for limit in (n for n in nvrtc.EDGE_LIMITS if n in read):
+            need = max(nvrtc.limit_need(space, j[1], limit) for j in all_mine)
+            edges = [j[1] for j in mine if nvrtc.limit_need(space, j[1], limit) == need]
+
+            def dtypes(jobs, config):
+                return {j[2] for j in jobs if j[1] == config}
+            assert any(dtypes(mine, c) == dtypes(all_mine, c) for c in edges), \
+                f"{vid}: no config nearest {limit} is compiled in every dtype"
+
+
+def test_limit_need_is_the_least_limit_that_admits_the_config():
+    space = Space.from_dict({"T": [128, 256], "S": [1, 2],
+                             "constraints": ["T <= max_threads_per_block",
+                                             "4096 * S <= max_shared_bytes"]})
+    assert nvrtc.limit_need(space, {"T": 256, "S": 1}, "max_threads_per_block") == 256
+    assert nvrtc.limit_need(space, {"T": 128, "S": 2}, "max_shared_bytes") == 8192
+    assert nvrtc.limit_need(space, {"T": 128, "S": 2}, "sm_count") == 0
+    too_big = {**SM90, "max_threads_per_block": 128}
+    assert nvrtc.limit_need(space, {"T": 256, "S": 1}, "max_shared_bytes", too_big) == \
+        too_big["max_shared_bytes"] + 1
 
 
 def test_ptxas_report_is_parsed():

@@ -1,11 +1,12 @@
 """Optional modules are imported once, under one lock, on the miss path."""
 
-import subprocess
-import sys
+import importlib.util
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
+from background import Job
 
 import adaptive
 from adaptive.errors import MissingDependencyError
@@ -27,46 +28,53 @@ def _variant(name="softmax_torch", needs=("torch",)):
                               "needs": list(needs)}, "softmax")
 
 
-def test_sixteen_threads_whose_first_launch_imports_torch_all_succeed():
+_SIXTEEN_THREADS = textwrap.dedent(f'''
+    import sys, threading
+    import numpy as np
+    sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]
+    from test_optional_imports import _variant
+    import adaptive
+    from adaptive.variants import Registry
+    assert "torch" not in sys.modules
+    reg = Registry([_variant()])
+    barrier = threading.Barrier(16)
+    errors, worst = [], []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        x = (rng.standard_normal((7, 33)) * 20).astype(np.float32)
+        d = adaptive.Dispatcher(backend="host", registry=reg)
+        barrier.wait()
+        try:
+            out = d.launch("softmax", x, variant="softmax_torch")
+        except BaseException as exc:
+            errors.append(repr(exc))
+            return
+        ref = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+        ref /= ref.sum(1, keepdims=True)
+        worst.append(float(np.abs(out - ref).max()))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print("errors", errors)
+    print("results", len(worst), max(worst) if worst else None)
+    assert not errors and len(worst) == 16 and max(worst) < 1e-6
+''')
+
+# a fresh process, so that torch is not imported yet; started with the session
+BACKGROUND = {"sixteen-threads-import-torch": Job(lambda folder, config: [
+    "-c", _SIXTEEN_THREADS], cpu_s=3.0, nice=19, timeout_s=300)} if importlib.util.find_spec("torch") \
+    else {}
+
+
+def test_sixteen_threads_whose_first_launch_imports_torch_all_succeed(background):
     """A fresh process (torch not imported yet): 16 threads, each its own dispatcher, start
     at once on a variant that needs torch; every result matches the float64 reference."""
     pytest.importorskip("torch", reason="torch is in the test extra")
-    code = textwrap.dedent(f'''
-        import sys, threading
-        import numpy as np
-        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
-        from test_optional_imports import _variant
-        import adaptive
-        from adaptive.variants import Registry
-        assert "torch" not in sys.modules
-        reg = Registry([_variant()])
-        barrier = threading.Barrier(16)
-        errors, worst = [], []
-
-        def work(seed):
-            rng = np.random.default_rng(seed)
-            x = (rng.standard_normal((7, 33)) * 20).astype(np.float32)
-            d = adaptive.Dispatcher(backend="host", registry=reg)
-            barrier.wait()
-            try:
-                out = d.launch("softmax", x, variant="softmax_torch")
-            except BaseException as exc:
-                errors.append(repr(exc))
-                return
-            ref = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
-            ref /= ref.sum(1, keepdims=True)
-            worst.append(float(np.abs(out - ref).max()))
-
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
-        [t.start() for t in threads]
-        [t.join() for t in threads]
-        print("errors", errors)
-        print("results", len(worst), max(worst) if worst else None)
-        assert not errors and len(worst) == 16 and max(worst) < 1e-6
-    ''')
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = background("sixteen-threads-import-torch")
+    assert done.rc == 0, done.report()
+    assert "results 16 " in done.stdout, done.report()
 
 
 def test_a_missing_optional_module_fails_only_the_variants_that_need_it():

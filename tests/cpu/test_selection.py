@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -56,9 +58,61 @@ def test_learned_policy_explores_on_real_calls_not_in_a_sweep(report):
         assert autotune.explored == AUTOTUNE_RUNS * s.candidates
 
 
-def test_a_warm_hit_costs_what_the_foundation_hot_path_costs(report):
-    print(f"warm-hit ratio learned / measure-each: {report.hot_path['ratio']:.3f}")
-    assert report.hot_path["ratio"] < 1.5    # the same code path; the margin is timer noise
+def _warm_hit_calls(d, x) -> list[tuple[str, str]]:
+    """The calls one warm ``d.launch`` makes in adaptive's own code up to the backend: Python
+    functions as (file, name), and the C functions those call."""
+    import adaptive
+    root = Path(adaptive.__file__).parent
+    seen = []
+
+    def ours(frame) -> str | None:
+        path = Path(frame.f_code.co_filename)
+        if path.is_relative_to(root) and not path.is_relative_to(root / "backends"):
+            return path.relative_to(root).as_posix()
+        return None
+
+    def profile(frame, event, arg):
+        where = ours(frame)
+        if where is not None and event == "call":
+            seen.append((where, frame.f_code.co_name))
+        elif where is not None and event == "c_call":
+            seen.append(("C", getattr(arg, "__qualname__", repr(arg))))
+    sys.setprofile(profile)
+    try:
+        d.launch("softmax", x)
+    finally:
+        sys.setprofile(None)
+    return [c for c in seen if c != ("C", "setprofile")]
+
+
+@pytest.mark.parametrize("sample_every", [0, 10**9], ids=["plain", "sampling-on"])
+def test_a_warm_hit_costs_what_the_foundation_hot_path_costs(sample_every):
+    """A committed key under the learned policy runs the foundation's hot path call for call:
+    no policy code, no lock, no miss. (What it costs in µs, learned / measure-each, is the
+    selection benchmark's ``warm hit`` line and target, not a timed test.)"""
+    from adaptive.backends import get_backend
+    from adaptive.dispatch import Dispatcher
+    from adaptive.ops import OPS
+    from adaptive.policy.learned import Learned
+    be = get_backend("host")
+    x = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    key = OPS["softmax"].key((x,), {})
+    traces = {}
+    for name, d in (("learned", Dispatcher(be, policy=Learned())), ("measure-each",
+                                                                    Dispatcher(be))):
+        for _ in range(200):                      # until the key is committed
+            d.launch("softmax", x)
+            if not d.current_plan(key).provisional:
+                break
+        assert not d.current_plan(key).provisional, f"{name} never committed"
+        d.sample_every = sample_every
+        d.launch("softmax", x)                    # a tick past any sampled call
+        traces[name] = _warm_hit_calls(d, x)
+    learned = traces["learned"]
+    assert ("dispatch.py", "run") in learned and ("ops/base.py", "key") in learned
+    assert learned == traces["measure-each"]
+    assert not [c for c in learned if c[0].startswith("policy/") or c[1] == "_miss"
+                or "lock" in c[1].lower()]
 
 
 def test_model_accuracy_is_reported_on_the_stream_inputs(report):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from background import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_DIR = ROOT / "examples" / "server"
@@ -568,8 +569,43 @@ def test_adaptive_modes_match_the_float64_reference(mode, reference_model):
         s.close()
 
 
+def _gpu_server_args(folder: Path, config) -> list[str]:
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(SERVER_DIR)!r}]; "
+            "from benchmarks import gpu_server; "
+            f"gpu_server.run({str(folder)!r}, device='host', duration_s=0.3)")  # s per load
+    return ["-c", code]
+
+
+def _example_args(script: str, args: list[str]):
+    def make(folder: Path, config) -> list[str]:
+        return [str(ROOT / "examples" / script), *(a.format(tmp=folder) for a in args)]
+    return make
+
+
+EXAMPLES = [("build_pack.py", ["--out", "{tmp}/p.pack", "--lengths", "64", "--repeats", "2"],
+             "loaded: "),
+            ("analyse_counter_log.py", [], "usable as cost-model training rows"),
+            ("torch_interop.py", [], "nn.Module with AdaptiveLinear")]
+
+
+def _has(*modules: str) -> bool:
+    import importlib.util
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+# subprocesses started with the session, beside the other tests (the load generator's
+# windows are timed: normal priority; the examples wait for idle CPU)
+BACKGROUND = {
+    **({"gpu_server-dry-run": Job(_gpu_server_args, cpu_s=8.0, timeout_s=600)}
+       if _has(*SERVE) else {}),
+    **{f"example-{script}": Job(_example_args(script, args), cpu_s=3.0, nice=19,
+                                timeout_s=300)
+       for script, args, _ in EXAMPLES if script != "torch_interop.py" or _has("torch")},
+}
+
+
 @pytest.mark.slow
-def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
+def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
     need(*SERVE)
     sys.path.insert(0, str(ROOT))
     from benchmarks import gpu_server
@@ -578,7 +614,9 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
         integrated = True
     except ImportError:
         integrated = False
-    payload = gpu_server.run(str(tmp_path), device="host", duration_s=0.3)   # s per load
+    done = background("gpu_server-dry-run")
+    assert done.rc == 0, done.report()
+    payload = json.loads((done.folder / "gpu_server.json").read_text())
     results = {r["mode"]: r for r in payload["results"]}
     assert list(results) == ["torch", "adaptive", "static"]
     assert payload["preset"] == "tiny" and payload["concurrency"] == [2, 4]
@@ -598,7 +636,7 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path):
     assert ("adaptive / torch at  4 clients" in table) == integrated
     rows = gpu_server.summary_rows(payload)
     assert [r["case"] for r in rows][:2] == ["torch x2", "torch x4"]
-    assert json.loads((tmp_path / "gpu_server.json").read_text())["device"] == "cpu"
+    assert payload["device"] == "cpu"
     assert gpu_server.main(str(tmp_path))[0]["case"] == "skipped"     # no GPU here
 
 
@@ -628,21 +666,13 @@ def test_block_static_and_torch_modes_match_reference(dispatch, rng):
         assert choices["gemm"].startswith("host_blas") and choices["spmm"].startswith("host_bsr")
 
 
-EXAMPLES = [("build_pack.py", ["--out", "{tmp}/p.pack", "--lengths", "64", "--repeats", "2"],
-             "loaded: "),
-            ("analyse_counter_log.py", [], "usable as cost-model training rows"),
-            ("torch_interop.py", [], "nn.Module with AdaptiveLinear")]
-
-
 @pytest.mark.parametrize("script,args,expect", EXAMPLES, ids=[e[0] for e in EXAMPLES])
-def test_examples_run(script, args, expect, tmp_path):
+def test_examples_run(script, args, expect, background):
     if script == "torch_interop.py":
         need("torch")
-    args = [a.format(tmp=tmp_path) for a in args]
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert expect in proc.stdout
+    done = background(f"example-{script}")     # run in its own folder, from the start
+    assert done.rc == 0, done.report(2000)
+    assert expect in done.stdout
 
 
 def test_shape_buckets_pad_width_and_rows_to_powers_of_two_and_emit_real_rows_only(

@@ -75,19 +75,27 @@ def _mma_source() -> str:
     return cuda_emu.HEADER + src + "\n" + wrapper
 
 
-@pytest.fixture(scope="module")
-def libs(tmp_path_factory):
-    """The kernels of CONFIGS and spmm_bsr_mma.cu, compiled once and side by side: the
-    name (or "mma") -> the shared library."""
-    tmp = tmp_path_factory.mktemp("grouped")
+def emu_jobs(folder: Path) -> dict:
+    """The kernels of CONFIGS and spmm_bsr_mma.cu: library -> (source, g++ flags)."""
     jobs = {}
     for name, config in CONFIGS:
         variant = _variant(name)
         flags = [f"-D{k}={v}" for k, v in config.items()] + list(variant.options)
-        jobs[tmp / f"{name}.so"] = (_wrapped_source(config.get("SPLIT", 1) > 1), flags)
-    jobs[tmp / "mma.so"] = (_mma_source(), MMA_FLAGS)
-    cuda_emu.compile_all(jobs)
-    return {lib.stem: lib for lib in jobs}
+        jobs[folder / f"{name}.so"] = (_wrapped_source(config.get("SPLIT", 1) > 1), flags)
+    jobs[folder / "mma.so"] = (_mma_source(), MMA_FLAGS)
+    return jobs
+
+
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=8.0)
+
+
+@pytest.fixture(scope="module")
+def libs(background):
+    """The kernels of CONFIGS and spmm_bsr_mma.cu, compiled once, side by side, in the
+    background: the name (or "mma") -> the shared library."""
+    done = background(f"emu-{Path(__file__).stem}")
+    assert done.rc == 0, done.report()
+    return {lib.stem: lib for lib in emu_jobs(done.folder)}
 
 
 @pytest.mark.parametrize("name,config", CONFIGS, ids=[n for n, _ in CONFIGS])
