@@ -21,6 +21,22 @@ def test_mixed_report_is_consistent():
         assert sum(r.choices.values()) == r.inputs
     text = bench.format_mixed(reports)
     assert "softmax" in text and "adaptive-steady/oracle" in text
+    # 3 calls an input are too few to time every explored candidate 3 times: said, not
+    # hidden in the steady price
+    spmm = reports[1]
+    assert 0 < spmm.exploring <= spmm.inputs
+    assert f"({spmm.exploring} of {spmm.inputs} still exploring)" in text
+    assert any("inputs still exploring" in v for v in bench.mixed_verdicts(reports))
+
+
+def test_mixed_verdicts_tell_a_tie_from_a_win_and_a_loss():
+    def report(adaptive_ms, fixed_ms):
+        return bench.OpReport("gemm", 2, 60, 10.0, "host_blas", fixed_ms, 50.0, adaptive_ms,
+                              0.0, {"host_blas": 2})
+    verdicts = bench.mixed_verdicts([report(10.0, 10.0), report(10.0, 12.0),
+                                     report(12.5, 12.0)])
+    assert [v.split(": adaptive ")[1].split(" the best")[0] for v in verdicts] == [
+        "MATCHED", "BEAT", "did NOT beat"]
 
 
 def test_overhead_is_measured():
