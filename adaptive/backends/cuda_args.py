@@ -21,6 +21,7 @@ Scalars are ``int32`` (bools 0/1, ``None`` is an error) and ``float32`` for floa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable, Mapping
 
@@ -177,8 +178,15 @@ def make_launcher(slots: list[Slot], env: dict, function, grid: tuple, block: tu
     env, u64 = _as_kernel_args(env, function)
     namespace = {"_f": function, "_grid": grid, "_block": block, "_smem": shared_bytes,
                  "_u64": u64, **env, **(extra or {})}
-    exec(compile(src, "<adaptive launcher>", "exec"), namespace)  # noqa: S102 (our own text)
+    exec(_compiled(src), namespace)  # noqa: S102 (our own text)
     return namespace["launch"]
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(src: str):
+    """The launcher's code, compiled once per text: the keys of one variant share it (their
+    constants differ, their names do not), and compiling took ~40 us of each miss."""
+    return compile(src, "<adaptive launcher>", "exec")
 
 
 def _as_kernel_args(env: dict, function) -> tuple[dict, Callable]:

@@ -191,6 +191,26 @@ def test_generated_launcher_passes_slots_in_order():
     assert calls == [((4,), (32,), ("X", "OUT", 4, 9), 0, None)]
 
 
+def test_launchers_of_two_keys_share_their_code_and_keep_their_own_constants():
+    """A miss compiles no Python: the launcher text of a variant is the same for each key
+    (its constants have names), compiled once; each launcher passes its key's values."""
+    from adaptive.backends import cuda_args
+    calls = []
+    op = get_op("softmax")
+    launches = []
+    for shape in ((4, 9), (6, 11)):
+        problem = op.problem((np.ones(shape, "f4"),), {})
+        slots, env = cuda_args.bind(op, ["x", "out", "R", "C"], "cupy", problem.scope(),
+                                    problem)
+        launches.append(cuda_args.make_launcher(slots, env, lambda *a: calls.append(a),
+                                                shape, (32,), 0))
+    assert launches[0].__code__ is launches[1].__code__
+    for launch in launches:
+        launch(("X",), "OUT")
+    assert calls == [((4, 9), (32,), ("X", "OUT", 4, 9), 0, None),
+                     ((6, 11), (32,), ("X", "OUT", 6, 11), 0, None)]
+
+
 def test_a_plan_has_one_workspace_per_stream():
     """Two streams running one split-K plan at once must not share partials and counters."""
     from adaptive.backends import cuda_args
