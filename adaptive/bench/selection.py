@@ -263,15 +263,16 @@ class SelectionReport:
         out = []
         for s in self.streams:
             fixed = self.result(s.stream, "best-fixed")
-            parts, beat = [], []
-            for p in self.learned_policies():
-                r = self.result(s.stream, p)
-                beat.append(r.steady_ms < fixed.steady_ms)
-                parts.append(f"{p} {r.steady_ratio:.3f}")
+            parts = [f"{p} {self.result(s.stream, p).steady_ratio:.3f}"
+                     for p in self.learned_policies()]
             main = self.learned_policies()[-1]
-            won = self.result(s.stream, main).steady_ms < fixed.steady_ms
-            out.append(f"{s.stream}: adaptive ({main}) {'BEAT' if won else 'did NOT beat'} the "
-                       f"best fixed choice: steady/oracle {', '.join(parts)} vs best-fixed "
+            # judged on the ratios as printed: equal to three decimals is a tie
+            mine, theirs = (round(r.steady_ratio, 3) for r in (self.result(s.stream, main),
+                                                                fixed))
+            verdict = ("MATCHED" if mine == theirs else "BEAT" if mine < theirs
+                       else "did NOT beat")
+            out.append(f"{s.stream}: adaptive ({main}) {verdict} the best fixed choice: "
+                       f"steady/oracle {', '.join(parts)} vs best-fixed "
                        f"{fixed.steady_ratio:.3f}")
         return out
 
