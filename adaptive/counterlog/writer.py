@@ -57,6 +57,7 @@ class _Retired:
     timer: object
     closed: bool = False          # every call it tagged written or counted; stopped
 
+
 class CounterLog:
     """Writes launch records of the dispatchers it is attached to; see :func:`counter_log`."""
 
@@ -330,16 +331,20 @@ class CounterLog:
                 self.timings[index] = "cuda_event" if new is not None else "host"
                 swaps += [(d, rec, new) for d, rec in self._recorders.items()
                           if rec.timer is timer]
+            new_recorders = []
             for d, old, new in swaps:
                 rec = LogRecorder(self, d, new)
                 self._apply(rec, state)
                 self._recorders[d] = rec
-                d.add_recorder(rec)                 # in front of the old one: no call
-                d.remove_recorder(old)              # goes unlogged in between
+                new_recorders.append((d, old, rec))
             self.handover = (
                 f"CUPTI's cost was {state.handover_cost:.1%} of wall time, over the "
                 f"{self.overhead_budget:.1%} budget, {state.elapsed_s:.1f} s into the log: "
                 "calls are timed by sampled CUDA event pairs from then on")
+        for d, old, rec in new_recorders:   # outside the log's lock, as attach() does
+            if self._recorders.get(d) is rec:   # (not detached meanwhile)
+                d.add_recorder(rec)             # in front of the old one: no call
+            d.remove_recorder(old)              # goes unlogged in between
         log.warning("counter log %s: %s", self.path, self.handover)
 
     def _drain(self, final: bool = False) -> None:
