@@ -68,6 +68,20 @@ def test_the_interval_doubles_over_budget_halves_under_and_stays_in_bounds():
     assert g.state.cupti == "on"                          # no CUPTI asked about: untouched
 
 
+def test_cupti_hands_over_once_after_its_first_window_and_never_comes_back():
+    g = Governor(0.02, every=16, period_s=0.25, window_s=0.5)
+    g.start(0.0, 0.0)
+    assert g.step(0.3, 0.3, cupti=True).cupti == "on"     # over budget inside the window
+    state = g.step(0.6, 0.6, cupti=True)
+    assert state.cupti == "events" and state.handover_cost == pytest.approx(1.0)
+    assert state.active_s == pytest.approx(0.6)
+    for t in (0.9, 1.2, 60.0):                            # under budget: stays handed over
+        assert g.step(t, 0.6, cupti=False).cupti == "events"
+    assert g.state.active_fraction == pytest.approx(0.01)
+    g.keep_cupti()                                        # the caller could not hand over
+    assert g.state.cupti == "on" and g.step(61.0, 61.0, cupti=True).cupti == "on"
+
+
 def test_records_carry_the_interval_they_were_taken_at(tmp_path, rng, host):
     clock, cost = Clock(), Cost()
     path = tmp_path / "gov.alog"
