@@ -590,9 +590,8 @@ class CuptiTimer:
         if self.problem is not None:
             return
         counts = a.counts
-        api = "narrowed to launches" if a.narrowed else "all"
-        if widened:
-            api = "narrowed to launches (now widened to every call)"
+        api = ("narrowed to launches (now widened to every call)" if widened else
+               "narrowed to launches" if a.narrowed else "all")
         self.problem = (
             f"CUPTI timing: call {ext} dropped: {why} (CUPTI delivered {counts['buffers']} "
             f"buffers, {counts['kernels']} kernel records, {counts['external']} "

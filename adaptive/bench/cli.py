@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from adaptive import arrays
+from adaptive.bench import verdict
 from adaptive.ops import OPS
 from adaptive.progress import Heartbeat, doing
 from adaptive.timing import measure, measure_each
@@ -203,12 +204,9 @@ def format_mixed(reports) -> str:
 
 def mixed_verdicts(reports) -> list[str]:
     """One line per op: did the adaptive choices beat the best fixed candidate?"""
-    def won(r) -> str:
-        # judged on the ratios as printed: equal to three decimals is a tie
-        mine, theirs = round(r.adaptive_ratio, 3), round(r.fixed_ratio, 3)
-        return "MATCHED" if mine == theirs else "BEAT" if mine < theirs else "did NOT beat"
-    return [f"mixed {r.op}: adaptive {won(r)} the best fixed choice ({r.fixed_best}): "
-            f"adaptive/oracle {r.adaptive_ratio:.3f} vs fixed/oracle {r.fixed_ratio:.3f}"
+    return [f"mixed {r.op}: adaptive {verdict(r.adaptive_ratio, r.fixed_ratio)} the best "
+            f"fixed choice ({r.fixed_best}): adaptive/oracle {r.adaptive_ratio:.3f} vs "
+            f"fixed/oracle {r.fixed_ratio:.3f}"
             + (f" ({r.exploring} of {r.inputs} inputs still exploring)" if r.exploring else "")
             for r in reports]
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from adaptive import arrays
+from adaptive.bench import verdict
 from adaptive.ops import OPS
 from adaptive.progress import doing
 from adaptive.timing import measure, measure_each
@@ -266,12 +267,8 @@ class SelectionReport:
             parts = [f"{p} {self.result(s.stream, p).steady_ratio:.3f}"
                      for p in self.learned_policies()]
             main = self.learned_policies()[-1]
-            # judged on the ratios as printed: equal to three decimals is a tie
-            mine, theirs = (round(r.steady_ratio, 3) for r in (self.result(s.stream, main),
-                                                                fixed))
-            verdict = ("MATCHED" if mine == theirs else "BEAT" if mine < theirs
-                       else "did NOT beat")
-            out.append(f"{s.stream}: adaptive ({main}) {verdict} the best fixed choice: "
+            won = verdict(self.result(s.stream, main).steady_ratio, fixed.steady_ratio)
+            out.append(f"{s.stream}: adaptive ({main}) {won} the best fixed choice: "
                        f"steady/oracle {', '.join(parts)} vs best-fixed "
                        f"{fixed.steady_ratio:.3f}")
         return out

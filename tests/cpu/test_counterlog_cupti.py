@@ -129,18 +129,26 @@ def host():
     return d
 
 
-def kernels_in_run(d, op, args, cupti, spans):
-    """Make the plan of ``op`` issue fake kernels (after one undisturbed launch that
-    decides): ``spans[0]`` is popped per call, a list of (start_ns, end_ns)."""
+def before_run(d, op, args, before):
+    """Make the plan of ``op`` call ``before()`` first on each call (after one undisturbed
+    launch that decides)."""
     d.launch(op, *args)                                   # decided before the log
     plan = d._plans[get_op(op).key(args, {})]
     run = plan.run
 
-    def run_with_kernels(a, out):
+    def run_after(a, out):
+        before()
+        return run(a, out)
+    d._plans[plan.key] = dataclasses.replace(plan, run=run_after)
+
+
+def kernels_in_run(d, op, args, cupti, spans):
+    """Make the plan of ``op`` issue fake kernels: ``spans[0]`` is popped per call, a list
+    of (start_ns, end_ns)."""
+    def issue():
         for i, (start, end) in enumerate(spans.pop(0)):
             cupti.launch(f"{op}_k{i}", start, end)
-        return run(a, out)
-    d._plans[plan.key] = dataclasses.replace(plan, run=run_with_kernels)
+    before_run(d, op, args, issue)
 
 
 def attach(clog, d, timer):
@@ -565,15 +573,11 @@ def test_a_launch_the_narrowing_missed_widens_the_api_records(tmp_path, rng, fak
     cupti, timer, clock, _ = fake
     x = rng.standard_normal((4, 9)).astype(np.float32)
     d_spans = [[(1_000, 3_000)], [(4_000, 9_000)]]
-    host.launch("softmax", x)                         # decided before the log
-    plan = host._plans[get_op("softmax").key((x,), {})]
-    run = plan.run
 
-    def run_through_memalloc(a, out):                 # cbid 2: not a launch call
+    def through_memalloc():                           # cbid 2: not a launch call
         start, end = d_spans.pop(0)[0]
         cupti.launch("odd", start, end, cbid=2 if d_spans else 3)
-        return run(a, out)
-    host._plans[plan.key] = dataclasses.replace(plan, run=run_through_memalloc)
+    before_run(host, "softmax", (x,), through_memalloc)
     clog = CounterLog(tmp_path / "wide.alog", sample_every=1, flush_interval_s=60.0,
                       govern=False, nvml=False).open()
     attach(clog, host, timer)
@@ -601,14 +605,7 @@ def test_a_call_lost_with_its_id_record_in_never_widens_the_api_records(tmp_path
     call the narrowing missed, and widening would record every API call for good."""
     cupti, timer, clock, _ = fake
     x = rng.standard_normal((4, 9)).astype(np.float32)
-    host.launch("softmax", x)                         # decided before the log
-    plan = host._plans[get_op("softmax").key((x,), {})]
-    run = plan.run
-
-    def run_kernel_lost(a, out):                      # the id record only
-        cupti._api(3, 1_000)
-        return run(a, out)
-    host._plans[plan.key] = dataclasses.replace(plan, run=run_kernel_lost)
+    before_run(host, "softmax", (x,), lambda: cupti._api(3, 1_000))   # the id record only
     clog = CounterLog(tmp_path / "narrow.alog", sample_every=1, flush_interval_s=60.0,
                       govern=False, nvml=False).open()
     attach(clog, host, timer)
