@@ -14,7 +14,10 @@ through cupti-python, and the cost staying after disable; these configurations s
   * ``raw_kernel`` / ``raw_all``: the same kinds, the buffer callbacks registered with
     ``ctypes`` straight on libcupti (no binding between CUPTI and us): a completed buffer
     is copied out whole (one memcpy) and parsed after the timed blocks, with the
-    per-record parse cost printed (``cuptiActivityGetNextRecord`` + field reads).
+    per-record parse cost printed (``cuptiActivityGetNextRecord`` + field reads);
+  * ``activity``: ``CuptiActivity`` as the counter log makes it now (its buffers through
+    ctypes, parsed by ``profilers.cupti_buffers``), collected every 20 ms by a thread as
+    the counter log's writer does.
 
     PYTHONPATH=$PWD python3 benchmarks/probe_cupti_variants.py     # H200, about 2 minutes
     python3 benchmarks/probe_cupti_variants.py --dry-run            # the plan, no GPU
@@ -38,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 VARIANTS = ("kernel_noop", "kernel_serial_noop", "all_noop", "all_parse", "raw_kernel",
-            "raw_all")
+            "raw_all", "activity")
 STREAM_NAMES = ("gpu_bound", "host_bound")
 
 
@@ -187,13 +190,36 @@ def _start(variant: str):
             self.counts["buffers"] += 1
             self.counts["other"] += len(activities)
             self.callback_cpu_s += time.thread_time() - t0
-    act = (Counting if variant == "all_noop" else CuptiActivity)(cupti)
+    if variant == "activity":
+        act = CuptiActivity(cupti)
+    else:
+        act = (Counting if variant == "all_noop" else CuptiActivity)(cupti, lib=False)
     if act.status != "ok":
         raise RuntimeError(f"CUPTI: {act.status}")
+    import threading
+    done = threading.Event()
+    collect_s = [0.0]
+
+    def collector():                 # the reader's parsing, on its own thread
+        while not done.wait(0.02):
+            t0 = time.thread_time()
+            act.flush()
+            act.collect(time.monotonic())
+            collect_s[0] += time.thread_time() - t0
+    thread = threading.Thread(target=collector, daemon=True)
+    if variant == "activity":
+        thread.start()
 
     def stop_activity():
+        done.set()
+        if thread.is_alive():
+            thread.join()
         act.close()
-        return {"callback_s": act.callback_cpu_s, "narrowed": act.narrowed, **act.counts}
+        b = act._buffers
+        return {"callback_s": act.callback_cpu_s, "collect_cpu_s": collect_s[0],
+                "narrowed": act.narrowed, "ctypes": b is not None,
+                "slow_buffers": b.slow_buffers if b else None,
+                "mismatch": b.mismatch if b else None, **act.counts}
     return stop_activity
 
 

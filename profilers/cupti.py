@@ -3,7 +3,9 @@
 A second timing source beside CUDA events: ``CONCURRENT_KERNEL`` activity records give
 each kernel's start and end on the GPU's clock, and an external correlation id pushed
 around a launch ties the kernels it issued to a tag (the op and candidate). Uses the
-``cupti-python`` package (CUDA 13), imported on first use. The DRIVER and RUNTIME API
+``cupti-python`` package (CUDA 13), imported on first use; the activity buffers
+themselves are taken through ctypes on the libcupti it loads (see
+:mod:`profilers.cupti_buffers` for why). The DRIVER and RUNTIME API
 kinds are enabled too: CUPTI writes an external-correlation record only beside an API
 record, so without them no kernel carries the id pushed around its call (their records
 are counted in ``counts["other"]`` and dropped). On r580 drivers CUPTI allows
@@ -69,6 +71,12 @@ class CuptiActivity:
         names: copy each kernel's name out of the buffer (for :meth:`harvest`'s records;
             the timers join by id and need none: the shared activity copies none, which
             saves building a string of a mangled name for every kernel launched).
+        lib: how CUPTI's buffers reach us. None (default): for the real binding, callbacks
+            registered with ctypes on the libcupti it loaded, a buffer copied out whole
+            and parsed by the reader (:mod:`profilers.cupti_buffers`: cupti-python's own
+            callbacks build a Python object a record, which cost a launch stream 54-86%
+            on the H200, run S5; these 2%); False: cupti-python's callbacks; or a
+            stand-in for libcupti (tests).
 
     ``status`` is "ok" or why CUPTI is unavailable; when it is not "ok" every method is a
     cheap no-op, so callers need no second code path. External ids come from one
@@ -88,8 +96,10 @@ class CuptiActivity:
     """
 
     def __init__(self, cupti=None, buffer_bytes: int = 1 << 20, narrow: bool = True,
-                 names: bool = True):
+                 names: bool = True, lib=None):
         self.buffer_bytes = buffer_bytes
+        self._lib = lib
+        self._buffers = None      # CtypesBuffers: CUPTI's buffers taken through ctypes
         self.narrow, self.names = narrow, names
         self.narrowed = False        # API records limited to launches (1 id record a launch)
         self._cupti = None
@@ -115,7 +125,7 @@ class CuptiActivity:
         # serving thread through the GIL; the counter log's governor counts it as its
         # cost); a callback inside a flush runs on the flushing thread, whose own CPU time
         # already holds it, so it is left out here
-        self.callback_cpu_s = 0.0
+        self._callback_cpu_s = 0.0
         self._flushing: int | None = None         # the thread inside a flush, if any
         self.idle_users = 0                 # users that let recording pause (see idle())
         self._idle_lock = threading.Lock()
@@ -165,10 +175,14 @@ class CuptiActivity:
 
     def _open(self, cupti) -> str:
         try:
+            real = cupti is None or getattr(cupti, "__name__", "") == "cupti.cupti"
             if cupti is None:
                 from cupti import cupti
             self._cupti, self._kinds = cupti, cupti.ActivityKind
-            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            self._buffers = self._ctypes_buffers(cupti, real)
+            if self._buffers is None:
+                cupti.activity_register_callbacks(self._buffer_requested,
+                                                  self._buffer_completed)
             self._enable(cupti)
         except ImportError as exc:
             self._cupti = self._kinds = None
@@ -187,6 +201,48 @@ class CuptiActivity:
             return "ok"
         log.warning("%s", status)
         return status
+
+    def _ctypes_buffers(self, cupti, real: bool):
+        """CUPTI's buffer callbacks registered through ctypes on libcupti (see
+        :mod:`profilers.cupti_buffers`), or None: the binding's callbacks (``lib=False``,
+        a fake CUPTI without ``lib``, or no libcupti found mapped)."""
+        if self._lib is False or (self._lib is None and not real):
+            return None
+        from profilers.cupti_buffers import CtypesBuffers, Layout, loaded_cupti_path
+        lib = self._lib
+        if lib is None:
+            import ctypes
+            cupti.get_timestamp()             # the binding loads libcupti on first use
+            path = loaded_cupti_path()
+            if path is None:
+                log.warning("CUPTI: libcupti is not mapped in this process; buffers go "
+                            "through cupti-python's callbacks, which cost a launch far "
+                            "more (a Python object a record)")
+                return None
+            lib = ctypes.CDLL(path)
+        return CtypesBuffers(lib, Layout.from_binding(cupti), self.buffer_bytes,
+                             flushing=lambda: threading.get_ident() == self._flushing)
+
+    @property
+    def callback_cpu_s(self) -> float:
+        """CPU seconds in the buffer callbacks on CUPTI's own threads."""
+        b = self._buffers
+        return self._callback_cpu_s + (b.callback_cpu_s if b is not None else 0.0)
+
+    @callback_cpu_s.setter
+    def callback_cpu_s(self, value: float) -> None:
+        b = self._buffers
+        self._callback_cpu_s = value - (b.callback_cpu_s if b is not None else 0.0)
+
+    def _drain(self) -> None:
+        """Parse the buffers copied out through ctypes into ``_raw`` (under ``_lock``)."""
+        b = self._buffers
+        if b is None or not b.done:
+            return
+        deliveries, other = b.drain(self.names)
+        self._raw.extend(deliveries)
+        self.counts["buffers"] = b.buffers
+        self.counts["other"] += other
 
     # ---- CUPTI's threads ---------------------------------------------------------------
     def _buffer_requested(self):
@@ -220,7 +276,7 @@ class CuptiActivity:
                 log.error("%s", self.error)
         finally:
             if threading.get_ident() != self._flushing:
-                self.callback_cpu_s += thread_time() - t0
+                self._callback_cpu_s += thread_time() - t0
 
     # ---- caller's thread ---------------------------------------------------------------
     def push(self, tag: object) -> int:
@@ -264,6 +320,7 @@ class CuptiActivity:
             return []
         kernels, out = [], []
         with self._lock:
+            self._drain()
             while self._raw:
                 for rec in self._raw.popleft():
                     if rec[0] == kinds.EXTERNAL_CORRELATION:
@@ -283,9 +340,10 @@ class CuptiActivity:
         caller's clock, kept per id as the time its last record came
         (:meth:`quiet_since`)."""
         kinds = self._kinds
-        if kinds is None or not self._raw:
+        if kinds is None or not (self._raw or (self._buffers and self._buffers.done)):
             return
         with self._lock:
+            self._drain()
             self._now = now
             raw, ids, kernels = self._raw, [], []
             external = kinds.EXTERNAL_CORRELATION

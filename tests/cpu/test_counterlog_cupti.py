@@ -6,6 +6,7 @@ test_counterlog_governor.py): it would judge the fake's costs by this machine's 
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import enum
 import sys
@@ -101,6 +102,108 @@ class FakeCupti:
             self.deliver()                            # else the test delivers explicitly
 
 
+# CUPTI's record layouts as the binding's dtypes give them (cupti-python 13): the fields
+# the reader reads, at offsets like the C structs'; the ctypes fake writes these bytes
+KERNEL_DTYPE = np.dtype({"names": ["kind", "start", "end", "correlation_id", "name"],
+                         "formats": ["<u4", "<u8", "<u8", "<u4", "<u8"],
+                         "offsets": [0, 16, 24, 36, 48], "itemsize": 196})
+EXTERNAL_DTYPE = np.dtype({"names": ["kind", "external_kind", "external_id",
+                                     "correlation_id"],
+                           "formats": ["<u4", "<u4", "<u8", "<u4"],
+                           "offsets": [0, 4, 8, 16], "itemsize": 24})
+API_DTYPE = np.dtype({"names": ["kind", "cbid", "start", "end", "correlation_id"],
+                      "formats": ["<u4", "<u4", "<u8", "<u8", "<u4"],
+                      "offsets": [0, 4, 8, 16, 32], "itemsize": 40})
+
+
+class FakeLib:
+    """libcupti's three functions the ctypes buffers call, over a fake's buffers: the
+    callbacks registered, ``cuptiActivityGetNextRecord`` walking records by the sizes
+    the fake wrote them with, ``cuptiGetResultString``."""
+
+    _NEXT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.POINTER(ctypes.c_void_p))
+    _RESULT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
+
+    def __init__(self, sizes: dict, refuse: int = 0):
+        self.sizes, self.refuse = sizes, refuse          # kind -> bytes the fake writes
+        self.cuptiActivityGetNextRecord = self._NEXT(self._next)
+        self.cuptiGetResultString = self._RESULT(self._result)
+        self._names = {}
+        self.requested = self.completed = None
+
+    def cuptiActivityRegisterCallbacks(self, requested, completed):
+        if self.refuse:
+            return self.refuse
+        self.requested, self.completed = requested, completed
+        return 0
+
+    def _next(self, buf, valid, rec):
+        cur = rec[0]
+        nxt = buf if cur is None else cur + self.sizes[ctypes.c_uint32.from_address(cur).value]
+        if nxt >= buf + valid:
+            return 10                                   # CUPTI_ERROR_MAX_LIMIT_REACHED
+        rec[0] = nxt
+        return 0
+
+    def _result(self, rc, text):
+        name = self._names.setdefault(rc, ctypes.create_string_buffer(
+            b"CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED" if rc == 39 else b"CUPTI_ERROR"))
+        text[0] = ctypes.cast(name, ctypes.c_char_p)
+        return 0
+
+
+class CtypesFakeCupti(FakeCupti):
+    """The same fake, its buffers handed over as CUPTI does to callbacks registered on
+    libcupti: raw records written at their offsets into a buffer the reader asked for.
+    ``sizes``: the bytes it writes each kind's record in (default: the dtypes')."""
+
+    activity_kernel10_dtype = KERNEL_DTYPE
+    activity_external_correlation_dtype = EXTERNAL_DTYPE
+    activity_api_dtype = API_DTYPE
+
+    def __init__(self, sizes: dict | None = None, refuse: int = 0):
+        super().__init__()
+        self.sizes = sizes or {10: 200, 19: 24, 5: 40, 6: 40}
+        self.lib = FakeLib(self.sizes, refuse)
+        self.names = {}                                 # kernel name -> its C string
+
+    def activity_register_callbacks(self, requested, completed):
+        raise AssertionError("the ctypes path registers on libcupti, not the binding")
+
+    def _name_ptr(self, name: str) -> int:
+        buf = self.names.setdefault(name, ctypes.create_string_buffer(name.encode()))
+        return ctypes.addressof(buf)
+
+    def deliver(self, keep_last: int = 0):
+        cut = len(self.pending) - keep_last
+        records, self.pending = self.pending[:cut], self.pending[cut:]
+        buf, size, most = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_size_t()
+        self.lib.requested(ctypes.byref(buf), ctypes.byref(size), ctypes.byref(most))
+        data = bytearray()
+        for r in records:
+            rec = bytearray(self.sizes[r.kind])
+            rec[0:4] = r.kind.to_bytes(4, "little")
+            if r.kind == 10:
+                dt, vals = KERNEL_DTYPE, {"start": r.start, "end": r.end,
+                                          "correlation_id": r.correlation_id,
+                                          "name": self._name_ptr(r.name)}
+            elif r.kind == 19:
+                dt, vals = EXTERNAL_DTYPE, {"external_id": r.external_id,
+                                            "correlation_id": r.correlation_id}
+            else:
+                dt, vals = API_DTYPE, {"start": r.start, "end": r.end,
+                                       "correlation_id": r.correlation_id}
+            for field, value in vals.items():
+                fmt, off = dt.fields[field][:2]
+                bits = int(value) & ((1 << 8 * fmt.itemsize) - 1)   # as C stores it
+                rec[off:off + fmt.itemsize] = bits.to_bytes(fmt.itemsize, "little")
+            data += rec
+        assert len(data) <= size.value
+        ctypes.memmove(buf.value, bytes(data), len(data))
+        self.lib.completed(None, 0, buf, size, len(data))
+
+
 class Clock:
     def __init__(self):
         self.now = 100.0
@@ -109,15 +212,26 @@ class Clock:
         return self.now
 
 
+@pytest.fixture(params=["binding", "ctypes"])
+def fake(monkeypatch, request):
+    """A fake CUPTI handing its buffers over through the binding's callbacks or, as the
+    real one does here, through callbacks registered on libcupti with ctypes."""
+    return _fake(monkeypatch, request.param)
+
+
 @pytest.fixture
-def fake(monkeypatch):
+def binding_fake(monkeypatch):
+    return _fake(monkeypatch, "binding")
+
+
+def _fake(monkeypatch, delivery: str):
     current = types.SimpleNamespace(ptr=0x7700)
     cuda = types.SimpleNamespace(get_current_stream=lambda: current)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
-    cupti = FakeCupti()
+    cupti = FakeCupti() if delivery == "binding" else CtypesFakeCupti()
     clock = Clock()
-    timer = CuptiTimer(64, activity=CuptiActivity(cupti=cupti), settle_s=0.5,
-                       clock=clock).use_cupy_streams()
+    activity = CuptiActivity(cupti=cupti, lib=getattr(cupti, "lib", None))
+    timer = CuptiTimer(64, activity=activity, settle_s=0.5, clock=clock).use_cupy_streams()
     assert timer.status == "ok"
     return cupti, timer, clock, current
 
@@ -367,11 +481,13 @@ def test_an_id_delivered_after_its_kernel_still_joins(tmp_path, rng, fake, host)
     assert [r["time_ms"] for r in recs] == pytest.approx([0.007, 0.003])
 
 
-def test_a_failing_buffer_callback_is_reported_once_with_its_traceback(tmp_path, rng, fake,
-                                                                       host, caplog):
+def test_a_failing_buffer_callback_is_reported_once_with_its_traceback(tmp_path, rng,
+                                                                       binding_fake, host,
+                                                                       caplog):
     """An exception in CUPTI's thread (here a kernel record without ``end``) is lost unless
-    kept: the activity keeps the first, logs it once, and the counter log reports it."""
-    cupti, timer, clock, _ = fake
+    kept: the activity keeps the first, logs it once, and the counter log reports it.
+    (The ctypes buffers only copy bytes on CUPTI's thread; they parse on the reader's.)"""
+    cupti, timer, clock, _ = binding_fake
     x = rng.standard_normal((4, 9)).astype(np.float32)
     kernels_in_run(host, "softmax", (x,), cupti, [[(0, 5_000)], [(6_000, 9_000)]])
     clog = CounterLog(tmp_path / "cb.alog", sample_every=1, flush_interval_s=60.0,
