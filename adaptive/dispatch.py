@@ -13,6 +13,7 @@ Evictions are counted in ``stats["plan_evictions"]``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import itertools
@@ -35,6 +36,7 @@ from adaptive.variants import Candidate, Registry, Variant, make_candidate, shar
 
 log = logging.getLogger("adaptive")
 
+MISS_LOG = 256    # misses kept for recent_misses()
 # how long an exploring sample's stream is held before its event pair (GPU): longer than
 # the host takes to issue a candidate's launch (≤ 25 µs measured on the H200, run H)
 HOLD_US = 100.0
@@ -216,6 +218,8 @@ class Dispatcher:
         self._timer_tried = False
         self.sample_every = config.get().sample_every
         self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
+        # the newest misses (:meth:`recent_misses`): what a serving window paid for
+        self._miss_log: collections.deque = collections.deque(maxlen=MISS_LOG)
         self.registry.join(self)   # the registry's rows and observers (in memory)
 
     # ---- hot path ---------------------------------------------------------------------------
@@ -337,6 +341,7 @@ class Dispatcher:
             if cls is not None and not _serves(cls.decision, problem):
                 ckey = ckey + (key,)   # the class's choice cannot run here: decide alone
                 cls = self._classes.get(ckey)
+            decided = cls is None
             if cls is None:
                 candidates = self._candidates(op, problem)
                 ctx = Context(op, problem, ckey, functools.partial(
@@ -356,6 +361,9 @@ class Dispatcher:
             self._plans[key] = plan
             cls.keys.add(key)
             self.stats["misses"] += 1
+            self._miss_log.append((time.time(), op.name, problem.describe(),
+                                   "decided" if decided else "class",
+                                   (time.perf_counter() - t0) * 1e3))
             if len(self._plans) > self.plan_cache_size:
                 self._evict()
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
@@ -692,8 +700,8 @@ class Dispatcher:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
 
         Rows of variants this dispatcher cannot run are dropped; the rest go to the
-        policy's ``add_observations`` (with this device's launch geometry), and the cached decisions of
-        their ops are dropped so the next launch re-decides. ``weight`` < 1 marks rows
+        policy's ``add_observations`` (with this device's launch geometry), and the cached
+        decisions of their ops are dropped so the next launch re-decides. ``weight`` < 1 marks rows
         measured on another device.
         """
         ops = {r.op for r in rows}
@@ -738,6 +746,14 @@ class Dispatcher:
                              warmup)
 
     # ---- introspection ----------------------------------------------------------------------
+    def recent_misses(self, since: float = 0.0) -> list[dict]:
+        """The newest decision-cache misses (at most :data:`MISS_LOG`), oldest first, since
+        ``since`` (``time.time()``): when, the op and input, ``how`` ("class": the input
+        class's decision reused, a plan prepared; "decided": the policy decided) and the
+        miss's own ms (deciding and preparing, not the launch)."""
+        return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3)}
+                for t, op, what, how, ms in list(self._miss_log) if t >= since]
+
     def candidates(self, op: str, *args, **params) -> list[Candidate]:
         """The candidates that fit this input on this dispatcher's backend."""
         o = get_op(op)

@@ -206,18 +206,47 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
         result["client_warmup"] = {"ok": client_warm.ok, "errors": client_warm.errors}
         misses = decision_misses(server.url)
         for clients in args.concurrency:
+            t_load = time.time()
             with sampler:
                 report = run_load(server.url, stream, clients, args.duration_s)
             load = report.to_dict() | {"device": sampler.summary()}
             after = decision_misses(server.url)
             load["misses_in_load"] = None if misses is None else after - misses
             misses = after
+            load["miss_breakdown"] = miss_breakdown(
+                fetch_json(server.url + "/stats").get("adaptive_misses", []), t_load)
             result["loads"][str(clients)] = load
             print(f"  {mode} x{clients}: {report.line()}", flush=True)
+            if load["miss_breakdown"]["misses"]:
+                print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",
+                      flush=True)
         result["server"] = fetch_json(server.url + "/stats")
     finally:
         server.close()
     return result
+
+
+def miss_breakdown(misses: list[dict], since: float) -> dict:
+    """The server's recent misses from ``since`` on: how many by op and kind ("class": a
+    plan prepared from its input class's decision; "decided": the policy decided), the
+    ms they spent (deciding and preparing), and the inputs of the costliest few."""
+    mine = [m for m in misses if m["time_s"] >= since]
+    by: dict[str, list] = {}
+    for m in mine:
+        by.setdefault(f"{m['op']}/{m['how']}", []).append(m["ms"])
+    worst = sorted(mine, key=lambda m: -m["ms"])[:5]
+    return {"misses": len(mine), "ms": round(sum(m["ms"] for m in mine), 2),
+            "by": {k: {"n": len(v), "ms": round(sum(v), 2), "max_ms": max(v)}
+                   for k, v in sorted(by.items())},
+            "worst": [f"{m['op']} {m['input']} ({m['how']}, {m['ms']:.2f} ms)" for m in worst],
+            "complete": len(misses) < 256}   # the server keeps its newest 256
+
+
+def miss_line(b: dict) -> str:
+    parts = ", ".join(f"{k} {v['n']} ({v['ms']:.1f} ms, max {v['max_ms']:.2f})"
+                      for k, v in b["by"].items())
+    return (f"{b['misses']} in {b['ms']:.1f} ms: {parts}; costliest: "
+            + "; ".join(b["worst"][:3]) + ("" if b["complete"] else " (the newest 256 only)"))
 
 
 def check_deps() -> str | None:

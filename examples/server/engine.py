@@ -4,8 +4,13 @@ that serves it in batches, so the event loop never runs model code.
 A request is token ids and a number of new tokens; the worker takes up to ``max_batch``
 queued requests at once and decodes them together greedily (static batching: a batch
 runs until its longest request is done; requests that arrive meanwhile wait for the next
-batch). Every new token goes to its request's ``on_token`` callback on the worker thread;
-a callback returning False (the client left) drops that row from the batch's output.
+batch). Once a request is there, the worker collects more for up to ``batch_wait_s``
+before it starts (a dynamic batcher's queue delay, as Triton's ``max_queue_delay``): the
+clients of a finished batch send their next requests a few milliseconds apart, and
+without the wait the first of them would start a batch of one and leave the rest a whole
+batch behind, so batch sizes, and every latency, would follow those milliseconds.
+Every new token goes to its request's ``on_token`` callback on the worker thread; a
+callback returning False (the client left) drops that row from the batch's output.
 
 Two language models fit the engine's :class:`LanguageModel` protocol:
 :class:`CausalLM` (a ``transformers`` causal LM with a KV cache; prompts left-padded to a
@@ -61,13 +66,15 @@ class Engine:
         max_batch: most requests decoded together.
         max_queued: most requests waiting; :meth:`submit` raises :class:`QueueFullError`
             beyond (the server answers 503).
+        batch_wait_s: how long the first request of a batch waits for others (0: none).
     """
 
-    def __init__(self, model: LanguageModel, max_batch: int = 8, max_queued: int = 1024):
-        if max_batch < 1 or max_queued < 1:
-            raise ValueError(f"max_batch and max_queued must be >= 1, got {max_batch}, "
-                             f"{max_queued}")
-        self.model, self.max_batch = model, max_batch
+    def __init__(self, model: LanguageModel, max_batch: int = 8, max_queued: int = 1024,
+                 batch_wait_s: float = 0.01):
+        if max_batch < 1 or max_queued < 1 or batch_wait_s < 0:
+            raise ValueError(f"max_batch and max_queued must be >= 1 and batch_wait_s >= 0, "
+                             f"got {max_batch}, {max_queued}, {batch_wait_s}")
+        self.model, self.max_batch, self.batch_wait_s = model, max_batch, batch_wait_s
         self._queue: queue.Queue[Request | None] = queue.Queue(max_queued)
         self._lock = threading.Lock()
         self.stats = {"batches": 0, "requests": 0, "tokens": 0, "failed": 0, "running": 0}
@@ -103,9 +110,11 @@ class Engine:
             if first is None:
                 return
             batch = [first]
+            deadline = time.monotonic() + self.batch_wait_s
             while len(batch) < self.max_batch:
+                wait = deadline - time.monotonic()
                 try:
-                    req = self._queue.get_nowait()
+                    req = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if req is None:

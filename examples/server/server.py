@@ -321,7 +321,8 @@ class App:
         from starlette.responses import JSONResponse
         return JSONResponse({"mode": self.mode, "model": self.model_name,
                              "requests": dict(self.counts), "queued": self.engine.queued,
-                             "engine": dict(self.engine.stats), **self.info})
+                             "engine": dict(self.engine.stats),
+                             "adaptive_misses": recent_misses(), **self.info})
 
     async def prometheus(self, request):
         from starlette.responses import JSONResponse, Response
@@ -620,6 +621,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the load will; none: widths a multiple of --pad-to, batches as queued")
     p.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond this get 503")
+    p.add_argument("--batch-wait-ms", type=float, default=10.0,
+                   help="how long a batch's first request waits for more before it starts")
     p.add_argument("--max-tokens-limit", type=int, default=512, help="largest max_tokens")
     p.add_argument("--warmup", action="store_true",
                    help="before listening, serve a few batches of each prompt length until "
@@ -647,11 +650,23 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                  "max_connections"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.batch_wait_ms < 0:
+        p.error(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}")
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "warmup_limit_s"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.mode == "static":
         args.warmup = True
+
+
+def recent_misses(limit: int = 256) -> list[dict]:
+    """The newest decision-cache misses of the process's adaptive dispatchers (none
+    before adaptive is imported: the torch mode never imports it)."""
+    runtime = sys.modules.get("adaptive.runtime")
+    if runtime is None:
+        return []
+    misses = [m for d in runtime.live_dispatchers() for m in d.recent_misses()]
+    return sorted(misses, key=lambda m: m["time_s"])[-limit:]
 
 
 def make_app(args: argparse.Namespace, progress=None) -> App:
@@ -661,7 +676,8 @@ def make_app(args: argparse.Namespace, progress=None) -> App:
         args.max_tokens_limit = lm.max_context - 1
     info |= prepare(lm, args, progress)
     metrics = start_metrics(args)
-    engine = Engine(lm, max_batch=args.max_batch, max_queued=args.max_queued)
+    engine = Engine(lm, max_batch=args.max_batch, max_queued=args.max_queued,
+                    batch_wait_s=args.batch_wait_ms / 1e3)
     return App(engine, name, args.mode, tokenizer, args.max_tokens_limit, args.max_body_bytes,
                args.body_timeout_s, metrics, info)
 

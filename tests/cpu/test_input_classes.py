@@ -59,3 +59,19 @@ def test_a_class_choice_that_cannot_run_an_input_is_decided_again(rng):
         want = "even_only" if lk % 2 == 0 else "host_materialised"
         assert d.plan("attention", q, k, k).candidate.variant.name == want
     assert d.stats["decisions"] == 2
+
+
+def test_recent_misses_say_which_inputs_were_decided_and_which_reused_their_class(rng):
+    import time
+    d = adaptive.Dispatcher(backend="host", policy=MeasureEach())
+    t0 = time.time()
+    for rows in (100, 105, 400):           # 100 and 105 share a class; 400 is another
+        d.launch("softmax", rng.standard_normal((rows, 64)).astype(np.float32))
+    d.launch("softmax", rng.standard_normal((100, 64)).astype(np.float32))   # a hit
+    misses = d.recent_misses()
+    assert [(m["op"], m["how"]) for m in misses] == [("softmax", "decided"),
+                                                     ("softmax", "class"),
+                                                     ("softmax", "decided")]
+    assert ["105" in m["input"] for m in misses] == [False, True, False]
+    assert all(m["ms"] >= 0 and m["time_s"] >= t0 for m in misses)
+    assert d.recent_misses(since=time.time() + 1) == []

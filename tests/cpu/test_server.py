@@ -467,6 +467,40 @@ def test_engine_queue_is_bounded_and_a_failed_batch_fails_its_requests():
     assert len(done) == 3 and all(isinstance(e, RuntimeError) for e in done)
 
 
+@pytest.mark.parametrize("wait_s, batches", [(0.25, [[0, 1, 2, 3]]),
+                                             (0.0, [[0], [1, 2, 3]])])
+def test_a_batch_waits_for_requests_sent_just_after_its_first(wait_s, batches):
+    """Clients of a finished batch send their next requests a few ms apart: with the
+    batcher's wait they make one batch; without it the first starts a batch of one (the
+    second batch takes what queued while the first ran)."""
+    seen, started = [], threading.Event()
+
+    class Recording:
+        name, vocab_size, max_context = "rec", 256, 64
+
+        def generate(self, prompts, max_new, emit):
+            seen.append([p[0] for p in prompts])
+            started.set()
+            time.sleep(0.1)                      # the first batch runs while the rest queue
+
+    engine = Engine(Recording(), max_batch=8, batch_wait_s=wait_s)
+    done = []
+    try:
+        for i in range(4):
+            engine.submit(Request([i], 1, lambda t: True, done.append))
+            if i == 0 and not wait_s:
+                assert started.wait(5)           # no wait: the first is already running
+            time.sleep(0.01)
+        deadline = time.monotonic() + 5
+        while len(done) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.close()
+    assert seen == batches and done == [None] * 4
+    with pytest.raises(ValueError, match="batch_wait_s >= 0"):
+        Engine(Recording(), batch_wait_s=-1)
+
+
 def test_warm_up_serves_every_batch_twice_then_stops_at_its_limit(monkeypatch):
     import engine
     from engine import warm_up
