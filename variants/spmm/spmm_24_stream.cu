@@ -177,7 +177,9 @@ __device__ __forceinline__ void flush(float (&acc)[MT][NT][4], T* __restrict__ o
                 float& x1 = acc[m][nt][2 * h + 1];
                 if (row < M && col < N) {
                     const size_t at = (size_t)row * N + col;
-                    if (!whole) {
+                    if (!whole && N % 2 == 0) {       // one 8-byte reduction (sm_90)
+                        atomicAdd(reinterpret_cast<float2*>(ws + at), make_float2(x0, x1));
+                    } else if (!whole) {
                         atomicAdd(ws + at, x0);
                         if (col + 1 < N) atomicAdd(ws + at + 1, x1);
                     } else if (pairs) {               // N even, out 4-byte aligned
@@ -225,14 +227,6 @@ spmm_24_stream(const uint4* __restrict__ vals, const unsigned* __restrict__ meta
     const bool pairs = N % 2 == 0 && (reinterpret_cast<size_t>(out) & 3) == 0;
     const int n_local = wk.u1 - wk.u0;
 
-    if (wk.trans && wk.async) {          // N == 1: rows 1..7 of every transposed slab are 0
-        for (int i = threadIdx.x; i < STAGES * 7 * LDK; i += NTHREADS) {
-            const int st = i / (7 * LDK), r = i - st * 7 * LDK;
-            reinterpret_cast<T*>(smem_raw + st * STAGE_BYTES + VALS_BYTES + META_BYTES)[LDK + r] =
-                from_f32<T>(0.f);
-        }
-    }
-
     float acc[MT][NT][4];
 #pragma unroll
     for (int m = 0; m < MT; ++m)
@@ -248,6 +242,14 @@ spmm_24_stream(const uint4* __restrict__ vals, const unsigned* __restrict__ meta
                        lane);
         cp_async_commit();
     }
+    if (wk.trans && wk.async) {          // N == 1: rows 1..7 of every transposed slab are 0
+        constexpr int PIECES = 7 * LDK / 8;                 // 16-byte pieces of rows 1..7
+        for (int i = threadIdx.x; i < STAGES * PIECES; i += NTHREADS) {
+            const int st = i / PIECES;
+            unsigned char* rows = smem_raw + st * STAGE_BYTES + VALS_BYTES + META_BYTES + 2 * LDK;
+            reinterpret_cast<uint4*>(rows)[i - st * PIECES] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }                                    // (the first barrier of the loop orders it)
     for (int j = 0; j < n_local; ++j) {
         cp_async_wait<STAGES - 2>();     // unit j landed (this thread's copies) ...
         __syncthreads();                 // ... everyone's; slot (j - 1) % STAGES is free
