@@ -198,10 +198,21 @@ __device__ __forceinline__ void flush(float (&acc)[MT][NT][4], T* __restrict__ o
 
 // The last CTA of row block rb: its workspace sums to out, the workspace back to zero.
 __device__ __forceinline__ void finish(T* __restrict__ out, float* __restrict__ ws, int rb,
-                                       int M, int N) {
+                                       int M, int N, bool pairs) {
     const int rows = min(ROWS, M - rb * ROWS);
+    const size_t base = (size_t)rb * ROWS * N;
+    if (pairs) {                        // N even: two columns a thread and step
+#pragma unroll 4
+        for (int i = threadIdx.x; i < rows * N / 2; i += NTHREADS) {
+            const size_t at = base + 2 * i;
+            const float2 x = __ldcg(reinterpret_cast<const float2*>(ws + at));
+            *reinterpret_cast<__half2*>(out + at) = __floats2half2_rn(x.x, x.y);
+            *reinterpret_cast<float2*>(ws + at) = make_float2(0.f, 0.f);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < rows * N; i += NTHREADS) {
-        const size_t at = (size_t)rb * ROWS * N + i;
+        const size_t at = base + i;
         out[at] = from_f32<T>(__ldcg(ws + at));
         ws[at] = 0.f;
     }
@@ -290,8 +301,8 @@ spmm_24_stream(const uint4* __restrict__ vals, const unsigned* __restrict__ meta
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (last & 1) finish(out, workspace, rb_a, M, N);
-    if (last & 2) finish(out, workspace, rb_b, M, N);
+    if (last & 1) finish(out, workspace, rb_a, M, N, pairs);
+    if (last & 2) finish(out, workspace, rb_b, M, N, pairs);
     if (threadIdx.x == 0) {              // the workspace stays reusable
         if (last & 1) counters[rb_a] = 0u;
         if (last & 2) counters[rb_b] = 0u;
