@@ -2,6 +2,7 @@
 sparse24_stream kernels, and what the dispatcher chooses, per token count.
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_sparse24.py --out $OUT            # H200, < 3 min
+    PYTHONPATH=$PWD python3 benchmarks/gpu_sparse24.py --tokens 1,16,64 --out $OUT  # issue 13
     python benchmarks/gpu_sparse24.py --device host --quick --out /tmp/s24   # a CPU dry run
 
 Weights [M, K] = 14336 x 4096 (up-projection), 4096 x 14336 (down), 4096 x 4096, random
@@ -277,12 +278,13 @@ def _table(rows: list[dict]) -> str:
 
 
 def main(out_dir: str = ".", device: str = "cuda", quick: bool = False,
-         budget_s: float = 170.0) -> list[dict]:
-    """Run the benchmark; summary rows for scripts/gpu-check (details in the JSON)."""
+         budget_s: float = 170.0, tokens: list[int] | None = None) -> list[dict]:
+    """Run the benchmark (``tokens``: these N only); summary rows for scripts/gpu-check
+    (details in the JSON)."""
     t0 = time.perf_counter()
     side = CudaSide() if device == "cuda" else HostSide()
-    rows = bench(side, QUICK_SHAPES if quick else SHAPES, QUICK_TOKENS if quick else TOKENS,
-                 budget_s)
+    rows = bench(side, QUICK_SHAPES if quick else SHAPES,
+                 tokens or (QUICK_TOKENS if quick else TOKENS), budget_s)
     result = {"device": side.dispatcher.backend.fingerprint(), "rows": rows,
               "targets": targets(rows), "wall_s": time.perf_counter() - t0}
     out = Path(out_dir)
@@ -315,5 +317,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     parser.add_argument("--budget-s", type=float, default=170.0,
                         help="start no new input after this many seconds")
+    parser.add_argument("--tokens", type=lambda text: [int(n) for n in text.split(",")],
+                        default=None, help="token counts N to run, e.g. 1,16,64 (default: all)")
     a = parser.parse_args()
-    main(a.out, a.device, a.quick, a.budget_s)
+    main(a.out, a.device, a.quick, a.budget_s, a.tokens)
