@@ -1,7 +1,8 @@
-"""2:4 sparse MLP weights on the H200: dense cuBLAS, cuSPARSELt, our sparse24_mma kernel, and
-what the dispatcher chooses, per token count.
+"""2:4 sparse MLP weights on the H200: dense cuBLAS, cuSPARSELt, our sparse24_mma and
+sparse24_stream kernels, and what the dispatcher chooses, per token count.
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_sparse24.py --out $OUT            # H200, < 3 min
+    PYTHONPATH=$PWD python3 benchmarks/gpu_sparse24.py --tokens 1,16,64 --out $OUT  # issue 13
     python benchmarks/gpu_sparse24.py --device host --quick --out /tmp/s24   # a CPU dry run
 
 Weights [M, K] = 14336 x 4096 (up-projection), 4096 x 14336 (down), 4096 x 4096, random
@@ -11,6 +12,8 @@ for token counts N = 1, 16, 64, 256, 512, 2048, 4096 (spmm: out = w @ b, b = x^T
   * cusparselt: torch._cslt_sparse_mm on torch._cslt_compress(weight), b's columns padded
                 to a multiple of 8 as torch.sparse's semi-structured path does;
   * sparse24_mma: each fitting config, the best named (N <= 512);
+  * sparse24_stream: each fitting config, the best named (N <= 64); every config's time is
+                in the JSON (``config_times_ms``), for pruning its space;
   * dispatcher: Dispatcher.launch left to choose (PyTorch tensors in and out), after
                 warm-up calls until its decision for the input is committed.
 Timing: warm-up, then batches between CUDA events queued behind a spin kernel (host
@@ -42,6 +45,7 @@ QUICK_TOKENS = [1, 16, 64, 256]
 WARMUP_CALLS = 300       # at most, per input, before the dispatcher's decision is timed
 WARMUP_S = 3.0           # and at most this long
 TARGET_SMALL_N = 1.4     # dispatcher / dense at N <= 64 (issue 13)
+KERNELS = ("sparse24_mma", "sparse24_stream")     # our variants, each config timed
 
 
 class HostTimer:
@@ -151,26 +155,27 @@ def _warm(dispatcher, w, b) -> str:
     return decision.candidate.label + (" (still exploring)" if decision.explore else "")
 
 
-def _time_kernel(side, w, b) -> tuple[float, dict | None]:
-    """Best time over sparse24_mma's fitting configs (inf, None when none fits)."""
+def _time_kernel(side, w, b, name: str) -> list[tuple[float, dict]]:
+    """(time, config) for each fitting config of our variant ``name``, fastest first (empty
+    when none fits or the backend has no such variant)."""
     from adaptive.ops import get_op
     d = side.dispatcher
-    variants = [v for v in d.registry.variants("spmm", d.backend.name) if v.name == "sparse24_mma"]
+    variants = [v for v in d.registry.variants("spmm", d.backend.name) if v.name == name]
     if not variants:
-        return math.inf, None
+        return []
     (v,) = variants
     scope = get_op("spmm").problem((w, b), {}).scope()
-    best = (math.inf, None)
+    timed = []
     for config in v.space.configs(d.limits):
         if not v.fits(scope, config):
             continue
         try:
             t = side.timer(lambda c=config: d.launch("spmm", w, b, variant=v.name, config=c))
         except Exception as exc:  # noqa: BLE001 (a failing config is a line, not a crash)
-            print(f"  sparse24_mma {config}: {type(exc).__name__}: {exc}"[:300], flush=True)
+            print(f"  {name} {config}: {type(exc).__name__}: {exc}"[:300], flush=True)
             continue
-        best = min(best, (t, config), key=lambda x: x[0])
-    return best
+        timed.append((t, config))
+    return sorted(timed, key=lambda x: x[0])
 
 
 def bench(side, shapes, tokens, budget_s: float) -> list[dict]:
@@ -193,16 +198,21 @@ def bench(side, shapes, tokens, budget_s: float) -> list[dict]:
             cslt = side.cslt_fn(packed, b)
             if cslt is not None:
                 times["cusparselt"] = side.timer(cslt)
-            t, config = _time_kernel(side, w, b)
-            if math.isfinite(t):
-                times["sparse24_mma"] = t
+            configs, config_times = {}, {}
+            for name in KERNELS:
+                timed = _time_kernel(side, w, b, name)
+                if timed:
+                    times[name], configs[name] = timed[0]
+                    config_times[name] = [[c, t] for t, c in timed]
             chosen = _warm(side.dispatcher, w, b)
             times["dispatcher"] = side.timer(lambda: side.dispatcher.launch("spmm", w, b))
-            row = {"M": m, "K": k, "N": n, "times_ms": times, "kernel_config": config,
-                   "chosen": chosen}
+            row = {"M": m, "K": k, "N": n, "times_ms": times, "kernel_configs": configs,
+                   "config_times_ms": config_times, "chosen": chosen}
             rows.append(row)
             print(f"{m}x{k} N={n}: " + ", ".join(f"{name}={v:.4f}" for name, v in times.items())
-                  + f" ms; chosen {chosen}", flush=True)
+                  + f" ms; chosen {chosen}" + "".join(f"; best {name} {c}"
+                                                      for name, c in configs.items()),
+                  flush=True)
     return rows
 
 
@@ -239,28 +249,42 @@ def targets(rows: list[dict]) -> list[tuple[str, str, bool]]:
     return out
 
 
+def kernel_reach(rows: list[dict], name: str = "sparse24_stream") -> list[tuple[str, str]]:
+    """(weight, measured) per weight shape: the worst ratio to dense at N <= 64 of our
+    variant ``name`` at its best config: what the dispatcher can reach by choosing it."""
+    out = []
+    for m, k in dict.fromkeys((r["M"], r["K"]) for r in rows):
+        small = [(r["N"], ratios(r)[f"{name}/dense"]) for r in rows
+                 if (r["M"], r["K"]) == (m, k) and r["N"] <= 64 and name in r["times_ms"]]
+        if small:
+            n, worst = min(small, key=lambda x: x[1])
+            out.append((f"{m}x{k}", f"worst {worst:.2f}x (N={n})"))
+    return out
+
+
 def _table(rows: list[dict]) -> str:
-    names = ["dense", "cusparselt", "sparse24_mma", "dispatcher"]
-    head = f"{'M x K':>12} {'N':>5} " + " ".join(f"{n:>13}" for n in names) + \
-        "   x dense (disp/kernel/cslt)  x best torch   chosen"
+    names = ["dense", "cusparselt", *KERNELS, "dispatcher"]
+    head = f"{'M x K':>12} {'N':>5} " + " ".join(f"{n:>15}" for n in names) + \
+        "   x dense (disp/mma/stream/cslt)  x best torch   chosen"
     lines = [head]
     for r in rows:
         t, q = r["times_ms"], ratios(r)
-        cells = " ".join(f"{t[n]:13.4f}" if n in t else f"{'-':>13}" for n in names)
+        cells = " ".join(f"{t[n]:15.4f}" if n in t else f"{'-':>15}" for n in names)
         x = "/".join(f"{q[f'{n}/dense']:.2f}" if f"{n}/dense" in q else "-"
-                     for n in ("dispatcher", "sparse24_mma", "cusparselt"))
-        lines.append(f"{r['M']:>6}x{r['K']:<5} {r['N']:>5} {cells}   {x:>26}  "
+                     for n in ("dispatcher", *KERNELS, "cusparselt"))
+        lines.append(f"{r['M']:>6}x{r['K']:<5} {r['N']:>5} {cells}   {x:>30}  "
                      f"{q['dispatcher/best_torch']:11.2f}   {r['chosen']}")
     return "\n".join(lines)
 
 
 def main(out_dir: str = ".", device: str = "cuda", quick: bool = False,
-         budget_s: float = 170.0) -> list[dict]:
-    """Run the benchmark; summary rows for scripts/gpu-check (details in the JSON)."""
+         budget_s: float = 170.0, tokens: list[int] | None = None) -> list[dict]:
+    """Run the benchmark (``tokens``: these N only); summary rows for scripts/gpu-check
+    (details in the JSON)."""
     t0 = time.perf_counter()
     side = CudaSide() if device == "cuda" else HostSide()
-    rows = bench(side, QUICK_SHAPES if quick else SHAPES, QUICK_TOKENS if quick else TOKENS,
-                 budget_s)
+    rows = bench(side, QUICK_SHAPES if quick else SHAPES,
+                 tokens or (QUICK_TOKENS if quick else TOKENS), budget_s)
     result = {"device": side.dispatcher.backend.fingerprint(), "rows": rows,
               "targets": targets(rows), "wall_s": time.perf_counter() - t0}
     out = Path(out_dir)
@@ -274,6 +298,8 @@ def main(out_dir: str = ".", device: str = "cuda", quick: bool = False,
     print("\n2:4 targets (issue 13), this run:")
     for target, measured, met in result["targets"]:
         print(f"  [{'met' if met else 'NOT met'}] {target}: {measured}")
+    for weight, measured in kernel_reach(rows):
+        print(f"  sparse24_stream at its best config, {weight}, x dense at N <= 64: {measured}")
     summary = [{"bench": "gpu_sparse24", "case": f"{r['M']}x{r['K']} N={r['N']}",
                 "value": f"{ratios(r)['dispatcher/dense']:.2f}", "unit": "x dense",
                 "note": f"{ratios(r)['dispatcher/best_torch']:.2f}x best torch; "
@@ -291,5 +317,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke run)")
     parser.add_argument("--budget-s", type=float, default=170.0,
                         help="start no new input after this many seconds")
+    parser.add_argument("--tokens", type=lambda text: [int(n) for n in text.split(",")],
+                        default=None, help="token counts N to run, e.g. 1,16,64 (default: all)")
     a = parser.parse_args()
-    main(a.out, a.device, a.quick, a.budget_s)
+    main(a.out, a.device, a.quick, a.budget_s, a.tokens)

@@ -54,7 +54,8 @@ class Sparse24:
     meta: np.ndarray
 
     def fragments(self) -> tuple[np.ndarray, np.ndarray]:
-        """The form in the order ``mma.sp`` m16n8k32 reads it (the ``sparse24_mma`` kernel):
+        """The form in the order ``mma.sp`` m16n8k32 reads it (the ``sparse24_mma`` and
+        ``sparse24_stream`` kernels):
         (values [ceil(M / 16), ceil(K / 32), 32 lanes, 8] in the weight's dtype, meta uint32
         [ceil(M / 16), ceil(K / 32), 16]); rows and columns padded with zeros. Lane
         l = 4 g + t of tile (i, c) holds rows 16 i + g, + 8 and compressed columns 16 c + 2 t,

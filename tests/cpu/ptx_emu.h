@@ -33,6 +33,10 @@ template <> inline __half from_f32<__half>(float x) { return (__half)x; }
 template <class V> inline V __ldg(const V* p) { return *p; }
 template <class V> inline V __ldcg(const V* p) { return *p; }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
+inline float2 atomicAdd(float2* p, float2 v) {        // sm_90's vector form
+    const float2 old = {atomicAdd(&p->x, v.x), atomicAdd(&p->y, v.y)};
+    return old;
+}
 inline unsigned atomicAdd(unsigned* p, unsigned v) {
     return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }

@@ -35,3 +35,44 @@ def test_targets_compare_the_dispatcher_with_dense_and_the_better_torch_way():
     assert gpu_sparse24.targets(rows)[1][2]
     rows[0]["times_ms"]["dispatcher"] = 0.025                    # 1.2x dense at N=1
     assert not gpu_sparse24.targets(rows)[0][2]
+
+
+def test_each_kernel_times_every_fitting_config_fastest_first(rng):
+    """_time_kernel over the registry's cuda variants (a fake dispatcher that records the
+    launches and a fake timer): every config of sparse24_stream that fits N = 16, no other."""
+    from adaptive.limits import SM90
+    from adaptive.ops import get_op
+    from adaptive.ops.sparse import SparseWeight
+    from adaptive.ops.spmm import prune_24
+    from adaptive.variants import shared_registry
+
+    launched = []
+
+    class Dispatcher:
+        registry, limits = shared_registry(), SM90
+        backend = type("Backend", (), {"name": "cuda"})()
+
+        def launch(self, op, w, b, variant, config):
+            launched.append((variant, tuple(sorted(config.items()))))
+
+    side = type("Side", (), {"dispatcher": Dispatcher(),
+                             "timer": staticmethod(lambda fn: (fn(), 1.0 / len(launched))[1])})
+    w = SparseWeight(prune_24(rng.standard_normal((64, 128)).astype("float16")))
+    b = rng.standard_normal((128, 16)).astype("float16")
+    timed = gpu_sparse24._time_kernel(side, w, b, "sparse24_stream")
+    (v,) = [v for v in shared_registry().variants("spmm", "cuda") if v.name == "sparse24_stream"]
+    scope = get_op("spmm").problem((w, b), {}).scope()
+    fitting = [c for c in v.space.configs(SM90) if v.fits(scope, c)]
+    assert fitting and all(c["NT"] == 2 for c in fitting)
+    assert [c for _, c in timed] == fitting[::-1]          # the later, the faster (fake)
+    assert {name for name, _ in launched} == {"sparse24_stream"}
+    assert gpu_sparse24._time_kernel(side, w, b, "no_such_variant") == []
+
+
+def test_kernel_reach_is_the_worst_ratio_at_small_n():
+    rows = [_row(1, 0.030, 0.060, 0.020), _row(64, 0.040, 0.050, 0.028),
+            _row(256, 0.400, 0.300, 0.310)]
+    for r, t in zip(rows, (0.020, 0.032, 0.100)):
+        r["times_ms"]["sparse24_stream"] = t
+    assert gpu_sparse24.kernel_reach(rows) == [("4096x4096", "worst 1.25x (N=64)")]
+    assert gpu_sparse24.kernel_reach(rows, "sparse24_mma") == []
