@@ -1,0 +1,734 @@
+"""Contention on the GPU: the learned policy's choices with and without a co-running load.
+
+    PYTHONPATH=$PWD python3 benchmarks/gpu_contention.py --out $OUT              # H200, ~2 min
+    PYTHONPATH=$PWD python3 benchmarks/gpu_contention.py --device host --quick --out /tmp/c
+
+One dispatcher (``adaptive.runtime.start(Dispatcher(policy="learned"))``: the learned
+policy with its default settings and the start-up packs) serves a few inputs whose best
+candidate can plausibly move when SMs are taken (split-K against not, split-KV decode
+attention, many small CTAs against few big ones) through a sequence of conditions:
+``idle``, then for each load kind (``--loads``) the load on and ``idle`` again. In each
+condition it is called ``--rounds`` times per input (every input once a round, in a
+shuffled order, one synchronise a round), with the dispatcher's own sampling; the first
+idle condition is the warm-up a server does (``adaptive.unbounded_exploration``), the
+rest run under the default exploration budget. A condition records per input: the
+choice at its end, after how many calls of that input the choice first changed and when
+it last committed, how many times the key was re-explored (drift, re-validation).
+
+Then, with the condition still in force, every candidate of every input is timed the same
+way, interleaved in ``--oracle-rounds`` rounds of shuffled candidates (GPU: CUDA events
+around a batch of launches queued behind a hold; host: the wall time of a batch): the
+oracle is the fastest, and ``steady`` is the time of the dispatcher's choice from the same
+table, so ``steady/oracle`` is the quotient of the two printed columns.
+
+Loads (``--fraction`` of the device):
+  * ``stream``: a thread of this process launches a spin kernel on its own non-blocking
+    stream, back to back, with ``fraction x SMs`` CTAs of 1024 threads each holding the
+    opt-in maximum of shared memory (one CTA an SM): those SMs are busy while the
+    dispatcher's kernels run on the rest (what another stream of a server does);
+  * ``process``: the same loop in a separate process (without MPS the GPU time-slices the
+    two contexts rather than sharing SMs: another tenant).
+  The load's own throughput is reported against its rate alone (measured just before).
+  On the host (the dry run) the load is threads (``stream``) or a process (``process``)
+  burning ``fraction`` of the cores with large NumPy multiplies.
+
+Also recorded per condition: the device state the policy sees (``backend.device_state()``
+as :class:`adaptive.policy.features.DeviceState` features) and, beside it, NVML's
+readings over the condition (clock, utilisation, GPM SM activity, other processes).
+Prints a table per condition, the choices under load against the idle choice (was the
+change right: the new choice's time under load against the idle choice's), then the
+targets (issue 14: steady/oracle <= 1.10 under each condition, as a geometric mean over
+the inputs). Writes ``contention.json`` under ``--out``. ``--budget-s`` skips the loads
+not yet started once the run is past it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TARGET_RATIO = 1.10
+SPIN_SOURCE = r"""
+extern "C" __global__ void contention_spin(long long iters, float* sink) {
+    extern __shared__ float pad[];          // sized at launch: one CTA per SM
+    float x = threadIdx.x * 1e-3f;
+    for (long long i = 0; i < iters; ++i) x = fmaf(x, 1.0001f, 1e-7f);
+    if (x == 12345.678f) { pad[0] = x; sink[blockIdx.x] = pad[0]; }   // keeps the loop
+}
+"""
+BATCH_MS = 0.5              # work in one timed batch of a candidate (at least 2 calls)
+LOAD_LAUNCH_MS = 2.0        # one spin launch alone (calibrated); the host keeps 2 in flight
+HOST_LOAD_ELEMENTS = 1 << 20
+
+
+def say(text: str) -> None:
+    print("  " + text, flush=True)
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+
+def contention_inputs(device: str, quick: bool) -> list[tuple]:
+    """Input specs (``adaptive.bench.selection._spec``) whose best candidate can move when
+    SMs (or cores) are taken."""
+    from adaptive.bench.selection import _spec
+    if device == "host":
+        side = 128 if quick else 384
+        return [_spec("gemm", M=side, N=side, K=side),
+                _spec("gemm", M=16, N=2 * side, K=2 * side),
+                _spec("softmax", R=8 * side, C=side),
+                _spec("attention", B=1, H=2, Lq=side, Lk=side, D=32),
+                _spec("spmm", stats={"density": 0.1, "block": 16}, M=2 * side, N=64,
+                      K=2 * side)]
+    dt = "float16"
+    return [_spec("gemm", dt, M=16, N=4096, K=4096),
+            _spec("gemm", dt, M=128, N=4096, K=4096),
+            _spec("gemm", dt, M=2048, N=2048, K=2048),
+            _spec("softmax", dt, R=2048, C=4096),
+            _spec("attention", dt, B=1, H=32, Lq=1, Lk=8192, D=128, params={"causal": True}),
+            _spec("attention", dt, B=1, H=16, Lq=1024, Lk=1024, D=128,
+                  params={"causal": True}),
+            _spec("spmm", dt, stats={"density": 0.1, "block": 32}, M=4096, N=64, K=4096)]
+
+
+def input_name(spec) -> str:
+    op, dims, _, stats, params = spec
+    parts = [f"{k}={v}" for k, v in dims] + [f"{k}={v}" for k, v in stats]
+    parts += [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in params]
+    return f"{op}:" + ",".join(parts)
+
+
+# ---- the co-running load ----------------------------------------------------------------------
+
+def run_load(device: str, fraction: float, stop, ready) -> dict:
+    """Keep ``fraction`` of the device busy until ``stop()``; call ``ready(info)`` once
+    running. Returns the load's throughput, alone (just before) and while it ran."""
+    if device == "cuda":
+        return _cuda_load(fraction, stop, ready)
+    return _host_load(fraction, stop, ready)
+
+
+def _cuda_load(fraction: float, stop, ready) -> dict:
+    import cupy as cp
+    with cp.cuda.Device(0):
+        props = cp.cuda.runtime.getDeviceProperties(0)
+        sms = int(props["multiProcessorCount"])
+        ctas = max(1, round(fraction * sms))
+        smem = int(props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"]))
+        fn = cp.RawModule(code=SPIN_SOURCE).get_function("contention_spin")
+        fn.max_dynamic_shared_size_bytes = smem
+        sink = cp.zeros(ctas, np.float32)
+        stream = cp.cuda.Stream(non_blocking=True)
+
+        def launch(iters):
+            fn((ctas,), (1024,), (np.int64(iters), sink), stream=stream, shared_mem=smem)
+
+        def timed(iters) -> float:
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            launch(iters)
+            end.record(stream)
+            end.synchronize()
+            return cp.cuda.get_elapsed_time(start, end)
+        timed(1 << 12)                                  # load the module, warm the clocks
+        probe = 1 << 14
+        iters = max(1, int(probe * LOAD_LAUNCH_MS / max(timed(probe), 1e-3)))
+        alone_ms = statistics.median(timed(iters) for _ in range(3))
+        ready({"ctas": ctas, "sm_count": sms, "threads": 1024, "shared_bytes": smem})
+        launches, inflight = 0, deque()
+        t0 = time.perf_counter()
+        while not stop():
+            launch(iters)
+            event = cp.cuda.Event(disable_timing=True)
+            event.record(stream)
+            inflight.append(event)
+            launches += 1
+            while len(inflight) > 2:
+                if inflight[0].done:
+                    inflight.popleft()
+                else:
+                    time.sleep(LOAD_LAUNCH_MS / 4e3)    # sleeping lets the launching thread run
+        stream.synchronize()
+        wall_s = time.perf_counter() - t0
+    rate = launches / wall_s if wall_s > 0 else 0.0
+    return {"kind": "spin kernel", "ctas": ctas, "sm_count": sms, "shared_bytes": smem,
+            "iters": iters, "alone_ms": alone_ms, "launches": launches, "wall_s": wall_s,
+            "launches_per_s": rate, "vs_alone": rate * alone_ms / 1e3}
+
+
+def _host_load(fraction: float, stop, ready) -> dict:
+    cores = os.cpu_count() or 1
+    threads = max(1, round(fraction * cores))
+    done = [0] * threads
+    halt = threading.Event()
+
+    def burn(i: int) -> None:
+        a = np.ones(HOST_LOAD_ELEMENTS)
+        b = np.full(HOST_LOAD_ELEMENTS, 1.0000001)
+        c = np.empty(HOST_LOAD_ELEMENTS)
+        while not halt.is_set():
+            np.multiply(a, b, out=c)                    # releases the GIL: a core busy
+            done[i] += 1
+    a = np.ones(HOST_LOAD_ELEMENTS)
+    c = np.empty(HOST_LOAD_ELEMENTS)
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.05:
+        np.multiply(a, a, out=c)
+        n += 1
+    alone_per_s = n / (time.perf_counter() - t0)       # one thread, nothing else running
+    workers = [threading.Thread(target=burn, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+    ready({"threads": threads, "cores": cores})
+    t0 = time.perf_counter()
+    while not stop():
+        time.sleep(0.005)
+    halt.set()
+    for w in workers:
+        w.join()
+    wall_s = time.perf_counter() - t0
+    rate = sum(done) / wall_s if wall_s > 0 else 0.0
+    return {"kind": "numpy multiply threads", "threads": threads, "cores": cores,
+            "alone_per_s": alone_per_s * threads, "launches": sum(done), "wall_s": wall_s,
+            "launches_per_s": rate, "vs_alone": rate / (alone_per_s * threads)}
+
+
+class Load:
+    """A co-running load, started and stopped with a handshake: ``stream`` in a thread of
+    this process, ``process`` in a child process (this script with ``--worker``) that says
+    ``ready`` on its stdout and stops on ``stop`` on its stdin."""
+
+    def __init__(self, kind: str, device: str, fraction: float):
+        if kind not in ("stream", "process"):
+            raise ValueError(f"expected a load kind 'stream' or 'process', got {kind!r}")
+        self.kind, self.device, self.fraction = kind, device, fraction
+        self.info: dict = {}
+        self.result: dict = {}
+
+    def start(self, timeout_s: float = 120.0) -> dict:
+        if self.kind == "stream":
+            self._halt = threading.Event()
+            started = threading.Event()
+
+            def ready(info):
+                self.info = info
+                started.set()
+
+            def body():
+                try:
+                    self.result = run_load(self.device, self.fraction, self._halt.is_set,
+                                           ready)
+                except BaseException as exc:  # noqa: BLE001 (said by start/stop)
+                    self.result = {"error": f"{type(exc).__name__}: {exc}"}
+                    started.set()
+            self._thread = threading.Thread(target=body, daemon=True, name="load")
+            self._thread.start()
+            if not started.wait(timeout_s) or "error" in self.result:
+                raise RuntimeError(f"the stream load did not start: {self.result}")
+            return self.info
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", self.device,
+             "--fraction", str(self.fraction)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, cwd=str(ROOT))
+        self._lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        message = self._next(timeout_s)
+        if not message.get("ready"):
+            self._proc.kill()
+            raise RuntimeError(f"the load process did not start: {message}")
+        self.info = message["info"]
+        return self.info
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put("")
+
+    def _next(self, timeout_s: float) -> dict:
+        try:
+            line = self._lines.get(timeout=timeout_s)
+        except queue.Empty:
+            return {"error": f"no answer in {timeout_s:.0f} s"}
+        try:
+            return json.loads(line) if line else {"error": "the load process ended"}
+        except json.JSONDecodeError:
+            return {"error": f"unreadable answer {line[:200]!r}"}
+
+    def stop(self, timeout_s: float = 60.0) -> dict:
+        if self.kind == "stream":
+            self._halt.set()
+            self._thread.join(timeout_s)
+            return self.result
+        try:
+            self._proc.stdin.write("stop\n")
+            self._proc.stdin.flush()
+        except OSError:
+            pass
+        self.result = self._next(timeout_s).get("result", {"error": "no result"})
+        try:
+            self._proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        return self.result
+
+
+def worker(device: str, fraction: float) -> int:
+    """The load process: ``{"ready": true, "info": ...}`` once running, then ``{"result":
+    ...}`` after ``stop`` (or end of input) on stdin."""
+    halt = threading.Event()
+
+    def wait_for_stop():
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        halt.set()
+
+    def ready(info):
+        print(json.dumps({"ready": True, "info": info}), flush=True)
+        threading.Thread(target=wait_for_stop, daemon=True).start()
+    result = run_load(device, fraction, halt.is_set, ready)
+    print(json.dumps({"result": result}), flush=True)
+    return 0
+
+
+# ---- timing -------------------------------------------------------------------------------------
+
+class BatchTimer:
+    """Per-call ms of ``per_batch`` calls of ``fn``: on the GPU CUDA events around the
+    batch, queued behind a hold of the stream (the host's launch cost stays out); on the
+    host the batch's wall time."""
+
+    def __init__(self, backend, per_batch: int, hold_us: float = 1500.0):
+        self.backend, self.per_batch, self.hold_us = backend, per_batch, hold_us
+        self._cp = None
+        if backend.name == "cuda":
+            import cupy
+            self._cp = cupy
+
+    def __call__(self, fn, n: int | None = None) -> float:
+        n = n or self.per_batch
+        if self._cp is None:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            return (time.perf_counter() - t0) * 1e3 / n
+        cuda = self._cp.cuda
+        stream = cuda.get_current_stream()
+        start, end = cuda.Event(), cuda.Event()
+        self.backend.hold(stream.ptr, self.hold_us)
+        start.record(stream)
+        for _ in range(n):
+            fn()
+        end.record(stream)
+        end.synchronize()
+        return cuda.get_elapsed_time(start, end) / n
+
+
+def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng) -> dict:
+    """{candidate label: median per-call ms}: every candidate, pinned, timed in ``rounds``
+    rounds of a shuffled order (a failing candidate: inf); a slow candidate's batch is
+    shorter (at least 2 calls, about ``BATCH_MS`` of work), so slow ones cost no more."""
+    op = spec[0]
+    fns = {}
+    for c in timer_d.candidates(op, *args, **params):
+        def call(c=c):
+            timer_d.launch(op, *args, variant=c.variant.name, config=c.config, **params)
+        try:
+            call()
+            timer_d.backend.synchronize()
+            fns[c.label] = call
+        except Exception:  # noqa: BLE001 (a failing candidate is data)
+            fns[c.label] = None
+    samples = {label: [] for label in fns}
+    labels = [label for label, fn in fns.items() if fn is not None]
+    batch = {}
+    for label in labels:
+        try:
+            probe = timer(fns[label], 1)
+        except Exception:  # noqa: BLE001 (a failing candidate is data)
+            probe = math.inf
+        batch[label] = max(2, min(timer.per_batch, int(BATCH_MS / max(probe, 1e-4))))
+    for _ in range(rounds):
+        for i in rng.permutation(len(labels)):
+            try:
+                samples[labels[i]].append(timer(fns[labels[i]], batch[labels[i]]))
+            except Exception:  # noqa: BLE001
+                samples[labels[i]].append(math.inf)
+    return {label: statistics.median(ts) if ts else math.inf for label, ts in samples.items()}
+
+
+# ---- one condition ------------------------------------------------------------------------------
+
+def _plan_state(d, key):
+    """(plan, the policy's state of its input class) of ``key`` now."""
+    plan = d.current_plan(key)
+    state = d.policy.state(plan.class_key) if plan is not None else None
+    return plan, state
+
+
+def drive(d, specs, inputs, rounds: int, rng, sync) -> dict:
+    """Call every input ``rounds`` times (a shuffled order a round, one synchronise a
+    round); per input: the choice at the start and end, the calls (of that input) until
+    the choice first changed and until the last commit, re-explorations."""
+    from adaptive.ops import OPS
+    keys = {s: OPS[s[0]].key(*inputs[s]) for s in specs}
+    trace = {}
+    for s in specs:
+        plan, state = _plan_state(d, keys[s])
+        start = plan.candidate.label if plan is not None and not plan.provisional else None
+        trace[s] = {"start_choice": start, "first_change_calls": None,
+                    "last_commit_calls": None, "explorations0": state.explorations
+                    if state is not None else 0, "provisional": plan is None
+                    or plan.provisional, "calls": 0}
+    for _ in range(rounds):
+        for i in rng.permutation(len(specs)):
+            s = specs[i]
+            args, params = inputs[s]
+            d.launch(s[0], *args, **params)
+            t = trace[s]
+            t["calls"] += 1
+            plan = d.current_plan(keys[s])
+            if plan.provisional:
+                t["provisional"] = True
+                continue
+            if t["provisional"]:          # exploring until now: committed on this call
+                t["provisional"] = False
+                t["last_commit_calls"] = t["calls"]
+            if t["first_change_calls"] is None and plan.candidate.label != t["start_choice"]:
+                t["first_change_calls"] = t["calls"]
+        sync()
+    return trace
+
+
+def settle(d, specs, inputs, sync, limit: int = 400) -> None:
+    """Call exploring inputs until committed (steady state means every input decided)."""
+    from adaptive.ops import OPS
+    for s in specs:
+        args, params = inputs[s]
+        key = OPS[s[0]].key(args, params)
+        for _ in range(limit):
+            plan = d.current_plan(key)
+            if plan is not None and not plan.provisional:
+                break
+            d.launch(s[0], *args, **params)
+            sync()
+            d.harvest()
+
+
+def nvml_summary(sampler, t0: float, t1: float) -> dict:
+    """Medians of the NVML readings between ``t0`` and ``t1`` (epoch seconds)."""
+    if sampler is None:
+        return {}
+    snaps = [s for s in sampler.snapshots() if t0 <= s.time_s <= t1]
+    out = {"readings": len(snaps)}
+    for name in ("sm_clock_mhz", "gpu_util_ratio", "sm_active_ratio", "sm_occupancy_ratio",
+                 "other_processes", "power_w"):
+        values = [getattr(s, name) for s in snaps if getattr(s, name) is not None]
+        finite = [float(v) for v in values if math.isfinite(float(v))]
+        if finite:
+            out[name] = statistics.median(finite)
+    return out
+
+
+def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
+    """One condition: the load (if any) on, the dispatcher driven, every candidate timed,
+    the load off. Returns the condition's record."""
+    import adaptive
+    from adaptive.policy.features import DeviceState
+    d, timer_d, specs, inputs, args = (ctx[k] for k in ("d", "timer_d", "specs", "inputs",
+                                                        "args"))
+    rng, sync, timer = ctx["rng"], ctx["sync"], ctx["timer"]
+    load = Load(load_kind, args.device, args.fraction) if load_kind else None
+    t_start = time.time()
+    info = load.start() if load else {}
+    if load:
+        say(f"{name}: load running ({info})")
+    stats0 = dict(d.policy.stats)
+    t0 = time.perf_counter()
+    if ctx["warm_up"]:
+        with adaptive.unbounded_exploration():
+            trace = drive(d, specs, inputs, args.rounds, rng, sync)
+            settle(d, specs, inputs, sync)
+    else:
+        trace = drive(d, specs, inputs, args.rounds, rng, sync)
+        settle(d, specs, inputs, sync)
+    drive_s = time.perf_counter() - t0
+    policy_view = DeviceState.from_mapping(d.backend.device_state()).features()
+    say(f"{name}: {args.rounds} rounds driven in {drive_s:.1f} s; timing every candidate")
+    tables = {}
+    for i, s in enumerate(specs):
+        a, p = inputs[s]
+        tables[s] = time_every_candidate(timer_d, s, a, p, timer, args.oracle_rounds, rng)
+    result = load.stop() if load else {}
+    t_end = time.time()
+    stats = {k: v - stats0.get(k, 0) for k, v in d.policy.stats.items()
+             if isinstance(v, (int, float))}
+    rows = []
+    for s in specs:
+        from adaptive.ops import OPS
+        a, p = inputs[s]
+        plan, state = _plan_state(d, OPS[s[0]].key(a, p))
+        table = tables[s]
+        choice = plan.candidate.label
+        oracle_label = min(table, key=table.get)
+        # times as printed (5 significant digits): steady/oracle is their quotient
+        steady_ms = float(f"{table.get(choice, math.inf):.5g}")
+        oracle_ms = float(f"{table[oracle_label]:.5g}")
+        t = trace[s]
+        rows.append({"input": input_name(s), "op": s[0], "choice": choice,
+                     "start_choice": t["start_choice"], "steady_ms": steady_ms,
+                     "oracle_ms": oracle_ms, "oracle_choice": oracle_label,
+                     "ratio": steady_ms / oracle_ms, "candidates": len(table),
+                     "calls": t["calls"], "first_change_calls": t["first_change_calls"],
+                     "last_commit_calls": t["last_commit_calls"],
+                     "re_explorations": (state.explorations - t["explorations0"])
+                     if state is not None else 0,
+                     "history": list(state.history)[-4:] if state is not None else [],
+                     "times_ms": {k: float(f"{v:.5g}") for k, v in table.items()}})
+    return {"condition": name, "load": load_kind, "load_info": info, "load_result": result,
+            "drive_s": drive_s, "wall_s": t_end - t_start, "policy_stats": stats,
+            "device_state_policy": policy_view,
+            "nvml": nvml_summary(ctx["sampler"], t_start, t_end),
+            "geomean_ratio": geomean([r["ratio"] for r in rows]),
+            "max_ratio": max(r["ratio"] for r in rows), "rows": rows}
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+def compare_with_idle(conditions: list[dict]) -> list[dict]:
+    """Per load condition and input: the idle choice (end of the first idle condition)
+    against the choice under load, both timed under load."""
+    from adaptive.bench import verdict
+    idle = {r["input"]: r["choice"] for r in conditions[0]["rows"]}
+    out = []
+    for c in conditions:
+        if not c["load"]:
+            continue
+        for r in c["rows"]:
+            before = idle[r["input"]]
+            before_ms = r["times_ms"].get(before, math.inf)
+            before_ratio = before_ms / r["oracle_ms"]
+            out.append({"condition": c["condition"], "input": r["input"], "idle_choice": before,
+                        "idle_choice_ms": before_ms, "idle_choice_ratio": before_ratio,
+                        "choice": r["choice"], "steady_ms": r["steady_ms"],
+                        "ratio": r["ratio"], "changed": r["choice"] != before,
+                        "verdict": verdict(r["ratio"], before_ratio)})
+    return out
+
+
+def targets(conditions: list[dict]) -> list[tuple[str, str, bool]]:
+    """Issue 14's contention target: steady/oracle <= 1.10 under each condition (the
+    geometric mean over the inputs; the worst input beside it)."""
+    return [(f"{c['condition']}: steady/oracle <= {TARGET_RATIO:.2f} (geomean over "
+             f"{len(c['rows'])} inputs)", f"{c['geomean_ratio']:.3f} (worst "
+             f"{c['max_ratio']:.3f})", round(c["geomean_ratio"], 3) <= TARGET_RATIO)
+            for c in conditions]
+
+
+def _calls(v) -> str:
+    return "-" if v is None else str(v)
+
+
+def print_report(report: dict) -> None:
+    for c in report["conditions"]:
+        load = c["load_result"]
+        print(f"\n{c['condition']}: driven {c['drive_s']:.1f} s, condition {c['wall_s']:.1f} s")
+        if c["load"]:
+            print(f"  load ({c['load']}): {load.get('kind', '?')} {c['load_info']}; "
+                  f"{load.get('launches_per_s', math.nan):.1f} units/s, "
+                  f"{load.get('vs_alone', math.nan):.2f}x its rate alone"
+                  + (f"; error {load['error']}" if "error" in load else ""))
+        seen = c["device_state_policy"]
+        print("  device state the policy sees: " + ", ".join(
+            f"{k[4:]}={v:g}" for k, v in seen.items()))
+        print("  NVML over the condition: " + (", ".join(
+            f"{k}={v:.3g}" for k, v in c["nvml"].items()) or "unavailable"))
+        stats = c["policy_stats"]
+        print(f"  policy: drifts {stats.get('drifts', 0)}, re-validations "
+              f"{stats.get('revalidations', 0)}, choices changed by them "
+              f"{stats.get('drift_switches', 0)}, commits {stats.get('commits', 0)}, "
+              f"deferred {stats.get('deferred', 0)}, exploring "
+              f"{stats.get('explore_s', 0.0) * 1e3:.1f} ms")
+        print(f"  {'input':<44} {'choice':<40} {'steady ms':>10} {'oracle ms':>10} "
+              f"{'steady/oracle':>13} {'changed@':>8} {'commit@':>7} {'re-expl':>7}  oracle")
+        for r in c["rows"]:
+            print(f"  {r['input']:<44} {r['choice']:<40} {r['steady_ms']:>10.5g} "
+                  f"{r['oracle_ms']:>10.5g} {r['ratio']:>13.3f} "
+                  f"{_calls(r['first_change_calls']):>8} {_calls(r['last_commit_calls']):>7} "
+                  f"{r['re_explorations']:>7}  {r['oracle_choice']}")
+        print(f"  geomean steady/oracle {c['geomean_ratio']:.3f}, worst {c['max_ratio']:.3f}")
+        for r in c["rows"]:
+            if r["re_explorations"] and c is not report["conditions"][0]:
+                print(f"  {r['input']}: " + " | ".join(h[:140] for h in r["history"][-3:]))
+    if report["under_load"]:
+        print("\nunder load, the idle choice against the choice made (both timed under load):")
+        print(f"  {'condition':<14} {'input':<44} {'idle choice':<40} {'ms':>10} "
+              f"{'choice':<40} {'ms':>10}  verdict")
+        for r in report["under_load"]:
+            print(f"  {r['condition']:<14} {r['input']:<44} {r['idle_choice']:<40} "
+                  f"{r['idle_choice_ms']:>10.5g} {r['choice']:<40} {r['steady_ms']:>10.5g}  "
+                  + ("changed: " + r["verdict"] + " the idle choice" if r["changed"]
+                     else "unchanged"))
+        changed = [r for r in report["under_load"] if r["changed"]]
+        right = [r for r in changed if r["verdict"] != "did NOT beat"]
+        print(f"  choices changed under load: {len(changed)} of {len(report['under_load'])}; "
+              f"of those, as fast or faster than the idle choice: {len(right)}")
+    for note in report["notes"]:
+        print("note: " + note)
+    print(f"\ncontention targets (issue 14), this run ({report['wall_s']:.0f} s):")
+    print("| target | measured | status |\n| --- | --- | --- |")
+    for target, measured, ok in report["targets"]:
+        print(f"| {target} | {measured} | {'met' if ok else 'NOT met'} |")
+
+
+# ---- main ---------------------------------------------------------------------------------------
+
+def run(args) -> dict:
+    from adaptive import config
+    from adaptive.bench.selection import _inputs
+    from adaptive.dispatch import Dispatcher
+    from adaptive.policy import MeasureEach
+    from adaptive.runtime import start
+    t_run = time.perf_counter()
+    d = start(Dispatcher(args.device, policy="learned"))
+    be = d.backend
+    if args.sample_every is not None:
+        d.sample_every = args.sample_every
+    timer_d = Dispatcher(be, policy=MeasureEach(), registry=d.registry)
+    timer_d.sample_every = 0
+    rng = np.random.default_rng(args.seed)
+    specs = contention_inputs(args.device, args.quick)
+    inputs = {s: _inputs(s, rng, be.name) for s in specs}
+    if be.name == "cuda":
+        import types
+        from adaptive.packs.build import precompile
+        errors = precompile("cuda", be.arch, [types.SimpleNamespace(op=s[0], dtype=s[2])
+                                              for s in specs])
+        say(f"precompiled the candidates of {len({(s[0], s[2]) for s in specs})} (op, dtype) "
+            f"pairs; {len(errors)} failed ({time.perf_counter() - t_run:.0f} s)")
+    sampler = None
+    if be.name == "cuda":
+        try:
+            from profilers.nvml import NvmlSampler, nvml_device
+            sampler = NvmlSampler(nvml_device(0), period_s=0.1, history=8192).start()
+        except Exception as exc:  # noqa: BLE001 (NVML is context, not the measurement)
+            say(f"NVML sampler unavailable: {exc}")
+    ctx = {"d": d, "timer_d": timer_d, "specs": specs, "inputs": inputs, "args": args,
+           "rng": rng, "sync": be.synchronize, "sampler": sampler, "warm_up": True,
+           "timer": BatchTimer(be, args.per_batch)}
+    plan = [("idle", None)]
+    for kind in args.loads:
+        plan += [(f"{kind} load", kind), (f"idle after {kind}", None)]
+    conditions, notes = [], []
+    skip_next = False
+    for name, kind in plan:
+        elapsed = time.perf_counter() - t_run
+        if kind is not None and elapsed > args.budget_s:
+            notes.append(f"{name} skipped: {elapsed:.0f} s spent of the {args.budget_s:.0f} s "
+                         "budget")
+            break
+        if skip_next:                    # the load before it never ran
+            skip_next = False
+            continue
+        try:
+            conditions.append(run_condition(name, kind, ctx))
+        except Exception as exc:  # noqa: BLE001 (a load that cannot start is reported)
+            if kind is None:
+                raise
+            notes.append(f"{name} failed: {type(exc).__name__}: {exc}")
+            say(notes[-1])
+            skip_next = True
+            continue
+        ctx["warm_up"] = False
+        c = conditions[-1]
+        say(f"{name}: geomean steady/oracle {c['geomean_ratio']:.3f} "
+            f"({time.perf_counter() - t_run:.0f} s)")
+    if sampler is not None:
+        sampler.stop()
+    if args.loads and not any(c["load"] for c in conditions):
+        notes.append("no load condition ran: nothing measured under contention")
+    notes.append(f"sampling: one launch in {d.sample_every} timed for the policy "
+                 f"(config default {config.get().sample_every}); inputs called in a shuffled "
+                 "order each round")
+    report = {"device": be.name, "fingerprint": be.fingerprint(), "quick": args.quick,
+              "fraction": args.fraction, "rounds": args.rounds,
+              "oracle_rounds": args.oracle_rounds, "per_batch": args.per_batch,
+              "sample_every": d.sample_every, "inputs": [input_name(s) for s in specs],
+              "conditions": conditions, "under_load": compare_with_idle(conditions),
+              "notes": notes, "policy_stats": {k: v for k, v in d.policy.stats.items()},
+              "nvml_status": getattr(sampler, "status", "not started")}
+    report["targets"] = targets(conditions)
+    report["wall_s"] = time.perf_counter() - t_run
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "host"),
+                        help="host: a dry run of the code paths on CPU inputs and CPU loads")
+    parser.add_argument("--quick", action="store_true", help="small inputs, short conditions")
+    parser.add_argument("--loads", default="stream,process",
+                        help="load kinds in turn, comma-separated: stream, process")
+    parser.add_argument("--fraction", type=float, default=0.5,
+                        help="the share of SMs (host: cores) the load keeps busy")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="calls of each input per condition (default 3000; quick 120)")
+    parser.add_argument("--oracle-rounds", type=int, default=3)
+    parser.add_argument("--per-batch", type=int, default=None,
+                        help="calls per timed batch (default 20 on the GPU, 3 on the host)")
+    parser.add_argument("--sample-every", type=int, default=None,
+                        help="the dispatcher's sampling (default: the config's; the quick "
+                             "host run 4, so its short conditions see drift)")
+    parser.add_argument("--budget-s", type=float, default=150.0,
+                        help="no new load condition starts past this many seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."),
+                        help="folder for contention.json (default: $OUT or .)")
+    parser.add_argument("--worker", choices=("cuda", "host"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.fraction)
+    args.loads = [k for k in args.loads.split(",") if k]
+    for kind in args.loads:
+        if kind not in ("stream", "process"):
+            parser.error(f"--loads: expected stream or process, got {kind!r}")
+    if not 0 < args.fraction <= 1:
+        parser.error(f"--fraction must be in (0, 1], got {args.fraction}")
+    if args.rounds is None:
+        args.rounds = 120 if args.quick else 3000
+    if args.per_batch is None:
+        args.per_batch = 20 if args.device == "cuda" else 3
+    if args.sample_every is None and args.quick and args.device == "host":
+        args.sample_every = 4
+    report = run(args)
+    print_report(report)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "contention.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    os.replace(tmp, out / "contention.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
