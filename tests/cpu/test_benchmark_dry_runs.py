@@ -197,7 +197,9 @@ def test_gpu_contention_dry_run_reports_each_condition_from_its_printed_numbers(
         assert c["geomean_ratio"] == pytest.approx(geomean, rel=1e-12)
         assert f"geomean steady/oracle {geomean:.3f}" in stdout
     targets = {t: (m, ok) for t, m, ok in report["targets"]}
-    assert len(targets) == len(names)
+    assert len(targets) == len(names) + 1
+    assert targets["measured with and without a co-running load"] == (
+        "stream load, process load", True)
     for c in report["conditions"]:
         (measured, ok), = [v for t, v in targets.items() if t.startswith(c["condition"] + ":")]
         assert measured.startswith(f"{c['geomean_ratio']:.3f}")
