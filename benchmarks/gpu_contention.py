@@ -342,7 +342,8 @@ class BatchTimer:
         return cuda.get_elapsed_time(start, end) / n
 
 
-def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng) -> dict:
+def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng,
+                         sync) -> dict:
     """{candidate label: median per-call ms}: every candidate, pinned, timed in ``rounds``
     rounds of a shuffled order (a failing candidate: inf); a slow candidate's batch is
     shorter (at least 2 calls, about ``BATCH_MS`` of work), so slow ones cost no more."""
@@ -353,7 +354,7 @@ def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng) -
             timer_d.launch(op, *args, variant=c.variant.name, config=c.config, **params)
         try:
             call()
-            timer_d.backend.synchronize()
+            sync()
             fns[c.label] = call
         except Exception:  # noqa: BLE001 (a failing candidate is data)
             fns[c.label] = None
@@ -448,20 +449,14 @@ def nvml_summary(sampler, t0: float, t1: float) -> dict:
     return out
 
 
-def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
-    """One condition: the load (if any) on, the dispatcher driven, every candidate timed,
-    the load off. Returns the condition's record."""
+def _measure_condition(name: str, ctx: dict):
+    """The dispatcher driven, then every candidate timed: (trace, drive s, the device
+    state the policy saw, {spec: {label: ms}})."""
     import adaptive
     from adaptive.policy.features import DeviceState
     d, timer_d, specs, inputs, args = (ctx[k] for k in ("d", "timer_d", "specs", "inputs",
                                                         "args"))
     rng, sync, timer = ctx["rng"], ctx["sync"], ctx["timer"]
-    load = Load(load_kind, args.device, args.fraction) if load_kind else None
-    t_start = time.time()
-    info = load.start() if load else {}
-    if load:
-        say(f"{name}: load running ({info})")
-    stats0 = dict(d.policy.stats)
     t0 = time.perf_counter()
     if ctx["warm_up"]:
         with adaptive.unbounded_exploration():
@@ -474,10 +469,27 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
     policy_view = DeviceState.from_mapping(d.backend.device_state()).features()
     say(f"{name}: {args.rounds} rounds driven in {drive_s:.1f} s; timing every candidate")
     tables = {}
-    for i, s in enumerate(specs):
+    for s in specs:
         a, p = inputs[s]
-        tables[s] = time_every_candidate(timer_d, s, a, p, timer, args.oracle_rounds, rng)
-    result = load.stop() if load else {}
+        tables[s] = time_every_candidate(timer_d, s, a, p, timer, args.oracle_rounds, rng,
+                                         sync)
+    return trace, drive_s, policy_view, tables
+
+
+def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
+    """One condition: the load (if any) on, the dispatcher driven, every candidate timed,
+    the load off. Returns the condition's record."""
+    d, specs, inputs, args = (ctx[k] for k in ("d", "specs", "inputs", "args"))
+    load = Load(load_kind, args.device, args.fraction) if load_kind else None
+    t_start = time.time()
+    info = load.start() if load else {}
+    if load:
+        say(f"{name}: load running ({info})")
+    stats0 = dict(d.policy.stats)
+    try:
+        trace, drive_s, policy_view, tables = _measure_condition(name, ctx)
+    finally:                             # the load never outlives its condition
+        result = load.stop() if load else {}
     t_end = time.time()
     stats = {k: v - stats0.get(k, 0) for k, v in d.policy.stats.items()
              if isinstance(v, (int, float))}
@@ -638,8 +650,12 @@ def run(args) -> dict:
             sampler = NvmlSampler(nvml_device(0), period_s=0.1, history=8192).start()
         except Exception as exc:  # noqa: BLE001 (NVML is context, not the measurement)
             say(f"NVML sampler unavailable: {exc}")
+    sync = be.synchronize
+    if be.name == "cuda":   # this stream's work, not the device's: the load's stream runs on
+        import cupy
+        sync = lambda: cupy.cuda.get_current_stream().synchronize()  # noqa: E731
     ctx = {"d": d, "timer_d": timer_d, "specs": specs, "inputs": inputs, "args": args,
-           "rng": rng, "sync": be.synchronize, "sampler": sampler, "warm_up": True,
+           "rng": rng, "sync": sync, "sampler": sampler, "warm_up": True,
            "timer": BatchTimer(be, args.per_batch)}
     plan = [("idle", None)]
     for kind in args.loads:
