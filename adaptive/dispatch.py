@@ -19,6 +19,7 @@ import functools
 import itertools
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -212,6 +213,7 @@ class Dispatcher:
         self._referenced: set = set()      # keys sampled since the clock last passed them
         self._lock = threading.RLock()
         self._tick = itertools.count(1)
+        self._sample_rng = random.Random(0)  # where in each block of calls the sample falls
         self._recorder: Recorder | None = None       # the launch chain's head
         self._recorders: tuple[Recorder, ...] = ()   # every installed recorder
         self._timer = None                 # CUDA events for sampled calls (made on first use)
@@ -226,13 +228,26 @@ class Dispatcher:
     # ``_plain``: no sampling and no recorder, so a hit runs the plan directly (one test)
     @property
     def sample_every(self) -> int:
-        """Time one launch in this many synchronously for the policy (0: never)."""
+        """Time one launch in this many for the policy (0: never): one in each block of
+        this many calls, at a pseudo-random place in the block."""
         return self._sample_every
 
     @sample_every.setter
     def sample_every(self, every: int) -> None:
         self._sample_every = every
         self._plain = not every and self._recorder is None
+        self._block = next(self._tick)      # the next block of calls starts after this one
+        self._next_sample = self._block + 1 + self._sample_rng.randrange(max(every, 1))
+
+    def _schedule_sample(self) -> None:
+        """The next sampled call: in the next block of ``sample_every`` calls, at a
+        pseudo-random offset. A fixed place (every 64th call) would meet the same key
+        forever in a loop whose launches repeat with a period sharing a factor with the
+        interval: a decode step of 8 launches would have only its first launch timed, and
+        no drift, re-validation or deferred exploration would ever reach the others."""
+        every = self._sample_every
+        self._block += every
+        self._next_sample = self._block + 1 + self._sample_rng.randrange(every)
 
     @property
     def recorder(self) -> Recorder | None:
@@ -319,7 +334,8 @@ class Dispatcher:
         return self._execute(plan, args, out)
 
     def _execute(self, plan: Plan, args: tuple, out):
-        if self._sample_every and next(self._tick) % self._sample_every == 0:
+        if self._sample_every and next(self._tick) >= self._next_sample:
+            self._schedule_sample()
             return self._sampled(plan, args, out)
         if self._recorder is not None and not plan.provisional:  # exploring calls reach
             return self._recorder(plan, args, out)                   # listeners when timed

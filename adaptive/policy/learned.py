@@ -6,8 +6,12 @@ through the few candidates whose optimistic estimate (mean - z·sigma) is within
 bound of the best. Once each has been timed ``samples`` times the policy commits to the
 fastest observed; the dispatcher then serves the key with a plain plan. Sampled timings
 of committed keys are compared with what exploring observed; a sustained drift (a clock
-drop, another process) re-opens exploration. With no model yet it explores a few diverse
-candidates, never all of them.
+drop, another process) re-opens exploration. A drift watches only the committed
+candidate's own time, so when it changes the choice (a co-running load slows the choice
+2x and a smaller kernel 1.2x) the key is re-explored again later, after
+``revalidate_every`` sampled calls, doubling while the choice holds (a bounded cost):
+when the load leaves, the displaced candidate's recovery shows in no sampled time of the
+new choice. With no model yet it explores a few diverse candidates, never all of them.
 
 The policy does not know how times arrive (host timer, CUDA events harvested later): it
 only sees :meth:`Learned.observe` calls.
@@ -100,6 +104,12 @@ class KeyState:
     # committed to the library candidate without exploring (the exploration budget was
     # spent); ``explore`` holds what the policy would have explored, opened later
     deferred: bool = False
+    previous: Candidate | None = None   # committed before this exploration (None: the miss)
+    revalidating: bool = False          # this exploration re-validates a drift's choice
+    # steady samples until the key is re-explored although no drift showed (0: never) and
+    # the interval it was last scheduled at: set when a drift changed the choice
+    revalidate_in: int = 0
+    revalidate_interval: int = 0
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -202,6 +212,11 @@ class Learned(BasePolicy):
         drift_ratio: re-explore when the median of recent samples leaves
             [expected / ratio, expected · ratio].
         drift_window: how many recent samples that median covers.
+        revalidate_every: when a drift's re-exploration changed the committed candidate,
+            re-explore the key again after this many sampled calls of the new choice, and
+            after twice as many each time the choice holds (up to 16x): a co-running load
+            that made a smaller kernel the fastest is seen to leave only this way, since
+            the new choice may barely slow under it (and so barely speed up without it).
         explore_budget: the fraction of wall time that exploring calls may take (None:
             unbounded). Exploring runs candidates that may be slower than the library on
             real calls; once the calls explored have taken more than ``explore_burst_s``
@@ -222,16 +237,19 @@ class Learned(BasePolicy):
                  max_explore: int = 8, samples: int = 3, drift_ratio: float = 1.5,
                  drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2,
                  per_variant: int = 2, explore_budget: float | None = 0.01,
-                 explore_burst_s: float = 0.5):
+                 explore_burst_s: float = 0.5, revalidate_every: int = 8):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
         if not 1 <= max_explore:
             raise ValueError(f"max_explore must be at least 1, got {max_explore}")
-        if samples < 1 or drift_window < 1 or drift_ratio <= 1.0 or regret_bound < 0:
-            raise ValueError("expected samples >= 1, drift_window >= 1, drift_ratio > 1 and "
-                             f"regret_bound >= 0; got {samples}, {drift_window}, {drift_ratio}, "
-                             f"{regret_bound}")
+        if samples < 1 or drift_window < 1 or drift_ratio <= 1.0 or regret_bound < 0 \
+                or revalidate_every < 1:
+            raise ValueError("expected samples >= 1, drift_window >= 1, drift_ratio > 1, "
+                             "regret_bound >= 0 and revalidate_every >= 1; got "
+                             f"{samples}, {drift_window}, {drift_ratio}, {regret_bound}, "
+                             f"{revalidate_every}")
+        self.revalidate_every = revalidate_every
         self.model = model
         self.regret_bound = regret_bound
         self.z = z
@@ -258,7 +276,7 @@ class Learned(BasePolicy):
         self.neighbours = Neighbours()
         self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
                       "drifts": 0, "explore_calls": 0, "deferred": 0, "reopened": 0,
-                      "explore_s": 0.0}
+                      "revalidations": 0, "drift_switches": 0, "explore_s": 0.0}
         self._lock = threading.Lock()
 
     # ---- miss ---------------------------------------------------------------------------
@@ -430,7 +448,8 @@ class Learned(BasePolicy):
         if len(explore) == 1:
             return None
         self.stats["reopened"] += 1
-        state.reason = (f"exploring {len(explore)} candidates, deferred at the miss: the "
+        state.reason = (f"exploring {len(explore)} candidates, deferred "
+                        f"{'by a drift' if state.previous is not None else 'at the miss'}: the "
                         "exploration budget allows it again")
         state.committed, state.explore = None, explore
         state.observed = {c: Samples() for c in explore}
@@ -466,6 +485,7 @@ class Learned(BasePolicy):
             return Decision(state.explore[0], state.reason, explore=state.explore)
         state.committed, state.expected_ms = best, fastest[best]
         state.steady_ms = math.nan
+        self._schedule_revalidation(state, best)
         self.neighbours.add(state.op, state.dtype, state.features, best.variant.name,
                             best.config_items, fastest[best])
         state.recent.clear()
@@ -484,6 +504,13 @@ class Learned(BasePolicy):
             (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
 
     def _check_drift(self, state: KeyState) -> Decision | None:
+        if state.revalidate_in > 0:
+            state.revalidate_in -= 1
+            if state.revalidate_in == 0:
+                return self._reexplore(state, f"re-validating {state.committed.label} "
+                                       f"after {state.revalidate_interval} sampled calls "
+                                       "(a re-exploration chose it over the earlier choice)",
+                                       revalidating=True)
         if len(state.recent) < self.drift_window:
             return None
         now = _median(list(state.recent)[-self.drift_window:])
@@ -494,30 +521,57 @@ class Learned(BasePolicy):
         if 1 / self.drift_ratio <= ratio <= self.drift_ratio:
             return None
         self.stats["drifts"] += 1
+        return self._reexplore(state, f"drift: {state.committed.label} now {now:.4g} ms, "
+                               f"steady {state.steady_ms:.4g} ms", now_ms=now)
+
+    def _reexplore(self, state: KeyState, why: str, now_ms: float = math.nan,
+                   revalidating: bool = False) -> Decision | None:
+        """Open exploration again on the key's explored set, the committed candidate first
+        (a drift, or a re-validation of a drift's choice); deferred while the exploration
+        budget is spent."""
         current = state.committed
         explore = (current,) + tuple(c for c in state.explore if c != current)
         if self._credit() <= 0:          # re-explore when the budget allows it again
-            state.reason = (f"drift: {current.label} now {now:.4g} ms, steady "
-                            f"{state.steady_ms:.4g} ms; re-exploring deferred (the "
-                            "exploration budget is spent)")
+            state.reason = why + "; re-exploring deferred (the exploration budget is spent)"
             state.deferred = True
+            state.previous, state.revalidating = current, revalidating   # for the reopening
             state.steady_ms = math.nan
             state.recent.clear()
             state.history.append(state.reason)
             return None
-        state.reason = (f"drift: {current.label} now {now:.4g} ms, steady "
-                        f"{state.steady_ms:.4g} ms; re-exploring {len(explore)}")
-        state.committed, state.explore = None, explore
-        state.observed = {c: Samples() for c in explore}
-        state.explorations += 1
+        state.reason = f"{why}; re-exploring {len(explore)}"
         state.history.append(state.reason)
         state.steady_ms = math.nan
         if len(explore) == 1:
-            state.committed = current
-            state.expected_ms = now
+            state.expected_ms = now_ms if now_ms > 0 else state.expected_ms
             state.recent.clear()
+            state.revalidate_in = 0
             return None
+        state.committed, state.explore = None, explore
+        state.observed = {c: Samples() for c in explore}
+        state.explorations += 1
+        state.previous, state.revalidating = current, revalidating
+        self.stats["revalidations"] += revalidating
         return Decision(current, state.reason, explore=explore)
+
+    def _schedule_revalidation(self, state: KeyState, best: Candidate) -> None:
+        """After a re-exploration's commit: re-validate in ``revalidate_every`` sampled
+        calls when it changed the choice, in twice the last interval when a re-validation
+        kept it (up to 16x: a load that lasted T is seen to leave within about T, or 16
+        ``revalidate_every`` samples), never when a drift kept it."""
+        previous, revalidating = state.previous, state.revalidating
+        state.previous, state.revalidating = None, False
+        if previous is None:             # the miss's exploration (or a deferred one's)
+            return
+        if best != previous:
+            self.stats["drift_switches"] += 1
+            state.revalidate_interval = self.revalidate_every
+        elif revalidating:
+            state.revalidate_interval = min(2 * state.revalidate_interval,
+                                            16 * self.revalidate_every)
+        else:
+            state.revalidate_interval = 0
+        state.revalidate_in = state.revalidate_interval
 
     def _learn(self, state: KeyState, candidate: Candidate, time_ms: float) -> None:
         if not (math.isfinite(time_ms) and time_ms > 0):

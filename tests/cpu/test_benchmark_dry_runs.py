@@ -22,6 +22,7 @@ DRY_RUNS = {   # the fewest launches that still run every code path
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
     "gpu_hostpath": (["--device", "host", "--quick"], "Lk + 1 per call"),
     "cpu_patched_linear": (["--quick"], "same greedy tokens: True"),
+    "gpu_contention": (["--device", "host", "--quick"], "contention targets"),
 }
 
 
@@ -58,7 +59,7 @@ def _runner_args(folder: Path, config) -> list[str]:
 
 
 # all of them in one process in the background, from the start of the session
-BACKGROUND = {"benchmark-dry-runs": Job(_runner_args, cpu_s=25.0, nice=19, cwd=ROOT,
+BACKGROUND = {"benchmark-dry-runs": Job(_runner_args, cpu_s=35.0, nice=19, cwd=ROOT,
                                         timeout_s=240 * len(DRY_RUNS))} \
     if importlib.util.find_spec("sklearn") else {}
 
@@ -155,3 +156,53 @@ def test_gpu_decode_attention_targets_are_judged_per_shape():
     rows = {t.split(":")[0] + t.split(":")[1][:8]: ok for t, _, ok in targets([slow_sdpa,
                                                                               fast_sdpa])}
     assert rows == {"a >= 1.30": True, "a >= 80% ": True, "b >= 0.98": False}, rows
+
+
+def test_gpu_contention_dry_run_reports_each_condition_from_its_printed_numbers(dry_runs):
+    """The contention report: every condition (idle, each load, idle again) with a row per
+    input, the load's throughput and the device state the policy saw; each printed
+    steady/oracle is the quotient of the two printed times, each condition's geomean is
+    that of its rows, and the targets say met or NOT met on those geomeans."""
+    import math
+    runs, _ = dry_runs
+    rc, stdout, stderr, out = runs["gpu_contention"]
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    report = json.loads((out / "contention.json").read_text())
+    names = [c["condition"] for c in report["conditions"]]
+    assert names == ["idle", "stream load", "idle after stream", "process load",
+                     "idle after process"]
+    assert len(report["inputs"]) == 5 and report["sample_every"] == 4
+    lines = stdout.splitlines()
+    for c in report["conditions"]:
+        assert [r["input"] for r in c["rows"]] == report["inputs"]
+        assert set(c["device_state_policy"]) >= {"dev.known", "dev.sm_clock_ratio",
+                                                 "dev.other_processes"}
+        if c["load"]:
+            load = c["load_result"]
+            assert load["launches"] > 0 and load["launches_per_s"] > 0, load
+            assert 0 < load["vs_alone"], load
+        ratios = []
+        for r in c["rows"]:
+            assert r["choice"] in r["times_ms"] and r["oracle_choice"] in r["times_ms"]
+            assert r["calls"] == report["rounds"] or c["condition"] == "idle"
+            steady, oracle = f"{r['steady_ms']:.5g}", f"{r['oracle_ms']:.5g}"
+            row = [ln.split() for ln in lines if ln.split()[:1] == [r["input"]]
+                   and ln.split()[1] == r["choice"] and ln.split()[2:4] == [steady, oracle]]
+            assert row, f"{c['condition']} {r['input']}: no printed row with {steady} {oracle}"
+            printed = float(row[0][4])
+            assert printed == round(float(steady) / float(oracle), 3)
+            assert printed >= 1.0                   # the oracle is the fastest of the table
+            ratios.append(r["ratio"])
+        geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        assert c["geomean_ratio"] == pytest.approx(geomean, rel=1e-12)
+        assert f"geomean steady/oracle {geomean:.3f}" in stdout
+    targets = {t: (m, ok) for t, m, ok in report["targets"]}
+    assert len(targets) == len(names) + 1
+    assert targets["measured with and without a co-running load"] == (
+        "stream load, process load", True)
+    for c in report["conditions"]:
+        (measured, ok), = [v for t, v in targets.items() if t.startswith(c["condition"] + ":")]
+        assert measured.startswith(f"{c['geomean_ratio']:.3f}")
+        assert ok == (round(c["geomean_ratio"], 3) <= 1.10)
+    assert len(report["under_load"]) == 2 * len(report["inputs"])
+    assert stdout.rstrip().endswith(("| met |", "| NOT met |"))

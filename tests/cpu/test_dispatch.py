@@ -163,3 +163,32 @@ def test_errors_survive_pickling():
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err)
     assert "   1 | int main;" in str(adaptive.CompileError("k", {}, "log", "int main;"))
+
+
+def test_sampling_reaches_every_key_of_a_periodic_launch_loop(rng):
+    """A decode step repeats the same 8 launches; with one call in 64 timed at a fixed
+    place, every sample met the step's first launch and drift never saw the other seven.
+    One sample in each block of 64 calls, at a pseudo-random place in it: still exactly one
+    in 64, spread over every key."""
+    from collections import Counter
+    from adaptive.dispatch import Recorder
+
+    class Count(Recorder):
+        wraps_launches = False
+
+        def __init__(self):
+            super().__init__()
+            self.keys = Counter()
+
+        def timed(self, plan, time_ms):
+            self.keys[plan.key] += 1
+    d = adaptive.Dispatcher(backend="host", policy=adaptive.MeasureEach())
+    d.sample_every = 64
+    count = Count()
+    d.add_recorder(count)
+    step = [rng.standard_normal((4, 8 + i)).astype(np.float32) for i in range(8)]
+    for _ in range(640):
+        for x in step:
+            d.launch("softmax", x)
+    assert sum(count.keys.values()) == 640 * 8 // 64
+    assert len(count.keys) == 8 and min(count.keys.values()) >= 3, count.keys

@@ -621,3 +621,92 @@ def test_a_drift_met_with_the_budget_spent_re_explores_later(rng, monkeypatch):
     clock.now += 60.0                                  # 0.6 s refilled: the debt is paid
     out = policy.observe(ctx.key, a, 400.0)
     assert out is not None and set(out.explore) == {a, b} and policy.stats["reopened"] == 1
+
+
+
+def _contended(rng, idle_ms: dict, loaded_ms: dict):
+    """A dispatcher on a fake GPU (:func:`_EventHost`) whose candidates' times follow a
+    simulated co-running load (``be.loaded``), cold-exploring three candidates named
+    a, b, c here; every call sampled and its events finished at once. Returns the fake,
+    ``calls_until(name, limit)`` (launch until the key is committed to ``name``: how many
+    calls that took) and the policy."""
+    from adaptive.backends.host import HostBackend
+    be = _EventHost()
+    be.loaded = False
+    x = rng.standard_normal((96, 64)).astype(np.float32)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=3, drift_window=4,
+                     explore_budget=None, revalidate_every=8)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    a, b, c = _diverse(d.candidates("softmax", x))[:3]
+    names = {a.label: "a", b.label: "b", c.label: "c"}
+
+    def prepare(candidate, problem, op):
+        fn = HostBackend.prepare(be, candidate, problem, op)
+
+        def run(args, out):
+            fn(args, out)
+            name = names.get(candidate.label)
+            be.clock += (loaded_ms if be.loaded else idle_ms).get(name, 50.0)
+        return run
+    be.prepare = prepare
+    key = OPS["softmax"].key((x,), {})
+
+    def calls_until(name: str, limit: int) -> int:
+        for n in range(1, limit + 1):
+            d.launch("softmax", x)
+            be.finish()
+            plan = d._plans[key]
+            if not plan.provisional and names.get(plan.candidate.label) == name:
+                return n
+        raise AssertionError(f"not committed to {name} after {limit} calls: "
+                             + "; ".join(policy.state(plan.class_key).history))
+    return be, calls_until, policy
+
+
+def test_a_co_running_load_re_ranks_by_drift_and_the_choice_recovers_when_it_leaves(rng):
+    """Idle: a is fastest. Under load a slows 2.5x and b only 1.3x, so b is: a drift of
+    a re-ranks within a bounded number of calls. When the load leaves, b speeds up by too
+    little to read as a drift: the re-validation that a drift's change of choice
+    schedules brings a back, and under a lasting load re-validations grow rarer."""
+    be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.4, "c": 3.0},
+                                         loaded_ms={"a": 2.5, "b": 1.8, "c": 6.0})
+    assert calls_until("a", 12) <= 10                 # 3 candidates x 3 samples, then a
+    for _ in range(20):
+        assert calls_until("a", 1) == 1               # steady on a: no drift while idle
+    assert policy.stats["drifts"] == 0 and policy.stats["revalidations"] == 0
+    be.loaded = True
+    # the drift window (4 samples) sees the slowdown, then 3 candidates x 3 samples
+    assert calls_until("b", 30) <= 4 + 9 + 1
+    assert policy.stats["drifts"] == 1 and policy.stats["drift_switches"] == 1
+    be.loaded = False
+    # b's 1.8 -> 1.4 ms stays within the drift ratio: re-validated after 8 samples
+    assert calls_until("a", 40) <= 8 + 9 + 1
+    assert policy.stats["drifts"] == 1 and policy.stats["revalidations"] == 1
+    assert "re-validating" in "; ".join(next(iter(policy.keys.values())).history)
+    be.loaded = True
+    calls_until("b", 30)
+    before = policy.stats["revalidations"]
+    for _ in range(1000):                             # a lasting load: b holds
+        if policy.stats["revalidations"] - before == 6:
+            break
+        assert calls_until("b", 10) <= 10
+    history = next(iter(policy.keys.values())).history
+    intervals = [int(h.split(" after ")[1].split()[0]) for h in history
+                 if h.startswith("re-validating")]
+    assert intervals[-6:] == [8, 16, 32, 64, 128, 128]   # doubling, up to 16x
+
+
+def test_a_drift_that_keeps_the_choice_schedules_no_re_validation(rng):
+    """Every candidate 2x slower (a clock drop): the drift re-explores once and keeps a;
+    a key whose choice no drift changed costs no further exploring."""
+    be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.4, "c": 3.0},
+                                         loaded_ms={"a": 2.0, "b": 2.8, "c": 6.0})
+    calls_until("a", 12)
+    for _ in range(8):
+        calls_until("a", 1)
+    be.loaded = True
+    for _ in range(200):
+        calls_until("a", 12)
+    assert policy.stats["drifts"] == 1 and policy.stats["drift_switches"] == 0
+    assert policy.stats["revalidations"] == 0
