@@ -7,8 +7,11 @@ event pairs around the same calls.
 
 Two streams, each a round-robin over three inputs (so several plans are live):
 ``gpu_bound`` (kernels of tens of microseconds: the GPU, not Python, sets the pace) and
-``host_bound`` (tiny kernels: the per-launch host cost shows in full). Modes, alternated
-round by round (order rotated and flipped) on one dispatcher with its own sampling off:
+``host_bound`` (tiny kernels: the per-launch host cost shows in full). Two phases, each
+against its own ``off`` rounds: first ``events`` before CUPTI is ever enabled in the
+process (CUPTI, once on, leaves a cost behind after its kinds are disabled), then the CUPTI
+modes. Within a phase the modes alternate round by round (order rotated and flipped) on one
+dispatcher with its own sampling off:
 ``off`` (no log), ``events`` (the log with sampled CUDA event pairs, one call in
 ``--every``, default ``ADAPTIVE_COUNTER_LOG_EVERY``), ``cupti`` (the same with CUPTI
 activity records, where cupti-python can subscribe; the governor hands CUPTI over to
@@ -325,27 +328,36 @@ def main(argv: list[str] | None = None) -> int:
     d = Dispatcher(device)
     d.sample_every = 0                        # the dispatcher's own sampling off in every mode
     dev = Device(d, device)
-    cupti_status = "host backend: no CUPTI"
-    if device == "cuda":
-        from profilers.cupti import shared_activity
-        probe = shared_activity()
-        cupti_status = probe.status
-        probe.pause()                 # kernels are recorded only while a log needs them
-    modes = ["off", "events"] + (["cupti", "cupti_raw"] if cupti_status == "ok" else [])
-    print(f"gpu_counterlog: {device}; one call in {every} logged; CUPTI: {cupti_status}",
-          flush=True)
-    results, agreement = [], []
-    for name in ("gpu_bound", "host_bound"):
-        inputs = make_inputs(device, STREAMS[device][name], seed=len(name))
+    print(f"gpu_counterlog: {device}; one call in {every} logged", flush=True)
+    streams = {name: make_inputs(device, STREAMS[device][name], seed=len(name))
+               for name in ("gpu_bound", "host_bound")}
+    for name, inputs in streams.items():
         warm = [committed(d, op, xs) for op, xs in inputs]
         print(f"  {name}: committed after {warm} launches", flush=True)
-        res = throughput(name, d, dev, inputs, modes, args, every, device, log_dir)
-        res["warm_launches"] = warm
-        results.append(res)
-        for i, (op, xs) in enumerate(inputs):
-            for mode in modes[1:2] + modes[2:3]:          # events, and cupti when there
-                agreement.append(accuracy(d, dev, op, xs, mode, device,
-                                          log_dir / f"accuracy-{name}-{i}-{op}-{mode}.alog",
+    # two phases: events against off before CUPTI is ever enabled in this process (CUPTI,
+    # once on, leaves a cost behind after its kinds are disabled: run S6's probe read the
+    # host-bound stream 13-15% slower after it), then CUPTI against off
+    results, agreement = [], []
+    cupti_status = "host backend: no CUPTI"
+    for phase in ("events", "cupti"):
+        if phase == "cupti":
+            if device != "cuda":
+                break
+            from profilers.cupti import shared_activity
+            probe = shared_activity()
+            cupti_status = probe.status
+            probe.pause()             # kernels are recorded only while a log needs them
+            print(f"  CUPTI: {cupti_status}", flush=True)
+            if cupti_status != "ok":
+                break
+        modes = ["off", "events"] if phase == "events" else ["off", "cupti", "cupti_raw"]
+        for name, inputs in streams.items():
+            res = throughput(name, d, dev, inputs, modes, args, every, device, log_dir)
+            res["phase"] = phase
+            results.append(res)
+            for i, (op, xs) in enumerate(inputs):
+                agreement.append(accuracy(d, dev, op, xs, phase, device,
+                                          log_dir / f"accuracy-{name}-{i}-{op}-{phase}.alog",
                                           args.accuracy_calls))
                 agreement[-1]["stream"] = name
     sample_log = max(log_dir.glob("gpu_bound-events-*.alog"), key=os.path.getmtime)
@@ -388,9 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     tmp = out / f".gpu_counterlog.json.{os.getpid()}"
     tmp.write_text(json.dumps(payload, indent=2, default=str))
     os.replace(tmp, out / "gpu_counterlog.json")
-    print("  throughput side by side, log on against off (median of rounds):")
+    print("  throughput side by side, log on against off (median of rounds; each phase "
+          "against its own off rounds):")
     for r in results:
-        print(f"    {r['stream']:<11} off {r['off_launches_per_s']:>9.0f}/s", flush=True)
+        print(f"    {r['stream']:<11} off {r['off_launches_per_s']:>9.0f}/s  ({r['phase']} "
+              "phase)", flush=True)
         for mode, m in r["modes"].items():
             print(f"    {r['stream']:<11} {mode:<9} {m['launches_per_s']:>9.0f}/s  loss "
                   f"{m['loss']:+.2%}  cost {m['per_launch_cost_us']:+.2f} us/launch "

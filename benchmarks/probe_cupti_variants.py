@@ -217,6 +217,7 @@ def _start(variant: str):
         act.close()
         b = act._buffers
         return {"callback_s": act.callback_cpu_s, "collect_cpu_s": collect_s[0],
+                "flushes": act.flushes, "flush_s": act.flush_s, "flush_cpu_s": act.flush_cpu_s,
                 "narrowed": act.narrowed, "ctypes": b is not None,
                 "slow_buffers": b.slow_buffers if b else None,
                 "mismatch": b.mismatch if b else None, **act.counts}

@@ -20,10 +20,11 @@ import dataclasses
 import functools
 import itertools
 import logging
+import math
 import re
 import threading
 import traceback
-from time import thread_time
+from time import perf_counter, thread_time
 
 log = logging.getLogger("profilers.cupti")
 
@@ -126,6 +127,7 @@ class CuptiActivity:
         # cost); a callback inside a flush runs on the flushing thread, whose own CPU time
         # already holds it, so it is left out here
         self._callback_cpu_s = 0.0
+        self.flushes, self.flush_s, self.flush_cpu_s = 0, 0.0, 0.0   # what flushing cost
         self._flushing: int | None = None         # the thread inside a flush, if any
         self.idle_users = 0                 # users that let recording pause (see idle())
         self._idle_lock = threading.Lock()
@@ -307,10 +309,14 @@ class CuptiActivity:
 
     def _flush_all(self, cupti, flag: int) -> None:
         self._flushing = threading.get_ident()
+        t0, c0 = perf_counter(), thread_time()
         try:
             cupti.activity_flush_all(flag)
         finally:
             self._flushing = None
+            self.flushes += 1
+            self.flush_s += perf_counter() - t0
+            self.flush_cpu_s += thread_time() - c0
 
     def harvest(self) -> list[KernelRecord]:
         """Kernel records delivered so far, oldest first, with their tags (a standalone
@@ -541,9 +547,15 @@ class CuptiTimer:
     kind = "cupti"
 
     def __init__(self, capacity: int = 4096, activity: CuptiActivity | None = None,
-                 settle_s: float = 0.5, clock=None, lost_after_s: float = 5.0):
+                 settle_s: float = 0.5, clock=None, lost_after_s: float = 5.0,
+                 flush_every_s: float = 0.25):
         import time
         global _shared_users
+        # CUPTI's flush costs the flushing thread milliseconds of CPU (run S6: a writer
+        # flushing every 50 ms spent 33% of wall time); a busy stream fills a buffer in
+        # a fraction of a second anyway, so a harvest flushes at most this often
+        self.flush_every_s = flush_every_s
+        self._flushed_s = -math.inf
         self._shared = activity is None
         self.activity = activity if activity is not None else shared_activity()
         if self._shared:
@@ -586,8 +598,10 @@ class CuptiTimer:
         still shares the subscription) and finish or drop every call."""
         with self._lock:
             activity = self.activity
-            activity.flush(forced=final and activity.users <= 1)
             now = self._clock()
+            if final or now - self._flushed_s >= self.flush_every_s:
+                activity.flush(forced=final and activity.users <= 1)
+                self._flushed_s = now
             activity.collect(now)
             waiting = self._waiting
             pending = self.pending_calls

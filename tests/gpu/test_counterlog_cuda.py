@@ -69,6 +69,17 @@ def _timing_or_skip(timing: str) -> None:
             pytest.skip(f"CUPTI timing unavailable here: {status}")
 
 
+def _warm_clocks(cp, spin, seconds: float = 0.3) -> None:
+    """Keep the GPU busy for ``seconds``: an idle H200 sits at 345 MHz and its first pairs
+    of a process ran on a clock still ramping (run S6: log-off pairs read 32 us where the
+    same calls read 21.5 us a moment later)."""
+    import time
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        spin(20_000_000)
+        cp.cuda.Device().synchronize()
+
+
 def _queued_pairs(cp, spin, n: int, call) -> list[float]:
     """Event-pair times of ``n`` calls of ``call()``, each between its own pair, all queued
     behind a ~20 ms spin kernel so the GPU runs them back to back (a pair then times GPU
@@ -119,7 +130,7 @@ def test_logged_launches_carry_event_times_close_to_cuda_events(cp, tmp_path, ti
     _committed(d, "softmax", x)
     spin = _spin(cp)
     spin(1000)
-    cp.cuda.Device().synchronize()
+    _warm_clocks(cp, spin)
     n = 50
     event_ms = _queued_pairs(cp, spin, n, lambda: d.launch("softmax", x))     # log off
     empty_ms = _queued_pairs(cp, spin, n, lambda: None)                       # pair cost
