@@ -20,7 +20,8 @@
 // (head dim; must equal D), KPS (keys per split), BN (keys per staged tile), NWARPS, STAGES
 // (tiles in the ring), KC (keys a warp step), RB (rows per CTA, a multiple of 16). Dynamic
 // shared memory: max((STAGES * 2 * BN + QR) * (HD + 8) * 2, NWARPS * (16 * HD + 32) * 4)
-// bytes, QR = min(RB, 16 * NWARPS) rows of q after the ring. Workspace (floats, S =
+// bytes, QR = 16 * ceil_div(min(R, RB), 16) rows of q after the ring (sized by the shape:
+// decode's few rows leave room for a second CTA an SM). Workspace (floats, S =
 // ceil_div(Lk, KPS) splits): B*Hkv*S*R*HD partial outputs, then B*Hkv*S*R (m, l) pairs, then
 // B*Hkv*RG counters (each reset to 0 by the CTA that merges).
 
