@@ -175,8 +175,11 @@ CASES2 = [  # variant, config, (B, H, Hkv, Lq, Lk), causal, scale, magnitude of 
     ("splitkv2_mma", _config2(), (1, 8, 2, 1, 550), True, None, 1.0),       # 9 splits
     ("splitkv2_mma", _config2(KPS=256, STAGES=4, KC=32), (2, 8, 2, 3, 700), True, None, 1.0),
     # 3 splits of 4, 4 and 3 tiles: the ring refilled, keys off the last tile
-    ("splitkv2_mma", _config2(RB=32), (1, 16, 2, 5, 200), True, 0.3, 1.0),
+    ("splitkv2_mma", _config2(NWARPS=8, RB=32), (1, 16, 2, 5, 200), True, 0.3, 1.0),
     # 40 rows a kv head in row groups of 32 and 8 (two and one m tiles), 4 splits
+    ("splitkv2_mma", _config2(NWARPS=8, RB=32, KPS=256), (1, 16, 2, 5, 200), True, None,
+     1.0),
+    # the same rows in one split: each row group writes its rows of out directly
     ("splitkv2_mma", _config2(NWARPS=8, KC=32), (1, 2, 2, 5, 66), True, -0.2, 1.0),
     # MHA; rows 0..2 see nothing of the last split (2 keys): a split's rows fully masked
     ("splitkv2_mma", _config2(KPS=128, KC=32), (1, 8, 2, 4, 300), True, None, 30.0),
@@ -184,15 +187,16 @@ CASES2 = [  # variant, config, (B, H, Hkv, Lq, Lk), causal, scale, magnitude of 
     pytest.param("splitkv2_mma", _config2(HD=128, KPS=128, NWARPS=16, STAGES=4),
                  (1, 4, 1, 3, 100), False, None, 1.0, marks=pytest.mark.slow),
     # one split of 2 tiles (fewer than the ring's 3 first tiles): out written directly
-    pytest.param("splitkv2_mma", _config2(KPS=128, NWARPS=8, KC=32, RB=32, STAGES=4),
+    pytest.param("splitkv2_mma", _config2(KPS=128, NWARPS=8, RB=32, STAGES=4),
                  (2, 8, 2, 16, 300), True, None, 1.0, marks=pytest.mark.slow),
-    # Lq = 16: 64 rows in two row groups of two m tiles (4 warps each), 3 splits
+    # Lq = 16: 64 rows in two row groups of two m tiles (four warps each), 3 splits
 ]
 
 
 @pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
 @pytest.mark.parametrize("name,config,dims,causal,scale,magnitude", CASES2,
-                         ids=["gqa-decode", "ring-tiles-kc32", "row-groups", "mha-empty-kc32",
+                         ids=["gqa-decode", "ring-tiles-kc32", "row-groups",
+                              "row-groups-one-split", "mha-empty-kc32",
                               "large-logits", "one-split-16warps", "lq16-row-groups"])
 def test_splitkv2_kernel_emulated_against_float64(kernels, rng, name, config, dims, causal,
                                                    scale, magnitude):
@@ -250,7 +254,7 @@ def test_splitkv2_claims_only_what_it_serves():
     assert not fits(1, 8, 2, 17, 40, 64) and not fits(1, 8, 2, 1, 40, 96)
     assert not fits(1, 8, 2, 1, 40, 64, dtype="float32")
     assert not fits(1, 32, 8, 1, 4096, 128, RB=32), "4 rows: no row groups"
-    assert fits(1, 32, 8, 16, 8192, 128, RB=32, NWARPS=4), "64 rows: two groups of 32"
+    assert fits(1, 32, 8, 16, 8192, 128, RB=32, NWARPS=8), "64 rows: two groups of 32"
     assert not fits(1, 16, 2, 16, 40, 64, RB=256, NWARPS=4), "128 rows in a CTA need 8 warps"
     assert fits(1, 16, 2, 16, 40, 64, RB=256, NWARPS=8)
     assert not fits(1, 8, 2, 1, 40, 64, HD=128)
