@@ -7,8 +7,9 @@ bottom-right causal limits per row, keys off the tiles and off the splits, the m
 warps of an m tile and of the splits (the last CTA, the counters left at zero), and the
 single-pass path. (tests/cpu/test_nvrtc.py compiles every config for sm_90, spills checked.)
 splitkv2_mma (attention_splitkv2.cu) runs the same way: its cp.async ring deeper than a
-split's tiles, 32-key warp steps, 16 warps, and row groups (RB below the group's rows: each
-row group's last CTA merges its own rows, the counters per row group).
+split's tiles, 32-key warp steps, 16 warps, row groups (RB below the group's rows: each
+row group's last CTA merges its own rows, the counters per row group), and the merge's
+threads in parts over the splits where the rows are few.
 The memory model is not emulated (copies land at issue): a missing wait can pass here."""
 
 from __future__ import annotations
@@ -180,6 +181,9 @@ CASES2 = [  # variant, config, (B, H, Hkv, Lq, Lk), causal, scale, magnitude of 
     ("splitkv2_mma", _config2(NWARPS=8, RB=32, KPS=256), (1, 16, 2, 5, 200), True, None,
      1.0),
     # the same rows in one split: each row group writes its rows of out directly
+    ("splitkv2_mma", _config2(NWARPS=8, KC=32), (1, 8, 2, 1, 2200), False, None, 1.0),
+    # 35 splits, 4 rows: the merge's threads in parts of 16 splits' steps (three parts),
+    # combined in shared memory
     ("splitkv2_mma", _config2(NWARPS=8, KC=32), (1, 2, 2, 5, 66), True, -0.2, 1.0),
     # MHA; rows 0..2 see nothing of the last split (2 keys): a split's rows fully masked
     ("splitkv2_mma", _config2(KPS=128, KC=32), (1, 8, 2, 4, 300), True, None, 30.0),
@@ -196,7 +200,7 @@ CASES2 = [  # variant, config, (B, H, Hkv, Lq, Lk), causal, scale, magnitude of 
 @pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
 @pytest.mark.parametrize("name,config,dims,causal,scale,magnitude", CASES2,
                          ids=["gqa-decode", "ring-tiles-kc32", "row-groups",
-                              "row-groups-one-split", "mha-empty-kc32",
+                              "row-groups-one-split", "merge-parts", "mha-empty-kc32",
                               "large-logits", "one-split-16warps", "lq16-row-groups"])
 def test_splitkv2_kernel_emulated_against_float64(kernels, rng, name, config, dims, causal,
                                                    scale, magnitude):

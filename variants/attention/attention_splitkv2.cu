@@ -12,7 +12,8 @@
 //     the rows' m16 tiles (MT) are shared by KW = NWARPS / MT warps, chunks dealt round-robin;
 //   * the split's partial is published by one fence and one atomic (thread 0, after the
 //     barrier), and the last CTA of a (b, kv head, row group) merges the splits with MB = 16
-//     splits' loads in flight a thread (one L2 round trip for up to 16 splits);
+//     splits' loads in flight a thread (one L2 round trip for up to 16 splits; threads the
+//     rows leave over take further steps of 16, combined in shared memory);
 //   * RB < R spreads large row counts (speculative decode) over RG CTAs a split: each merges
 //     its own rows (RG last CTAs in parallel, not one merging every row).
 // Softmax in fp32, log2 domain (x = s * scale * log2(e)), masked keys -inf, fully masked rows
@@ -306,20 +307,28 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
     __syncthreads();
     if (!last) return;
     // the last CTA of this (b, kv head, row group): merge the splits, 4 columns a thread, MB
-    // splits' loads in flight at once (one L2 round trip a step, not one a split)
-    for (int idx = threadIdx.x; idx < RC * (HD / 4); idx += NTHREADS) {
-        const int r = r0 + idx / (HD / 4), d = (idx % (HD / 4)) * 4;
+    // splits' loads in flight at once (one L2 round trip a step, not one a split). Where the
+    // rows leave threads over (decode's few rows), P parts of the threads take every P-th
+    // step of an item, and the parts meet in shared memory (one round trip for P * MB splits)
+    const int items = RC * (HD / 4);
+    const int P = max(1, min(NTHREADS / items, (S + MB - 1) / MB));
+    float* parts = reinterpret_cast<float*>(smem_raw);    // [P][items] (num[4], m, den)
+    for (int idx = threadIdx.x; idx < items * P; idx += NTHREADS) {
+        const int item = idx % items, part = idx / items;
+        // this item's (m, l) and partial of split 0; split s is s * R pairs and rows further
+        const size_t p0 = (size_t)bk * S * R + r0 + item / (HD / 4);
+        const float2* ml0 = reinterpret_cast<const float2*>(ws_ml) + p0;
+        const float4* x0 = reinterpret_cast<const float4*>(ws_o + p0 * HD) + item % (HD / 4);
         float m_tot = NEG_INF, den = 0.f;
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = 0; s0 < S; s0 += MB) {
+        for (int s0 = part * MB; s0 < S; s0 += P * MB) {
             float2 ml[MB];
             float4 x[MB];
             #pragma unroll
             for (int u = 0; u < MB; ++u) {
-                const size_t p = ((size_t)bk * S + s0 + u) * R + r;
                 if (s0 + u < S) {
-                    ml[u] = __ldcg(reinterpret_cast<const float2*>(ws_ml + p * 2));
-                    x[u] = __ldcg(reinterpret_cast<const float4*>(ws_o + p * HD + d));
+                    ml[u] = __ldcg(ml0 + (size_t)(s0 + u) * R);
+                    x[u] = __ldcg(x0 + (size_t)(s0 + u) * R * (HD / 4));
                 } else {
                     ml[u] = make_float2(NEG_INF, 0.f);
                     x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -340,10 +349,38 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
             }
             m_tot = m_new;
         }
-        const float inv = den > 0.f ? 1.f / den : 0.f;
-        T* dst = out + (row0 + (r - r0)) * HD + d;
-        *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
-        *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
+        if (P == 1) {
+            const float inv = den > 0.f ? 1.f / den : 0.f;
+            T* dst = out + (row0 + item / (HD / 4)) * HD + (item % (HD / 4)) * 4;
+            *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
+            *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
+        } else {
+            float* mine = parts + (size_t)idx * 6;
+            *reinterpret_cast<float4*>(mine) = num;
+            mine[4] = m_tot;
+            mine[5] = den;
+        }
+    }
+    if (P > 1) {
+        __syncthreads();
+        for (int item = threadIdx.x; item < items; item += NTHREADS) {
+            float m_tot = NEG_INF;
+            for (int part = 0; part < P; ++part)
+                m_tot = fmaxf(m_tot, parts[((size_t)part * items + item) * 6 + 4]);
+            float den = 0.f;
+            float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int part = 0; part < P; ++part) {
+                const float* src = parts + ((size_t)part * items + item) * 6;
+                const float f = src[4] == NEG_INF ? 0.f : ex2(src[4] - m_tot);
+                const float4 x = *reinterpret_cast<const float4*>(src);
+                num.x += x.x * f; num.y += x.y * f; num.z += x.z * f; num.w += x.w * f;
+                den += src[5] * f;
+            }
+            const float inv = den > 0.f ? 1.f / den : 0.f;
+            T* dst = out + (row0 + item / (HD / 4)) * HD + (item % (HD / 4)) * 4;
+            *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
+            *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
+        }
     }
     if (threadIdx.x == 0) counters[ctr] = 0u;
 }
