@@ -264,7 +264,8 @@ def limit_need(space, config: Mapping, name: str, limits: Mapping = SM90) -> int
 
 # variants whose every config must also compile without register spills (memory-bound
 # kernels where a spill costs the bandwidth they exist for): a covering set keeps them whole
-NO_SPILLS = frozenset({"attention/splitkv_mma", "spmm/sparse24_stream"})
+NO_SPILLS = frozenset({"attention/splitkv_mma", "attention/splitkv2_mma",
+                       "spmm/sparse24_stream"})
 
 
 def covering_jobs(registry, op: str | None = None, limits: Mapping = SM90,

@@ -1,7 +1,7 @@
 """Decode attention on the H200: PyTorch SDPA, the split-KV variant's best config, and what
 the adaptive dispatcher serves, on the decode shapes of issue 13.
 
-    PYTHONPATH=$PWD python3 benchmarks/gpu_decode_attention.py --out $OUT        # H200, < 3 min
+    PYTHONPATH=$PWD python3 benchmarks/gpu_decode_attention.py --out $OUT        # H200, < 5 min
     python3 benchmarks/gpu_decode_attention.py --device host --quick --out /tmp/x # dry run
 
 Shapes (fp16, D = 128, 32 query heads): B = 1 with 8 kv heads (GQA) at Lk = 1k..32k, Lq = 1;
@@ -12,7 +12,8 @@ Each shape is timed three ways:
     as a user would call it: no mask at Lq = 1 (the whole cache is visible), and for Lq > 1
     causal the bottom-right mask (``torch.nn.attention.bias.causal_lower_right``, or an
     explicit boolean mask where that path refuses the input; the row says which);
-  * ``splitkv``: every config of ``splitkv_mma`` pinned, the fastest reported;
+  * ``splitkv`` and ``splitkv2``: every config of ``splitkv_mma`` and of ``splitkv2_mma``
+    pinned, the fastest of each reported with its config (``times_ms`` holds them all);
   * ``adaptive``: a fresh dispatcher (default policy) called on torch tensors until its
     decision for the shape is committed (at most ``WARMUP_CALLS`` calls), then timed; the
     targets are judged on it;
@@ -41,7 +42,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANT = "splitkv_mma"
+# the pinned variants, each timed in every config: row key -> (variant, host stand-in)
+PINNED = {"splitkv": ("splitkv_mma", "host_chunked"),
+          "splitkv2": ("splitkv2_mma", "host_materialised")}
 WARMUP_CALLS = 400
 COPY_FALLBACK_BYTES_PER_S = 4.2e12
 
@@ -170,34 +173,35 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
                                f"(rel. error {err:.3g}): the baseline would be wrong")
     row["times_ms"]["sdpa"] = timer(lambda i: sdpa(*inputs[i]), n)
 
-    # the variant's configs, each pinned (host dry run: the host chunked variant stands in)
-    name = VARIANT if device == "cuda" else "host_chunked"
+    # the variants' configs, each pinned (host dry run: host variants stand in)
     pinned = Dispatcher(device, policy=make_policy("first"))
     pinned.sample_every = 0
-    variant = pinned.registry.get("attention", name)
     host_args = (lambda i: tuple(t.numpy() for t in inputs[i])) if device == "host" else \
         (lambda i: inputs[i])
     host_outs = [o.numpy() for o in outs] if device == "host" else outs
     scope = op.problem(host_args(0), params).scope()
-    best = (math.inf, None)
-    for config in variant.space.configs(pinned.limits):
-        if not variant.fits(scope, config):
-            continue
+    for key, (cuda_name, host_name) in PINNED.items():
+        name = cuda_name if device == "cuda" else host_name
+        variant = pinned.registry.get("attention", name)
+        best = (math.inf, None)
+        for config in variant.space.configs(pinned.limits):
+            if not variant.fits(scope, config):
+                continue
 
-        def run(i, config=config):
-            pinned.launch("attention", *host_args(i), out=host_outs[i], variant=name,
-                          config=config, **params)
-        t = timer(run, n)
-        row["times_ms"][f"{name}[{','.join(f'{k}={v}' for k, v in config.items())}]"] = t
-        if t < best[0]:
-            best = (t, config)
-    row["splitkv_ms"], row["splitkv_config"] = best
-    if best[1] is not None:
-        pinned.launch("attention", *host_args(0), out=host_outs[0], variant=name,
-                      config=best[1], **params)
-        sync()
-        row["splitkv_diff_vs_sdpa"] = float(np.abs(np.asarray(
-            outs[0].double().cpu().numpy()) - got).max())
+            def run(i, config=config, name=name):
+                pinned.launch("attention", *host_args(i), out=host_outs[i], variant=name,
+                              config=config, **params)
+            t = timer(run, n)
+            row["times_ms"][f"{name}[{','.join(f'{k}={v}' for k, v in config.items())}]"] = t
+            if t < best[0]:
+                best = (t, config)
+        row[f"{key}_ms"], row[f"{key}_config"], row[f"{key}_variant"] = (*best, name)
+        if best[1] is not None:
+            pinned.launch("attention", *host_args(0), out=host_outs[0], variant=name,
+                          config=best[1], **params)
+            sync()
+            row[f"{key}_diff_vs_sdpa"] = float(np.abs(np.asarray(
+                outs[0].double().cpu().numpy()) - got).max())
 
     # what the dispatcher serves, after it has explored and committed
     from adaptive.runtime import start
@@ -226,7 +230,8 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
     row["measure_each_ms"] = timer(lambda i: each.launch("attention", *host_args(i),
                                                          out=host_outs[i], **params), n)
     row["measure_each_choice"] = _committed(each, op, host_args(0), params)[0]
-    del inputs, outs
+    inputs.clear()          # the copies go now (the closures above keep the lists)
+    outs.clear()
     return row
 
 
@@ -237,9 +242,11 @@ def finish_row(row: dict, copy_bytes_per_s: float) -> dict:
             math.isfinite(ms) else 0.0
     sdpa = row["times_ms"]["sdpa"]
     row["sdpa_pct_copy"] = pct(sdpa)
-    row["splitkv_pct_copy"] = pct(row["splitkv_ms"])
+    for key in PINNED:
+        ms = row.get(f"{key}_ms", math.inf)
+        row[f"{key}_pct_copy"] = pct(ms)
+        row[f"{key}_x_sdpa"] = sdpa / ms if math.isfinite(ms) else 0.0
     row["adaptive_pct_copy"] = pct(row["adaptive_ms"])
-    row["splitkv_x_sdpa"] = sdpa / row["splitkv_ms"] if math.isfinite(row["splitkv_ms"]) else 0.0
     row["adaptive_x_sdpa"] = sdpa / row["adaptive_ms"]
     row["measure_each_x_sdpa"] = sdpa / row["measure_each_ms"]
     return row
@@ -266,17 +273,23 @@ def targets(rows: list[dict]) -> list[tuple[str, str, bool]]:
 def print_tables(rows: list[dict], copy_bytes_per_s: float) -> None:
     print(f"copy ceiling {copy_bytes_per_s / 1e12:.2f} TB/s; times in us (median per launch)")
     print(f"{'shape':<24} {'sdpa':>8} {'%cp':>4} {'splitkv':>8} {'%cp':>4} {'x':>5} "
+          f"{'splitkv2':>8} {'%cp':>4} {'x':>5} "
           f"{'adaptive':>8} {'%cp':>4} {'x':>5} {'each':>5}  choice / measure-each choice / "
-          "best config / sdpa mask")
+          "sdpa mask")
     for r in rows:
         print(f"{r['name']:<24} {r['times_ms']['sdpa'] * 1e3:8.1f} {r['sdpa_pct_copy']:4.0f} "
               f"{r['splitkv_ms'] * 1e3:8.1f} {r['splitkv_pct_copy']:4.0f} "
-              f"{r['splitkv_x_sdpa']:5.2f} {r['adaptive_ms'] * 1e3:8.1f} "
+              f"{r['splitkv_x_sdpa']:5.2f} {r['splitkv2_ms'] * 1e3:8.1f} "
+              f"{r['splitkv2_pct_copy']:4.0f} {r['splitkv2_x_sdpa']:5.2f} "
+              f"{r['adaptive_ms'] * 1e3:8.1f} "
               f"{r['adaptive_pct_copy']:4.0f} {r['adaptive_x_sdpa']:5.2f} "
               f"{r['measure_each_x_sdpa']:5.2f}  "
               f"{r['adaptive_choice']}{'' if r['adaptive_committed'] else ' (provisional)'} / "
-              f"{r['measure_each_choice']} / "
-              f"{r['splitkv_config']} / {r['sdpa_mask']}")
+              f"{r['measure_each_choice']} / {r['sdpa_mask']}")
+    print("\nbest config of each pinned variant:")
+    for r in rows:
+        print(f"  {r['name']:<24} " + "; ".join(
+            f"{r.get(f'{key}_variant', PINNED[key][0])} {r[f'{key}_config']}" for key in PINNED))
     print("\ndecode attention targets (issue 13), on what the dispatcher serves:")
     for target, measured, ok in targets(rows):
         print(f"  {'MET ' if ok else 'NOT '} {target:<62} {measured}")
@@ -312,7 +325,8 @@ def main(out_dir: str) -> list[dict]:
     return [{"bench": "decode_attention", "case": r["name"],
              "value": f"{r['adaptive_x_sdpa']:.2f}x SDPA", "unit": "speed-up",
              "note": f"adaptive {r['adaptive_pct_copy']:.0f}% of copy ({r['adaptive_choice']}), "
-                     f"splitkv best {r['splitkv_pct_copy']:.0f}%, SDPA {r['sdpa_pct_copy']:.0f}%"}
+                     f"splitkv best {r['splitkv_pct_copy']:.0f}%, splitkv2 best "
+                     f"{r['splitkv2_pct_copy']:.0f}%, SDPA {r['sdpa_pct_copy']:.0f}%"}
             for r in rows]
 
 

@@ -1,11 +1,15 @@
-"""attention's split-KV decode variant (splitkv_mma) against the float64 reference on the GPU.
+"""attention's split-KV decode variants (splitkv_mma, splitkv2_mma) against the float64
+reference on the GPU.
 
 Fresh random inputs per test; outputs poisoned with NaN before every run (an unwritten
 element fails); every case runs twice on the same input and must give the same bits (the
 merge order is fixed, so a race or a counter left non-zero shows as a difference).
 Covered: every config; odd Lk (1, 17, 1000, 4097) against Lq 1..16, query heads per kv head
 1, 4 and 8, causal (bottom-right) and not, D 64 and 128, fp16 (CuPy) and bf16 (PyTorch);
-large-magnitude logits (q and k times 30); a given scale; two streams at once.
+large-magnitude logits (q and k times 30); a given scale; two streams at once. splitkv2_mma
+as well: every config (ring depth, 16/32-key warp steps, 16 warps, row groups of 32 rows at
+Lq = 16 with 4 and 8 query heads a kv head), the same shapes with one config per (split size,
+row group size).
 (What the variant claims through `requires` is checked on the CPU:
 tests/cpu/test_attention_splitkv_emu.py.)
 """
@@ -22,9 +26,10 @@ from adaptive.variants import builtin_folder, load_manifest
 pytestmark = pytest.mark.gpu
 
 NAME = "splitkv_mma"
-(VARIANT,) = [v for v in load_manifest(builtin_folder() / "attention" / "manifest.toml")
-              if v.name == NAME]
-CONFIGS = VARIANT.space.configs(SM90)
+NAMES = (NAME, "splitkv2_mma")
+VARIANTS = {v.name: v for v in load_manifest(builtin_folder() / "attention" / "manifest.toml")
+            if v.name in NAMES}
+ALL_CONFIGS = [(name, c) for name in NAMES for c in VARIANTS[name].space.configs(SM90)]
 
 
 def _label(config: dict) -> str:
@@ -52,60 +57,66 @@ def _inputs(cp, rng, dtype, b, h, hkv, lq, lk, d, magnitude=1.0):
     return dev, host
 
 
-def _fitting(dev, causal, scale=None):
+def _fitting(dev, causal, scale=None, name=NAME):
     problem = get_op("attention").problem(dev, {"causal": causal, "scale": scale})
     scope = problem.scope()
-    return [c for c in CONFIGS if VARIANT.fits(scope, c)]
+    variant = VARIANTS[name]
+    return [c for c in variant.space.configs(SM90) if variant.fits(scope, c)]
 
 
-def _run(dispatcher, cp, config, dtype, dev, causal, scale=None):
+def _run(dispatcher, cp, config, dtype, dev, causal, scale=None, name=NAME):
     """The result of one run (float64 NumPy), NaN-poisoned out."""
     shape = tuple(dev[0].shape)
     if dtype == "bfloat16":
         import torch
         out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-        dispatcher.launch("attention", *dev, out=out, variant=NAME, config=config,
+        dispatcher.launch("attention", *dev, out=out, variant=name, config=config,
                           causal=causal, scale=scale)
         torch.cuda.synchronize()
         return out.double().cpu().numpy()
     out = cp.full(shape, np.nan, dtype)
-    dispatcher.launch("attention", *dev, out=out, variant=NAME, config=config, causal=causal,
+    dispatcher.launch("attention", *dev, out=out, variant=name, config=config, causal=causal,
                       scale=scale)
     cp.cuda.Device().synchronize()
     return cp.asnumpy(out).astype(np.float64)
 
 
-def _check(dispatcher, cp, config, dtype, dev, host, causal, scale=None, what=""):
+def _check(dispatcher, cp, config, dtype, dev, host, causal, scale=None, what="", name=NAME):
     op = get_op("attention")
     ref = op.reference(*host, causal=causal, scale=scale)
-    first = _run(dispatcher, cp, config, dtype, dev, causal, scale)
-    label = f"{_label(config)} {dtype} causal={causal} {what}"
+    first = _run(dispatcher, cp, config, dtype, dev, causal, scale, name)
+    label = f"{name}[{_label(config)}] {dtype} causal={causal} {what}"
     assert np.isfinite(first).all(), f"{label}: NaN/Inf in the output (unwritten or 0/0)"
     err = op.error(first, ref)
     assert err < op.tolerance[dtype], f"{label}: rel. error {err:.3g}"
     worst = np.abs(first - ref).max() / max(np.abs(ref).max(), 1e-30)
     assert worst < 8 * op.tolerance[dtype], f"{label}: worst element off by {worst:.3g}"
-    second = _run(dispatcher, cp, config, dtype, dev, causal, scale)
+    second = _run(dispatcher, cp, config, dtype, dev, causal, scale, name)
     assert np.array_equal(first, second), f"{label}: a second run on the same input differs"
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[_label(c) for c in CONFIGS])
-def test_every_config(dispatcher, cp, rng, config):
+@pytest.mark.parametrize("name,config", ALL_CONFIGS,
+                         ids=[f"{n}[{_label(c)}]" for n, c in ALL_CONFIGS])
+def test_every_config(dispatcher, cp, rng, name, config):
     d = config["HD"]
     # GQA 8 query heads on 2 kv heads; 16 heads on 2 (8 a group) needs 8 warps at Lq = 16
-    for (h, lq, lk, causal) in ((8, 3, 1000, True), (8, 1, 777, False), (16, 16, 1500, True)):
+    # (or row groups); 4 heads a group at Lq = 16: 64 rows, two row groups of 32
+    for (h, lq, lk, causal) in ((8, 3, 1000, True), (8, 1, 777, False), (16, 16, 1500, True),
+                                (8, 16, 2100, True)):
         dev, host = _inputs(cp, rng, "float16", 2, h, 2, lq, lk, d)
-        if config in _fitting(dev, causal):
-            _check(dispatcher, cp, config, "float16", dev, host, causal, what=f"H={h} Lq={lq}")
+        if config in _fitting(dev, causal, name=name):
+            _check(dispatcher, cp, config, "float16", dev, host, causal, what=f"H={h} Lq={lq}",
+                   name=name)
 
 
 SHAPES = [(lk, lq, group) for lk in (1, 17, 1000, 4097) for lq in (1, 2, 5, 16)
           for group in (1, 4, 8)]
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("lk,lq,group", SHAPES, ids=[f"Lk{a}-Lq{b}-G{c}" for a, b, c in SHAPES])
-def test_shapes(dispatcher, cp, rng, lk, lq, group, causal):
+def test_shapes(dispatcher, cp, rng, lk, lq, group, causal, name):
     if causal and lq > lk:
         pytest.skip("causal needs Lq <= Lk")
     i = SHAPES.index((lk, lq, group))
@@ -113,34 +124,39 @@ def test_shapes(dispatcher, cp, rng, lk, lq, group, causal):
     d = (64, 128)[i % 2]
     hkv = 2 if group < 8 else 1
     dev, host = _inputs(cp, rng, dtype, 2, group * hkv, hkv, lq, lk, d)
-    fitting = _fitting(dev, causal)
-    assert fitting, f"no config of {NAME} serves Lq={lq} G={group} D={d} {dtype}"
-    for kps in sorted({c["KPS"] for c in fitting}):          # one config per split size
-        config = next(c for c in fitting if c["KPS"] == kps)
-        _check(dispatcher, cp, config, dtype, dev, host, causal, what=f"Lk={lk} Lq={lq} G={group}")
+    fitting = _fitting(dev, causal, name=name)
+    assert fitting, f"no config of {name} serves Lq={lq} G={group} D={d} {dtype}"
+    sizes = sorted({(c["KPS"], c.get("RB", 0)) for c in fitting})
+    for kps, rb in sizes:                    # one config per split size (and row group size)
+        config = next(c for c in fitting if c["KPS"] == kps and c.get("RB", 0) == rb)
+        _check(dispatcher, cp, config, dtype, dev, host, causal,
+               what=f"Lk={lk} Lq={lq} G={group}", name=name)
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_large_logits(dispatcher, cp, rng, dtype, causal):
+def test_large_logits(dispatcher, cp, rng, dtype, causal, name):
     """q and k times 30: logits in the hundreds, softmax close to one-hot per row."""
     dev, host = _inputs(cp, rng, dtype, 1, 32, 8, 4, 4097, 128, magnitude=30.0)
-    for config in _fitting(dev, causal):
-        if config["NWARPS"] == 4:
-            _check(dispatcher, cp, config, dtype, dev, host, causal, what="x30")
+    for config in _fitting(dev, causal, name=name):
+        if config["NWARPS"] == 4 and config.get("STAGES", 4) == 4:
+            _check(dispatcher, cp, config, dtype, dev, host, causal, what="x30", name=name)
 
 
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("scale", [0.5, -0.3, 0.0])
-def test_given_scale(dispatcher, cp, rng, scale):
+def test_given_scale(dispatcher, cp, rng, scale, name):
     dev, host = _inputs(cp, rng, "float16", 1, 8, 2, 2, 1100, 64)
-    (config, *_) = _fitting(dev, True, scale)
-    _check(dispatcher, cp, config, "float16", dev, host, True, scale=scale)
+    (config, *_) = _fitting(dev, True, scale, name=name)
+    _check(dispatcher, cp, config, "float16", dev, host, True, scale=scale, name=name)
 
 
-def test_two_streams_at_once(dispatcher, cp, rng):
+@pytest.mark.parametrize("name", NAMES)
+def test_two_streams_at_once(dispatcher, cp, rng, name):
     """The same plan on two streams: each stream has its own workspace (partials, counters)."""
     dev, host = _inputs(cp, rng, "float16", 1, 32, 8, 1, 8192, 128)
-    config = next(c for c in _fitting(dev, False) if c["KPS"] == 64)
+    config = next(c for c in _fitting(dev, False, name=name) if c["KPS"] == 64)
     ref = get_op("attention").reference(*host)
     outs = []
     cp.cuda.Device().synchronize()          # the inputs are ready before the other streams
@@ -149,7 +165,7 @@ def test_two_streams_at_once(dispatcher, cp, rng):
         with s:
             for _ in range(20):
                 out = cp.full(ref.shape, np.nan, "float16")
-                dispatcher.launch("attention", *dev, out=out, variant=NAME, config=config)
+                dispatcher.launch("attention", *dev, out=out, variant=name, config=config)
             outs.append(out)
     for s in streams:
         s.synchronize()
@@ -157,10 +173,10 @@ def test_two_streams_at_once(dispatcher, cp, rng):
         assert get_op("attention").error(out, ref) < 5e-3
 
 
-
 def test_dispatcher_serves_speculative_decode_with_it(cp, rng):
     """Lq = 4 causal with grouped heads: no other CUDA variant serves it (SDPA's causal is
-    top-left aligned); the dispatcher, choosing on its own, picks a config of this variant."""
+    top-left aligned); the dispatcher, choosing on its own, picks a config of a split-KV
+    variant."""
     from adaptive.dispatch import Dispatcher
     from adaptive.policy import MeasureEach
     d = Dispatcher(backend="cuda", policy=MeasureEach())
@@ -170,5 +186,5 @@ def test_dispatcher_serves_speculative_decode_with_it(cp, rng):
     cp.cuda.Device().synchronize()
     op = get_op("attention")
     plan = d._plans[op.key(tuple(dev), {"causal": True})]
-    assert plan.candidate.variant.name == NAME, plan.candidate.label
+    assert plan.candidate.variant.name in NAMES, plan.candidate.label
     assert op.error(out, op.reference(*host, causal=True)) < op.tolerance["float16"]
