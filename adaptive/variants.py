@@ -31,8 +31,8 @@ BACKENDS = ("host", "cuda")
 LANGUAGES = ("python", "cuda")
 _REQUIRED = ("name", "backend", "language", "entry")
 _KNOWN_FIELDS = {"name", "backend", "language", "entry", "source", "space", "requires",
-                 "launch", "doc", "provenance", "options", "resources", "torch_entry", "torch_library",
-                "needs"}
+                 "launch", "doc", "provenance", "options", "resources", "torch_entry",
+                 "torch_library", "needs", "baseline"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -61,6 +61,10 @@ class Variant:
     # cuBLAS): a caller holding a committed plan of it may make that call itself
     torch_library: bool = False
     needs: tuple[str, ...] = ()             # optional modules imported once before a run
+    # what a plain program runs for this op (cuBLAS for gemm, the dense matmul on a pruned
+    # weight for spmm, SDPA for attention): always explored, and served while exploring
+    # is deferred, so a committed choice is never one the plain call beats unseen
+    baseline: bool = False
 
     @functools.cached_property
     def code(self) -> str:
@@ -114,6 +118,7 @@ class Variant:
             **({"torch_entry": self.torch_entry} if self.torch_entry else {}),
             **({"torch_library": True} if self.torch_library else {}),
             **({"needs": list(self.needs)} if self.needs else {}),
+            **({"baseline": True} if self.baseline else {}),
         }
 
 
@@ -191,6 +196,10 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
     if not isinstance(torch_library, bool) or (torch_library and not torch_entry):
         _fail(where, f"{prefix}.torch_library", f"expected true or false, and true only with "
               f"a torch_entry, got {torch_library!r} (torch_entry {torch_entry!r})")
+    baseline = entry.get("baseline", False)
+    if not isinstance(baseline, bool) or (baseline and entry["language"] != "python"):
+        _fail(where, f"{prefix}.baseline", f"expected true or false, and true only for a "
+              f"library (python) variant, got {baseline!r} ({entry['language']} variant)")
     needs = entry.get("needs", [])
     if not isinstance(needs, list) or not all(n in OPTIONAL_MODULES for n in needs):
         _fail(where, f"{prefix}.needs", f"expected a list of optional modules from "
@@ -215,7 +224,8 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
         requires=requires, launch=launch, options=tuple(entry.get("options", ())),
         doc=entry.get("doc", ""), provenance=dict(entry.get("provenance", {})),
         resources=dict(entry.get("resources", {})), origin=str(where),
-        torch_entry=torch_entry, torch_library=torch_library, needs=tuple(needs))
+        torch_entry=torch_entry, torch_library=torch_library, needs=tuple(needs),
+        baseline=baseline)
 
 
 def load_manifest(path: str | Path) -> list[Variant]:

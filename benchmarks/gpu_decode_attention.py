@@ -295,7 +295,9 @@ def print_tables(rows: list[dict], copy_bytes_per_s: float) -> None:
         print(f"  {'MET ' if ok else 'NOT '} {target:<62} {measured}")
 
 
-def run(device: str = "cuda", quick: bool = False, out_dir: str | None = None) -> list[dict]:
+def run(device: str = "cuda", quick: bool = False, out_dir: str | None = None,
+        only: list[str] | None = None) -> list[dict]:
+    """Every shape (``only``: the shapes whose names contain one of these strings)."""
     import torch
     if device == "cuda":
         from adaptive.dispatch import Dispatcher
@@ -308,7 +310,12 @@ def run(device: str = "cuda", quick: bool = False, out_dir: str | None = None) -
         timer, sync = HostTimer(), (lambda: None)
     rows = []
     t0 = time.perf_counter()
-    for shape in decode_shapes(quick):
+    shapes = [sh for sh in decode_shapes(quick)
+              if not only or any(part in sh["name"] for part in only)]
+    if not shapes:
+        raise SystemExit(f"--shapes {only} matches none of "
+                         f"{[sh['name'] for sh in decode_shapes(quick)]}")
+    for shape in shapes:
         rows.append(finish_row(measure_shape(torch, shape, device, timer, sync, l2), copy))
         print(f"  {shape['name']}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
     print_tables(rows, copy)
@@ -336,8 +343,12 @@ def cli(argv=None) -> int:
     p.add_argument("--device", choices=("cuda", "host"), default="cuda",
                    help="host: a dry run of the code paths on tiny shapes (no GPU)")
     p.add_argument("--quick", action="store_true", help="tiny shapes (with --device host)")
+    p.add_argument("--shapes", default=None,
+                   help="comma-separated parts of shape names to run (default: all), e.g. "
+                        "'gqa B=1 Lk=,Lq=16'")
     args = p.parse_args(argv)
-    run(args.device, args.quick, args.out)
+    run(args.device, args.quick, args.out,
+        [x for x in args.shapes.split(",") if x] if args.shapes else None)
     return 0
 
 

@@ -379,12 +379,16 @@ class Learned(BasePolicy):
                 notes.append(f"{pick.label}, the fastest on a near measured input "
                              f"(distance {dist:.2f})")
                 self.stats["neighbour_added"] += 1
-        # the best-ranked library candidate (cuBLAS, SDPA, a CuPy composition): the model
-        # ranks a library call by its name alone and can be far off. One, not one per
+        # the baseline (what the plain program runs: the manifest's ``baseline``), else the
+        # best-ranked library candidate (cuBLAS, SDPA, a CuPy composition): the model
+        # ranks a library call by its name alone and can be far off (on the H200, run S7,
+        # a pruned weight's cuSPARSELt outranked the dense matmul it loses to 2.5x at
+        # 16 tokens, and was committed unseen against it). One, not one per
         # library: spmm's cuBLAS-dense and cuSPARSE both ranked near last took 2 of its 8
         # slots (on the H200 corpus, one: worst 1.17-1.79x -> 1.15-1.47x)
-        library = next((c for c in ranked if c.variant.language == "python"
-                        and c.variant.backend != "host"), None)
+        library = next((c for c in ranked if c.variant.baseline), None) or next(
+            (c for c in ranked if c.variant.language == "python"
+             and c.variant.backend != "host"), None)
         if library is not None and library not in explore and library not in anchors:
             anchors.append(library)
             notes.append(f"{library.label}, a library's")
@@ -622,9 +626,13 @@ class Learned(BasePolicy):
 
 
 def library_candidate(problem, ranked: Sequence[Candidate]) -> Candidate | None:
-    """The best-ranked candidate that runs what the plain program would: on torch
-    tensors torch's own call (a torch entry, torch's matmul), else a library's (cuBLAS,
-    SDPA, a CuPy composition); None on the host."""
+    """The best-ranked candidate that runs what the plain program would: a baseline
+    variant's (the manifest says which: cuBLAS, the dense matmul on a pruned weight, SDPA),
+    else on torch tensors torch's own call (a torch entry, torch's matmul), else a
+    library's (a CuPy composition); None on the host."""
+    base = next((c for c in ranked if c.variant.baseline), None)
+    if base is not None:
+        return base
     if problem.kind == "torch":
         for c in ranked:
             if c.variant.torch_library or c.variant.torch_entry:

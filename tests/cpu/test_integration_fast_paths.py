@@ -330,3 +330,23 @@ def test_torch_library_is_checked_in_manifests_and_kept_in_packs():
     assert "torch_library" not in variant_from_dict(base, "gemm").to_dict()
     from adaptive.variants import shared_registry
     assert shared_registry().get("gemm", "cublas").torch_library   # cuBLAS through torch.mm
+
+
+def test_baseline_is_checked_in_manifests_and_kept_in_packs():
+    from adaptive.errors import ManifestError
+    from adaptive.variants import shared_registry, variant_from_dict
+    base = {"name": "mm", "backend": "host", "language": "python", "entry": "gemm_numpy",
+            "source": "def gemm_numpy(a, b, out):\n    out[...] = a @ b\n"}
+    with pytest.raises(ManifestError, match="baseline.*got 'yes'"):
+        variant_from_dict({**base, "baseline": "yes"}, "gemm")
+    kernel = {"name": "k", "backend": "cuda", "language": "cuda", "entry": "k",
+              "source": "extern \"C\" __global__ void k() {}",
+              "launch": {"grid": ["1"], "block": ["32"]}}
+    with pytest.raises(ManifestError, match="baseline.*only for a library.*cuda variant"):
+        variant_from_dict({**kernel, "baseline": True}, "gemm")
+    v = variant_from_dict({**base, "baseline": True}, "gemm")
+    assert v.baseline and variant_from_dict(v.to_dict(), "gemm").baseline
+    assert "baseline" not in variant_from_dict(base, "gemm").to_dict()
+    # one baseline an op, the plain program's call
+    for op, name in (("gemm", "cublas"), ("spmm", "cublas_dense"), ("attention", "sdpa_torch")):
+        assert [v.name for v in shared_registry().variants(op, "cuda") if v.baseline] == [name]
