@@ -94,5 +94,7 @@ def test_a_patched_llama_holds_its_plans_and_generates_the_plain_tokens(library)
     # which can flip a near tie later in a random model
     assert torch.equal(got[:, :56], want[:, :56])
     layers = [m for m in patched.modules() if isinstance(m, at.AdaptiveLinear)]
-    assert all(m._library for m in layers)
+    assert all(m._library for m in layers), [
+        (m.path, {str(k[0]): (p.candidate.label, p.provisional, p.stale)
+                  for k, p in m._held.items()}) for m in layers if not m._library]
     assert at._held
