@@ -316,8 +316,12 @@ def run(device: str = "cuda", quick: bool = False, out_dir: str | None = None,
         raise SystemExit(f"--shapes {only} matches none of "
                          f"{[sh['name'] for sh in decode_shapes(quick)]}")
     for shape in shapes:
-        rows.append(finish_row(measure_shape(torch, shape, device, timer, sync, l2), copy))
-        print(f"  {shape['name']}: done ({time.perf_counter() - t0:.0f} s)", flush=True)
+        r = finish_row(measure_shape(torch, shape, device, timer, sync, l2), copy)
+        rows.append(r)
+        print(f"  {shape['name']}: sdpa {r['times_ms']['sdpa'] * 1e3:.1f} us, " + ", ".join(
+            f"{key} {r[f'{key}_ms'] * 1e3:.1f} us ({r[f'{key}_x_sdpa']:.2f}x)" for key in PINNED)
+            + f", adaptive {r['adaptive_ms'] * 1e3:.1f} us ({r['adaptive_x_sdpa']:.2f}x, "
+            f"{r['adaptive_choice']}) ({time.perf_counter() - t0:.0f} s)", flush=True)
     print_tables(rows, copy)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,19 @@ from background import Running
 _RUNNING = pytest.StashKey[dict]()
 
 
+@pytest.fixture(autouse=True)
+def _no_emulated_faults():
+    """A test whose emulated kernels made an access the GPU faults on (tests/cpu/cuda_emu:
+    a misaligned vector load or store) fails with the emulator's report."""
+    yield
+    import sys
+    emu = sys.modules.get("cuda_emu")
+    if emu is not None:
+        reports = emu.fault_reports()
+        assert not reports, (f"an emulated kernel made {len(reports)} access(es) the GPU "
+                             "faults on:\n" + "\n".join(reports[:20]))
+
+
 def pytest_addoption(parser):
     parser.addoption("--nvrtc-all", action="store_true", default=False,
                      help="compile every CUDA variant x config x dtype with NVRTC (default: "

@@ -142,11 +142,13 @@ def _plan_variants(pack: Pack, registry: Registry, where: str):
 
 def code_of(v: Variant) -> dict:
     """What decides a variant's behaviour (not its doc, provenance or measured resources,
-    nor ``torch_library``, a hint to callers about what its torch entry is)."""
+    nor ``torch_library`` and ``baseline``, hints to callers and to the policy about what
+    it runs)."""
     d = v.to_dict()
     for k in ("doc", "provenance", "resources", "source_name"):
         d.pop(k)
     d.pop("torch_library", None)
+    d.pop("baseline", None)
     return d
 
 

@@ -17,12 +17,29 @@ adaptive/include/adaptive_ptx.cuh) after :data:`HEADER`, and their text from
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+
+# where the emulated kernels report a fault the GPU would raise (ptx_emu.h's emu_fault: a
+# misaligned access); fault_reports() reads it, the tests' conftest after every test
+_FAULTS = Path(tempfile.mkdtemp(prefix="cuda-emu-")) / "faults.txt"
+os.environ["CUDA_EMU_FAULTS"] = str(_FAULTS)
+
+
+def fault_reports() -> list[str]:
+    """The faults emulated kernels reported since the last call, one line each (taken off
+    the disk); empty when the kernels run so far were clean."""
+    if not _FAULTS.exists():
+        return []
+    lines = _FAULTS.read_text().splitlines()
+    _FAULTS.unlink()
+    return lines
 
 HEADER = r"""
 #include <algorithm>
@@ -243,8 +260,7 @@ def build(source: str, kernels: Mapping[str, list], workdir: Path) -> dict:
     src = workdir / "emu.cpp"
     lib = workdir / "emu.so"
     src.write_text(HEADER + source + "\n" + "".join(wrappers))
-    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread",
-                           "-w", "-o", str(lib), str(src)], capture_output=True, text=True,
+    proc = subprocess.run([*GXX, "-o", str(lib), str(src)], capture_output=True, text=True,
                           timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"g++ failed on the emulated kernels:\n{proc.stderr[-4000:]}")

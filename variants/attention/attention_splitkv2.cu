@@ -312,7 +312,10 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
     // step of an item, and the parts meet in shared memory (one round trip for P * MB splits)
     const int items = RC * (HD / 4);
     const int P = max(1, min(NTHREADS / items, (S + MB - 1) / MB));
-    float* parts = reinterpret_cast<float*>(smem_raw);    // [P][items] (num[4], m, den)
+    // [P][items] (num[4], m, den, 2 unused): 8 floats an entry, so num's float4 is 16-byte
+    // aligned (a 6-float entry put every other one off by 8 bytes: a misaligned-address
+    // fault on the H200, run S8)
+    float* parts = reinterpret_cast<float*>(smem_raw);
     for (int idx = threadIdx.x; idx < items * P; idx += NTHREADS) {
         const int item = idx % items, part = idx / items;
         // this item's (m, l) and partial of split 0; split s is s * R pairs and rows further
@@ -355,7 +358,7 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
             *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
             *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
         } else {
-            float* mine = parts + (size_t)idx * 6;
+            float* mine = parts + (size_t)idx * 8;
             *reinterpret_cast<float4*>(mine) = num;
             mine[4] = m_tot;
             mine[5] = den;
@@ -366,11 +369,11 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
         for (int item = threadIdx.x; item < items; item += NTHREADS) {
             float m_tot = NEG_INF;
             for (int part = 0; part < P; ++part)
-                m_tot = fmaxf(m_tot, parts[((size_t)part * items + item) * 6 + 4]);
+                m_tot = fmaxf(m_tot, parts[((size_t)part * items + item) * 8 + 4]);
             float den = 0.f;
             float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
             for (int part = 0; part < P; ++part) {
-                const float* src = parts + ((size_t)part * items + item) * 6;
+                const float* src = parts + ((size_t)part * items + item) * 8;
                 const float f = src[4] == NEG_INF ? 0.f : ex2(src[4] - m_tot);
                 const float4 x = *reinterpret_cast<const float4*>(src);
                 num.x += x.x * f; num.y += x.y * f; num.z += x.z * f; num.w += x.w * f;
