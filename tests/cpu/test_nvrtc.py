@@ -1,10 +1,11 @@
 """Every CUDA variant in the registry compiles for sm_90 with NVRTC.
 
 By default a covering set of its configs x dtypes is compiled (every dtype and every value
-of each parameter at least once, the configs nearest each device limit, every config of the
-variants checked for spills in their first dtype); ``pytest --nvrtc-all`` compiles every
-one. The compiles are ``adaptive nvrtc-check`` in the background, at nice 19, from the
-start of the session (``tests/background.py``), into the kernel cache (so reruns are fast).
+of each parameter at least once, the configs nearest each device limit; spills checked on
+what is compiled of the ``NO_SPILLS`` variants); ``pytest --nvrtc-all`` compiles every
+one, every config of those checked for spills. The compiles are ``adaptive nvrtc-check``
+in the background, at nice 19, from the start of the session (``tests/background.py``),
+into the kernel cache (so reruns are fast).
 A failure names the variant, the config, the dtype and carries NVRTC's log.
 """
 
@@ -88,10 +89,6 @@ def test_covering_set_holds_every_variant_dtype_value_and_limit_edge():
     for vid in _cuda_variant_ids():
         all_mine = [j for j in every if j[0].id == vid]
         mine = [j for j in cover if j[0].id == vid]
-        if vid in nvrtc.NO_SPILLS:      # every config in its first dtype: spills checked
-            first = all_mine[0][2]
-            assert {_key(j) for j in all_mine if j[2] == first} <= {_key(j) for j in mine}, \
-                f"{vid}: every {first} config is checked for spills"
         assert {j[2] for j in mine} == {j[2] for j in all_mine}, f"{vid}: a dtype left out"
         for name in all_mine[0][0].space.names:
             assert {j[1][name] for j in mine} == {j[1][name] for j in all_mine}, \
