@@ -186,8 +186,8 @@ class Learned(BasePolicy):
     """Choose with a learned cost model; explore only where the model is unsure.
 
     Args:
-        model: a :class:`~adaptive.policy.cost_model.LiveModel` (or None: a fresh one, fitted from the
-            observations this policy makes, refitted in the background).
+        model: a :class:`~adaptive.policy.cost_model.LiveModel` (or None: a fresh one,
+            fitted from the observations this policy makes, refitted in the background).
         regret_bound: explore candidates whose optimistic time is within this fraction of
             the best prediction (0.2: at most 20 % slower, optimistically).
         z: how optimistic: mean - z·sigma in log units.
@@ -224,11 +224,18 @@ class Learned(BasePolicy):
             library candidate (cuBLAS or SDPA through torch: what the plain program runs)
             is served by it without exploring, and is explored later, on one of its
             sampled calls, when the budget allows again (a class with no library
-            candidate, on the host, is explored at once). A serving process that warms up first lifts the bound
-            for its warm-up (:func:`adaptive.unbounded_exploration`).
+            candidate, on the host, is explored at once). A serving process that warms up
+            first lifts the bound for its warm-up (:func:`adaptive.unbounded_exploration`).
         explore_burst_s: exploring time allowed at once (the bucket's size; 0.5 s: a cold
             process explores its first classes at once, a warmed-up server that meets a new
             class mid-load spends at most this on it before the fraction applies).
+        baseline_margin: an explored candidate replaces the baseline (what the plain
+            program runs: the variant marked ``baseline``) only when its median is at
+            least this fraction faster than the baseline's: three in-stream samples read
+            a few percent apart (run S9 served a decode shape with a config 13% slower
+            than the best one, by its exploration's pick), and a patched model must never
+            be slower than the plain one for a margin inside that noise. 0: the fastest
+            median, whatever it is.
     """
 
     name = "learned"
@@ -237,7 +244,8 @@ class Learned(BasePolicy):
                  max_explore: int = 8, samples: int = 3, drift_ratio: float = 1.5,
                  drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2,
                  per_variant: int = 2, explore_budget: float | None = 0.01,
-                 explore_burst_s: float = 0.5, revalidate_every: int = 8):
+                 explore_burst_s: float = 0.5, revalidate_every: int = 8,
+                 baseline_margin: float = 0.03):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -249,6 +257,10 @@ class Learned(BasePolicy):
                              "regret_bound >= 0 and revalidate_every >= 1; got "
                              f"{samples}, {drift_window}, {drift_ratio}, {regret_bound}, "
                              f"{revalidate_every}")
+        if not (isinstance(baseline_margin, (int, float)) and 0 <= baseline_margin < 1):
+            raise ValueError(f"baseline_margin must be a fraction in [0, 1), got "
+                             f"{baseline_margin!r}")
+        self.baseline_margin = baseline_margin
         self.revalidate_every = revalidate_every
         self.model = model
         self.regret_bound = regret_bound
@@ -477,6 +489,15 @@ class Learned(BasePolicy):
         fastest = {c: math.inf if state.observed[c].failed else state.observed[c].median()
                    for c in state.explore}
         best = min(fastest, key=fastest.get)
+        base = next((c for c in fastest if c.variant.baseline
+                     and math.isfinite(fastest[c])), None)
+        kept = ""
+        if base is not None and best is not base and \
+                fastest[best] > fastest[base] * (1 - self.baseline_margin):
+            kept = (f"; kept the baseline {base.label} {fastest[base]:.4g} ms: "
+                    f"{best.label} {fastest[best]:.4g} ms is not "
+                    f"{self.baseline_margin:.0%} faster")
+            best = base
         if math.isinf(fastest[best]):
             failed = ", ".join(c.label for c in state.explore)
             state.reason = f"every explored candidate failed ({failed})"
@@ -496,7 +517,8 @@ class Learned(BasePolicy):
         others = sorted((t, c.label) for c, t in fastest.items() if c != best)
         runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
         state.reason = (f"committed after timing {len(fastest)} candidates {self.samples}x on "
-                        f"real calls (medians): {best.label} {fastest[best]:.4g} ms{runner}")
+                        f"real calls (medians): {best.label} {fastest[best]:.4g} ms{runner}"
+                        f"{kept}")
         state.history.append(state.reason + "; samples " + ", ".join(
             f"{c.label} n={len(state.observed[c])} median "
             f"{fastest[c]:.4g} min {min(state.observed[c], default=math.inf):.4g}"

@@ -143,7 +143,7 @@ def test_dispatcher_explores_on_real_calls_then_serves_a_plain_plan(rng):
     plan = d._plans[key]
     assert not plan.provisional and not plan.decision.explore
     assert plan.run is d._prepared[(key, plan.candidate)].run   # the committed hot path
-    observed = policy.state(d._plans[key].class_key).observed            # the rule: the lowest median
+    observed = policy.state(d._plans[key].class_key).observed   # the rule: the lowest median
     assert plan.candidate.label == min(observed, key=lambda c: observed[c].median()).label
     assert all(len(observed[c]) == 2 for c in observed)   # the count: the commit criterion
     text = str(adaptive.explain("softmax", x, dispatcher=d))
@@ -350,9 +350,11 @@ def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(r
     assert not plan.provisional and be.synced == 0
     explored = policy.state(d._plans[key].class_key).explore
     assert plan.candidate == min(explored, key=lambda c: be.cost[c.label])
-    assert policy.state(d._plans[key].class_key).expected_ms == pytest.approx(be.cost[plan.candidate.label])
+    assert policy.state(d._plans[key].class_key).expected_ms == pytest.approx(
+        be.cost[plan.candidate.label])
     be.finish()
-    assert d.harvest() >= 1 and list(policy.state(d._plans[key].class_key).recent)   # samples after the commit
+    # samples after the commit
+    assert d.harvest() >= 1 and list(policy.state(d._plans[key].class_key).recent)
     assert d.harvest() == 0                     # nothing pending: a flush is free
 
 
@@ -728,3 +730,31 @@ def test_a_drift_that_keeps_the_choice_schedules_no_re_validation(rng):
         calls_until("a", 12)
     assert policy.stats["drifts"] == 1 and policy.stats["drift_switches"] == 0
     assert policy.stats["revalidations"] == 0
+
+
+@pytest.mark.parametrize("quick_cost, kept", [(0.98, True), (0.90, False)])
+def test_a_candidate_replaces_the_baseline_only_when_clearly_faster(rng, quick_cost, kept):
+    """Three in-stream medians read a few percent apart: a candidate within the baseline
+    margin (3%) of the plain program's call does not replace it; one 10% faster does."""
+    from adaptive.variants import Registry, default_registry, variant_from_dict
+    host = default_registry().get("softmax", "host_numpy")
+    plain, quick = (variant_from_dict({"name": name, "backend": "host", "language": "python",
+                                       "entry": host.entry, "source": host.source,
+                                       "baseline": name == "plain"}, "softmax")
+                    for name in ("plain", "quick"))
+    be = _EventHost()
+    be.cost.update({"plain": 1.0, "quick": quick_cost})
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=2)
+    d = Dispatcher(be, policy=policy, registry=Registry([plain, quick]))
+    d.sample_every = 1
+    x = rng.standard_normal((64, 33)).astype(np.float32)
+    for _ in range(12):
+        d.launch("softmax", x)
+        be.finish()
+    plan = d.plan("softmax", x)
+    assert not plan.provisional
+    assert plan.candidate.variant.name == ("plain" if kept else "quick")
+    reason = policy.state(plan.class_key).reason
+    assert ("kept the baseline plain" in reason) == kept, reason
+    with pytest.raises(ValueError, match="baseline_margin must be a fraction"):
+        Learned(LiveModel(background=False), baseline_margin=1.0)
