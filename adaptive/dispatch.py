@@ -38,8 +38,9 @@ from adaptive.variants import Candidate, Registry, Variant, make_candidate, shar
 log = logging.getLogger("adaptive")
 
 MISS_LOG = 256    # misses kept for recent_misses()
-# how long an exploring sample's stream is held before its event pair (GPU): longer than
-# the host takes to issue a candidate's launch (≤ 25 µs measured on the H200, run H)
+# the longest an exploring sample's stream is gated before its event pair (GPU: released
+# as soon as the call and its end event are issued, see CudaBackend.gate); longer than the
+# host takes to issue a candidate's launch (≤ 25 µs measured on the H200, run H)
 HOLD_US = 100.0
 
 
@@ -132,6 +133,10 @@ def _bad_out(out, expected_sig, op: str = "") -> Exception:
 
 def _run_plan(plan: Plan, args, out):
     return plan.run(args, out)
+
+
+def _released() -> None:
+    """Nothing held: nothing to release."""
 
 
 class Recorder:
@@ -549,17 +554,20 @@ class Dispatcher:
             return plan.run(args, out)
         self._referenced.add(plan.key)   # the eviction clock's second chance
         timer = self._timer if self._timer_tried else self._event_timer()
-        slot = self._start_events(timer, plan, exploring) if timer is not None else None
+        slot, release = (self._start_events(timer, plan, exploring) if timer is not None
+                         else (None, None))
         if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
             try:
                 result = plan.run(args, out)
             except BaseException:
                 timer.cancel(slot)
+                release()
                 raise
             try:
                 timer.stop(slot, plan)
             except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                 self._events_failed(exc)
+            release()
             self.stats["samples"] += 1
             return result
         result = None
@@ -572,18 +580,27 @@ class Dispatcher:
         self.feedback(plan, time_ms)
         return result
 
-    def _start_events(self, timer, plan: Plan, hold: bool = False) -> int | None:
-        """Harvest finished pairs and start one for ``plan`` (None: the timer broke and
-        this call is timed on the host); ``hold``: behind a hold of the stream."""
+    def _start_events(self, timer, plan: Plan, hold: bool = False):
+        """Harvest finished pairs and start one for ``plan``: ``(slot, release)``, release
+        to be called once the pair's end is recorded (``(None, None)``: the timer broke and
+        this call is timed on the host). ``hold``: behind a gate of the stream (the
+        backend's ``gate``: released once the call and its end event are issued, at most
+        ``HOLD_US``), else behind nothing."""
+        release = _released
         try:
             self.harvest()
             stream = self.backend.stream_ptr(plan.problem.kind)
             if hold:
-                self.backend.hold(stream, HOLD_US)
-            return timer.start(stream)
+                gate = getattr(self.backend, "gate", None)
+                if gate is not None:
+                    release = gate(stream, HOLD_US)
+                else:
+                    self.backend.hold(stream, HOLD_US)
+            return timer.start(stream), release
         except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
+            release()
             self._events_failed(exc)
-            return None
+            return None, None
 
     def _event_timer(self):
         """The backend's event timer, made on first use (None: time on the host)."""

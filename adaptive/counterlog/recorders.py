@@ -22,6 +22,11 @@ log = logging.getLogger("adaptive.counterlog")
 _now = time.time
 _perf_ns = time.perf_counter_ns
 _thread_id = threading.get_ident
+GATE_US = 100.0       # the longest a logged call's stream is gated before its event pair
+
+
+def _released() -> None:
+    """No gate: nothing to release."""
 
 
 class LogRecorder(Recorder):
@@ -86,6 +91,9 @@ class EventLogRecorder(LogRecorder):
         self._starts, self._ends, self._record = timer.starts, timer.ends, timer.record
         self._append, self._stream = timer.append_pending, timer.current_stream
         self._torch_stream = None
+        # a gate before each pair (the backend's, where it has one): the pair then times the
+        # call's kernels, not also the host's launch of them on an idle GPU (run S8)
+        self._gate = getattr(d.backend, "gate", None)
 
     def __call__(self, plan, args, out):
         every = self.every
@@ -102,13 +110,16 @@ class EventLogRecorder(LogRecorder):
         stream = (self._stream() if plan.problem.kind != "torch" else
                   self._torch()).ptr
         record = self._record
+        release = self._gate(stream, GATE_US) if self._gate is not None else _released
         record(self._starts[slot], stream)
         try:
             result = plan.run(args, out) if self._direct else self._next(plan, args, out)
         except BaseException:
             busy[slot] = False
+            release()
             raise
         record(self._ends[slot], stream)
+        release()
         self._append((slot, _now(), plan, self, stream, every))
         return result
 

@@ -330,3 +330,36 @@ def test_a_writer_failure_is_logged_once_with_its_traceback_and_exposed(tmp_path
     assert "Traceback" in clog.errors["TypeError"] and "_write_batch" in clog.errors["TypeError"]
     logged = [r for r in caplog.records if "writing failed" in r.message]
     assert len(logged) == 1 and "Traceback" in logged[0].getMessage()
+
+
+def test_each_logged_pair_is_gated_until_the_call_and_its_end_are_issued(tmp_path, rng,
+                                                                         fake_cupy, host):
+    """On a backend with a stream gate (the cuda backend's), each logged call's pair sits
+    behind a gate the recorder releases once the end event is recorded (also when the
+    call fails): on an idle GPU the pair then times the kernels, not their launch."""
+    rt, current = fake_cupy
+    x = rng.standard_normal((9, 21)).astype(np.float32)
+    host.launch("softmax", x)
+
+    def gate(stream, limit_us):
+        rt.calls.append(("gate", stream, limit_us))
+        return lambda: rt.calls.append(("release", stream))
+    host.backend.gate = gate
+    clog = CounterLog(tmp_path / "gated.alog", flush_interval_s=60.0).open()
+    attach(clog, host, EventTimer(8, None))
+    for _ in range(2):
+        timed_launch(host, rt, "softmax", x, gpu_ms=0.05)
+    kinds = [c[0] for c in rt.calls if c[0] in ("gate", "record", "release")]
+    assert kinds == ["gate", "record", "record", "release"] * 2
+    assert all(c[2] == recorders.GATE_US for c in rt.calls if c[0] == "gate")
+    plan = host._plans[get_op("softmax").key((x,), {})]
+
+    def broken(a, out):
+        raise RuntimeError("the kernel failed")
+    host._plans[plan.key] = dataclasses.replace(plan, run=broken)
+    rt.calls.clear()
+    with pytest.raises(RuntimeError, match="the kernel failed"):
+        host.launch("softmax", x)
+    assert [c[0] for c in rt.calls if c[0] in ("gate", "record", "release")] == [
+        "gate", "record", "release"]
+    clog.close()

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("sklearn")
 
 import adaptive  # noqa: E402
-from adaptive.dispatch import Dispatcher  # noqa: E402
+from adaptive.dispatch import HOLD_US, Dispatcher  # noqa: E402
 from adaptive.policy.learned import Learned, _diverse  # noqa: E402
 from adaptive.policy.cost_model import LiveModel, training_set  # noqa: E402
 from adaptive.observation import Observation  # noqa: E402
@@ -758,3 +758,25 @@ def test_a_candidate_replaces_the_baseline_only_when_clearly_faster(rng, quick_c
     assert ("kept the baseline plain" in reason) == kept, reason
     with pytest.raises(ValueError, match="baseline_margin must be a fraction"):
         Learned(LiveModel(background=False), baseline_margin=1.0)
+
+
+def test_an_exploring_sample_is_gated_until_its_call_and_end_event_are_issued(rng):
+    """Exploring samples wait behind the backend's stream gate (the cuda backend's is
+    released by the host, not a fixed spin): gate, start event, the call, end event,
+    release, in that order."""
+    be = _EventHost()
+    order = []
+
+    def gate(stream, limit_us):
+        order.append(("gate", limit_us))
+        return lambda: order.append(("release", be.clock))
+    be.gate = gate
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    x = rng.standard_normal((40, 24)).astype(np.float32)
+    d.launch("softmax", x)
+    assert [o[0] for o in order] == ["gate", "release"] and order[0][1] == HOLD_US
+    # the release comes after the call ran (its cost on the fake clock) and its end event
+    assert order[1][1] == be.recorded[-1].t > be.recorded[-2].t
+    assert not be.holds                       # a gate, not the fixed hold

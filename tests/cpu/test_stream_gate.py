@@ -1,0 +1,75 @@
+"""The cuda backend's stream gate (``CudaBackend.gate``) without a GPU: its kernel and the
+fixed hold compile with NVRTC for sm_90; the host side hands out tickets in order, launches
+the gate with the flag's device address, its ticket and its limit in ns, releases by
+raising the mapped flag (never lowering it: a later ticket's release is not undone by an
+earlier one's), and falls back to the fixed hold where the gate cannot be made."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import itertools
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from adaptive import nvrtc
+from adaptive.backends import cuda
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="cuda.bindings is not installed "
+                    "(pip install .[nvrtc])")
+@pytest.mark.parametrize("source, entry", [(cuda._GATE_SOURCE, "adaptive_gate"),
+                                           (cuda._HOLD_SOURCE, "adaptive_hold")])
+def test_the_gate_and_hold_kernels_compile_for_sm90(source, entry):
+    cubin, log = nvrtc.compile_source(source, (), "sm_90", f"{entry}.cu")
+    assert cubin and entry.encode() in cubin
+    res = nvrtc.parse_ptxas(log, entry)
+    assert res["spill_store_bytes"] == 0 and res["stack_bytes"] == 0, res
+
+
+def _backend(made):
+    """A CudaBackend with no device behind it: the gate's state as _make_gate leaves it."""
+    be = object.__new__(cuda.CudaBackend)
+    be.index, be._lock, be._gate_lock = 0, threading.Lock(), threading.Lock()
+    be._cp = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda i: contextlib.nullcontext()))
+    be._gate = None
+    be._make_gate = lambda: made
+    be.holds = []
+    be.hold = lambda stream, us: be.holds.append((stream, us))
+    return be
+
+
+def test_tickets_in_order_and_a_release_only_raises_the_flag():
+    launched, types_seen = [], set()
+
+    def kernel(grid, block, args, stream):
+        types_seen.update(type(a) for a in args)
+        launched.append((grid, block, tuple(int(a) for a in args), stream.ptr))
+    flag = ctypes.c_uint64(0)
+    be = _backend((kernel, 0xD000, flag, itertools.count(1)))
+    first = be.gate(0x51, 100.0)
+    second = be.gate(0x52, 250.0)
+    assert launched == [((1,), (1,), (0xD000, 1, 100_000), 0x51),
+                        ((1,), (1,), (0xD000, 2, 250_000), 0x52)]
+    assert types_seen == {np.uint64}           # 64-bit kernel parameters, as declared
+    second()                                   # ticket 2: releases both gates
+    assert flag.value == 2
+    first()                                    # ticket 1 after it: the flag stays at 2
+    assert flag.value == 2
+    third = be.gate(0x51, 100.0)
+    assert launched[-1][2][1] == 3 and flag.value == 2   # a new gate waits
+    third()
+    assert flag.value == 3 and not be.holds
+
+
+def test_without_mapped_memory_a_gate_is_the_fixed_hold():
+    be = _backend(False)
+    release = be.gate(0x77, 100.0)
+    assert be.holds == [(0x77, 100.0)]
+    assert release() is None and be._gate is False
+    be.gate(0x78, 50.0)
+    assert be.holds[-1] == (0x78, 50.0)
