@@ -591,11 +591,7 @@ class Dispatcher:
             self.harvest()
             stream = self.backend.stream_ptr(plan.problem.kind)
             if hold:
-                gate = getattr(self.backend, "gate", None)
-                if gate is not None:
-                    release = gate(stream, HOLD_US)
-                else:
-                    self.backend.hold(stream, HOLD_US)
+                release = self.backend.gate(stream, HOLD_US)
             return timer.start(stream), release
         except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
             release()

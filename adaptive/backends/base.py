@@ -64,6 +64,11 @@ class Backend(Protocol):
     def hold(self, stream_ptr: int, us: float) -> None:
         """Keep the device busy on that stream for about ``us`` (a no-op on the host)."""
 
+    def gate(self, stream_ptr: int, limit_us: float) -> Callable[[], None]:
+        """Hold that stream until the returned function is called, at most ``limit_us``
+        (what is issued in between runs back to back, as on a busy device); the caller
+        always calls it. The host's runs are synchronous: a no-op there."""
+
     def synchronize(self) -> None:
         """Wait for the device's queued work (a no-op on the host: its runs are synchronous)."""
 

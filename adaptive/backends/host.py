@@ -92,6 +92,10 @@ class HostBackend:
     def hold(self, stream_ptr: int, us: float) -> None:
         """Nothing to hold: host calls run as they are issued."""
 
+    def gate(self, stream_ptr: int, limit_us: float):
+        """Nothing to hold: host calls run as they are issued."""
+        return _released
+
     def synchronize(self) -> None:
         """Host runs are synchronous: nothing to wait for."""
 
@@ -175,3 +179,7 @@ def _measure_peaks() -> dict:
 def _best_s(fn, repeats: int) -> float:
     """The fastest of ``repeats`` runs after one warm-up, in seconds."""
     return measure(fn, warmup=1, reps=repeats, raise_errors=True).min_ms / 1e3
+
+
+def _released() -> None:
+    """A host gate holds nothing: nothing to release."""

@@ -25,10 +25,6 @@ _thread_id = threading.get_ident
 GATE_US = 100.0       # the longest a logged call's stream is gated before its event pair
 
 
-def _released() -> None:
-    """No gate: nothing to release."""
-
-
 class LogRecorder(Recorder):
     """Times every ``every``-th launch of one dispatcher into a :class:`CounterLog`.
 
@@ -91,9 +87,9 @@ class EventLogRecorder(LogRecorder):
         self._starts, self._ends, self._record = timer.starts, timer.ends, timer.record
         self._append, self._stream = timer.append_pending, timer.current_stream
         self._torch_stream = None
-        # a gate before each pair (the backend's, where it has one): the pair then times the
-        # call's kernels, not also the host's launch of them on an idle GPU (run S8)
-        self._gate = getattr(d.backend, "gate", None)
+        # a gate before each pair: the pair then times the call's kernels, not also the
+        # host's launch of them on an idle GPU (run S8)
+        self._gate = d.backend.gate
 
     def __call__(self, plan, args, out):
         every = self.every
@@ -110,7 +106,7 @@ class EventLogRecorder(LogRecorder):
         stream = (self._stream() if plan.problem.kind != "torch" else
                   self._torch()).ptr
         record = self._record
-        release = self._gate(stream, GATE_US) if self._gate is not None else _released
+        release = self._gate(stream, GATE_US)
         record(self._starts[slot], stream)
         try:
             result = plan.run(args, out) if self._direct else self._next(plan, args, out)

@@ -334,9 +334,10 @@ def test_a_writer_failure_is_logged_once_with_its_traceback_and_exposed(tmp_path
 
 def test_each_logged_pair_is_gated_until_the_call_and_its_end_are_issued(tmp_path, rng,
                                                                          fake_cupy, host):
-    """On a backend with a stream gate (the cuda backend's), each logged call's pair sits
-    behind a gate the recorder releases once the end event is recorded (also when the
-    call fails): on an idle GPU the pair then times the kernels, not their launch."""
+    """Each logged call's pair sits behind the backend's stream gate (the cuda backend's
+    holds the stream; here a recording stand-in), released once the end event is recorded
+    (also when the call fails): on an idle GPU the pair then times the kernels, not their
+    launch."""
     rt, current = fake_cupy
     x = rng.standard_normal((9, 21)).astype(np.float32)
     host.launch("softmax", x)

@@ -323,8 +323,9 @@ class _EventHost:
             def stream_ptr(self, kind):
                 return 0
 
-            def hold(self, stream_ptr, us):
+            def gate(self, stream_ptr, limit_us):
                 self.holds.append(self.clock)
+                return lambda: None
 
             def finish(self):          # the GPU catches up
                 for e in self.recorded:
@@ -358,9 +359,9 @@ def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(r
     assert d.harvest() == 0                     # nothing pending: a flush is free
 
 
-def test_exploring_samples_are_queued_behind_a_hold_and_steady_samples_are_not(rng):
+def test_exploring_samples_are_queued_behind_a_gate_and_steady_samples_are_not(rng):
     """An idle GPU would add the host's launch latency to an exploring sample's event pair
-    (a host-bound decode loop): each exploring sample holds the stream first; the drift
+    (a host-bound decode loop): each exploring sample gates the stream first; the drift
     samples of a committed plan do not."""
     be = _EventHost()
     x = rng.standard_normal((65, 33)).astype(np.float32)
@@ -779,4 +780,3 @@ def test_an_exploring_sample_is_gated_until_its_call_and_end_event_are_issued(rn
     assert [o[0] for o in order] == ["gate", "release"] and order[0][1] == HOLD_US
     # the release comes after the call ran (its cost on the fake clock) and its end event
     assert order[1][1] == be.recorded[-1].t > be.recorded[-2].t
-    assert not be.holds                       # a gate, not the fixed hold
