@@ -3,9 +3,7 @@
 # The counter-log and fast-path GPU tests, the contention run with the oracle timed
 # cold (gpu_contention.py), the shipped pack rebuilt with every current variant (issue 14),
 # then generate() and the server on the rebuilt pack (issue 12).
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 ADAPTIVE_CACHE_DIR=/tmp/adaptive-gpu-check-cache
-mkdir -p "$OUT"
+source "$(dirname "$0")/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,utilization.gpu --format=csv,noheader
 (timeout 80 python3 -m adaptive.cli nvrtc-check --workers 14 --quiet > "$OUT/nvrtc.log" 2>&1; echo "nvrtc rc=$?" >> "$OUT/nvrtc.log") &
 t0=$SECONDS

@@ -2,9 +2,7 @@
 # run S11 (next session, after S10 and the rebuilt pack copied to adaptive/packs/): issue 12
 # on the rebuilt pack, the baseline margin and the stream gate: generate() and the server,
 # torch against adaptive side by side
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 ADAPTIVE_CACHE_DIR=/tmp/adaptive-gpu-check-cache
-mkdir -p "$OUT"
+source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 250 python3 benchmarks/gpu_generate.py --out /tmp/gen > "$OUT/generate.log" 2>&1
 echo "generate rc=$? $((SECONDS-t0)) s"

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # run S12 (next session): issue 13's kernels measured whole: every decode shape, the 2:4
 # weights at every token count, BSR at 10% blocks (kernel cache filled by 14 workers first)
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 ADAPTIVE_CACHE_DIR=/tmp/adaptive-gpu-check-cache
-mkdir -p "$OUT"
+source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 120 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
 echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -2 "$OUT/nvrtc.log"
