@@ -144,6 +144,20 @@ class _Context:
         return {}
 
 
+def _as_registered(v):
+    """A pack's variant with the registered one's ``baseline`` (packs written before the
+    field did not carry it): the replay decides as a live dispatcher would."""
+    import dataclasses
+    from adaptive.errors import UnknownNameError
+    from adaptive.variants import shared_registry
+    try:
+        known = shared_registry().get(v.op, v.name)
+    except UnknownNameError:
+        return v
+    return dataclasses.replace(v, baseline=known.baseline) if known.baseline != v.baseline \
+        else v
+
+
 def fold_of(keys: Sequence[tuple], folds: int, seed: int = 0) -> dict[tuple, int]:
     """Each input's fold: a seeded shuffle of the inputs dealt round robin (0: each its own)."""
     order = sorted(keys)
@@ -184,7 +198,7 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     from adaptive.variants import make_candidate
     pack = read_pack(pack_path)
     limits = _limits(pack.fingerprint)
-    variants = {(v.op, v.name): v for v in pack.variants}
+    variants = {(v.op, v.name): _as_registered(v) for v in pack.variants}
     rows = [r for r in pack.rows if (r.op, r.variant) in variants]
     groups = _group(rows)
     held = [k for k in groups if ops is None or k[0] in ops]

@@ -74,3 +74,18 @@ def test_cli_prints_both_set_ups(attention, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "2 folds by input" in out
     assert "model picks only (no anchors)" in out and "\nlearned: committed/best" in out
+
+
+def test_a_packs_variants_decide_with_the_registered_baseline():
+    """Packs written before ``baseline`` existed carry none; the replay gives each variant
+    the registered one's, so it decides as a live dispatcher does."""
+    import dataclasses
+    from adaptive.bench.replay import _as_registered
+    from adaptive.variants import shared_registry
+    dense = shared_registry().get("spmm", "cublas_dense")
+    old = dataclasses.replace(dense, baseline=False)       # as a pack from before stores it
+    assert _as_registered(old).baseline
+    csr = shared_registry().get("spmm", "csr_rowsplit")
+    assert not _as_registered(csr).baseline
+    gone = dataclasses.replace(dense, name="retired_dense", baseline=False)
+    assert _as_registered(gone) is gone                     # not registered: as it was
