@@ -188,6 +188,7 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
             "--max-batch", str(args.max_batch), "--max-tokens-limit", str(args.max_tokens),
             "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued", "4096",
             "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes in every mode
+    argv += list(getattr(args, "server_args", ()))
     if args.in_process:     # the dry run: short warm-up, one CPU thread (shared CI machines)
         argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
     t0 = time.perf_counter()
@@ -261,8 +262,13 @@ def check_deps() -> str | None:
 def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY,
         duration_s: float = 16.0, quick: bool = False, preset: str | None = None,
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 45.0,
-        max_batch: int = 32, requests: int = 20000) -> dict:
-    """Every mode on one request stream; writes gpu_server.json; returns the payload."""
+        max_batch: int = 32, requests: int = 20000, server_args: tuple = (),
+        prompt_max: int = 2048, min_tokens: int | None = None,
+        json_name: str = "gpu_server.json") -> dict:
+    """Every mode on one request stream; writes ``json_name``; returns the payload.
+    ``server_args``: more server arguments for every mode (``--prune 2:4``); ``prompt_max``
+    and ``min_tokens``: the stream's longest prompt and fewest new tokens (None: every
+    request ``max_tokens``)."""
     from server import resolve_device
     device = resolve_device("auto" if device == "auto" else
                             "cpu" if device == "host" else device)
@@ -274,16 +280,20 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         max_tokens=4 if dry else max_tokens, client_warmup_s=0.5 if dry else client_warmup_s,
         warmup_limit_s=min(warmup_limit_s, 1.0) if dry else warmup_limit_s,
         max_batch=4 if dry else max_batch,
-        start_timeout_s=240.0, in_process=dry)
-    prompt_max = 64 if dry else 2048
+        start_timeout_s=240.0, in_process=dry, server_args=tuple(server_args))
+    prompt_max = 64 if dry else prompt_max
+    min_tokens = None if dry or min_tokens is None else min_tokens
     stream = make_stream(requests, seed=0, rate=0.0, prompt_median=16 if dry else 128,
                          prompt_sigma=1.0, prompt_min=min(16, prompt_max),
-                         prompt_max=prompt_max, max_tokens=args.max_tokens)
+                         prompt_max=prompt_max, max_tokens=args.max_tokens,
+                         min_tokens=min_tokens)
     sampler = DeviceSampler(enabled=device.startswith("cuda"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     print(f"gpu_server: {device}, preset {args.preset}, clients {args.concurrency}, "
-          f"{args.duration_s:g} s per load, {args.max_tokens} new tokens, prompts "
+          f"{args.duration_s:g} s per load, "
+          f"{'' if min_tokens is None else f'{min_tokens}..'}{args.max_tokens} new tokens, "
+          f"{' '.join(args.server_args) or 'no server options'}, prompts up to {prompt_max}, "
           f"{percentiles([r.prompt_len for r in stream[:2000]])['p50']:.0f} median tokens; "
           f"sampler: {sampler.status}", flush=True)
     results = []
@@ -300,11 +310,12 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         print(f"  {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
     payload = {"benchmark": "gpu_server", "device": device, "preset": args.preset,
                "concurrency": list(args.concurrency), "duration_s": args.duration_s,
-               "max_tokens": args.max_tokens, "max_batch": args.max_batch,
-               "sampler": sampler.status, "results": results}
-    tmp = out / f".gpu_server.json.{os.getpid()}"
+               "max_tokens": args.max_tokens, "min_tokens": min_tokens,
+               "prompt_max": prompt_max, "server_args": list(args.server_args),
+               "max_batch": args.max_batch, "sampler": sampler.status, "results": results}
+    tmp = out / f".{json_name}.{os.getpid()}"
     tmp.write_text(json.dumps(payload, indent=2, default=str))
-    os.replace(tmp, out / "gpu_server.json")
+    os.replace(tmp, out / json_name)
     return payload
 
 

@@ -82,23 +82,28 @@ class LoadReport:
 
 def make_stream(n: int, seed: int = 0, rate: float = 0.0, prompt_median: float = 128.0,
                 prompt_sigma: float = 1.0, prompt_max: int = 2048, prompt_min: int = 1,
-                max_tokens: int = 64, burst_mean: float = 4.0) -> list[Request]:
-    """A reproducible request stream: the same arguments give the same requests."""
+                max_tokens: int = 64, burst_mean: float = 4.0,
+                min_tokens: int | None = None) -> list[Request]:
+    """A reproducible request stream: the same arguments give the same requests.
+    ``min_tokens``: new tokens drawn uniformly from ``min_tokens..max_tokens`` per request
+    (None: ``max_tokens`` each)."""
     if not 1 <= n <= MAX_REQUESTS:
         raise ValueError(f"n must be in [1, {MAX_REQUESTS}], got {n}")
-    if not 1 <= prompt_min <= prompt_max or max_tokens < 1:
-        raise ValueError(f"expected 1 <= prompt_min <= prompt_max and max_tokens >= 1, got "
-                         f"{prompt_min}, {prompt_max}, {max_tokens}")
+    low = max_tokens if min_tokens is None else min_tokens
+    if not 1 <= prompt_min <= prompt_max or not 1 <= low <= max_tokens:
+        raise ValueError(f"expected 1 <= prompt_min <= prompt_max and 1 <= min_tokens <= "
+                         f"max_tokens, got {prompt_min}, {prompt_max}, {low}, {max_tokens}")
     rng = np.random.default_rng(seed)
     lengths = np.clip(np.rint(rng.lognormal(np.log(prompt_median), prompt_sigma, n)),
                       prompt_min, prompt_max)
+    news = np.random.default_rng(seed + 1).integers(low, max_tokens + 1, n)
     times, t = [], 0.0
     while len(times) < n:
         size = int(rng.geometric(1.0 / max(burst_mean, 1.0)))
         times += [t] * size
         if rate > 0:
             t += float(rng.exponential(size / rate))
-    return [Request(times[i], int(lengths[i]), int(rng.integers(2**31)), max_tokens)
+    return [Request(times[i], int(lengths[i]), int(rng.integers(2**31)), int(news[i]))
             for i in range(n)]
 
 

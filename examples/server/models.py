@@ -4,11 +4,18 @@ config (random weights, nothing downloaded) in three serving modes, and a byte t
     model = build_llama("tiny", "torch", device="cpu")          # plain PyTorch: SDPA, nn.Linear
     model = build_llama("1b", "adaptive", device="cuda")        # adaptive.integrations.transformers
 
-Modes: ``torch`` (``attn_implementation="sdpa"`` and plain ``nn.Linear``), ``adaptive``
-(the same model after ``adaptive.integrations.transformers.patch(model)``) and ``static``
-(built as ``adaptive``; the serving engine pins every key after warm-up, see
-:func:`engine.pin_dispatchers`). The same preset and seed give the same weights in every
-mode, so their greedy tokens can be compared. ``benchmarks/`` import :data:`PRESETS` and
+Modes: ``torch`` (``attn_implementation="sdpa"`` and plain ``nn.Linear``), ``torch24``
+(``torch`` with the MLP weights in torch's 2:4 semi-structured form, cuSPARSELt: the other
+way a user serves a 2:4-pruned model in plain PyTorch; CUDA, float16/bfloat16, ``prune=
+"2:4"``), ``adaptive`` (the same model after ``adaptive.integrations.transformers.patch
+(model)``; pruned MLP weights as ``adaptive.SparseWeight``) and ``static`` (built as
+``adaptive``; the serving engine pins every key after warm-up, see
+:func:`engine.pin_dispatchers`). The same preset, seed and pruning give the same weights in
+every mode, so their greedy tokens can be compared.
+
+Pruning (``prune``, the MLP's gate, up and down projections): ``"2:4"`` keeps the 2
+largest magnitudes of every 4 consecutive inputs of a row; ``"bsr10"`` keeps a seeded 10%
+of the 32x32 blocks of each weight (at least one). ``benchmarks/`` import :data:`PRESETS` and
 :func:`build_llama` from here.
 
 Tokenisation is deliberately trivial (no tokenizer is downloaded): a prompt string is its
@@ -23,7 +30,10 @@ import codecs
 import dataclasses
 import threading
 
-MODES = ("torch", "adaptive", "static")
+MODES = ("torch", "torch24", "adaptive", "static")
+PRUNINGS = ("none", "2:4", "bsr10")
+BLOCK = 32            # bsr10's block size
+BLOCK_DENSITY = 0.1   # bsr10's kept fraction of blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,20 +89,29 @@ def preset_of(preset: str | Preset) -> Preset:
 
 
 def build_llama(preset: str | Preset, mode: str, device: str = "cpu",
-                dtype: str | None = None, seed: int = 0, sparse=None):
+                dtype: str | None = None, seed: int = 0, sparse=None, prune: str = "none"):
     """A Llama causal LM with random weights (seeded) in eval mode, ready for one mode.
 
     Args:
         preset: a :data:`PRESETS` name or a :class:`Preset`.
-        mode: "torch", "adaptive" or "static" (see the module docstring).
+        mode: "torch", "torch24", "adaptive" or "static" (see the module docstring).
         device: "cpu" or "cuda" (or "cuda:N").
         dtype: "float16", "bfloat16", "float32" or "float64" (default float16 on CUDA,
             else float32; float64 for reference checks on the CPU).
         seed: the weights' seed: the same seed gives the same weights in every mode.
-        sparse: adaptive/static only, passed to ``patch(model, sparse=...)``.
+        sparse: adaptive/static only, passed to ``patch(model, sparse=...)`` (default with
+            ``prune``: the MLP's weights).
+        prune: "none", "2:4" or "bsr10" (see the module docstring).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if prune not in PRUNINGS:
+        raise ValueError(f"unknown pruning {prune!r}; expected one of {PRUNINGS}")
+    if mode == "torch24" and (prune != "2:4" or not device.startswith("cuda")
+                              or (dtype or "float16") not in ("float16", "bfloat16")):
+        raise ValueError(f"mode 'torch24' (torch's 2:4 semi-structured matmul) needs "
+                         f"prune='2:4' on a CUDA device in float16 or bfloat16; got prune="
+                         f"{prune!r}, device {device!r}, dtype {dtype or 'float16'!r}")
     config = llama_config(preset)
     with _import_lock:                     # never import torch from two threads at once
         import torch
@@ -105,14 +124,60 @@ def build_llama(preset: str | Preset, mode: str, device: str = "cpu",
         model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa",
                                               dtype=getattr(torch, dtype))
     model.eval().requires_grad_(False)
+    if prune != "none":
+        prune_mlp(model, prune, seed)
+    if mode == "torch24":
+        from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
+        SparseSemiStructuredTensor._FORCE_CUTLASS = False   # cuSPARSELt (CUTLASS's fails
+        for linear in _mlp_linears(model):                  # on the H200, issue 13)
+            linear.weight = torch.nn.Parameter(to_sparse_semi_structured(linear.weight),
+                                               requires_grad=False)
     if mode in ("adaptive", "static"):
         try:
             from adaptive.integrations import transformers as integration
         except ImportError as exc:
             raise ImportError(f"mode {mode!r} needs adaptive.integrations.transformers "
                               f"(pip install adaptive-dispatch[llm]): {exc}") from exc
+        if sparse is None and prune != "none":
+            sparse = {"mlp": True}
         model = integration.patch(model, sparse=sparse)
     return model
+
+
+def _mlp_linears(model) -> list:
+    import torch
+    return [m for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and ".mlp." in f".{name}."]
+
+
+def prune_mlp(model, how: str, seed: int = 0) -> int:
+    """Prune the MLP's linear weights in place ("2:4" or "bsr10", see the module
+    docstring; the same seed, the same blocks); returns how many weights were pruned."""
+    import torch
+    linears = _mlp_linears(model)
+    gen = torch.Generator(device="cpu").manual_seed(seed + 24)
+    for linear in linears:
+        w = linear.weight.data
+        out_f, in_f = w.shape
+        if how == "2:4":
+            if in_f % 4:
+                raise ValueError(f"2:4 pruning needs in_features % 4 == 0, got {in_f}")
+            groups = w.view(out_f, in_f // 4, 4)
+            drop = groups.abs().argsort(dim=-1)[..., :2]        # the 2 smallest of each 4
+            groups.scatter_(-1, drop, 0)
+        elif how == "bsr10":
+            if out_f % BLOCK or in_f % BLOCK:
+                raise ValueError(f"bsr10 pruning needs both dims multiples of {BLOCK}, got "
+                                 f"{tuple(w.shape)}")
+            nb = (out_f // BLOCK, in_f // BLOCK)
+            n = nb[0] * nb[1]                                   # exactly 10% of the blocks
+            keep = torch.zeros(n, dtype=torch.bool)
+            keep[torch.randperm(n, generator=gen)[:max(1, round(BLOCK_DENSITY * n))]] = True
+            mask = keep.view(nb).repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+            w.mul_(mask.to(device=w.device, dtype=w.dtype))
+        else:
+            raise ValueError(f"unknown pruning {how!r}; expected one of {PRUNINGS[1:]}")
+    return len(linears)
 
 
 class ByteTokenizer:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from engine import (BlockLM, CausalLM, Engine, QueueFullError, Request, pin_dispatchers,
                     warm_up)
-from models import MODES, PRESETS, ByteTokenizer, build_llama
+from models import MODES, PRESETS, PRUNINGS, ByteTokenizer, build_llama
 
 log = logging.getLogger("adaptive.example.server")
 
@@ -546,11 +546,13 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
         import torch
         torch.set_num_threads(args.torch_threads)   # process-wide: CPU ops' thread pool
     t0 = time.perf_counter()
-    model = build_llama(args.preset, args.mode, device, args.dtype, seed=args.seed)
+    model = build_llama(args.preset, args.mode, device, args.dtype, seed=args.seed,
+                        prune=args.prune)
     lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to,
                   buckets=args.shape_buckets == "pow2")
     info = {"device": device, "dtype": str(next(model.parameters()).dtype),
-            "preset": args.preset, "build_s": round(time.perf_counter() - t0, 2)}
+            "preset": args.preset, "prune": args.prune,
+            "build_s": round(time.perf_counter() - t0, 2)}
     tokenizer = ByteTokenizer(lm.vocab_size) if lm.vocab_size >= 256 else None
     return lm, tokenizer, lm.name, info
 
@@ -572,7 +574,7 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
         batches = [(b, n, new) for n in sorted(set(lengths)) for b in sorted(sizes)]
         import adaptive
         with adaptive.unbounded_exploration():   # explore it all now, not under load
-            info["warmup"] = warm_up(lm, batches, settle=args.mode != "torch",
+            info["warmup"] = warm_up(lm, batches, settle=args.mode in ("adaptive", "static"),
                                      limit_s=args.warmup_limit_s, progress=progress)
     if args.mode == "static" and args.model == "llama":
         info["pinned"] = pin_dispatchers()
@@ -599,8 +601,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--mode", choices=MODES, default="adaptive",
-                   help="torch: plain PyTorch; adaptive: patched by adaptive; static: "
-                   "adaptive pinned after warm-up")
+                   help="torch: plain PyTorch; torch24: plain PyTorch with the MLP weights "
+                   "in torch's 2:4 form (--prune 2:4, CUDA); adaptive: patched by adaptive; "
+                   "static: adaptive pinned after warm-up")
+    p.add_argument("--prune", choices=PRUNINGS, default="none",
+                   help="prune the MLP weights: 2:4 (2 of every 4 inputs kept) or bsr10 (10%% "
+                   "of the 32x32 blocks kept); adaptive serves them as sparse weights")
     p.add_argument("--model", choices=("llama", "block"), default="llama",
                    help="llama: a transformers LlamaForCausalLM (default); block: the "
                    "hand-built block of block.py")
@@ -650,6 +656,9 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                  "max_connections"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.model == "block" and (args.prune != "none" or args.mode == "torch24"):
+        p.error("--prune and --mode torch24 serve the llama model; the block model has no "
+                "MLP weights to prune (use --model llama)")
     if args.batch_wait_ms < 0:
         p.error(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}")
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "warmup_limit_s"):

@@ -206,3 +206,36 @@ def test_gpu_contention_dry_run_reports_each_condition_from_its_printed_numbers(
         assert ok == (round(c["geomean_ratio"], 3) <= 1.10)
     assert len(report["under_load"]) == 2 * len(report["inputs"])
     assert stdout.rstrip().endswith(("| met |", "| NOT met |"))
+
+
+def test_the_headline_compares_adaptive_with_the_better_plain_pytorch_way():
+    """Per client count the baseline is the plain-PyTorch mode with more tokens/s (dense
+    matmuls or torch's 2:4 path on a pruned model), and each of issue 13's bars is judged
+    on adaptive's ratio to it: p99 lower is better, the others higher."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu_headline import compare
+
+    def load(tps, p99, sm):
+        return {"tokens_per_s": tps, "throughput_rps": tps / 100, "ttft_ms": {"p99": 50.0},
+                "token_ms": {"p50": 10.0, "p99": p99}, "device": {"sm_active_ratio": sm}}
+    payload = {"concurrency": [8, 32], "results": [
+        {"mode": "torch", "loads": {"8": load(100.0, 40.0, 0.5), "32": load(300.0, 90.0, 0.5)}},
+        {"mode": "torch24", "loads": {"8": load(90.0, 30.0, 0.4), "32": load(400.0, 80.0, 0.6)}},
+        {"mode": "adaptive", "loads": {"8": load(130.0, 30.0, 0.7), "32": load(480.0, 70.0,
+                                                                               0.6)}}]}
+    rows = {r["clients"]: r for r in compare(payload, "2:4")}
+    assert rows[8]["baseline"] == "torch" and rows[32]["baseline"] == "torch24"
+    c8 = rows[8]["checks"]
+    assert c8["tokens_per_s"] == (1.3, 1.23, True)
+    assert c8["token_p99"] == (0.75, 0.82, True)
+    assert c8["sm_active"][0] == pytest.approx(1.4) and c8["sm_active"][2]
+    c32 = rows[32]["checks"]
+    assert c32["tokens_per_s"] == (1.2, 1.23, False)        # 480 / 400: under the bar
+    assert c32["token_p99"] == (0.875, 0.82, False)
+    assert c32["sm_active"][0] == pytest.approx(1.0) and not c32["sm_active"][2]
+    dense = {r["clients"]: r for r in compare({**payload, "results": [
+        payload["results"][0], payload["results"][2]]}, "dense")}
+    assert set(dense[8]["checks"]) == {"tokens_per_s", "token_p99"}   # dense: two bars
+    assert dense[32]["checks"]["tokens_per_s"] == (1.6, 1.05, True)
+    failed = compare({**payload, "results": payload["results"][:2]}, "2:4")
+    assert all("error" in r for r in failed)                 # no adaptive: no comparison

@@ -542,6 +542,44 @@ def test_presets_and_byte_tokenizer():
         build_llama("tiny", "fast")
 
 
+def test_pruned_mlp_weights_and_their_modes():
+    """2:4 keeps the 2 largest of every 4 inputs (the rest of the model untouched); bsr10
+    keeps whole 32x32 blocks, the same ones for the same seed; adaptive serves pruned MLP
+    weights as sparse weights; torch's 2:4 mode is refused where it cannot run."""
+    need("torch", "transformers")
+    import torch
+    from models import BLOCK, Preset, build_llama as build
+    dense = build("tiny", "torch", seed=3)
+    two4 = build("tiny", "torch", seed=3, prune="2:4")
+    for (name, a), (_, b) in zip(dense.named_parameters(), two4.named_parameters()):
+        if ".mlp." not in name:
+            assert torch.equal(a, b), name
+            continue
+        groups_a, groups_b = a.view(a.shape[0], -1, 4), b.view(b.shape[0], -1, 4)
+        assert ((groups_b != 0).sum(-1) <= 2).all(), name
+        kept = groups_a.abs().topk(2, dim=-1).values.sum(-1)
+        assert torch.allclose(groups_b.abs().sum(-1), kept), name   # the 2 largest stay
+    wide = Preset(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=320, vocab_size=256,
+                  max_position_embeddings=64)
+    blocks = [build(wide, "torch", seed=5, prune="bsr10") for _ in range(2)]
+    w = blocks[0].model.layers[0].mlp.up_proj.weight                 # [320, 64]
+    nz = (w.view(320 // BLOCK, BLOCK, 64 // BLOCK, BLOCK) != 0).any(-1).any(1)
+    whole = (w.view(320 // BLOCK, BLOCK, 64 // BLOCK, BLOCK) != 0).all(-1).all(1)
+    assert torch.equal(nz, whole) and nz.sum() == 2                  # whole blocks: 10% of 20
+    assert torch.equal(w, blocks[1].model.layers[0].mlp.up_proj.weight)
+    patched = build("tiny", "adaptive", seed=3, prune="2:4")
+    modes = {n.rsplit(".", 1)[-1]: m.mode for n, m in patched.named_modules()
+             if type(m).__name__ == "AdaptiveLinear" and ".layers.0." in n}
+    assert modes == {"q_proj": "shared", "k_proj": "shared", "v_proj": "shared",
+                     "o_proj": "shared", "gate_proj": "sparse", "up_proj": "sparse",
+                     "down_proj": "sparse"}
+    with pytest.raises(ValueError, match="'torch24'.*needs prune='2:4' on a CUDA device"):
+        build("tiny", "torch24", prune="2:4")
+    with pytest.raises(ValueError, match="unknown pruning 'half'"):
+        build("tiny", "torch", prune="half")
+
+
 def test_importing_the_server_loads_no_heavy_module():
     code = (f"import sys; sys.path.insert(0, {str(SERVER_DIR)!r}); import server, engine, "
             "models, loadgen; heavy = {'torch', 'transformers', 'starlette', 'uvicorn'} & "
