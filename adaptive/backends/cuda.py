@@ -214,23 +214,31 @@ class CudaBackend:
         launch of them (on an idle GPU a pair around a 3 us kernel read 19 us, run S8). On
         a busy GPU the gate runs after the work before it and finds itself released: it
         costs a launch, not the fixed wait of :meth:`hold`. Where the gate cannot be made
-        (no mapped host memory), a :meth:`hold` of ``limit_us``; the function then does
-        nothing. Always call the function, also when the call fails."""
+        (no mapped host memory) or fails to launch, a :meth:`hold` of ``limit_us`` (from
+        then on); the function then does nothing. Never raises; always call the function,
+        also when the call fails."""
         g = self._gate
         if g is None:
             with self._lock:
                 if self._gate is None:
                     self._gate = self._make_gate()
                 g = self._gate
-        if g is False:
-            self.hold(stream_ptr, limit_us)
-            return _released
-        fn, flag_ptr, _, tickets = g
-        ticket = next(tickets)
-        with self._cp.cuda.Device(self.index):
-            fn((1,), (1,), (np.uint64(flag_ptr), np.uint64(ticket),
-                            np.uint64(int(limit_us * 1e3))), stream=_stream_ref(stream_ptr))
-        return functools.partial(self._release_gate, ticket)
+        if g is not False:
+            fn, flag_ptr, _, tickets = g
+            ticket = next(tickets)
+            try:
+                with self._cp.cuda.Device(self.index):
+                    fn((1,), (1,), (np.uint64(flag_ptr), np.uint64(ticket),
+                                    np.uint64(int(limit_us * 1e3))),
+                       stream=_stream_ref(stream_ptr))
+                return functools.partial(self._release_gate, ticket)
+            except Exception as exc:  # noqa: BLE001 (the fixed hold from now on)
+                log.warning("cuda backend: the stream gate failed to launch (%s: %s); timed "
+                            "samples hold the stream for a fixed time from now on",
+                            type(exc).__name__, exc)
+                self._gate = False
+        self.hold(stream_ptr, limit_us)
+        return _released
 
     def _make_gate(self):
         """(kernel, the flag's device address, the flag, tickets), or False (said once)."""

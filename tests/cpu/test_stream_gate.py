@@ -2,7 +2,8 @@
 fixed hold compile with NVRTC for sm_90; the host side hands out tickets in order, launches
 the gate with the flag's device address, its ticket and its limit in ns, releases by
 raising the mapped flag (never lowering it: a later ticket's release is not undone by an
-earlier one's), and falls back to the fixed hold where the gate cannot be made."""
+earlier one's), and falls back to the fixed hold where the gate cannot be made or fails
+to launch."""
 
 from __future__ import annotations
 
@@ -73,3 +74,18 @@ def test_without_mapped_memory_a_gate_is_the_fixed_hold():
     assert release() is None and be._gate is False
     be.gate(0x78, 50.0)
     assert be.holds[-1] == (0x78, 50.0)
+
+
+def test_a_gate_that_fails_to_launch_becomes_the_fixed_hold_for_good(caplog):
+    calls = []
+
+    def kernel(grid, block, args, stream):
+        calls.append(stream.ptr)
+        raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
+    be = _backend((kernel, 0xD000, ctypes.c_uint64(0), itertools.count(1)))
+    caplog.set_level("WARNING")
+    release = be.gate(0x51, 100.0)
+    assert release() is None and be.holds == [(0x51, 100.0)] and be._gate is False
+    assert any("the stream gate failed to launch" in r.message for r in caplog.records)
+    be.gate(0x52, 100.0)                       # no second launch: the hold at once
+    assert calls == [0x51] and be.holds[-1] == (0x52, 100.0)
