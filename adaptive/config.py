@@ -22,7 +22,8 @@ def _cache_dir_default() -> str:
 @dataclasses.dataclass(frozen=True)
 class Config:
     backend: str = dataclasses.field(default="auto", metadata={
-        "env": "ADAPTIVE_BACKEND", "doc": "default backend: auto (cuda if a GPU is present), cuda, host"})
+        "env": "ADAPTIVE_BACKEND",
+        "doc": "default backend: auto (cuda if a GPU is present), cuda, host"})
     policy: str = dataclasses.field(default="learned", metadata={
         "env": "ADAPTIVE_POLICY", "doc": "default policy: learned (cost model, exploring on real "
         "calls; no sweep on a miss) or measure-each (every candidate timed on a miss)"})
@@ -37,12 +38,18 @@ class Config:
         "launch per dispatcher (1: all; the rate is written in the log)"})
     counter_log_timing: str = dataclasses.field(default="auto", metadata={
         "env": "ADAPTIVE_COUNTER_LOG_TIMING", "doc": "counter log timing of cuda launches: auto "
-        "(sampled CUDA event pairs), events, or cupti (CUPTI activity records: its activity "
-        "alone cost 40-82 % of launch throughput on the H200, docs/benchmarks.md run S3)"})
+        "(sampled CUDA event pairs), events, or cupti (CUPTI activity records: 2.9 % of a "
+        "GPU-bound stream's launches and 44 % of a host-bound one's on the H200, "
+        "docs/benchmarks.md run S7)"})
     counter_log_budget: float = dataclasses.field(default=0.02, metadata={
         "env": "ADAPTIVE_COUNTER_LOG_BUDGET", "doc": "counter log: the share of wall time its "
         "own threads may take (0.02: 2 %); over it the log samples fewer launches and "
-        "duty-cycles CUPTI"})
+        "hands CUPTI over to sampled event pairs"})
+    device_state: str = dataclasses.field(default="off", metadata={
+        "env": "ADAPTIVE_DEVICE_STATE", "doc": "what the learned policy knows of the GPU's "
+        "state: nvml (a thread samples NVML/GPM at 10 Hz: SM clock, utilisation, SM "
+        "activity, memory, other processes; the model reads them as features) or off "
+        "(an idle device)"})
     cache_dir: str = dataclasses.field(default_factory=_cache_dir_default, metadata={
         "env": "ADAPTIVE_CACHE_DIR", "doc": "content-addressed cache of compiled kernels, and "
         "each GPU's measured roofline peaks"})

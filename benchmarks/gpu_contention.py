@@ -35,7 +35,8 @@ Loads (``--fraction`` of the device; :mod:`benchmarks.contention_load`):
   burning ``fraction`` of the cores with large NumPy multiplies.
 
 Also recorded per condition: the device state the policy sees (``backend.device_state()``
-as :class:`adaptive.policy.features.DeviceState` features) and, beside it, NVML's
+as :class:`adaptive.policy.features.DeviceState` features: the backend samples NVML as
+``ADAPTIVE_DEVICE_STATE=nvml`` asks, unless ``--no-device-state``) and, beside it, NVML's
 readings over the condition (clock, utilisation, GPM SM activity, other processes).
 The policy's view is what its model conditions on: where it reads ``known=0`` the model
 ranks as on an idle device, and only timings (drift, re-validation) can move a choice.
@@ -432,8 +433,12 @@ def run(args) -> dict:
     from adaptive.policy import MeasureEach
     from adaptive.runtime import start
     t_run = time.perf_counter()
-    d = start(Dispatcher(args.device, policy="learned"))
+    # the policy reads the device's state (ADAPTIVE_DEVICE_STATE=nvml): what lets its model
+    # tell a shared device from an idle one before any time moves
+    with config.override(device_state="nvml" if args.device_state else "off"):
+        d = start(Dispatcher(args.device, policy="learned"))
     be = d.backend
+    say(f"device state for the policy: {be.watch_device() if args.device_state else 'off'}")
     if args.sample_every is not None:
         d.sample_every = args.sample_every
     timer_d = Dispatcher(be, policy=MeasureEach(), registry=d.registry)
@@ -532,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="no load condition starts that would end (with the idle one "
                              "after it) past this many seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-device-state", dest="device_state", action="store_false",
+                        help="the policy sees an idle device (ADAPTIVE_DEVICE_STATE=off)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."),
                         help="folder for contention.json (default: $OUT or .)")
     args = parser.parse_args(argv)

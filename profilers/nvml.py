@@ -161,6 +161,7 @@ class NvmlSampler:
         self.cpu_s = 0.0            # CPU time of the background thread's samples so far
         self._nvml = None
         self._pid = os.getpid()
+        self.max_sm_clock_mhz: float | None = None   # the SM clock's maximum (once)
         self.status = self._open(nvml)
         self.gpm_status = self._open_gpm() if self._nvml is not None else self.status
 
@@ -179,6 +180,8 @@ class NvmlSampler:
             log.warning("%s; device counters will be missing from observations", status)
             return status
         self._nvml = nvml
+        self.max_sm_clock_mhz = _call(nvml, "nvmlDeviceGetMaxClockInfo", self._handle,
+                                      getattr(nvml, "NVML_CLOCK_SM", 1), default=None)
         return "ok"
 
     def _open_gpm(self) -> str:

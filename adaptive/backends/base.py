@@ -69,6 +69,10 @@ class Backend(Protocol):
         (what is issued in between runs back to back, as on a busy device); the caller
         always calls it. The host's runs are synchronous: a no-op there."""
 
+    def watch_device(self, period_s: float = 0.1) -> str:
+        """Start sampling the device's state (for :meth:`device_state`): "ok", or why not
+        (the host has no counters to sample)."""
+
     def synchronize(self) -> None:
         """Wait for the device's queued work (a no-op on the host: its runs are synchronous)."""
 

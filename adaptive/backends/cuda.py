@@ -104,6 +104,7 @@ class CudaBackend:
         self._hold_fn = None
         self._lock = threading.Lock()
         self._gate = None                     # gate(): made on first use (False: none)
+        self._watch = None                    # (NVML sampler, max SM clock): watch_device
         self._gate_lock = threading.Lock()
         self._peaks = None
         from adaptive import config
@@ -171,9 +172,35 @@ class CudaBackend:
         self._cp.cuda.Device(self.index).synchronize()
 
     def device_state(self) -> dict:
-        """{}: this backend samples no counters itself (the counter log's NVML sampler
-        records them beside each launch)."""
-        return {}
+        """The newest NVML/GPM reading of this device (at most a second old) once
+        :meth:`watch_device` runs, with ``max_sm_clock_mhz`` beside it; else ``{}`` (the
+        policy then sees an idle device)."""
+        watch = self._watch
+        if watch is None:
+            return {}
+        sampler, max_clock = watch
+        state = sampler.latest_state(max_age_s=1.0)
+        if state is None:
+            return {}
+        out = state.to_dict()
+        if max_clock:
+            out["max_sm_clock_mhz"] = max_clock
+        return out
+
+    def watch_device(self, period_s: float = 0.1) -> str:
+        """Sample this device's NVML/GPM counters in a thread (one per device, shared by
+        every backend of it in the process) for :meth:`device_state`: "ok", or why not
+        (said once, and the policy sees an idle device)."""
+        if self._watch is not None:
+            return "ok"
+        with _watch_lock:
+            entry = _watchers.get(self.index)
+            if entry is None:
+                entry = _watchers[self.index] = _start_watch(self.index, period_s)
+        if isinstance(entry, str):
+            return entry
+        self._watch = entry
+        return "ok"
 
     def _zeros_on(self, nbytes: int, stream_ptr: int):
         """A zeroed buffer whose memset is ordered before later work on ``stream_ptr`` (a
@@ -414,6 +441,27 @@ extern "C" __global__ void adaptive_gate(const volatile unsigned long long* flag
 
 def _released() -> None:
     """A gate that was a fixed hold: nothing to release."""
+
+
+_watch_lock = threading.Lock()
+_watchers: dict = {}        # cuda index -> (NVML sampler, max SM clock MHz) or why not
+
+
+def _start_watch(index: int, period_s: float):
+    """One NVML sampler of device ``index`` for the process (never stopped: a daemon
+    thread), or the reason there is none."""
+    from profilers.nvml import NvmlSampler, nvml_device
+    try:
+        sampler = NvmlSampler(nvml_device(index), period_s=period_s)
+    except Exception as exc:  # noqa: BLE001 (the device state is context, not the launch)
+        why = f"NVML unavailable: {type(exc).__name__}: {exc}"
+    else:
+        if sampler.status == "ok":
+            sampler.start()
+            return sampler, sampler.max_sm_clock_mhz
+        why = f"NVML: {sampler.status}"
+    log.warning("cuda:%d device state: %s; the policy sees an idle device", index, why)
+    return why
 
 
 def _identity(x):

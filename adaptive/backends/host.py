@@ -92,6 +92,9 @@ class HostBackend:
     def hold(self, stream_ptr: int, us: float) -> None:
         """Nothing to hold: host calls run as they are issued."""
 
+    def watch_device(self, period_s: float = 0.1) -> str:
+        return "host backend: no device counters to sample"
+
     def gate(self, stream_ptr: int, limit_us: float):
         """Nothing to hold: host calls run as they are issued."""
         return _released
