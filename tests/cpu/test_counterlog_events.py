@@ -363,4 +363,4 @@ def test_each_logged_pair_is_gated_until_the_call_and_its_end_are_issued(tmp_pat
         host.launch("softmax", x)
     assert [c[0] for c in rt.calls if c[0] in ("gate", "record", "release")] == [
         "gate", "record", "release"]
-    clog.close()
+    clog.close(wait_gpu_s=0.0)         # the fake GPU never completes a pair: no waiting
