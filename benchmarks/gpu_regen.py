@@ -12,6 +12,9 @@
    launch. Rows: exhaustive best, stripped best, the loop's wall time and candidates,
    the found variant against the exhaustive best (target: within 10%), the served time
    before and after.
+
+    PYTHONPATH=$PWD python3 benchmarks/gpu_regen.py --out $OUT                     # H200
+    python3 benchmarks/gpu_regen.py --device host --dims R=64,C=96 --out /tmp/r    # dry run
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -185,3 +189,31 @@ def main(out_dir: str, backend: str = "cuda", dims: dict | None = None) -> list[
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     Path(out_dir, "regen.json").write_text(json.dumps(details, indent=1, default=str))
     return rows
+
+
+def cli(argv: list[str] | None = None) -> int:
+    import argparse
+    import os
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--device", choices=("cuda", "host"), default="cuda")
+    p.add_argument("--dims", default=None, help="the softmax input, e.g. R=64,C=96 (default "
+                   f"{DIMS['R']}x{DIMS['C']})")
+    args = p.parse_args(argv)
+    dims = None
+    if args.dims:
+        try:
+            dims = {k: int(v) for k, v in (kv.split("=") for kv in args.dims.split(","))}
+        except ValueError:
+            p.error(f"--dims {args.dims!r}: expected R=<rows>,C=<columns>")
+        if set(dims) != {"R", "C"}:
+            p.error(f"--dims {args.dims!r}: expected R and C, got {sorted(dims)}")
+    for row in main(args.out, backend=args.device, dims=dims):
+        print(f"{row['case']}: {row['value']} {row['unit']} ({row.get('note', '')})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
