@@ -23,9 +23,6 @@ DRY_RUNS = {   # the fewest launches that still run every code path
     "gpu_hostpath": (["--device", "host", "--quick"], "Lk + 1 per call"),
     "cpu_patched_linear": (["--quick"], "same greedy tokens: True"),
     "gpu_contention": (["--device", "host", "--quick"], "contention targets"),
-    # whether the trigger fires depends on host timings (a loaded CI machine may not): a
-    # dry run of the code paths, the GPU run checks the outcome
-    "gpu_regen": (["--device", "host", "--dims", "R=64,C=96"], "exhaustive best:"),
 }
 
 
@@ -133,14 +130,16 @@ def test_gpu_spmm_attention_targets_are_computed_from_a_result():
     assert rows["the best variant differs across inputs"][1]
 
 
-def test_gpu_regen_dry_run_reports_the_trigger_and_the_exhaustive_best(dry_runs):
-    runs, _ = dry_runs
-    rc, stdout, stderr, out = runs["gpu_regen"]
-    assert rc == 0, stdout[-2000:] + stderr[-2000:]
-    lines = stdout.splitlines()
-    assert any(line.startswith("trigger fired:") for line in lines), stdout[-2000:]
-    assert any("exhaustive best:" in line for line in lines), stdout[-2000:]
-    assert (out / "regen.json").exists()
+def test_gpu_regen_logic_runs_on_the_host(tmp_path):
+    pytest.importorskip("sklearn")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu_regen
+    rows = gpu_regen.main(str(tmp_path / "regen"), backend="host", dims={"R": 64, "C": 96})
+    cases = [r["case"] for r in rows]
+    # whether the trigger fires depends on host timings (a loaded CI machine may not):
+    # this is a dry run of the code paths, the GPU run checks the outcome
+    assert "trigger fired" in cases and any(c.endswith("exhaustive best") for c in cases), rows
+    assert (tmp_path / "regen" / "regen.json").exists()
 
 
 def test_gpu_decode_attention_targets_are_judged_per_shape():
