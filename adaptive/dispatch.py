@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from adaptive import arrays, config, optional
 from adaptive.backends import Backend, get_backend
+from adaptive.backends.base import released
 from adaptive.errors import (InputTypeError, InputValueError, NoCandidateError,
                              UnknownNameError)
 from adaptive.observation import Observation, floor_ms
@@ -133,10 +134,6 @@ def _bad_out(out, expected_sig, op: str = "") -> Exception:
 
 def _run_plan(plan: Plan, args, out):
     return plan.run(args, out)
-
-
-def _released() -> None:
-    """Nothing held: nothing to release."""
 
 
 class Recorder:
@@ -586,7 +583,7 @@ class Dispatcher:
         this call is timed on the host). ``hold``: behind a gate of the stream (the
         backend's ``gate``: released once the call and its end event are issued, at most
         ``HOLD_US``), else behind nothing."""
-        release = _released
+        release = released
         try:
             self.harvest()
             stream = self.backend.stream_ptr(plan.problem.kind)

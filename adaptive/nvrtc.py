@@ -270,13 +270,11 @@ NO_SPILLS = frozenset({"attention/splitkv_mma", "attention/splitkv2_mma",
                        "spmm/sparse24_stream"})
 
 
-def covering_jobs(registry, op: str | None = None, limits: Mapping = SM90,
-                  every: frozenset[str] | set[str] = frozenset()) -> list[tuple]:
+def covering_jobs(registry, op: str | None = None, limits: Mapping = SM90) -> list[tuple]:
     """A subset of :func:`cuda_jobs` that still compiles every CUDA variant: for each, every
     dtype and every value of each space parameter at least once, and, for each device limit
     its constraints read (:data:`EDGE_LIMITS`), the config nearest that limit in every
-    dtype. Variants whose ids are in ``every`` keep every config in their first dtype.
-    Chosen greedily (the job covering the most unseen values first), in enumeration order
+    dtype. Chosen greedily (the job covering the most unseen values first), in enumeration order
     on ties: deterministic.
 
     The test command compiles this set (spills checked for :data:`NO_SPILLS` variants on
@@ -287,13 +285,7 @@ def covering_jobs(registry, op: str | None = None, limits: Mapping = SM90,
     for v, config, dtype in cuda_jobs(registry, op, limits):
         by_variant.setdefault(v.id, []).append((v, config, dtype))
     out = []
-    for vid, jobs in by_variant.items():
-        if vid in every:
-            first = jobs[0][2]
-            out += [j for j in jobs if j[2] == first]
-            jobs = [j for j in jobs if j[2] != first]
-            if not jobs:
-                continue
+    for jobs in by_variant.values():
         space = jobs[0][0].space
         read = set().union(*(c.names for c in space.constraints)) if space.constraints else set()
         chosen = set()

@@ -231,11 +231,6 @@ class CuptiActivity:
         b = self._buffers
         return self._callback_cpu_s + (b.callback_cpu_s if b is not None else 0.0)
 
-    @callback_cpu_s.setter
-    def callback_cpu_s(self, value: float) -> None:
-        b = self._buffers
-        self._callback_cpu_s = value - (b.callback_cpu_s if b is not None else 0.0)
-
     def _drain(self) -> None:
         """Parse the buffers copied out through ctypes into ``_raw`` (under ``_lock``)."""
         b = self._buffers

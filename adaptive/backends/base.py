@@ -84,3 +84,7 @@ class Backend(Protocol):
     def device_state(self) -> dict:
         """The device's state now (clocks, utilisation, throttling: the policy's device
         features); {} where nothing is sampled."""
+
+
+def released() -> None:
+    """The release of a gate that holds nothing (the host's, a fixed hold's)."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from adaptive import nvrtc
 from adaptive.backends import cuda_args
-from adaptive.backends.base import PlanIO
+from adaptive.backends.base import PlanIO, released
 from adaptive.backends import cuda_sparse  # noqa: F401 (registers spmm's w_csr_*/w_bsr* args)
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import CompileError, InputTypeError, InputValueError
@@ -104,7 +104,7 @@ class CudaBackend:
         self._hold_fn = None
         self._lock = threading.Lock()
         self._gate = None                     # gate(): made on first use (False: none)
-        self._watch = None                    # (NVML sampler, max SM clock): watch_device
+        self._watch = None                    # the NVML sampler: watch_device
         self._gate_lock = threading.Lock()
         self._peaks = None
         from adaptive import config
@@ -175,16 +175,13 @@ class CudaBackend:
         """The newest NVML/GPM reading of this device (at most a second old) once
         :meth:`watch_device` runs, with ``max_sm_clock_mhz`` beside it; else ``{}`` (the
         policy then sees an idle device)."""
-        watch = self._watch
-        if watch is None:
-            return {}
-        sampler, max_clock = watch
-        state = sampler.latest_state(max_age_s=1.0)
+        sampler = self._watch
+        state = sampler.latest_state(max_age_s=1.0) if sampler is not None else None
         if state is None:
             return {}
         out = state.to_dict()
-        if max_clock:
-            out["max_sm_clock_mhz"] = max_clock
+        if sampler.max_sm_clock_mhz:
+            out["max_sm_clock_mhz"] = sampler.max_sm_clock_mhz
         return out
 
     def watch_device(self, period_s: float = 0.1) -> str:
@@ -251,21 +248,23 @@ class CudaBackend:
                     self._gate = self._make_gate()
                 g = self._gate
         if g is not False:
-            fn, flag_ptr, _, tickets = g
+            fn, flag_ptr, flag, tickets = g
             ticket = next(tickets)
             try:
                 with self._cp.cuda.Device(self.index):
                     fn((1,), (1,), (np.uint64(flag_ptr), np.uint64(ticket),
                                     np.uint64(int(limit_us * 1e3))),
                        stream=_stream_ref(stream_ptr))
-                return functools.partial(self._release_gate, ticket)
+                # the flag bound now: a gate turned into the fixed hold later (another
+                # thread's launch failed) still releases this one
+                return functools.partial(self._release_gate, flag, ticket)
             except Exception as exc:  # noqa: BLE001 (the fixed hold from now on)
                 log.warning("cuda backend: the stream gate failed to launch (%s: %s); timed "
                             "samples hold the stream for a fixed time from now on",
                             type(exc).__name__, exc)
                 self._gate = False
         self.hold(stream_ptr, limit_us)
-        return _released
+        return released
 
     def _make_gate(self):
         """(kernel, the flag's device address, the flag, tickets), or False (said once)."""
@@ -287,8 +286,7 @@ class CudaBackend:
             return False
         return fn, device, flag, itertools.count(1)
 
-    def _release_gate(self, ticket: int) -> None:
-        flag = self._gate[2]
+    def _release_gate(self, flag, ticket: int) -> None:
         with self._gate_lock:      # the flag only grows: ticket t releases every gate up to
             if flag.value < ticket:    # t, and an earlier ticket's release takes none back
                 flag.value = ticket
@@ -439,12 +437,9 @@ extern "C" __global__ void adaptive_gate(const volatile unsigned long long* flag
 """
 
 
-def _released() -> None:
-    """A gate that was a fixed hold: nothing to release."""
-
 
 _watch_lock = threading.Lock()
-_watchers: dict = {}        # cuda index -> (NVML sampler, max SM clock MHz) or why not
+_watchers: dict = {}        # cuda index -> its NVML sampler, or why there is none
 
 
 def _start_watch(index: int, period_s: float):
@@ -457,8 +452,7 @@ def _start_watch(index: int, period_s: float):
         why = f"NVML unavailable: {type(exc).__name__}: {exc}"
     else:
         if sampler.status == "ok":
-            sampler.start()
-            return sampler, sampler.max_sm_clock_mhz
+            return sampler.start()
         why = f"NVML: {sampler.status}"
     log.warning("cuda:%d device state: %s; the policy sees an idle device", index, why)
     return why

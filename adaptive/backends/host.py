@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from adaptive import arrays
-from adaptive.backends.base import PlanIO
+from adaptive.backends.base import PlanIO, released
 from adaptive.backends.pysource import load_entry
 from adaptive.errors import InputTypeError
 from adaptive.timing import measure
@@ -97,7 +97,7 @@ class HostBackend:
 
     def gate(self, stream_ptr: int, limit_us: float):
         """Nothing to hold: host calls run as they are issued."""
-        return _released
+        return released
 
     def synchronize(self) -> None:
         """Host runs are synchronous: nothing to wait for."""
@@ -183,6 +183,3 @@ def _best_s(fn, repeats: int) -> float:
     """The fastest of ``repeats`` runs after one warm-up, in seconds."""
     return measure(fn, warmup=1, reps=repeats, raise_errors=True).min_ms / 1e3
 
-
-def _released() -> None:
-    """A host gate holds nothing: nothing to release."""

@@ -22,7 +22,7 @@ log = logging.getLogger("adaptive.counterlog")
 _now = time.time
 _perf_ns = time.perf_counter_ns
 _thread_id = threading.get_ident
-GATE_US = 100.0       # the longest a logged call's stream is gated before its event pair
+GATE_US = dispatch.HOLD_US   # the longest a logged call's stream is gated before its pair
 
 
 class LogRecorder(Recorder):

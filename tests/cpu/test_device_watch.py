@@ -51,7 +51,7 @@ def watchers(monkeypatch):
                               nvml=Other(sm_mhz=1485, util=(97, 40),
                                          processes=[(1, 1 << 30), (2, 2 << 30)]))
         started.append(sampler)
-        return sampler, sampler.max_sm_clock_mhz
+        return sampler
     monkeypatch.setattr(cuda, "_start_watch", start_watch)
     return started, clock
 
