@@ -494,14 +494,18 @@ class Dispatcher:
     def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate,
                  warmup: int = 0) -> float:
         """One timed run of ``candidate`` on the real input (after ``warmup`` untimed runs,
-        which absorb one-time costs such as building a sparse format); ``inf`` if it fails."""
+        which absorb one-time costs such as building a sparse format); ``inf`` if it fails.
+        On a device the run's device time (the backend's ``device_timer``), as exploring
+        samples are timed: the host's issuing of a library call through Python is not
+        charged to it."""
         try:
             plan = self._prepare(op, problem, key, candidate, args[-1])
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
             error = f"{type(exc).__name__}: {exc}"
         else:
+            timer = self.backend.device_timer(self.backend.stream_ptr(problem.kind))
             m = measure(functools.partial(plan.run, args, None), warmup=warmup,
-                        sync=self.backend.synchronize)
+                        sync=self.backend.synchronize, timer=timer)
             if not m.error:
                 return m.samples_ms[0]
             error = m.error

@@ -67,6 +67,7 @@ from benchmarks.contention_load import Load  # noqa: E402
 
 TARGET_RATIO = 1.10
 BATCH_MS = 0.5              # work in one timed batch of a candidate (at least 2 calls)
+GATE_US = 2000.0            # GPU: the longest a gate waits for the host to issue a timed call
 ORACLE_CALLS = 3            # GPU: calls of a candidate timed a round (each after a flush)
 
 
@@ -114,8 +115,10 @@ class BatchTimer:
     as the stream leaves it (the other inputs' calls between two calls of one input evict
     it; run S7 timed batches of back-to-back calls, whose inputs stayed in the 50 MB L2,
     and its table ranked a softmax variant 2.3x faster than the one the stream measured
-    best), and the write keeps the GPU busy while the host issues the call (its launch
-    cost stays out); the median of ``n`` calls. Host: the wall time of ``n`` calls."""
+    best). Write, pair and call are queued behind the backend's gate, released once the
+    end event is issued, so the host's issuing of the call stays out (run S10 timed without
+    the gate and read cuBLAS at 0.067 ms on an idle GPU where it takes 0.018-0.033 ms
+    under load); the median of ``n`` calls. Host: the wall time of ``n`` calls."""
 
     def __init__(self, backend, per_batch: int, flush_bytes: int = 0):
         self.backend, self.per_batch = backend, per_batch
@@ -136,11 +139,15 @@ class BatchTimer:
         stream = cuda.get_current_stream()
         pairs = []
         for _ in range(n):
-            self._scratch.fill(0)
-            start, end = cuda.Event(), cuda.Event()
-            start.record(stream)
-            fn()
-            end.record(stream)
+            release = self.backend.gate(stream.ptr, GATE_US)
+            try:
+                self._scratch.fill(0)
+                start, end = cuda.Event(), cuda.Event()
+                start.record(stream)
+                fn()
+                end.record(stream)
+            finally:
+                release()
             pairs.append((start, end))
         pairs[-1][1].synchronize()
         return statistics.median(cuda.get_elapsed_time(a, b) for a, b in pairs)

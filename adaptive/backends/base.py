@@ -53,7 +53,12 @@ class Backend(Protocol):
         """How a plan allocates its result and sees the caller's arrays (:class:`PlanIO`)."""
 
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
-        """Run ``fn(args, out)`` ``repeats`` times, synchronously; one time per run in ms."""
+        """Run ``fn(args, out)`` ``repeats`` times, synchronously; one time per run in ms
+        (on a device: the run's device time, not the host's issuing of it)."""
+
+    def device_timer(self, stream_ptr: int):
+        """A :data:`~adaptive.timing.Timer` of one run's device time on that stream, or
+        None where the host's clock times a run (the host backend)."""
 
     def fingerprint(self) -> dict:
         """Identity of the device, for packs and logs."""

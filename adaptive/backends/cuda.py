@@ -408,10 +408,23 @@ class CudaBackend:
         return run_cai
 
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
-        """CUDA-event times of ``fn(args, out)`` on the current stream, one per run."""
-        return list(measure(lambda: fn(args, out), reps=repeats, timer=CudaEvents(self._cp),
+        """Device times of ``fn(args, out)`` on the current stream, one per run (each run
+        behind a gate: its kernels' time, not the host's issuing of them)."""
+        timer = self.device_timer(self._cp.cuda.get_current_stream().ptr)
+        return list(measure(lambda: fn(args, out), reps=repeats, timer=timer,
                             raise_errors=True).samples_ms)
 
+    def device_timer(self, stream_ptr: int):
+        """A :data:`~adaptive.timing.Timer` of one run's device time on that stream: CUDA
+        events behind a :meth:`gate` (at most :data:`TIME_GATE_US` while the host issues
+        the run)."""
+        return CudaEvents(self._cp, gate=self.gate, limit_us=TIME_GATE_US,
+                          stream_ptr=stream_ptr)
+
+
+# how long a measuring gate waits for the host to issue the run: a Python library call
+# with a mask built per call issues for a few hundred us
+TIME_GATE_US = 2000.0
 
 _HOLD_SOURCE = r"""
 extern "C" __global__ void adaptive_hold(long long cycles) {

@@ -161,6 +161,10 @@ class HostBackend:
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
         return list(measure(lambda: fn(args, out), reps=repeats, raise_errors=True).samples_ms)
 
+    def device_timer(self, stream_ptr: int):
+        """None: a host run is timed by the host's clock."""
+        return None
+
 
 def _measure_peaks() -> dict:
     """The best rates over a few sizes (cache-resident copies included, since inputs that

@@ -6,7 +6,6 @@ outside the cache folder."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import signal
@@ -90,8 +89,10 @@ def _load_all_ways(path: Path, root: Path) -> None:
 
 
 def _write_hashed(path: Path, header, body) -> None:
-    hb, bb = msgpack.packb(header, use_bin_type=True), msgpack.packb(body, use_bin_type=True)
     import hashlib
+    import zlib
+    hb = msgpack.packb(header, use_bin_type=True)
+    bb = zlib.compress(msgpack.packb(body, use_bin_type=True))
     outer = {"magic": packs.MAGIC, "schema": packs.SCHEMA_VERSION,
              "sha256": hashlib.sha256(hb + bb).hexdigest(), "header": hb, "body": bb}
     path.write_bytes(msgpack.packb(outer, use_bin_type=True))
@@ -115,7 +116,7 @@ def _good_parts():
            "config": {}, "time_ms": 0.1}
     cubin = {"key": "ab" * 32, "variant": "softmax/warp_row", "config": {"WARPS": 2, "VEC": 4},
              "arch": "sm_90", "image": b"\x7fELF", "resources": {"registers": 8}}
-    header = {"schema": 1, "created_s": 1.0, "creator": "fuzz", "key_version": 1,
+    header = {"schema": packs.SCHEMA_VERSION, "created_s": 1.0, "creator": "fuzz", "key_version": 1,
               "fingerprint": HOST_FP, "build": {}}
     return header, {"variants": [v], "rows": [row], "cubins": [cubin], "failures": []}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
+import zlib
 
 import msgpack
 import numpy as np
@@ -153,12 +154,14 @@ def test_every_flipped_byte_is_refused(small_pack, isolated):
 @pytest.mark.parametrize("part", ["header", "body"])
 def test_hash_mismatch_is_refused(small_pack, isolated, part):
     outer = _outer(small_pack)
-    inner = msgpack.unpackb(outer[part], raw=False)
+    stored = outer[part] if part == "header" else zlib.decompress(outer[part])
+    inner = msgpack.unpackb(stored, raw=False)
     if part == "header":
         inner["fingerprint"]["name"] = "NVIDIA H200"   # a lie about the device
+        outer[part] = msgpack.packb(inner, use_bin_type=True)
     else:
         inner["rows"][0]["time_ms"] = 1e-9               # a lie about a measurement
-    outer[part] = msgpack.packb(inner, use_bin_type=True)
+        outer[part] = zlib.compress(msgpack.packb(inner, use_bin_type=True))
     _write_outer(small_pack, outer)
     _refused(small_pack, isolated, "hash mismatch")
 
@@ -167,7 +170,48 @@ def test_unknown_schema_is_refused(small_pack, isolated):
     outer = _outer(small_pack)
     outer["schema"] = packs.SCHEMA_VERSION + 1
     _write_outer(small_pack, outer)
-    _refused(small_pack, isolated, "unknown schema version 2")
+    _refused(small_pack, isolated, f"unknown schema version {packs.SCHEMA_VERSION + 1}")
+
+
+def _rehashed(outer, header=None, body=None) -> dict:
+    """``outer`` with a new header and/or stored body, and a hash that matches them."""
+    import hashlib
+    if header is not None:
+        outer["header"] = msgpack.packb(header, use_bin_type=True)
+    if body is not None:
+        outer["body"] = body
+    outer["sha256"] = hashlib.sha256(outer["header"] + outer["body"]).hexdigest()
+    return outer
+
+
+def test_schema_1_packs_with_a_plain_body_still_load(small_pack, isolated):
+    """Packs written before the body was compressed (the H200 corpus) load unchanged."""
+    outer = _outer(small_pack)
+    header = msgpack.unpackb(outer["header"], raw=False)
+    header["schema"] = outer["schema"] = 1
+    _write_outer(small_pack, _rehashed(outer, header, zlib.decompress(outer["body"])))
+    pack = packs.read_pack(small_pack)
+    assert pack.header["schema"] == 1 and len(pack.rows) == 2 and len(pack.variants) == 1
+
+
+@pytest.mark.parametrize("case", ["truncated", "bomb", "schema mismatch", "plain under 2"])
+def test_a_damaged_compressed_body_is_refused(small_pack, isolated, monkeypatch, case):
+    outer = _outer(small_pack)
+    header = msgpack.unpackb(outer["header"], raw=False)
+    match = {"truncated": "truncated", "bomb": "inflates past 0 MiB",
+             "schema mismatch": "header says schema 1, the file's outer map 2",
+             "plain under 2": "does not inflate"}[case]
+    if case == "truncated":
+        _rehashed(outer, body=outer["body"][:-7])
+    elif case == "bomb":     # a body inflating past the bound is stopped at the bound
+        monkeypatch.setattr(packs, "MAX_BODY_BYTES", 64)
+    elif case == "schema mismatch":
+        header["schema"] = 1
+        _rehashed(outer, header)
+    else:
+        _rehashed(outer, body=zlib.decompress(outer["body"]))
+    _write_outer(small_pack, outer)
+    _refused(small_pack, isolated, match)
 
 
 def test_not_a_pack_is_refused(tmp_path, isolated):
@@ -182,9 +226,9 @@ def test_invalid_contents_with_a_valid_hash_are_refused(tmp_path, isolated):
     pack = packs.new_pack([_variant()], [_row()], HOST_FP)
     data, _ = packs.encode(pack)
     outer = msgpack.unpackb(data, raw=False)
-    body = msgpack.unpackb(outer["body"], raw=False)
+    body = msgpack.unpackb(zlib.decompress(outer["body"]), raw=False)
     body["variants"][0]["language"] = "fortran"
-    outer["body"] = msgpack.packb(body, use_bin_type=True)
+    outer["body"] = zlib.compress(msgpack.packb(body, use_bin_type=True))
     import hashlib
     outer["sha256"] = hashlib.sha256(outer["header"] + outer["body"]).hexdigest()
     path = tmp_path / "bad.msgpack"

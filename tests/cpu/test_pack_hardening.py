@@ -4,6 +4,7 @@ cubins are refused (or ignored) within a second and write nothing outside the ca
 from __future__ import annotations
 
 import hashlib
+import zlib
 import time
 import warnings
 from pathlib import Path
@@ -42,7 +43,8 @@ def _write(path: Path, header: dict | None = None, body: dict | None = None) -> 
         "key_version": 1, "fingerprint": HOST_FP, "build": {}}
     body = body if body is not None else {"variants": [], "rows": [], "cubins": [],
                                           "failures": []}
-    hb, bb = msgpack.packb(header, use_bin_type=True), msgpack.packb(body, use_bin_type=True)
+    hb = msgpack.packb(header, use_bin_type=True)
+    bb = zlib.compress(msgpack.packb(body, use_bin_type=True))
     outer = {"magic": packs.MAGIC, "schema": packs.SCHEMA_VERSION,
              "sha256": hashlib.sha256(hb + bb).hexdigest(), "header": hb, "body": bb}
     path.write_bytes(msgpack.packb(outer, use_bin_type=True))
