@@ -3,7 +3,9 @@
 The device probe and the skipping of ``gpu``-marked tests are in ``tests/gpu/conftest.py``.
 Long subprocess work (NVRTC compiles, benchmark dry runs, examples) starts once the tests
 are collected and runs beside the rest (``tests/background.py``); the tests reading it run
-last. ``--nvrtc-all`` makes the NVRTC tests compile every config, not a covering set.
+last, or at the end of the first module that ends after all their module's jobs did. A
+module's jobs start as its first reader is collected. ``--nvrtc-all`` makes the NVRTC tests
+compile every config, not a covering set.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from background import Running
 
 _RUNNING = pytest.StashKey[dict]()
+_WAITING = pytest.StashKey[list]()   # [(job names, that module's reader items)] not yet run
 
 
 @pytest.fixture(autouse=True)
@@ -42,10 +45,24 @@ def pytest_addoption(parser):
 QUIET = ("quick_selection_report",)
 
 
+def pytest_itemcollected(item):
+    """A module's background jobs start as its first reader is collected, so they run beside
+    the rest of the collection (imports on one core: 7 s); a job whose readers all end up
+    deselected is stopped once the selection is known."""
+    config = item.config
+    if config.option.collectonly or "background" not in getattr(item, "fixturenames", ()):
+        return
+    running = config.stash.setdefault(_RUNNING, {})
+    for name, job in getattr(item.module, "BACKGROUND", {}).items():
+        if name not in running:
+            running[name] = Running(name, job, config)
+
+
 @pytest.hookimpl(trylast=True)   # after -k / -m deselection: no job for a deselected test
 def pytest_collection_modifyitems(session, config, items):
-    """Start the background jobs of the modules with tests reading one; those go last, then
-    the tests that time live choices (``QUIET``)."""
+    """Start the background jobs of the modules with tests reading one (those collection has
+    not started) and stop the others; the readers go last, then the tests that time live
+    choices (``QUIET``)."""
     def uses(item, names):
         return any(n in getattr(item, "fixturenames", ()) for n in names)
     readers = [item for item in items if uses(item, ("background",))]
@@ -62,10 +79,43 @@ def pytest_collection_modifyitems(session, config, items):
                            default=0.0))
         return (0, 0.0)
     items.sort(key=place)   # stable: the order within each group is kept
+    running = config.stash.get(_RUNNING, {})
+    for name in [n for n in running if n not in jobs]:    # its readers were deselected
+        running.pop(name).stop()
     if jobs and not config.option.collectonly:
-        config.stash[_RUNNING] = {name: Running(name, job, config)
-                                  for name, job in sorted(jobs.items(),
-                                                          key=lambda kv: -kv[1].cpu_s)}
+        for name, job in sorted(jobs.items(), key=lambda kv: -kv[1].cpu_s):
+            if name not in running:
+                running[name] = Running(name, job, config)
+        config.stash[_RUNNING] = running
+        groups: dict = {}
+        for item in items:
+            if id(item) in reading and not uses(item, QUIET):
+                groups.setdefault(item.module, []).append(item)
+        config.stash[_WAITING] = [(set(getattr(m, "BACKGROUND", {})), group)
+                                  for m, group in groups.items()]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """At the end of a module, the readers of a module whose background jobs have all ended
+    run next (not at the end of the session: there they ran on one core, the jobs long
+    done, 16 s of a 90 s run). Only between modules: ``item``'s teardown was for
+    ``nextitem``, a test of another module, so nothing of ``item``'s module is left set up
+    for a moved reader to find."""
+    result = yield
+    waiting = item.config.stash.get(_WAITING, [])
+    if waiting and nextitem is not None and nextitem.module is not item.module:
+        running = item.config.stash[_RUNNING]
+        ready = [entry for entry in waiting if all(running[n].done() for n in entry[0])]
+        if ready:
+            moved = [reader for _, group in ready for reader in group]
+            gone = set(map(id, moved))
+            items = item.session.items
+            rest = [i for i in items if id(i) not in gone]
+            here = next(k for k, i in enumerate(rest) if i is item) + 1
+            items[:] = rest[:here] + moved + rest[here:]   # in place: the run loop's list
+            waiting[:] = [entry for entry in waiting if not any(entry is r for r in ready)]
+    return result
 
 
 def pytest_collection_finish(session):

@@ -15,8 +15,11 @@ from background import Job
 ROOT = Path(__file__).resolve().parents[2]
 
 DRY_RUNS = {   # the fewest launches that still run every code path
+    # (its --quick settle and block lengths: the default 1 s of untimed launches before
+    # each round's block made this dry run 17 s of the runner's 23)
     "gpu_counterlog": (["--device", "host", "--launches", "60", "--rounds", "2",
-                        "--accuracy-calls", "10"], "side by side"),
+                        "--accuracy-calls", "10", "--settle-s", "0.05", "--round-s", "0"],
+                       "side by side"),
     "gpu_generate": (["--device", "host", "--quick"], "adaptive/torch ratios above"),
     "gpu_decode_attention": (["--device", "host", "--quick"], "decode attention targets"),
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),

@@ -298,15 +298,25 @@ def test_slow_headers_are_dropped_and_slow_body_gets_408():
 
 
 def _slow_clients(server):
+    """The slow-headers client and the slow-body client at once (each waits out its 1 s
+    timeout; one after the other they took 2 s)."""
+    from concurrent.futures import ThreadPoolExecutor
     host, port = check_loopback(server.url)
-    t0 = time.perf_counter()
-    with socket.create_connection((host, port), timeout=10) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")     # never finished
-        assert s.recv(100) == b""                                     # closed by the server
-    assert 0.5 < time.perf_counter() - t0 < 8
-    with socket.create_connection((host, port), timeout=10) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        reply = s.makefile("rb").read()
+
+    def slow_headers():
+        t0 = time.perf_counter()
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")     # never finished
+            assert s.recv(100) == b""                                     # closed by the server
+        assert 0.5 < time.perf_counter() - t0 < 8
+
+    with ThreadPoolExecutor(1) as pool:
+        headers = pool.submit(slow_headers)
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: 100\r\n\r\n{")
+            reply = s.makefile("rb").read()
+        headers.result()
     assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
 
 
