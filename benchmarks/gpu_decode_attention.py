@@ -14,9 +14,11 @@ Each shape is timed three ways:
     explicit boolean mask where that path refuses the input; the row says which);
   * ``splitkv`` and ``splitkv2``: every config of ``splitkv_mma`` and of ``splitkv2_mma``
     pinned, the fastest of each reported with its config (``times_ms`` holds them all);
-  * ``adaptive``: a fresh dispatcher (default policy) called on torch tensors until its
-    decision for the shape is committed (at most ``WARMUP_CALLS`` calls), then timed; the
-    targets are judged on it;
+  * ``adaptive``: a fresh dispatcher (default policy) called on torch tensors without
+    ``out=`` (as the transformers integration calls it) until its decision for the shape
+    is committed (at most ``WARMUP_CALLS`` calls), then timed; the targets are judged on
+    it; the row keeps the policy's reason and each explored candidate's sample median
+    (``--sample-gate-us`` sets how long an exploring sample's gate may wait);
   * ``measure-each``: a dispatcher that times every candidate once on the miss (shown
     beside: what the choice is worth without a cost model).
 Timing: CUDA events around batches of launches queued behind a ~2 ms spin (host launch
@@ -141,6 +143,19 @@ def _committed(dispatcher, op, args, params) -> tuple[str, bool]:
     return plan.candidate.label, not plan.provisional
 
 
+def _explored(dispatcher, op, args, params) -> dict:
+    """The policy's account of the shape's decision: its reason and each explored
+    candidate's sample median (ms), as the policy saw them."""
+    plan = dispatcher._plans.get(op.key(args, params))
+    state = dispatcher.policy.state(plan.class_key) if plan is not None else None
+    if state is None:
+        return {"reason": "-", "medians_ms": {}}
+    observed = getattr(state, "observed", {}) or {}
+    return {"reason": getattr(state, "reason", ""),
+            "medians_ms": {c.label: samples.median() for c, samples in observed.items()
+                           if len(samples)}}
+
+
 def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -> dict:
     from adaptive.dispatch import Dispatcher
     from adaptive.ops import get_op
@@ -208,27 +223,31 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
     auto = start(Dispatcher(device))      # as adaptive.launch's: with the start-up packs
     auto.sample_every = 1
     calls, committed = 0, False
+    # called as the transformers integration calls it: no out= (a torch caller gets a
+    # tensor from torch's allocator; SDPA's own result is returned, not copied into out)
     while calls < (WARMUP_CALLS if device == "cuda" else 32) and not committed:
         for _ in range(8):
-            auto.launch("attention", *host_args(calls % n), out=host_outs[calls % n], **params)
+            auto.launch("attention", *host_args(calls % n), **params)
             calls += 1
         sync()
         auto.harvest()
         label, committed = _committed(auto, op, host_args(0), params)
     auto.sample_every = 0
-    row["adaptive_ms"] = timer(lambda i: auto.launch("attention", *host_args(i),
-                                                     out=host_outs[i], **params), n)
+    row["adaptive_ms"] = timer(lambda i: auto.launch("attention", *host_args(i), **params), n)
     row["adaptive_choice"], row["adaptive_committed"] = _committed(auto, op, host_args(0),
                                                                    params)
     row["adaptive_warmup_calls"] = calls
+    explored = _explored(auto, op, host_args(0), params)
+    row["adaptive_reason"], row["adaptive_explored_ms"] = (explored["reason"],
+                                                           explored["medians_ms"])
 
     # the dispatcher when it times every candidate on the miss (no model needed)
     each = Dispatcher(device, policy=MeasureEach())
     each.sample_every = 0
-    each.launch("attention", *host_args(0), out=host_outs[0], **params)
+    each.launch("attention", *host_args(0), **params)
     sync()
-    row["measure_each_ms"] = timer(lambda i: each.launch("attention", *host_args(i),
-                                                         out=host_outs[i], **params), n)
+    row["measure_each_ms"] = timer(lambda i: each.launch("attention", *host_args(i), **params),
+                                   n)
     row["measure_each_choice"] = _committed(each, op, host_args(0), params)[0]
     inputs.clear()          # the copies go now (the closures above keep the lists)
     outs.clear()
@@ -322,6 +341,10 @@ def run(device: str = "cuda", quick: bool = False, out_dir: str | None = None,
             f"{key} {r[f'{key}_ms'] * 1e3:.1f} us ({r[f'{key}_x_sdpa']:.2f}x)" for key in PINNED)
             + f", adaptive {r['adaptive_ms'] * 1e3:.1f} us ({r['adaptive_x_sdpa']:.2f}x, "
             f"{r['adaptive_choice']}) ({time.perf_counter() - t0:.0f} s)", flush=True)
+        seen = sorted(r["adaptive_explored_ms"].items(), key=lambda kv: kv[1])
+        print("    explored (sample medians, us): " + ", ".join(
+            f"{label} {ms * 1e3:.1f}" for label, ms in seen[:4]
+            + [kv for kv in seen[4:] if kv[0].startswith("sdpa")]), flush=True)
     print_tables(rows, copy)
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -350,7 +373,18 @@ def cli(argv=None) -> int:
     p.add_argument("--shapes", default=None,
                    help="comma-separated parts of shape names to run (default: all), e.g. "
                         "'gqa B=1 Lk=,Lq=16'")
+    p.add_argument("--sample-gate-us", type=float, default=None,
+                   help="the longest an exploring sample's stream is gated while the host "
+                        "issues the call (default: the library's dispatch.HOLD_US)")
     args = p.parse_args(argv)
+    if args.sample_gate_us is not None:
+        if not 0 < args.sample_gate_us <= 10_000:
+            p.error(f"--sample-gate-us must be in (0, 10000], got {args.sample_gate_us}")
+        from adaptive import dispatch
+        dispatch.HOLD_US = args.sample_gate_us
+    from adaptive import dispatch
+    print(f"gpu_decode_attention: exploring samples gated up to {dispatch.HOLD_US:g} us",
+          flush=True)
     run(args.device, args.quick, args.out,
         [x for x in args.shapes.split(",") if x] if args.shapes else None)
     return 0

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# run S18 (next session, after S17's pack is copied to adaptive/packs/): why the learned
+# dispatcher commits split-KV where SDPA is 8-19% faster (runs S15, S16), as an experiment:
+# decode attention with the exploring samples' gate limit at the library's 100 us and at
+# 1000 us (each row keeps the policy's sample medians); then the server (issue 12)
+source "$(dirname "$0")/setup.sh"
+for gate in 100 1000; do
+  t0=$SECONDS
+  timeout 110 python3 benchmarks/gpu_decode_attention.py --sample-gate-us $gate --out /tmp/dec$gate > "$OUT/decode_$gate.log" 2>&1
+  echo "decode gate $gate us rc=$? $((SECONDS-t0)) s"
+  cp /tmp/dec$gate/decode_attention.json "$OUT/decode_attention_$gate.json" 2>/dev/null
+  grep -E "NOT|MET" "$OUT/decode_$gate.log" | grep "SDPA" | cut -c1-120
+done
+t0=$SECONDS
+timeout 240 python3 benchmarks/gpu_server.py --out /tmp/srv --modes torch,adaptive > "$OUT/server.log" 2>&1
+echo "server rc=$? $((SECONDS-t0)) s"
+cp /tmp/srv/*.json "$OUT/" 2>/dev/null
+tail -8 "$OUT/server.log" | cut -c1-400
