@@ -214,10 +214,13 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
             after = decision_misses(server.url)
             load["misses_in_load"] = None if misses is None else after - misses
             misses = after
-            load["miss_breakdown"] = miss_breakdown(
-                fetch_json(server.url + "/stats").get("adaptive_misses", []), t_load)
+            stats = fetch_json(server.url + "/stats")
+            load["miss_breakdown"] = miss_breakdown(stats.get("adaptive_misses", []), t_load)
+            load["engine"] = engine_breakdown(stats.get("engine_batches", []), t_load,
+                                              time.time())
             result["loads"][str(clients)] = load
             print(f"  {mode} x{clients}: {report.line()}", flush=True)
+            print(f"  {mode} x{clients} engine: {engine_line(load['engine'])}", flush=True)
             if load["miss_breakdown"]["misses"]:
                 print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",
                       flush=True)
@@ -241,6 +244,39 @@ def miss_breakdown(misses: list[dict], since: float) -> dict:
                    for k, v in sorted(by.items())},
             "worst": [f"{m['op']} {m['input']} ({m['how']}, {m['ms']:.2f} ms)" for m in worst],
             "complete": len(misses) < 256}   # the server keeps its newest 256
+
+
+def engine_breakdown(batches: list[dict], since: float, until: float) -> dict:
+    """The server engine's batches that started in [since, until]: how many, requests a
+    batch, the first request's queue wait, the time to first tokens (prefill), the steps
+    between tokens (p50, p99: the engine's own per-token time; a client's per-token
+    latency above it is delivery), and the fraction of the window a batch was running."""
+    mine = [b for b in batches if since <= b["start_s"] <= until]
+    steps = [t for b in mine for t in b["steps_ms"]]
+
+    def pct(values, q):
+        return percentiles(values)[q] if values else None
+    busy = sum(min(b["end_s"], until) - b["start_s"] for b in mine)
+    return {"batches": len(mine),
+            "requests_per_batch": (sum(b["requests"] for b in mine) / len(mine)
+                                   if mine else None),
+            "wait_p50_ms": pct([b["wait_ms"] for b in mine], "p50"),
+            "first_p50_ms": pct([b["first_ms"] for b in mine if b["first_ms"] is not None],
+                                "p50"),
+            "step_p50_ms": pct(steps, "p50"), "step_p99_ms": pct(steps, "p99"),
+            "busy": busy / (until - since) if until > since else None,
+            "complete": len(batches) < 512}   # the engine keeps its newest 512
+
+
+def engine_line(e: dict) -> str:
+    if not e["batches"]:
+        return "no batch started in the window"
+    return (f"{e['batches']} batches of {e['requests_per_batch']:.1f} requests, busy "
+            f"{e['busy']:.0%} of the window; first request's wait p50 "
+            f"{_f(e['wait_p50_ms'], '.1f')} ms, first tokens p50 "
+            f"{_f(e['first_p50_ms'], '.1f')} ms, step p50/p99 "
+            f"{_f(e['step_p50_ms'], '.2f')}/{_f(e['step_p99_ms'], '.2f')} ms"
+            + ("" if e["complete"] else " (the newest 512 batches only)"))
 
 
 def miss_line(b: dict) -> str:

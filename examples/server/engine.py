@@ -11,6 +11,10 @@ without the wait the first of them would start a batch of one and leave the rest
 batch behind, so batch sizes, and every latency, would follow those milliseconds.
 Every new token goes to its request's ``on_token`` callback on the worker thread; a
 callback returning False (the client left) drops that row from the batch's output.
+The engine keeps the timing of its newest :data:`BATCH_LOG` batches (:meth:`Engine.batches`:
+when each ran, its requests, the wait of its first request, the time to its first tokens
+and each step between tokens), so a benchmark can tell the engine's own step time from
+queueing and from the delivery of tokens to the clients.
 
 Two language models fit the engine's :class:`LanguageModel` protocol:
 :class:`CausalLM` (a ``transformers`` causal LM with a KV cache; prompts left-padded to a
@@ -22,6 +26,7 @@ power of two rows, so that the shapes met are a small set a warm-up covers) and
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import inspect
 import logging
@@ -58,6 +63,9 @@ class Request:
     enqueued_s: float = dataclasses.field(default_factory=time.perf_counter)
 
 
+BATCH_LOG = 512     # batches whose timing the engine keeps
+
+
 class Engine:
     """One worker thread serving a queue of :class:`Request` in batches.
 
@@ -78,12 +86,21 @@ class Engine:
         self._queue: queue.Queue[Request | None] = queue.Queue(max_queued)
         self._lock = threading.Lock()
         self.stats = {"batches": 0, "requests": 0, "tokens": 0, "failed": 0, "running": 0}
+        self._log: collections.deque = collections.deque(maxlen=BATCH_LOG)
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
     @property
     def queued(self) -> int:
         return self._queue.qsize()
+
+    def batches(self, since: float = 0.0) -> list[dict]:
+        """The logged batches that started at or after ``since`` (``time.time()``), oldest
+        first: ``start_s``, ``end_s`` (wall clock), ``requests``, ``wait_ms`` (the first
+        request's time in the queue), ``first_ms`` (batch start to its first tokens),
+        ``steps_ms`` (the gaps between its later tokens, one a step)."""
+        with self._lock:
+            return [dict(b) for b in self._log if b["start_s"] >= since]
 
     def submit(self, request: Request) -> None:
         try:
@@ -126,10 +143,14 @@ class Engine:
     def _run(self, batch: list[Request]) -> None:
         live = [True] * len(batch)
         counts = [0] * len(batch)
+        marks: list[float] = []               # when each step's first token came
+        t0, start_s = time.perf_counter(), time.time()
 
         def emit(row: int, token: int) -> bool:
             if not live[row] or counts[row] >= batch[row].max_tokens:
                 return False
+            if counts[row] == len(marks):     # the first token of a new step
+                marks.append(time.perf_counter())
             counts[row] += 1
             try:
                 live[row] = bool(batch[row].on_token(token))
@@ -152,6 +173,11 @@ class Engine:
             self.stats["tokens"] += sum(counts)
             self.stats["failed"] += len(batch) if error else 0
             self.stats["running"] = 0
+            self._log.append({
+                "start_s": start_s, "end_s": time.time(), "requests": len(batch),
+                "wait_ms": round((t0 - batch[0].enqueued_s) * 1e3, 3),
+                "first_ms": round((marks[0] - t0) * 1e3, 3) if marks else None,
+                "steps_ms": [round((b - a) * 1e3, 3) for a, b in zip(marks, marks[1:])]})
         for req in batch:
             try:
                 req.on_done(error)

@@ -3,3 +3,17 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 ADAPTIVE_CACHE_DIR=/tmp/adaptive-gpu-check-cache
 mkdir -p "$OUT"
+
+# the kernel cache filled by the NVRTC check (15 workers), then the shipped pack built into
+# /tmp/packout with DEADLINE seconds for its cases and copied to $OUT and adaptive/packs/:
+#   build_pack DEADLINE
+build_pack() {
+  local t0=$SECONDS
+  timeout 70 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
+  echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
+  t0=$SECONDS
+  timeout $(($1 + 35)) python3 benchmarks/gpu_pack.py --deadline-s "$1" --out /tmp/packout > "$OUT/pack.log" 2>&1
+  echo "pack rc=$? $((SECONDS-t0)) s"
+  tail -2 "$OUT/pack.log" | cut -c1-300
+  cp /tmp/packout/h200.msgpack /tmp/packout/gpu_pack.json "$OUT/" && cp /tmp/packout/h200.msgpack adaptive/packs/h200.msgpack
+}

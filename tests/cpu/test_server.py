@@ -453,6 +453,59 @@ def test_causal_lm_stops_each_row_at_its_own_budget(server):
     assert out == [0, 1, 0, 0]
 
 
+def test_served_connections_send_small_writes_at_once(server):
+    """Nagle's algorithm is off on every served connection: a streamed token is a small
+    write, and with the algorithm on it waited for the client's delayed ACK (40 ms on
+    Linux): a 4-token completion the engine finished in 6 ms reached a kept-alive client
+    whole at 44 ms, and the benchmarks' per-token latencies measured TCP."""
+    host, port = check_loopback(server.url)
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    try:
+        conn.request("GET", "/healthz")
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == 200
+        connections = list(server.server.server_state.connections)   # this one, kept alive
+        assert connections
+        for protocol in connections:
+            sock = protocol.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        conn.close()
+
+
+def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
+    """A batch's log: its first request's queue wait, the time to its first tokens and one
+    gap a step after (rows emitting in one step count once); ``since`` filters by start."""
+    class Paced:
+        name, vocab_size, max_context = "paced", 256, 64
+
+        def generate(self, prompts, max_new, emit):
+            time.sleep(0.06)                     # the prefill
+            for step in range(max(max_new)):
+                if step:
+                    time.sleep(0.02)             # a decode step
+                for row in range(len(prompts)):
+                    emit(row, step)
+
+    engine = Engine(Paced(), max_batch=4, batch_wait_s=0.05)
+    before = time.time()
+    done = []
+    try:
+        for i in range(2):
+            engine.submit(Request([i], 4, lambda t: True, done.append))
+        deadline = time.monotonic() + 5
+        while len(done) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.close()
+    [b] = engine.batches()
+    assert b["requests"] == 2 and len(b["steps_ms"]) == 3
+    assert b["wait_ms"] >= 40                    # the batcher's wait for a third request
+    assert 55 <= b["first_ms"] < 500 and all(15 <= t < 500 for t in b["steps_ms"])
+    assert before <= b["start_s"] <= b["end_s"] and engine.batches(since=b["end_s"] + 1) == []
+
+
 def test_engine_queue_is_bounded_and_a_failed_batch_fails_its_requests():
     gate = threading.Event()
 
@@ -711,6 +764,10 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
             load = r["loads"][clients]
             assert load["ok"] > 0 and load["errors"] == {} and load["tokens"] == 4 * load["ok"]
             assert load["tokens_per_s"] > 0 and load["token_ms"]["p99"] >= 0
+            e = load["engine"]          # the engine's own timing of the window's batches
+            assert e["batches"] > 0 and e["requests_per_batch"] >= 1 and 0 < e["busy"] <= 1
+            assert e["step_p50_ms"] > 0 and e["step_p99_ms"] >= e["step_p50_ms"]
+            assert e["first_p50_ms"] > 0 and e["wait_p50_ms"] >= 0
         assert r["server"]["mode"] == mode and r["server"]["warmup"]["rounds"] >= 2
         assert (r["server"]["warmup"]["pending_keys"] is None) == (mode == "torch")
     table = gpu_server.table(payload)
