@@ -131,6 +131,8 @@ class CuptiActivity:
         self._flushing: int | None = None         # the thread inside a flush, if any
         self.idle_users = 0                 # users that let recording pause (see idle())
         self._idle_lock = threading.Lock()
+        self._detach_lock = threading.Lock()
+        self._detacher = None               # the subscriber that detaches CUPTI (detach())
         self.status = self._open(cupti)
 
     def _enabled_kinds(self, cupti) -> list:
@@ -298,8 +300,9 @@ class CuptiActivity:
     def flush(self, forced: bool = False) -> None:
         """Ask CUPTI to hand over every buffer whose records are complete now (it otherwise
         does so when one is full). ``forced``: every buffer, a kernel still in flight
-        then comes incomplete and is counted, not timed (so only when nothing runs)."""
-        if self._cupti is not None:
+        then comes incomplete and is counted, not timed (so only when nothing runs).
+        Detached, nothing to flush (and calling CUPTI would attach it again)."""
+        if self._cupti is not None and self.status != "detached":
             self._flush_all(self._cupti, FLUSH_FORCED if forced else 0)
 
     def _flush_all(self, cupti, flag: int) -> None:
@@ -443,24 +446,90 @@ class CuptiActivity:
         self.status = "paused"
 
     def idle(self, idle: bool) -> None:
-        """A user lets recording pause (``idle``) or needs it again. The activity pauses
-        when every user is idle and resumes when one is not (a counter log whose CUPTI
-        hands over idles once each of its tagged calls has its kernels, since pausing
-        forces a flush: what is in flight then comes incomplete)."""
+        """A user lets recording stop (``idle``) or needs it again. CUPTI is detached
+        (:meth:`detach`) when every user is idle and attached again when one is not (a
+        counter log whose CUPTI hands over idles once each of its tagged calls has its
+        kernels, since stopping forces a flush: what is in flight then comes incomplete)."""
         with self._idle_lock:
             self.idle_users += 1 if idle else -1
             if idle and self.idle_users >= self.users:
-                self.pause()
+                self.detach()
             elif not idle:
                 self.resume()
+
+    def detach(self) -> None:
+        """:meth:`pause`, then take CUPTI out of the process (``cuptiFinalize``). Attached
+        but recording nothing, CUPTI still costs every launch: sampled event pairs cost a
+        host-bound stream 19% of its launches in a process where CUPTI had been on and
+        5.5% in one where it never was (runs S6, S7), and the counter log's handover from
+        CUPTI to event pairs kept that cost.
+
+        ``cuptiFinalize`` races with threads inside CUPTI (a serving thread launching) when
+        called from anywhere else, so it is called where CUPTI says it is safe: at the exit
+        of a CUDA API call, from a callback subscribed here for the next call that exits
+        (status "detaching" until then, "detached" after). Without the binding's
+        ``subscribe``/``finalize``, or when CUPTI refuses (another tool's subscriber),
+        CUPTI stays attached, paused (said once). :meth:`resume` attaches again."""
+        self.pause()
+        cupti = self._cupti
+        if cupti is None or self.status != "paused" or not all(
+                hasattr(cupti, name) for name in ("subscribe", "enable_domain", "finalize")):
+            return
+        exit_site = int(cupti.ApiCallbackSite.API_EXIT)
+
+        def at_exit(userdata, domain, cbid, data) -> None:
+            with self._detach_lock:
+                if self.status != "detaching" or data.callback_site != exit_site:
+                    return
+                try:
+                    cupti.finalize()          # also drops this subscriber
+                except Exception as exc:  # noqa: BLE001 (paused is the fallback)
+                    self.status = "paused"
+                    self._detach_failed(exc)
+                    return
+                self.status = "detached"
+        with self._detach_lock:
+            try:
+                self._detacher = cupti.subscribe(at_exit, None)
+                for domain in ("DRIVER_API", "RUNTIME_API"):
+                    cupti.enable_domain(1, self._detacher, int(getattr(cupti.CallbackDomain,
+                                                                       domain)))
+            except Exception as exc:  # noqa: BLE001
+                self._unsubscribe_detacher(cupti)
+                self._detach_failed(exc)
+                return
+            self.status = "detaching"
+
+    def _detach_failed(self, exc: BaseException) -> None:
+        log.warning("CUPTI: could not detach from the process (%s: %s); it stays attached "
+                    "with recording off", type(exc).__name__, exc)
+
+    def _unsubscribe_detacher(self, cupti) -> None:
+        if self._detacher is not None:
+            try:
+                cupti.unsubscribe(self._detacher)
+            except Exception:  # noqa: BLE001 (finalize may have dropped it already)
+                pass
+            self._detacher = None
 
     def _disable(self, cupti) -> None:
         for kind in self._enabled_kinds(cupti):
             cupti.activity_disable(kind)
 
     def resume(self) -> None:
-        """Record kernels again after :meth:`pause`."""
+        """Record kernels again after :meth:`pause` (or :meth:`detach`: CUPTI attached
+        again, the buffer callbacks registered anew)."""
         cupti = self._cupti
+        with self._detach_lock:
+            if cupti is not None and self.status == "detaching":   # not yet: stay attached
+                self._unsubscribe_detacher(cupti)
+                self.status = "paused"
+        if cupti is not None and self.status == "detached":
+            self._detacher = None
+            with self._lock:
+                self._drain()
+            self.status = self._open(cupti)
+            return
         if cupti is None or self.status != "paused":
             return
         try:
@@ -476,6 +545,11 @@ class CuptiActivity:
         if self._cupti is None:
             return
         cupti, self._cupti = self._cupti, None
+        if self.status == "detached":        # nothing recorded, nothing to flush
+            self.status = "closed"
+            return
+        with self._detach_lock:
+            self._unsubscribe_detacher(cupti)
         try:
             cupti.activity_flush_all(FLUSH_FORCED)
             self._disable(cupti)
@@ -509,7 +583,7 @@ def shared_activity(cupti=None) -> CuptiActivity:
         if _shared is None or _shared.status == "closed":
             _shared = CuptiActivity(cupti)
             _shared.names = False                   # its timers join by id: no names
-        elif _shared.status == "paused":
+        elif _shared.status in ("paused", "detaching", "detached"):
             _shared.resume()
         return _shared
 
@@ -610,7 +684,7 @@ class CuptiTimer:
             narrowed, newest = activity.narrowed, activity.newest_id
             # paused (a log handing over, once no call of it was unsettled): the pause's
             # forced flush handed over every record, so a call is finished or never will be
-            paused = activity.status == "paused"
+            paused = activity.status in ("paused", "detaching", "detached")
             for seen_s, entry in waiting:
                 ext = entry[0]
                 span = activity.span_of(ext)

@@ -14,8 +14,9 @@ time and hands it to :meth:`Governor.step`:
 * CUPTI: its cost grows with every kernel launched, logged or not, so no interval can
   bound it. Once it has been over ``budget`` for a period after at least ``window_s`` of
   recording, the state turns "events" for the rest of the log: the writer times calls by
-  sampled event pairs from then on (their interval governed as above) and stops CUPTI
-  once every call it tagged has its kernels. The handover is one-way: pausing and
+  sampled event pairs from then on (their interval governed as above) and detaches
+  CUPTI from the process once every call it tagged has its kernels (attached but idle,
+  CUPTI still cost every launch: ``CuptiActivity.detach``). The handover is one-way: pausing and
   resuming CUPTI's activity (a duty cycle) cost the H200 more than it saved (run R2 in
   docs/benchmarks.md: 67 % throughput on a GPU-bound stream). The fraction of the log's
   time CUPTI recorded is :attr:`GovernorState.active_fraction`.

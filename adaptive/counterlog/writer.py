@@ -298,7 +298,7 @@ class CounterLog:
                 self._apply(rec, state)
             for r in self._retired:
                 if not r.closed and r.timer.recording and r.timer.unsettled() == 0:
-                    r.timer.set_recording(False)    # pauses CUPTI (its last user)
+                    r.timer.set_recording(False)    # detaches CUPTI (its last user)
             return state
 
     def _apply(self, rec: LogRecorder, state: GovernorState) -> None:
@@ -519,7 +519,7 @@ def _timer_problem(timer) -> str | None:
     if activity is not None and getattr(activity, "error", None):
         return activity.error.splitlines()[0]
     status = getattr(timer, "status", "ok")
-    return None if status in ("ok", "paused", "closed") else status
+    return None if status in ("ok", "paused", "detaching", "detached", "closed") else status
 
 # ---- the public context manager and the ADAPTIVE_COUNTER_LOG hook ---------------------------
 
@@ -534,8 +534,9 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
 
     Applies to the registry's dispatchers alive now and to those created inside the block
     (``registry``: default the shared one, which ``adaptive.launch`` and every
-    ``Dispatcher()`` made without a registry use; ``CounterLog.attach(d)`` adds any other). Records go
-    to a msgpack stream written by a background thread; a launch never waits for it.
+    ``Dispatcher()`` made without a registry use; ``CounterLog.attach(d)`` adds any other).
+    Records go to a msgpack stream written by a background thread; a launch never waits
+    for it.
 
     Args:
         path: the log file; an existing one is moved to ``path.1`` (and so on).

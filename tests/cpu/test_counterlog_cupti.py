@@ -382,6 +382,131 @@ def test_auto_timing_is_event_pairs_and_cupti_falls_back_to_them(tmp_path, monke
         CounterLog(tmp_path / "c.alog", timing="nsight")
 
 
+def _finalizing(delivery: str, refuse: bool = False):
+    """A fake CUPTI (either delivery) that can be detached as CUPTI wants it done: a
+    subscriber's callback runs at the enter and exit of each API call the test makes
+    (``api_call``), and ``finalize`` drops the callbacks, the subscriber and every enabled
+    kind (``refuse``: subscribing fails, as with another tool's subscriber);
+    ``registered`` counts the buffer callbacks' registrations."""
+    base = FakeCupti if delivery == "binding" else CtypesFakeCupti
+
+    class Finalizing(base):
+        ApiCallbackSite = enum.IntEnum("ApiCallbackSite", {"API_ENTER": 0, "API_EXIT": 1})
+        CallbackDomain = enum.IntEnum("CallbackDomain", {"DRIVER_API": 1, "RUNTIME_API": 2})
+
+        def __init__(self):
+            super().__init__()
+            self.registered, self.finalized, self.subscriber = 0, 0, None
+            self.domains, self.finalized_in = set(), None
+            lib = getattr(self, "lib", None)
+            if lib is not None:
+                register = lib.cuptiActivityRegisterCallbacks
+
+                def counted(requested, completed):
+                    self.registered += 1
+                    return register(requested, completed)
+                lib.cuptiActivityRegisterCallbacks = counted
+
+        def activity_register_callbacks(self, requested, completed):
+            self.registered += 1
+            super().activity_register_callbacks(requested, completed)
+
+        def subscribe(self, callback, userdata):
+            if refuse:
+                raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+            assert self.subscriber is None, "one subscriber a process"
+            self.subscriber = callback
+            return 77
+
+        def enable_domain(self, enable, subscriber, domain):
+            assert subscriber == 77 and enable == 1
+            self.domains.add(domain)
+
+        def unsubscribe(self, subscriber):
+            self.subscriber = None
+
+        def api_call(self):
+            """One CUDA API call: the subscriber's callback at its enter and exit."""
+            for site in (0, 1):
+                if self.subscriber is not None and self.domains:
+                    self.in_callback = site
+                    self.subscriber(None, 1, 3, types.SimpleNamespace(callback_site=site))
+                    self.in_callback = None
+
+        def finalize(self):
+            self.finalized += 1
+            self.finalized_in = getattr(self, "in_callback", None)
+            self.enabled.clear()
+            self.subscriber, self.domains = None, set()
+            target = getattr(self, "lib", self)
+            target.requested = target.completed = None
+    return Finalizing()
+
+
+@pytest.mark.parametrize("delivery", ["binding", "ctypes"])
+def test_a_handed_over_timer_detaches_cupti_and_a_new_user_attaches_it_again(monkeypatch,
+                                                                              delivery):
+    """When every user of the shared activity has let it stop (a counter log's retired
+    CUPTI timer once its calls are in), CUPTI is detached from the process, not only
+    paused: attached, it kept costing every launch (runs S6, S7). What it recorded is
+    still harvested; a user that needs it again attaches it anew."""
+    current = types.SimpleNamespace(ptr=0x7700)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: current)))
+    fake = _finalizing(delivery)
+    fake.held_until_forced = True       # the records come with the detach's forced flush
+    monkeypatch.setattr(cupti_mod, "_shared", None)
+    monkeypatch.setattr(cupti_mod, "_shared_users", 0)
+    monkeypatch.setattr(cupti_mod, "CuptiActivity",
+                        lambda cupti=None: CuptiActivity(cupti=fake,
+                                                         lib=getattr(fake, "lib", False)))
+    timer = CuptiTimer(8)
+    activity = timer.activity
+    assert fake.registered == 1 and fake.enabled == {5, 6, 10, 19}
+    ext = next(timer.ids)
+    timer.push_id(ext)
+    fake.launch("k", 1000, 3000)
+    timer.pop_id()
+    timer.append_pending((ext, "entry"))
+    timer.set_recording(False)          # the governor's retirement: nothing pending
+    assert activity.status == "detaching" and fake.finalized == 0 and fake.enabled == set()
+    fake.api_call()                     # the next CUDA call's exit: CUPTI's safe place
+    assert activity.status == "detached" and fake.finalized == 1 and fake.finalized_in == 1
+    fake.api_call()
+    assert fake.finalized == 1
+    flushes = activity.flushes
+    assert [e for e, _ in timer.harvest_entries()] == [(ext, "entry")]
+    assert activity.flushes == flushes  # detached: CUPTI is not called (it would attach)
+    timer.set_recording(True)           # needed again: attached anew
+    assert activity.status == "ok" and fake.registered == 2 and fake.enabled == {5, 6, 10, 19}
+    timer.close()
+
+
+def test_cupti_stays_attached_and_paused_when_it_cannot_detach(caplog):
+    fake = _finalizing("binding", refuse=True)
+    activity = CuptiActivity(cupti=fake, lib=False)
+    activity.users = 1
+    activity.idle(True)
+    assert activity.status == "paused" and fake.enabled == set() and fake.finalized == 0
+    assert "could not detach" in caplog.text and "MULTIPLE_SUBSCRIBERS" in caplog.text
+    activity.idle(False)
+    assert activity.status == "ok" and fake.registered == 1 and fake.enabled == {5, 6, 10, 19}
+
+
+def test_a_user_back_before_the_detach_keeps_cupti_attached():
+    """Recording needed again while CUPTI waits for a call's exit to detach: the detaching
+    subscriber goes, CUPTI records again and no later call detaches it."""
+    fake = _finalizing("binding")
+    activity = CuptiActivity(cupti=fake, lib=False)
+    activity.users = 1
+    activity.idle(True)
+    assert activity.status == "detaching" and fake.subscriber is not None
+    activity.idle(False)
+    assert activity.status == "ok" and fake.subscriber is None and fake.registered == 1
+    fake.api_call()
+    assert fake.finalized == 0 and fake.enabled == {5, 6, 10, 19}
+
+
 class _Refusing(FakeCupti):
     def activity_register_callbacks(self, requested, completed):
         raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
