@@ -279,9 +279,10 @@ def test_logged_records_carry_device_state_into_the_exports(cp, tmp_path):
 def test_a_governed_cupti_log_hands_over_to_events_without_losing_a_call(cp, tmp_path):
     """A host-bound stream (kernels of a few microseconds, every call tagged) costs CUPTI's
     buffer callback more than a 2 % budget: the governor hands timing over to CUDA event
-    pairs for the rest of the log, and CUPTI stops once its tagged calls have their
-    kernels. No call is dropped or joined to another call's kernels: two inputs of ~10x
-    different kernel times, alternated, keep their own times under both sources."""
+    pairs for the rest of the log, and CUPTI is detached from the process once its tagged
+    calls have their kernels. No call is dropped or joined to another call's kernels: two
+    inputs of ~10x different kernel times, alternated, keep their own times under both
+    sources."""
     _timing_or_skip("cupti")
     from adaptive import Dispatcher
     from adaptive.counterlog import counter_log, read_log
@@ -306,8 +307,12 @@ def test_a_governed_cupti_log_hands_over_to_events_without_losing_a_call(cp, tmp
             d.launch("softmax", large)
         cp.cuda.Device().synchronize()
         state = clog.governor.state
-        print("governor:", state, "handover:", clog.handover)
+        activity = clog._retired[0].timer.activity if clog._retired else None
+        detach = getattr(activity, "status", None)
+        print("governor:", state, "handover:", clog.handover, "CUPTI after it:", detach)
     assert state.cupti == "events" and clog.handover is not None, state
+    # the retired CUPTI, its calls in, detached at the exit of a later CUDA call
+    assert detach == "detached", detach
     assert clog.timings == {0: "cuda_event"}
     assert clog.last_error is None, clog.last_error
     assert clog.stats.dropped == 0, clog.stats
