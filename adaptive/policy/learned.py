@@ -206,6 +206,18 @@ class Learned(BasePolicy):
             ``max_explore`` of its configs: on the corpus, softmax within 5% 88% -> 91-94%,
             where large-C inputs explored 3 configs of block_row and missed a 5-9% faster
             one ranked 5th to 8th).
+        variant_reach: a variant with no candidate within the regret bound whose
+            best-ranked config's optimistic time is within this fraction of the best
+            prediction (0.5: 1.5x) gets that config one slot, in place of the model's last
+            picks (anchors still displace those first; the model's first pick always
+            stays): the model's prior may come from other conditions than the call's (a
+            pack measures each candidate on one input repeated, L2-hot; run S10's stream
+            of inputs arrived out of L2, where reg_row_cs ran softmax 2048x4096 in
+            0.0125-0.016 ms against the committed block_row's 0.020, ranked 1.56x slower
+            and never explored). 0: none. On the H200 corpus (5 folds by input) 0.5 keeps
+            every op's committed/best within 0.001 and 1 point of within 5%; 1.0 (2x) cost
+            softmax 3 points and, unbounded, spmm 1.019 -> 1.042.
+        variant_slots: most slots those variants take (2: of the best-ranked first).
         samples: timed calls per explored candidate before committing; the commit compares
             each candidate's median (3: one cold first call or one interfered call cannot
             decide it, as the fastest single sample could).
@@ -245,7 +257,8 @@ class Learned(BasePolicy):
                  drift_window: int = 4, anchors: bool = True, neighbours_k: int = 2,
                  per_variant: int = 2, explore_budget: float | None = 0.01,
                  explore_burst_s: float = 0.5, revalidate_every: int = 8,
-                 baseline_margin: float = 0.03):
+                 baseline_margin: float = 0.03, variant_reach: float = 0.5,
+                 variant_slots: int = 2):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -260,6 +273,12 @@ class Learned(BasePolicy):
         if not (isinstance(baseline_margin, (int, float)) and 0 <= baseline_margin < 1):
             raise ValueError(f"baseline_margin must be a fraction in [0, 1), got "
                              f"{baseline_margin!r}")
+        if not (isinstance(variant_reach, (int, float)) and variant_reach >= 0):
+            raise ValueError(f"variant_reach must be a fraction >= 0, got {variant_reach!r}")
+        if not (isinstance(variant_slots, int) and variant_slots >= 0):
+            raise ValueError(f"variant_slots must be an int >= 0, got {variant_slots!r}")
+        self.variant_reach = variant_reach
+        self.variant_slots = variant_slots
         self.baseline_margin = baseline_margin
         self.revalidate_every = revalidate_every
         self.model = model
@@ -322,10 +341,17 @@ class Learned(BasePolicy):
             predicted = {candidates[i]: (float(mean[i]), float(sigma[i])) for i in order}
             best = mean[order[0]]
             reach = best + math.log1p(self.regret_bound)
-            explore = self._picks([candidates[i] for i in order
-                                   if mean[i] - self.z * sigma[i] <= reach])
-            why = (f"model ranked {len(candidates)}; {len(explore)} within "
+            wide = best + math.log1p(max(self.regret_bound, self.variant_reach))
+            within = [candidates[i] for i in order if mean[i] - self.z * sigma[i] <= reach]
+            explore = self._picks(within, _firsts(
+                candidates[i] for i in order if mean[i] - self.z * sigma[i] <= wide))
+            others = [c for c in explore if c not in within]
+            why = (f"model ranked {len(candidates)}; {len(explore) - len(others)} within "
                    f"{self.regret_bound:.0%} of the best optimistically")
+            if others:
+                why += (f" and {len(others)} other variants' best within "
+                        f"{1 + self.variant_reach:.3g}x (" + ", ".join(
+                            c.label for c in others) + ")")
         explore, also = self._anchored(op, ctx.problem.dtype, features, candidates, ranked,
                                        explore)
         why += also
@@ -359,21 +385,32 @@ class Learned(BasePolicy):
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
 
-    def _picks(self, ranked: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    def _picks(self, ranked: Sequence[Candidate],
+               variants_best: Sequence[Candidate] = ()) -> tuple[Candidate, ...]:
         """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant
         first; room left (few variants within reach) goes to the next of ``ranked`` in
-        order, whatever their variant: the cap spreads the budget, it does not shrink it."""
+        order, whatever their variant: the cap spreads the budget, it does not shrink it.
+
+        ``variants_best``: the best-ranked candidate of each variant within the wider
+        ``variant_reach``; those of variants with none in ``ranked`` take the place of the
+        last of these picks, one slot each (the model's first pick always stays), and come
+        right after the first pick, so anchors displace the other picks before them."""
+        present = {c.variant.id for c in ranked}
+        others = [c for c in variants_best if c.variant.id not in present]
+        others = others[: min(self.variant_slots, max(0, self.max_explore - 1))]
+        room = self.max_explore - len(others)
         count: dict[str, int] = {}
         out, rest = [], []
         for c in ranked:
             if count.get(c.variant.id, 0) < self.per_variant:
                 count[c.variant.id] = count.get(c.variant.id, 0) + 1
                 out.append(c)
-                if len(out) == self.max_explore:
-                    return tuple(out)
-            elif len(rest) < self.max_explore:
+                if len(out) == room:
+                    break
+            elif len(rest) < room:
                 rest.append(c)
-        return tuple(out + rest[: self.max_explore - len(out)])
+        picks = (out + rest)[:room]
+        return tuple(picks[:1] + others + picks[1:])
 
     def _anchored(self, op, dtype, features, candidates, ranked, explore):
         """Explore also the fastest candidates of the ``neighbours_k`` nearest measured
@@ -667,6 +704,17 @@ def model_order(mean) -> list[int]:
     """Candidate indices best-predicted first (stable: ties keep the candidates' order);
     :meth:`Learned.decide` and :func:`adaptive.explain` both rank with this."""
     return sorted(range(len(mean)), key=lambda i: mean[i])
+
+
+def _firsts(ranked) -> list[Candidate]:
+    """The first candidate of each variant in ``ranked`` (its best-ranked config), in order."""
+    seen: set[str] = set()
+    out = []
+    for c in ranked:
+        if c.variant.id not in seen:
+            seen.add(c.variant.id)
+            out.append(c)
+    return out
 
 
 def _median(times: list[float]) -> float:

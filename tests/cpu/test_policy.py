@@ -780,3 +780,86 @@ def test_an_exploring_sample_is_gated_until_its_call_and_end_event_are_issued(rn
     assert [o[0] for o in order] == ["gate", "release"] and order[0][1] == HOLD_US
     # the release comes after the call ran (its cost on the fake clock) and its end event
     assert order[1][1] == be.recorded[-1].t > be.recorded[-2].t
+
+
+class _FixedRanking:
+    """A cost model that ranks the candidates of one decide() by fixed (mean, sigma)."""
+
+    def __init__(self, mean, sigma):
+        self.mean, self.sigma = np.asarray(mean, float), np.asarray(sigma, float)
+
+    def predict_dist(self, rows):
+        assert len(rows) == len(self.mean)
+        return self.mean, self.sigma
+
+
+def _cuda_softmax_ranking():
+    """CUDA softmax candidates (no GPU needed to rank them) and a constructed ranking:
+    block_row best, warp_row within the 20 % regret reach, reg_row 1.4x (outside the regret
+    reach, within the 1.5x variant reach), multi_row 1.7x (outside both); sigma 0."""
+    from adaptive.variants import default_registry, make_candidate
+    by = {v.name: [make_candidate(v, c) for c in list(v.space.all_configs())[:4]]
+          for v in default_registry().variants("softmax", "cuda")}
+    block, warp, reg, multi = by["block_row"], by["warp_row"], by["reg_row"], by["multi_row"]
+    cands = block[:4] + reg[:2] + warp[:2] + multi[:1]
+    ratio = [1.0, 1.01, 1.02, 1.03, 1.4, 1.45, 1.1, 1.15, 1.7]
+    x = np.zeros((2048, 4096), np.float16)
+    op = OPS["softmax"]
+    ctx = Context(op, op.problem((x,), {}), op.key((x,), {}), lambda *_, **__: math.nan)
+    return ctx, cands, [math.log(r) for r in ratio], block, warp, reg, multi
+
+
+def test_a_variant_outside_the_regret_reach_within_the_variant_reach_gets_one_slot():
+    """The model's prior may come from other conditions (a pack's L2-hot repeats; run S10's
+    stream of inputs out of L2, where reg_row_cs beat the committed block_row and was never
+    explored): the best config of another variant within 1.5x takes one of the model's
+    last slots, no more slots than max_explore."""
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    model = _FixedRanking(mean, [0.0] * len(mean))
+    d = Learned(model, max_explore=4, per_variant=2, anchors=False,
+                explore_budget=None).decide(ctx, cands)
+    # right after the model's first pick; the per-variant cap fills the rest in order
+    assert d.explore == (block[0], reg[0], block[1], warp[0]), d.reason
+    assert "1 other variants' best within 1.5x (" + reg[0].label in d.reason
+    # without it: the regret reach alone, as before (reg_row never explored)
+    for off in ({"variant_reach": 0}, {"variant_slots": 0}):
+        d = Learned(model, max_explore=4, per_variant=2, anchors=False,
+                    explore_budget=None, **off).decide(ctx, cands)
+        assert d.explore == (block[0], block[1], warp[0], warp[1]), off
+    # a wider reach takes multi_row too; variant_slots bounds them
+    d = Learned(model, max_explore=4, anchors=False, explore_budget=None,
+                variant_reach=1.0).decide(ctx, cands)
+    assert d.explore == (block[0], reg[0], multi[0], block[1])
+    d = Learned(model, max_explore=4, anchors=False, explore_budget=None,
+                variant_reach=1.0, variant_slots=1).decide(ctx, cands)
+    assert d.explore == (block[0], reg[0], block[1], warp[0])
+    # optimism counts as in the regret reach: a sure 1.6x is out, an unsure one in
+    sigma = [0.0] * len(mean)
+    mean = list(mean)
+    mean[4], mean[5] = math.log(1.6), math.log(1.65)
+    assert reg[0] not in Learned(_FixedRanking(mean, sigma), max_explore=4, anchors=False,
+                                 explore_budget=None).decide(ctx, cands).explore
+    sigma[4] = 0.1
+    assert reg[0] in Learned(_FixedRanking(mean, sigma), max_explore=4, anchors=False,
+                             explore_budget=None).decide(ctx, cands).explore
+    # one slot: the model's first pick alone
+    assert Learned(model, max_explore=1, anchors=False, explore_budget=None).decide(
+        ctx, cands).explore == ()
+    with pytest.raises(ValueError, match="variant_slots must be an int >= 0"):
+        Learned(model, variant_slots=-1)
+    with pytest.raises(ValueError, match="variant_reach must be a fraction >= 0"):
+        Learned(model, variant_reach=-0.5)
+
+
+def test_anchors_stay_beside_another_variants_slot():
+    """A near measured input's fastest candidate is still explored: it displaces the model's
+    last pick, not the other variant's slot nor the model's first pick."""
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    policy = Learned(_FixedRanking(mean, [0.0] * len(mean)), max_explore=4, per_variant=2,
+                     explore_budget=None)
+    features = ctx.op.features(ctx.problem)
+    policy.neighbours.add("softmax", "float16", features, block[3].variant.name,
+                          block[3].config_items, 0.01)
+    d = policy.decide(ctx, cands)
+    assert d.explore == (block[0], reg[0], block[1], block[3]), d.reason
+    assert "the fastest on a near measured input" in d.reason
