@@ -2,7 +2,8 @@
 # run S18 (next session, after S17's pack is copied to adaptive/packs/): why the learned
 # dispatcher commits split-KV where SDPA is 8-19% faster (runs S15, S16), as an experiment:
 # decode attention with the exploring samples' gate limit at the library's 100 us and at
-# 1000 us (each row keeps the policy's sample medians); then the server (issue 12)
+# 1000 us (each row keeps the policy's sample medians); then the server (issue 12); last,
+# the split-KV GPU tests (the shared header of branch skv, 616e6fa, if merged before S17)
 source "$(dirname "$0")/setup.sh"
 for gate in 100 1000; do
   t0=$SECONDS
@@ -16,3 +17,7 @@ timeout 240 python3 benchmarks/gpu_server.py --out /tmp/srv --modes torch,adapti
 echo "server rc=$? $((SECONDS-t0)) s"
 cp /tmp/srv/*.json "$OUT/" 2>/dev/null
 tail -8 "$OUT/server.log" | cut -c1-400
+t0=$SECONDS
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_attention_splitkv_cuda.py > "$OUT/tests_splitkv.log" 2>&1
+echo "splitkv tests rc=$? $((SECONDS-t0)) s"
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_splitkv.log" | cut -c1-300 | head -12
