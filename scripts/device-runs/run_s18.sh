@@ -5,9 +5,13 @@
 # 1000 us (each row keeps the policy's sample medians); then the server (issue 12); last,
 # the split-KV GPU tests (the shared header of branch skv, 616e6fa, if merged before S17)
 source "$(dirname "$0")/setup.sh"
+# every shape at 100 us (with skv-mask merged: the padded-batch shapes too); at 1000 us the
+# shapes where SDPA won and the padded ones
 for gate in 100 1000; do
   t0=$SECONDS
-  timeout 110 python3 benchmarks/gpu_decode_attention.py --sample-gate-us $gate --out /tmp/dec$gate > "$OUT/decode_$gate.log" 2>&1
+  if [ $gate = 100 ]; then shapes=(); limit=130; else
+    shapes=(--shapes "gqa B=1 Lk=,gqa B=8 Lk=4096,gqa B=32,mha,padded"); limit=95; fi
+  timeout $limit python3 benchmarks/gpu_decode_attention.py --sample-gate-us $gate "${shapes[@]}" --out /tmp/dec$gate > "$OUT/decode_$gate.log" 2>&1
   echo "decode gate $gate us rc=$? $((SECONDS-t0)) s"
   cp /tmp/dec$gate/decode_attention.json "$OUT/decode_attention_$gate.json" 2>/dev/null
   grep -E "NOT|MET" "$OUT/decode_$gate.log" | grep "SDPA" | cut -c1-120
