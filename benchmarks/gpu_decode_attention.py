@@ -377,12 +377,11 @@ def cli(argv=None) -> int:
                    help="the longest an exploring sample's stream is gated while the host "
                         "issues the call (default: the library's dispatch.HOLD_US)")
     args = p.parse_args(argv)
+    from adaptive import dispatch
     if args.sample_gate_us is not None:
         if not 0 < args.sample_gate_us <= 10_000:
             p.error(f"--sample-gate-us must be in (0, 10000], got {args.sample_gate_us}")
-        from adaptive import dispatch
         dispatch.HOLD_US = args.sample_gate_us
-    from adaptive import dispatch
     print(f"gpu_decode_attention: exploring samples gated up to {dispatch.HOLD_US:g} us",
           flush=True)
     run(args.device, args.quick, args.out,

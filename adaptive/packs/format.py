@@ -284,11 +284,10 @@ def _body_bytes(outer: dict, where: str) -> bytes:
 def decode(data: bytes, where: str = "<bytes>") -> Pack:
     """Verify and decode a pack's bytes; :class:`PackError` if anything is wrong."""
     outer = _outer(data, where)
+    body_bytes = _body_bytes(outer, where)
     try:
         header = msgpack.unpackb(outer["header"], raw=False)
-        body = msgpack.unpackb(_body_bytes(outer, where), raw=False)
-    except PackError:
-        raise
+        body = msgpack.unpackb(body_bytes, raw=False)
     except Exception as exc:  # noqa: BLE001
         raise PackError(where, f"corrupted header or body ({exc})") from None
     check_header(header, where)
