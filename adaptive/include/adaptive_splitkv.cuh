@@ -11,6 +11,9 @@
 //   BN        keys per staged K/V tile
 //   NTHREADS  threads of the CTA
 //   T         the 16-bit element type (the prelude's)
+//   MASKED    1: the kernel reads a padding mask (softmax_step adds each key's mask_logit);
+//             0 or undefined: no mask (the mask arguments are not read: the code is as it was
+//             before masks existed)
 // and this header defines, for the kernel too:
 //   LDS        (HD + 8): row stride (elements) of the shared tiles, padded so that ldmatrix
 //              and cp.async are conflict-free
@@ -28,6 +31,22 @@
 #define LDS (HD + 8)              // padded rows: conflict-free ldmatrix and cp.async
 #define CW_STRIDE (16 * HD + 32)  // floats per warp in the merge buffer: o[16][HD], m[16], l[16]
 #define NEG_INF (-__int_as_float(0x7f800000))
+#ifndef MASKED
+#define MASKED 0
+#endif
+
+// The padding mask's row of a query row (b, query head h, position i): its first element,
+// b * sb + h * sh + i * Lk (strides 0 where the mask is broadcast; below 2^31: requires).
+__device__ __forceinline__ int mask_row(int b, int h, int i, int Lk, int sb, int sh) {
+    return b * sb + h * sh + i * Lk;
+}
+
+// The log2-domain logit term of mask element e: boolean (1 byte, nonzero: seen), 0 where seen
+// and -inf where hidden; additive (T), the value times log2(e) (-inf stays -inf).
+__device__ __forceinline__ float mask_logit(const void* mask, int e, int is_bool) {
+    if (is_bool) return static_cast<const unsigned char*>(mask)[e] ? 0.f : NEG_INF;
+    return to_f32(static_cast<const T*>(mask)[e]) * 1.4426950408889634f;
+}
 
 // Keys [j0, j0 + BN) of one kv head (rows of HD elements) into a shared tile (row stride
 // LDS); keys at or past j_end are zero-filled (they are masked too).
@@ -83,7 +102,10 @@ __device__ __forceinline__ void qk_slice(float (&s)[2 * HALVES][4], const unsign
 
 // The online-softmax step of a warp step's HALVES * 16 keys (the first jc) on this thread's
 // two rows: scores s scaled by sl into the log2 domain, keys past a row's last visible key
-// (lim[r], inclusive) set to -inf; the running max m_run and sum l_run updated, P = 2^(x - m)
+// (lim[r], inclusive) set to -inf; with MASKED, each other key's mask_logit added (the
+// row's mask row starts at element mrow[r] of mask; read only for keys <= lim[r], so never
+// past Lk; is_bool: the mask's kind); the running max m_run and sum l_run updated,
+// P = 2^(x - m)
 // packed into A fragments pf (pf[h]: keys 16h..16h+15), and o rescaled by 2^(m_old - m_new)
 // (skipped when that is 1 for every row of the warp). A row fully masked so far keeps
 // m = -inf and adds nothing (its p are 2^-inf = 0).
@@ -91,14 +113,21 @@ template <int HALVES>
 __device__ __forceinline__ void softmax_step(float (&s)[2 * HALVES][4], int jc, int t,
                                              const int (&lim)[2], float sl, float (&m_run)[2],
                                              float (&l_run)[2], unsigned (&pf)[HALVES][4],
-                                             float (&o)[HD / 8][4]) {
+                                             float (&o)[HD / 8][4],
+                                             const int (&mrow)[2], const void* mask,
+                                             int is_bool) {
     float mx[2] = {NEG_INF, NEG_INF};
     #pragma unroll
     for (int nt = 0; nt < 2 * HALVES; ++nt)
         #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int key = jc + nt * 8 + 2 * t + (e & 1);
+#if MASKED
+            const float x = key > lim[e >> 1] ? NEG_INF
+                          : s[nt][e] * sl + mask_logit(mask, mrow[e >> 1] + key, is_bool);
+#else
             const float x = key > lim[e >> 1] ? NEG_INF : s[nt][e] * sl;
+#endif
             s[nt][e] = x;
             mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }

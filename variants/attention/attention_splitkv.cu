@@ -12,12 +12,14 @@
 // otherwise it writes (O, m, l) of its rows to the workspace and the last CTA of the
 // (b, kv head) (an atomic counter, reset to 0 by that CTA) merges the splits and writes out.
 // Causal: bottom-right aligned, row i sees keys j <= i + Lk - Lq (rows may see different
-// counts). Config macros: HD (head dim; must equal D), KPS (keys per split), BN (keys per
-// staged tile), NWARPS. Dynamic shared memory: max(4 * BN * (HD + 8) * 2, NWARPS * (16 * HD
-// + 32) * 4) bytes. Workspace (floats): B*Hkv*S*R*HD partial outputs, then B*Hkv*S*R (m, l)
-// pairs, then B*Hkv counters (S = ceil_div(Lk, KPS) splits). The tile copy, the warp step's
-// softmax and P V, the warp partials and the split merge are in adaptive_splitkv.cuh (shared
-// with attention_splitkv2.cu).
+// counts). Padding mask (MASKED = 1): as attention_splitkv2.cu's (mask, mask_sb, mask_sh,
+// mask_bool; boolean or additive, broadcast over batch and heads by zero strides); MASKED = 0
+// reads none. Config macros: HD (head dim; must equal D), KPS (keys per split), BN (keys per
+// staged tile), NWARPS, MASKED. Dynamic shared memory: max(4 * BN * (HD + 8) * 2, NWARPS *
+// (16 * HD + 32) * 4) bytes. Workspace (floats): B*Hkv*S*R*HD partial outputs, then
+// B*Hkv*S*R (m, l) pairs, then B*Hkv counters (S = ceil_div(Lk, KPS) splits). The tile copy,
+// the warp step's softmax and P V, the warp partials and the split merge are in
+// adaptive_splitkv.cuh (shared with attention_splitkv2.cu).
 
 #include "adaptive_ptx.cuh"
 
@@ -47,7 +49,8 @@
 extern "C" __global__ void LAUNCH_BOUNDS
 attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale,
-                  int causal, float* __restrict__ workspace)
+                  int causal, float* __restrict__ workspace, const void* __restrict__ mask,
+                  int mask_sb, int mask_sh, int mask_bool)
 {
     static_assert(sizeof(T) == 2, "16-bit elements");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -78,6 +81,7 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     // this thread's two rows (g and g + 8 of the warp's m tile): q fragments and key limits
     unsigned qa[HD / 16][4];
     int lim[2];
+    int mrow[2] = {0, 0};
     #pragma unroll
     for (int r2 = 0; r2 < 2; ++r2) {
         const int r = mtile * 16 + g + 8 * r2;
@@ -86,6 +90,10 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
         const T* qr = q + (((size_t)b * H + (size_t)hkv * G + (valid ? r / Lq : 0)) * Lq + i) * HD;
         // last visible key (inclusive), capped by this split's end
         lim[r2] = valid ? min(j_end - 1, causal ? i + Lk - Lq : Lk - 1) : -1;
+#if MASKED
+        if (valid)
+            mrow[r2] = mask_row(b, hkv * G + r / Lq, i, Lk, mask_sb, mask_sh);
+#endif
         #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
             qa[ks][r2] = valid ? *reinterpret_cast<const unsigned*>(qr + ks * 16 + 2 * t) : 0u;
@@ -122,7 +130,7 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
                 for (int ks = 0; ks < HD / 16; ++ks)
                     qk_slice<1>(s, qa[ks], k_base + st + k_lane, c * 16, ks);
                 unsigned pf[1][4];
-                softmax_step<1>(s, jc, t, lim, sl, m_run, l_run, pf, o);
+                softmax_step<1>(s, jc, t, lim, sl, m_run, l_run, pf, o, mrow, mask, mask_bool);
                 pv_step<1>(o, pf, v_base + st + v_lane, c * 16);
             }
         }

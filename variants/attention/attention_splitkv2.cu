@@ -17,12 +17,17 @@
 //   * RB < R spreads large row counts (speculative decode) over RG CTAs a split: each merges
 //     its own rows (RG last CTAs in parallel, not one merging every row).
 // Softmax in fp32, log2 domain (x = s * scale * log2(e)), masked keys -inf, fully masked rows
-// give 0. Causal: bottom-right aligned, row i sees keys j <= i + Lk - Lq. Config macros: HD
-// (head dim; must equal D), KPS (keys per split), BN (keys per staged tile), NWARPS, STAGES
-// (tiles in the ring), KC (keys a warp step), RB (rows per CTA, a multiple of 16). Dynamic
-// shared memory: max((STAGES * 2 * BN + QR) * (HD + 8) * 2, NWARPS * (16 * HD + 32) * 4)
-// bytes, QR = 16 * ceil_div(min(R, RB), 16) rows of q after the ring (sized by the shape:
-// decode's few rows leave room for a second CTA an SM). Workspace (floats, S =
+// give 0. Causal: bottom-right aligned, row i sees keys j <= i + Lk - Lq. Padding mask
+// (MASKED = 1): mask [B or 1, 1 or H, Lq, Lk], boolean (1 byte, nonzero: seen) or additive in
+// T, row (b, h, i) at element b * mask_sb + h * mask_sh + i * Lk (strides 0 where broadcast);
+// a hidden key is -inf as a causally masked one, an additive value joins the logit (its log2
+// e multiple); it combines with causal. MASKED = 0 reads no mask argument (null): the code is
+// that of the kernel before masks. Config macros: HD (head dim; must equal D), KPS (keys per
+// split), BN (keys per staged tile), NWARPS, STAGES (tiles in the ring), KC (keys a warp
+// step), RB (rows per CTA, a multiple of 16), MASKED (0 or 1). Dynamic shared memory:
+// max((STAGES * 2 * BN + QR) * (HD + 8) * 2, NWARPS * (16 * HD + 32) * 4) bytes, QR = 16 *
+// ceil_div(min(R, RB), 16) rows of q after the ring (sized by the shape: decode's few rows
+// leave room for a second CTA an SM). Workspace (floats, S =
 // ceil_div(Lk, KPS) splits): B*Hkv*S*R*HD partial outputs, then B*Hkv*S*R (m, l) pairs, then
 // B*Hkv*RG counters (each reset to 0 by the CTA that merges). The tile copy, the warp step's
 // softmax and P V, the warp partials and the split merge are in adaptive_splitkv.cuh (shared
@@ -72,7 +77,8 @@ static_assert(RB % 16 == 0, "row groups of whole m16 tiles");
 extern "C" __global__ void LAUNCH_BOUNDS
 attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale,
-                   int causal, float* __restrict__ workspace)
+                   int causal, float* __restrict__ workspace, const void* __restrict__ mask,
+                   int mask_sb, int mask_sh, int mask_bool)
 {
     static_assert(sizeof(T) == 2, "16-bit elements");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -116,13 +122,18 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
     }
 
     // the last visible key (inclusive) of this thread's two rows (g and g + 8 of the warp's
-    // m tile), capped by this split's end
+    // m tile), capped by this split's end; with a mask, the rows' mask rows
     int lim[2];
+    int mrow[2] = {0, 0};
     #pragma unroll
     for (int r2 = 0; r2 < 2; ++r2) {
         const int rl = mtile * 16 + g + 8 * r2;
         const int i = (r0 + rl) % Lq;
         lim[r2] = active && rl < RC ? min(j_end - 1, causal ? i + Lk - Lq : Lk - 1) : -1;
+#if MASKED
+        if (lim[r2] >= 0)
+            mrow[r2] = mask_row(b, hkv * G + (r0 + rl) / Lq, i, Lk, mask_sb, mask_sh);
+#endif
     }
 
     float o[HD / 8][4];
@@ -159,7 +170,8 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
                     qk_slice<NH>(s, qa, ks_base + k_lane, c * KC, ks);
                 }
                 unsigned pf[NH][4];
-                softmax_step<NH>(s, jc, t, lim, sl, m_run, l_run, pf, o);
+                softmax_step<NH>(s, jc, t, lim, sl, m_run, l_run, pf, o, mrow, mask,
+                                 mask_bool);
                 pv_step<NH>(o, pf, vs_base + v_lane, c * KC);
             }
         }
