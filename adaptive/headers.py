@@ -1,9 +1,12 @@
 """The CUDA headers shipped with adaptive, put into a variant's text where it includes them.
 
 A CUDA variant writes ``#include "adaptive_ptx.cuh"`` (the inline-PTX helpers: cp.async,
-ldmatrix, mma.sync, ...; the file is ``adaptive/include/adaptive_ptx.cuh``). :func:`expand`
-replaces that line by the header's text between ``#line`` markers, so compiler messages
-name the header's and the variant's own lines. Every compile goes through
+ldmatrix, mma.sync, ...; the file is ``adaptive/include/adaptive_ptx.cuh``), or the name of
+another header of :data:`HEADERS` (``adaptive_splitkv.cuh``: the device code the two split-KV
+decode attention kernels share, included after adaptive_ptx.cuh and their config macros;
+headers include no other header). :func:`expand` replaces that line by the header's text
+between ``#line`` markers, so compiler messages name the header's and the variant's own
+lines. Every compile goes through
 :func:`adaptive.nvrtc.full_source`, which expands, so the header's bytes are part of every
 kernel-cache key, and a variant's :meth:`~adaptive.variants.Variant.to_dict` (what packs
 store) and its ``source_hash`` use the expanded text: a pack carries the header it was
@@ -18,7 +21,7 @@ import re
 from pathlib import Path
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
-HEADERS = ("adaptive_ptx.cuh",)
+HEADERS = ("adaptive_ptx.cuh", "adaptive_splitkv.cuh")
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([\w.]+)[>"][ \t]*(//.*)?$', re.MULTILINE)
 
 

@@ -6,14 +6,20 @@ the adaptive dispatcher serves, on the decode shapes of issue 13.
 
 Shapes (fp16, D = 128, 32 query heads): B = 1 with 8 kv heads (GQA) at Lk = 1k..32k, Lq = 1;
 Lq = 2, 4, 8, 16 (causal, bottom-right: speculative decoding) at B = 1 and B = 8, Lk = 8192;
-B = 8 and 32 at Lk = 4096 (where SDPA is near the copy ceiling); MHA (32 kv heads) at B = 1.
+B = 8 and 32 at Lk = 4096 (where SDPA is near the copy ceiling); MHA (32 kv heads) at B = 1;
+a left-padded batch (``padded``): B = 8, Lk = 4096, Lq 1 and 4, with the boolean
+[B, 1, Lq, Lk] mask transformers builds at decode (random pad lengths up to Lk / 4 per batch
+entry, the bottom-right causal triangle at Lq = 4 inside it; causal=False), the split-KV
+variants in their MASKED configs.
 Each shape is timed three ways:
   * ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)``
-    as a user would call it: no mask at Lq = 1 (the whole cache is visible), and for Lq > 1
-    causal the bottom-right mask (``torch.nn.attention.bias.causal_lower_right``, or an
-    explicit boolean mask where that path refuses the input; the row says which);
+    as a user would call it: no mask at Lq = 1 (the whole cache is visible), the padding mask
+    (``attn_mask``) on a padded batch, and for Lq > 1 causal the bottom-right mask
+    (``torch.nn.attention.bias.causal_lower_right``, or an explicit boolean mask where that
+    path refuses the input; the row says which);
   * ``splitkv`` and ``splitkv2``: every config of ``splitkv_mma`` and of ``splitkv2_mma``
-    pinned, the fastest of each reported with its config (``times_ms`` holds them all);
+    that serves the shape (a padded batch: the MASKED ones) pinned, the fastest of each
+    reported with its config (``times_ms`` holds them all);
   * ``adaptive``: a fresh dispatcher (default policy) called on torch tensors without
     ``out=`` (as the transformers integration calls it) until its decision for the shape
     is committed (at most ``WARMUP_CALLS`` calls), then timed; the targets are judged on
@@ -53,18 +59,31 @@ COPY_FALLBACK_BYTES_PER_S = 4.2e12
 
 def decode_shapes(quick: bool = False) -> list[dict]:
     """The measured shapes: name, B, H, Hkv, Lq, Lk, D, causal, and kind (decode | near_ceiling)."""
-    def s(name, b, h, hkv, lq, lk, d=128, kind="decode"):
+    def s(name, b, h, hkv, lq, lk, d=128, kind="decode", padded=False):
         return {"name": name, "B": b, "H": h, "Hkv": hkv, "Lq": lq, "Lk": lk, "D": d,
-                "causal": True, "kind": kind}
+                "causal": not padded, "kind": kind, "padded": padded}
     if quick:             # the host dry run: tiny shapes, same code paths
         return [s("gqa B=1 Lk=70", 1, 4, 2, 1, 70, 16), s("gqa Lq=3 Lk=97", 1, 4, 2, 3, 97, 16),
-                s("mha B=2 Lk=65", 2, 2, 2, 1, 65, 16, "near_ceiling")]
+                s("mha B=2 Lk=65", 2, 2, 2, 1, 65, 16, "near_ceiling"),
+                s("padded B=2 Lq=3 Lk=97", 2, 4, 2, 3, 97, 16, padded=True)]
     out = [s(f"gqa B=1 Lk={lk}", 1, 32, 8, 1, lk) for lk in (1024, 4096, 8192, 16384, 32768)]
     out += [s(f"gqa B={b} Lq={lq} Lk=8192", b, 32, 8, lq, 8192)
             for b in (1, 8) for lq in (2, 4, 8, 16)]
     out += [s(f"gqa B={b} Lk=4096", b, 32, 8, 1, 4096, kind="near_ceiling") for b in (8, 32)]
     out += [s(f"mha B=1 Lk={lk}", 1, 32, 32, 1, lk) for lk in (4096, 16384)]
+    out += [s(f"padded B=8 Lq={lq} Lk=4096", 8, 32, 8, lq, 4096, padded=True) for lq in (1, 4)]
     return out
+
+
+def padding_mask(torch, shape: dict, device, seed: int = 13):
+    """The boolean [B, 1, Lq, Lk] mask transformers' SDPA mask builder passes at decode for a
+    left-padded batch: batch entry b hides its first pad_b keys (pad_b random, up to Lk / 4),
+    query row i sees keys j <= i + Lk - Lq (the causal triangle, bottom-right)."""
+    b, lq, lk = shape["B"], shape["Lq"], shape["Lk"]
+    pad = np.random.default_rng(seed).integers(0, lk // 4 + 1, size=b)
+    j, i = np.arange(lk)[None, None, None, :], np.arange(lq)[None, None, :, None]
+    seen = (j >= pad[:, None, None, None]) & (j <= i + lk - lq)
+    return torch.from_numpy(np.ascontiguousarray(seen)).to(device)
 
 
 def io_bytes(shape: dict, itemsize: int = 2) -> int:
@@ -74,9 +93,12 @@ def io_bytes(shape: dict, itemsize: int = 2) -> int:
 
 
 def sdpa_call(torch, shape: dict, device):
-    """(fn(q, k, v) -> out, how): SDPA the way a user runs this shape."""
+    """(fn(q, k, v[, mask]) -> out, how): SDPA the way a user runs this shape."""
     import torch.nn.functional as F
     lq, lk, causal = shape["Lq"], shape["Lk"], shape["causal"]
+    if shape.get("padded"):            # transformers' SDPA path: the mask as attn_mask
+        return (lambda q, k, v, mask: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=True), "padding mask")
     if not causal or lq == 1:          # a decode step sees the whole cache: no mask
         return (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
                 "no mask")
@@ -171,16 +193,19 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
     inputs = [tuple(torch.randn(s, generator=gen, device=tdev, dtype=dtype)
                     for s in ((b, h, lq, d), (b, hkv, lk, d), (b, hkv, lk, d)))
               for _ in range(n)]
+    if shape.get("padded"):           # one padding mask for every copy (a batch's own)
+        mask = padding_mask(torch, shape, tdev)
+        inputs = [x + (mask,) for x in inputs]
     outs = [torch.empty((b, h, lq, d), device=tdev, dtype=dtype) for _ in range(n)]
     params = {"causal": causal}
     row = {**shape, "copies": n, "bytes": nbytes, "times_ms": {}}
 
     sdpa, how = sdpa_call(torch, shape, tdev)
     row["sdpa_mask"] = how
-    q0, k0, v0 = inputs[0]
-    ref = op.reference(*(t.double().cpu().numpy() for t in (q0, k0, v0)), causal=causal) \
+    ref = op.reference(*(t.cpu().numpy() if t.dtype == torch.bool else t.double().cpu().numpy()
+                         for t in inputs[0]), causal=causal) \
         if b * h * lq * lk <= 1 << 22 else None
-    got = sdpa(q0, k0, v0).double().cpu().numpy()
+    got = sdpa(*inputs[0]).double().cpu().numpy()
     if ref is not None:
         err = op.error(got, ref)
         if err > 2e-2:

@@ -6,7 +6,9 @@ A CUDA variant lists its kernel parameters by name (``args = ["a", "b", "out", "
 value (an input array, the output, something derived from an input). The warm call then
 only evaluates the per-call slots. Resolution order for a name:
 
-1. ``out`` (the result), an array name of the op (``a``, ``b``, ``x``, ``q``...);
+1. ``out`` (the result), an array name of the op (``a``, ``b``, ``x``, ``q``...), or
+   one of its optional arrays (attention's ``mask``: a null pointer where the call gave
+   none);
 2. ``workspace``: a zero-initialised device buffer of ``launch.workspace_bytes`` bytes,
    one per plan and stream (:class:`StreamWorkspaces`: a plan called from two streams at
    once must not share split-K partials and tile counters; kernels that use it as
@@ -71,6 +73,27 @@ register("attention", "scale", ArgProvider("logit scale; 1/sqrt(D) when not give
                                            plan=_attention_scale))
 
 
+def _mask_strides(problem, scope) -> tuple[int, int]:
+    """Elements between the mask rows of consecutive batch entries and of consecutive query
+    heads (0 where the mask is broadcast over that dim, or absent)."""
+    extra = problem.extra_dict
+    plane = scope["Lq"] * scope["Lk"]
+    sh = plane if extra.get("mask_per_head") else 0
+    sb = (scope["H"] if sh else 1) * plane if extra.get("mask_per_batch") else 0
+    return sb, sh
+
+
+register("attention", "mask_sb", ArgProvider(
+    "mask elements between batch entries (0: one mask row set for the batch, or no mask)",
+    plan=lambda problem, scope: np.int32(_mask_strides(problem, scope)[0])))
+register("attention", "mask_sh", ArgProvider(
+    "mask elements between query heads (0: broadcast over heads, or no mask)",
+    plan=lambda problem, scope: np.int32(_mask_strides(problem, scope)[1])))
+register("attention", "mask_bool", ArgProvider(
+    "1: the mask is boolean (True: seen); 0: additive in q's dtype, or no mask",
+    plan=lambda problem, scope: np.int32(bool(problem.extra_dict.get("mask_bool")))))
+
+
 @dataclasses.dataclass(frozen=True)
 class Slot:
     """One bound kernel argument: ``code`` is a Python expression over the call's names."""
@@ -133,6 +156,13 @@ def bind(op, names: list[str], kind: str, scope: Mapping, problem,
             slots.append(Slot(name, pointer_code(kind, "out") if kind == "torch" else "out"))
         elif name in op.arrays:
             slots.append(Slot(name, pointer_code(kind, f"args[{op.arrays.index(name)}]")))
+        elif name in op.optional_arrays:
+            index = len(op.arrays) + op.optional_arrays.index(name)
+            if index < op.arrays_given(problem):
+                slots.append(Slot(name, pointer_code(kind, f"args[{index}]")))
+            else:   # not given: a null pointer (the kernel's config says it reads none)
+                env[const] = np.uint64(0)
+                slots.append(Slot(name, const, env[const]))
         elif name == "workspace":
             if workspace is None:
                 raise InputValueError(f"{op.name}: argument 'workspace' needs "
@@ -163,7 +193,8 @@ def bind(op, names: list[str], kind: str, scope: Mapping, problem,
             env[const] = value
             slots.append(Slot(name, const, value))
         else:
-            known = sorted({"out", "workspace", *op.arrays, *providers, *scope})
+            known = sorted({"out", "workspace", *op.arrays, *op.optional_arrays, *providers,
+                            *scope})
             raise InputValueError(f"{op.name}: unknown kernel argument {name!r}; known names: "
                                   f"{', '.join(known)}")
     return slots, env

@@ -12,6 +12,11 @@ boolean (True: the key is seen) or additive in q's dtype (added to the scaled sc
 hides a key). It combines with ``causal``. A query row that sees no key at all gives zeros
 (PyTorch's SDPA does the same). Whether a mask is given is in the key and in the scope as
 ``masked`` (0 or 1), so a variant that cannot read one says ``requires = ["not masked"]``.
+A masked problem also says how its mask is laid out (:data:`MASK_LAYOUT`, in the scope and
+the input class, not in the features): ``mask_bool`` (1: boolean, 0: additive),
+``mask_per_batch`` (1: a row per batch entry, dim 0 is B > 1) and ``mask_per_head`` (1: a
+row per query head, dim 1 is H > 1); kernels that read the mask get its element strides
+from them (``mask_sb``, ``mask_sh``: adaptive/backends/cuda_args.py).
 
 ``scale`` may be any finite number: 0 weighs the visible keys equally and a negative scale
 is the formula as written; NaN and infinities are refused.
@@ -30,10 +35,15 @@ from adaptive.ops.base import Op, Param, Problem, random_array
 from adaptive.ops.regimes import attention_regimes
 
 
+# what a masked problem's extras say of its mask, beyond ``masked``
+MASK_LAYOUT = ("mask_bool", "mask_per_batch", "mask_per_head")
+
+
 class Attention(Op):
     name = "attention"
     token_dims = ("Lq", "Lk")
     arrays = ("q", "k", "v")       # and an optional fourth, "mask"
+    optional_arrays = ("mask",)
     regimes = attention_regimes()   # large scores, constant keys, tiny, mixed + generic
     reduction_dims = ("Lk", "D")
     params = (
@@ -72,8 +82,13 @@ class Attention(Op):
         p = super().problem(args[:3], params)
         if len(args) == 3:
             return p
-        _check_mask(args[3], args[0], p)
-        return dataclasses.replace(p, extra=(("masked", 1.0),))
+        shape, dtype = _check_mask(args[3], args[0], p)
+        layout = (float(dtype == "bool"), float(shape[0] > 1), float(shape[1] > 1))
+        return dataclasses.replace(p, extra=(("masked", 1.0), *zip(MASK_LAYOUT, layout)))
+
+    def arrays_given(self, p: Problem) -> int:
+        """q, k, v, and the mask where the problem is masked."""
+        return 3 + bool(p.extra_dict.get("masked"))
 
     def out_shape(self, p: Problem) -> tuple:
         return (p.dim("B"), p.dim("H"), p.dim("Lq"), p.dim("D"))
@@ -97,6 +112,8 @@ class Attention(Op):
             feats["log2_group"] = feats["log2_H"] - hkv
         if not feats.get("masked"):   # rows measured before masks existed read the same
             feats.pop("masked", None)
+        for name in MASK_LAYOUT:      # the input class and the scope hold the layout
+            feats.pop(name, None)
         return feats
 
     def reference(self, q, k, v, mask=None, causal=False, scale=None):
@@ -117,9 +134,12 @@ class Attention(Op):
         s = np.where(seen, s, -np.inf)
         return softmax_v(s, v)
 
-    def make_inputs(self, dims, dtype, rng, masked=0.0, **stats):
-        """q, k, v; with ``masked`` also a boolean padding mask [B, 1, Lq, Lk] (left
-        padding of a random length per batch row, every query row seeing some key)."""
+    def make_inputs(self, dims, dtype, rng, masked=0.0, mask_bool=1.0, mask_per_batch=1.0,
+                    mask_per_head=0.0, **stats):
+        """q, k, v; with ``masked`` also a padding mask (left padding of a random length
+        per batch row, every query row seeing some key) laid out as the extras say:
+        boolean, or additive (0 seen, -inf hidden) in q's dtype; [B, ...] or [1, ...] (one
+        padding for the batch); [., 1, Lq, Lk] or [., H, Lq, Lk] (padding per head)."""
         b, h, d = dims["B"], dims["H"], dims["D"]
         hkv = dims.get("Hkv", h)
         lq = dims.get("Lq", dims.get("L"))
@@ -129,9 +149,19 @@ class Attention(Op):
                   random_array(rng, (b, hkv, lk, d), dtype))
         if not masked:
             return inputs
-        pad = rng.integers(0, max(1, lk - lq + 1), size=b)   # keys hidden at the left
-        mask = np.arange(lk)[None, None, None, :] >= pad[:, None, None, None]
-        return inputs + (np.ascontiguousarray(np.broadcast_to(mask, (b, 1, lq, lk))),)
+        shape = (b if mask_per_batch else 1, h if mask_per_head else 1, lq, lk)
+        mask = padding_mask(rng, shape, max(1, lk - lq + 1))
+        if not mask_bool:
+            mask = np.where(mask, 0.0, -np.inf).astype(inputs[0].dtype)
+        return inputs + (mask,)
+
+
+def padding_mask(rng: np.random.Generator, shape: tuple, max_pad: int) -> np.ndarray:
+    """A boolean left-padding mask of ``shape`` [B', H', Lq, Lk] (a new writable array): each
+    (batch entry, head) row set hides its first ``pad`` keys, ``pad`` drawn in [0, max_pad)."""
+    pad = rng.integers(0, max_pad, size=shape[:2])
+    seen = np.arange(shape[3])[None, None, None, :] >= pad[:, :, None, None]
+    return np.broadcast_to(seen, shape).copy()
 
 
 def softmax_v(s: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -144,9 +174,9 @@ def softmax_v(s: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.einsum("bhqk,bhkd->bhqd", p, v)
 
 
-def _check_mask(mask, q, p: Problem) -> None:
-    """Raise unless ``mask`` is a [B or 1, 1 or H, Lq, Lk] boolean or q-dtype array of q's
-    kind and device, C-contiguous."""
+def _check_mask(mask, q, p: Problem) -> tuple[tuple, str]:
+    """The shape and dtype of ``mask``; raise unless it is a [B or 1, 1 or H, Lq, Lk]
+    boolean or q-dtype array of q's kind and device, C-contiguous."""
     try:
         arrays.signature(mask)
     except InputTypeError:
@@ -168,6 +198,7 @@ def _check_mask(mask, q, p: Problem) -> None:
     if not info.contiguous:
         raise InputValueError("attention: argument 'mask' is not C-contiguous; pass a "
                               "contiguous mask (e.g. mask.contiguous())")
+    return shape, info.dtype
 
 
 def repeat_kv(x, heads: int):

@@ -107,6 +107,7 @@ class Op:
 
     name: str = ""
     arrays: tuple[str, ...] = ()          # names of the array arguments, in order
+    optional_arrays: tuple[str, ...] = ()  # array arguments that may follow them, in order
     sparse: tuple[str, ...] = ()          # the array arguments that are SparseWeights
     params: tuple[Param, ...] = ()
     dtypes: tuple[str, ...] = ("float16", "bfloat16", "float32")
@@ -133,6 +134,11 @@ class Op:
         output dtype's subnormals (fp16 2^-25), what one correct rounding can cost there.
         Every op's output has its inputs' dtype."""
         return rounding_floor(dtype)
+
+    def arrays_given(self, problem: Problem) -> int:
+        """How many array arguments ``problem``'s call passed: ``arrays`` and the first of
+        ``optional_arrays`` (an op with optional arrays says)."""
+        return len(self.arrays)
 
     # ---- hot path ----------------------------------------------------------------------
     def key(self, args: Sequence, params: Mapping) -> tuple:

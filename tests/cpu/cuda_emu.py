@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from adaptive import headers
+
 # where the emulated kernels report a fault the GPU would raise (ptx_emu.h's emu_fault: a
 # misaligned access); fault_reports() reads it, the tests' conftest after every test
 _FAULTS = Path(tempfile.mkdtemp(prefix="cuda-emu-")) / "faults.txt"
@@ -173,7 +175,9 @@ _SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
 
 def kernel_source(path: Path) -> str:
     """A variant's .cu text for g++ after HEADER + PTX: its include of adaptive_ptx.cuh
-    dropped (PTX emulates the header), its dynamic shared memory on ``emu_smem``."""
+    dropped (PTX emulates the header), the other shipped headers it includes put in place
+    as the library does (:func:`adaptive.headers.expand`), its dynamic shared memory on
+    ``emu_smem``."""
     src = Path(path).read_text()
     for text, what in ((_INCLUDE, "include of adaptive_ptx.cuh"),
                        (_SMEM, "dynamic shared memory declaration")):
@@ -181,6 +185,7 @@ def kernel_source(path: Path) -> str:
             raise ValueError(f"{path.name}: expected one {what} ({text!r}), found "
                              f"{src.count(text)}")
     src = src.replace(_INCLUDE, "// adaptive_ptx.cuh: emulated by ptx_emu.h")
+    src = headers.expand(src, path.name)
     return f'#line 1 "{path.name}"\n' + src.replace(_SMEM, "unsigned char* smem_raw = emu_smem;")
 
 

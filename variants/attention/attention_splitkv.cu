@@ -12,10 +12,14 @@
 // otherwise it writes (O, m, l) of its rows to the workspace and the last CTA of the
 // (b, kv head) (an atomic counter, reset to 0 by that CTA) merges the splits and writes out.
 // Causal: bottom-right aligned, row i sees keys j <= i + Lk - Lq (rows may see different
-// counts). Config macros: HD (head dim; must equal D), KPS (keys per split), BN (keys per
-// staged tile), NWARPS. Dynamic shared memory: max(4 * BN * (HD + 8) * 2, NWARPS * (16 * HD
-// + 32) * 4) bytes. Workspace (floats): B*Hkv*S*R*HD partial outputs, then B*Hkv*S*R (m, l)
-// pairs, then B*Hkv counters (S = ceil_div(Lk, KPS) splits).
+// counts). Padding mask (MASKED = 1): as attention_splitkv2.cu's (mask, mask_sb, mask_sh,
+// mask_bool; boolean or additive, broadcast over batch and heads by zero strides); MASKED = 0
+// reads none. Config macros: HD (head dim; must equal D), KPS (keys per split), BN (keys per
+// staged tile), NWARPS, MASKED. Dynamic shared memory: max(4 * BN * (HD + 8) * 2, NWARPS *
+// (16 * HD + 32) * 4) bytes. Workspace (floats): B*Hkv*S*R*HD partial outputs, then
+// B*Hkv*S*R (m, l) pairs, then B*Hkv counters (S = ceil_div(Lk, KPS) splits). The tile copy,
+// the warp step's softmax and P V, the warp partials and the split merge are in
+// adaptive_splitkv.cuh (shared with attention_splitkv2.cu).
 
 #include "adaptive_ptx.cuh"
 
@@ -37,33 +41,16 @@
 #else
 #define LAUNCH_BOUNDS __launch_bounds__(NTHREADS)
 #endif
-#define LDS (HD + 8)            // padded rows: conflict-free ldmatrix and cp.async
-#define STAGE_ELEMS (BN * LDS)
-#define CW_STRIDE (16 * HD + 32)  // floats per warp in the merge buffer: o[16][HD], m[16], l[16]
-#define NEG_INF (-__int_as_float(0x7f800000))
 #define MB (HD >= 128 ? 8 : 4)  // splits merged a step by the last CTA (registers: 6 a split)
 
-// Keys [j0, j0 + BN) of one kv head (rows of HD elements) into a shared tile (row stride
-// LDS); keys at or past j_end are zero-filled (they are masked too).
-__device__ __forceinline__ void load_tile(unsigned dst, const T* __restrict__ src, int j0,
-                                          int j_end) {
-    constexpr int RSTEP = NTHREADS / (HD / 8);             // rows per pass of the CTA
-    static_assert(BN % RSTEP == 0, "tile rows must divide among the threads");
-    const int rt = threadIdx.x / (HD / 8), col = (threadIdx.x % (HD / 8)) * 8;
-    #pragma unroll
-    for (int i = 0; i < BN / RSTEP; ++i) {
-        const int j = j0 + rt + i * RSTEP;
-        const bool in = j < j_end;
-        cp_async16(dst + ((rt + i * RSTEP) * LDS + col) * 2,
-                   in ? (const void*)(src + (size_t)j * HD + col) : (const void*)src,
-                   in ? 16 : 0);
-    }
-}
+#include "adaptive_splitkv.cuh"     // LDS, CW_STRIDE, NEG_INF; load_tile, softmax_step, ...
+#define STAGE_ELEMS (BN * LDS)
 
 extern "C" __global__ void LAUNCH_BOUNDS
 attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                   T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale,
-                  int causal, float* __restrict__ workspace)
+                  int causal, float* __restrict__ workspace, const void* __restrict__ mask,
+                  int mask_sb, int mask_sh, int mask_bool)
 {
     static_assert(sizeof(T) == 2, "16-bit elements");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -94,6 +81,7 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     // this thread's two rows (g and g + 8 of the warp's m tile): q fragments and key limits
     unsigned qa[HD / 16][4];
     int lim[2];
+    int mrow[2] = {0, 0};
     #pragma unroll
     for (int r2 = 0; r2 < 2; ++r2) {
         const int r = mtile * 16 + g + 8 * r2;
@@ -102,6 +90,10 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
         const T* qr = q + (((size_t)b * H + (size_t)hkv * G + (valid ? r / Lq : 0)) * Lq + i) * HD;
         // last visible key (inclusive), capped by this split's end
         lim[r2] = valid ? min(j_end - 1, causal ? i + Lk - Lq : Lk - 1) : -1;
+#if MASKED
+        if (valid)
+            mrow[r2] = mask_row(b, hkv * G + r / Lq, i, Lk, mask_sb, mask_sh);
+#endif
         #pragma unroll
         for (int ks = 0; ks < HD / 16; ++ks) {
             qa[ks][r2] = valid ? *reinterpret_cast<const unsigned*>(qr + ks * 16 + 2 * t) : 0u;
@@ -111,15 +103,11 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     }
 
     float o[HD / 8][4];
-    #pragma unroll
-    for (int i = 0; i < HD / 8; ++i)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+    zero_frags(o);
     float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
 
     // per-lane ldmatrix offsets (bytes) within a stage
-    const unsigned k_lane = (((lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-    const unsigned v_lane = ((lane & 15) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned k_lane = k_lane_offset(lane), v_lane = v_lane_offset(lane);
 
     for (int jt = 0; jt < n_tiles; ++jt) {
         const int j0 = j_beg + jt * BN;
@@ -137,62 +125,13 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
             for (int c = kslice; c < BN / 16 && j0 + c * 16 < j_end; c += KW) {
                 const int jc = j0 + c * 16;
                 float s[2][4];
+                zero_frags(s);
                 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
-                #pragma unroll
-                for (int ks = 0; ks < HD / 16; ++ks) {
-                    unsigned bf[4];
-                    ldmatrix_x4(bf, k_base + st + k_lane + (c * 16 * LDS + ks * 16) * 2);
-                    mma16816(s[0], qa[ks], bf);
-                    mma16816(s[1], qa[ks], bf + 2);
-                }
-                float mx[2] = {NEG_INF, NEG_INF};
-                #pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = jc + nt * 8 + 2 * t + (e & 1);
-                        const float x = key > lim[e >> 1] ? NEG_INF : s[nt][e] * sl;
-                        s[nt][e] = x;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                    }
-                float alpha[2], m_use[2];
-                #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                    const float m_new = fmaxf(m_run[r], mx[r]);
-                    m_use[r] = m_new == NEG_INF ? 0.f : m_new;    // row fully masked so far
-                    alpha[r] = ex2(m_run[r] - m_use[r]);
-                    m_run[r] = m_new;
-                    l_run[r] *= alpha[r];
-                }
-                unsigned pf[4];
-                #pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    const float p0 = ex2(s[nt][0] - m_use[0]), p1 = ex2(s[nt][1] - m_use[0]);
-                    const float p2 = ex2(s[nt][2] - m_use[1]), p3 = ex2(s[nt][3] - m_use[1]);
-                    l_run[0] += p0 + p1;
-                    l_run[1] += p2 + p3;
-                    pf[2 * nt] = pack2(p0, p1);
-                    pf[2 * nt + 1] = pack2(p2, p3);
-                }
-                if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-                    #pragma unroll
-                    for (int dt = 0; dt < HD / 8; ++dt) {
-                        o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0];
-                        o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
-                    }
-                }
-                #pragma unroll
-                for (int dp = 0; dp < HD / 16; ++dp) {
-                    unsigned bf[4];
-                    ldmatrix_x4_trans(bf, v_base + st + v_lane + (c * 16 * LDS + dp * 16) * 2);
-                    mma16816(o[2 * dp], pf, bf);
-                    mma16816(o[2 * dp + 1], pf, bf + 2);
-                }
+                for (int ks = 0; ks < HD / 16; ++ks)
+                    qk_slice<1>(s, qa[ks], k_base + st + k_lane, c * 16, ks);
+                unsigned pf[1][4];
+                softmax_step<1>(s, jc, t, lim, sl, m_run, l_run, pf, o, mrow, mask, mask_bool);
+                pv_step<1>(o, pf, v_base + st + v_lane, c * 16);
             }
         }
         __syncthreads();                       // every warp is done with stage jt & 1
@@ -201,22 +140,7 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
 
     // merge the KW warps of each m tile through shared memory (the staging area is free)
     float* cw = reinterpret_cast<float*>(smem_raw);
-    if (active) {
-        float* mine = cw + warp * CW_STRIDE;
-        #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = l_run[r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const int row = g + 8 * r;
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                mine[row * HD + dt * 8 + 2 * t] = o[dt][2 * r];
-                mine[row * HD + dt * 8 + 2 * t + 1] = o[dt][2 * r + 1];
-            }
-            if (t == 0) { mine[16 * HD + row] = m_run[r]; mine[16 * HD + 16 + row] = l; }
-        }
-    }
+    if (active) store_warp_partial(cw + warp * CW_STRIDE, o, m_run, l_run, g, t);
     __syncthreads();
 
     const size_t part = (size_t)bk * nsplit + split;       // this CTA's partial block
@@ -257,41 +181,13 @@ attention_splitkv(const T* __restrict__ q, const T* __restrict__ k, const T* __r
     // step (their loads issued together: one L2 round trip a step, not one a split)
     for (int idx = threadIdx.x; idx < R * (HD / 4); idx += NTHREADS) {
         const int r = idx / (HD / 4), d = (idx % (HD / 4)) * 4;
+        const size_t p0 = (size_t)bk * nsplit * R + r;   // split 0's partial of row r
         float m_tot = NEG_INF, den = 0.f;
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = 0; s0 < nsplit; s0 += MB) {
-            float2 ml[MB];
-            float4 x[MB];
-            #pragma unroll
-            for (int u = 0; u < MB; ++u) {
-                const size_t p = ((size_t)bk * nsplit + s0 + u) * R + r;
-                if (s0 + u < nsplit) {
-                    ml[u] = __ldcg(reinterpret_cast<const float2*>(ws_ml + p * 2));
-                    x[u] = __ldcg(reinterpret_cast<const float4*>(ws_o + p * HD + d));
-                } else {
-                    ml[u] = make_float2(NEG_INF, 0.f);
-                    x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            }
-            float m_new = m_tot;
-            #pragma unroll
-            for (int u = 0; u < MB; ++u) m_new = fmaxf(m_new, ml[u].x);
-            if (m_new == NEG_INF) continue;                // no split so far saw a key of row r
-            const float a = ex2(m_tot - m_new);            // ex2(-inf) = 0
-            den *= a;
-            num.x *= a; num.y *= a; num.z *= a; num.w *= a;
-            #pragma unroll
-            for (int u = 0; u < MB; ++u) {
-                const float f = ex2(ml[u].x - m_new);      // a split that saw nothing: 0
-                den += ml[u].y * f;
-                num.x += x[u].x * f; num.y += x[u].y * f; num.z += x[u].z * f; num.w += x[u].w * f;
-            }
-            m_tot = m_new;
-        }
-        const float inv = den > 0.f ? 1.f / den : 0.f;
-        T* dst = out + (out_row0 + r) * HD + d;
-        *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
-        *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
+        merge_splits<MB>(reinterpret_cast<const float2*>(ws_ml) + p0,
+                         reinterpret_cast<const float4*>(ws_o + p0 * HD + d), R, nsplit, 0, MB,
+                         m_tot, den, num);
+        store_out4(out + (out_row0 + r) * HD + d, num, den);
     }
     if (threadIdx.x == 0) counters[bk] = 0u;
 }

@@ -17,14 +17,21 @@
 //   * RB < R spreads large row counts (speculative decode) over RG CTAs a split: each merges
 //     its own rows (RG last CTAs in parallel, not one merging every row).
 // Softmax in fp32, log2 domain (x = s * scale * log2(e)), masked keys -inf, fully masked rows
-// give 0. Causal: bottom-right aligned, row i sees keys j <= i + Lk - Lq. Config macros: HD
-// (head dim; must equal D), KPS (keys per split), BN (keys per staged tile), NWARPS, STAGES
-// (tiles in the ring), KC (keys a warp step), RB (rows per CTA, a multiple of 16). Dynamic
-// shared memory: max((STAGES * 2 * BN + QR) * (HD + 8) * 2, NWARPS * (16 * HD + 32) * 4)
-// bytes, QR = 16 * ceil_div(min(R, RB), 16) rows of q after the ring (sized by the shape:
-// decode's few rows leave room for a second CTA an SM). Workspace (floats, S =
+// give 0. Causal: bottom-right aligned, row i sees keys j <= i + Lk - Lq. Padding mask
+// (MASKED = 1): mask [B or 1, 1 or H, Lq, Lk], boolean (1 byte, nonzero: seen) or additive in
+// T, row (b, h, i) at element b * mask_sb + h * mask_sh + i * Lk (strides 0 where broadcast);
+// a hidden key is -inf as a causally masked one, an additive value joins the logit (its log2
+// e multiple); it combines with causal. MASKED = 0 reads no mask argument (null): the code is
+// that of the kernel before masks. Config macros: HD (head dim; must equal D), KPS (keys per
+// split), BN (keys per staged tile), NWARPS, STAGES (tiles in the ring), KC (keys a warp
+// step), RB (rows per CTA, a multiple of 16), MASKED (0 or 1). Dynamic shared memory:
+// max((STAGES * 2 * BN + QR) * (HD + 8) * 2, NWARPS * (16 * HD + 32) * 4) bytes, QR = 16 *
+// ceil_div(min(R, RB), 16) rows of q after the ring (sized by the shape: decode's few rows
+// leave room for a second CTA an SM). Workspace (floats, S =
 // ceil_div(Lk, KPS) splits): B*Hkv*S*R*HD partial outputs, then B*Hkv*S*R (m, l) pairs, then
-// B*Hkv*RG counters (each reset to 0 by the CTA that merges).
+// B*Hkv*RG counters (each reset to 0 by the CTA that merges). The tile copy, the warp step's
+// softmax and P V, the warp partials and the split merge are in adaptive_splitkv.cuh (shared
+// with attention_splitkv.cu).
 
 #include "adaptive_ptx.cuh"
 
@@ -58,37 +65,20 @@
 #define LAUNCH_BOUNDS __launch_bounds__(NTHREADS)
 #endif
 #define NH (KC / 16)              // 16-key halves of a warp step
-#define LDS (HD + 8)              // padded rows: conflict-free ldmatrix and cp.async
-#define STAGE_BYTES (BN * LDS * 2)
-#define CW_STRIDE (16 * HD + 32)  // floats per warp in the merge buffer: o[16][HD], m[16], l[16]
-#define NEG_INF (-__int_as_float(0x7f800000))
 #define MB 16                     // splits whose loads a merging thread has in flight
+
+#include "adaptive_splitkv.cuh"   // LDS, CW_STRIDE, NEG_INF; load_tile, softmax_step, ...
+#define STAGE_BYTES (BN * LDS * 2)
 
 static_assert(KC == 16 || KC == 32, "a warp step is 16 or 32 keys");
 static_assert(BN % KC == 0 && STAGES >= 2, "tiles hold whole warp steps; two stages at least");
 static_assert(RB % 16 == 0, "row groups of whole m16 tiles");
 
-// Keys [j0, j0 + BN) of one kv head (rows of HD elements) into a shared tile (row stride
-// LDS); keys at or past j_end are zero-filled (they are masked too).
-__device__ __forceinline__ void load_tile(unsigned dst, const T* __restrict__ src, int j0,
-                                          int j_end) {
-    constexpr int RSTEP = NTHREADS / (HD / 8);             // rows per pass of the CTA
-    static_assert(BN % RSTEP == 0, "tile rows must divide among the threads");
-    const int rt = threadIdx.x / (HD / 8), col = (threadIdx.x % (HD / 8)) * 8;
-    #pragma unroll
-    for (int i = 0; i < BN / RSTEP; ++i) {
-        const int j = j0 + rt + i * RSTEP;
-        const bool in = j < j_end;
-        cp_async16(dst + ((rt + i * RSTEP) * LDS + col) * 2,
-                   in ? (const void*)(src + (size_t)j * HD + col) : (const void*)src,
-                   in ? 16 : 0);
-    }
-}
-
 extern "C" __global__ void LAUNCH_BOUNDS
 attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale,
-                   int causal, float* __restrict__ workspace)
+                   int causal, float* __restrict__ workspace, const void* __restrict__ mask,
+                   int mask_sb, int mask_sh, int mask_bool)
 {
     static_assert(sizeof(T) == 2, "16-bit elements");
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -132,25 +122,26 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
     }
 
     // the last visible key (inclusive) of this thread's two rows (g and g + 8 of the warp's
-    // m tile), capped by this split's end
+    // m tile), capped by this split's end; with a mask, the rows' mask rows
     int lim[2];
+    int mrow[2] = {0, 0};
     #pragma unroll
     for (int r2 = 0; r2 < 2; ++r2) {
         const int rl = mtile * 16 + g + 8 * r2;
         const int i = (r0 + rl) % Lq;
         lim[r2] = active && rl < RC ? min(j_end - 1, causal ? i + Lk - Lq : Lk - 1) : -1;
+#if MASKED
+        if (lim[r2] >= 0)
+            mrow[r2] = mask_row(b, hkv * G + (r0 + rl) / Lq, i, Lk, mask_sb, mask_sh);
+#endif
     }
 
     float o[HD / 8][4];
-    #pragma unroll
-    for (int i = 0; i < HD / 8; ++i)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) o[i][e] = 0.f;
+    zero_frags(o);
     float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
 
     // per-lane ldmatrix offsets (bytes) within a stage; q's m tile (A fragments as V's)
-    const unsigned k_lane = (((lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8) * 2;
-    const unsigned v_lane = ((lane & 15) * LDS + (lane >> 4) * 8) * 2;
+    const unsigned k_lane = k_lane_offset(lane), v_lane = v_lane_offset(lane);
     const unsigned q_tile = q_base + mtile * 16 * LDS * 2 + v_lane;
 
     for (int jt = 0; jt < n_tiles; ++jt) {
@@ -171,70 +162,17 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
             for (int c = kslice; c < BN / KC && j0 + c * KC < j_end; c += KW) {
                 const int jc = j0 + c * KC;
                 float s[2 * NH][4];
-                #pragma unroll
-                for (int nt = 0; nt < 2 * NH; ++nt)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+                zero_frags(s);
                 #pragma unroll
                 for (int ks = 0; ks < HD / 16; ++ks) {
                     unsigned qa[4];
                     ldmatrix_x4(qa, q_tile + ks * 16 * 2);
-                    #pragma unroll
-                    for (int h = 0; h < NH; ++h) {
-                        unsigned bf[4];
-                        ldmatrix_x4(bf, ks_base + k_lane + ((c * KC + h * 16) * LDS + ks * 16) * 2);
-                        mma16816(s[2 * h], qa, bf);
-                        mma16816(s[2 * h + 1], qa, bf + 2);
-                    }
-                }
-                float mx[2] = {NEG_INF, NEG_INF};
-                #pragma unroll
-                for (int nt = 0; nt < 2 * NH; ++nt)
-                    #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = jc + nt * 8 + 2 * t + (e & 1);
-                        const float x = key > lim[e >> 1] ? NEG_INF : s[nt][e] * sl;
-                        s[nt][e] = x;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                    }
-                float alpha[2], m_use[2];
-                #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                    const float m_new = fmaxf(m_run[r], mx[r]);
-                    m_use[r] = m_new == NEG_INF ? 0.f : m_new;    // row fully masked so far
-                    alpha[r] = ex2(m_run[r] - m_use[r]);
-                    m_run[r] = m_new;
-                    l_run[r] *= alpha[r];
+                    qk_slice<NH>(s, qa, ks_base + k_lane, c * KC, ks);
                 }
                 unsigned pf[NH][4];
-                #pragma unroll
-                for (int nt = 0; nt < 2 * NH; ++nt) {
-                    const float p0 = ex2(s[nt][0] - m_use[0]), p1 = ex2(s[nt][1] - m_use[0]);
-                    const float p2 = ex2(s[nt][2] - m_use[1]), p3 = ex2(s[nt][3] - m_use[1]);
-                    l_run[0] += p0 + p1;
-                    l_run[1] += p2 + p3;
-                    pf[nt >> 1][2 * (nt & 1)] = pack2(p0, p1);
-                    pf[nt >> 1][2 * (nt & 1) + 1] = pack2(p2, p3);
-                }
-                if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-                    #pragma unroll
-                    for (int dt = 0; dt < HD / 8; ++dt) {
-                        o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0];
-                        o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
-                    }
-                }
-                #pragma unroll
-                for (int dp = 0; dp < HD / 16; ++dp)
-                    #pragma unroll
-                    for (int h = 0; h < NH; ++h) {
-                        unsigned bf[4];
-                        ldmatrix_x4_trans(bf, vs_base + v_lane
-                                              + ((c * KC + h * 16) * LDS + dp * 16) * 2);
-                        mma16816(o[2 * dp], pf[h], bf);
-                        mma16816(o[2 * dp + 1], pf[h], bf + 2);
-                    }
+                softmax_step<NH>(s, jc, t, lim, sl, m_run, l_run, pf, o, mrow, mask,
+                                 mask_bool);
+                pv_step<NH>(o, pf, vs_base + v_lane, c * KC);
             }
         }
     }
@@ -243,22 +181,7 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
 
     // merge the KW warps of each m tile through shared memory (the ring is free)
     float* cw = reinterpret_cast<float*>(smem_raw);
-    if (active) {
-        float* mine = cw + warp * CW_STRIDE;
-        #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = l_run[r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const int row = g + 8 * r;
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                mine[row * HD + dt * 8 + 2 * t] = o[dt][2 * r];
-                mine[row * HD + dt * 8 + 2 * t + 1] = o[dt][2 * r + 1];
-            }
-            if (t == 0) { mine[16 * HD + row] = m_run[r]; mine[16 * HD + 16 + row] = l; }
-        }
-    }
+    if (active) store_warp_partial(cw + warp * CW_STRIDE, o, m_run, l_run, g, t);
     __syncthreads();
 
     const int S = nsplit;
@@ -283,10 +206,7 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
             den += src[16 * HD + 16 + rr] * f;
         }
         if (S == 1) {
-            const float inv = den > 0.f ? 1.f / den : 0.f;
-            T* dst = out + (row0 + rl) * HD + d;
-            *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
-            *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
+            store_out4(out + (row0 + rl) * HD + d, num, den);
         } else {
             const size_t p = part * R + r0 + rl;
             *reinterpret_cast<float4*>(ws_o + p * HD + d) = num;
@@ -324,39 +244,9 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
         const float4* x0 = reinterpret_cast<const float4*>(ws_o + p0 * HD) + item % (HD / 4);
         float m_tot = NEG_INF, den = 0.f;
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = part * MB; s0 < S; s0 += P * MB) {
-            float2 ml[MB];
-            float4 x[MB];
-            #pragma unroll
-            for (int u = 0; u < MB; ++u) {
-                if (s0 + u < S) {
-                    ml[u] = __ldcg(ml0 + (size_t)(s0 + u) * R);
-                    x[u] = __ldcg(x0 + (size_t)(s0 + u) * R * (HD / 4));
-                } else {
-                    ml[u] = make_float2(NEG_INF, 0.f);
-                    x[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-                }
-            }
-            float m_new = m_tot;
-            #pragma unroll
-            for (int u = 0; u < MB; ++u) m_new = fmaxf(m_new, ml[u].x);
-            if (m_new == NEG_INF) continue;                // no split so far saw a key of row r
-            const float a = ex2(m_tot - m_new);            // ex2(-inf) = 0
-            den *= a;
-            num.x *= a; num.y *= a; num.z *= a; num.w *= a;
-            #pragma unroll
-            for (int u = 0; u < MB; ++u) {
-                const float f = ex2(ml[u].x - m_new);      // a split that saw nothing: 0
-                den += ml[u].y * f;
-                num.x += x[u].x * f; num.y += x[u].y * f; num.z += x[u].z * f; num.w += x[u].w * f;
-            }
-            m_tot = m_new;
-        }
+        merge_splits<MB>(ml0, x0, R, S, part * MB, P * MB, m_tot, den, num);
         if (P == 1) {
-            const float inv = den > 0.f ? 1.f / den : 0.f;
-            T* dst = out + (row0 + item / (HD / 4)) * HD + (item % (HD / 4)) * 4;
-            *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
-            *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
+            store_out4(out + (row0 + item / (HD / 4)) * HD + (item % (HD / 4)) * 4, num, den);
         } else {
             float* mine = parts + (size_t)idx * 8;
             *reinterpret_cast<float4*>(mine) = num;
@@ -379,10 +269,7 @@ attention_splitkv2(const T* __restrict__ q, const T* __restrict__ k, const T* __
                 num.x += x.x * f; num.y += x.y * f; num.z += x.z * f; num.w += x.w * f;
                 den += src[5] * f;
             }
-            const float inv = den > 0.f ? 1.f / den : 0.f;
-            T* dst = out + (row0 + item / (HD / 4)) * HD + (item % (HD / 4)) * 4;
-            *reinterpret_cast<unsigned*>(dst) = pack2(num.x * inv, num.y * inv);
-            *reinterpret_cast<unsigned*>(dst + 2) = pack2(num.z * inv, num.w * inv);
+            store_out4(out + (row0 + item / (HD / 4)) * HD + (item % (HD / 4)) * 4, num, den);
         }
     }
     if (threadIdx.x == 0) counters[ctr] = 0u;
