@@ -40,9 +40,11 @@ log = logging.getLogger("adaptive")
 
 MISS_LOG = 256    # misses kept for recent_misses()
 # the longest an exploring sample's stream is gated before its event pair (GPU: released
-# as soon as the call and its end event are issued, see CudaBackend.gate); longer than the
-# host takes to issue a candidate's launch (≤ 25 µs measured on the H200, run H)
-HOLD_US = 100.0
+# as soon as the call and its end event are issued, see CudaBackend.gate): longer than the
+# host takes to issue any candidate, a torch library call included. At 100 µs the learned
+# dispatcher committed split-KV configs 0.76-0.89x SDPA on 5 decode shapes; at 1000 µs it
+# served 0.98-1.01x there (H200, run S18, docs/benchmarks.md)
+HOLD_US = 1000.0
 
 
 @dataclasses.dataclass(eq=False)
