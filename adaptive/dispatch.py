@@ -363,9 +363,11 @@ class Dispatcher:
                 cls = self._classes.get(ckey)
             decided = cls is None
             if cls is None:
+                waits = self._device_waits(problem)   # before this miss's own work
                 candidates = self._candidates(op, problem)
                 ctx = Context(op, problem, ckey, functools.partial(
-                    self._measure, op, problem, key, args), self.backend.peaks,
+                    self._measure, op, problem, key, args, charge_issue=waits),
+                    self.backend.peaks,
                     self.backend.device_state, self.limits, floor=floor)
                 decision = self.policy.decide(ctx, candidates)
                 decision = dataclasses.replace(
@@ -494,22 +496,29 @@ class Dispatcher:
         return plan
 
     def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate,
-                 warmup: int = 0) -> float:
+                 warmup: int = 0, charge_issue: bool = False) -> float:
         """One timed run of ``candidate`` on the real input (after ``warmup`` untimed runs,
         which absorb one-time costs such as building a sparse format); ``inf`` if it fails.
         On a device the run's device time (the backend's ``device_timer``), as exploring
-        samples are timed: the host's issuing of a library call through Python is not
-        charged to it."""
+        samples are timed, plus, with ``charge_issue`` (the caller's device was waiting for
+        the host when the miss came), the host's issuing of the run: what the call costs
+        the caller's timeline (see :meth:`_device_waits`)."""
         try:
             plan = self._prepare(op, problem, key, candidate, args[-1])
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
             error = f"{type(exc).__name__}: {exc}"
         else:
             timer = self.backend.device_timer(self.backend.stream_ptr(problem.kind))
-            m = measure(functools.partial(plan.run, args, None), warmup=warmup,
-                        sync=self.backend.synchronize, timer=timer)
+            call, issue_ms = functools.partial(plan.run, args, None), [0.0]
+
+            def issued():   # the run, and how long the host took to issue it
+                t0 = time.perf_counter_ns()
+                call()
+                issue_ms[0] = (time.perf_counter_ns() - t0) / 1e6
+            m = measure(issued if charge_issue and timer is not None else call,
+                        warmup=warmup, sync=self.backend.synchronize, timer=timer)
             if not m.error:
-                return m.samples_ms[0]
+                return m.samples_ms[0] + issue_ms[0]
             error = m.error
         log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(), error)
         return math.inf
@@ -535,8 +544,9 @@ class Dispatcher:
             if len(pool) == 1:
                 candidate = pool[0]
             else:
-                ctx = Context(op, problem, key, functools.partial(self._measure, op, problem, key,
-                                                                  args), limits=self.limits)
+                ctx = Context(op, problem, key, functools.partial(
+                    self._measure, op, problem, key, args,
+                    charge_issue=self._device_waits(problem)), limits=self.limits)
                 candidate = self.policy.decide(ctx, pool).candidate
         with self._lock:
             plan = self._prepare(op, problem, key, candidate, args[-1])
@@ -550,24 +560,30 @@ class Dispatcher:
     # ---- feedback ---------------------------------------------------------------------------
     def _sampled(self, plan: Plan, args, out, exploring: bool = False):
         """One timed call. ``exploring``: a sample that decides between candidates; on a
-        GPU its event pair is queued behind a short hold of the stream, so that it times
-        the candidate's kernels and not the host's launch latency, which an idle GPU (a
-        host-bound decode loop) would otherwise add to it."""
+        GPU its event pair is queued behind a gate of the stream, so that it times the
+        candidate's kernels and not the host's launch latency, which an idle GPU would
+        otherwise add to it at random. What the policy is charged is what the call costs
+        the caller's timeline: the device time where the device had work queued (the
+        host's issuing overlaps it), the host's issuing of the call plus the device time
+        where the device was waiting for the host (a host-bound loop; see
+        :meth:`_device_waits`); recorders see the device time."""
         if plan.provisional:   # an exploring plan times every call itself
             return plan.run(args, out)
         self._referenced.add(plan.key)   # the eviction clock's second chance
         timer = self._timer if self._timer_tried else self._event_timer()
-        slot, release = (self._start_events(timer, plan, exploring) if timer is not None
-                         else (None, None))
+        slot, release, waits = (self._start_events(timer, plan, exploring)
+                                if timer is not None else (None, None, False))
         if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
+            t0 = time.perf_counter_ns() if waits else 0
             try:
                 result = plan.run(args, out)
             except BaseException:
                 timer.cancel(slot)
                 release()
                 raise
-            try:
-                timer.stop(slot, plan)
+            try:   # the tag (plan, issue ms) where the issuing is charged: see harvest
+                timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6) if waits
+                           else plan)
             except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                 self._events_failed(exc)
             release()
@@ -584,22 +600,38 @@ class Dispatcher:
         return result
 
     def _start_events(self, timer, plan: Plan, hold: bool = False):
-        """Harvest finished pairs and start one for ``plan``: ``(slot, release)``, release
-        to be called once the pair's end is recorded (``(None, None)``: the timer broke and
+        """Harvest finished pairs and start one for ``plan``: ``(slot, release, waits)``,
+        release to be called once the pair's end is recorded, ``waits``: the device was
+        waiting for the host before the gate (``(None, None, False)``: the timer broke and
         this call is timed on the host). ``hold``: behind a gate of the stream (the
         backend's ``gate``: released once the call and its end event are issued, at most
-        ``HOLD_US``), else behind nothing."""
+        ``HOLD_US``), else behind nothing (``waits`` is then False: an ungated pair on an
+        idle device already reads the host's issuing)."""
         release = released
         try:
             self.harvest()
             stream = self.backend.stream_ptr(plan.problem.kind)
+            waits = False
             if hold:
+                waits = self.backend.stream_idle(stream) is True
                 release = self.backend.gate(stream, HOLD_US)
-            return timer.start(stream), release
+            return timer.start(stream), release, waits
         except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
             release()
             self._events_failed(exc)
-            return None, None
+            return None, None, False
+
+    def _device_waits(self, problem: Problem) -> bool:
+        """Whether the device of ``problem``'s stream has no queued work: it waits for the
+        host, so the host's issuing of a call is part of what the call costs (a host-bound
+        loop, a loop that synchronises per call). Where the device has work queued, the
+        issuing overlaps it and a call costs its device time. False where it cannot be
+        told (the host backend, whose host-clock timing includes the issuing anyway)."""
+        try:
+            return self.backend.stream_idle(self.backend.stream_ptr(problem.kind)) is True
+        except Exception as exc:  # noqa: BLE001 (a query failing costs the charge only)
+            log.debug("stream query failed: %s", exc)
+            return False
 
     def _event_timer(self):
         """The backend's event timer, made on first use (None: time on the host)."""
@@ -627,18 +659,24 @@ class Dispatcher:
         if timer is None or not timer.pending:
             return 0
         done = timer.harvest()      # an error here reaches _sampled's guard, or the caller
-        for plan, time_ms in done:
-            self.feedback(plan, time_ms)
+        for tag, time_ms in done:
+            if type(tag) is tuple:  # an exploring sample whose device waited for the host
+                self.feedback(tag[0], time_ms, issue_ms=tag[1])
+            else:
+                self.feedback(tag, time_ms)
         return len(done)
 
-    def feedback(self, plan: Plan, time_ms: float) -> None:
+    def feedback(self, plan: Plan, time_ms: float, issue_ms: float = 0.0) -> None:
         """Give a measured time of ``plan`` to the policy and to every listener.
 
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
         answers with a new decision (commit, re-explore) the key's plan is swapped. Every
-        recorder's ``timed`` sees it too.
+        recorder's ``timed`` sees ``time_ms`` too; the policy is charged ``time_ms +
+        issue_ms`` (``issue_ms``: the host's issuing of the call, where the device waited
+        for it).
         """
-        update = self.policy.observe(plan.class_key, plan.candidate, time_ms * plan.time_scale)
+        update = self.policy.observe(plan.class_key, plan.candidate,
+                                     (time_ms + issue_ms) * plan.time_scale)
         if update is not None:
             self._revise(plan.class_key, update)
         for recorder in self._recorders:

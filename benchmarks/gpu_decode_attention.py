@@ -24,9 +24,11 @@ Each shape is timed three ways:
     ``out=`` (as the transformers integration calls it) until its decision for the shape
     is committed (at most ``WARMUP_CALLS`` calls), then timed; the targets are judged on
     it; the row keeps the policy's reason and each explored candidate's sample median
-    (``--sample-gate-us`` sets how long an exploring sample's gate may wait);
-  * ``measure-each``: a dispatcher that times every candidate once on the miss (shown
-    beside: what the choice is worth without a cost model).
+    (``--sample-gate-us`` sets how long an exploring sample's gate may wait). Its calls
+    are queued behind a spin as the timing's are, so the policy is charged device time
+    (where the device waits for the host it is charged the host's issuing too);
+  * ``measure-each``: a dispatcher that times every candidate once on the miss, which
+    also comes behind a spin (shown beside: what the choice is worth without a model).
 Timing: CUDA events around batches of launches queued behind a ~2 ms spin (host launch
 cost stays out), inputs rotated over enough copies to exceed 3x the L2 size (each launch
 reads from HBM); the figure is the median over batches of the per-launch time. Bandwidth
@@ -250,7 +252,12 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
     calls, committed = 0, False
     # called as the transformers integration calls it: no out= (a torch caller gets a
     # tensor from torch's allocator; SDPA's own result is returned, not copied into out)
+    # in the regime the table measures (calls queued behind a spin, device time): the
+    # policy then sees a device with work queued, and is charged device time, not the
+    # host's issuing of each call (which it is charged where the device waits for the host)
     while calls < (WARMUP_CALLS if device == "cuda" else 32) and not committed:
+        if device == "cuda":
+            torch.cuda._sleep(1_000_000)     # ~0.5 ms: the host queues the 8 calls
         for _ in range(8):
             auto.launch("attention", *host_args(calls % n), **params)
             calls += 1
@@ -269,6 +276,8 @@ def measure_shape(torch, shape: dict, device: str, timer, sync, l2_bytes: int) -
     # the dispatcher when it times every candidate on the miss (no model needed)
     each = Dispatcher(device, policy=MeasureEach())
     each.sample_every = 0
+    if device == "cuda":   # its miss, too, comes with work queued (as above)
+        torch.cuda._sleep(1_000_000)
     each.launch("attention", *host_args(0), **params)
     sync()
     row["measure_each_ms"] = timer(lambda i: each.launch("attention", *host_args(i), **params),

@@ -66,6 +66,10 @@ class Backend(Protocol):
     def stream_ptr(self, kind: str) -> int:
         """The stream a launch of inputs of ``kind`` goes to (0 on the host)."""
 
+    def stream_idle(self, stream_ptr: int) -> bool | None:
+        """Whether that stream has finished all its queued work (the device waits for the
+        host), or None where it cannot be told (the host: its runs are synchronous)."""
+
     def hold(self, stream_ptr: int, us: float) -> None:
         """Keep the device busy on that stream for about ``us`` (a no-op on the host)."""
 

@@ -291,6 +291,19 @@ class CudaBackend:
             if flag.value < ticket:    # t, and an earlier ticket's release takes none back
                 flag.value = ticket
 
+    def stream_idle(self, stream_ptr: int) -> bool | None:
+        """Whether ``stream_ptr`` has finished all its queued work (``cudaStreamQuery``:
+        success, or "not ready"); None for any other answer."""
+        rt = self._cp.cuda.runtime
+        try:
+            with self._cp.cuda.Device(self.index):
+                status = rt.streamQuery(stream_ptr)
+        except rt.CUDARuntimeError as exc:   # a CuPy that raises on "not ready"
+            if getattr(exc, "status", None) == _NOT_READY:
+                return False
+            raise
+        return True if status == 0 else False if status == _NOT_READY else None
+
     def stream_ptr(self, kind: str) -> int:
         """The stream a launch of inputs of ``kind`` goes to (PyTorch's for tensors)."""
         return torch_stream().ptr if kind == "torch" else self._cp.cuda.get_current_stream().ptr
@@ -421,6 +434,8 @@ class CudaBackend:
         return CudaEvents(self._cp, gate=self.gate, limit_us=TIME_GATE_US,
                           stream_ptr=stream_ptr)
 
+
+_NOT_READY = 600   # cudaErrorNotReady: the stream still has work queued
 
 # how long a measuring gate waits for the host to issue the run: a Python library call
 # with a mask built per call issues for a few hundred us

@@ -112,6 +112,10 @@ class HostBackend:
     def stream_ptr(self, kind: str) -> int:
         return 0
 
+    def stream_idle(self, stream_ptr: int) -> None:
+        """None: host runs are synchronous, and their host-clock times include the issuing."""
+        return None
+
     # ---- running ----------------------------------------------------------------------------
     def set_threads(self, n: int) -> None:
         with self._blas_lock:      # one caller at a time into threadpoolctl

@@ -142,6 +142,9 @@ class StreamReport:
     candidates: int              # (input, candidate) pairs in the table
     oracle_ms: float             # the oracle's re-timed steady ms
     results: list[PolicyResult]
+    # per input: {"policy/source": [final choice, its re-timed ms, its table ms]}, so a
+    # steady/oracle can be traced to the inputs where a policy chose differently
+    per_input: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -316,7 +319,7 @@ def _time_table(d, specs, inputs, repeats: int, sync):
 def _replayed(table, stream) -> tuple[float, list[PolicyResult], dict]:
     """Oracle, best-fixed, autotune and measure-each priced from the table; their steady
     ms are filled in by :func:`_steady` (NaN here). Returns the oracle's table total, the
-    results and each one's final choice per input."""
+    results and each one's final choice per input, keyed by (policy, "replayed")."""
     best = {s: min(t.values()) for s, t in table.items()}
     best_label = {s: min(t, key=t.get) for s, t in table.items()}
     oracle = sum(best[s] for s in stream)
@@ -345,7 +348,7 @@ def _replayed(table, stream) -> tuple[float, list[PolicyResult], dict]:
         out.append(PolicyResult(name, "replayed", total, nan, nan, statistics.mean(firsts),
                                 max(firsts), total - oracle, explored))
         choices[name] = dict(choices["oracle"])
-    return oracle, out, choices
+    return oracle, out, {(p, "replayed"): ch for p, ch in choices.items()}
 
 
 def _retime(d, pairs, inputs, sync, rounds: int, batch: int) -> dict:
@@ -373,18 +376,35 @@ def _retime(d, pairs, inputs, sync, rounds: int, batch: int) -> dict:
     return out
 
 
-def _steady(d, stream, inputs, results, choices, sync, quick: bool) -> float:
+def _steady(d, stream, inputs, results, choices, sync, quick: bool) -> tuple[float, dict]:
     """Re-time every final choice the same way and fill each result's steady ms and
-    steady/oracle; returns the oracle's steady ms (the fastest re-timed per input)."""
+    steady/oracle; returns the oracle's steady ms (the fastest re-timed per input) and the
+    re-timed ms of each (input, candidate)."""
     pairs = {(s, lab) for ch in choices.values() for s, lab in ch.items()}
     t = _retime(d, pairs, inputs, sync, rounds=3 if quick else 5, batch=3)
     fastest = {s: min(v for (s2, _), v in t.items() if s2 == s) for s in set(stream)}
     oracle = sum(fastest[s] for s in stream)
     for r in results:
-        ch = choices[r.policy]
+        ch = choices[(r.policy, r.source)]
         r.steady_ms = oracle if r.policy == "oracle" else sum(t[(s, ch[s])] for s in stream)
         r.steady_ratio = r.steady_ms / oracle
-    return oracle
+    return oracle, t
+
+
+def _per_input(stream, choices, retimed, table) -> dict:
+    """{input: {"policy/source": [choice, re-timed ms, table ms]}} (see StreamReport)."""
+    out = {}
+    for s in dict.fromkeys(stream):
+        row = {f"{p}/{src}": [ch[s], retimed[(s, ch[s])], table[s].get(ch[s], math.nan)]
+               for (p, src), ch in choices.items()}
+        out[_describe(s)] = row
+    return out
+
+
+def _describe(spec) -> str:
+    op, dims, dtype, stats, params = spec
+    parts = [f"{k}={v}" for k, v in (*dims, *stats, *params)]
+    return f"{op}:{','.join(parts)} {dtype}"
 
 
 # ---- live policies --------------------------------------------------------------------------
@@ -549,12 +569,14 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
                              _dispatcher(be, Learned(LiveModel()), shipped)))
             for label, d in live:
                 doing(f"selection: {name} stream, {label}")
-                result, choices[label] = _live(label, d, stream, inputs, table, sync)
+                result, choices[(label, "live")] = _live(label, d, stream, inputs, table,
+                                                         sync)
                 results.append(result)
-            oracle = _steady(table_d, stream, inputs, results, choices, sync, quick)
+            oracle, retimed = _steady(table_d, stream, inputs, results, choices, sync, quick)
             keys = set(stream)
             reports.append(StreamReport(name, len(keys), len(stream),
-                                        sum(len(table[s]) for s in keys), oracle, results))
+                                        sum(len(table[s]) for s in keys), oracle, results,
+                                        _per_input(stream, choices, retimed, table)))
             say(f"{name}: done")
     doing("selection: hot-path timing")
     hot = _hot_path(be, rounds=21 if quick else 31, n=1000 if quick else 5000)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import numpy as np
 import pytest
@@ -302,16 +303,21 @@ class _EventHost:
             def __init__(self):
                 super().__init__()
                 self.clock, self.recorded, self.synced, self.cost = 0.0, [], 0, {}
-                self.holds = []
+                self.holds, self.issue_s, self.idle = [], {}, False
 
             def prepare(self, candidate, problem, op):
                 fn = super().prepare(candidate, problem, op)
-                cost = self.cost.setdefault(candidate.label, 1.0 + 0.25 * len(self.cost))
+                label = candidate.label
+                self.cost.setdefault(label, 1.0 + 0.25 * len(self.cost))
 
                 def run(args, out):
                     fn(args, out)
-                    self.clock += cost
+                    time.sleep(self.issue_s.get(label, 0.0))   # the host's issuing
+                    self.clock += self.cost[label]
                 return run
+
+            def stream_idle(self, stream_ptr):
+                return self.idle
 
             def synchronize(self):
                 self.synced += 1
@@ -780,6 +786,64 @@ def test_an_exploring_sample_is_gated_until_its_call_and_end_event_are_issued(rn
     assert [o[0] for o in order] == ["gate", "release"] and order[0][1] == HOLD_US
     # the release comes after the call ran (its cost on the fake clock) and its end event
     assert order[1][1] == be.recorded[-1].t > be.recorded[-2].t
+
+
+@pytest.mark.parametrize("device_waits", [False, True])
+def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_waits):
+    """An exploring sample costs its device time where the device had work queued, and
+    the host's issuing too where the device was idle (a host-bound loop): a candidate
+    with faster kernels but a 6 ms issue is committed only in the first case. Recorders
+    see the device time either way."""
+    be = _EventHost()
+    be.idle = device_waits
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    timed = []
+    d.add_recorder(type("R", (), {"wraps_launches": False,
+                                  "timed": lambda self, plan, ms: timed.append(ms)})())
+    x = rng.standard_normal((33, 50)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    fast, slow = policy.state(plan.class_key).explore[:2]
+    be.cost.update({fast.label: 1.0, slow.label: 1.5})   # device ms on the fake clock
+    be.issue_s[fast.label] = 0.006
+    for _ in range(4):
+        d.launch("softmax", x)
+        be.finish()
+    d.harvest()
+    state = policy.state(plan.class_key)
+    assert not d.plan("softmax", x).provisional
+    assert state.committed == (slow if device_waits else fast), state.reason
+    charged = min(state.observed[fast])
+    assert (charged >= 7.0) if device_waits else charged == pytest.approx(1.0)
+    assert min(timed) == pytest.approx(1.0) and max(timed) == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("device_waits", [False, True])
+def test_a_miss_measured_whole_charges_the_issuing_where_the_device_waited(rng, device_waits):
+    """MeasureEach times each candidate on the miss with the backend's device timer; where
+    the caller's device was idle when the miss came, each run's host issuing is added."""
+    from adaptive.policy import MeasureEach
+    be = _EventHost()
+    be.idle = device_waits
+
+    def device_timer(stream_ptr):
+        def timer(run):
+            t0 = be.clock
+            run()
+            return be.clock - t0
+        return timer
+    be.device_timer = device_timer
+    d = Dispatcher(be, policy=MeasureEach())
+    x = rng.standard_normal((17, 90)).astype(np.float32)
+    cands = d.candidates("softmax", x)
+    assert len(cands) >= 2
+    fast, slow = cands[0], cands[1]
+    be.cost.update({c.label: 2.0 + i for i, c in enumerate(cands)})
+    be.cost.update({fast.label: 1.0, slow.label: 1.5})
+    be.issue_s[fast.label] = 0.006
+    chosen = d.plan("softmax", x).candidate
+    assert chosen == (slow if device_waits else fast)
 
 
 class _FixedRanking:
