@@ -27,6 +27,7 @@ the re-timed candidates, so no policy's steady time can be below it, and every
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import math
 import statistics
@@ -142,8 +143,9 @@ class StreamReport:
     candidates: int              # (input, candidate) pairs in the table
     oracle_ms: float             # the oracle's re-timed steady ms
     results: list[PolicyResult]
-    # per input: {"policy/source": [final choice, its re-timed ms, its table ms]}, so a
-    # steady/oracle can be traced to the inputs where a policy chose differently
+    # per input: {"calls": its calls in the stream, "choices": {"policy/source": [final
+    # choice, its re-timed ms, its table ms]}}, so a steady/oracle can be traced to the
+    # inputs where a policy chose differently
     per_input: dict = dataclasses.field(default_factory=dict)
 
 
@@ -392,12 +394,19 @@ def _steady(d, stream, inputs, results, choices, sync, quick: bool) -> tuple[flo
 
 
 def _per_input(stream, choices, retimed, table) -> dict:
-    """{input: {"policy/source": [choice, re-timed ms, table ms]}} (see StreamReport)."""
+    """{input: {"calls": n, "choices": {"policy/source": [choice, re-timed ms, table ms]}}}
+    (see StreamReport)."""
+    calls = collections.Counter(stream)
     out = {}
-    for s in dict.fromkeys(stream):
-        row = {f"{p}/{src}": [ch[s], retimed[(s, ch[s])], table[s].get(ch[s], math.nan)]
-               for (p, src), ch in choices.items()}
-        out[_describe(s)] = row
+    for s in calls:
+        # the oracle's steady time is the fastest re-timed candidate, which need not be
+        # the table's pick: name that one
+        fastest = min((lab for s2, lab in retimed if s2 == s), key=lambda lab: retimed[(s, lab)])
+        picks = {(p, src): fastest if p == "oracle" else ch[s]
+                 for (p, src), ch in choices.items()}
+        out[_describe(s)] = {"calls": calls[s], "choices": {
+            f"{p}/{src}": [lab, retimed[(s, lab)], table[s].get(lab, math.nan)]
+            for (p, src), lab in picks.items()}}
     return out
 
 

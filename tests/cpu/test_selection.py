@@ -46,6 +46,23 @@ def test_every_stream_reports_every_policy_from_one_run(report):
                for v in verdicts)
 
 
+def test_each_input_names_every_policy_choice_and_prices_its_steady_time(report):
+    """per_input holds, for each distinct input, its calls and every (policy, source)'s
+    final choice with its re-timed ms: a policy's steady ms is those times weighted by the
+    calls, and the oracle's is the fastest re-timed choice of each input so weighted."""
+    for s in report.streams:
+        assert len(s.per_input) == s.keys
+        assert sum(row["calls"] for row in s.per_input.values()) == s.calls
+        for row in s.per_input.values():
+            assert {f"{r.policy}/{r.source}" for r in s.results} == set(row["choices"])
+        assert sum(row["calls"] * min(c[1] for c in row["choices"].values())
+                   for row in s.per_input.values()) == pytest.approx(s.oracle_ms)
+        for r in s.results:
+            key = f"{r.policy}/{r.source}"
+            assert sum(row["calls"] * row["choices"][key][1]
+                       for row in s.per_input.values()) == pytest.approx(r.steady_ms), key
+
+
 def test_learned_policy_is_within_15_percent_of_the_oracle_in_steady_state(report):
     assert report.steady_ratio("learned-pack") <= 1.15, str(report)
 
