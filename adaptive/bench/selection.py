@@ -133,6 +133,9 @@ class PolicyResult:
     first_result_max_ms: float
     regret_ms: float             # exploration/tuning work beyond the oracle's time
     explored: int = 0            # candidate runs spent on exploring/tuning
+    # a live learned policy's own counts at the end of the stream (commits, drifts,
+    # classes deferred to the library for want of exploration budget, reopened, explore_s)
+    policy_stats: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -241,6 +244,10 @@ class SelectionReport:
                            f"{r.steady_ms:>9.3f} {r.steady_ratio:>13.3f} "
                            f"{r.first_result_ms:>13.3f} {r.first_result_max_ms:>10.2f} "
                            f"{r.regret_ms:>9.2f} {r.explored:>11}")
+            out += [f"  {r.policy}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float)
+                                                  else f"{k} {v}"
+                                                  for k, v in r.policy_stats.items())
+                    for r in s.results if r.policy_stats]
         learned = ("learned-cold", "learned-pack") + (("learned-shipped",) if self.shipped
                                                        else ())
         out += ["", "steady/oracle over all streams: " + ", ".join(
@@ -458,8 +465,10 @@ def _live(name, dispatcher, stream, inputs, table, sync) -> tuple[PolicyResult, 
             dec = dispatcher.decision(s[0], *inputs[s][0], **inputs[s][1])
             regret += dec.tuning_ms
             explored += 2 * len(table[s])
+    stats = {k: v for k, v in getattr(policy, "stats", {}).items()
+             if k in ("commits", "drifts", "deferred", "reopened", "explore_s")}
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
-                        max(firsts), regret, explored), choice
+                        max(firsts), regret, explored, stats), choice
 
 
 def _hot_path(backend, rounds: int, n: int) -> dict:

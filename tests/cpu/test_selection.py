@@ -31,6 +31,12 @@ def test_every_stream_reports_every_policy_from_one_run(report):
         sources = {(r.policy, r.source) for r in s.results}
         assert ("measure-each", "live") in sources and ("learned-pack", "live") in sources
         assert ("autotune", "replayed") in sources
+        for r in s.results:    # the learned policies say what their exploring did
+            learned = r.policy.startswith("learned")
+            assert bool(r.policy_stats) == learned, r
+            if learned:
+                assert r.policy_stats["commits"] >= 1 and r.policy_stats["deferred"] >= 0
+                assert f"{r.policy}: commits {r.policy_stats['commits']}," in str(report)
         oracle = report.result(s.stream, "oracle")
         assert oracle.steady_ms == pytest.approx(s.oracle_ms) and oracle.steady_ratio == 1.0
         for r in s.results:
