@@ -363,7 +363,7 @@ class Dispatcher:
                 cls = self._classes.get(ckey)
             decided = cls is None
             if cls is None:
-                waits = self._device_waits(problem)   # before this miss's own work
+                waits = self._device_waits(self.backend.stream_ptr(problem.kind))
                 candidates = self._candidates(op, problem)
                 ctx = Context(op, problem, ckey, functools.partial(
                     self._measure, op, problem, key, args, charge_issue=waits),
@@ -546,7 +546,8 @@ class Dispatcher:
             else:
                 ctx = Context(op, problem, key, functools.partial(
                     self._measure, op, problem, key, args,
-                    charge_issue=self._device_waits(problem)), limits=self.limits)
+                    charge_issue=self._device_waits(self.backend.stream_ptr(problem.kind))),
+                    limits=self.limits)
                 candidate = self.policy.decide(ctx, pool).candidate
         with self._lock:
             plan = self._prepare(op, problem, key, candidate, args[-1])
@@ -581,9 +582,8 @@ class Dispatcher:
                 timer.cancel(slot)
                 release()
                 raise
-            try:   # the tag (plan, issue ms) where the issuing is charged: see harvest
-                timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6) if waits
-                           else plan)
+            try:   # tagged (plan, the issuing charged to it in ms): see harvest
+                timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6 if waits else 0.0))
             except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                 self._events_failed(exc)
             release()
@@ -613,7 +613,7 @@ class Dispatcher:
             stream = self.backend.stream_ptr(plan.problem.kind)
             waits = False
             if hold:
-                waits = self.backend.stream_idle(stream) is True
+                waits = self._device_waits(stream)   # before the gate queues work
                 release = self.backend.gate(stream, HOLD_US)
             return timer.start(stream), release, waits
         except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
@@ -621,14 +621,14 @@ class Dispatcher:
             self._events_failed(exc)
             return None, None, False
 
-    def _device_waits(self, problem: Problem) -> bool:
-        """Whether the device of ``problem``'s stream has no queued work: it waits for the
-        host, so the host's issuing of a call is part of what the call costs (a host-bound
-        loop, a loop that synchronises per call). Where the device has work queued, the
+    def _device_waits(self, stream_ptr: int) -> bool:
+        """Whether ``stream_ptr`` has no queued work: the device waits for the host, so the
+        host's issuing of a call is part of what the call costs (a host-bound loop, a loop
+        that synchronises per call). Where the device has work queued, the
         issuing overlaps it and a call costs its device time. False where it cannot be
         told (the host backend, whose host-clock timing includes the issuing anyway)."""
         try:
-            return self.backend.stream_idle(self.backend.stream_ptr(problem.kind)) is True
+            return self.backend.stream_idle(stream_ptr) is True
         except Exception as exc:  # noqa: BLE001 (a query failing costs the charge only)
             log.debug("stream query failed: %s", exc)
             return False
@@ -659,11 +659,8 @@ class Dispatcher:
         if timer is None or not timer.pending:
             return 0
         done = timer.harvest()      # an error here reaches _sampled's guard, or the caller
-        for tag, time_ms in done:
-            if type(tag) is tuple:  # an exploring sample whose device waited for the host
-                self.feedback(tag[0], time_ms, issue_ms=tag[1])
-            else:
-                self.feedback(tag, time_ms)
+        for (plan, issue_ms), time_ms in done:
+            self.feedback(plan, time_ms, issue_ms)
         return len(done)
 
     def feedback(self, plan: Plan, time_ms: float, issue_ms: float = 0.0) -> None:

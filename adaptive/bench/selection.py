@@ -465,8 +465,10 @@ def _live(name, dispatcher, stream, inputs, table, sync) -> tuple[PolicyResult, 
             dec = dispatcher.decision(s[0], *inputs[s][0], **inputs[s][1])
             regret += dec.tuning_ms
             explored += 2 * len(table[s])
-    stats = {k: v for k, v in getattr(policy, "stats", {}).items()
-             if k in ("commits", "drifts", "deferred", "reopened", "explore_s")}
+    from adaptive.policy.learned import Learned
+    stats = ({k: v for k, v in policy.stats.items()
+              if k in ("commits", "drifts", "deferred", "reopened", "explore_s")}
+             if isinstance(policy, Learned) else {})
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
                         max(firsts), regret, explored, stats), choice
 
