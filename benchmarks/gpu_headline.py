@@ -9,7 +9,8 @@ the real client and the example server, on decode-heavy chat traffic.
 One case a run (a device call holds one): the ``1b`` Llama preset (GQA, 32 query and 8
 key/value heads, fp16), random weights from one seed, served by
 ``examples/server/server.py`` through ``benchmarks/gpu_server.py``'s machinery (each mode
-in its own process, the same seeded closed-loop streaming load at 8 and 32 clients, up to
+in its own process, the same seeded closed-loop streaming load at 8 and 32 clients, each
+serving the same first requests of the stream (``--per-client`` a client), up to
 32 requests a batch; prompts log-normal, median 128, 16 to 3584 tokens, and 128 to 512 new
 tokens a request: the preset's 4096-token context holds the longest of both):
 
@@ -99,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--device", default="auto", help="auto, cuda or host (dry run)")
     p.add_argument("--quick", action="store_true", help="tiny model, short loads (dry run)")
-    p.add_argument("--duration-s", type=float, default=16.0, help="each timed load")
+    p.add_argument("--per-client", type=int, default=1,
+                   help="each load serves this many requests per client, the same in every "
+                   "mode (1: 8 and 32 requests of 128..512 new tokens)")
+    p.add_argument("--duration-s", type=float, default=150.0, help="each load's time limit")
     args = p.parse_args(argv)
     prune, modes = CASES[args.case]
     dry = args.quick or args.device == "host"
@@ -107,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         modes = tuple(m for m in modes if m != "torch24")   # torch's 2:4 path: CUDA only
     payload = gpu_server.run(
         args.out, device=args.device, modes=modes, duration_s=args.duration_s,
+        per_client=args.per_client,
         quick=args.quick, max_tokens=MAX_TOKENS, server_args=("--prune", prune),
         prompt_max=PROMPT_MAX, min_tokens=MIN_TOKENS,
         json_name=f"headline_{args.case.replace(':', '')}.json")

@@ -15,10 +15,15 @@ it listens (``--warmup``: each prompt length bucket at batch 1 and the largest b
 adaptive has no key left exploring); then the client warms it with a few seconds of the
 load, untimed, and sends the same seeded closed-loop load at 8 and then 32 streaming
 clients (loadgen.py: prompt lengths lognormal, median 128, clipped to 16..2048; 64 new
-tokens each; up to 32 requests decoded together, prompts left-padded to a power-of-two
-width of at least 64 and batches to a power-of-two rows, in every mode: the server's
-warm-up meets each of those shapes, inside ``adaptive.unbounded_exploration()``).
-Decision-cache misses inside the timed windows are counted from /metrics, and adaptive's
+tokens each; each load serves the stream's first ``per_client`` x clients requests, the same
+ones in every mode, so tokens/s and the per-token percentiles compare the same work (a
+timed window served 56 requests in one mode and 64 in the other, 7 and 8 batches, and a
+percentile over different batches compared different prompts); up to 32 requests
+decoded together, prompts left-padded to a power-of-two width of at least 64 and batches
+to a power-of-two rows, in every mode: the server's warm-up meets each of those shapes,
+inside ``adaptive.unbounded_exploration()``). Each batch's longest prompt, prefill time,
+step median and slow steps are printed under its load. Decision-cache misses inside the
+loads are counted from /metrics, and adaptive's
 exploration inside them is bounded by the learned policy's exploration budget.
 An NVML sampler reads SM activity and clocks while the load runs.
 
@@ -208,9 +213,10 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
         misses = decision_misses(server.url)
         for clients in args.concurrency:
             t_load = time.time()
+            n = args.per_client * clients
             with sampler:
-                report = run_load(server.url, stream, clients, args.duration_s)
-            load = report.to_dict() | {"device": sampler.summary()}
+                report = run_load(server.url, stream[:n], clients, args.duration_s)
+            load = report.to_dict() | {"device": sampler.summary(), "requests": n}
             after = decision_misses(server.url)
             load["misses_in_load"] = None if misses is None else after - misses
             misses = after
@@ -219,8 +225,17 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
             load["engine"] = engine_breakdown(stats.get("engine_batches", []), t_load,
                                               time.time())
             result["loads"][str(clients)] = load
-            print(f"  {mode} x{clients}: {report.line()}", flush=True)
+            cut = "" if report.ok == n else f" (CUT: {report.ok} of {n} requests served " \
+                f"within {args.duration_s:g} s)"
+            print(f"  {mode} x{clients}: {report.line()}{cut}", flush=True)
             print(f"  {mode} x{clients} engine: {engine_line(load['engine'])}", flush=True)
+            for i, b in enumerate(load["engine"]["per_batch"]):
+                print(f"    batch {i}: {b['requests']} requests, longest prompt "
+                      f"{b['longest']}, prefill {_f(b['first_ms'], '.1f')} ms, {b['steps']} "
+                      f"steps p50 {_f(b['step_p50_ms'], '.2f')} max "
+                      f"{_f(b['step_max_ms'], '.2f')} ms, {b['n_slow']} slow: "
+                      + ", ".join(f"#{k} {v:.1f}" for k, v in b["slow_steps"].items()),
+                      flush=True)
             if load["miss_breakdown"]["misses"]:
                 print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",
                       flush=True)
@@ -265,7 +280,20 @@ def engine_breakdown(batches: list[dict], since: float, until: float) -> dict:
                                 "p50"),
             "step_p50_ms": pct(steps, "p50"), "step_p99_ms": pct(steps, "p99"),
             "busy": busy / (until - since) if until > since else None,
-            "complete": len(batches) < 512}   # the engine keeps its newest 512
+            "complete": len(batches) < 512,   # the engine keeps its newest 512
+            "per_batch": [batch_line(b) for b in mine]}
+
+
+def batch_line(b: dict) -> dict:
+    """One batch: its requests, longest prompt, prefill ms, steps, step p50 and max, and
+    where its slow steps fell (more than twice its median: a miss, a collection, a
+    co-running process show up at a few steps; a long prompt slows every step)."""
+    steps = b["steps_ms"]
+    p50 = float(np.median(steps)) if steps else None
+    slow = [i for i, t in enumerate(steps) if p50 and t > 2 * p50]
+    return {"requests": b["requests"], "longest": b.get("longest"), "first_ms": b["first_ms"],
+            "steps": len(steps), "step_p50_ms": p50, "step_max_ms": max(steps, default=None),
+            "slow_steps": {str(i): steps[i] for i in slow[:8]}, "n_slow": len(slow)}
 
 
 def engine_line(e: dict) -> str:
@@ -296,12 +324,14 @@ def check_deps() -> str | None:
 
 
 def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY,
-        duration_s: float = 16.0, quick: bool = False, preset: str | None = None,
+        duration_s: float = 120.0, quick: bool = False, preset: str | None = None,
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 45.0,
         max_batch: int = 32, requests: int = 20000, server_args: tuple = (),
         prompt_max: int = 2048, min_tokens: int | None = None,
-        json_name: str = "gpu_server.json") -> dict:
+        json_name: str = "gpu_server.json", per_client: int = 8) -> dict:
     """Every mode on one request stream; writes ``json_name``; returns the payload.
+    Each load serves the stream's first ``per_client`` x clients requests (8: 8 batches
+    at 8 clients) and is cut at ``duration_s`` (a cut load says so: ok < requests).
     ``server_args``: more server arguments for every mode (``--prune 2:4``); ``prompt_max``
     and ``min_tokens``: the stream's longest prompt and fewest new tokens (None: every
     request ``max_tokens``)."""
@@ -313,6 +343,7 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         device=device, preset=preset or ("tiny" if dry else "1b"),
         concurrency=tuple(concurrency) if not dry else (2, 4),
         duration_s=min(duration_s, 1.0) if dry else duration_s,
+        per_client=min(per_client, 2) if dry else per_client,
         max_tokens=4 if dry else max_tokens, client_warmup_s=0.5 if dry else client_warmup_s,
         warmup_limit_s=min(warmup_limit_s, 1.0) if dry else warmup_limit_s,
         max_batch=4 if dry else max_batch,
@@ -326,8 +357,10 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
     sampler = DeviceSampler(enabled=device.startswith("cuda"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if per_client < 1:
+        raise ValueError(f"per_client must be at least 1, got {per_client}")
     print(f"gpu_server: {device}, preset {args.preset}, clients {args.concurrency}, "
-          f"{args.duration_s:g} s per load, "
+          f"{args.per_client} requests per client each load (cut at {args.duration_s:g} s), "
           f"{'' if min_tokens is None else f'{min_tokens}..'}{args.max_tokens} new tokens, "
           f"{' '.join(args.server_args) or 'no server options'}, prompts up to {prompt_max}, "
           f"{percentiles([r.prompt_len for r in stream[:2000]])['p50']:.0f} median tokens; "
@@ -346,6 +379,7 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         print(f"  {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
     payload = {"benchmark": "gpu_server", "device": device, "preset": args.preset,
                "concurrency": list(args.concurrency), "duration_s": args.duration_s,
+               "per_client": args.per_client,
                "max_tokens": args.max_tokens, "min_tokens": min_tokens,
                "prompt_max": prompt_max, "server_args": list(args.server_args),
                "max_batch": args.max_batch, "sampler": sampler.status, "results": results}
@@ -462,7 +496,10 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--clients", default=",".join(map(str, CONCURRENCY)),
                    help="client counts, one timed load each")
-    p.add_argument("--duration-s", type=float, default=16.0, help="each timed load")
+    p.add_argument("--per-client", type=int, default=8,
+                   help="each load serves this many requests per client (the same in every "
+                   "mode)")
+    p.add_argument("--duration-s", type=float, default=120.0, help="each load's time limit")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--preset", default=None, help="default 1b on the GPU, tiny on the host")
@@ -476,7 +513,7 @@ def cli(argv: list[str] | None = None) -> int:
     payload = run(args.out, args.device, args.modes.split(","),
                   [int(c) for c in args.clients.split(",")], args.duration_s, args.quick,
                   args.preset, args.max_tokens, warmup_limit_s=args.warmup_limit_s,
-                  max_batch=args.max_batch)
+                  max_batch=args.max_batch, per_client=args.per_client)
     for row in summary_rows(payload):
         print(f"{row['case']:<24} {row['value']:>9} {row['unit']:<10} {row.get('note', '')}")
     print(table(payload), flush=True)                   # the side-by-side table last

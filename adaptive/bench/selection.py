@@ -147,8 +147,10 @@ class StreamReport:
     oracle_ms: float             # the oracle's re-timed steady ms
     results: list[PolicyResult]
     # per input: {"calls": its calls in the stream, "choices": {"policy/source": [final
-    # choice, its re-timed ms, its table ms]}}, so a steady/oracle can be traced to the
-    # inputs where a policy chose differently
+    # choice, its re-timed ms, its table ms]}, "why": {"policy/source": the learned
+    # policy's account of its class (what it explored, each candidate's samples, why it
+    # committed)}}, so a steady/oracle can be traced to the inputs where a policy chose
+    # differently, and to the samples it chose by
     per_input: dict = dataclasses.field(default_factory=dict)
 
 
@@ -400,9 +402,9 @@ def _steady(d, stream, inputs, results, choices, sync, quick: bool) -> tuple[flo
     return oracle, t
 
 
-def _per_input(stream, choices, retimed, table) -> dict:
-    """{input: {"calls": n, "choices": {"policy/source": [choice, re-timed ms, table ms]}}}
-    (see StreamReport)."""
+def _per_input(stream, choices, retimed, table, whys=None) -> dict:
+    """{input: {"calls": n, "choices": {"policy/source": [choice, re-timed ms, table ms]},
+    "why": {"policy/source": the learned policy's account}}} (see StreamReport)."""
     calls = collections.Counter(stream)
     out = {}
     for s in calls:
@@ -413,7 +415,8 @@ def _per_input(stream, choices, retimed, table) -> dict:
                  for (p, src), ch in choices.items()}
         out[_describe(s)] = {"calls": calls[s], "choices": {
             f"{p}/{src}": [lab, retimed[(s, lab)], table[s].get(lab, math.nan)]
-            for (p, src), lab in picks.items()}}
+            for (p, src), lab in picks.items()}, "why": {
+            f"{p}/{src}": w[s] for (p, src), w in (whys or {}).items() if s in w}}
     return out
 
 
@@ -425,7 +428,11 @@ def _describe(spec) -> str:
 
 # ---- live policies --------------------------------------------------------------------------
 
-def _live(name, dispatcher, stream, inputs, table, sync) -> tuple[PolicyResult, dict]:
+def _live(name, dispatcher, stream, inputs, table, sync
+          ) -> tuple[PolicyResult, dict, dict]:
+    """Serve ``stream`` through ``dispatcher``; the result, the final choice of each input,
+    and for a learned policy each input's account of its class (its history's last two
+    entries: the exploration and the commit with every candidate's samples)."""
     firsts, seen = [], set()
     t_start = time.perf_counter_ns()
     for s in stream:
@@ -469,8 +476,15 @@ def _live(name, dispatcher, stream, inputs, table, sync) -> tuple[PolicyResult, 
     stats = ({k: v for k, v in policy.stats.items()
               if k in ("commits", "drifts", "deferred", "reopened", "explore_s")}
              if isinstance(policy, Learned) else {})
+    why = {}
+    for s in seen:
+        plan = dispatcher.current_plan(OPS[s[0]].key(*inputs[s]))
+        state = policy.state(plan.class_key) if plan is not None else None
+        if state is not None:
+            told = list(state.history)[-2:]
+            why[s] = " | ".join(told + [state.reason] * (state.reason not in told))
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
-                        max(firsts), regret, explored, stats), choice
+                        max(firsts), regret, explored, stats), choice, why
 
 
 def _hot_path(backend, rounds: int, n: int) -> dict:
@@ -581,6 +595,7 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
         local_pack = _write_pack(be, pack_rows, Path(tmp) / "selection-pack.msgpack")
         for name, stream in streams.items():
             _, results, choices = _replayed(table, stream)
+            whys = {}
             live = [("measure-each", _dispatcher(be, MeasureEach())),
                     ("learned-cold", _dispatcher(be, Learned(LiveModel()))),
                     ("learned-pack", _dispatcher(be, Learned(LiveModel()), local_pack))]
@@ -589,14 +604,15 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
                              _dispatcher(be, Learned(LiveModel()), shipped)))
             for label, d in live:
                 doing(f"selection: {name} stream, {label}")
-                result, choices[(label, "live")] = _live(label, d, stream, inputs, table,
-                                                         sync)
+                result, choices[(label, "live")], whys[(label, "live")] = _live(
+                    label, d, stream, inputs, table, sync)
                 results.append(result)
             oracle, retimed = _steady(table_d, stream, inputs, results, choices, sync, quick)
             keys = set(stream)
             reports.append(StreamReport(name, len(keys), len(stream),
                                         sum(len(table[s]) for s in keys), oracle, results,
-                                        _per_input(stream, choices, retimed, table)))
+                                        _per_input(stream, choices, retimed, table,
+                                                   whys)))
             say(f"{name}: done")
     doing("selection: hot-path timing")
     hot = _hot_path(be, rounds=21 if quick else 31, n=1000 if quick else 5000)

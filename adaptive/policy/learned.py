@@ -381,7 +381,7 @@ class Learned(BasePolicy):
             return Decision(safe, state.reason, predicted_ms=predicted_ms)
         if len(explore) == 1:
             state.committed = explore[0]
-            state.reason = why + "; committed without exploring"
+            state.reason = why + f"; committed {explore[0].label} without exploring"
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
 

@@ -175,6 +175,7 @@ class Engine:
             self.stats["running"] = 0
             self._log.append({
                 "start_s": start_s, "end_s": time.time(), "requests": len(batch),
+                "longest": max(len(r.prompt) for r in batch),
                 "wait_ms": round((t0 - batch[0].enqueued_s) * 1e3, 3),
                 "first_ms": round((marks[0] - t0) * 1e3, 3) if marks else None,
                 "steps_ms": [round((b - a) * 1e3, 3) for a, b in zip(marks, marks[1:])]})

@@ -59,8 +59,15 @@ def test_each_input_names_every_policy_choice_and_prices_its_steady_time(report)
     for s in report.streams:
         assert len(s.per_input) == s.keys
         assert sum(row["calls"] for row in s.per_input.values()) == s.calls
+        learned = {f"{r.policy}/{r.source}" for r in s.results if r.policy_stats}
         for row in s.per_input.values():
             assert {f"{r.policy}/{r.source}" for r in s.results} == set(row["choices"])
+            # each learned policy's account of the input's class: what it explored, how
+            # each candidate timed, why it committed (what the choice can be traced to)
+            assert set(row["why"]) == learned and learned
+            for key, why in row["why"].items():
+                choice = row["choices"][key][0]
+                assert ("committed" in why or "deferred" in why) and choice in why, (key, why)
         assert sum(row["calls"] * min(c[1] for c in row["choices"].values())
                    for row in s.per_input.values()) == pytest.approx(s.oracle_ms)
         for r in s.results:

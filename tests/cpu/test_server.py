@@ -768,6 +768,12 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
             assert e["batches"] > 0 and e["requests_per_batch"] >= 1 and 0 < e["busy"] <= 1
             assert e["step_p50_ms"] > 0 and e["step_p99_ms"] >= e["step_p50_ms"]
             assert e["first_p50_ms"] > 0 and e["wait_p50_ms"] >= 0
+            assert len(e["per_batch"]) == e["batches"]
+            for b in e["per_batch"]:     # the prompts of the dry run are 16..64 tokens
+                assert 16 <= b["longest"] <= 64 and b["steps"] == 3      # 4 tokens: 3 steps
+                assert b["step_max_ms"] >= b["step_p50_ms"] > 0
+            # the same requests in every mode: the stream's first 2 per client
+            assert load["requests"] == 2 * int(clients) and load["sent"] <= load["requests"]
         assert r["server"]["mode"] == mode and r["server"]["warmup"]["rounds"] >= 2
         assert (r["server"]["warmup"]["pending_keys"] is None) == (mode == "torch")
     table = gpu_server.table(payload)
