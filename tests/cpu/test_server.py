@@ -573,11 +573,15 @@ def test_warm_up_serves_every_batch_twice_then_stops_at_its_limit(monkeypatch):
 
         def generate(self, prompts, budgets, emit):
             time.sleep(0.02)
-            self.served.append((len(prompts), len(prompts[0]), budgets[0]))
+            self.served.append((len(prompts), max(map(len, prompts)), budgets[0]))
+            self.lengths.append([len(p) for p in prompts])
     model = Model()
-    info = warm_up(model, [(1, 4, 2), (2, 6, 2)], settle=False, limit_s=0.0)
+    model.lengths = []
+    info = warm_up(model, [(1, 4, 2), (2, 6, 2), (4, 64, 2)], settle=False, limit_s=0.0)
     assert info["rounds"] == 2 and info["pending_keys"] is None            # a 0 s limit
-    assert model.served == [(1, 4, 2), (2, 6, 2)] * 2
+    assert model.served == [(1, 4, 2), (2, 6, 2), (4, 64, 2)] * 2
+    # a batch's rows are ragged, as real prompts are: attention meets the padding mask
+    assert model.lengths[:3] == [[4], [6, 5], [64, 56, 48, 40]]
     model.served = []
     monkeypatch.setattr(engine, "pending_keys", lambda: 3)        # never settles
     info = warm_up(model, [(1, 4, 2)], settle=True, limit_s=0.1, max_rounds=50)
