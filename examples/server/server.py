@@ -582,7 +582,14 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
             lengths = [w for w in (lm.width(1 << k, new) for k in range(top.bit_length()))
                        if w <= top]
             sizes = {lm.rows(b) for b in range(1, args.max_batch + 1)}
-        batches = [(b, n, new) for n in sorted(set(lengths)) for b in sorted(sizes)]
+        reach = min(args.warmup_new_tokens, args.max_tokens_limit)
+
+        def steps(n: int) -> int:   # a KV-cache decode's classes (the block re-runs whole)
+            if not isinstance(lm, CausalLM):
+                return new
+            width = lm.width(n, new)
+            return decode_steps(width, max(new, min(reach, lm.max_context - width)), new)
+        batches = [(b, n, steps(n)) for n in sorted(set(lengths)) for b in sorted(sizes)]
         import adaptive
         with adaptive.unbounded_exploration():   # explore it all now, not under load
             info["warmup"] = warm_up(lm, batches, settle=args.mode in ("adaptive", "static"),
@@ -590,6 +597,18 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
     if args.mode == "static" and args.model == "llama":
         info["pinned"] = pin_dispatchers()
     return info
+
+
+def decode_steps(width: int, reach: int, least: int = 8) -> int:
+    """How many new tokens a warm-up batch of prompt ``width`` needs so its decode meets
+    every input class a request of up to ``reach`` new tokens meets: attention's class
+    buckets the cached length by quarter octaves (``adaptive.ops.base.bucket``), so the
+    decode of a 256-wide prompt crosses into a new class at 305 keys, and a warm-up of 8
+    tokens left that class to be decided under load (run S24: 5.6 ms, then slow steps)."""
+    from adaptive.ops.base import bucket
+    last = bucket(width + reach)
+    first = next(lk for lk in range(width + 1, width + reach + 1) if bucket(lk) == last)
+    return max(least, min(reach, first - width))
 
 
 def start_metrics(args: argparse.Namespace):
@@ -645,6 +664,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="before listening, serve a few batches of each prompt length until "
                    "every adaptive key is decided (static mode always warms up)")
     p.add_argument("--warmup-limit-s", type=float, default=120.0)
+    p.add_argument("--warmup-new-tokens", type=int, default=64,
+                   help="the warm-up's decode meets every input class of requests up to "
+                   "this many new tokens (at most --max-tokens-limit)")
     p.add_argument("--warmup-lengths", type=lambda v: [int(n) for n in v.split(",")],
                    default=[16, 64, 256, 1024, 2048],
                    help="prompt lengths the warm-up serves, comma-separated")

@@ -592,6 +592,24 @@ def test_warm_up_serves_every_batch_twice_then_stops_at_its_limit(monkeypatch):
     assert info["rounds"] == 2 and len(model.served) == 2                  # twice even so
 
 
+def test_warm_up_decode_reaches_every_attention_class_the_load_meets():
+    """A request of up to ``reach`` new tokens decodes with every cached length in
+    (width, width + reach]; the warm-up's steps must meet each of their input classes, and
+    no more steps than that (a 512-wide prompt's 64 steps stay in one class)."""
+    from server import decode_steps
+    from adaptive.ops.base import bucket
+    for width in (64, 128, 256, 320, 512, 1024, 2048):
+        for reach in (8, 64, 200):
+            n = decode_steps(width, reach)
+            assert 8 <= n <= max(8, reach)
+            load = {bucket(lk) for lk in range(width + 1, width + reach + 1)}
+            assert load <= {bucket(lk) for lk in range(width + 1, width + n + 1)}, (width, n)
+            # one step fewer would miss the last class (unless the least, 8, decides)
+            if n > 8:
+                assert load - {bucket(lk) for lk in range(width + 1, width + n)}
+    assert decode_steps(256, 64) == 49 and decode_steps(512, 64) == 8   # 305 keys: a class
+
+
 def test_presets_and_byte_tokenizer():
     need("torch", "transformers")
     model = build_llama("tiny", "torch")
