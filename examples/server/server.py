@@ -601,14 +601,18 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
 
 def decode_steps(width: int, reach: int, least: int = 8) -> int:
     """How many new tokens a warm-up batch of prompt ``width`` needs so its decode meets
-    every input class a request of up to ``reach`` new tokens meets: attention's class
-    buckets the cached length by quarter octaves (``adaptive.ops.base.bucket``), so the
-    decode of a 256-wide prompt crosses into a new class at 305 keys, and a warm-up of 8
-    tokens left that class to be decided under load (run S24: 5.6 ms, then slow steps)."""
+    every input class a request of up to ``reach`` new tokens meets. A request of ``n`` new
+    tokens decodes ``n - 1`` times, with ``width + 1`` to ``width + n - 1`` cached keys, and
+    attention's class buckets that length by quarter octaves (``adaptive.ops.base.bucket``):
+    the decode of a 256-wide prompt crosses into a new class at 305 keys, and a warm-up of
+    8 tokens left that class to be decided under load (run S24: 5.6 ms, then SDPA's slow
+    masked decode on the batch's last 15 steps while the class explored)."""
     from adaptive.ops.base import bucket
-    last = bucket(width + reach)
-    first = next(lk for lk in range(width + 1, width + reach + 1) if bucket(lk) == last)
-    return max(least, min(reach, first - width))
+    if reach <= 1:
+        return least
+    last = bucket(width + reach - 1)
+    first = next(lk for lk in range(width + 1, width + reach) if bucket(lk) == last)
+    return max(least, min(reach, first - width + 1))
 
 
 def start_metrics(args: argparse.Namespace):

@@ -593,21 +593,24 @@ def test_warm_up_serves_every_batch_twice_then_stops_at_its_limit(monkeypatch):
 
 
 def test_warm_up_decode_reaches_every_attention_class_the_load_meets():
-    """A request of up to ``reach`` new tokens decodes with every cached length in
-    (width, width + reach]; the warm-up's steps must meet each of their input classes, and
-    no more steps than that (a 512-wide prompt's 64 steps stay in one class)."""
+    """A request of ``reach`` new tokens decodes ``reach - 1`` times, with every cached
+    length in (width, width + reach - 1]; the warm-up's tokens must meet each of their
+    input classes, and no more than that (a 512-wide prompt's 64 tokens stay in one class)."""
     from server import decode_steps
     from adaptive.ops.base import bucket
+
+    def classes(width, new):    # what a request of ``new`` tokens decodes with
+        return {bucket(lk) for lk in range(width + 1, width + new)}
     for width in (64, 128, 256, 320, 512, 1024, 2048):
-        for reach in (8, 64, 200):
+        for reach in (1, 8, 64, 200):
             n = decode_steps(width, reach)
             assert 8 <= n <= max(8, reach)
-            load = {bucket(lk) for lk in range(width + 1, width + reach + 1)}
-            assert load <= {bucket(lk) for lk in range(width + 1, width + n + 1)}, (width, n)
-            # one step fewer would miss the last class (unless the least, 8, decides)
-            if n > 8:
-                assert load - {bucket(lk) for lk in range(width + 1, width + n)}
-    assert decode_steps(256, 64) == 49 and decode_steps(512, 64) == 8   # 305 keys: a class
+            assert classes(width, reach) <= classes(width, n), (width, reach, n)
+            if n > 8:     # one token fewer would miss the last class
+                assert classes(width, reach) - classes(width, n - 1), (width, reach, n)
+    # run S24: a 256-wide batch met 305 cached keys, a class of its own, on its 49th decode
+    assert bucket(304) != bucket(305) and decode_steps(256, 64) == 50
+    assert decode_steps(512, 64) == 8
 
 
 def test_presets_and_byte_tokenizer():
