@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--quick", action="store_true", help="tiny preset on the CPU (dry run)")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--cases", default=None,
+                   help="rows x longest, comma-separated (e.g. 32x512,16x1024); the first "
+                   "is profiled (default: the four cases, the second profiled)")
     args = p.parse_args(argv)
     import torch
 
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cpu" if args.quick or not torch.cuda.is_available() else "cuda"
     preset, cases = ("tiny", QUICK_CASES) if device == "cpu" else ("1b", CASES)
     rounds = 2 if device == "cpu" else args.rounds
+    if args.cases:
+        cases = tuple(tuple(int(x) for x in c.split("x")) for c in args.cases.split(","))
     print(f"gpu_prefill: {device}, preset {preset}, cases (rows, longest) {cases}, "
           f"{rounds} rounds", flush=True)
     lms = {}
@@ -147,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  rows {rows:>2}, longest {longest:>4} (width {inputs['torch'][3]}): torch "
               f"{med['torch']:.2f} ms, adaptive {med['adaptive']:.2f} ms, adaptive/torch "
               f"{med['adaptive'] / med['torch']:.3f}", flush=True)
-    rows, longest = cases[1]
+    rows, longest = cases[0] if args.cases else cases[1]
     profiles = {}
     for m, lm in lms.items():
         profiles[m] = top_kernels(lm, prefill_inputs(lm, ragged(rows, longest, lm.vocab_size),
-                                                     torch), torch)
+                                                     torch), torch, n=14)
         print(f"\n  {m}: one prefill of rows {rows}, longest {longest} under torch.profiler, "
               "top kernels by device time:\n    " + "\n    ".join(profiles[m]), flush=True)
     keys = committed(rows_min=64 if device == "cuda" else 16)

@@ -211,6 +211,7 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
                                args.client_warmup_s)
         result["client_warmup"] = {"ok": client_warm.ok, "errors": client_warm.errors}
         misses = decision_misses(server.url)
+        activity = fetch_json(server.url + "/stats").get("adaptive_policy", {})
         for clients in args.concurrency:
             t_load = time.time()
             n = args.per_client * clients
@@ -222,6 +223,9 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
             misses = after
             stats = fetch_json(server.url + "/stats")
             load["miss_breakdown"] = miss_breakdown(stats.get("adaptive_misses", []), t_load)
+            now = stats.get("adaptive_policy", {})
+            load["policy"] = {k: now[k] - activity.get(k, 0) for k in now}   # in the load
+            activity = now
             load["engine"] = engine_breakdown(stats.get("engine_batches", []), t_load,
                                               time.time())
             result["loads"][str(clients)] = load
@@ -235,6 +239,12 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
                       f"steps p50 {_f(b['step_p50_ms'], '.2f')} max "
                       f"{_f(b['step_max_ms'], '.2f')} ms, {b['n_slow']} slow: "
                       + ", ".join(f"#{k} {v:.1f}" for k, v in b["slow_steps"].items()),
+                      flush=True)
+            if load["policy"]:
+                a = load["policy"]
+                print(f"  {mode} x{clients} policy: {a['refits']} model refit(s), "
+                      f"{a['refit_s']:.2f} s fitting; {a['explore_calls']} exploring calls, "
+                      f"{a['explore_s']:.3f} s; {a['deferred']} class(es) deferred",
                       flush=True)
             if load["miss_breakdown"]["misses"]:
                 print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",

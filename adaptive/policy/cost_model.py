@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -298,7 +299,8 @@ class LiveModel:
         self._thread: threading.Thread | None = None
         self.model: CostModel | None = None
         self.generation = 0
-        self.last_error: str = ""
+        self.refit_s = 0.0            # seconds spent fitting, all refits (a serving
+        self.last_error: str = ""     # process's background CPU, beside its requests)
         if base is not None:
             self.extend_base(base)
 
@@ -369,11 +371,14 @@ class LiveModel:
                 groups = self._base_g + self._g
             if len(rows) < 2:
                 return
+            t0 = time.perf_counter()
             try:
                 fitted = self._make().fit(rows, y, sample_weight=w, groups=groups)
             except Exception as exc:  # noqa: BLE001 (a failed refit keeps the previous model)
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 return
+            finally:
+                self.refit_s += time.perf_counter() - t0
             self.model = fitted   # the atomic swap
             self.generation += 1
             with self._lock:

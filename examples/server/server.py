@@ -323,7 +323,8 @@ class App:
                              "requests": dict(self.counts), "queued": self.engine.queued,
                              "engine": dict(self.engine.stats),
                              "engine_batches": self.engine.batches(),
-                             "adaptive_misses": recent_misses(), **self.info})
+                             "adaptive_misses": recent_misses(),
+                             "adaptive_policy": policy_activity(), **self.info})
 
     async def prometheus(self, request):
         from starlette.responses import JSONResponse, Response
@@ -713,6 +714,29 @@ def recent_misses(limit: int = 256) -> list[dict]:
         return []
     misses = [m for d in runtime.live_dispatchers() for m in d.recent_misses()]
     return sorted(misses, key=lambda m: m["time_s"])[-limit:]
+
+
+def policy_activity() -> dict:
+    """What the process's learned policies have done so far, summed over dispatchers:
+    model refits and the seconds spent fitting (background CPU beside the requests),
+    exploring calls and their seconds, classes deferred (empty before adaptive is
+    imported)."""
+    runtime = sys.modules.get("adaptive.runtime")
+    if runtime is None:
+        return {}
+    from adaptive.policy.cost_model import LiveModel
+    from adaptive.policy.learned import Learned
+    out = {"refits": 0, "refit_s": 0.0, "explore_calls": 0, "explore_s": 0.0, "deferred": 0}
+    for d in runtime.live_dispatchers():
+        policy = d.policy
+        if not isinstance(policy, Learned):
+            continue
+        for k in ("explore_calls", "explore_s", "deferred"):
+            out[k] += policy.stats[k]
+        if isinstance(policy.model, LiveModel):
+            out["refits"] += policy.model.generation
+            out["refit_s"] += policy.model.refit_s
+    return out
 
 
 def make_app(args: argparse.Namespace, progress=None) -> App:

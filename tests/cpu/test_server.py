@@ -797,6 +797,13 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
             for b in e["per_batch"]:     # the prompts of the dry run are 16..64 tokens
                 assert 16 <= b["longest"] <= 64 and b["steps"] == 3      # 4 tokens: 3 steps
                 assert b["step_max_ms"] >= b["step_p50_ms"] > 0
+            # what the learned policy did during the load (refits: background CPU)
+            if mode == "torch":      # (in one process here: adaptive may be imported)
+                assert not any(load["policy"].values()), load["policy"]
+            else:
+                assert set(load["policy"]) == {"refits", "refit_s", "explore_calls",
+                                               "explore_s", "deferred"}
+                assert all(v >= 0 for v in load["policy"].values()), load["policy"]
             # the same requests in every mode: the stream's first 2 per client
             assert load["requests"] == 2 * int(clients) and load["sent"] <= load["requests"]
         assert r["server"]["mode"] == mode and r["server"]["warmup"]["rounds"] >= 2
