@@ -218,6 +218,11 @@ class Learned(BasePolicy):
             every op's committed/best within 0.001 and 1 point of within 5%; 1.0 (2x) cost
             softmax 3 points and, unbounded, spmm 1.019 -> 1.042.
         variant_slots: most slots those variants take (2: of the best-ranked first).
+        min_explore: fewest candidates explored where there are that many (2: where the
+            model puts one candidate alone within the regret bound and no anchor adds
+            another, the best-ranked config of the next variant is timed beside it; run
+            S24 committed cuBLAS unseen on gemm 4x1024x1024 at 1.7x the best candidate).
+            1: a sure model commits without exploring. At most ``max_explore``.
         samples: timed calls per explored candidate before committing; the commit compares
             each candidate's median (3: one cold first call or one interfered call cannot
             decide it, as the fastest single sample could).
@@ -258,12 +263,15 @@ class Learned(BasePolicy):
                  per_variant: int = 2, explore_budget: float | None = 0.01,
                  explore_burst_s: float = 0.5, revalidate_every: int = 8,
                  baseline_margin: float = 0.03, variant_reach: float = 0.5,
-                 variant_slots: int = 2):
+                 variant_slots: int = 2, min_explore: int = 2):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
         if not 1 <= max_explore:
             raise ValueError(f"max_explore must be at least 1, got {max_explore}")
+        if not (isinstance(min_explore, int) and min_explore >= 1):
+            raise ValueError(f"min_explore must be an int >= 1, got {min_explore!r}")
+        self.min_explore = min(min_explore, max_explore)
         if samples < 1 or drift_window < 1 or drift_ratio <= 1.0 or regret_bound < 0 \
                 or revalidate_every < 1:
             raise ValueError("expected samples >= 1, drift_window >= 1, drift_ratio > 1, "
@@ -355,6 +363,16 @@ class Learned(BasePolicy):
         explore, also = self._anchored(op, ctx.problem.dtype, features, candidates, ranked,
                                        explore)
         why += also
+        if len(explore) < self.min_explore and dist is not None:
+            # a sure model is not a right one: run S24 committed cuBLAS unseen on gemm
+            # 4x1024x1024 at 1.7x the best, every other candidate ranked 1.2x slower
+            others = [c for c in _firsts(ranked) if c not in explore]
+            others += [c for c in ranked if c not in explore and c not in others]
+            extra = tuple(others[: self.min_explore - len(explore)])
+            if extra:
+                explore += extra
+                why += "; plus " + ", ".join(c.label for c in extra) + \
+                    f" (at least {self.min_explore} explored)"
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
                          {c: Samples() for c in explore}, reason=why, explorations=1,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,

@@ -856,6 +856,9 @@ class _FixedRanking:
         assert len(rows) == len(self.mean)
         return self.mean, self.sigma
 
+    def add(self, rows, y, groups=None):   # learns nothing: the ranking stays fixed
+        pass
+
 
 def _cuda_softmax_ranking():
     """CUDA softmax candidates (no GPU needed to rank them) and a constructed ranking:
@@ -913,6 +916,29 @@ def test_a_variant_outside_the_regret_reach_within_the_variant_reach_gets_one_sl
         Learned(model, variant_slots=-1)
     with pytest.raises(ValueError, match="variant_reach must be a fraction >= 0"):
         Learned(model, variant_reach=-0.5)
+
+
+def test_a_sure_model_still_times_a_second_variant_beside_its_pick():
+    """Run S24: the model put cuBLAS alone within the regret reach of gemm 4x1024x1024,
+    nothing else within 1.5x, and it was committed unseen at 1.7x the best candidate. With
+    min_explore 2 the best config of the next variant is timed beside the pick, and the
+    faster of the two is committed; min_explore 1 keeps the old unseen commit."""
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    mean = [0.0] + [math.log(2.0)] * (len(mean) - 1)     # block[0] 2x ahead of the rest
+    model = _FixedRanking(mean, [0.0] * len(mean))
+    policy = Learned(model, anchors=False, explore_budget=None)
+    d = policy.decide(ctx, cands)
+    assert d.explore == (block[0], reg[0]), d.reason        # reg_row: the next variant
+    assert f"plus {reg[0].label} (at least 2 explored)" in d.reason
+    for _ in range(policy.samples):                          # the model was wrong
+        policy.observe(ctx.key, block[0], 0.030)
+        done = policy.observe(ctx.key, reg[0], 0.012)
+    assert done.candidate == reg[0] and policy.state(ctx.key).committed == reg[0]
+    d = Learned(model, anchors=False, explore_budget=None, min_explore=1).decide(ctx, cands)
+    assert d.explore == () and d.candidate == block[0]
+    assert f"committed {block[0].label} without exploring" in d.reason
+    with pytest.raises(ValueError, match="min_explore must be an int >= 1, got 0"):
+        Learned(model, min_explore=0)
 
 
 def test_anchors_stay_beside_another_variants_slot():
