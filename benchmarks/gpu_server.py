@@ -249,10 +249,32 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
             if load["miss_breakdown"]["misses"]:
                 print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",
                       flush=True)
+        result["prefill_profile"] = profile_one_batch(server.url, stream, min(
+            args.concurrency))
+        for line in result["prefill_profile"]:
+            print(f"  {mode} prefill profile: {line}", flush=True)
         result["server"] = fetch_json(server.url + "/stats")
     finally:
         server.close()
     return result
+
+
+def profile_one_batch(url: str, stream, clients: int) -> list[str]:
+    """After the timed loads: the stream's first ``clients`` requests once more (one batch,
+    untimed), its prefill under torch.profiler in the server; the profile's summary and
+    top kernels by device time."""
+    body = json.dumps({"batches": 1}).encode()
+    req = urllib.request.Request(url + "/debug/profile-prefill", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        json.loads(resp.read())
+    run_load(url, stream[:clients], clients, 120.0)
+    profiles = fetch_json(url + "/stats").get("prefill_profiles", [])
+    if not profiles:
+        return ["no prefill profiled"]
+    p = profiles[-1]
+    return [f"batch {p['batch']}: wall {p['wall_ms']:.1f} ms, device {p['device_ms']:.1f} ms, "
+            f"host {p['host_ms']:.1f} ms"] + p["top"][:10]
 
 
 def miss_breakdown(misses: list[dict], since: float) -> dict:

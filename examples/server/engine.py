@@ -208,6 +208,40 @@ class CausalLM:
         self.device = next(model.parameters()).device
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # 5.x renamed it
+        self.profile_prefill: set[int] = set()   # which batches' prefill to profile (0: the
+        self.batches_run = 0                     # first after count_from_here())
+        self.prefill_profiles: list[dict] = []
+
+    def count_from_here(self) -> None:
+        """Number the batches from the next one (after the warm-up)."""
+        self.batches_run = 0
+
+    def _profiled(self, run, batch: int):
+        """Run ``run()`` (a prefill) under torch.profiler; keep its top kernels by device
+        time: a server's time to first tokens broken down where it is spent."""
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
+                                         if self.device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            t0 = time.perf_counter()
+            out = run()
+            out.logits[:, -1].argmax(-1).tolist()
+            wall = (time.perf_counter() - t0) * 1e3
+
+        def device_us(e):
+            return float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+        events = sorted(prof.key_averages(), key=lambda e: (device_us(e),
+                                                            e.self_cpu_time_total),
+                        reverse=True)           # (host time orders a CPU-only profile)
+        self.prefill_profiles.append({
+            "batch": batch, "wall_ms": round(wall, 3),
+            "device_ms": round(sum(device_us(e) for e in events) / 1e3, 3),
+            "host_ms": round(sum(e.self_cpu_time_total for e in events) / 1e3, 3),
+            "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
+                    for e in events[:15]]})
+        log.info("prefill of batch %d profiled: %s", batch,
+                 self.prefill_profiles[-1])
+        return out
 
     def _cache(self):
         from transformers import DynamicCache
@@ -239,9 +273,12 @@ class CausalLM:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = self._cache()
         active = list(range(real))            # padding rows are computed, never emitted
+        batch, self.batches_run = self.batches_run, self.batches_run + 1
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+            def run():
+                return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                  use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+            out = self._profiled(run, batch) if batch in self.profile_prefill else run()
             for step in range(max(max_new)):
                 tokens = out.logits[:, -1].argmax(-1)
                 host = tokens.tolist()                  # one sync per step: tokens stream

@@ -234,6 +234,7 @@ class App:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/stats", self.stats, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/debug/profile-prefill", self.profile_prefill, methods=["POST"]),
         ], exception_handlers={404: self._not_found, 405: self._not_allowed,
                                Exception: self._internal})
 
@@ -311,6 +312,29 @@ class App:
         from starlette.responses import JSONResponse
         return JSONResponse({"status": "ok", "mode": self.mode, "model": self.model_name})
 
+    async def profile_prefill(self, request):
+        """POST {"batches": n}: profile the prefill of the next ``n`` batches (1..16) under
+        torch.profiler; their top kernels appear in /stats ``prefill_profiles``."""
+        from starlette.responses import JSONResponse
+        try:
+            body = await self._body(request)
+            try:
+                n = json.loads(body or b"{}").get("batches", 1)
+            except (ValueError, AttributeError):
+                raise ApiError(400, 'expected a JSON object such as {"batches": 1}') from None
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 16:
+                raise ApiError(400, f"batches must be an int in 1..16, got {n!r}",
+                               param="batches")
+            lm = self.engine.model
+            if not isinstance(lm, CausalLM):
+                raise ApiError(409, "prefill profiles need the llama model (--model llama)")
+        except ApiError as exc:
+            return self._error(exc)
+        nxt = lm.batches_run
+        lm.profile_prefill |= set(range(nxt, nxt + n))
+        self._count(200)
+        return JSONResponse({"profiling": list(range(nxt, nxt + n))})
+
     async def models(self, request):
         from starlette.responses import JSONResponse
         return JSONResponse({"object": "list", "data": [{
@@ -324,7 +348,11 @@ class App:
                              "engine": dict(self.engine.stats),
                              "engine_batches": self.engine.batches(),
                              "adaptive_misses": recent_misses(),
-                             "adaptive_policy": policy_activity(), **self.info})
+                             "adaptive_policy": policy_activity(),
+                             "prefill_profiles": (list(self.engine.model.prefill_profiles)
+                                                  if isinstance(self.engine.model, CausalLM)
+                                                  else []),
+                             **self.info})
 
     async def prometheus(self, request):
         from starlette.responses import JSONResponse, Response
@@ -562,6 +590,7 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
                         prune=args.prune)
     lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to,
                   buckets=args.shape_buckets == "pow2")
+    lm.profile_prefill = set(args.profile_prefill)
     info = {"device": device, "dtype": str(next(model.parameters()).dtype),
             "preset": args.preset, "prune": args.prune,
             "build_s": round(time.perf_counter() - t0, 2)}
@@ -597,6 +626,8 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
                                      limit_s=args.warmup_limit_s, progress=progress)
     if args.mode == "static" and args.model == "llama":
         info["pinned"] = pin_dispatchers()
+    if isinstance(lm, CausalLM):
+        lm.count_from_here()             # --profile-prefill counts the served batches
     return info
 
 
@@ -669,6 +700,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="before listening, serve a few batches of each prompt length until "
                    "every adaptive key is decided (static mode always warms up)")
     p.add_argument("--warmup-limit-s", type=float, default=120.0)
+    p.add_argument("--profile-prefill", type=lambda v: [int(n) for n in v.split(",") if n],
+                   default=[], help="profile the prefill of these served batches (0: the "
+                   "first after the warm-up; llama), top kernels in /stats and the log")
     p.add_argument("--warmup-new-tokens", type=int, default=64,
                    help="the warm-up's decode meets every input class of requests up to "
                    "this many new tokens (at most --max-tokens-limit)")

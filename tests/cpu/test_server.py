@@ -357,6 +357,28 @@ def test_metrics_and_stats(server):
     assert stats["engine"]["tokens"] >= stats["requests"]["ok"]
 
 
+def test_prefill_profile_on_request(server):
+    """POST /debug/profile-prefill profiles the next batches' prefill; /stats shows each
+    one's wall, device and host ms and its top ops. Bad bodies get a 400 naming why."""
+    path = "/debug/profile-prefill"
+    for body, why in (("[1]", 'a JSON object such as {"batches": 1}'),
+                      ("{nope", 'a JSON object such as {"batches": 1}'),
+                      ({"batches": 0}, "batches must be an int in 1..16, got 0"),
+                      ({"batches": True}, "batches must be an int in 1..16, got True"),
+                      ({"batches": 17}, "batches must be an int in 1..16, got 17")):
+        status, out, _ = post(server.url, body, path=path)
+        assert status == 400 and why in out["error"]["message"], (body, out)
+    before = len(json.loads(get(server.url, "/stats")[1])["prefill_profiles"])
+    status, out, _ = post(server.url, {"batches": 1}, path=path)
+    assert status == 200 and len(out["profiling"]) == 1
+    assert post(server.url, {"model": MODEL, "prompt": [3, 5, 7], "max_tokens": 2})[0] == 200
+    profiles = json.loads(get(server.url, "/stats")[1])["prefill_profiles"]
+    assert len(profiles) == before + 1
+    p = profiles[-1]
+    assert p["batch"] == out["profiling"][0] and p["wall_ms"] > 0 and p["host_ms"] > 0
+    assert any("aten::" in line for line in p["top"]), p["top"]
+
+
 def test_loadgen_end_to_end(server, tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run(
@@ -807,6 +829,9 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
             # the same requests in every mode: the stream's first 2 per client
             assert load["requests"] == 2 * int(clients) and load["sent"] <= load["requests"]
         assert r["server"]["mode"] == mode and r["server"]["warmup"]["rounds"] >= 2
+        # one batch's prefill profiled in the server after the timed loads
+        head = r["prefill_profile"][0]
+        assert head.startswith("batch ") and "wall" in head and len(r["prefill_profile"]) > 3
         assert (r["server"]["warmup"]["pending_keys"] is None) == (mode == "torch")
     table = gpu_server.table(payload)
     assert "torch           4" in table
