@@ -244,7 +244,8 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
                 a = load["policy"]
                 print(f"  {mode} x{clients} policy: {a['refits']} model refit(s), "
                       f"{a['refit_s']:.2f} s fitting; {a['explore_calls']} exploring calls, "
-                      f"{a['explore_s']:.3f} s; {a['deferred']} class(es) deferred",
+                      f"{a['explore_s']:.3f} s; {a['commits']} commit(s), {a['drifts']} "
+                      f"drift(s), {a['deferred']} class(es) deferred",
                       flush=True)
             if load["miss_breakdown"]["misses"]:
                 print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",

@@ -753,19 +753,20 @@ def recent_misses(limit: int = 256) -> list[dict]:
 def policy_activity() -> dict:
     """What the process's learned policies have done so far, summed over dispatchers:
     model refits and the seconds spent fitting (background CPU beside the requests),
-    exploring calls and their seconds, classes deferred (empty before adaptive is
-    imported)."""
+    exploring calls and their seconds, classes deferred, drifts (each re-explores a class
+    on served calls) and commits (empty before adaptive is imported)."""
     runtime = sys.modules.get("adaptive.runtime")
     if runtime is None:
         return {}
     from adaptive.policy.cost_model import LiveModel
     from adaptive.policy.learned import Learned
-    out = {"refits": 0, "refit_s": 0.0, "explore_calls": 0, "explore_s": 0.0, "deferred": 0}
+    out = {"refits": 0, "refit_s": 0.0, "explore_calls": 0, "explore_s": 0.0, "deferred": 0,
+           "drifts": 0, "commits": 0}
     for d in runtime.live_dispatchers():
         policy = d.policy
         if not isinstance(policy, Learned):
             continue
-        for k in ("explore_calls", "explore_s", "deferred"):
+        for k in ("explore_calls", "explore_s", "deferred", "drifts", "commits"):
             out[k] += policy.stats[k]
         if isinstance(policy.model, LiveModel):
             out["refits"] += policy.model.generation
