@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# run S27 (next session, after S26): the counter log after the hot-path and governor work
+# (S23: host-bound events +9.15% against 10%, GPU-bound CUPTI governed +2.82% against 3%),
+# then the dense headline serving the same requests in both modes (S23's windows served
+# different requests: not a measurement)
+source "$(dirname "$0")/setup.sh"
+t0=$SECONDS
+timeout 150 python3 benchmarks/gpu_counterlog.py --out /tmp/cl > "$OUT/counterlog.log" 2>&1
+echo "counterlog rc=$? $((SECONDS-t0)) s"
+cp /tmp/cl/gpu_counterlog.json "$OUT/" 2>/dev/null
+grep -A30 "throughput side by side" "$OUT/counterlog.log" | grep -v "logged within" | cut -c1-330
+t0=$SECONDS
+timeout 420 python3 benchmarks/gpu_headline.py --case dense --out "$OUT" > "$OUT/headline_dense.log" 2>&1
+echo "headline dense rc=$? $((SECONDS-t0)) s"
+grep -E "engine:|policy:|prefill profile: batch" "$OUT/headline_dense.log" | cut -c1-240
+tail -6 "$OUT/headline_dense.log" | cut -c1-300
