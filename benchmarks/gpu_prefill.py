@@ -41,16 +41,11 @@ def ragged(rows: int, longest: int, vocab: int) -> list[list[int]]:
             for i in range(rows)]
 
 
-def prefill_inputs(lm, prompts, torch):
-    """The padded ids, mask and positions CausalLM.generate builds for ``prompts``."""
-    width = lm.width(max(map(len, prompts)), 1)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
-    ids, mask = ids.to(lm.device), mask.to(lm.device)
-    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), width
+def prefill_inputs(lm, prompts):
+    """The padded ids, mask and positions CausalLM.generate builds for ``prompts``, and
+    the width."""
+    ids, mask, positions = lm.left_padded(prompts, 1)
+    return ids, mask, positions, ids.shape[1]
 
 
 def prefill(lm, inputs, torch) -> float:
@@ -138,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     results = []
     for rows, longest in cases:
-        inputs = {m: prefill_inputs(lm, ragged(rows, longest, lm.vocab_size), torch)
+        inputs = {m: prefill_inputs(lm, ragged(rows, longest, lm.vocab_size))
                   for m, lm in lms.items()}
         times = {m: [] for m in lms}
         for _ in range(rounds):
@@ -155,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, longest = cases[0] if args.cases else cases[1]
     profiles = {}
     for m, lm in lms.items():
-        profiles[m] = top_kernels(lm, prefill_inputs(lm, ragged(rows, longest, lm.vocab_size),
-                                                     torch), torch, n=14)
+        profiles[m] = top_kernels(lm, prefill_inputs(lm, ragged(rows, longest, lm.vocab_size)),
+                                  torch, n=14)
         print(f"\n  {m}: one prefill of rows {rows}, longest {longest} under torch.profiler, "
               "top kernels by device time:\n    " + "\n    ".join(profiles[m]), flush=True)
     keys = committed(rows_min=64 if device == "cuda" else 16)

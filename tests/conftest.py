@@ -108,9 +108,13 @@ def pytest_runtest_protocol(item, nextitem):
         running = item.config.stash[_RUNNING]
         ready = [entry for entry in waiting if all(running[n].done() for n in entry[0])]
         if ready:
-            moved = [reader for _, group in ready for reader in group]
-            gone = set(map(id, moved))
             items = item.session.items
+            at = {id(i): k for k, i in enumerate(items)}
+            # only readers still to run move (one that ran already, or ``item`` itself,
+            # stays: moving it left ``item`` out of the list, a StopIteration below)
+            moved = [reader for _, group in ready for reader in group
+                     if at.get(id(reader), -1) > at[id(item)]]
+            gone = set(map(id, moved))
             rest = [i for i in items if id(i) not in gone]
             here = next(k for k, i in enumerate(rest) if i is item) + 1
             items[:] = rest[:here] + moved + rest[here:]   # in place: the run loop's list

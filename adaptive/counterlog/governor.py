@@ -12,14 +12,18 @@ time and hands it to :meth:`Governor.step`:
   under ``budget / 3``, up to :data:`MAX_EVERY`; every record carries the interval in
   effect when it was taken, so counts can be scaled back;
 * CUPTI: its cost grows with every kernel launched, logged or not, so no interval can
-  bound it. Once it has been over ``budget`` for a period after at least ``window_s`` of
-  recording, the state turns "events" for the rest of the log: the writer times calls by
-  sampled event pairs from then on (their interval governed as above) and detaches
-  CUPTI from the process once every call it tagged has its kernels (attached but idle,
-  CUPTI still cost every launch: ``CuptiActivity.detach``). The handover is one-way: pausing and
-  resuming CUPTI's activity (a duty cycle) cost the H200 more than it saved (run R2 in
-  docs/benchmarks.md: 67 % throughput on a GPU-bound stream). The fraction of the log's
-  time CUPTI recorded is :attr:`GovernorState.active_fraction`.
+  bound it. The state turns "events" for the rest of the log at the first judged period
+  whose cost is over ``budget`` once CUPTI has recorded ``window_s``, or more than
+  ``plain_over`` (:data:`PLAIN_OVER`) times ``budget`` in any period, the first included:
+  a cost plainly over needs no second period to tell (on the H200 every handover came
+  at the second period, 0.5-0.6 s in, at 2-7 times the 2 % budget, run S23; the writer's
+  own start-up adds about 0.1 % of wall time to the first period). The writer times
+  calls by sampled event pairs from then on (their interval governed as above) and
+  detaches CUPTI from the process once every call it tagged has its kernels (attached
+  but idle, CUPTI still cost every launch: ``CuptiActivity.detach``). The handover is
+  one-way: pausing and resuming CUPTI's activity (a duty cycle) cost the H200 more than
+  it saved (run R2 in docs/benchmarks.md: 67 % throughput on a GPU-bound stream). The
+  fraction of the log's time CUPTI recorded is :attr:`GovernorState.active_fraction`.
 
 The governor holds no clock: the writer passes ``now`` and the cost so far (tests pass
 their own numbers).
@@ -31,6 +35,7 @@ import dataclasses
 import math
 
 MAX_EVERY = 65536            # the largest interval the governor raises ``every`` to
+PLAIN_OVER = 2.0             # CUPTI's cost over this many budgets hands over at once
 BUDGET_RANGE = (0.0, 1.0)    # a budget is a fraction of wall time in (0, 1]
 
 
@@ -72,7 +77,9 @@ class Governor:
         budget: the log's cost as a fraction of wall time (0.02: 2 %).
         every: the configured interval (the floor of the raised one).
         period_s: how often the cost is judged.
-        window_s: how long CUPTI records before its cost can make it hand over.
+        window_s: how long CUPTI records before a cost over ``budget`` makes it hand over.
+        plain_over: a CUPTI cost over this many budgets makes it hand over in any period,
+            the first included (``math.inf``: only after ``window_s``).
         max_every: the ceiling of the raised interval.
 
     Example:
@@ -83,10 +90,11 @@ class Governor:
     """
 
     def __init__(self, budget: float, every: int, period_s: float = 0.25,
-                 window_s: float = 0.5, max_every: int = MAX_EVERY):
+                 window_s: float = 0.5, plain_over: float = PLAIN_OVER,
+                 max_every: int = MAX_EVERY):
         self.budget = check_budget(budget)
         self.base_every, self.max_every = every, max(max_every, every)
-        self.period_s, self.window_s = period_s, window_s
+        self.period_s, self.window_s, self.plain_over = period_s, window_s, plain_over
         self.state = GovernorState(every, every_min=every, every_max=every)
         self._t0 = self._since = math.nan       # the log's start; the period's start
         self._cost0 = 0.0                       # cost at the period's start
@@ -104,7 +112,7 @@ class Governor:
     def keep_cupti(self) -> None:
         """Undo a handover the caller could not make: CUPTI stays, never handed over."""
         self.state.cupti, self.state.handover_cost = "on", 0.0
-        self.window_s = math.inf
+        self.window_s = self.plain_over = math.inf
 
     def step(self, now: float, cost_s: float, cupti: bool = False) -> GovernorState:
         """Judge the cost up to ``now`` (``cost_s``: the log's CPU time so far; ``cupti``:
@@ -125,7 +133,8 @@ class Governor:
         s.cost_fraction = fraction
         if fraction > self.budget:
             s.every = min(s.every * 2, self.max_every)
-            if cupti and s.cupti == "on" and s.active_s >= self.window_s:
+            if cupti and s.cupti == "on" and (s.active_s >= self.window_s or
+                                              fraction > self.plain_over * self.budget):
                 s.cupti, s.handover_cost = "events", fraction
         elif fraction < self.budget / 3:
             s.every = max(s.every // 2, self.base_every)

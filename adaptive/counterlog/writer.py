@@ -350,11 +350,9 @@ class CounterLog:
     def _drain(self, final: bool = False) -> None:
         """Write what was queued and what the timers finished (``final``: the log is
         closing; timers hand over or drop every call still in flight)."""
-        queue = self.queue
+        popleft = self.queue.popleft
         self.stats.dropped = self._dropped()
-        items = []
-        while queue:
-            items.append(queue.popleft())
+        items = [popleft() for _ in range(len(self.queue))]     # callers append meanwhile
         for timer in self._live_timers():
             source = "cupti" if getattr(timer, "kind", "") == "cupti" else "cuda_event"
             items += [(rec, time_s, plan, float(time_ms), source, stream, every)
@@ -392,8 +390,9 @@ class CounterLog:
         # records come in time order, so most share it
         at_index, lo, hi, at_sid = None, math.inf, -math.inf, -1
         seq = self._seq
+        pid_of, row = plan_ids.get, rows.append
         for rec, time_s, plan, time_ms, timer, stream, every in items:
-            pid = plan_ids.get(plan)
+            pid = pid_of(plan)
             if pid is None:
                 pid = plan_ids[plan] = len(plan_ids)
                 plans.append([pid, self._static(rec, plan)])
@@ -411,7 +410,7 @@ class CounterLog:
                             states.append(snap.to_dict())
                         at_sid = sid
             seq += 1
-            rows.append((seq, pid, time_s, time_ms, timer, sid, stream, every))
+            row((seq, pid, time_s, time_ms, timer, sid, stream, every))
         self._seq = seq
         g = self.governor.state
         governor = {"every": g.every, "cost": g.cost_fraction}

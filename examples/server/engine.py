@@ -254,6 +254,19 @@ class CausalLM:
             width = max(self.pad_to, 1 << (longest - 1).bit_length())
         return max(min(width, self.max_context - max_new), longest)
 
+    def left_padded(self, prompts, max_new: int):
+        """``prompts`` left-padded to :meth:`width`, on the model's device: the token ids,
+        the attention mask (0 on padding) and position ids that skip the padding."""
+        torch = self.torch
+        width = self.width(max(len(p) for p in prompts), max_new)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
     def rows(self, n: int) -> int:
         """The rows a batch of ``n`` requests runs as."""
         return 1 << (n - 1).bit_length() if self.buckets else n
@@ -263,14 +276,7 @@ class CausalLM:
         real = len(prompts)
         prompts = list(prompts) + [prompts[0]] * (self.rows(real) - real)
         max_new = list(max_new) + [max_new[0]] * (len(prompts) - real)
-        width = self.width(max(len(p) for p in prompts), max(max_new))
-        ids = torch.zeros((len(prompts), width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, positions = self.left_padded(prompts, max(max_new))
         cache = self._cache()
         active = list(range(real))            # padding rows are computed, never emitted
         batch, self.batches_run = self.batches_run, self.batches_run + 1

@@ -7,6 +7,7 @@ call; bad budgets are refused with what was expected and what was given."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -16,7 +17,7 @@ from test_counterlog_cupti import Clock, FakeCupti, attach, kernels_in_run
 from adaptive import config
 from adaptive.counterlog import CounterLog, read_log
 from adaptive.counterlog.cli import summary_text
-from adaptive.counterlog.governor import MAX_EVERY, Governor
+from adaptive.counterlog.governor import MAX_EVERY, PLAIN_OVER, Governor
 from adaptive.dispatch import Dispatcher
 from adaptive.policy import MeasureEach
 from profilers.cupti import CuptiActivity, CuptiTimer
@@ -71,15 +72,32 @@ def test_the_interval_doubles_over_budget_halves_under_and_stays_in_bounds():
 def test_cupti_hands_over_once_after_its_first_window_and_never_comes_back():
     g = Governor(0.02, every=16, period_s=0.25, window_s=0.5)
     g.start(0.0, 0.0)
-    assert g.step(0.3, 0.3, cupti=True).cupti == "on"     # over budget inside the window
-    state = g.step(0.6, 0.6, cupti=True)
-    assert state.cupti == "events" and state.handover_cost == pytest.approx(1.0)
+    # 3 %: over budget inside the window, not plainly (PLAIN_OVER budgets): kept
+    assert g.step(0.3, 0.009, cupti=True).cupti == "on"
+    state = g.step(0.6, 0.018, cupti=True)                # 3 % again, the window done
+    assert state.cupti == "events" and state.handover_cost == pytest.approx(0.03)
     assert state.active_s == pytest.approx(0.6)
     for t in (0.9, 1.2, 60.0):                            # under budget: stays handed over
-        assert g.step(t, 0.6, cupti=False).cupti == "events"
+        assert g.step(t, 0.018, cupti=False).cupti == "events"
     assert g.state.active_fraction == pytest.approx(0.01)
     g.keep_cupti()                                        # the caller could not hand over
     assert g.state.cupti == "on" and g.step(61.0, 61.0, cupti=True).cupti == "on"
+
+
+@pytest.mark.parametrize("cost, first", [(0.9 * PLAIN_OVER, "on"), (1.1 * PLAIN_OVER, "events")],
+                         ids=["just_under_plain", "plainly_over"])
+def test_cupti_plainly_over_budget_hands_over_at_the_first_period(cost, first):
+    """A cost over PLAIN_OVER budgets needs no window: the probe is one period."""
+    g = Governor(0.02, every=16, period_s=0.25, window_s=0.5)
+    g.start(0.0, 0.0)
+    assert g.step(0.1, 0.0, cupti=True).cupti == "on"     # within the period: not judged
+    state = g.step(0.25, 0.25 * cost * 0.02, cupti=True)
+    assert state.cupti == first and state.every == 32
+    assert state.handover_cost == (pytest.approx(cost * 0.02) if first == "events" else 0.0)
+    assert g.step(0.5, 0.5 * cost * 0.02, cupti=True).cupti == "events"   # window done
+    never = Governor(0.02, every=16, period_s=0.25, window_s=0.5, plain_over=math.inf)
+    never.start(0.0, 0.0)
+    assert never.step(0.25, 0.25, cupti=True).cupti == "on"   # 100 %, inside the window
 
 
 def test_records_carry_the_interval_they_were_taken_at(tmp_path, rng, host):
@@ -163,10 +181,10 @@ def test_cupti_over_budget_hands_over_to_sampled_timing_without_mis_joining_a_ca
     cupti.deliver(keep_last=1)                            # call 2's kernel still to come
     clog._drain()
     clock.now += 0.3
-    cost.s += 0.3                                         # the log took all the time
+    cost.s += 0.009                                       # 3 %: over budget, not plainly
     assert clog._govern().cupti == "on"                   # CUPTI's first window: kept
     clock.now += 0.3
-    cost.s += 0.3
+    cost.s += 0.3                                         # the log took all the time
     state = clog._govern()
     assert state.cupti == "events" and state.handover_cost == pytest.approx(1.0)
     assert clog._recorders[host] is not rec and clog.timings == {0: "host"}

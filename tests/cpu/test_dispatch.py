@@ -192,3 +192,49 @@ def test_sampling_reaches_every_key_of_a_periodic_launch_loop(rng):
             d.launch("softmax", x)
     assert sum(count.keys.values()) == 640 * 8 // 64
     assert len(count.keys) == 8 and min(count.keys.values()) >= 3, count.keys
+
+
+def test_recorders_chain_newest_first_and_relink_when_one_leaves(rng):
+    """Wrapping recorders run each launch newest first, the last one running the plan once;
+    taking one out of the middle or the head links the rest, and it sees no launch after."""
+    from adaptive.dispatch import Recorder
+
+    class Through(Recorder):
+        def __init__(self, name, order):
+            super().__init__()
+            self.name, self.order = name, order
+
+        def __call__(self, plan, args, out):
+            self.order.append(self.name)
+            return self._next(plan, args, out)
+
+    d = adaptive.Dispatcher(backend="host", policy=adaptive.MeasureEach())
+    d.sample_every = 0
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    want = d.launch("softmax", x)              # committed: later calls go through the chain
+    runs = []
+    for plan in list(d._plans.values()):
+        run = plan.run
+        plan.run = lambda args, out, run=run: runs.append(1) or run(args, out)
+    order = []
+    a, b, c = (Through(n, order) for n in "abc")
+    for r in (a, b, c):
+        d.add_recorder(r)
+    assert d.recorder is c and c.inner is b and b.inner is a and a.inner is None
+    np.testing.assert_allclose(d.launch("softmax", x), want)
+    assert order == ["c", "b", "a"] and runs == [1]
+    d.remove_recorder(b)                       # the middle one
+    assert c.inner is a
+    order.clear()
+    d.launch("softmax", x)
+    assert order == ["c", "a"] and len(runs) == 2
+    d.remove_recorder(c)                       # the head
+    assert d.recorder is a
+    order.clear()
+    d.launch("softmax", x)
+    assert order == ["a"] and len(runs) == 3
+    d.remove_recorder(a)
+    assert d.recorder is None
+    order.clear()
+    d.launch("softmax", x)
+    assert order == [] and len(runs) == 4
