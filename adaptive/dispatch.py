@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,6 +46,11 @@ MISS_LOG = 256    # misses kept for recent_misses()
 # dispatcher committed split-KV configs 0.76-0.89x SDPA on 5 decode shapes; at 1000 µs it
 # served 0.98-1.01x there (H200, run S18, docs/benchmarks.md)
 HOLD_US = 1000.0
+# a call's host issuing, where the device waited for it, is charged as the median of the
+# last ISSUE_WINDOW issuings of its variant on inputs of its kind: configs of one variant
+# issue alike, and one sample's issuing jitters by tens of us (a collection, a page fault)
+# where kernels differ by a few (run S24: split-KV samples 0.025-0.054 ms, device 0.025)
+ISSUE_WINDOW = 32
 
 
 @dataclasses.dataclass(eq=False)
@@ -227,6 +233,7 @@ class Dispatcher:
         self._recorders: tuple[Recorder, ...] = ()   # every installed recorder
         self._timer = None                 # CUDA events for sampled calls (made on first use)
         self._timer_tried = False
+        self._issued: dict[tuple, collections.deque] = {}   # see ISSUE_WINDOW
         self.sample_every = config.get().sample_every
         self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
         # the newest misses (:meth:`recent_misses`): what a serving window paid for
@@ -686,6 +693,8 @@ class Dispatcher:
         issue_ms`` (``issue_ms``: the host's issuing of the call, where the device waited
         for it).
         """
+        if issue_ms > 0:
+            issue_ms = self._typical_issue(plan, issue_ms)
         update = self.policy.observe(plan.class_key, plan.candidate,
                                      (time_ms + issue_ms) * plan.time_scale)
         if update is not None:
@@ -695,6 +704,16 @@ class Dispatcher:
                 recorder.timed(plan, time_ms)
             except Exception:  # noqa: BLE001 (a recorder never breaks a launch)
                 log.exception("recorder %r failed", recorder)
+
+    def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
+        """The median of the recent issuings of ``plan``'s variant on inputs of its kind,
+        ``issue_ms`` included (see :data:`ISSUE_WINDOW`)."""
+        key = (plan.candidate.variant.id, plan.problem.kind)
+        recent = self._issued.get(key)
+        if recent is None:
+            recent = self._issued.setdefault(key, collections.deque(maxlen=ISSUE_WINDOW))
+        recent.append(issue_ms)
+        return statistics.median(tuple(recent))   # a copy: a harvester may append meanwhile
 
     def _plan_for(self, decision: Decision, first: Plan, turn=None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.

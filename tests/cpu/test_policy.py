@@ -819,6 +819,42 @@ def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_
     assert min(timed) == pytest.approx(1.0) and max(timed) == pytest.approx(1.5)
 
 
+def test_the_issuing_charged_is_the_median_of_the_variants_recent_issuings(rng):
+    """One sample's issuing jitters by tens of us (a collection, a page fault) where the
+    kernels of two configs differ by a few: each sample is charged its device time plus the
+    median of the last ISSUE_WINDOW issuings of its variant (on inputs of its kind), its
+    own included; another variant's issuings are its own."""
+    from adaptive.dispatch import ISSUE_WINDOW
+    from adaptive.policy import MeasureEach
+
+    class Recording(MeasureEach):
+        def __init__(self):
+            super().__init__()
+            self.charged = []
+
+        def observe(self, key, candidate, time_ms):
+            self.charged.append((candidate.variant.name, time_ms))
+            return None
+    policy = Recording()
+    from adaptive.backends import get_backend
+    d = Dispatcher(get_backend("host"), policy=policy)
+    x = rng.standard_normal((9, 31)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    other = next(c for c in d.candidates("softmax", x)
+                 if c.variant.name != plan.candidate.variant.name)
+    pa, pb = plan, dataclasses.replace(plan, candidate=other)
+    a, b = plan.candidate.variant.name, other.variant.name
+    policy.charged.clear()                         # (the miss timed every candidate)
+    for issue in (5.0, 50.0, 5.0, 7.0):
+        d.feedback(pa, 1.0, issue)
+    d.feedback(pb, 2.0, 40.0)
+    d.feedback(pa, 1.0, 0.0)                      # the device had work: no issuing charged
+    assert policy.charged == [(a, 6.0), (a, 28.5), (a, 6.0), (a, 7.0), (b, 42.0), (a, 1.0)]
+    for _ in range(ISSUE_WINDOW):                  # the window forgets the 50 ms spike
+        d.feedback(pa, 1.0, 3.0)
+    assert policy.charged[-1] == (a, 4.0)
+
+
 @pytest.mark.parametrize("device_waits", [False, True])
 def test_a_miss_measured_whole_charges_the_issuing_where_the_device_waited(rng, device_waits):
     """MeasureEach times each candidate on the miss with the backend's device timer; where
