@@ -614,9 +614,9 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
             sizes = {lm.rows(b) for b in range(1, args.max_batch + 1)}
         reach = min(args.warmup_new_tokens, args.max_tokens_limit)
 
-        def steps(n: int) -> int:   # a KV-cache decode's classes (the block re-runs whole)
-            if not isinstance(lm, CausalLM):
-                return new
+        def steps(n: int) -> int:   # a KV-cache decode's classes (the block re-runs whole;
+            if not isinstance(lm, CausalLM) or args.mode not in ("adaptive", "static"):
+                return new          # plain torch has none: S25's torch warm-up took 96 s)
             width = lm.width(n, new)
             return decode_steps(width, max(new, min(reach, lm.max_context - width)), new)
         batches = [(b, n, steps(n)) for n in sorted(set(lengths)) for b in sorted(sizes)]
