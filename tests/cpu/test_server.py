@@ -635,6 +635,28 @@ def test_warm_up_decode_reaches_every_attention_class_the_load_meets():
     assert decode_steps(512, 64) == 8
 
 
+@pytest.mark.parametrize("mode", ["torch", "adaptive"])
+def test_the_warm_up_decodes_far_only_where_classes_are_decided(monkeypatch, mode):
+    """Adaptive's warm-up decodes each narrow width far enough to meet every attention class
+    of --warmup-new-tokens (64); plain torch decides nothing and decodes 8 tokens a batch."""
+    need("torch", "transformers")
+    import server
+    from engine import CausalLM
+    served = []
+    monkeypatch.setattr(server, "warm_up", lambda lm, batches, **kw: served.extend(batches)
+                        or {"rounds": 1})
+    args = server.parse_args(["--mode", mode, "--preset", "tiny", "--device", "cpu",
+                              "--warmup", "--max-batch", "2", "--max-tokens-limit", "64",
+                              "--pad-to", "64", "--shape-buckets", "pow2",
+                              "--warmup-lengths", "16,256"])
+    lm = CausalLM(build_llama("tiny", "torch"), "tiny", pad_to=64, buckets=True)
+    server.prepare(lm, args)
+    tokens = {(b, n): new for b, n, new in served}
+    assert sorted(tokens) == [(1, 64), (1, 128), (1, 256), (2, 64), (2, 128), (2, 256)]
+    want = {64: 45, 128: 55, 256: 50} if mode == "adaptive" else {64: 8, 128: 8, 256: 8}
+    assert all(tokens[(b, n)] == want[n] for b, n in tokens), tokens
+
+
 def test_presets_and_byte_tokenizer():
     need("torch", "transformers")
     model = build_llama("tiny", "torch")
