@@ -236,6 +236,40 @@ def test_masked_attention_is_held_apart_and_a_stale_plan_is_let_go(library):
     assert len(fresh) == 1 and all(fresh[0] is not p for p in held)
 
 
+def test_a_held_sdpa_plan_takes_the_prefills_views_as_they_are(library, monkeypatch):
+    """A prefill's q, k, v are views of the projections ([B, L, H, D] transposed) and its
+    mask a slice: the held SDPA plan takes them as they are, with no contiguous copy (run
+    S25: three copies a layer, +3.5 % of a prefill's device time); the call routed through
+    the dispatcher (one in HOLD_EVERY) copies them for its key. Results match eager
+    attention either way."""
+    layer = _Layer()
+    b, lq, lk_full = 2, 24, 30
+    proj = [torch.randn(b, lq, h, 16) for h in (4, 2, 2)]
+    q, k, v = (t.transpose(1, 2) for t in proj)             # [B, H, L, D] views
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    mask = torch.ones(b, 1, lq, lk_full, dtype=torch.bool).tril()[..., :lq]   # a slice
+    mask[0, ..., :5] = False
+    want = _eager(q, k, v, mask, 0.3)
+    copies = []
+    real = torch.Tensor.contiguous
+    monkeypatch.setattr(torch.Tensor, "contiguous", lambda t, *a, **kw: copies.append(
+        tuple(t.shape)) or real(t, *a, **kw))
+    counted = _Counted(library)
+    held = 0
+    for i in range(HOLD_EVERY + 1):       # one call in HOLD_EVERY is routed, the first too
+        copies.clear()
+        before = counted.calls
+        out, _ = at.attention_forward(layer, q, k, v, mask, scaling=0.3)
+        torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
+        routed = counted.calls > before
+        held += not routed
+        # the output's own transpose back to [B, L, H, D] is copied in every mode
+        assert copies.count(tuple(out.shape)) == 1
+        inputs = [c for c in copies if c != tuple(out.shape)]
+        assert (len(inputs) >= 3) if routed else not inputs, (i, routed, copies)
+    assert 2 <= counted.calls <= 3 and held >= HOLD_EVERY - 2 and len(at._held) == 1
+
+
 def test_attention_plans_bound_to_their_exact_key_are_held_by_it(monkeypatch):
     """The host backend's attention runs on NumPy copies: its plans are per key (as a CUDA
     kernel's, whose launch is bound to its shapes). They are held by exact shapes, never
