@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# run S27 (next session, after S26): the counter log after the hot-path and governor work
+# run S27 (next session, after S26): the counter-log GPU tests and the counter log after the hot-path and governor work
 # (S23: host-bound events +9.15% against 10%, GPU-bound CUPTI governed +2.82% against 3%),
 # then the dense headline serving the same requests in both modes (S23's windows served
 # different requests: not a measurement)
 source "$(dirname "$0")/setup.sh"
+t0=$SECONDS
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_counterlog_cuda.py > "$OUT/counterlog_tests.log" 2>&1
+echo "counterlog tests rc=$? $((SECONDS-t0)) s"; tail -3 "$OUT/counterlog_tests.log"
 t0=$SECONDS
 timeout 150 python3 benchmarks/gpu_counterlog.py --out /tmp/cl > "$OUT/counterlog.log" 2>&1
 echo "counterlog rc=$? $((SECONDS-t0)) s"
