@@ -124,6 +124,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     lq, lk = query.shape[2], key.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
+    if lq == 1 and not query.is_contiguous():   # a decode's q is small: SDPA's grouped
+        query = query.contiguous()              # decode path views it per k/v head
     mask = attention_mask
     if mask is None:
         causal = bool(is_causal) and lq > 1

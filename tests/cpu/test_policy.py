@@ -977,6 +977,27 @@ def test_a_sure_model_still_times_a_second_variant_beside_its_pick():
         Learned(model, min_explore=0)
 
 
+def test_the_library_candidate_explored_runs_first():
+    """A class's first call runs the library's candidate when it is explored (cuBLAS for
+    gemm): it needs no compile or module load, so the first result comes soonest, and it
+    is what the plain program runs; the set explored is the model's, only the order moves."""
+    from adaptive.variants import default_registry, make_candidate
+    cands = [make_candidate(v, c) for v in default_registry().variants("gemm", "cuda")
+             for c in list(v.space.all_configs())[:3]]
+    lib = next(c for c in cands if c.variant.baseline)
+    a, b = np.zeros((64, 96), np.float16), np.zeros((96, 80), np.float16)
+    op = OPS["gemm"]
+    ctx = Context(op, op.problem((a, b), {}), op.key((a, b), {}), lambda *_, **__: math.nan)
+    mean = [0.0 if c is not lib else math.log(1.1) for c in cands]   # ranked below others
+    model = _FixedRanking(mean, [0.0] * len(cands))
+    d = Learned(model, max_explore=4, explore_budget=None).decide(ctx, cands)   # anchored
+    assert lib in d.explore and d.explore[0] == lib and d.candidate == lib, d.reason
+    assert len(d.explore) == 4 and "a library's" in d.reason
+    others = Learned(model, max_explore=4, anchors=False, explore_budget=None,
+                     regret_bound=0.05, variant_reach=0.0).decide(ctx, cands)
+    assert lib not in others.explore and others.explore[0] != lib     # not explored: not run
+
+
 def test_anchors_stay_beside_another_variants_slot():
     """A near measured input's fastest candidate is still explored: it displaces the model's
     last pick, not the other variant's slot nor the model's first pick."""

@@ -163,9 +163,8 @@ def _sdpa(torch, q, k, v, mask, causal, scale):
     if hkv != h:
         group = h // hkv
         if lq == 1 and mask.shape[1] == 1:   # the group's query rows share each k/v head
-            # (reshape, not view: q and the mask may be views of other layouts)
-            mask = mask.reshape(mask.shape[0], 1, 1, lk)
-            o = F.scaled_dot_product_attention(q.reshape(b, hkv, group, d), k, v,
+            mask = mask.view(mask.shape[0], 1, 1, lk)
+            o = F.scaled_dot_product_attention(q.view(b, hkv, group, d), k, v,
                                                attn_mask=mask, scale=scale)
             return o.reshape(b, h, 1, d)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
