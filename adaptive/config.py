@@ -40,7 +40,8 @@ class Config:
         "env": "ADAPTIVE_COUNTER_LOG_TIMING", "doc": "counter log timing of cuda launches: auto "
         "(sampled CUDA event pairs), events, or cupti (CUPTI activity records: 2.9 % of a "
         "GPU-bound stream's launches and 44 % of a host-bound one's on the H200, "
-        "docs/benchmarks.md run S7)"})
+        "docs/benchmarks.md run S7; governed, enabled only where the launch rate says "
+        "it fits the budget)"})
     counter_log_budget: float = dataclasses.field(default=0.02, metadata={
         "env": "ADAPTIVE_COUNTER_LOG_BUDGET", "doc": "counter log: the share of wall time its "
         "own threads may take (0.02: 2 %); over it the log samples fewer launches and "

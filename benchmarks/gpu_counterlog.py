@@ -8,15 +8,21 @@ event pairs around the same calls.
 Two streams, each a round-robin over three inputs (so several plans are live):
 ``gpu_bound`` (kernels of tens of microseconds: the GPU, not Python, sets the pace) and
 ``host_bound`` (tiny kernels: the per-launch host cost shows in full). Two phases, each
-against its own ``off`` rounds: first ``events`` before CUPTI is ever enabled in the
-process (CUPTI, once on, leaves a cost behind after its kinds are disabled), then the CUPTI
-modes. Within a phase the modes alternate round by round (order rotated and flipped) on one
-dispatcher with its own sampling off:
+against its own ``off`` rounds: first ``events`` and the governed ``cupti`` mode, before
+CUPTI is ever enabled in the process (CUPTI, once on, costs the process's launches after it
+is off: run S23 read the host-bound stream at 61,333 launches/s after it against 101,290/s
+before), then ``cupti_raw``. Within a phase the modes alternate round by round (order
+rotated and flipped) on one dispatcher with its own sampling off:
 ``off`` (no log), ``events`` (the log with sampled CUDA event pairs, one call in
-``--every``, default ``ADAPTIVE_COUNTER_LOG_EVERY``), ``cupti`` (the same with CUPTI
-activity records, where cupti-python can subscribe; the governor hands CUPTI over to
-sampled event pairs when its cost is over the budget) and ``cupti_raw`` (CUPTI kept
-whatever it costs: the log ungoverned, for reference; not a target). Each "on" round
+``--every``, default ``ADAPTIVE_COUNTER_LOG_EVERY``), ``cupti`` (the governed CUPTI mode:
+event pairs while the log measures the launch rate, then CUPTI activity records only where
+the rate says CUPTI fits the budget, else event pairs for good, CUPTI never enabled; where
+CUPTI was enabled the governor still hands it over when its cost is over the budget; a
+round that enabled CUPTI in the first phase is flagged, the phase's later rounds then
+carry its cost) and ``cupti_raw`` (CUPTI enabled at once, whatever it costs: the log
+ungoverned, for reference; not a target). The second phase's modes are also judged
+against the first phase's off rate, and a fresh process's off rate after it is printed
+beside (``--off-only``), to tell CUPTI's residue from the host's drift. Each "on" round
 opens a fresh log with its NVML/GPM sampler (0.1 s), runs the stream untimed for
 ``--settle-s`` (the writer, the sampler and the overhead governor past their start, and
 CUPTI past its first window, where a handover happens: a log that stays on is judged in
@@ -203,6 +209,8 @@ def throughput(name: str, d: Dispatcher, dev: Device, inputs, modes: list[str], 
                         "cost_fraction": g.cost_fraction, "cupti_state": g.cupti,
                         "nvml_fraction": nvml_s / block_s,     # not governed: reported
                         "handed_over": g.cupti == "events",
+                        "launch_rate_per_s": g.launch_rate_per_s,
+                        "cupti_estimate": g.cupti_estimate,
                         "cupti_active_block": (g.active_s - active0_s) / governed_s
                         if governed_s > 0 else g.active_fraction})
                 clog.detach(d)
@@ -270,6 +278,11 @@ def governor_summary(rounds: list[dict]) -> dict:
     med = {k: statistics.median(r[k] for r in rounds)
            for k in ("every", "cost_fraction", "nvml_fraction", "cupti_active_block")}
     return {**med, "handed_over": sum(r["handed_over"] for r in rounds),
+            # the governed CUPTI mode's probe: rounds that enabled CUPTI, that declined it
+            "enabled": sum(r["cupti_state"] in ("on", "events") for r in rounds),
+            "declined": sum(r["cupti_state"] == "declined" for r in rounds),
+            "launch_rate_per_s": statistics.median(r["launch_rate_per_s"] for r in rounds),
+            "cupti_estimate": statistics.median(r["cupti_estimate"] for r in rounds),
             "every_min": min(r["every_min"] for r in rounds),
             "every_max": max(r["every_max"] for r in rounds), "rounds": rounds}
 
@@ -277,6 +290,12 @@ def governor_summary(rounds: list[dict]) -> dict:
 def governor_text(mode: str, g: dict) -> str:
     if not g:
         return ""
+    if mode == "cupti" and g["declined"]:
+        return (f"; governor: CUPTI declined in {g['declined']} of {len(g['rounds'])} rounds "
+                f"(launch rate {g['launch_rate_per_s']:.0f}/s, CUPTI estimated at "
+                f"{g['cupti_estimate']:.1%}; enabled in {g['enabled']}), one in "
+                f"{g['every']:.0f}, cost {g['cost_fraction']:.1%}, NVML sampler "
+                f"{g['nvml_fraction']:.1%}")
     if mode.startswith("cupti"):
         return (f"; governor: CUPTI timed {g['cupti_active_block']:.1%} of the timed blocks,"
                 f" handed over to events in {g['handed_over']} of {len(g['rounds'])} rounds"
@@ -396,11 +415,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  CUPTI: {cupti_status}", flush=True)
             if cupti_status != "ok":
                 break
-        modes = ["off", "events"] if phase == "events" else ["off", "cupti", "cupti_raw"]
+        modes = (["off", "events"] + (["cupti"] if device == "cuda" else []) if phase == "events"
+                 else ["off", "cupti_raw"])
         for name, inputs in streams.items():
             res = throughput(name, d, dev, inputs, modes, args, every, device, log_dir)
             res["phase"] = phase
             results.append(res)
+            enabled = res["modes"].get("cupti", {}).get("governor", {}).get("enabled")
+            if phase == "events" and enabled:
+                print(f"  {name}: the governed CUPTI mode enabled CUPTI in {enabled} round(s):"
+                      " this phase's later rounds carry its cost", flush=True)
             for i, (op, xs) in enumerate(inputs):
                 agreement.append(accuracy(d, dev, op, xs, phase, device,
                                           log_dir / f"accuracy-{name}-{i}-{op}-{phase}.alog",

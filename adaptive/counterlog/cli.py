@@ -154,6 +154,8 @@ def _summary_text(rows: list[dict], stats: ReadStats) -> str:
     else:
         rate = (f" (one launch in {every[0]} logged)" if every and every != [1] and
                 len(every) == 1 else "")
+    if stats.cupti_decision:
+        rate += f"; {stats.cupti_decision}"
     if stats.cupti_handover:
         rate += (f"; CUPTI timed calls for {stats.cupti_active or 0:.1%} of the log's time, "
                  f"then handed over: {stats.cupti_handover}")

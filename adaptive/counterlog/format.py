@@ -3,8 +3,10 @@
 Version 3 (this one) adds a row field, ``sample_every``: the sampling interval in effect
 when the record was taken (the overhead governor raises and lowers it; scale counts by
 it), and a batch key ``governor`` (the interval, the measured cost fraction and, with
-CUPTI, the fraction of time activity was recorded). Versions 2 and 3 frame each msgpack
-payload as::
+CUPTI, the fraction of time activity was recorded; governed CUPTI adds, without a version
+change, ``cupti_state``, the probe's ``launch_rate_per_s`` and ``cupti_estimate``, and
+``cupti_decision``, and its header ``cupti_probe``, the rule). Versions 2 and 3 frame each
+msgpack payload as::
 
     MAGIC (4 bytes) | payload length (u32 LE) | crc32(payload) (u32 LE) | payload
 

@@ -25,8 +25,19 @@ time and hands it to :meth:`Governor.step`:
   it saved (run R2 in docs/benchmarks.md: 67 % throughput on a GPU-bound stream). The
   fraction of the log's time CUPTI recorded is :attr:`GovernorState.active_fraction`.
 
-The governor holds no clock: the writer passes ``now`` and the cost so far (tests pass
-their own numbers).
+In the governed CUPTI mode CUPTI is not enabled at the log's open: enabled once, it costs
+the process's launches for good, detached or not (run S23: a host-bound stream ran at
+61,333 launches/s after CUPTI had been enabled and detached, 101,290/s before). The log
+starts as the events mode (state "probe") and counts the launches its records stand for
+(each scaled by its interval); at the first judged period once ``window_s`` has passed,
+the launch rate times :data:`CUPTI_COST_S_PER_LAUNCH` estimates CUPTI's share of wall
+time. Under :data:`CUPTI_FIT` of the budget the state turns "on" (the writer switches to
+CUPTI timing from then on, and the handover above still applies); otherwise "declined":
+event pairs for the rest of the log, CUPTI never loaded. The rate and the estimate stay in
+the state (:attr:`GovernorState.launch_rate_per_s`, :attr:`GovernorState.cupti_estimate`).
+
+The governor holds no clock: the writer passes ``now``, the cost and the launches so far
+(tests pass their own numbers).
 """
 
 from __future__ import annotations
@@ -37,6 +48,17 @@ import math
 MAX_EVERY = 65536            # the largest interval the governor raises ``every`` to
 PLAIN_OVER = 2.0             # CUPTI's cost over this many budgets hands over at once
 BUDGET_RANGE = (0.0, 1.0)    # a budget is a fraction of wall time in (0, 1]
+# CUPTI's cost to the process per launch while its activity is on, the log ungoverned
+# (cupti_raw, run S23 on the H200, against the same phase's log-off rounds): +1.44 us a
+# launch on the GPU-bound stream, +3.36 us on the host-bound one; the larger is taken, so
+# an estimate errs towards keeping CUPTI off
+CUPTI_COST_S_PER_LAUNCH = 3.36e-6
+CUPTI_FIT = 0.5              # CUPTI is enabled only where its estimate is under this x budget
+# "probe": event pairs while the launch rate is measured (CUPTI not loaded); "on": CUPTI
+# times calls (also every log that does not probe); "events": handed over from CUPTI for
+# good; "declined": the probe's estimate did not fit, event pairs for the whole log;
+# "unavailable": it fitted but CUPTI could not be enabled (the writer says why)
+CUPTI_STATES = ("probe", "on", "events", "declined", "unavailable")
 
 
 def check_budget(budget) -> float:
@@ -56,12 +78,14 @@ class GovernorState:
 
     every: int                   # the interval of sampled (host, event) recorders now
     cost_fraction: float = 0.0   # the last period's measured cost / wall time
-    cupti: str = "on"            # "on" (CUPTI times calls), "events" (handed over for good)
+    cupti: str = "on"            # one of CUPTI_STATES
     handover_cost: float = 0.0   # the cost fraction that made CUPTI hand over (0: none)
     active_s: float = 0.0        # time CUPTI recorded (since the log opened)
     elapsed_s: float = 0.0       # time governed (since the log opened)
     every_min: int = 0           # the range of intervals used so far
     every_max: int = 0
+    launch_rate_per_s: float = 0.0   # the probe's measured launch rate (0: no probe yet)
+    cupti_estimate: float = 0.0      # its estimate of CUPTI's cost, a fraction of wall time
 
     @property
     def active_fraction(self) -> float:
@@ -70,34 +94,47 @@ class GovernorState:
 
 
 class Governor:
-    """Raises and lowers the sampling interval, and hands CUPTI over to sampled event
-    pairs, to meet ``budget``.
+    """Raises and lowers the sampling interval, decides whether CUPTI fits, and hands CUPTI
+    over to sampled event pairs, to meet ``budget``.
 
     Args:
         budget: the log's cost as a fraction of wall time (0.02: 2 %).
         every: the configured interval (the floor of the raised one).
         period_s: how often the cost is judged.
-        window_s: how long CUPTI records before a cost over ``budget`` makes it hand over.
+        window_s: how long CUPTI records before a cost over ``budget`` makes it hand over;
+            with ``probe``, also how long the launch rate is measured before deciding.
         plain_over: a CUPTI cost over this many budgets makes it hand over in any period,
             the first included (``math.inf``: only after ``window_s``).
         max_every: the ceiling of the raised interval.
+        probe: start in state "probe" (the governed CUPTI mode): decide from the launch
+            rate whether CUPTI may be enabled at all.
+        cost_s_per_launch: CUPTI's estimated cost per launch (the probe's rule).
+        fit: the share of ``budget`` the estimate must stay under.
 
     Example:
         >>> g = Governor(0.02, every=16)
         >>> g.start(now=0.0, cost_s=0.0)
         >>> g.step(now=0.5, cost_s=0.05).every      # 10 % of 0.5 s: over budget
         32
+        >>> p = Governor(0.02, every=16, probe=True)
+        >>> p.start(now=0.0, cost_s=0.0)
+        >>> p.step(now=0.5, cost_s=0.0, launches=50_000).cupti   # 1e5/s x 3.36 us: 34 %
+        'declined'
     """
 
     def __init__(self, budget: float, every: int, period_s: float = 0.25,
                  window_s: float = 0.5, plain_over: float = PLAIN_OVER,
-                 max_every: int = MAX_EVERY):
+                 max_every: int = MAX_EVERY, probe: bool = False,
+                 cost_s_per_launch: float = CUPTI_COST_S_PER_LAUNCH, fit: float = CUPTI_FIT):
         self.budget = check_budget(budget)
         self.base_every, self.max_every = every, max(max_every, every)
         self.period_s, self.window_s, self.plain_over = period_s, window_s, plain_over
-        self.state = GovernorState(every, every_min=every, every_max=every)
+        self.cost_s_per_launch, self.fit, self.probe = cost_s_per_launch, fit, probe
+        self.state = GovernorState(every, every_min=every, every_max=every,
+                                   cupti="probe" if probe else "on")
         self._t0 = self._since = math.nan       # the log's start; the period's start
         self._cost0 = 0.0                       # cost at the period's start
+        self._launches0 = 0                     # launches counted at the log's start
         self._last = math.nan
 
     @property
@@ -105,22 +142,34 @@ class Governor:
         """Whether :meth:`step` (or :meth:`start`) has set the first period's start."""
         return not math.isnan(self._t0)
 
-    def start(self, now: float, cost_s: float) -> None:
+    def start(self, now: float, cost_s: float, launches: int = 0) -> None:
         self._t0 = self._since = self._last = now
         self._cost0 = cost_s
+        self._launches0 = launches
+
+    def restart_period(self, now: float, cost_s: float) -> None:
+        """Judge the next period from ``now``: what the caller spent switching to CUPTI (its
+        loading, on the writer's thread) is not CUPTI's recording cost."""
+        self._since, self._cost0 = now, cost_s
 
     def keep_cupti(self) -> None:
         """Undo a handover the caller could not make: CUPTI stays, never handed over."""
         self.state.cupti, self.state.handover_cost = "on", 0.0
         self.window_s = self.plain_over = math.inf
 
-    def step(self, now: float, cost_s: float, cupti: bool = False) -> GovernorState:
+    def cupti_unavailable(self) -> None:
+        """The probe's "on" could not be applied (CUPTI refused): event pairs stay."""
+        self.state.cupti = "unavailable"
+
+    def step(self, now: float, cost_s: float, cupti: bool = False,
+             launches: int = 0) -> GovernorState:
         """Judge the cost up to ``now`` (``cost_s``: the log's CPU time so far; ``cupti``:
-        the log times launches with CUPTI, which may hand over). Returns the state; the
-        caller applies ``every`` and, once ``cupti`` is "events", the handover."""
+        the log times launches with CUPTI, which may hand over; ``launches``: the launches
+        the log has seen so far, for the probe). Returns the state; the caller applies
+        ``every``, CUPTI once a probe turns "on", and the handover once it is "events"."""
         s = self.state
         if math.isnan(self._t0):
-            self.start(now, cost_s)
+            self.start(now, cost_s, launches)
             return s
         if cupti and s.cupti == "on":
             s.active_s += now - self._last
@@ -131,6 +180,10 @@ class Governor:
         fraction = (cost_s - self._cost0) / (now - self._since)
         self._since, self._cost0 = now, cost_s
         s.cost_fraction = fraction
+        if s.cupti == "probe" and now - self._t0 >= self.window_s:
+            s.launch_rate_per_s = (launches - self._launches0) / (now - self._t0)
+            s.cupti_estimate = s.launch_rate_per_s * self.cost_s_per_launch
+            s.cupti = "on" if s.cupti_estimate < self.fit * self.budget else "declined"
         if fraction > self.budget:
             s.every = min(s.every * 2, self.max_every)
             if cupti and s.cupti == "on" and (s.active_s >= self.window_s or

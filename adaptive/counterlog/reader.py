@@ -44,6 +44,12 @@ class ReadStats:
     sample_every_max: int | None = None
     cupti_active: float | None = None      # the fraction of time CUPTI timed calls
     cupti_handover: str | None = None      # why the writer handed CUPTI over to events
+    # governed CUPTI (newer logs): the probe's state (governor.CUPTI_STATES), the launch
+    # rate it measured, its estimate of CUPTI's cost (a fraction of wall time), and why
+    cupti_state: str | None = None
+    launch_rate_per_s: float | None = None
+    cupti_estimate: float | None = None
+    cupti_decision: str | None = None
 
     def damage_text(self) -> str:
         """One line on damage and truncation ("" when the log read cleanly)."""
@@ -76,13 +82,19 @@ class LogContents:
     sample_every_max: int | None = None
     cupti_active: float | None = None
     cupti_handover: str | None = None
+    cupti_state: str | None = None
+    launch_rate_per_s: float | None = None
+    cupti_estimate: float | None = None
+    cupti_decision: str | None = None
 
     @property
     def stats(self) -> ReadStats:
         return ReadStats(list(self.files), list(self.headers), len(self.records),
                          self.truncated_bytes, self.lost_bytes, self.lost_frames,
                          self.lost_records, self.dropped_records, self.sample_every_min,
-                         self.sample_every_max, self.cupti_active, self.cupti_handover)
+                         self.sample_every_max, self.cupti_active, self.cupti_handover,
+                         self.cupti_state, self.launch_rate_per_s, self.cupti_estimate,
+                         self.cupti_decision)
 
 
 # ---- frames -----------------------------------------------------------------------------------
@@ -341,14 +353,28 @@ def iter_batches(path: str | os.PathLike, stats: ReadStats | None = None) -> Ite
         if isinstance(dropped, int):
             stats.dropped_records = max(stats.dropped_records, dropped)
         governor = payload.get("governor")
-        if isinstance(governor, dict) and isinstance(governor.get("cupti_active"), (int, float)):
-            stats.cupti_active = float(governor["cupti_active"])
-        if isinstance(governor, dict) and isinstance(governor.get("handover"), str):
-            stats.cupti_handover = governor["handover"]
+        if isinstance(governor, dict):
+            _note_governor(stats, governor)
         stats.records += len(batch.rows)
         yield batch
     if header is None:
         raise _corrupt(path, 0, "no intact frame in the file", 0)
+
+
+def _note_governor(stats: ReadStats, governor: dict) -> None:
+    """The CUPTI fields of a batch's ``governor`` map (the latest batch's win); fields of
+    the wrong type are ignored (data until validated)."""
+    for key, field in (("cupti_active", "cupti_active"),
+                       ("launch_rate_per_s", "launch_rate_per_s"),
+                       ("cupti_estimate", "cupti_estimate")):
+        value = governor.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(stats, field, float(value))
+    for key, field in (("handover", "cupti_handover"), ("cupti_state", "cupti_state"),
+                       ("cupti_decision", "cupti_decision")):
+        value = governor.get(key)
+        if isinstance(value, str):
+            setattr(stats, field, value)
 
 
 def iter_plans(path: str | os.PathLike, rotated: bool = True) -> Iterator[dict]:
@@ -475,7 +501,9 @@ def read_log(path: str | os.PathLike, rotated: bool = True) -> LogContents:
     return LogContents(records, tuple(stats.files), tuple(stats.headers),
                        stats.truncated_bytes, stats.lost_bytes, stats.lost_frames,
                        stats.lost_records, stats.dropped_records, stats.sample_every_min,
-                       stats.sample_every_max, stats.cupti_active, stats.cupti_handover)
+                       stats.sample_every_max, stats.cupti_active, stats.cupti_handover,
+                       stats.cupti_state, stats.launch_rate_per_s, stats.cupti_estimate,
+                       stats.cupti_decision)
 
 
 def to_observations(records: Sequence[dict] | LogContents) -> list[Observation]:

@@ -51,7 +51,10 @@ class LogStats:
 
 @dataclasses.dataclass
 class _Retired:
-    """A CUPTI timer the governor handed over from (see :meth:`CounterLog._hand_over`)."""
+    """A timer the governor switched away from: a CUPTI timer it handed over from (see
+    :meth:`CounterLog._hand_over`), or the event ring a probe that found CUPTI fits left
+    (:meth:`CounterLog._enable_cupti`; harvested until the log closes, then closed: a
+    caller still inside an old recorder may record on it)."""
 
     index: int
     timer: object
@@ -92,7 +95,10 @@ class CounterLog:
         # the overhead governor, driven by the writer thread's clock and CPU time (tests
         # pass their own ``clock`` and ``cpu_time``)
         self.overhead_budget, self.govern = budget, govern
-        self.governor = Governor(budget, sample_every, period_s=govern_period_s)
+        # governed CUPTI starts as the events mode and enables CUPTI only where the launch
+        # rate measured over a first window says it fits (see ``governor``)
+        self.governor = Governor(budget, sample_every, period_s=govern_period_s,
+                                 probe=govern and timing == "cupti")
         self._clock = clock or time.monotonic
         self._cpu_time = cpu_time or time.thread_time
         self.stats = LogStats(governor=self.governor.state)
@@ -105,6 +111,11 @@ class CounterLog:
         # tagged is written or counted, then stopped (kept: last_error reads them)
         self._retired: list[_Retired] = []
         self.handover: str | None = None            # why CUPTI handed over, and when
+        self.cupti_decision: str | None = None      # what the probe decided, and from what
+        # launches the written records stand for (each scaled by its interval), dropped
+        # ones included: the probe's launch rate
+        self._launches = 0
+        self._dropped_seen = 0
         self.samplers: dict[int, object] = {}       # cuda index -> NvmlSampler
         self._lock = threading.Lock()
         self._govern_lock = threading.Lock()       # the writer's; tests drive it too
@@ -151,18 +162,25 @@ class CounterLog:
 
     def _make_timer(self, index: int):
         """The timing source for one device: CUPTI where asked for ("cupti"), available
-        and not handed over by the governor, else a ring of CUDA event pairs."""
+        and "on" (governed: once the probe found it fits, and not handed over), else a
+        ring of CUDA event pairs."""
         if self.timing == "cupti" and self.governor.state.cupti == "on":
-            from profilers.cupti import CuptiTimer
-            timer = CuptiTimer(self.event_capacity)
+            timer = self._cupti_timer(index)
             if timer.status == "ok":
                 self.timings[index] = "cupti"
-                return timer.use_cupy_streams()
+                return timer
             timer.close()
             log.warning("counter log %s: CUPTI timing asked for but %s", self.path,
                         timer.status)
         self.timings[index] = "cuda_event"
         return self._event_timer(index)
+
+    def _cupti_timer(self, index: int):
+        """A CUPTI timer for device ``index`` (its ``status`` says whether CUPTI could
+        subscribe); the first one loads CUPTI and enables its activity in the process."""
+        from profilers.cupti import CuptiTimer
+        timer = CuptiTimer(self.event_capacity)
+        return timer.use_cupy_streams() if timer.status == "ok" else timer
 
     def _event_timer(self, index: int):
         """A ring of CUDA event pairs on device ``index`` (tests without a GPU replace it
@@ -245,8 +263,8 @@ class CounterLog:
         return None
 
     def _live_timers(self) -> list:
-        """Every timer still handing over calls: each device's, and CUPTI's while it
-        settles after a handover."""
+        """Every timer still handing over calls: each device's, CUPTI's while it settles
+        after a handover, and the event rings a switch to CUPTI left."""
         return [*self._timers.values(), *(r.timer for r in self._retired if not r.closed)]
 
     def _failed(self, exc: BaseException) -> None:
@@ -280,16 +298,30 @@ class CounterLog:
         buffer callbacks' of its timers (a retired one's too: CUPTI records until it stops)."""
         activities = {id(t.activity): t.activity
                       for t in [*self._timers.values(), *(r.timer for r in self._retired)]
-                      if getattr(t, "kind", "") == "cupti"}
+                      if _is_cupti(t)}
         return self._cpu_time() + sum(a.callback_cpu_s for a in activities.values())
+
+    def _launches_seen(self) -> int:
+        """The launches the log has seen so far, for the probe: those its written records
+        stand for, dropped records and calls still in flight each counted at the interval
+        in effect now."""
+        every = self.governor.state.every
+        in_flight = len(self.queue) + sum(t.pending for t in self._live_timers())
+        return (self._launches + (self._dropped() - self._dropped_seen) * every
+                + in_flight * every)
 
     def _govern(self) -> GovernorState:
         """Judge the log's cost against the budget and apply the governor's answer: the
-        sampling interval of host and event recorders, and CUPTI's handover to event
-        pairs; a retired CUPTI timer stops once every call it tagged has its kernels."""
+        sampling interval of host and event recorders, the probe's decision (CUPTI from
+        now on, or never), and CUPTI's handover to event pairs; a retired CUPTI timer
+        stops once every call it tagged has its kernels."""
         with self._govern_lock:
-            cupti = [t for t in list(self._timers.values()) if getattr(t, "kind", "") == "cupti"]
-            state = self.governor.step(self._clock(), self._cost_s(), bool(cupti))
+            cupti = [t for t in list(self._timers.values()) if _is_cupti(t)]
+            probing = self.governor.state.cupti == "probe"
+            state = self.governor.step(self._clock(), self._cost_s(), bool(cupti),
+                                       self._launches_seen() if probing else 0)
+            if probing and state.cupti != "probe":
+                self._decided(state)
             if cupti and state.cupti == "events":
                 self._hand_over(state)
             with self._lock:
@@ -297,9 +329,89 @@ class CounterLog:
             for rec in recorders:
                 self._apply(rec, state)
             for r in self._retired:
-                if not r.closed and r.timer.recording and r.timer.unsettled() == 0:
+                if (not r.closed and _is_cupti(r.timer) and r.timer.recording
+                        and r.timer.unsettled() == 0):
                     r.timer.set_recording(False)    # detaches CUPTI (its last user)
             return state
+
+    def _decided(self, state: GovernorState) -> None:
+        """Apply and record the probe's decision (governor thread)."""
+        g = self.governor
+        estimate = (f"{state.launch_rate_per_s:,.0f} launches/s over the first "
+                    f"{state.elapsed_s:.1f} s x {g.cost_s_per_launch * 1e6:.2f} us a launch "
+                    f"= {state.cupti_estimate:.2%} of wall time")
+        limit = f"{g.fit:g} x the {self.overhead_budget:.1%} budget"
+        if state.cupti == "declined":
+            self.cupti_decision = (f"CUPTI not enabled: {estimate}, over {limit}; calls are "
+                                   "timed by sampled CUDA event pairs for the whole log")
+        else:
+            with self._lock:
+                devices = sorted(self._timers)
+            problem = self._enable_cupti()
+            if problem is None:
+                self.cupti_decision = (
+                    f"CUPTI enabled {state.elapsed_s:.1f} s into the log: {estimate}, under "
+                    f"{limit}; calls before it were timed by sampled CUDA event pairs"
+                    + ("" if devices else " (no cuda device attached yet: each one "
+                                           "attached from now on is timed by CUPTI)"))
+            else:
+                g.cupti_unavailable()
+                self.cupti_decision = (f"CUPTI fits ({estimate}, under {limit}) but could not "
+                                       f"be enabled: {problem}; calls are timed by sampled "
+                                       "CUDA event pairs for the whole log")
+        log.info("counter log %s: %s", self.path, self.cupti_decision)
+
+    def _enable_cupti(self) -> str | None:
+        """Time calls by CUPTI from now on (governor thread), the reverse of
+        :meth:`_hand_over`: each device's event ring is retired (harvested until the log
+        closes) and each recorder of it replaced by a CUPTI recorder. Returns None, or why
+        CUPTI could not be enabled (then nothing changes)."""
+        with self._lock:
+            rings = {i: t for i, t in self._timers.items()
+                     if t is not None and not _is_cupti(t)}
+        made: dict[int, object] = {}
+        problem = None
+        for index in rings:                 # outside the lock: loading CUPTI takes a while
+            try:
+                timer = self._cupti_timer(index)
+            except Exception as exc:  # noqa: BLE001 (events stay)
+                problem = f"{type(exc).__name__}: {exc}"
+                break
+            made[index] = timer
+            if timer.status != "ok":
+                problem = timer.status
+                break
+        if problem is not None:
+            for timer in made.values():
+                timer.close()
+            log.warning("counter log %s: CUPTI fits but could not be enabled (%s); sampled "
+                        "event pairs keep timing", self.path, problem)
+            return problem
+        with self._lock:
+            swaps = []
+            for index, ring in rings.items():
+                self._retired.append(_Retired(index, ring))
+                self._timers[index] = made[index]
+                self.timings[index] = "cupti"
+                swaps += [(d, rec, made[index]) for d, rec in self._recorders.items()
+                          if rec.timer is ring]
+            new_recorders = []
+            for d, old, new in swaps:
+                rec = LogRecorder(self, d, new)
+                self._recorders[d] = rec
+                new_recorders.append((d, old, rec))
+        self._swap(new_recorders)
+        # loading CUPTI took the writer's CPU time: not CUPTI's cost while it records
+        self.governor.restart_period(self._clock(), self._cost_s())
+        return None
+
+    def _swap(self, new_recorders: list) -> None:
+        """Install each new recorder in front of the old one, then take the old one out
+        (outside the log's lock, as attach() does): no call goes unlogged in between."""
+        for d, old, rec in new_recorders:
+            if self._recorders.get(d) is rec:           # (not detached meanwhile)
+                d.add_recorder(rec)
+            d.remove_recorder(old)
 
     def _apply(self, rec: LogRecorder, state: GovernorState) -> None:
         if not isinstance(rec, CuptiLogRecorder):   # CUPTI tags at the configured rate
@@ -310,7 +422,7 @@ class CounterLog:
         retired (harvested until its tagged calls are in) and each recorder of it replaced
         by one on the device's new event ring."""
         with self._lock:
-            cupti = {i: t for i, t in self._timers.items() if getattr(t, "kind", "") == "cupti"}
+            cupti = {i: t for i, t in self._timers.items() if _is_cupti(t)}
             try:
                 rings = {index: self._event_timer(index) for index in cupti}
             except Exception as exc:  # noqa: BLE001 (no event ring: CUPTI keeps timing)
@@ -341,10 +453,7 @@ class CounterLog:
                 f"CUPTI's cost was {state.handover_cost:.1%} of wall time, over the "
                 f"{self.overhead_budget:.1%} budget, {state.elapsed_s:.1f} s into the log: "
                 "calls are timed by sampled CUDA event pairs from then on")
-        for d, old, rec in new_recorders:   # outside the log's lock, as attach() does
-            if self._recorders.get(d) is rec:   # (not detached meanwhile)
-                d.add_recorder(rec)             # in front of the old one: no call
-            d.remove_recorder(old)              # goes unlogged in between
+        self._swap(new_recorders)
         log.warning("counter log %s: %s", self.path, self.handover)
 
     def _drain(self, final: bool = False) -> None:
@@ -354,10 +463,15 @@ class CounterLog:
         self.stats.dropped = self._dropped()
         items = [popleft() for _ in range(len(self.queue))]     # callers append meanwhile
         for timer in self._live_timers():
-            source = "cupti" if getattr(timer, "kind", "") == "cupti" else "cuda_event"
+            source = "cupti" if _is_cupti(timer) else "cuda_event"
             items += [(rec, time_s, plan, float(time_ms), source, stream, every)
                       for (_, time_s, plan, rec, stream, every), time_ms in
                       timer.harvest_entries(final=final)]
+        if self.governor.state.cupti == "probe":
+            dropped = self._dropped()
+            self._launches += (sum(item[-1] for item in items)
+                               + (dropped - self._dropped_seen) * self.governor.state.every)
+            self._dropped_seen = dropped
         if items:
             items.sort(key=_time_of)                # mostly in order already: a linear pass
             done = 0
@@ -370,7 +484,8 @@ class CounterLog:
                 self.queue_dropped += len(items) - done
                 raise
         for r in self._retired:                     # settled and stopped: done with
-            if not r.closed and not r.timer.recording and not r.timer.pending:
+            if (not r.closed and _is_cupti(r.timer) and not r.timer.recording
+                    and not r.timer.pending):
                 r.closed = True
                 r.timer.close()
         self.stats.dropped = self._dropped()
@@ -414,11 +529,17 @@ class CounterLog:
         self._seq = seq
         g = self.governor.state
         governor = {"every": g.every, "cost": g.cost_fraction}
-        if self._retired or any(getattr(t, "kind", "") == "cupti"
-                                for t in list(self._timers.values())):
+        if self._retired or any(_is_cupti(t) for t in list(self._timers.values())):
             governor["cupti_active"] = g.active_fraction
         if self.handover is not None:
             governor["handover"] = self.handover
+        if self.timing == "cupti" and self.govern:      # the probe: its state, rate, estimate
+            governor["cupti_state"] = g.cupti
+            if g.cupti != "probe":
+                governor["launch_rate_per_s"] = g.launch_rate_per_s
+                governor["cupti_estimate"] = g.cupti_estimate
+            if self.cupti_decision is not None:
+                governor["cupti_decision"] = self.cupti_decision
         payload = self._pack({"plans": plans, "states": states, "rows": rows,
                               "dropped": self.stats.dropped, "governor": governor})
         frame = frame_bytes(payload)
@@ -472,6 +593,10 @@ class CounterLog:
                   "pid": os.getpid(), "host": platform.node(), "sample_every": self.sample_every,
                   "timing": self.timing, "flush_interval_s": self.flush_interval_s,
                   "overhead_budget": self.overhead_budget if self.govern else None}
+        if self.governor.probe:       # the rule that decides whether CUPTI is enabled
+            g = self.governor
+            header["cupti_probe"] = {"window_s": g.window_s, "fit": g.fit,
+                                     "cost_s_per_launch": g.cost_s_per_launch}
         self._file_bytes = self._file.write(frame(header))
         self._file.flush()
         self.stats.bytes_written += self._file_bytes
@@ -495,6 +620,11 @@ class CounterLog:
 
 
 _time_of = operator.itemgetter(1)
+
+
+def _is_cupti(timer) -> bool:
+    """Whether a timing source is a CUPTI timer (event rings and the host clock are not)."""
+    return getattr(timer, "kind", "") == "cupti"
 
 
 def _plain(value):
@@ -548,14 +678,17 @@ def counter_log(path: str | os.PathLike, sample_every: int | None = None,
             NVML/GPM for cuda dispatchers, default True), ``event_capacity`` (timings in
             flight, per device), ``timing`` ("auto" and "events": sampled CUDA event
             pairs; "cupti": CUPTI activity records where cupti-python can subscribe, else
-            event pairs, at a cost measured at 40-82 % of launch throughput; default
+            event pairs, at a cost measured at 40-82 % of launch throughput; governed, the
+            log starts on event pairs and enables CUPTI only where the launch rate of its
+            first 0.5 s times CUPTI's per-launch cost is under half the budget, since once
+            enabled CUPTI slows the process's launches for good; default
             ``ADAPTIVE_COUNTER_LOG_TIMING``), ``overhead_budget`` (the share of wall time the
             log's own threads may take, default ``ADAPTIVE_COUNTER_LOG_BUDGET``, 0.02: over
             it the interval of sampled launches doubles, up to 65536, and CUPTI hands over
             to sampled event pairs for the rest of the log; each record carries the
             interval and the timer it was taken with), ``govern``
-            (default True; False keeps the interval and CUPTI as configured: measurements
-            that need every call).
+            (default True; False keeps the interval and CUPTI as configured, CUPTI enabled
+            at once: measurements that need every call).
 
     Yields:
         the :class:`CounterLog` (``.stats`` has written, dropped and rotation counts).

@@ -373,11 +373,15 @@ def test_auto_timing_is_event_pairs_and_cupti_falls_back_to_them(tmp_path, monke
     auto = CounterLog(tmp_path / "a.alog", timing="auto", nvml=False, event_capacity=32)
     assert auto._make_timer(0) == "events" and auto.timings == {0: "cuda_event"}
     assert not asked                              # auto never starts CUPTI
-    strict = CounterLog(tmp_path / "b.alog", timing="cupti", nvml=False)
+    strict = CounterLog(tmp_path / "b.alog", timing="cupti", nvml=False, govern=False)
     caplog.set_level("WARNING")
     assert strict._make_timer(0) == "events"
     assert any("CUPTI timing asked for" in r.message for r in caplog.records)
-    assert made == [(32, 0), (4096, 0)]
+    assert made == [(32, 0), (4096, 0)] and asked == [1]
+    # governed: event pairs while the launch rate is probed, CUPTI not even asked
+    probing = CounterLog(tmp_path / "p.alog", timing="cupti", nvml=False)
+    assert probing._make_timer(0) == "events" and probing.timings == {0: "cuda_event"}
+    assert asked == [1] and probing.governor.state.cupti == "probe"
     with pytest.raises(ValueError, match="timing must be one of auto, cupti, events"):
         CounterLog(tmp_path / "c.alog", timing="nsight")
 

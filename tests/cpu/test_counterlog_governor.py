@@ -3,7 +3,9 @@
 its budget and falls back (never below the configured one) when under; every record
 carries the interval it was taken at; CUPTI over the budget hands over to sampled timing
 for good (CUPTI stops once its tagged calls have their kernels) without mis-joining a
-call; bad budgets are refused with what was expected and what was given."""
+call; governed CUPTI starts on sampled event pairs and enables CUPTI only where the launch
+rate of its first window says it fits (a host-bound rate never loads it); bad budgets are
+refused with what was expected and what was given."""
 
 from __future__ import annotations
 
@@ -12,15 +14,19 @@ import time
 
 import numpy as np
 import pytest
-from test_counterlog_cupti import Clock, FakeCupti, attach, kernels_in_run
+from test_counterlog_cupti import (Clock, FakeCupti, _Refusing, attach, before_run,
+                                   kernels_in_run)
 
 from adaptive import config
-from adaptive.counterlog import CounterLog, read_log
+from adaptive.counterlog import CounterLog, read_log, recorders
 from adaptive.counterlog.cli import summary_text
-from adaptive.counterlog.governor import MAX_EVERY, PLAIN_OVER, Governor
+from adaptive.counterlog.governor import (CUPTI_COST_S_PER_LAUNCH, CUPTI_FIT, MAX_EVERY,
+                                          PLAIN_OVER, Governor)
 from adaptive.dispatch import Dispatcher
 from adaptive.policy import MeasureEach
+from profilers import cupti as cupti_mod
 from profilers.cupti import CuptiActivity, CuptiTimer
+from profilers.events import EventTimer
 
 
 class Cost:
@@ -292,3 +298,227 @@ def test_the_cupti_callbacks_time_counts_as_the_logs_cost(tmp_path, rng, fake_cu
     host.launch("softmax", x)
     assert cupti.pushes == 0                              # nothing tagged after it
     clog.close()
+
+
+# ---- the probe: governed CUPTI is enabled only where the launch rate says it fits ----------
+
+# the rate at which CUPTI's estimated cost is the share of a 2 % budget it may take (~2976/s)
+FIT_RATE = CUPTI_FIT * 0.02 / CUPTI_COST_S_PER_LAUNCH
+
+
+@pytest.mark.parametrize("rate, decided", [
+    (100_000, "declined"), (20_000, "declined"), (5_000, "declined"),
+    (1.05 * FIT_RATE, "declined"), (0.95 * FIT_RATE, "on"), (200, "on")],
+    ids=["host_bound", "gpu_bound_s23", "under_budget_over_half", "just_over", "just_under",
+         "low"])
+def test_the_probe_decides_from_the_first_windows_launch_rate(rate, decided):
+    g = Governor(0.02, every=16, period_s=0.25, window_s=0.5, probe=True)
+    assert g.state.cupti == "probe"
+    g.start(0.0, 0.0, launches=1000)                      # counted before the start: not its
+    assert g.step(0.25, 0.0, launches=1000 + rate * 0.25).cupti == "probe"   # in the window
+    state = g.step(0.5, 0.0, launches=1000 + rate * 0.5)
+    assert state.cupti == decided
+    assert state.launch_rate_per_s == pytest.approx(rate)
+    assert state.cupti_estimate == pytest.approx(rate * CUPTI_COST_S_PER_LAUNCH)
+    assert g.step(60.0, 0.0, launches=1000).cupti == decided    # decided once, for good
+    plain = Governor(0.02, every=16)                      # not probing: CUPTI "on" at once
+    assert plain.state.cupti == "on"
+    assert plain.step(0.5, 0.0, launches=10 ** 9).cupti == "on"
+
+
+class FakeEvents:
+    """CUDA events for an event ring on a host dispatcher: each record 0.125 ms after the
+    last on the fake GPU clock, complete at once."""
+
+    class Event:
+        def __init__(self, owner):
+            self.owner, self.at_ms, self.done = owner, 0.0, False
+
+        def record(self):
+            self.at_ms, self.done = self.owner.now_ms, True
+            self.owner.now_ms += 0.125
+
+    def __init__(self):
+        self.now_ms = 0.0
+
+    def ring(self, index):
+        return EventTimer(8192, events=(lambda: self.Event(self), lambda s, e: e.at_ms - s.at_ms))
+
+
+@pytest.fixture
+def lazy_cupti(monkeypatch):
+    """A fake CUPTI the log can only reach through its own path (``_cupti_timer`` ->
+    ``CuptiTimer`` -> the shared activity): ``made`` counts the activities built (each one
+    loads and enables CUPTI), ``cost`` is charged 0.2 s of CPU for loading it."""
+    import sys
+    import types
+    current = types.SimpleNamespace(ptr=0x7700)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(get_current_stream=lambda: current)))
+    fake, made, cost = FakeCupti(), [], Cost()
+
+    def activity(cupti=None):
+        made.append(1)
+        cost.s += 0.2
+        return CuptiActivity(cupti=fake)
+    monkeypatch.setattr(cupti_mod, "_shared", None)
+    monkeypatch.setattr(cupti_mod, "_shared_users", 0)
+    monkeypatch.setattr(cupti_mod, "CuptiActivity", activity)
+    return fake, made, cost
+
+
+def attach_cuda(clog, d, events: FakeEvents):
+    """What ``attach`` does for a cuda dispatcher (device 0), on the host dispatcher: its
+    timer from the log's own ``_make_timer`` (event rings faked), then its recorder."""
+    clog._event_timer = events.ring
+    clog._timers[0] = clog._make_timer(0)
+    rec = recorders.LogRecorder(clog, d, clog._timers[0])
+    clog._apply(rec, clog.governor.state)
+    clog._recorders[d] = rec
+    d.add_recorder(rec)
+    return rec
+
+
+def issue_kernels_while_enabled(d, x, cupti):
+    """The plan of softmax issues one fake kernel a call while CUPTI's activity is on."""
+    calls = iter(range(1 << 30))
+
+    def issue():
+        i = next(calls)
+        if cupti.enabled:
+            cupti.launch("softmax_k0", 10_000 * i, 10_000 * i + 1000 + i)
+    before_run(d, "softmax", (x,), issue)
+
+
+def probe(clog, clock, host, x, launches: int) -> list[str]:
+    """Two periods of ``launches`` launches each (0.3 s apart on the log's clock); the
+    governor's CUPTI state after each."""
+    states = []
+    for _ in range(2):
+        for _ in range(launches):
+            host.launch("softmax", x)
+        clog._drain()
+        clock.now += 0.3
+        states.append(clog._govern().cupti)
+    return states
+
+
+def test_a_host_bound_rate_never_loads_cupti_and_the_log_says_why(tmp_path, rng, lazy_cupti,
+                                                                  host):
+    fake, made, cost = lazy_cupti
+    clock = Clock()
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    issue_kernels_while_enabled(host, x, fake)
+    path = tmp_path / "declined.alog"
+    clog = opened(path, clock, cost, sample_every=4, overhead_budget=0.02, timing="cupti")
+    rec = attach_cuda(clog, host, FakeEvents())
+    assert isinstance(rec, recorders.EventLogRecorder) and clog.timings == {0: "cuda_event"}
+    # 6000 launches a period: 20,000 launches/s (S23's GPU-bound stream), an estimate of
+    # 6.7 % of wall time against the 1 % CUPTI may take
+    assert probe(clog, clock, host, x, 6000) == ["probe", "declined"]
+    state = clog.governor.state
+    assert state.launch_rate_per_s == pytest.approx(12_000 / 0.6)
+    assert state.cupti_estimate == pytest.approx(12_000 / 0.6 * CUPTI_COST_S_PER_LAUNCH)
+    assert "CUPTI not enabled: 20,000 launches/s" in clog.cupti_decision
+    for _ in range(40):
+        host.launch("softmax", x)
+    clock.now += 60.0
+    assert clog._govern().cupti == "declined"            # for good
+    assert clog._recorders[host] is rec and clog.timings == {0: "cuda_event"}
+    stats = clog.close()
+    # CUPTI never loaded, never enabled, nothing tagged
+    assert made == [] and fake.enabled == set() and fake.pushes == 0
+    assert cupti_mod._shared is None
+    assert stats.dropped == 0 and clog.last_error is None
+    contents = read_log(path)
+    assert {r["timer"] for r in contents.records} == {"cuda_event"}
+    assert len(contents.records) == (12_000 + 40) // 4
+    assert contents.cupti_state == "declined" and contents.cupti_handover is None
+    assert contents.launch_rate_per_s == pytest.approx(20_000)
+    assert contents.cupti_estimate == pytest.approx(state.cupti_estimate)
+    assert contents.cupti_decision == clog.cupti_decision
+    assert contents.headers[0]["cupti_probe"] == {"window_s": 0.5, "fit": CUPTI_FIT,
+                                                  "cost_s_per_launch": CUPTI_COST_S_PER_LAUNCH}
+    assert "CUPTI not enabled" in summary_text(contents).splitlines()[0]
+
+
+def test_a_low_rate_switches_to_cupti_after_the_window_and_can_still_hand_over(
+        tmp_path, rng, lazy_cupti, host):
+    fake, made, cost = lazy_cupti
+    clock = Clock()
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    issue_kernels_while_enabled(host, x, fake)
+    path = tmp_path / "switched.alog"
+    clog = opened(path, clock, cost, sample_every=1, overhead_budget=0.02, timing="cupti")
+    ring = attach_cuda(clog, host, FakeEvents()).timer
+    # 300 launches a period: 1000 launches/s, an estimate of 0.34 % of wall time
+    assert probe(clog, clock, host, x, 300) == ["probe", "on"]
+    assert made == [1] and fake.enabled == {5, 6, 10, 19}
+    assert clog.governor.state.launch_rate_per_s == pytest.approx(1000)
+    assert clog.cupti_decision.startswith("CUPTI enabled 0.6 s into the log: 1,000 launches/s")
+    rec = clog._recorders[host]
+    assert isinstance(rec, recorders.CuptiLogRecorder) and clog.timings == {0: "cupti"}
+    assert host._recorders == (rec,)                      # the event recorder is gone
+    assert [r.timer for r in clog._retired] == [ring]
+    for _ in range(5):                                    # tagged, each with its kernel
+        host.launch("softmax", x)
+    assert fake.pushes == 5
+    fake.deliver()
+    clog._drain()
+    clock.now += 0.3
+    cost.s += 0.001                                       # 0.3 %: the 0.2 s CUPTI's loading
+    assert clog._govern().cupti == "on"                   # took is not judged its cost
+    clock.now += 0.3
+    cost.s += 0.3                                         # then CUPTI over budget: handed over
+    state = clog._govern()
+    assert state.cupti == "events" and clog.timings == {0: "cuda_event"}
+    assert isinstance(clog._recorders[host], recorders.EventLogRecorder)
+    for _ in range(4):                                    # 2 logged: the interval doubled
+        host.launch("softmax", x)
+    assert fake.pushes == 5
+    stats = clog.close()
+    assert (stats.dropped, clog.last_error) == (0, None)
+    contents = read_log(path)
+    records = sorted(contents.records, key=lambda r: r["seq"])
+    timers = [r["timer"] for r in sorted(records, key=lambda r: r["time_s"])]
+    assert timers == ["cuda_event"] * 600 + ["cupti"] * 5 + ["cuda_event"] * 2
+    cupti_ms = [r["time_ms"] for r in records if r["timer"] == "cupti"]
+    assert cupti_ms == pytest.approx([(1000 + i) / 1e6 for i in range(600, 605)], rel=1e-12)
+    assert contents.cupti_state == "events" and contents.cupti_handover == clog.handover
+    assert contents.launch_rate_per_s == pytest.approx(1000)
+    assert contents.cupti_decision == clog.cupti_decision
+    head = summary_text(contents).splitlines()[0]
+    assert "CUPTI enabled" in head and "then handed over" in head
+
+
+def test_cupti_that_fits_but_refuses_leaves_event_pairs_and_says_why(tmp_path, rng,
+                                                                     monkeypatch, host):
+    monkeypatch.setattr(cupti_mod, "_shared", None)
+    monkeypatch.setattr(cupti_mod, "_shared_users", 0)
+    monkeypatch.setattr(cupti_mod, "CuptiActivity",
+                        lambda cupti=None: CuptiActivity(cupti=_Refusing()))
+    clock, cost = Clock(), Cost()
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    host.launch("softmax", x)
+    clog = opened(tmp_path / "refused.alog", clock, cost, sample_every=1, timing="cupti")
+    rec = attach_cuda(clog, host, FakeEvents())
+    assert probe(clog, clock, host, x, 30) == ["probe", "unavailable"]
+    assert clog._recorders[host] is rec and clog.timings == {0: "cuda_event"}
+    assert "could not be enabled" in clog.cupti_decision
+    assert "MULTIPLE_SUBSCRIBERS" in clog.cupti_decision
+    host.launch("softmax", x)
+    clog.close()
+    contents = read_log(tmp_path / "refused.alog")
+    assert contents.cupti_state == "unavailable"
+    assert {r["timer"] for r in contents.records} == {"cuda_event"}
+    assert len(contents.records) == 61
+
+
+def test_an_ungoverned_cupti_log_enables_cupti_at_once(tmp_path, lazy_cupti):
+    """cupti_raw, the reference: no probe, CUPTI on the first attach."""
+    fake, made, _ = lazy_cupti
+    clog = CounterLog(tmp_path / "raw.alog", timing="cupti", govern=False, nvml=False)
+    timer = clog._make_timer(0)
+    assert timer.kind == "cupti" and made == [1] and fake.enabled == {5, 6, 10, 19}
+    assert clog.governor.state.cupti == "on"
+    timer.close()

@@ -277,12 +277,14 @@ def test_logged_records_carry_device_state_into_the_exports(cp, tmp_path):
 
 
 def test_a_governed_cupti_log_hands_over_to_events_without_losing_a_call(cp, tmp_path):
-    """A host-bound stream (kernels of a few microseconds, every call tagged) costs CUPTI's
-    buffer callback more than a 2 % budget: the governor hands timing over to CUDA event
-    pairs for the rest of the log, and CUPTI is detached from the process once its tagged
-    calls have their kernels. No call is dropped or joined to another call's kernels: two
-    inputs of ~10x different kernel times, alternated, keep their own times under both
-    sources."""
+    """Governed CUPTI starts on event pairs; a first window at a low launch rate (~150/s)
+    lets the probe enable CUPTI (its estimate under half the 2 % budget); then a host-bound
+    stream (kernels of a few microseconds, every call tagged) costs CUPTI's buffer callback
+    more than the budget: the governor hands timing over to CUDA event pairs for the rest
+    of the log, and CUPTI is detached from the process once its tagged calls have their
+    kernels. No call is dropped or joined to another call's kernels: two inputs of ~10x
+    different kernel times, alternated, keep their own times under both sources. (A
+    host-bound stream from the start never enables CUPTI: the next test.)"""
     _timing_or_skip("cupti")
     from adaptive import Dispatcher
     from adaptive.counterlog import counter_log, read_log
@@ -301,15 +303,27 @@ def test_a_governed_cupti_log_hands_over_to_events_without_losing_a_call(cp, tmp
     with counter_log(path, sample_every=1, nvml=False, timing="cupti",
                      overhead_budget=0.02, event_capacity=1 << 15) as clog:
         deadline = time.monotonic() + 3.0
+        i = 0
+        while clog.governor.state.cupti == "probe" and time.monotonic() < deadline:
+            d.launch("softmax", large if i % 4 == 3 else small)   # ~150 launches/s
+            i += 1
+            time.sleep(0.006)
+        decided = clog.governor.state.cupti
+        rate = clog.governor.state.launch_rate_per_s
+        assert decided == "on" and clog.timings == {0: "cupti"}, (decided, rate,
+                                                                  clog.cupti_decision)
+        deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
             for _ in range(50):
                 d.launch("softmax", small)
             d.launch("softmax", large)
         cp.cuda.Device().synchronize()
         state = clog.governor.state
-        activity = clog._retired[0].timer.activity if clog._retired else None
+        activity = next((r.timer.activity for r in clog._retired
+                         if getattr(r.timer, "kind", "") == "cupti"), None)
         detach = getattr(activity, "status", None)
-        print("governor:", state, "handover:", clog.handover, "CUPTI after it:", detach)
+        print("governor:", state, "decision:", clog.cupti_decision, "handover:",
+              clog.handover, "CUPTI after it:", detach)
     assert state.cupti == "events" and clog.handover is not None, state
     # the retired CUPTI, its calls in, detached at the exit of a later CUDA call
     assert detach == "detached", detach
@@ -318,6 +332,11 @@ def test_a_governed_cupti_log_hands_over_to_events_without_losing_a_call(cp, tmp
     assert clog.stats.dropped == 0, clog.stats
     contents = read_log(path)
     assert contents.cupti_handover == clog.handover and 0 < contents.cupti_active < 1
+    assert contents.cupti_decision.startswith("CUPTI enabled"), contents.cupti_decision
+    assert 0 < contents.launch_rate_per_s < 1000, contents.launch_rate_per_s
+    ordered = [r["timer"] for r in sorted(contents.records, key=lambda r: r["time_s"])]
+    first_cupti = ordered.index("cupti")
+    assert first_cupti > 0 and set(ordered[:first_cupti]) == {"cuda_event"}   # the probe
     for timer in ("cupti", "cuda_event"):
         by_rows = {}
         for r in contents.records:
@@ -336,3 +355,43 @@ def test_a_governed_cupti_log_hands_over_to_events_without_losing_a_call(cp, tmp
             timer, len(long_small), len(small_ms), small_med, large_med, long_small[-8:])
         assert len(short_large) <= max(len(large_ms) // 100, 1), (
             timer, len(short_large), len(large_ms), small_med, large_med, short_large[:8])
+
+
+def test_a_governed_cupti_log_on_a_host_bound_stream_never_enables_cupti(cp, tmp_path):
+    """The probe measures the launch rate of the log's first window (event pairs); on a
+    host-bound stream (~10^4-10^5 launches/s) CUPTI's estimated cost is far over half the
+    2 % budget, so CUPTI is never enabled: once enabled, it slowed the process's launches
+    for good (run S23: 61,333 launches/s after CUPTI had been enabled and detached against
+    101,290/s before). Every record is event-timed; the decision is in the log."""
+    import sys
+    from adaptive import Dispatcher
+    from adaptive.counterlog import counter_log, read_log
+    cupti_mod = sys.modules.get("profilers.cupti")
+    shared = getattr(cupti_mod, "_shared", None)
+    users = (shared.users, shared.status) if shared is not None else None
+    d = Dispatcher("cuda")
+    d.sample_every = 0
+    small = cp.asarray(np.random.default_rng(12).standard_normal((32, 256)).astype(np.float32))
+    _committed(d, "softmax", small)
+    path = tmp_path / "declined.alog"
+    with counter_log(path, sample_every=16, nvml=False, timing="cupti",
+                     overhead_budget=0.02) as clog:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            for _ in range(100):
+                d.launch("softmax", small)
+        cp.cuda.Device().synchronize()
+        state = clog.governor.state
+        print("governor:", state, "decision:", clog.cupti_decision)
+    assert state.cupti == "declined", (state, clog.cupti_decision)
+    assert state.launch_rate_per_s > 5000, state
+    assert clog.timings == {0: "cuda_event"} and clog._retired == []
+    assert clog.last_error is None, clog.last_error
+    # the shared CUPTI activity: not made, or untouched (another test may have made it)
+    cupti_mod = sys.modules.get("profilers.cupti")
+    shared = getattr(cupti_mod, "_shared", None)
+    assert ((shared.users, shared.status) if shared is not None else None) == users
+    contents = read_log(path)
+    assert {r["timer"] for r in contents.records} == {"cuda_event"}
+    assert contents.cupti_state == "declined" and contents.cupti_handover is None
+    assert contents.cupti_decision.startswith("CUPTI not enabled"), contents.cupti_decision
