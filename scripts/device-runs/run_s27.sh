@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # run S27 (next session, after S26): the counter-log GPU tests and the counter log after the hot-path and governor work
-# (S23: host-bound events +9.15% against 10%, GPU-bound CUPTI governed +2.82% against 3%),
+# (S23: host-bound events +9.15% against 10%; CUPTI governed +39.67% host-bound against the
+# process before CUPTI: the governed mode now enables CUPTI only where it fits, measured
+# in the first phase, before CUPTI is ever enabled; a fresh process's off rate after),
 # then the dense headline serving the same requests in both modes (S23's windows served
 # different requests: not a measurement)
 source "$(dirname "$0")/setup.sh"
