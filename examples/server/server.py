@@ -314,7 +314,9 @@ class App:
 
     async def profile_prefill(self, request):
         """POST {"batches": n}: profile the prefill of the next ``n`` batches (1..16) under
-        torch.profiler; their top kernels appear in /stats ``prefill_profiles``."""
+        torch.profiler; their top kernels appear in /stats ``prefill_profiles``. On a GPU
+        the profiler enables CUPTI, which may slow the process's launches after it (the
+        counter log's measurements, docs/benchmarks.md run S23): profile after measuring."""
         from starlette.responses import JSONResponse
         try:
             body = await self._body(request)
