@@ -121,10 +121,19 @@ def row(op_features: Mapping[str, float], op: str, variant: str, config: Mapping
         geometry: Mapping | None = None) -> dict[str, float]:
     """One model row. ``resources``: ``res.*`` features (see :func:`kernel_resources`) or
     a raw ptxas table; ``device``: a :class:`DeviceState` or a sampler reading."""
-    out = {f"op.{k}": float(v) for k, v in op_features.items()}
-    if geometry:
-        out.update(geometry)
-    out[f"variant={op}/{variant}"] = 1.0
+    state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
+    return _assembled(_op_part(op_features), geometry,
+                      _candidate_part(op, variant, config, resources), state.features())
+
+
+def _op_part(op_features: Mapping[str, float]) -> dict[str, float]:
+    return {f"op.{k}": float(v) for k, v in op_features.items()}
+
+
+def _candidate_part(op: str, variant: str, config: Mapping,
+                    resources: Mapping | None) -> dict[str, float]:
+    """What a row says of the candidate alone: its variant, config and resources."""
+    out = {f"variant={op}/{variant}": 1.0}
     for name, value in config.items():
         if isinstance(value, (bool, int, float)):
             out[f"cfg.{name}"] = float(value)
@@ -138,8 +147,17 @@ def row(op_features: Mapping[str, float], op: str, variant: str, config: Mapping
         res = {f"res.{k}": float(res.get(k, d)) for k, d in RESOURCE_DEFAULTS.items()}
         res["res.known"] = 1.0 if known else 0.0
     out.update(res)
-    state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
-    out.update(state.features())
+    return out
+
+
+def _assembled(op_part: dict, geometry: Mapping | None, candidate_part: dict,
+               device_part: dict) -> dict[str, float]:
+    """A row from its parts, in the order :func:`row` has always written them."""
+    out = dict(op_part)
+    if geometry:
+        out.update(geometry)
+    out.update(candidate_part)
+    out.update(device_part)
     return out
 
 
@@ -151,8 +169,10 @@ def candidate_rows(op: str, op_features: Mapping[str, float], candidates: Sequen
     backend's lookup of a candidate's ptxas resources (None: the variants' own tables)."""
     state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
     geo = geometries([(c.variant, c.config) for c in candidates], scope, limits)
-    return [row(op_features, op, c.variant.name, c.config, kernel_resources(c, resources),
-                state, g | work(op, c.variant, c.config, op_features))
+    op_part, device_part = _op_part(op_features), state.features()   # once, not per row
+    return [_assembled(op_part, g | work(op, c.variant, c.config, op_features),
+                       _candidate_part(op, c.variant.name, c.config,
+                                       kernel_resources(c, resources)), device_part)
             for c, g in zip(candidates, geo)]
 
 

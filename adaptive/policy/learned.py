@@ -379,10 +379,11 @@ class Learned(BasePolicy):
         library = library_candidate(ctx.problem, ranked)
         if library is not None and library in explore and explore[0] != library:
             explore = (library,) + tuple(c for c in explore if c != library)
+        chosen = set(explore)
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
                          {c: Samples() for c in explore}, reason=why, explorations=1,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,
-                         rows={c: r for c, r in zip(candidates, rows) if c in explore})
+                         rows={c: r for c, r in zip(candidates, rows) if c in chosen})
         state.history.append("miss: " + why)
         with self._lock:
             self.keys[ctx.key] = state

@@ -118,3 +118,36 @@ def test_work_says_what_a_candidates_weight_form_reads_alike_for_packs_and_misse
                           c.config, 0.01, 0.001, feats)
         packed = row_geometry(c.variant, obs, None)
         assert {k: v for k, v in r.items() if k.startswith("work.")} == packed
+
+
+def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
+    """candidate_rows builds a miss's rows with the parts every candidate shares made once;
+    each is the row ``row()`` builds alone (training's and explain()'s), key for key and in
+    the same order, with a device state and raw ptxas tables among the resources."""
+    from adaptive.ops import OPS
+    from adaptive.policy.features import (DeviceState, candidate_rows, geometries,
+                                          kernel_resources, row, work)
+    from adaptive.variants import default_registry, make_candidate
+    x = rng.standard_normal((300, 700)).astype(np.float16)
+    op = OPS["softmax"]
+    problem = op.problem((x,), {})
+    feats, scope = op.features(problem), problem.scope()
+    cands = [make_candidate(v, c) for v in default_registry().variants("softmax", "cuda")
+             for c in list(v.space.all_configs())[:5]]
+    device = DeviceState.from_mapping({"sm_clock_mhz": 990, "max_sm_clock_mhz": 1980})
+    raw = {cands[0].label: {"registers": 40, "shared_bytes": 0}}   # ptxas's, for one
+
+    def lookup(candidate):
+        return raw.get(candidate.label)
+    limits = {"max_threads_per_block": 1024, "max_shared_per_block": 48 * 1024,
+              "sm_count": 132, "max_regs_per_sm": 65536, "max_threads_per_sm": 2048}
+    got = candidate_rows("softmax", feats, cands, scope, limits, device, lookup)
+    geo = geometries([(c.variant, c.config) for c in cands], scope, limits)
+    want = [row(feats, "softmax", c.variant.name, c.config, kernel_resources(c, lookup),
+                device, g | work("softmax", c.variant, c.config, feats))
+            for c, g in zip(cands, geo)]
+    assert len(got) == len(cands) > 5
+    for a, b in zip(got, want):
+        assert list(a.items()) == list(b.items())
+    assert got[0]["res.registers"] == 40.0 and got[0]["res.known"] == 1.0
+    assert got[0]["dev.sm_clock_ratio"] == 0.5 and got[1]["res.known"] == 0.0
