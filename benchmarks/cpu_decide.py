@@ -1,0 +1,74 @@
+"""A miss's decision, timed: ``Learned.decide`` with the model fitted on the shipped pack,
+on corpus inputs of each op (what a new input class costs the calling thread before its
+first call runs).
+
+    PYTHONPATH=$PWD python benchmarks/cpu_decide.py
+    PYTHONPATH=$PWD python benchmarks/cpu_decide.py --corpus ../shared/data/h200-corpus
+
+For each op, the 4th input of the corpus pack (its rows name the candidates, as a replay
+does) is decided ``--repeats`` times by a fresh policy sharing one fitted model; prints the
+minimum and median ms and the candidate count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pack", default=str(ROOT / "adaptive" / "packs" / "h200.msgpack"))
+    p.add_argument("--corpus", default=str(ROOT.parent / "shared" / "data" / "h200-corpus"))
+    p.add_argument("--ops", default="spmm,gemm,softmax,attention")
+    p.add_argument("--repeats", type=int, default=40)
+    args = p.parse_args(argv)
+    from adaptive.bench import replay as R
+    from adaptive.limits import for_fingerprint
+    from adaptive.packs.format import read_pack
+    from adaptive.policy.cost_model import CostModel, LiveModel, training_set
+    from adaptive.policy.features import row_geometry
+    from adaptive.policy.learned import Learned, Neighbours
+    from adaptive.space import as_config
+    from adaptive.variants import make_candidate
+    ship = read_pack(args.pack)
+    limits = for_fingerprint(ship.fingerprint)
+    variants = {(v.op, v.name): R._as_registered(v) for v in ship.variants}
+    rows = [r for r in ship.rows if (r.op, r.variant) in variants]
+    ts = training_set(rows, geometry=lambda r: row_geometry(variants[(r.op, r.variant)], r,
+                                                             limits))
+    live = LiveModel(background=False, refit_every=1 << 30)
+    live.model = CostModel().fit(ts.rows, ts.y, groups=ts.groups)
+    near = Neighbours()
+    for r in rows:
+        near.add(r.op, r.dtype, r.features, r.variant, as_config(r.config), r.time_ms)
+    for op in args.ops.split(","):
+        path = Path(args.corpus) / f"h200-wide-{op}.msgpack"
+        if not path.exists():
+            print(f"{op}: no corpus pack at {path}")
+            continue
+        corpus = read_pack(path)
+        known = {(v.op, v.name): R._as_registered(v) for v in corpus.variants}
+        groups = R._group([r for r in corpus.rows if (r.op, r.variant) in known])
+        key, group = sorted(groups.items())[3]
+        cands = [make_candidate(known[(r.op, r.variant)], r.config) for r in group]
+        times = []
+        for _ in range(args.repeats):
+            policy = Learned(live, explore_budget=None)
+            policy.neighbours = near.copy()
+            t0 = time.perf_counter()
+            policy.decide(R._Context(group[0], key, limits), cands)
+            times.append((time.perf_counter() - t0) * 1e3)
+        print(f"{op:<10} {len(cands):>4} candidates: decide min {min(times):.2f} ms, median "
+              f"{statistics.median(times):.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
