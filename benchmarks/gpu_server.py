@@ -358,7 +358,7 @@ def check_deps() -> str | None:
 
 def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY,
         duration_s: float = 120.0, quick: bool = False, preset: str | None = None,
-        max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 45.0,
+        max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 90.0,
         max_batch: int = 32, requests: int = 20000, server_args: tuple = (),
         prompt_max: int = 2048, min_tokens: int | None = None,
         json_name: str = "gpu_server.json", per_client: int = 8) -> dict:
@@ -536,7 +536,8 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--preset", default=None, help="default 1b on the GPU, tiny on the host")
-    p.add_argument("--warmup-limit-s", type=float, default=45.0)
+    p.add_argument("--warmup-limit-s", type=float, default=90.0,
+                   help="the server warm-up stops after this (checked from its second round on)")
     p.add_argument("--quick", action="store_true", help="tiny model, short run (dry run)")
     args = p.parse_args(argv)
     from server import resolve_device
