@@ -26,6 +26,7 @@ DRY_RUNS = {   # the fewest launches that still run every code path
     "gpu_hostpath": (["--device", "host", "--quick"], "Lk + 1 per call"),
     "cpu_patched_linear": (["--quick"], "same greedy tokens: True"),
     "gpu_contention": (["--device", "host", "--quick"], "contention targets"),
+    "gpu_prefill": (["--quick"], "prefill, adaptive / torch (median of rounds)"),
 }
 
 
@@ -131,6 +132,27 @@ def test_gpu_spmm_attention_targets_are_computed_from_a_result():
     assert not attention[1] and "2.50x SDPA" in attention[0]          # over 2x: not met
     assert not any(t.startswith("attention L=1 ") for t in rows)      # decode is not L >= 2048
     assert rows["the best variant differs across inputs"][1]
+
+
+def test_gpu_counterlog_judges_cupti_against_the_process_before_it():
+    """CUPTI, once enabled, costs launches after it is off: a CUPTI-phase mode's loss is
+    also taken against the stream's off rate before CUPTI (the events phase), with the
+    fresh-process rate kept beside it; the events phase is left as it was."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu_counterlog import against_before_cupti
+    results = [
+        {"stream": "host_bound", "phase": "events", "off_launches_per_s": 100_000.0,
+         "modes": {"events": {"launches_per_s": 91_000.0, "loss": 0.09}}},
+        {"stream": "host_bound", "phase": "cupti", "off_launches_per_s": 61_000.0,
+         "modes": {"cupti_raw": {"launches_per_s": 60_000.0, "loss": 1 - 60 / 61}}}]
+    against_before_cupti(results, {"host_bound": 98_000.0})
+    raw = results[1]["modes"]["cupti_raw"]
+    assert raw["loss_vs_before_cupti"] == pytest.approx(0.40)
+    assert results[1]["off_before_cupti"] == 100_000.0
+    assert results[1]["off_fresh_process"] == 98_000.0
+    assert "loss_vs_before_cupti" not in results[0]["modes"]["events"]
+    against_before_cupti(results[1:], {})          # no events phase: nothing to judge by
+    assert raw["loss_vs_before_cupti"] is None and results[1]["off_fresh_process"] is None
 
 
 def test_gpu_regen_logic_runs_on_the_host(tmp_path):
