@@ -715,6 +715,14 @@ class Dispatcher:
         recent.append(issue_ms)
         return statistics.median(tuple(recent))   # a copy: a harvester may append meanwhile
 
+    def issue_charges(self) -> dict[str, tuple[int, float]]:
+        """The host issuing charged to exploring samples so far, per variant and input kind
+        (``"attention/sdpa_torch/cupy"``): how many of the recent issuings are kept (at most
+        :data:`ISSUE_WINDOW`) and their median ms, what the policy added to their device
+        times where the device waited for the host. Empty where nothing was charged."""
+        return {f"{vid}/{kind}": (len(q), statistics.median(tuple(q)))
+                for (vid, kind), q in list(self._issued.items()) if q}
+
     def _plan_for(self, decision: Decision, first: Plan, turn=None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.
 

@@ -136,6 +136,9 @@ class PolicyResult:
     # a live learned policy's own counts at the end of the stream (commits, drifts,
     # classes deferred to the library for want of exploration budget, reopened, explore_s)
     policy_stats: dict = dataclasses.field(default_factory=dict)
+    # a live policy's host issuing charged to exploring samples, per variant and input kind:
+    # [kept issuings, median ms] (Dispatcher.issue_charges; where the device waited)
+    issue_ms: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -250,6 +253,9 @@ class SelectionReport:
                                                   else f"{k} {v}"
                                                   for k, v in r.policy_stats.items())
                     for r in s.results if r.policy_stats]
+            out += [f"  {r.policy} ({r.source}) issuing charged: " + ", ".join(
+                f"{k} {ms * 1e3:.1f} us (last {n})" for k, (n, ms) in sorted(r.issue_ms.items()))
+                for r in s.results if r.issue_ms]
         learned = ("learned-cold", "learned-pack") + (("learned-shipped",) if self.shipped
                                                        else ())
         out += ["", "steady/oracle over all streams: " + ", ".join(
@@ -484,7 +490,9 @@ def _live(name, dispatcher, stream, inputs, table, sync
             told = list(state.history)[-2:]
             why[s] = " | ".join(told + [state.reason] * (state.reason not in told))
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
-                        max(firsts), regret, explored, stats), choice, why
+                        max(firsts), regret, explored, stats,
+                        {k: list(v) for k, v in dispatcher.issue_charges().items()}), \
+        choice, why
 
 
 def _hot_path(backend, rounds: int, n: int) -> dict:

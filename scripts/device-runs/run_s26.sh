@@ -16,4 +16,15 @@ grep -E "prefill profile" "$OUT/server.log" | cut -c1-200
 t0=$SECONDS
 timeout 130 python3 benchmarks/gpu_selection.py --out "$OUT" > "$OUT/selection.log" 2>&1
 echo "selection rc=$? $((SECONDS-t0)) s"
-grep -E "^steady/oracle over|BEAT|MATCHED|NOT" "$OUT/selection.log" | cut -c1-200
+grep -E "^steady/oracle over|BEAT|MATCHED|NOT|learned-shipped .*issuing charged" "$OUT/selection.log" | cut -c1-300
+python3 - "$OUT/gpu_selection.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+for s in d["streams"]:
+    rows = []
+    for inp, v in s["per_input"].items():
+        ch = v["choices"]; o = ch["oracle/replayed"]; me = ch.get("learned-shipped/live", ch["learned-pack/live"])
+        rows.append(((me[1] - o[1]) * v["calls"], inp, me, o, v.get("why", {}).get("learned-shipped/live", "")))
+    for ex, inp, me, o, why in sorted(rows, reverse=True)[:2]:
+        print(f"{s['stream']}: excess {ex:.3f} ms {inp} chose {me[0]} {me[1]:.4f} vs oracle {o[0]} {o[1]:.4f}\n   {why[-600:]}")
+PY

@@ -853,6 +853,9 @@ def test_the_issuing_charged_is_the_median_of_the_variants_recent_issuings(rng):
     for _ in range(ISSUE_WINDOW):                  # the window forgets the 50 ms spike
         d.feedback(pa, 1.0, 3.0)
     assert policy.charged[-1] == (a, 4.0)
+    kind = plan.problem.kind                       # what a report reads of the charges
+    assert d.issue_charges() == {f"{pa.candidate.variant.id}/{kind}": (ISSUE_WINDOW, 3.0),
+                                 f"{other.variant.id}/{kind}": (1, 40.0)}
 
 
 @pytest.mark.parametrize("device_waits", [False, True])

@@ -33,6 +33,7 @@ def test_every_stream_reports_every_policy_from_one_run(report):
         assert ("autotune", "replayed") in sources
         for r in s.results:    # the learned policies say what their exploring did
             learned = r.policy.startswith("learned")
+            assert r.issue_ms == {}   # the host backend times issuing in: nothing charged
             assert bool(r.policy_stats) == learned, r
             if learned:
                 assert r.policy_stats["commits"] >= 1 and r.policy_stats["deferred"] >= 0
