@@ -35,12 +35,6 @@ CASES = ((8, 512), (8, 1024), (16, 1024), (32, 512))   # (rows, longest prompt)
 QUICK_CASES = ((2, 32), (4, 64))
 
 
-def ragged(rows: int, longest: int, vocab: int) -> list[list[int]]:
-    """Prompts from ``longest`` tokens down to about half of it (as the warm-up's)."""
-    return [[(7 * i + j) % min(vocab, 256) for j in range(longest - longest * i // (2 * rows))]
-            for i in range(rows)]
-
-
 def prefill_inputs(lm, prompts):
     """The padded ids, mask and positions CausalLM.generate builds for ``prompts``, and
     the width."""
@@ -48,31 +42,27 @@ def prefill_inputs(lm, prompts):
     return ids, mask, positions, ids.shape[1]
 
 
+def forward(lm, inputs, torch):
+    """One prefill forward (a fresh KV cache, the last position's logits): the output."""
+    ids, mask, positions, _ = inputs
+    with torch.inference_mode():
+        return lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                        use_cache=True, logits_to_keep=1, **{lm._cache_kw: lm._cache()})
+
+
 def prefill(lm, inputs, torch) -> float:
     """One prefill forward, synchronised; its wall ms."""
-    ids, mask, positions, _ = inputs
     torch.cuda.synchronize() if lm.device.type == "cuda" else None
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                       use_cache=True, logits_to_keep=1, **{lm._cache_kw: lm._cache()})
-        out.logits[:, -1].argmax(-1).tolist()       # what the engine waits for
+    forward(lm, inputs, torch).logits[:, -1].argmax(-1).tolist()   # what the engine awaits
     return (time.perf_counter() - t0) * 1e3
 
 
-def top_kernels(lm, inputs, torch, n: int = 8) -> list[str]:
-    from torch.profiler import ProfilerActivity, profile
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if lm.device.type == "cuda"
-                                     else [])
-    with profile(activities=acts) as prof:
-        prefill(lm, inputs, torch)
-
-    def device_us(e):
-        return float(getattr(e, "self_device_time_total", 0.0) or 0.0)
-    events = sorted(prof.key_averages(), key=device_us, reverse=True)
-    total = sum(device_us(e) for e in events) / 1e3
-    return [f"device total {total:.2f} ms"] + [
-        f"{device_us(e) / 1e3:8.3f} ms {e.count:5d} calls  {e.key[:90]}" for e in events[:n]]
+def top_kernels(lm, inputs, torch) -> list[str]:
+    """One prefill profiled as the server profiles one (CausalLM.profiled)."""
+    lm.profiled(lambda: forward(lm, inputs, torch), batch=-1)
+    p = lm.prefill_profiles[-1]
+    return [f"device total {p['device_ms']:.2f} ms, host {p['host_ms']:.2f} ms"] + p["top"]
 
 
 def committed(rows_min: int) -> list[str]:
@@ -109,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import adaptive
-    from engine import CausalLM, warm_up
+    from engine import CausalLM, ragged_prompts, warm_up
     from models import build_llama
     device = "cpu" if args.quick or not torch.cuda.is_available() else "cuda"
     preset, cases = ("tiny", QUICK_CASES) if device == "cpu" else ("1b", CASES)
@@ -133,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     results = []
     for rows, longest in cases:
-        inputs = {m: prefill_inputs(lm, ragged(rows, longest, lm.vocab_size))
+        inputs = {m: prefill_inputs(lm, ragged_prompts(rows, longest, lm.vocab_size))
                   for m, lm in lms.items()}
         times = {m: [] for m in lms}
         for _ in range(rounds):
@@ -150,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, longest = cases[0] if args.cases else cases[1]
     profiles = {}
     for m, lm in lms.items():
-        profiles[m] = top_kernels(lm, prefill_inputs(lm, ragged(rows, longest, lm.vocab_size)),
-                                  torch, n=14)
+        profiles[m] = top_kernels(lm, prefill_inputs(lm, ragged_prompts(rows, longest,
+                                                                        lm.vocab_size)), torch)
         print(f"\n  {m}: one prefill of rows {rows}, longest {longest} under torch.profiler, "
               "top kernels by device time:\n    " + "\n    ".join(profiles[m]), flush=True)
     keys = committed(rows_min=64 if device == "cuda" else 16)

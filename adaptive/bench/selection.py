@@ -462,11 +462,14 @@ def _live(name, dispatcher, stream, inputs, table, sync
     regret, explored = 0.0, 0
     policy = dispatcher.policy
     states = {}    # input class -> (the first input of it seen, the policy's state of it)
+    why = {}       # input -> the policy's account of its class (its last two entries)
     for s in seen:
         plan = dispatcher.current_plan(OPS[s[0]].key(*inputs[s]))
         state = policy.state(plan.class_key) if plan is not None else None
         if state is not None:
             states.setdefault(plan.class_key, (s, state))
+            told = list(state.history)[-2:]
+            why[s] = " | ".join(told + [state.reason] * (state.reason not in told))
     if states:     # learned: price the explored calls from the table
         for spec, state in states.values():
             for cand, ts in state.observed.items():
@@ -482,13 +485,6 @@ def _live(name, dispatcher, stream, inputs, table, sync
     stats = ({k: v for k, v in policy.stats.items()
               if k in ("commits", "drifts", "deferred", "reopened", "explore_s")}
              if isinstance(policy, Learned) else {})
-    why = {}
-    for s in seen:
-        plan = dispatcher.current_plan(OPS[s[0]].key(*inputs[s]))
-        state = policy.state(plan.class_key) if plan is not None else None
-        if state is not None:
-            told = list(state.history)[-2:]
-            why[s] = " | ".join(told + [state.reason] * (state.reason not in told))
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
                         max(firsts), regret, explored, stats,
                         {k: list(v) for k, v in dispatcher.issue_charges().items()}), \

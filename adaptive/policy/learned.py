@@ -366,9 +366,9 @@ class Learned(BasePolicy):
         if len(explore) < self.min_explore and dist is not None:
             # a sure model is not a right one: run S24 committed cuBLAS unseen on gemm
             # 4x1024x1024 at 1.7x the best, every other candidate ranked 1.2x slower
-            others = [c for c in _firsts(ranked) if c not in explore]
-            others += [c for c in ranked if c not in explore and c not in others]
-            extra = tuple(others[: self.min_explore - len(explore)])
+            # the next variants' best configs first, then the model's order
+            others = dict.fromkeys(c for c in (*_firsts(ranked), *ranked) if c not in explore)
+            extra = tuple(others)[: self.min_explore - len(explore)]
             if extra:
                 explore += extra
                 why += "; plus " + ", ".join(c.label for c in extra) + \
@@ -392,7 +392,7 @@ class Learned(BasePolicy):
             # with the budget spent, a class with a library candidate (what the plain
             # program runs) is served by it and explored later; without one (the host)
             # there is nothing safe to serve instead, and it is explored now
-            safe = library_candidate(ctx.problem, ranked) if len(explore) > 1 else None
+            safe = library if len(explore) > 1 else None
             deferred = safe is not None and self._credit() <= 0
             if deferred:
                 self.stats["deferred"] += 1

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 log = logging.getLogger("adaptive.example.engine")
+PROFILES_KEPT = 64   # the newest prefill profiles kept (CausalLM.prefill_profiles)
 
 
 class QueueFullError(RuntimeError):
@@ -210,15 +211,16 @@ class CausalLM:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # 5.x renamed it
         self.profile_prefill: set[int] = set()   # which batches' prefill to profile (0: the
         self.batches_run = 0                     # first after count_from_here())
-        self.prefill_profiles: list[dict] = []
+        self.prefill_profiles: collections.deque = collections.deque(maxlen=PROFILES_KEPT)
 
     def count_from_here(self) -> None:
         """Number the batches from the next one (after the warm-up)."""
         self.batches_run = 0
 
-    def _profiled(self, run, batch: int):
-        """Run ``run()`` (a prefill) under torch.profiler; keep its top kernels by device
-        time: a server's time to first tokens broken down where it is spent."""
+    def profiled(self, run, batch: int):
+        """Run ``run()`` (a prefill: it returns the model's output) under torch.profiler and
+        keep, in :attr:`prefill_profiles`, its wall, device and host ms and its top ops by
+        device time: a server's time to first tokens broken down where it is spent."""
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                          if self.device.type == "cuda" else [])
@@ -284,7 +286,11 @@ class CausalLM:
             def run():
                 return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                   use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-            out = self._profiled(run, batch) if batch in self.profile_prefill else run()
+            if batch in self.profile_prefill:
+                self.profile_prefill.discard(batch)
+                out = self.profiled(run, batch)
+            else:
+                out = run()
             for step in range(max(max_new)):
                 tokens = out.logits[:, -1].argmax(-1)
                 host = tokens.tolist()                  # one sync per step: tokens stream
@@ -327,6 +333,15 @@ def pending_keys() -> int:
                if getattr(state, "committed", True) is None)
 
 
+def ragged_prompts(rows: int, longest: int, vocab: int) -> list[list[int]]:
+    """``rows`` prompts from ``longest`` tokens down to about half of it, as real prompts
+    of a batch differ: the shorter ones are padded and attention meets a padding mask, a
+    class of its own (prompts of one length left every masked class to be decided under
+    load: 4-6 ms each, run S22)."""
+    return [[(7 * i + j) % min(vocab, 256) for j in range(longest - longest * i // (2 * rows))]
+            for i in range(rows)]
+
+
 def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: bool = True,
             limit_s: float = 120.0, max_rounds: int = 16, progress=None) -> dict:
     """Serve ``batches`` ((batch size, longest prompt, new tokens) each; the rows of a
@@ -344,13 +359,8 @@ def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: b
     rounds = 0
     for rounds in range(1, max_rounds + 1):
         for batch, length, new in batches:
-            # rows of a batch of real prompts differ in length: the shorter ones are padded
-            # and attention meets a padding mask, a class of its own (prompts of one length
-            # left every masked class to be decided under load: 4-6 ms each, run S22)
-            prompts = [[(7 * i + j) % min(model.vocab_size, 256)
-                        for j in range(length - length * i // (2 * batch))]
-                       for i in range(batch)]
-            model.generate(prompts, [new] * batch, lambda row, token: True)
+            model.generate(ragged_prompts(batch, length, model.vocab_size), [new] * batch,
+                           lambda row, token: True)
         pending = pending_keys() if settle else None
         if progress is not None:
             progress(f"warm-up round {rounds}: {len(batches)} batches"
