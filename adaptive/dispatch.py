@@ -20,7 +20,6 @@ import itertools
 import logging
 import math
 import random
-import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,10 +45,14 @@ MISS_LOG = 256    # misses kept for recent_misses()
 # dispatcher committed split-KV configs 0.76-0.89x SDPA on 5 decode shapes; at 1000 µs it
 # served 0.98-1.01x there (H200, run S18, docs/benchmarks.md)
 HOLD_US = 1000.0
-# a call's host issuing, where the device waited for it, is charged as the median of the
-# last ISSUE_WINDOW issuings of its variant on inputs of its kind: configs of one variant
-# issue alike, and one sample's issuing jitters by tens of us (a collection, a page fault)
-# where kernels differ by a few (run S24: split-KV samples 0.025-0.054 ms, device 0.025)
+# a call's host issuing, where the device waited for it, is charged as the least of the
+# last ISSUE_WINDOW issuings of its variant on inputs of its kind, the window seeded by two
+# back-to-back plain runs on the variant's first exploring turn: configs of one variant
+# issue alike, and an exploring sample's issuing only ever reads high (a collection, a page
+# fault, the turn after another candidate's kernels): run S24's split-KV samples read
+# 0.025-0.054 ms for 0.025 of device time; run S31's cuBLAS issued in 141-694 us while
+# exploring, in 50 us called back to back (CuPy arrays; tensors: 78-170 against 26 us), so
+# a median of its few samples committed our kernels at 2-4x cuBLAS's time
 ISSUE_WINDOW = 32
 
 
@@ -86,6 +89,8 @@ class _InputClass:
     floor_ms: float                                   # of the input it was decided on
     turn: Callable = dataclasses.field(default_factory=itertools.count)
     keys: set = dataclasses.field(default_factory=set)   # exact keys served from it
+    # explored candidates whose first turn (a warm-up, not a sample) the class has run
+    warmed: set = dataclasses.field(default_factory=set)
 
 
 def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = False):
@@ -400,7 +405,7 @@ class Dispatcher:
             scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
             first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
                                   ckey, scale, roofline, exploring=bool(cls.decision.explore))
-            plan = self._plan_for(cls.decision, first, cls.turn)
+            plan = self._plan_for(cls.decision, first, cls.turn, cls.warmed)
             self._plans[key] = plan
             cls.keys.add(key)
             self.stats["misses"] += 1
@@ -706,30 +711,36 @@ class Dispatcher:
                 log.exception("recorder %r failed", recorder)
 
     def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
-        """The median of the recent issuings of ``plan``'s variant on inputs of its kind,
+        """The least of the recent issuings of ``plan``'s variant on inputs of its kind,
         ``issue_ms`` included (see :data:`ISSUE_WINDOW`)."""
         key = (plan.candidate.variant.id, plan.problem.kind)
         recent = self._issued.get(key)
         if recent is None:
             recent = self._issued.setdefault(key, collections.deque(maxlen=ISSUE_WINDOW))
         recent.append(issue_ms)
-        return statistics.median(tuple(recent))   # a copy: a harvester may append meanwhile
+        return min(tuple(recent))   # a copy: a harvester may append meanwhile
 
     def issue_charges(self) -> dict[str, tuple[int, float]]:
         """The host issuing charged to exploring samples so far, per variant and input kind
         (``"attention/sdpa_torch/cupy"``): how many of the recent issuings are kept (at most
-        :data:`ISSUE_WINDOW`) and their median ms, what the policy added to their device
-        times where the device waited for the host. Empty where nothing was charged."""
-        return {f"{vid}/{kind}": (len(q), statistics.median(tuple(q)))
+        :data:`ISSUE_WINDOW`) and the least of them in ms, what the policy added to their
+        device times where the device waited for the host. Empty where nothing was
+        charged."""
+        return {f"{vid}/{kind}": (len(q), min(tuple(q)))
                 for (vid, kind), q in list(self._issued.items()) if q}
 
-    def _plan_for(self, decision: Decision, first: Plan, turn=None) -> Plan:
+    def _plan_for(self, decision: Decision, first: Plan, turn=None,
+                  warmed: set | None = None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.
 
         ``first`` serves the decision's first candidate. Each other explored candidate is
         prepared on its first turn; one that fails to prepare or to run is recorded as
         failed (``inf``) and that call is served by ``first``. ``turn`` (the input class's
         counter) is shared by the keys of one class, so their calls advance one rotation.
+        On a device timed by events, each candidate's first turn in the class (``warmed``:
+        the class's record of them) is a warm-up, not a sample (:meth:`_warm_turn`): run
+        S31's first samples read a module's loading and cuBLAS's first call of a shape,
+        12-15 ms of device time for kernels of 10 us.
         """
         plan = dataclasses.replace(first, decision=decision)
         if not decision.explore:
@@ -738,7 +749,8 @@ class Dispatcher:
         pool = [first if c == first.candidate else self._prepared.get((first.key, c))
                 for c in cands]
         turn = turn if turn is not None else itertools.count()
-        sampled = self._sampled
+        warmed = warmed if warmed is not None else set()
+        sampled, warm_turn = self._sampled, self._warm_turn
 
         def explore(args, out):
             i = next(turn) % len(pool)
@@ -746,6 +758,9 @@ class Dispatcher:
             try:
                 if p is None:
                     p = pool[i] = self._prepare_like(first, cands[i], args)
+                if cands[i] not in warmed:
+                    warmed.add(cands[i])
+                    return warm_turn(p, args, out)
                 return sampled(p, args, out, True)
             except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
                 if p is first or isinstance(exc, (InputTypeError, InputValueError)):
@@ -760,6 +775,28 @@ class Dispatcher:
                         self._revise(first.class_key, update)
                 return first.run(args, out)
         return dataclasses.replace(plan, run=explore, provisional=True)
+
+    def _warm_turn(self, plan: Plan, args, out):
+        """An explored candidate's first turn in its class: the call served, untimed, where
+        the sampled calls are timed by events (a device: the first call loads modules and
+        runs a library's heuristics for the shape); then, the first time a variant is
+        explored on inputs of its kind, two more runs back to back whose host issuing
+        seeds the variant's window of issuings (see :data:`ISSUE_WINDOW`). Elsewhere (the
+        host, whose calls are timed whole) a sample like any other."""
+        timer = self._timer if self._timer_tried else self._event_timer()
+        if timer is None:
+            return self._sampled(plan, args, out, True)
+        result = plan.run(args, out)
+        ikey = (plan.candidate.variant.id, plan.problem.kind)
+        if ikey not in self._issued:
+            times = []
+            for _ in range(2):
+                t0 = time.perf_counter_ns()
+                plan.run(args, out)
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+            self._issued.setdefault(ikey, collections.deque(maxlen=ISSUE_WINDOW)).append(
+                min(times))
+        return result
 
     def _prepare_like(self, plan: Plan, candidate: Candidate, args) -> Plan:
         """``candidate`` prepared for ``plan``'s input (an explored candidate's first turn)."""
@@ -787,7 +824,7 @@ class Dispatcher:
                 if first is None:   # never prepared here: built from the class next call
                     cls.keys.discard(key)
                     continue
-                self._plans[key] = self._plan_for(decision, first, cls.turn)
+                self._plans[key] = self._plan_for(decision, first, cls.turn, cls.warmed)
             log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,
                       decision.reason)
 

@@ -30,9 +30,9 @@ def library():
     like = torch.empty(1, device=DEV)
     before = runtime.default_dispatcher(device="cuda:0")
     shared = shared_registry()
+    # not runtime.start(d): the start-up packs would add their variants to the registry
     d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
         [shared.get("gemm", "cublas"), shared.get("attention", "sdpa_torch")]))
-    runtime.start(d)
     runtime.set_default(d, like)
     at.forget_held()
     yield d

@@ -68,13 +68,16 @@ def _config(**kw):
                        eos_token_id=None, attn_implementation="sdpa", **kw)
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_patched_tiny_llama_generates_the_same_greedy_tokens_fp16(tied):
+@pytest.mark.parametrize("tied,layout", [(False, "transposed"), (True, "transposed"),
+                                         (False, "torch")])
+def test_patched_tiny_llama_generates_the_same_greedy_tokens_fp16(tied, layout):
     torch.manual_seed(0)
     with torch.device(DEV):
         plain = LlamaForCausalLM(_config(tie_word_embeddings=tied)).half().eval()
-    patched = at.patch(copy.deepcopy(plain))
-    assert patched.lm_head.mode == ("shared" if tied else "dense")
+    patched = at.patch(copy.deepcopy(plain), layout=layout)
+    # a tied head, and every weight with layout="torch", is used as given ("shared")
+    assert patched.lm_head.mode == ("dense" if layout == "transposed" and not tied
+                                    else "shared")
     g = torch.Generator(device=DEV).manual_seed(1)
     ids = torch.randint(1, 512, (4, 37), generator=g, device=DEV)
     mask = torch.ones_like(ids)
