@@ -64,48 +64,8 @@ def top_kernels(lm, inputs, torch) -> list[str]:
     """One prefill profiled as the server profiles one (CausalLM.profiled)."""
     lm.profiled(lambda: forward(lm, inputs, torch), batch=-1)
     p = lm.prefill_profiles[-1]
-    return [f"device total {p['device_ms']:.2f} ms, host {p['host_ms']:.2f} ms"] + p["top"]
-
-
-def sdpa_calls(lm, inputs, torch) -> list[str]:
-    """Every call of SDPA in one prefill, grouped by its arguments' shapes, strides and
-    dtypes: how many calls, and which of SDPA's fused backends take them (torch's own
-    reasons where one does not: a call none takes runs SDPA's math path, fp32 matmuls and
-    copies)."""
-    import collections
-    import warnings
-
-    from torch.backends import cuda as tbc
-    F = torch.nn.functional
-    real, seen = F.scaled_dot_product_attention, collections.Counter()
-
-    def described(t):
-        return "None" if t is None else (f"{tuple(t.shape)} stride {tuple(t.stride())} "
-                                         f"{str(t.dtype).removeprefix('torch.')}")
-
-    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-            enable_gqa=False):
-        why = []
-        params = tbc.SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
-        for name, test in (("flash", tbc.can_use_flash_attention),
-                           ("efficient", tbc.can_use_efficient_attention),
-                           ("cudnn", tbc.can_use_cudnn_attention)):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                ok = test(params, True)
-            why.append(f"{name} {'yes' if ok else 'no'}" + ("" if ok else ": " + "; ".join(
-                str(w.message).splitlines()[0][:160] for w in caught)))
-        seen[f"q {described(q)}, k {described(k)}, v {described(v)}, mask "
-             f"{described(attn_mask)}, causal {is_causal}, gqa {enable_gqa}, q aligned "
-             f"{q.data_ptr() % 16 == 0}\n      " + "\n      ".join(why)] += 1
-        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                    scale=scale, enable_gqa=enable_gqa)
-    F.scaled_dot_product_attention = spy
-    try:
-        forward(lm, inputs, torch)
-    finally:
-        F.scaled_dot_product_attention = real
-    return [f"{n} call(s): {what}" for what, n in seen.most_common()]
+    return ([f"device total {p['device_ms']:.2f} ms, host {p['host_ms']:.2f} ms"] + p["top"]
+            + ["SDPA " + line for line in p["sdpa"]])
 
 
 def committed(rows_min: int) -> list[str]:
@@ -187,11 +147,6 @@ def main(argv: list[str] | None = None) -> int:
                                                                         lm.vocab_size)), torch)
         print(f"\n  {m}: one prefill of rows {rows}, longest {longest} under torch.profiler, "
               "top kernels by device time:\n    " + "\n    ".join(profiles[m]), flush=True)
-    for m, lm in lms.items():
-        calls = sdpa_calls(lm, prefill_inputs(lm, ragged_prompts(rows, longest,
-                                                                 lm.vocab_size)), torch)
-        print(f"\n  {m}: SDPA's arguments in one prefill of rows {rows}, longest {longest}:"
-              "\n    " + "\n    ".join(calls), flush=True)
     keys = committed(rows_min=64 if device == "cuda" else 16)
     print("\n  adaptive's prefill-sized keys:\n    " + "\n    ".join(keys), flush=True)
     out = Path(args.out)

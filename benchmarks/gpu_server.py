@@ -262,8 +262,8 @@ def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler
 
 def profile_one_batch(url: str, stream, clients: int) -> list[str]:
     """After the timed loads: the stream's first ``clients`` requests once more (one batch,
-    untimed), its prefill under torch.profiler in the server; the profile's summary and
-    top kernels by device time."""
+    untimed), its prefill under torch.profiler in the server; the profile's summary, top
+    kernels by device time, and SDPA's calls with the fused backends that take them."""
     body = json.dumps({"batches": 1}).encode()
     req = urllib.request.Request(url + "/debug/profile-prefill", body,
                                  {"Content-Type": "application/json"})
@@ -275,7 +275,8 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
         return ["no prefill profiled"]
     p = profiles[-1]
     return [f"batch {p['batch']}: wall {p['wall_ms']:.1f} ms, device {p['device_ms']:.1f} ms, "
-            f"host {p['host_ms']:.1f} ms"] + p["top"][:10]
+            f"host {p['host_ms']:.1f} ms"] + p["top"][:10] + [
+                "SDPA " + line for line in p.get("sdpa", [])]
 
 
 def miss_breakdown(misses: list[dict], since: float) -> dict:

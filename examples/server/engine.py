@@ -27,6 +27,7 @@ power of two rows, so that the shapes met are a small set a warm-up covers) and
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -219,12 +220,14 @@ class CausalLM:
 
     def profiled(self, run, batch: int):
         """Run ``run()`` (a prefill: it returns the model's output) under torch.profiler and
-        keep, in :attr:`prefill_profiles`, its wall, device and host ms and its top ops by
-        device time: a server's time to first tokens broken down where it is spent."""
+        keep, in :attr:`prefill_profiles`, its wall, device and host ms, its top ops by
+        device time and its SDPA calls grouped by their arguments, with the fused backends
+        that take them (:func:`sdpa_spy`): a server's time to first tokens broken down
+        where it is spent."""
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                          if self.device.type == "cuda" else [])
-        with profile(activities=acts) as prof:
+        with sdpa_spy(self.torch) as sdpa, profile(activities=acts) as prof:
             t0 = time.perf_counter()
             out = run()
             out.logits[:, -1].argmax(-1).tolist()
@@ -240,7 +243,8 @@ class CausalLM:
             "device_ms": round(sum(device_us(e) for e in events) / 1e3, 3),
             "host_ms": round(sum(e.self_cpu_time_total for e in events) / 1e3, 3),
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
-                    for e in events[:15]]})
+                    for e in events[:15]],
+            "sdpa": [f"{n} call(s): {what}" for what, n in sdpa.most_common()]})
         log.info("prefill of batch %d profiled: %s", batch,
                  self.prefill_profiles[-1])
         return out
@@ -331,6 +335,47 @@ def pending_keys() -> int:
     return sum(1 for d in live_dispatchers()
                for state in getattr(d.policy, "keys", {}).values()
                if getattr(state, "committed", True) is None)
+
+
+@contextlib.contextmanager
+def sdpa_spy(torch):
+    """While open, every call of ``torch.nn.functional.scaled_dot_product_attention`` is
+    counted (the yielded Counter) by its arguments' shapes, strides and dtypes, with which
+    of SDPA's fused backends take them (torch's own reasons where one does not): a call
+    none takes runs SDPA's math path (fp32 matmuls and copies, several times slower).
+    Run S26 profiled that path in adaptive's prefills inside the server only."""
+    import warnings
+
+    from torch.backends import cuda as tbc
+    F = torch.nn.functional
+    real, seen = F.scaled_dot_product_attention, collections.Counter()
+
+    def described(t):
+        return "None" if t is None else (f"{tuple(t.shape)} stride {tuple(t.stride())} "
+                                         f"{str(t.dtype).removeprefix('torch.')}")
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+            enable_gqa=False):
+        why = []
+        params = tbc.SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
+        for name, test in (("flash", tbc.can_use_flash_attention),
+                           ("efficient", tbc.can_use_efficient_attention),
+                           ("cudnn", tbc.can_use_cudnn_attention)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ok = test(params, True)
+            why.append(f"{name} {'yes' if ok else 'no'}" + ("" if ok else ": " + "; ".join(
+                str(w.message).splitlines()[0][:160] for w in caught)))
+        seen[f"q {described(q)}, k {described(k)}, v {described(v)}, mask "
+             f"{described(attn_mask)}, causal {is_causal}, gqa {enable_gqa}, "
+             f"{threading.current_thread().name}; " + ", ".join(why)] += 1
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                    scale=scale, enable_gqa=enable_gqa)
+    F.scaled_dot_product_attention = spy
+    try:
+        yield seen
+    finally:
+        F.scaled_dot_product_attention = real
 
 
 def ragged_prompts(rows: int, longest: int, vocab: int) -> list[list[int]]:

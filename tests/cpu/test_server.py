@@ -377,6 +377,12 @@ def test_prefill_profile_on_request(server):
     p = profiles[-1]
     assert p["batch"] == out["profiling"][0] and p["wall_ms"] > 0 and p["host_ms"] > 0
     assert any("aten::" in line for line in p["top"]), p["top"]
+    # every layer's SDPA call, grouped by its arguments, with the fused backends' answers
+    # (on the CPU none of the CUDA kernels takes them; the torch mode repeats k/v heads)
+    calls = [re.match(r"(\d+) call\(s\): q \(1, 4, (\d+), 16\) stride .* k \(1, 4, \d+, 16\)"
+                      r".*flash no.*efficient no.*cudnn no", line) for line in p["sdpa"]]
+    assert all(calls) and sum(int(m.group(1)) for m in calls) == \
+        PRESETS["tiny"].num_hidden_layers, p["sdpa"]
 
 
 def test_loadgen_end_to_end(server, tmp_path):
