@@ -91,6 +91,11 @@ class _InputClass:
     keys: set = dataclasses.field(default_factory=set)   # exact keys served from it
     # explored candidates whose first turn (a warm-up, not a sample) the class has run
     warmed: set = dataclasses.field(default_factory=set)
+    # exploring samples that found the device waiting for the host, of all of them: the
+    # class's loop is host-bound when most did, and then every candidate is charged its
+    # issuing, not only those whose samples happened to follow an idle moment
+    waited: int = 0
+    explored: int = 0
 
 
 def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = False):
@@ -593,7 +598,8 @@ class Dispatcher:
         the caller's timeline: the device time where the device had work queued (the
         host's issuing overlaps it), the host's issuing of the call plus the device time
         where the device was waiting for the host (a host-bound loop; see
-        :meth:`_device_waits`); recorders see the device time."""
+        :meth:`_device_waits`), judged per input class from its exploring samples (see
+        :meth:`feedback`); recorders see the device time."""
         if plan.provisional:   # an exploring plan times every call itself
             return plan.run(args, out)
         self._referenced.add(plan.key)   # the eviction clock's second chance
@@ -601,15 +607,16 @@ class Dispatcher:
         slot, release, waits = (self._start_events(timer, plan, exploring)
                                 if timer is not None else (None, None, False))
         if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
-            t0 = time.perf_counter_ns() if waits else 0
+            t0 = time.perf_counter_ns() if exploring else 0
             try:
                 result = plan.run(args, out)
             except BaseException:
                 timer.cancel(slot)
                 release()
                 raise
-            try:   # tagged (plan, the issuing charged to it in ms): see harvest
-                timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6 if waits else 0.0))
+            try:   # tagged (plan, its issuing in ms, whether the device waited): see harvest
+                timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6, waits)
+                           if exploring else (plan, 0.0, None))
             except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                 self._events_failed(exc)
             release()
@@ -685,23 +692,33 @@ class Dispatcher:
         if timer is None or not timer.pending:
             return 0
         done = timer.harvest()      # an error here reaches _sampled's guard, or the caller
-        for (plan, issue_ms), time_ms in done:
-            self.feedback(plan, time_ms, issue_ms)
+        for (plan, issue_ms, waited), time_ms in done:
+            self.feedback(plan, time_ms, issue_ms, waited)
         return len(done)
 
-    def feedback(self, plan: Plan, time_ms: float, issue_ms: float = 0.0) -> None:
+    def feedback(self, plan: Plan, time_ms: float, issue_ms: float = 0.0,
+                 waited: bool | None = None) -> None:
         """Give a measured time of ``plan`` to the policy and to every listener.
 
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
         answers with a new decision (commit, re-explore) the key's plan is swapped. Every
-        recorder's ``timed`` sees ``time_ms`` too; the policy is charged ``time_ms +
-        issue_ms`` (``issue_ms``: the host's issuing of the call, where the device waited
-        for it).
+        recorder's ``timed`` sees ``time_ms`` too. ``issue_ms``: the host's issuing of
+        the call (its variant's least recent issuing is charged, see :data:`ISSUE_WINDOW`);
+        ``waited``: whether the device was waiting for the host when the call came (an
+        exploring sample), or None (the caller's own account: ``issue_ms`` is charged as
+        given). The policy is charged ``time_ms`` plus the issuing where most exploring
+        samples of the input class found the device waiting (a host-bound loop): one
+        rule for every candidate of the class, not a sample's own moment (run S32:
+        ``three_pass``'s samples followed a slower candidate's kernels, were charged
+        nothing, and it was committed at 2.4x the best).
         """
+        charge = 0.0
         if issue_ms > 0:
-            issue_ms = self._typical_issue(plan, issue_ms)
+            typical = self._typical_issue(plan, issue_ms)
+            if waited is None or self._host_bound(plan.class_key, waited):
+                charge = typical
         update = self.policy.observe(plan.class_key, plan.candidate,
-                                     (time_ms + issue_ms) * plan.time_scale)
+                                     (time_ms + charge) * plan.time_scale)
         if update is not None:
             self._revise(plan.class_key, update)
         for recorder in self._recorders:
@@ -709,6 +726,17 @@ class Dispatcher:
                 recorder.timed(plan, time_ms)
             except Exception:  # noqa: BLE001 (a recorder never breaks a launch)
                 log.exception("recorder %r failed", recorder)
+
+    def _host_bound(self, class_key: tuple, waited: bool) -> bool:
+        """Count one exploring sample of ``class_key`` (``waited``: it found the device
+        waiting for the host); whether most of the class's samples so far did."""
+        cls = self._classes.get(class_key)
+        if cls is None:          # the class was let go meanwhile: the sample's own moment
+            return waited
+        with self._lock:
+            cls.explored += 1
+            cls.waited += waited
+            return 2 * cls.waited >= cls.explored
 
     def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
         """The least of the recent issuings of ``plan``'s variant on inputs of its kind,

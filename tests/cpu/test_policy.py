@@ -860,6 +860,49 @@ def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_
     assert min(timed) == pytest.approx(1.0) and max(timed) == pytest.approx(1.5)
 
 
+def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng):
+    """In a host-bound loop a candidate explored right after a slower one finds the device
+    still busy with that one's kernels at each of its samples. It is charged its issuing
+    all the same: where most exploring samples of the class found the device waiting, all
+    its candidates are (run S32: three_pass, 28 us of kernels and 75 us of issuing, was
+    charged nothing behind a slower candidate and committed at 2.4x the best)."""
+    from adaptive.backends.host import HostBackend
+    be = _EventHost()
+    last = []
+
+    def prepare(candidate, problem, op):
+        fn = HostBackend.prepare(be, candidate, problem, op)
+        label = candidate.label
+        be.cost.setdefault(label, 1.0)
+
+        def run(args, out):
+            fn(args, out)
+            time.sleep(be.issue_s.get(label, 0.0))   # the host's issuing
+            be.clock += be.cost[label]
+            last.append(label)
+        return run
+    be.prepare = prepare
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=2)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    x = rng.standard_normal((45, 21)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    slow_kernels, slow_issue = policy.state(plan.class_key).explore[:2]
+    be.cost.update({slow_kernels.label: 1.5, slow_issue.label: 1.0})   # device ms
+    be.issue_s[slow_issue.label] = 0.006
+    # busy exactly when slow_issue's turn follows slow_kernels' call: half the samples
+    be.stream_idle = lambda stream: not (last and last[-1] == slow_kernels.label)
+    for _ in range(6):                  # two warm-up turns, then two samples each
+        d.launch("softmax", x)
+        be.finish()
+    d.harvest()
+    state = policy.state(plan.class_key)
+    assert not d.plan("softmax", x).provisional
+    assert last.count(slow_kernels.label) >= 3 and last.count(slow_issue.label) >= 3
+    assert min(state.observed[slow_issue]) >= 7.0        # 1 ms of kernels + 6 ms issuing
+    assert state.committed == slow_kernels, state.reason
+
+
 def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
     """An exploring sample's issuing only ever reads high (a collection, a page fault, the
     turn after another candidate's kernels) where the kernels of two configs differ by a
