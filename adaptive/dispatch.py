@@ -749,11 +749,11 @@ class Dispatcher:
         return min(tuple(recent))   # a copy: a harvester may append meanwhile
 
     def issue_charges(self) -> dict[str, tuple[int, float]]:
-        """The host issuing charged to exploring samples so far, per variant and input kind
+        """The host issuing known for exploring samples so far, per variant and input kind
         (``"attention/sdpa_torch/cupy"``): how many of the recent issuings are kept (at most
-        :data:`ISSUE_WINDOW`) and the least of them in ms, what the policy added to their
-        device times where the device waited for the host. Empty where nothing was
-        charged."""
+        :data:`ISSUE_WINDOW`, the warm-up turn's seed among them) and the least of them in
+        ms, what the policy adds to their device times in a host-bound input class. Empty
+        where nothing was measured (the host backend times its calls whole)."""
         return {f"{vid}/{kind}": (len(q), min(tuple(q)))
                 for (vid, kind), q in list(self._issued.items()) if q}
 
