@@ -137,7 +137,11 @@ class AdaptiveLinear(nn.Linear):
         y = self._launch(self._op, self._w, xt, xt, x, route)     # [out, tokens]
         if self._bias_col is not None:
             y += self._bias_col
-        return y.t().reshape(x.shape[:-1] + (self.out_features,))
+        # row-major [..., out] as nn.Linear returns it: the transposed view's features are
+        # tokens apart, and a q/k/v projection laid out so reaches SDPA with a last dim of
+        # stride != 1, which none of its fused kernels take (its math path instead, fp32:
+        # a prefill 3.3x torch's inside the server, run S26)
+        return y.t().contiguous().view(x.shape[:-1] + (self.out_features,))
 
     def _launch(self, op: str, a, b, x, given, route: bool):
         """One launch of ``op(a, b)``; ``x`` is the activation as launched (the other

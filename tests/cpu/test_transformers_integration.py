@@ -196,6 +196,30 @@ def test_patch_keeps_the_state_dict_and_stores_each_weight_once():
     assert torch.equal(_greedy(patched, ids, mask), _greedy(plain, ids, mask))
 
 
+@pytest.mark.parametrize("layout", ["torch", "transposed"])
+def test_a_patched_linear_returns_nn_linears_layout(layout):
+    """Whatever plan serves it (exploring, committed, a kernel of ours over the weight as
+    given), a patched layer's output is laid out as nn.Linear's: row-major, features
+    contiguous. A transposed view reached SDPA as q with a last dim of stride != 1, which
+    sends it down its math path (run S26's prefills inside the server)."""
+    plain, patched = _pair(attention_bias=True, seed=3)
+    at.patch(patched, layout=layout)
+    pairs = [(n, m, dict(plain.named_modules())[n]) for n, m in patched.named_modules()
+             if isinstance(m, at.AdaptiveLinear)]
+    assert {m.mode for _, m, _ in pairs} == ({"shared"} if layout == "torch" else
+                                             {"dense"})
+    g = torch.Generator().manual_seed(8)
+    for shape in ((3, 7), (2, 5, 7), (1, 1, 7)):
+        for name, layer, ref in pairs[:3]:
+            x = torch.randn(shape[:-1] + (layer.in_features,), generator=g)
+            with torch.no_grad():
+                for _ in range(3):          # exploring, then committed
+                    y, want = layer(x), ref(x)
+                    assert y.shape == want.shape and y.stride() == want.stride(), (
+                        name, shape, y.stride(), want.stride())
+                    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
+
+
 def test_pruned_weights_run_as_sparse_weights_built_once(monkeypatch):
     plain, patched = _pair(seed=5)
     with torch.no_grad():
