@@ -741,12 +741,16 @@ class Dispatcher:
     def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
         """The least of the recent issuings of ``plan``'s variant on inputs of its kind,
         ``issue_ms`` included (see :data:`ISSUE_WINDOW`)."""
-        key = (plan.candidate.variant.id, plan.problem.kind)
-        recent = self._issued.get(key)
-        if recent is None:
-            recent = self._issued.setdefault(key, collections.deque(maxlen=ISSUE_WINDOW))
+        recent = self._issue_window(plan)
         recent.append(issue_ms)
         return min(tuple(recent))   # a copy: a harvester may append meanwhile
+
+    def _issue_window(self, plan: Plan) -> collections.deque:
+        """The recent issuings of ``plan``'s variant on inputs of its kind."""
+        key = (plan.candidate.variant.id, plan.problem.kind)
+        recent = self._issued.get(key)
+        return recent if recent is not None else self._issued.setdefault(
+            key, collections.deque(maxlen=ISSUE_WINDOW))
 
     def issue_charges(self) -> dict[str, tuple[int, float]]:
         """The host issuing known for exploring samples so far, per variant and input kind
@@ -815,15 +819,14 @@ class Dispatcher:
         if timer is None:
             return self._sampled(plan, args, out, True)
         result = plan.run(args, out)
-        ikey = (plan.candidate.variant.id, plan.problem.kind)
-        if ikey not in self._issued:
+        recent = self._issue_window(plan)
+        if not recent:
             times = []
             for _ in range(2):
                 t0 = time.perf_counter_ns()
                 plan.run(args, out)
                 times.append((time.perf_counter_ns() - t0) / 1e6)
-            self._issued.setdefault(ikey, collections.deque(maxlen=ISSUE_WINDOW)).append(
-                min(times))
+            recent.append(min(times))
         return result
 
     def _prepare_like(self, plan: Plan, candidate: Candidate, args) -> Plan:

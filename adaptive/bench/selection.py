@@ -137,7 +137,8 @@ class PolicyResult:
     # classes deferred to the library for want of exploration budget, reopened, explore_s)
     policy_stats: dict = dataclasses.field(default_factory=dict)
     # a live policy's host issuing charged to exploring samples, per variant and input kind:
-    # [kept issuings, median ms] (Dispatcher.issue_charges; where the device waited)
+    # [kept issuings, the least of them in ms] (Dispatcher.issue_charges: what a
+    # host-bound input class's samples are charged)
     issue_ms: dict = dataclasses.field(default_factory=dict)
 
 

@@ -388,22 +388,40 @@ class CounterLog:
                         "event pairs keep timing", self.path, problem)
             return problem
         with self._lock:
-            swaps = []
-            for index, ring in rings.items():
-                self._retired.append(_Retired(index, ring))
-                self._timers[index] = made[index]
-                self.timings[index] = "cupti"
-                swaps += [(d, rec, made[index]) for d, rec in self._recorders.items()
-                          if rec.timer is ring]
-            new_recorders = []
-            for d, old, new in swaps:
-                rec = LogRecorder(self, d, new)
-                self._recorders[d] = rec
-                new_recorders.append((d, old, rec))
+            new_recorders = self._replace_timers(made, self.governor.state)
         self._swap(new_recorders)
         # loading CUPTI took the writer's CPU time: not CUPTI's cost while it records
         self.governor.restart_period(self._clock(), self._cost_s())
         return None
+
+    def _replace_timers(self, new: dict, state: GovernorState) -> list:
+        """Retire each device's timer for ``new[index]`` (None: the host clock), under the
+        log's lock: the retired one is harvested until its calls are in. Returns the
+        ``(dispatcher, old recorder, new recorder)`` of every recorder of a retired timer,
+        the new one made on the new timer with ``state``'s interval, for :meth:`_swap`."""
+        swaps = []
+        for index, timer in new.items():
+            old = self._timers.get(index)
+            if old is None:          # the device detached meanwhile: its new timer unused
+                if timer is not None:
+                    timer.close()
+                continue
+            self._retired.append(_Retired(index, old))
+            if timer is None:
+                del self._timers[index]
+            else:
+                self._timers[index] = timer
+            self.timings[index] = ("cupti" if _is_cupti(timer) else
+                                   "cuda_event" if timer is not None else "host")
+            swaps += [(d, rec, timer) for d, rec in self._recorders.items()
+                      if rec.timer is old]
+        replaced = []
+        for d, old, timer in swaps:
+            rec = LogRecorder(self, d, timer)
+            self._apply(rec, state)
+            self._recorders[d] = rec
+            replaced.append((d, old, rec))
+        return replaced
 
     def _swap(self, new_recorders: list) -> None:
         """Install each new recorder in front of the old one, then take the old one out
@@ -432,23 +450,7 @@ class CounterLog:
                             "could be made (%s: %s); CUPTI keeps timing", self.path,
                             type(exc).__name__, exc)
                 return
-            swaps = []
-            for index, timer in cupti.items():
-                self._retired.append(_Retired(index, timer))
-                new = rings[index]
-                if new is None:
-                    del self._timers[index]
-                else:
-                    self._timers[index] = new
-                self.timings[index] = "cuda_event" if new is not None else "host"
-                swaps += [(d, rec, new) for d, rec in self._recorders.items()
-                          if rec.timer is timer]
-            new_recorders = []
-            for d, old, new in swaps:
-                rec = LogRecorder(self, d, new)
-                self._apply(rec, state)
-                self._recorders[d] = rec
-                new_recorders.append((d, old, rec))
+            new_recorders = self._replace_timers(rings, state)
             self.handover = (
                 f"CUPTI's cost was {state.handover_cost:.1%} of wall time, over the "
                 f"{self.overhead_budget:.1%} budget, {state.elapsed_s:.1f} s into the log: "

@@ -349,6 +349,7 @@ def sdpa_spy(torch):
     from torch.backends import cuda as tbc
     F = torch.nn.functional
     real, seen = F.scaled_dot_product_attention, collections.Counter()
+    backends: dict[str, str] = {}   # argument layout -> the fused backends' answers
 
     def described(t):
         return "None" if t is None else (f"{tuple(t.shape)} stride {tuple(t.stride())} "
@@ -356,19 +357,22 @@ def sdpa_spy(torch):
 
     def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
             enable_gqa=False):
-        why = []
-        params = tbc.SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
-        for name, test in (("flash", tbc.can_use_flash_attention),
-                           ("efficient", tbc.can_use_efficient_attention),
-                           ("cudnn", tbc.can_use_cudnn_attention)):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                ok = test(params, True)
-            why.append(f"{name} {'yes' if ok else 'no'}" + ("" if ok else ": " + "; ".join(
-                str(w.message).splitlines()[0][:160] for w in caught)))
-        seen[f"q {described(q)}, k {described(k)}, v {described(v)}, mask "
-             f"{described(attn_mask)}, causal {is_causal}, gqa {enable_gqa}, "
-             f"{threading.current_thread().name}; " + ", ".join(why)] += 1
+        layout = (f"q {described(q)}, k {described(k)}, v {described(v)}, mask "
+                  f"{described(attn_mask)}, causal {is_causal}, gqa {enable_gqa}, "
+                  f"{threading.current_thread().name}; ")
+        if layout not in backends:   # asked once per layout: the spy runs inside a profile
+            why = []
+            params = tbc.SDPAParams(q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
+            for name, test in (("flash", tbc.can_use_flash_attention),
+                               ("efficient", tbc.can_use_efficient_attention),
+                               ("cudnn", tbc.can_use_cudnn_attention)):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    ok = test(params, True)
+                why.append(f"{name} {'yes' if ok else 'no'}" + ("" if ok else ": " + "; ".join(
+                    str(w.message).splitlines()[0][:160] for w in caught)))
+            backends[layout] = ", ".join(why)
+        seen[layout + backends[layout]] += 1
         return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                     scale=scale, enable_gqa=enable_gqa)
     F.scaled_dot_product_attention = spy
