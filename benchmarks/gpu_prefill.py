@@ -65,7 +65,8 @@ def top_kernels(lm, inputs, torch) -> list[str]:
     lm.profiled(lambda: forward(lm, inputs, torch), batch=-1)
     p = lm.prefill_profiles[-1]
     return ([f"device total {p['device_ms']:.2f} ms, host {p['host_ms']:.2f} ms"] + p["top"]
-            + ["SDPA " + line for line in p["sdpa"]])
+            + ["SDPA " + line for line in p["sdpa"]]
+            + ["linears " + line for line in p["linears"]])
 
 
 def committed(rows_min: int) -> list[str]:

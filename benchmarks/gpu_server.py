@@ -276,7 +276,8 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
     p = profiles[-1]
     return [f"batch {p['batch']}: wall {p['wall_ms']:.1f} ms, device {p['device_ms']:.1f} ms, "
             f"host {p['host_ms']:.1f} ms"] + p["top"][:10] + [
-                "SDPA " + line for line in p.get("sdpa", [])]
+                "SDPA " + line for line in p.get("sdpa", [])] + [
+                "linears " + line for line in p.get("linears", [])]
 
 
 def miss_breakdown(misses: list[dict], since: float) -> dict:

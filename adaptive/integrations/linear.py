@@ -133,6 +133,10 @@ class AdaptiveLinear(nn.Linear):
             if self._bias is not None:
                 y += self._bias
             return y.view(x.shape[:-1] + (self.out_features,))
+        if self._op == "gemm" and not route:
+            y = self._library_first(x, x2)
+            if y is not None:
+                return y
         xt = x2.t().contiguous()
         y = self._launch(self._op, self._w, xt, xt, x, route)     # [out, tokens]
         if self._bias_col is not None:
@@ -142,6 +146,57 @@ class AdaptiveLinear(nn.Linear):
         # stride != 1, which none of its fused kernels take (its math path instead, fp32:
         # a prefill 3.3x torch's inside the server, run S26)
         return y.t().contiguous().view(x.shape[:-1] + (self.out_features,))
+
+    def _library_first(self, x: torch.Tensor, x2: torch.Tensor) -> torch.Tensor | None:
+        """A weight kept as given, on an input shape not held as torch's matmul: the
+        dispatcher's plan for it, asked with an uninitialised stand-in of ``xᵀ`` (its key
+        reads shape, dtype, strides and device only). A committed plan of torch's own
+        matmul is ``F.linear`` on ``x`` as given, held from now on, and the two
+        transposing copies of ``x`` and of the output are never made (each a full pass
+        over the activations: 222 copy kernels, 21 ms of a 46 ms prefill in run S33).
+        None: anything else (exploring, another kernel, another dtype), launched as
+        ``yᵀ = W xᵀ``."""
+        if x.dtype is not self._dtype:
+            return None
+        args, key = self._launched(x2)
+        plan = default_dispatcher(args).plan("gemm", *args)
+        if plan.provisional or plan.stale or not _is_library(plan, "gemm"):
+            return None
+        if key in self._held or len(self._held) < MAX_HELD:
+            self._held[key] = plan
+        if x.shape in self._library or len(self._library) < MAX_HELD:
+            self._library[x.shape] = plan
+        return F.linear(x, self._w_linear, self._b_linear)
+
+    def _launched(self, x2: torch.Tensor) -> tuple[tuple, tuple]:
+        """The arguments launched for the rows ``x2`` (a transposed layout's ``xᵀ`` an
+        uninitialised stand-in of it) and the key its plan is held by."""
+        if self._wt is not None:
+            x2 = x2 if x2.is_contiguous() else x2.contiguous()
+            return (x2, self._wt), (x2.shape, x2.dtype, x2.device)
+        xt = x2.new_empty((self.in_features, x2.shape[0]))
+        return (self._w, xt), (xt.shape, xt.dtype, xt.device)
+
+    def route_of(self, x: torch.Tensor) -> str:
+        """Which way a call on ``x`` goes now (diagnostics: the dispatcher is asked for the
+        plan as the call would ask it, deciding it on a miss): ``"F.linear (held)"``,
+        ``"F.linear (a new shape)"`` (a committed plan of torch's matmul), ``"held
+        <candidate>"`` (a held plan of another kernel) or ``"dispatcher (...): <state>
+        <candidate>"``, which says whether ``x`` and the output are copied transposed."""
+        plan = self._library.get(x.shape)
+        if plan is not None and not plan.stale and x.dtype is self._dtype:
+            return "F.linear (held)"
+        args, key = self._launched(x.reshape(-1, self.in_features))
+        held = self._held.get(key)
+        if held is not None and not held.stale:
+            return f"held {held.candidate.label}"
+        plan = default_dispatcher(args).plan(self._op, *args)
+        if (self._wt is None and self._op == "gemm" and not plan.provisional
+                and _is_library(plan, "gemm") and x.dtype is self._dtype):
+            return "F.linear (a new shape)"
+        how = "rows as given" if self._wt is not None else "x and the output transposed"
+        state = "exploring" if plan.provisional else "committed"
+        return f"dispatcher ({how}): {state} {plan.candidate.label}"
 
     def _launch(self, op: str, a, b, x, given, route: bool):
         """One launch of ``op(a, b)``; ``x`` is the activation as launched (the other

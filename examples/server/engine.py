@@ -222,12 +222,14 @@ class CausalLM:
         """Run ``run()`` (a prefill: it returns the model's output) under torch.profiler and
         keep, in :attr:`prefill_profiles`, its wall, device and host ms, its top ops by
         device time and its SDPA calls grouped by their arguments, with the fused backends
-        that take them (:func:`sdpa_spy`): a server's time to first tokens broken down
-        where it is spent."""
+        that take them (:func:`sdpa_spy`), and the way each patched linear went
+        (:func:`linear_spy`): a server's time to first tokens broken down where it is
+        spent."""
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                          if self.device.type == "cuda" else [])
-        with sdpa_spy(self.torch) as sdpa, profile(activities=acts) as prof:
+        with sdpa_spy(self.torch) as sdpa, linear_spy(self.model) as linears, \
+                profile(activities=acts) as prof:
             t0 = time.perf_counter()
             out = run()
             out.logits[:, -1].argmax(-1).tolist()
@@ -244,7 +246,8 @@ class CausalLM:
             "host_ms": round(sum(e.self_cpu_time_total for e in events) / 1e3, 3),
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
                     for e in events[:15]],
-            "sdpa": [f"{n} call(s): {what}" for what, n in sdpa.most_common()]})
+            "sdpa": [f"{n} call(s): {what}" for what, n in sdpa.most_common()],
+            "linears": [f"{n} call(s): {what}" for what, n in linears.most_common()]})
         log.info("prefill of batch %d profiled: %s", batch,
                  self.prefill_profiles[-1])
         return out
@@ -380,6 +383,27 @@ def sdpa_spy(torch):
         yield seen
     finally:
         F.scaled_dot_product_attention = real
+
+
+@contextlib.contextmanager
+def linear_spy(model):
+    """While open, every call of ``model``'s adaptive linears is counted (the yielded
+    Counter) by the way it goes (``AdaptiveLinear.route_of``: torch's matmul by
+    ``F.linear``, a held plan of another kernel, or the dispatcher, and why) and its input
+    shape. Empty for a model not patched. Run S33's adaptive prefills made two transposing
+    copies per linear where torch's made none."""
+    seen = collections.Counter()
+
+    def hook(module, args):
+        x = args[0]
+        seen[f"{module.route_of(x)}, x {tuple(x.shape)}"] += 1
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()
+               if callable(getattr(m, "route_of", None))]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def ragged_prompts(rows: int, longest: int, vocab: int) -> list[list[int]]:

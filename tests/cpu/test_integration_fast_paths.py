@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from adaptive.variants import Registry  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.cpu_patched_linear import library_dispatcher  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "server"))
+from engine import linear_spy  # noqa: E402
 
 HOLD_EVERY = linear_mod.HOLD_EVERY
 
@@ -114,7 +117,7 @@ def test_a_stale_plan_goes_back_through_the_dispatcher(library):
 
 def test_a_new_shape_goes_through_the_dispatcher_once_then_each_shape_is_held(library):
     counted = _Counted(library)
-    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "shared").eval()
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
     shapes = [(1, 1, 16), (2, 7, 16), (1, 1, 16), (5, 16), (2, 7, 16)]
     for shape in shapes:
         x = torch.randn(*shape)
@@ -123,6 +126,61 @@ def test_a_new_shape_goes_through_the_dispatcher_once_then_each_shape_is_held(li
         torch.testing.assert_close(y.double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
     assert counted.calls == 3   # one per new shape
     assert set(layer._library) == {torch.Size(s) for s in shapes}
+
+
+class _Copies:
+    """Counts the copies torch makes (``aten::copy_``, what ``.contiguous()`` of a
+    transposed view runs) while open."""
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+        self._prof = profile(activities=[ProfilerActivity.CPU])
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._prof.__exit__(*exc)
+        self.n = sum(e.count for e in self._prof.key_averages() if e.key == "aten::copy_")
+
+
+def test_a_weight_kept_as_given_serves_a_new_shape_by_f_linear_without_copies(library):
+    """A new input shape of a class whose plan is torch's matmul: F.linear on x as given
+    (no transposed copy of x, none of the output), held from the first call; the
+    dispatcher is asked for the plan only, never launched (run S33: the two copies of
+    every new prefill shape were 21 ms of a 46 ms prefill)."""
+    counted = _Counted(library)
+    plain = torch.nn.Linear(16, 8)
+    layer = at.AdaptiveLinear(plain, "shared").eval()
+    shapes = [(1, 1, 16), (2, 7, 16), (1, 1, 16), (5, 16), (2, 7, 16), (3, 33, 16)]
+    for shape in shapes:
+        x = torch.randn(*shape)
+        with _Copies() as copies:
+            y = layer(x)
+        with _Copies() as plain_copies:   # (addmm copies the bias into its output)
+            plain(x)
+        assert copies.n == plain_copies.n, f"{shape}: {copies.n} copies, nn.Linear's " \
+            f"{plain_copies.n}"
+        assert y.shape == shape[:-1] + (8,) and y.stride()[-1] == 1
+        torch.testing.assert_close(y.double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
+    assert counted.calls == 0
+    assert set(layer._library) == {torch.Size(s) for s in shapes}
+    assert layer.route_of(torch.randn(2, 7, 16)) == "F.linear (held)"
+    assert layer.route_of(torch.randn(4, 16)) == "F.linear (a new shape)"
+
+
+def test_a_weight_kept_as_given_on_another_kernel_is_launched_transposed():
+    """The host backend's own gemm is not torch's: a new shape is launched as yᵀ = W xᵀ
+    through the dispatcher (copies and all), held, and said so by ``route_of``."""
+    torch.set_num_threads(1)
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "shared").eval()
+    x = torch.randn(3, 5, 16)
+    assert re.fullmatch(r"dispatcher \(x and the output transposed\): (exploring|committed) "
+                        r"host_blas\[threads=\d+\]", layer.route_of(x)), layer.route_of(x)
+    for _ in range(40):
+        torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
+                                   atol=1e-5)
+    assert not layer._library
+    assert layer.route_of(x).startswith("held host_blas"), layer.route_of(x)
 
 
 def test_another_dtype_is_never_served_by_the_held_plan(library):
@@ -333,6 +391,21 @@ def test_a_patched_llama_on_library_plans_generates_the_plain_greedy_tokens(libr
     layers = [m for m in patched.modules() if isinstance(m, at.AdaptiveLinear)]
     assert all(m._library for m in layers), "a library plan was not served by F.linear"
     assert at._held
+    # a prompt of a length never seen: every linear served by F.linear at once, as the
+    # server's profiled prefill lists them (engine.linear_spy)
+    with linear_spy(patched) as routes, torch.no_grad():
+        patched(torch.randint(1, 256, (3, 17)))
+    if layout == "torch":
+        assert routes == {"F.linear (a new shape), x (3, 17, 64)": 13,
+                          "F.linear (a new shape), x (3, 17, 128)": 2}, routes
+    else:   # a new key of a committed class; rows launched as given, no copies
+        assert routes == {"dispatcher (rows as given): committed torch_mm, x (3, 17, 64)": 13,
+                          "dispatcher (rows as given): committed torch_mm, x (3, 17, 128)": 2
+                          }, routes
+    with linear_spy(patched) as routes, torch.no_grad():
+        patched(torch.randint(1, 256, (3, 17)))
+    assert routes == {"F.linear (held), x (3, 17, 64)": 13,
+                      "F.linear (held), x (3, 17, 128)": 2}, routes
     kept = [n for n, m in patched.named_modules()
             if isinstance(m, at.AdaptiveLinear) and m.weight is weights[n]]
     if layout == "torch":   # every weight as given: no copy, F.linear on the very tensor
