@@ -37,6 +37,10 @@ dispatcher's sampling off, and adaptive with the cost model's refits held, modes
 alternating; every request also reports its time in Python's garbage collector and the
 refits during the measured rounds are counted.
 
+With ``--library-only`` adaptive's candidates are torch's own calls (cuBLAS through
+``torch.mm``, SDPA): both modes run the same library kernels and differ by adaptive's host
+path alone, the case issue 12's parity bar is stated for.
+
 A last request of prompt lengths never seen shows what the misses of new shapes cost
 (reported, not a target).
 
@@ -227,11 +231,15 @@ def _policy_stats(dispatcher) -> str:
                                                         "drifts", "commits"))
 
 
+TORCH_ATTENTION = "adaptive linears, transformers' SDPA attention"
+
+
 def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2) -> dict:
     """Batch 1, the same requests, modes alternating: torch; adaptive; adaptive with no
     warm call routed through the dispatcher (each patched layer's one in HOLD_EVERY);
     that and the dispatcher's sampling off too; adaptive with the cost model's refits
-    held. Which switch closes the gap says where the host time goes."""
+    held; adaptive's linears with transformers' own SDPA attention function. Which switch
+    closes the gap says where the host time goes."""
     from adaptive.integrations import linear, transformers as at
     never = 1 << 62
     hold = (linear.HOLD_EVERY, at.HOLD_EVERY)
@@ -242,6 +250,7 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2)
         linear.HOLD_EVERY, at.HOLD_EVERY = hold if on else (never, never)
 
     def setting(name):
+        at._set_attention(models["adaptive"], "sdpa" if name == TORCH_ATTENTION else at.NAME)
         routing(name not in ("adaptive, no routing", "adaptive, no routing, no sampling"))
         dispatcher.sample_every = 0 if name == "adaptive, no routing, no sampling" else every
         if model is not None and hasattr(model, "refit_every"):
@@ -249,7 +258,7 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2)
 
     refit_every = getattr(model, "refit_every", None)
     names = ("torch", "adaptive", "adaptive, no routing", "adaptive, no routing, no sampling",
-             "adaptive, refits held")
+             "adaptive, refits held", TORCH_ATTENTION)
     results = {n: [] for n in names}
     counters = {n: {"refits": 0, "misses": 0} for n in names}
     try:
@@ -276,7 +285,6 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2)
 
 def profile_request(model, request, device, new_tokens, sync, out: Path, mode: str) -> dict:
     """One request under torch.profiler: top ops by device and by host time, to a file."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU]
     if device != "cpu":
@@ -350,8 +358,33 @@ def build(full: bool, device: str):
     return model
 
 
+def library_dispatcher(default, model):
+    """A dispatcher whose only candidates are torch's own calls (cuBLAS through torch.mm,
+    SDPA), made the default for the model's device: adaptive and torch then run the same
+    library kernels, so the two differ by adaptive's host path alone (issue 12's parity
+    bar is stated for that case)."""
+    import adaptive
+    from adaptive import runtime
+    from adaptive.integrations import transformers as at
+    from adaptive.variants import Registry
+    if default.backend.name == "host":   # the dry run: torch's calls as host variants
+        from benchmarks.cpu_patched_linear import library_dispatcher as host_library
+        d = host_library()
+    else:
+        d = adaptive.Dispatcher(backend=default.backend, registry=Registry(
+            [v for op in ("gemm", "attention") for v in default.registry.variants(
+                op, default.backend.name) if v.torch_entry]))
+    registry = d.registry
+    runtime.set_default(d, next(model.parameters()))
+    at.forget_held()
+    print(f"  library only: {', '.join(v.id for v in registry.variants('gemm'))}, "
+          f"{', '.join(v.id for v in registry.variants('attention'))}", flush=True)
+    return d
+
+
 def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2,
-         layout: str = "torch", ablate_b1: bool = True) -> list[dict]:
+         layout: str = "torch", ablate_b1: bool = True, library_only: bool = False
+         ) -> list[dict]:
     import torch
 
     import adaptive
@@ -383,6 +416,8 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     requests = make_requests(batches, counts, models["torch"].config.vocab_size,
                              2048 if not quick else 40)
     dispatcher = default_dispatcher(device=dev)
+    if library_only:
+        dispatcher = library_dispatcher(dispatcher, models["torch"])
 
     # ---- warm-up --------------------------------------------------------------------------
     t0 = time.perf_counter()
@@ -557,6 +592,9 @@ if __name__ == "__main__":
                         help="patch(layout=...): dense weights kept [in, out] or as given")
     parser.add_argument("--no-ablation", action="store_true",
                         help="skip the batch-1 ablation (routing, sampling, refits switched off)")
+    parser.add_argument("--library-only", action="store_true",
+                        help="adaptive's candidates are torch's own calls only (cuBLAS, SDPA): "
+                             "both modes run the same library kernels")
     args = parser.parse_args()
     main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds,
-         args.layout, ablate_b1=not args.no_ablation)
+         args.layout, ablate_b1=not args.no_ablation, library_only=args.library_only)

@@ -13,6 +13,8 @@ Cases (fp16, M = 1 decode shapes of a 1B Llama layer):
   launch("gemm")               the dispatcher's hot path (key + lookup + plan)
   SDPA decode / adaptive hit   attention at one cached length
   adaptive, Lk + 1 per call    a decode loop: each step a new key of a decided class
+  held plan: sdpa / splitkv    (GPU) decode attention at gpu_generate's model shape, and
+                               a miss per new Lk through a dispatcher of each alone
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --out $OUT
     python benchmarks/gpu_hostpath.py --device host --quick          # dry run on the CPU
@@ -58,6 +60,41 @@ def _only(registry, op: str, name: str, config: dict | None = None):
         v = dataclasses.replace(v, space=Space.from_dict({k: [x] for k, x in config.items()}))
     with adaptive.config.override(sample_every=0):
         return adaptive.Dispatcher(backend=v.backend, policy=First(), registry=Registry([v]))
+
+
+def _decode_attention_cases(case, reg, calls: int, dev, dtype, sync, rows,
+                            names=("sdpa_torch", "splitkv_mma")) -> None:
+    """Decode attention at gpu_generate's model shape (B=1, 32 heads, 8 kv heads, D=64,
+    Lk=1024): the held plan of SDPA (any key of its class) against our split-KV kernel's
+    (bound to its key's shapes), and what a new key costs each: a decode step's first
+    layer meets a new Lk, which a split-KV plan prepares (a miss per step) and SDPA's
+    plan takes as it is. A miss is timed over one pass of new lengths on a fresh
+    dispatcher (every call a miss of a decided class)."""
+    import torch
+    q = torch.randn(1, 32, 1, 64, device=dev, dtype=dtype)
+    lk0, n = 1024, min(calls, 400)
+    ks = [torch.randn(1, 8, lk0 + i, 64, device=dev, dtype=dtype) for i in range(n + 1)]
+    shape = "B=1 H=32 Hkv=8 D=64"
+    for name in names:
+        d = _only(reg, "attention", name)
+        plan = d.plan("attention", q, ks[0], ks[0], causal=False)
+        k0 = ks[0]
+        case(f"held plan: {plan.candidate.label}, {shape} Lk={lk0}",
+             lambda: plan.run((q, k0, k0), None))
+        times = []
+        for _ in range(3):
+            fresh = _only(reg, "attention", name)
+            fresh.run("attention", (q, ks[0], ks[0]), None, {"causal": False})
+            sync()
+            t0 = time.perf_counter_ns()
+            for kk in ks[1:]:
+                fresh.run("attention", (q, kk, kk), None, {"causal": False})
+            sync()
+            times.append((time.perf_counter_ns() - t0) / n / 1e3)
+        rows.append({"case": f"{name} through a dispatcher, a new Lk per call, {shape}",
+                     "us_per_call": statistics.median(times),
+                     "note": f"every call a miss of a decided class ({n} lengths from "
+                             f"{lk0 + 1}; misses {fresh.stats['misses'] - 1})"})
 
 
 def measure(device: str, quick: bool) -> list[dict]:
@@ -121,6 +158,11 @@ def measure(device: str, quick: bool) -> list[dict]:
     case("adaptive attention, Lk + 1 per call", next_step,
          "the first pass over the lengths misses (a decided class), later passes hit")
     rows[-1]["note"] += f"; misses {att.stats['misses'] - misses}"
+    if cuda:
+        _decode_attention_cases(case, reg, calls, dev, dtype, sync, rows)
+    elif quick:   # the dry run: the host's two attention variants in their places
+        _decode_attention_cases(case, reg, 8, dev, dtype, sync, rows,
+                                ("host_materialised", "host_chunked"))
     base = rows[0]["us_per_call"]
     for r in rows:
         r["vs_torch_mm_us"] = r["us_per_call"] - base
