@@ -96,6 +96,9 @@ class _InputClass:
     # issuing, not only those whose samples happened to follow an idle moment
     waited: int = 0
     explored: int = 0
+    # keys that joined the class while it explored: in a loop whose keys change call by
+    # call (a decode step's new cached length), each call of a key-bound plan pays a miss
+    new_keys: int = 0
 
 
 def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = False):
@@ -244,6 +247,7 @@ class Dispatcher:
         self._timer = None                 # CUDA events for sampled calls (made on first use)
         self._timer_tried = False
         self._issued: dict[tuple, collections.deque] = {}   # see ISSUE_WINDOW
+        self._preps: dict[tuple, collections.deque] = {}    # see _key_charge
         self.sample_every = config.get().sample_every
         self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
         # the newest misses (:meth:`recent_misses`): what a serving window paid for
@@ -412,6 +416,8 @@ class Dispatcher:
                                   ckey, scale, roofline, exploring=bool(cls.decision.explore))
             plan = self._plan_for(cls.decision, first, cls.turn, cls.warmed)
             self._plans[key] = plan
+            if not decided and cls.decision.explore:
+                cls.new_keys += 1
             cls.keys.add(key)
             self.stats["misses"] += 1
             self._miss_log.append((time.time(), op.name, problem.describe(),
@@ -517,6 +523,8 @@ class Dispatcher:
             plan = Plan(candidate, problem, key, run, flops=flops, bytes=nbytes,
                         floor_ms=floor, class_key=class_key or key, time_scale=time_scale)
             self._prepared[pkey] = plan
+            self._prep_window(candidate.variant.id, problem.kind).append(
+                (time.perf_counter() - t0) * 1e3)
             if len(self._prepared) > 4 * self.plan_cache_size:   # measure-each prepares many
                 self._trim(self._prepared, 4 * self.plan_cache_size)
             if exploring:
@@ -710,13 +718,15 @@ class Dispatcher:
         samples of the input class found the device waiting (a host-bound loop): one
         rule for every candidate of the class, not a sample's own moment (run S32:
         ``three_pass``'s samples followed a slower candidate's kernels, were charged
-        nothing, and it was committed at 2.4x the best).
+        nothing, and it was committed at 2.4x the best). There, a class whose calls
+        bring new keys is charged each candidate's preparation of a key per call too
+        (:meth:`_key_charge`).
         """
         charge = 0.0
         if issue_ms > 0:
             typical = self._typical_issue(plan, issue_ms)
             if waited is None or self._host_bound(plan.class_key, waited):
-                charge = typical
+                charge = typical + self._key_charge(plan)
         update = self.policy.observe(plan.class_key, plan.candidate,
                                      (time_ms + charge) * plan.time_scale)
         if update is not None:
@@ -737,6 +747,30 @@ class Dispatcher:
             cls.explored += 1
             cls.waited += waited
             return 2 * cls.waited >= cls.explored
+
+    def _key_charge(self, plan: Plan) -> float:
+        """What a new key costs ``plan``'s candidate per call of its class, in a host-bound
+        loop: the least of its variant's recent preparations (on inputs of its kind; none
+        charged before two are known: the first loads modules) times the class's new keys
+        per exploring sample. A decode loop meets a new cached length every step: run S36
+        measured 564 us a call for our split-KV kernel's plan, a miss each (its launch is
+        bound to its key's shapes), against 29 us held; its samples read ~3 us below
+        SDPA's, whose plan the transformers integration holds by class."""
+        cls = self._classes.get(plan.class_key)
+        if cls is None or not cls.new_keys or not cls.explored:
+            return 0.0
+        window = self._preps.get((plan.candidate.variant.id, plan.problem.kind))
+        if window is None or len(window) < 2:
+            return 0.0
+        return min(tuple(window)) * min(1.0, cls.new_keys / cls.explored)
+
+    def _prep_window(self, variant_id: str, kind: str) -> collections.deque:
+        """The recent preparation times (ms) of ``variant_id``'s plans on inputs of
+        ``kind`` (see :meth:`_key_charge`)."""
+        key = (variant_id, kind)
+        recent = self._preps.get(key)
+        return recent if recent is not None else self._preps.setdefault(
+            key, collections.deque(maxlen=ISSUE_WINDOW))
 
     def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
         """The least of the recent issuings of ``plan``'s variant on inputs of its kind,

@@ -294,6 +294,7 @@ class LiveModel:
         self._y: list[float] = []
         self._g: list = []
         self._pending = 0
+        self._counted = 0             # live rows that may start a refit (see add)
         self._dirty = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -320,9 +321,13 @@ class LiveModel:
         self._start_refit(force=True)
 
     def add(self, rows: Sequence[dict], y: Sequence[float],
-            groups: Sequence | None = None) -> None:
+            groups: Sequence | None = None, refit: bool = True) -> None:
         """Queue rows (``groups``: each row's input, see :class:`CostModel`; None: each row
-        its own); start a refit once ``refit_every`` have arrived since the last one."""
+        its own); start a refit once ``refit_every`` have arrived since the last one.
+        ``refit=False``: the rows are kept for the next refit but never start one (a
+        committed key's steady samples: one candidate's time per input ranks nothing,
+        and a refit while serving takes the interpreter from the serving threads: one
+        refit of run S37's batch-1 generate() made its tokens 1.5x slower)."""
         with self._lock:
             self._rows += rows
             self._y += [float(v) for v in y]
@@ -331,15 +336,18 @@ class LiveModel:
             if len(self._rows) > self.max_rows:
                 del self._rows[: -self.max_rows], self._y[: -self.max_rows]
                 del self._g[: -self.max_rows]
+            if not refit:
+                return
             self._pending += len(rows)
+            self._counted = min(self._counted + len(rows), len(self._rows))
         self._start_refit()
 
     def _start_refit(self, force: bool = False) -> None:
         with self._lock:
             running = self._thread is not None and self._thread.is_alive()
             # refit after refit_every new rows, or a quarter of what the model has seen
-            # when that is more: a steady stream of samples does not refit forever
-            total = len(self._rows) + len(self._base_rows)
+            # when that is more (rows that never start a refit not counted)
+            total = self._counted + len(self._base_rows)
             wanted = force or self._pending >= max(self.refit_every, total // 4)
             if running and wanted:
                 self._dirty = True

@@ -485,7 +485,7 @@ class Learned(BasePolicy):
                 return self._after_explore_sample(state, candidate, time_ms)
             if candidate != state.committed:
                 return None
-            self._learn(state, candidate, time_ms)
+            self._learn(state, candidate, time_ms, refit=False)
             if state.deferred:
                 return self._reopen(state)
             state.recent.append(time_ms)
@@ -661,7 +661,11 @@ class Learned(BasePolicy):
             state.revalidate_interval = 0
         state.revalidate_in = state.revalidate_interval
 
-    def _learn(self, state: KeyState, candidate: Candidate, time_ms: float) -> None:
+    def _learn(self, state: KeyState, candidate: Candidate, time_ms: float,
+               refit: bool = True) -> None:
+        """A measured time as a row of the model (``refit=False``: a steady sample of the
+        committed candidate, kept for the next refit that exploring starts, never starting
+        one itself: see :meth:`LiveModel.add`)."""
         if not (math.isfinite(time_ms) and time_ms > 0):
             return
         from adaptive.policy.features import candidate_rows
@@ -672,7 +676,7 @@ class Learned(BasePolicy):
                 state.op, state.features, [candidate], state.scope, state.limits,
                 state.device)[0]
         self.model.add([row], [target(time_ms, state.floor_ms)],
-                       [input_key(state.op, state.features, state.dtype)])
+                       [input_key(state.op, state.features, state.dtype)], refit=refit)
 
     def add_observations(self, rows, weight: float = 1.0, geometry=None) -> None:
         """Measurements made elsewhere (a pack, a counter log): the model's base rows.

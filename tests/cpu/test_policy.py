@@ -119,6 +119,30 @@ def test_drift_reopens_exploration_and_a_steady_key_stays(rng):
     assert policy.state(ctx.key).committed is None
 
 
+def test_steady_samples_are_learned_but_never_start_a_refit(rng):
+    """A committed key's steady samples join the model's rows and wait for the next refit
+    exploring starts: a refit while serving takes the interpreter from the serving
+    threads (run S37: one refit made a batch-1 generate()'s tokens 1.5x slower)."""
+    ctx, cands, _ = softmax_context(rng)
+    model = LiveModel(background=False, refit_every=2)
+    policy = Learned(model, max_explore=2, samples=1, drift_window=64)
+    d = policy.decide(ctx, cands)
+    a, b = d.explore
+    policy.observe(ctx.key, a, 0.10)
+    assert policy.observe(ctx.key, b, 0.20).candidate == a
+    fits = model.generation
+    assert fits >= 1                              # the exploring rows refitted it
+    for _ in range(40):
+        assert policy.observe(ctx.key, a, 0.1) is None
+    assert model.generation == fits               # 40 steady rows: no refit
+    ctx2, cands2, _ = softmax_context(rng, rows=77)
+    d2 = policy.decide(ctx2, cands2)
+    for c in d2.explore:                          # exploring another key refits, with
+        policy.observe(ctx2.key, c, 0.3)          # every steady row kept
+    assert model.generation > fits
+    assert model.model.n_rows_ == 2 + 40 + len(d2.explore)
+
+
 def test_parameters_are_validated():
     with pytest.raises(ValueError, match="max_explore"):
         Learned(LiveModel(background=False), max_explore=0)
@@ -903,6 +927,46 @@ def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng):
     assert state.committed == slow_kernels, state.reason
 
 
+@pytest.mark.parametrize("new_key_each_call", [True, False])
+def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(
+        rng, new_key_each_call):
+    """In a host-bound loop whose calls each bring a new key of one class (a decode step's
+    new cached length), a candidate whose plan costs 6 ms to prepare for a key is charged
+    that per call: the one with slower kernels but a cheap preparation is committed. With
+    one key called again and again, preparation is paid once and the faster kernels win
+    (run S36: our split-KV kernel's miss, 564 us a call, against 29 us held)."""
+    be = _EventHost()
+    be.idle = True                      # host-bound: issuing and preparation charged
+    inner = be.prepare
+
+    def prepare(candidate, problem, op):   # host_numpy's plans take 6 ms to prepare
+        time.sleep(0.006 if candidate.variant.name == "host_numpy" else 0.0)
+        return inner(candidate, problem, op)
+    be.prepare = prepare
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=2)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    xs = [rng.standard_normal((109 + i, 21)).astype(np.float32) for i in range(19)]
+    plan = d.plan("softmax", xs[0])
+    explored = policy.state(plan.class_key).explore[:2]
+    (fast_kernels,) = [c for c in explored if c.variant.name == "host_numpy"]
+    (cheap_prep,) = [c for c in explored if c is not fast_kernels]
+    be.cost.update({fast_kernels.label: 1.0, cheap_prep.label: 1.5})   # device ms
+    for i in range(1, 19):
+        x = xs[i] if new_key_each_call else xs[0]
+        d.launch("softmax", x)
+        be.finish()
+        d.harvest()
+        if not d.plan("softmax", x).provisional:
+            break
+    state = policy.state(plan.class_key)
+    assert state.committed is not None, state.reason
+    assert state.committed == (cheap_prep if new_key_each_call else fast_kernels), (
+        state.reason)
+    if new_key_each_call:               # 1 ms of kernels + ~6 ms of preparation a call
+        assert min(state.observed[fast_kernels]) >= 6.0
+
+
 def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
     """An exploring sample's issuing only ever reads high (a collection, a page fault, the
     turn after another candidate's kernels) where the kernels of two configs differ by a
@@ -980,7 +1044,7 @@ class _FixedRanking:
         assert len(rows) == len(self.mean)
         return self.mean, self.sigma
 
-    def add(self, rows, y, groups=None):   # learns nothing: the ranking stays fixed
+    def add(self, rows, y, groups=None, refit=True):   # learns nothing: a fixed ranking
         pass
 
 
