@@ -15,6 +15,8 @@ Cases (fp16, M = 1 decode shapes of a 1B Llama layer):
   adaptive, Lk + 1 per call    a decode loop: each step a new key of a decided class
   held plan: sdpa / splitkv    (GPU) decode attention at gpu_generate's model shape, and
                                a miss per new Lk through a dispatcher of each alone
+  F.linear vs torch.mm(W, xT)  (GPU) the two cuBLAS layouts of a weight kept as given, at
+                               decode row counts, wall and device time per call
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --out $OUT
     python benchmarks/gpu_hostpath.py --device host --quick          # dry run on the CPU
@@ -60,6 +62,44 @@ def _only(registry, op: str, name: str, config: dict | None = None):
         v = dataclasses.replace(v, space=Space.from_dict({k: [x] for k, x in config.items()}))
     with adaptive.config.override(sample_every=0):
         return adaptive.Dispatcher(backend=v.backend, policy=First(), registry=Registry([v]))
+
+
+def _device_us(fn, calls: int = 200) -> float:
+    """Device µs per call of ``fn``: its launches queued behind a sleeping kernel, so the
+    event pair around them times the kernels alone, not the host's issuing."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)           # ~0.1 s: the host queues every call meanwhile
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def _linear_layout_cases(rows, dev, dtype, calls: int, rounds: int, sync) -> None:
+    """A weight kept as given, ``W [N, K]``, at the example server's 1b linears and decode
+    row counts: ``F.linear(x, W)`` (cuBLAS TN, what torch runs) against ``torch.mm(W, xᵀ)``
+    (NN, what the dispatcher's cuBLAS plan of ``gemm(W, xᵀ)`` runs), device µs and wall µs
+    per call. Run S33's server served every linear the NN way and stepped its decode in
+    9.8 ms; run S35's F.linear in 18.7 ms."""
+    import torch
+    import torch.nn.functional as F
+    for n, k in ((2048, 2048), (512, 2048), (8192, 2048), (2048, 8192)):
+        w = torch.randn(n, k, device=dev, dtype=dtype) / k ** 0.5
+        for m in (1, 8, 32):
+            x = torch.randn(m, k, device=dev, dtype=dtype)
+            xt = x.t().contiguous()
+            for name, fn in (("F.linear(x, W) (TN)", lambda: F.linear(x, w)),
+                             ("torch.mm(W, xT) (NN)", lambda: torch.mm(w, xt)),
+                             ("torch.mm(W, xT) with both transposes",
+                              lambda: torch.mm(w, x.t().contiguous()).t().contiguous())):
+                rows.append({"case": f"{name}, M={m} N={n} K={k}",
+                             "us_per_call": _per_call_us(fn, calls, rounds, sync),
+                             "note": f"device {_device_us(fn):.2f} us"})
 
 
 def _decode_attention_cases(case, reg, calls: int, dev, dtype, sync, rows,
@@ -160,6 +200,7 @@ def measure(device: str, quick: bool) -> list[dict]:
     rows[-1]["note"] += f"; misses {att.stats['misses'] - misses}"
     if cuda:
         _decode_attention_cases(case, reg, calls, dev, dtype, sync, rows)
+        _linear_layout_cases(rows, dev, dtype, calls, rounds, sync)
     elif quick:   # the dry run: the host's two attention variants in their places
         _decode_attention_cases(case, reg, 8, dev, dtype, sync, rows,
                                 ("host_materialised", "host_chunked"))
