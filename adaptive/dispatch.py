@@ -985,6 +985,15 @@ class Dispatcher:
         plan = self._plans.get(o.key(args, params))
         return plan.decision if plan else None
 
+    def settle(self, timeout_s: float = 30.0) -> bool:
+        """Wait for what the policy does off the serving threads (its cost model's refit
+        in the background) to finish; True when nothing is left running. A server calls
+        it at the end of its warm-up: a refit shares the interpreter with the threads that
+        serve (run S37: a batch-1 decode 1.5x slower while one ran)."""
+        from adaptive.policy.cost_model import LiveModel
+        model = self.policy.cost_model
+        return model.wait(timeout_s) if isinstance(model, LiveModel) else True
+
     def forget(self, op: str | None = None) -> None:
         """Drop cached decisions (for one op, or all): the next launch re-decides."""
         with self._lock:

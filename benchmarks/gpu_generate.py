@@ -224,11 +224,18 @@ def decisions(dispatcher, max_tokens: int = 16) -> list[dict]:
     return out
 
 
-def _policy_stats(dispatcher) -> str:
-    stats = getattr(dispatcher.policy, "stats", {})
-    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                     for k, v in stats.items() if k in ("deferred", "reopened", "explore_s",
-                                                        "drifts", "commits"))
+_STATS = ("commits", "drifts", "revalidations", "deferred", "reopened", "explore_s")
+
+
+def _policy_stats(dispatcher, since: dict | None = None) -> str:
+    """The policy's counters (``since``: less a snapshot of them, :func:`_stats_now`)."""
+    now, before = _stats_now(dispatcher), since or {}
+    return ", ".join(f"{k} {now[k] - before.get(k, 0):.3g}" if isinstance(now[k], float)
+                     else f"{k} {now[k] - before.get(k, 0)}" for k in _STATS if k in now)
+
+
+def _stats_now(dispatcher) -> dict:
+    return dict(getattr(dispatcher.policy, "stats", {}))
 
 
 TORCH_ATTENTION = "adaptive linears, transformers' SDPA attention"
@@ -442,6 +449,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
               f"exploring {state['exploring'] or 'none'}", flush=True)
         if passes[-1]["new_keys"] == 0 and not state["exploring"]:
             break
+    dispatcher.settle()   # the last exploring rows' refit ends before the measured rounds
     warm_state = choices(dispatcher)
     print(f"  warm-up {time.perf_counter() - t0:.0f} s: {warm['torch']} torch and "
           f"{warm['adaptive']} adaptive generates", flush=True)
@@ -450,6 +458,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     results = {m: [] for m in models}
     misses_before = dispatcher.stats.get("misses", 0)
     refits_before = refits(dispatcher)
+    stats_before = _stats_now(dispatcher)
     rounds_t0 = time.perf_counter()
     for i in range(rounds):
         per_round_s = (time.perf_counter() - rounds_t0) / max(i, 1)
@@ -463,6 +472,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                 results[mode].append(run_request(models[mode], r, dev, new_tokens, sync))
     measured_misses = dispatcher.stats.get("misses", 0) - misses_before
     measured_refits = refits(dispatcher) - refits_before
+    measured_stats = _policy_stats(dispatcher, stats_before)
     final_state = choices(dispatcher)
     final_state["decode_decisions"] = decisions(dispatcher)
 
@@ -520,7 +530,8 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     rows.append({"bench": BENCH, "case": "warm-up generates (torch / adaptive)",
                  "value": f"{warm['torch']} / {warm['adaptive']}", "unit": "",
                  "note": f"{len(passes)} adaptive passes; while measured: {measured_misses} "
-                         f"misses, {measured_refits} cost-model refits; policy "
+                         f"misses, {measured_refits} cost-model refits, policy "
+                         f"{measured_stats}; since the start: "
                          f"{_policy_stats(dispatcher)}"})
     for batch in batches:
         rows.append({"bench": BENCH, "case": f"gc pause per token batch {batch} torch / adaptive",

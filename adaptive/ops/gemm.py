@@ -11,7 +11,10 @@ from adaptive.ops.regimes import matmul_regimes
 
 class Gemm(Op):
     name = "gemm"
-    token_dims = ("M",)
+    # the rows of x @ w, or the columns of w @ x^T (a weight kept [out, in] as given, as
+    # patch(layout="torch") launches it): either is a token count, classed by octave
+    # quarters, so a new prompt length reuses its class's decision in both layouts
+    token_dims = ("M", "N")
     arrays = ("a", "b")
     regimes = matmul_regimes(sparse=False)   # accumulate, extreme, mixed + generic
     reduction_dims = ("K",)

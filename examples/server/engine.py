@@ -421,7 +421,8 @@ def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: b
     batch run from that length down to about half of it) twice, and with
     ``settle`` (adaptive) again until no key of the process's dispatchers is left
     exploring: compilation, library heuristics and the learned policy's exploration all
-    happen here, not under load.
+    happen here, not under load; with ``settle``, the cost models' last refits end here
+    too (``Dispatcher.settle``).
 
     Returns {"warmup_s", "rounds", "pending_keys"} (``pending_keys`` None without
     ``settle``); a warm-up that runs out of rounds or time (``limit_s`` is checked from
@@ -446,6 +447,10 @@ def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: b
                 progress(f"warm-up stopped at its {limit_s:.0f} s limit with {pending} key(s) "
                          "still exploring")
             break
+    if settle:   # the last exploring rows' refit ends here, not under the first requests
+        from adaptive.runtime import live_dispatchers
+        for d in live_dispatchers():
+            d.settle()
     return {"warmup_s": time.perf_counter() - t0, "rounds": rounds, "pending_keys": pending}
 
 

@@ -17,6 +17,22 @@ def test_token_counts_round_up_to_a_quarter_octave(n, want):
     assert n <= bucket(n) < max(n * 2 ** 0.25 + 1, 17)
 
 
+@pytest.mark.parametrize("as_given", [False, True])
+def test_prompt_lengths_of_one_class_share_a_gemm_decision_in_either_layout(rng, as_given):
+    """A linear's tokens are gemm's M (x @ w) or its N (w @ x^T, a weight kept [out, in]
+    as given): prompts of 100..107 tokens are one class either way, decided once, and every
+    product is right."""
+    d = adaptive.Dispatcher(backend="host", policy=MeasureEach())
+    w = rng.standard_normal((24, 40)).astype(np.float32)      # [out, in]
+    for n in range(100, 108):
+        x = rng.standard_normal((n, 40)).astype(np.float32)
+        a, b = (w, np.ascontiguousarray(x.T)) if as_given else (x, np.ascontiguousarray(w.T))
+        out = d.launch("gemm", a, b)
+        ref = OPS["gemm"].reference(a, b)
+        assert np.abs(out - ref).max() < 1e-4 * np.abs(ref).max(), n
+    assert d.stats["decisions"] == 1 and d.stats["misses"] == 8
+
+
 def test_a_decode_loop_decides_once_per_class_and_every_step_is_right(rng):
     d = adaptive.Dispatcher(backend="host", policy=MeasureEach())
     q = rng.standard_normal((1, 4, 1, 16)).astype(np.float32)

@@ -154,6 +154,28 @@ def test_background_refit_swaps_whole_models(rng):
     assert live.model.n_rows_ == 64
 
 
+def test_a_dispatcher_settles_when_its_models_background_refit_has_ended(rng):
+    """``Dispatcher.settle`` waits for the learned policy's background refit (a server's
+    warm-up ends with it, so no fit shares the interpreter with its first requests); a
+    refit still running at the timeout is False; a policy without a model is settled."""
+    from adaptive import Dispatcher
+    from adaptive.policy import Learned
+    go = threading.Event()
+
+    class Slow(CostModel):
+        def fit(self, *args, **kwargs):
+            go.wait(10)
+            return super().fit(*args, **kwargs)
+    ts = training_set(synthetic_rows(rng, 16))
+    live = LiveModel(refit_every=8, make=lambda: Slow(n_estimators=4))
+    d = Dispatcher("host", policy=Learned(live))
+    live.add(ts.rows[:8], ts.y[:8])                   # a refit starts, and blocks
+    assert d.settle(timeout_s=0.05) is False and live.generation == 0
+    go.set()
+    assert d.settle() is True and live.generation == 1
+    assert Dispatcher("host", policy="measure-each").settle(timeout_s=0.0) is True
+
+
 def test_geometry_features_follow_the_manifest_grid_and_the_sm_count():
     from adaptive.policy.features import geometry, row_geometry
     from adaptive.variants import default_registry
