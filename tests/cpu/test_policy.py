@@ -931,7 +931,7 @@ def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng):
 def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(
         rng, new_key_each_call):
     """In a host-bound loop whose calls each bring a new key of one class (a decode step's
-    new cached length), a candidate whose plan costs 6 ms to prepare for a key is charged
+    new cached length), a candidate whose plan costs 20 ms to prepare for a key is charged
     that per call: the one with slower kernels but a cheap preparation is committed. With
     one key called again and again, preparation is paid once and the faster kernels win
     (run S36: our split-KV kernel's miss, 564 us a call, against 29 us held)."""
@@ -939,8 +939,8 @@ def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(
     be.idle = True                      # host-bound: issuing and preparation charged
     inner = be.prepare
 
-    def prepare(candidate, problem, op):   # host_numpy's plans take 6 ms to prepare
-        time.sleep(0.006 if candidate.variant.name == "host_numpy" else 0.0)
+    def prepare(candidate, problem, op):   # host_numpy's plans take 20 ms to prepare
+        time.sleep(0.02 if candidate.variant.name == "host_numpy" else 0.0)
         return inner(candidate, problem, op)
     be.prepare = prepare
     policy = Learned(LiveModel(background=False), max_explore=2, samples=2)
@@ -963,8 +963,8 @@ def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(
     assert state.committed is not None, state.reason
     assert state.committed == (cheap_prep if new_key_each_call else fast_kernels), (
         state.reason)
-    if new_key_each_call:               # 1 ms of kernels + ~6 ms of preparation a call
-        assert min(state.observed[fast_kernels]) >= 6.0
+    if new_key_each_call:               # 1 ms of kernels + ~20 ms of preparation a call
+        assert min(state.observed[fast_kernels]) >= 20.0
 
 
 def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
