@@ -3,12 +3,7 @@
 # 4ec4769, and generate() with torch's calls only (the parity case; S37: 0.944 / 0.942,
 # one refit in its batch-1 ablation's slow row)
 source "$(dirname "$0")/setup.sh"
-t0=$SECONDS
-timeout 300 python3 benchmarks/gpu_server.py --out /tmp/srv --modes torch,adaptive > "$OUT/server.log" 2>&1
-echo "server rc=$? $((SECONDS-t0)) s"
-cp /tmp/srv/*.json "$OUT/" 2>/dev/null
-grep -E "serving after|engine:|policy:|misses:|adaptive / torch at" "$OUT/server.log" | cut -c1-240
-grep -E "prefill profile: (batch|linears)" "$OUT/server.log" | cut -c1-240
+serve_both 300
 t0=$SECONDS
 timeout 280 python3 benchmarks/gpu_generate.py --no-ablation --library-only --out /tmp/genlib > "$OUT/generate_library.log" 2>&1
 echo "generate (library only) rc=$? $((SECONDS-t0)) s"

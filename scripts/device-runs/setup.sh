@@ -17,3 +17,14 @@ build_pack() {
   tail -2 "$OUT/pack.log" | cut -c1-300
   cp /tmp/packout/h200.msgpack /tmp/packout/gpu_pack.json "$OUT/" && cp /tmp/packout/h200.msgpack adaptive/packs/h200.msgpack
 }
+
+# benchmarks/gpu_server.py on the same requests in both modes, its JSON to $OUT and its
+# summary lines printed (from run S39 on): serve_both TIMEOUT
+serve_both() {
+  local t0=$SECONDS
+  timeout "$1" python3 benchmarks/gpu_server.py --out /tmp/srv --modes torch,adaptive > "$OUT/server.log" 2>&1
+  echo "server rc=$? $((SECONDS-t0)) s"
+  cp /tmp/srv/*.json "$OUT/" 2>/dev/null
+  grep -E "serving after|engine:|policy:|misses:|adaptive / torch at" "$OUT/server.log" | cut -c1-240
+  grep -E "prefill profile: (batch|linears)" "$OUT/server.log" | cut -c1-240
+}
