@@ -62,7 +62,7 @@ class Problem:
     def scope(self) -> dict:
         """Names a manifest's ``requires`` and grid expressions may use."""
         scope = {**self.dims_dict, **self.extra_dict, "dtype": self.dtype,
-                 "itemsize": self.itemsize}
+                 "itemsize": self.itemsize, "kind": self.kind}
         for name, value in self.params:
             scope[name] = value
         return scope

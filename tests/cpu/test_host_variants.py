@@ -108,3 +108,78 @@ def test_sdpa_library_variant_honours_any_scale(rng, scale, causal):
     out = np.full(q.shape, np.nan, np.float32)
     fn(q, k, v, out=out, causal=causal, scale=scale)
     assert op.error(out, op.reference(q, k, v, causal=causal, scale=scale)) < 1e-5
+
+
+# ---- torch's own calls on CPU tensors (torch_mm, torch_sdpa) --------------------------------
+
+def test_torch_variants_serve_tensors_only():
+    """A CPU tensor caller is offered torch's own calls (what the plain program runs, the
+    baseline); a NumPy caller is not (``kind == 'torch'``), and its candidates are as before."""
+    torch = pytest.importorskip("torch")
+    d = adaptive.Dispatcher(backend="host")
+    a = np.zeros((4, 6), np.float32)
+    b = np.zeros((6, 3), np.float32)
+    names = {c.variant.name for c in d.candidates("gemm", a, b)}
+    assert "torch_mm" not in names and "host_blas" in names
+    tnames = {c.variant.name for c in d.candidates("gemm", torch.from_numpy(a),
+                                                   torch.from_numpy(b))}
+    assert {"torch_mm", "host_blas"} <= tnames
+    q = np.zeros((1, 2, 3, 8), np.float32)
+    assert "torch_sdpa" not in {c.variant.name for c in d.candidates("attention", q, q, q)}
+    tq = torch.from_numpy(q)
+    assert "torch_sdpa" in {c.variant.name for c in d.candidates("attention", tq, tq, tq)}
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "decode", "bottom-right", "gqa",
+                                  "gqa-masked", "bool-mask", "additive-mask", "neg-scale",
+                                  "zero-scale", "large-logits"])
+def test_torch_sdpa_matches_the_float64_reference(rng, case):
+    """The host SDPA variant on CPU tensors, against the float64 reference: causal
+    bottom-right with Lq < Lk (a KV cache), grouped heads with and without a mask, masks
+    with fully masked rows (-inf), scales <= 0 and large logits; a poisoned ``out`` is
+    overwritten."""
+    torch = pytest.importorskip("torch")
+    from adaptive.variants import make_candidate, shared_registry
+    op = OPS["attention"]
+    b, h, hkv, lq, lk, d = 2, 4, 4, 9, 9, 16
+    causal, scale, mask = False, None, None
+    if case in ("causal", "bottom-right", "gqa-masked"):
+        causal = True
+    if case == "decode":
+        lq, lk, causal = 1, 37, True
+    if case in ("bottom-right", "gqa-masked"):
+        lq, lk = 5, 23
+    if case in ("gqa", "gqa-masked"):
+        hkv = 2
+    q = rng.standard_normal((b, h, lq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hkv, lk, d)).astype(np.float32)
+    v = rng.standard_normal((b, hkv, lk, d)).astype(np.float32)
+    if case == "large-logits":
+        q *= 40.0
+    if case in ("bool-mask", "additive-mask", "gqa-masked"):
+        seen = rng.random((b, 1, lq, lk)) > 0.3
+        seen[0, 0, 0, :] = False          # a row that sees no key
+        seen[1, 0, :, 0] = True
+        mask = seen if case != "additive-mask" else np.where(seen, 0.0, -np.inf).astype(
+            np.float32)
+        if case == "gqa-masked":
+            mask = seen
+    if case == "neg-scale":
+        scale = -0.3
+    if case == "zero-scale":
+        scale = 0.0
+    variant = shared_registry().get("attention", "torch_sdpa")
+    assert variant.fits({"B": b, "H": h, "Hkv": hkv, "Lq": lq, "Lk": lk, "D": d,
+                         "dtype": "float32", "itemsize": 4, "kind": "torch", "masked": 0}, {})
+    from adaptive.backends.pysource import load_entry
+    fn = load_entry(make_candidate(variant, {}).variant, variant.torch_entry)
+    args = [torch.from_numpy(x) for x in (q, k, v)]
+    tmask = None if mask is None else torch.from_numpy(mask)
+    out = torch.full((b, h, lq, d), float("nan"))
+    got = fn(*args, tmask, out=out, causal=causal, scale=scale)
+    ref_args = (q, k, v) if mask is None else (q, k, v, mask)
+    ref = op.reference(*ref_args, causal=causal, scale=scale)
+    got = got.numpy()
+    assert got is out.numpy() or np.shares_memory(got, out.numpy())   # out written
+    assert np.isfinite(got).all()     # a row that sees no key is zeros, as the reference's
+    assert op.error(got, ref) < 1e-4, op.error(got, ref)

@@ -62,6 +62,22 @@ def library():
     at.forget_held()
 
 
+@pytest.fixture
+def ours():
+    """A CPU default dispatcher whose only gemm is the host's own (NumPy BLAS), not torch's:
+    what a kernel of ours is to a patched layer (the default one also has torch_mm)."""
+    torch.set_num_threads(1)
+    like = torch.empty(1)
+    before = runtime.default_dispatcher(device="cpu")
+    d = adaptive.Dispatcher(backend="host", registry=Registry(
+        [adaptive.variants.shared_registry().get("gemm", "host_blas")]))
+    runtime.set_default(d, like)
+    at.forget_held()
+    yield d
+    runtime.set_default(before, like)
+    at.forget_held()
+
+
 def _reference(x, layer):
     return x.double() @ layer.weight.detach().double().t() + layer.bias.detach().double()
 
@@ -168,10 +184,9 @@ def test_a_weight_kept_as_given_serves_a_new_shape_by_f_linear_without_copies(li
     assert layer.route_of(torch.randn(4, 16)) == "F.linear (a new shape)"
 
 
-def test_a_weight_kept_as_given_on_another_kernel_is_launched_transposed():
+def test_a_weight_kept_as_given_on_another_kernel_is_launched_transposed(ours):
     """The host backend's own gemm is not torch's: a new shape is launched as yᵀ = W xᵀ
     through the dispatcher (copies and all), held, and said so by ``route_of``."""
-    torch.set_num_threads(1)
     layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "shared").eval()
     x = torch.randn(3, 5, 16)
     assert re.fullmatch(r"dispatcher \(x and the output transposed\): (exploring|committed) "
@@ -203,9 +218,8 @@ def test_a_layer_in_training_mode_is_refused_even_when_warm(library):
         layer(x)
 
 
-def test_other_plans_are_held_by_exact_key_and_never_replaced_by_f_linear():
+def test_other_plans_are_held_by_exact_key_and_never_replaced_by_f_linear(ours):
     """The host backend's own gemm (NumPy BLAS) is not torch's: held, run as a plan."""
-    torch.set_num_threads(1)
     layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
     x = torch.randn(3, 16)
     for _ in range(40):

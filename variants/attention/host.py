@@ -2,6 +2,8 @@
 
 Both take an optional ``mask`` [B or 1, 1 or H, Lq, Lk] (boolean: True is seen; or
 additive), combined with ``causal``; a query row that sees no key gives zeros.
+``attention_sdpa_torch``: torch's scaled_dot_product_attention on CPU tensors as they are
+(what a plain PyTorch program runs), causal bottom-right aligned as ours.
 """
 
 import math
@@ -73,3 +75,29 @@ def attention_chunked(q, k, v, mask=None, *, out, chunk, causal=False, scale=Non
         acc = acc * alpha + np.matmul(p, v[:, :, j0:j1])
         m = m_new
     out[...] = acc / np.where(l > 0, l, 1)
+
+
+def attention_sdpa_torch(q, k, v, mask=None, *, out=None, causal=False, scale=None):
+    """SDPA of this op's semantics on torch tensors; returns the [B, H, Lq, D] result
+    (or writes ``out``). SDPA's causal mask is top-left: used where that equals ours
+    (Lq == Lk; Lq == 1 is none), else the bottom-right triangle joins the mask."""
+    import torch
+    F = torch.nn.functional
+    if scale is not None and scale <= 0:   # softmax((-q)k^T |s|); scale 0 is q = 0
+        q = -q if scale < 0 else torch.zeros_like(q)
+        scale = -scale if scale < 0 else 1.0
+    h, hkv, lq, lk = q.shape[1], k.shape[1], q.shape[2], k.shape[2]
+    causal = bool(causal) and lq > 1
+    if mask is None and (not causal or lq == lk):
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                           enable_gqa=hkv != h)
+    else:
+        if causal:
+            seen = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+            mask = seen if mask is None else (
+                mask & seen if mask.dtype == torch.bool else mask.masked_fill(~seen,
+                                                                              float("-inf")))
+        if hkv != h:
+            k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return y if out is None else out.copy_(y)
