@@ -450,6 +450,11 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
         if passes[-1]["new_keys"] == 0 and not state["exploring"]:
             break
     dispatcher.settle()   # the last exploring rows' refit ends before the measured rounds
+    # the warm-up's long-lived objects collected and frozen, for both modes: a full
+    # collection they would start later took 240 ms inside adaptive's measured rows of the
+    # CPU dry run (gen 2 of 440k objects), as a server's warm-up should end
+    gc.collect()
+    gc.freeze()
     warm_state = choices(dispatcher)
     print(f"  warm-up {time.perf_counter() - t0:.0f} s: {warm['torch']} torch and "
           f"{warm['adaptive']} adaptive generates", flush=True)
