@@ -755,7 +755,9 @@ class Dispatcher:
         per exploring sample. A decode loop meets a new cached length every step: run S36
         measured 564 us a call for our split-KV kernel's plan, a miss each (its launch is
         bound to its key's shapes), against 29 us held; its samples read ~3 us below
-        SDPA's, whose plan the transformers integration holds by class."""
+        SDPA's, whose plan the transformers integration holds by class. The rate is read
+        while the class explores: keys that stop coming after a first burst (a fixed set
+        of shapes) are charged as if they kept coming."""
         cls = self._classes.get(plan.class_key)
         if cls is None or not cls.new_keys or not cls.explored:
             return 0.0
