@@ -101,6 +101,14 @@ class _InputClass:
     new_keys: int = 0
 
 
+def _window(table: dict, key: tuple) -> collections.deque:
+    """``table[key]``, the recent measurements of one variant on inputs of one kind (at
+    most :data:`ISSUE_WINDOW`), made empty on first use."""
+    recent = table.get(key)
+    return recent if recent is not None else table.setdefault(
+        key, collections.deque(maxlen=ISSUE_WINDOW))
+
+
 def _plan_runner(fn, alloc, adapter, out_sig, op: str = "", returns: bool = False):
     """Specialise the per-call closure once, so a hit does no branching on set-up facts.
 
@@ -523,8 +531,8 @@ class Dispatcher:
             plan = Plan(candidate, problem, key, run, flops=flops, bytes=nbytes,
                         floor_ms=floor, class_key=class_key or key, time_scale=time_scale)
             self._prepared[pkey] = plan
-            self._prep_window(candidate.variant.id, problem.kind).append(
-                (time.perf_counter() - t0) * 1e3)
+            _window(self._preps, (candidate.variant.id, problem.kind)).append(
+                (time.perf_counter() - t0) * 1e3)   # see _key_charge
             if len(self._prepared) > 4 * self.plan_cache_size:   # measure-each prepares many
                 self._trim(self._prepared, 4 * self.plan_cache_size)
             if exploring:
@@ -766,14 +774,6 @@ class Dispatcher:
             return 0.0
         return min(tuple(window)) * min(1.0, cls.new_keys / cls.explored)
 
-    def _prep_window(self, variant_id: str, kind: str) -> collections.deque:
-        """The recent preparation times (ms) of ``variant_id``'s plans on inputs of
-        ``kind`` (see :meth:`_key_charge`)."""
-        key = (variant_id, kind)
-        recent = self._preps.get(key)
-        return recent if recent is not None else self._preps.setdefault(
-            key, collections.deque(maxlen=ISSUE_WINDOW))
-
     def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
         """The least of the recent issuings of ``plan``'s variant on inputs of its kind,
         ``issue_ms`` included (see :data:`ISSUE_WINDOW`)."""
@@ -783,10 +783,7 @@ class Dispatcher:
 
     def _issue_window(self, plan: Plan) -> collections.deque:
         """The recent issuings of ``plan``'s variant on inputs of its kind."""
-        key = (plan.candidate.variant.id, plan.problem.kind)
-        recent = self._issued.get(key)
-        return recent if recent is not None else self._issued.setdefault(
-            key, collections.deque(maxlen=ISSUE_WINDOW))
+        return _window(self._issued, (plan.candidate.variant.id, plan.problem.kind))
 
     def issue_charges(self) -> dict[str, tuple[int, float]]:
         """The host issuing known for exploring samples so far, per variant and input kind

@@ -148,19 +148,22 @@ class AdaptiveLinear(nn.Linear):
         return y.t().contiguous().view(x.shape[:-1] + (self.out_features,))
 
     def _library_first(self, x: torch.Tensor, x2: torch.Tensor) -> torch.Tensor | None:
-        """A weight kept as given, on an input shape not held as torch's matmul: the
-        dispatcher's plan for it, asked with an uninitialised stand-in of ``xᵀ`` (its key
-        reads shape, dtype, strides and device only). A committed plan of torch's own
-        matmul is ``F.linear`` on ``x`` as given, held from now on, and the two
-        transposing copies of ``x`` and of the output are never made (each a full pass
+        """A weight kept as given, on an input shape not held as torch's matmul: the plan
+        held for it, or the dispatcher's, asked with an uninitialised stand-in of ``xᵀ``
+        (its key reads shape, dtype, strides and device only). A committed plan of
+        torch's own matmul is ``F.linear`` on ``x`` as given, held from now on, and the
+        two transposing copies of ``x`` and of the output are never made (each a full pass
         over the activations: 222 copy kernels, 21 ms of a 46 ms prefill in run S33).
-        None: anything else (exploring, another kernel, another dtype), launched as
+        None: anything else (another kernel, exploring, another dtype), launched as
         ``yᵀ = W xᵀ``."""
         if x.dtype is not self._dtype:
             return None
-        args, key = self._launched(x2)
-        plan = default_dispatcher(args).plan("gemm", *args)
-        if plan.provisional or plan.stale or not _is_library(plan, "gemm"):
+        key = self._held_key(x2)
+        plan = self._held.get(key)   # a warm call of another kernel's plan: no new key
+        if plan is None or plan.stale:
+            args = self._launched(x2)
+            plan = default_dispatcher(args).plan("gemm", *args)
+        if not self._by_f_linear(plan, x):
             return None
         if key in self._held or len(self._held) < MAX_HELD:
             self._held[key] = plan
@@ -168,14 +171,25 @@ class AdaptiveLinear(nn.Linear):
             self._library[x.shape] = plan
         return F.linear(x, self._w_linear, self._b_linear)
 
-    def _launched(self, x2: torch.Tensor) -> tuple[tuple, tuple]:
-        """The arguments launched for the rows ``x2`` (a transposed layout's ``xᵀ`` an
-        uninitialised stand-in of it) and the key its plan is held by."""
+    def _by_f_linear(self, plan, x: torch.Tensor) -> bool:
+        """Whether ``plan`` for ``x`` is served by ``F.linear``: a committed plan of torch's
+        own matmul on the layer's dtype."""
+        return (not plan.provisional and not plan.stale and _is_library(plan, self._op)
+                and x.dtype is self._dtype)
+
+    def _held_key(self, x2: torch.Tensor) -> tuple:
+        """The key a plan for the rows ``x2`` is held by: the launched activation's shape
+        (``xᵀ``'s for a weight kept as given), dtype and device."""
+        shape = x2.shape if self._wt is not None else torch.Size((self.in_features,
+                                                                   x2.shape[0]))
+        return (shape, x2.dtype, x2.device)
+
+    def _launched(self, x2: torch.Tensor) -> tuple:
+        """The arguments launched for the rows ``x2`` (a weight kept as given: an
+        uninitialised stand-in of ``xᵀ``, for the dispatcher's key)."""
         if self._wt is not None:
-            x2 = x2 if x2.is_contiguous() else x2.contiguous()
-            return (x2, self._wt), (x2.shape, x2.dtype, x2.device)
-        xt = x2.new_empty((self.in_features, x2.shape[0]))
-        return (self._w, xt), (xt.shape, xt.dtype, xt.device)
+            return (x2 if x2.is_contiguous() else x2.contiguous(), self._wt)
+        return (self._w, x2.new_empty((self.in_features, x2.shape[0])))
 
     def route_of(self, x: torch.Tensor) -> str:
         """Which way a call on ``x`` goes now (diagnostics: the dispatcher is asked for the
@@ -186,13 +200,13 @@ class AdaptiveLinear(nn.Linear):
         plan = self._library.get(x.shape)
         if plan is not None and not plan.stale and x.dtype is self._dtype:
             return "F.linear (held)"
-        args, key = self._launched(x.reshape(-1, self.in_features))
-        held = self._held.get(key)
+        x2 = x.reshape(-1, self.in_features)
+        held = self._held.get(self._held_key(x2))
         if held is not None and not held.stale:
             return f"held {held.candidate.label}"
+        args = self._launched(x2)
         plan = default_dispatcher(args).plan(self._op, *args)
-        if (self._wt is None and self._op == "gemm" and not plan.provisional
-                and _is_library(plan, "gemm") and x.dtype is self._dtype):
+        if self._wt is None and self._by_f_linear(plan, x):
             return "F.linear (a new shape)"
         how = "rows as given" if self._wt is not None else "x and the output transposed"
         state = "exploring" if plan.provisional else "committed"

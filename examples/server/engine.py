@@ -29,8 +29,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import inspect
 import gc
+import inspect
 import logging
 import queue
 import threading
