@@ -22,6 +22,18 @@ generated token (generate synchronises once per token anyway, to test for stoppi
 time to first token is call start to the first logits, a per-token time is the gap
 between two logits. tokens/s = generated tokens / generate wall time, over all requests.
 
+Lockstep (``--lockstep-rounds``, after the rounds): every request through both models at
+once, token by token in one thread: each prefills, then every step decodes one token with
+each model (the model's forward with its own key/value cache and greedy pick, the loop
+``generate()`` runs, with the position ids and padding mask it builds), which mode goes
+first alternating by step. This host has slow phases (run S38: stretches of 20-25 ms steps
+amid 11-12 ms ones, in both modes, from 0.2 s to whole requests long) that
+request-by-request rounds lay on whichever mode ran then (one request's two modes differed
+by 0.68-1.34x, S38); in lockstep a phase falls on both modes' neighbouring steps. Both
+sets of ratios are printed against the targets; the lockstep loop's torch tokens are
+checked against torch's ``generate()`` tokens of the same request (the loop is the same
+computation).
+
 Correctness: the first 32 greedy tokens of every sequence, adaptive against torch; the
 first-step logits are compared too (relative to their largest magnitude), because random
 weights give near-tied logits and a tie broken the other way by an equally exact fp16
@@ -176,6 +188,61 @@ def run_request(model, request, device, new_tokens: int, sync) -> dict:
             "first_logits": clock.first.cpu().numpy()}
 
 
+def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, sync) -> dict:
+    """One request through both models at once, token by token, in one thread: each
+    model prefills (the first mode of ``order`` first), then every step decodes one token
+    with each model, which goes first alternating by step. A step is the model's forward
+    on the last token with its own key/value cache, the greedy pick and a synchronise: the
+    loop ``generate()`` runs, with the same position ids and padding mask it builds. A
+    host's slow phase (run S38: stretches of 20-25 ms steps amid 11-12 ms ones, 0.2 s to
+    whole requests long, in both modes) then falls on both modes' neighbouring steps
+    alike, where request-by-request rounds lay it on whichever mode ran then.
+
+    (Two threads running ``generate()`` in turns were tried first: on the H200 every step
+    of both modes took 40-75 ms against 3-4 ms run alone, run S41.)"""
+    import torch
+    batch, ids, mask = request
+    ids_t = torch.from_numpy(ids).to(device)
+    mask_t = torch.from_numpy(mask).to(device)
+    pos = (mask_t.cumsum(-1) - 1).masked_fill_(mask_t == 0, 1)   # as generate() makes them
+    state = {}
+    with torch.no_grad():
+        for mode in order:
+            sync()
+            t0 = time.perf_counter()
+            out = models[mode](input_ids=ids_t, attention_mask=mask_t, position_ids=pos,
+                               use_cache=True)
+            logits = out.logits[:, -1]
+            token = logits.argmax(-1, keepdim=True)
+            sync()
+            state[mode] = {"past": out.past_key_values, "token": token, "mask": mask_t,
+                           "pos": pos[:, -1:], "steps": [],
+                           "ttft_ms": (time.perf_counter() - t0) * 1e3, "new": [token],
+                           "first_logits": logits.float().cpu().numpy()}
+        ones = torch.ones((batch, 1), dtype=mask_t.dtype, device=mask_t.device)
+        for step in range(new_tokens - 1):
+            for mode in (order if step % 2 == 0 else order[::-1]):
+                s = state[mode]
+                sync()
+                t0 = time.perf_counter()
+                s["mask"] = torch.cat([s["mask"], ones], dim=-1)
+                s["pos"] = s["pos"] + 1
+                out = models[mode](input_ids=s["token"], attention_mask=s["mask"],
+                                   position_ids=s["pos"], past_key_values=s["past"],
+                                   use_cache=True)
+                s["past"] = out.past_key_values
+                s["token"] = out.logits[:, -1].argmax(-1, keepdim=True)
+                s["new"].append(s["token"])
+                sync()
+                s["steps"].append((time.perf_counter() - t0) * 1e3)
+    return {mode: {"batch": batch, "prompt_len": int(ids.shape[1]),
+                   "wall_s": (s["ttft_ms"] + sum(s["steps"])) / 1e3,
+                   "tokens": batch * new_tokens, "ttft_ms": s["ttft_ms"],
+                   "step_ms": s["steps"], "new": torch.cat(s["new"], dim=-1).cpu().numpy(),
+                   "first_logits": s["first_logits"]}
+            for mode, s in state.items()}
+
+
 def summarise(results: list[dict]) -> dict:
     steps = [s for r in results for s in r["step_ms"]]
     return {"tokens_per_s": sum(r["tokens"] for r in results) / sum(r["wall_s"] for r in results),
@@ -318,7 +385,9 @@ def profile_request(model, request, device, new_tokens, sync, out: Path, mode: s
                   f"{e.self_cpu_time_total / 1e3:>13.3f} {e.cpu_time_total / 1e3:>9.3f}"
                   for e in rows]
     (out / f"generate_profile_{mode}.txt").write_text("\n".join(lines) + "\n")
-    total_device = sum(device_us(e) for e in events) / 1e3
+    # the adaptive::<op> ranges' device time is their kernels' again: counted once
+    total_device = sum(device_us(e) for e in events
+                       if not e.key.startswith("adaptive::")) / 1e3
     total_host = sum(e.self_cpu_time_total for e in events) / 1e3
     launches = ", ".join(f"{e.key} {e.count} calls {e.cpu_time_total / 1e3:.1f} ms host"
                          for e in events if e.key.startswith("adaptive::"))
@@ -390,8 +459,8 @@ def library_dispatcher(default, model):
 
 
 def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 2,
-         layout: str = "torch", ablate_b1: bool = True, library_only: bool = False
-         ) -> list[dict]:
+         layout: str = "torch", ablate_b1: bool = True, library_only: bool = False,
+         lockstep_rounds: int = 1) -> list[dict]:
     import torch
 
     import adaptive
@@ -475,6 +544,25 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
         for r in requests:
             for mode in order:
                 results[mode].append(run_request(models[mode], r, dev, new_tokens, sync))
+    for batch in batches:   # printed now: a run cut short by its time limit keeps them
+        a, t = (summarise([r for r in results[m] if r["batch"] == batch])
+                for m in ("adaptive", "torch"))
+        print(f"  rounds batch {batch}: tokens/s adaptive/torch "
+              f"{a['tokens_per_s'] / t['tokens_per_s']:.3f}, per-token p99 "
+              f"{a['token_p99_ms'] / t['token_p99_ms']:.3f}", flush=True)
+
+    # ---- lockstep: both modes' generate() on each request at once, turn by turn ---------
+    lockstep = {m: [] for m in models}
+    for i in range(lockstep_rounds):
+        for j, r in enumerate(requests):
+            order = ("torch", "adaptive") if (i + j) % 2 == 0 else ("adaptive", "torch")
+            pair = run_lockstep(models, order, r, dev, new_tokens, sync)
+            for mode, res in pair.items():
+                lockstep[mode].append(res)
+            a, t = (summarise([pair[m]]) for m in ("adaptive", "torch"))
+            print(f"  lockstep request {j} batch {r[0]} ({order[0]} first): tokens/s "
+                  f"adaptive/torch {a['tokens_per_s'] / t['tokens_per_s']:.3f}, per-token "
+                  f"p50 {a['token_p50_ms']:.2f} / {t['token_p50_ms']:.2f} ms", flush=True)
     measured_misses = dispatcher.stats.get("misses", 0) - misses_before
     measured_refits = refits(dispatcher) - refits_before
     measured_stats = _policy_stats(dispatcher, stats_before)
@@ -501,6 +589,14 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
         scale = float(np.max(np.abs(a["first_logits"]))) or 1.0
         worst_rel = max(worst_rel, float(np.max(np.abs(a["first_logits"] - b["first_logits"])))
                         / scale)
+
+    # the lockstep loop against generate(): torch's tokens of the same request
+    loop_same, loop_total = 0, 0
+    for j, ls in enumerate(lockstep["torch"]):
+        k = min(SAME_TOKENS, new_tokens)
+        ref = results["torch"][j % len(requests)]["new"][:, :k]
+        loop_same += int(np.sum(np.all(ls["new"][:, :k] == ref, axis=1)))
+        loop_total += ls["batch"]
 
     # ---- profiles ---------------------------------------------------------------------------
     one = sorted((r for r in requests if r[0] == 1), key=lambda r: r[1].shape[1])
@@ -570,17 +666,38 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                      "note": f"median of {len(paired)} same-request pairs, range "
                              f"{paired[0]:.3f}-{paired[-1]:.3f} (not the target's ratio)"})
     for batch in batches:
-        a, t = summary[(batch, "adaptive")], summary[(batch, "torch")]
-        tok = a["tokens_per_s"] / t["tokens_per_s"]
-        p99 = a["token_p99_ms"] / t["token_p99_ms"]
-        rows += [{"bench": BENCH, "case": f"ratio batch {batch} tokens/s adaptive/torch",
-                  "value": f"{tok:.3f}", "unit": "x",
-                  "note": f"target >= {TARGET_TOKENS_RATIO}: "
-                          f"{'met' if tok >= TARGET_TOKENS_RATIO else 'NOT met'}"},
-                 {"bench": BENCH, "case": f"ratio batch {batch} per-token p99 adaptive/torch",
-                  "value": f"{p99:.3f}", "unit": "x",
-                  "note": f"target <= {TARGET_P99_RATIO}: "
-                          f"{'met' if p99 <= TARGET_P99_RATIO else 'NOT met'}"}]
+        for mode in models:
+            runs = [r for r in lockstep[mode] if r["batch"] == batch]
+            s = summary[(batch, f"lockstep {mode}")] = (summarise(runs) if runs
+                                                         else {"requests": 0})
+            if runs:
+                rows.append({"bench": BENCH, "case": f"lockstep {mode} batch {batch}",
+                             "value": f"{s['tokens_per_s']:.1f}", "unit": "tok/s",
+                             "note": f"per-token p50 / p99 {s['token_p50_ms']:.2f} / "
+                                     f"{s['token_p99_ms']:.2f} ms, first token p50 "
+                                     f"{s['ttft_p50_ms']:.1f} ms, {s['requests']} requests"})
+    if loop_total:
+        rows.append({"bench": BENCH, "case": "lockstep loop's torch tokens = generate()'s",
+                     "value": f"{loop_same}/{loop_total}", "unit": "sequences",
+                     "note": f"first {min(SAME_TOKENS, new_tokens)} tokens of the same "
+                             "request, torch in both (the loop is generate()'s computation)"})
+    for how, prefix in (("rounds", ""), ("lockstep", "lockstep ")):
+        for batch in batches:
+            a, t = summary[(batch, f"{prefix}adaptive")], summary[(batch, f"{prefix}torch")]
+            if not a["requests"]:
+                continue
+            tok = a["tokens_per_s"] / t["tokens_per_s"]
+            p99 = a["token_p99_ms"] / t["token_p99_ms"]
+            rows += [{"bench": BENCH,
+                      "case": f"ratio ({how}) batch {batch} tokens/s adaptive/torch",
+                      "value": f"{tok:.3f}", "unit": "x",
+                      "note": f"target >= {TARGET_TOKENS_RATIO}: "
+                              f"{'met' if tok >= TARGET_TOKENS_RATIO else 'NOT met'}"},
+                     {"bench": BENCH,
+                      "case": f"ratio ({how}) batch {batch} per-token p99 adaptive/torch",
+                      "value": f"{p99:.3f}", "unit": "x",
+                      "note": f"target <= {TARGET_P99_RATIO}: "
+                              f"{'met' if p99 <= TARGET_P99_RATIO else 'NOT met'}"}]
 
     payload = {"device": torch.cuda.get_device_name(0) if cuda else "cpu",
                "torch": torch.__version__, "adaptive": adaptive.__version__,
@@ -589,12 +706,15 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                "choices": final_state, "measured_misses": measured_misses,
                "measured_refits": measured_refits, "ablation_b1": ablation,
                "threads": [t.name for t in threading.enumerate()],
+               "lockstep_tokens_same": [loop_same, loop_total],
                "fresh": {"misses": fresh_misses, "adaptive": fa, "torch": ft,
                          "prompt_len": int(fresh_request[1].shape[1])},
                "profiles": profiles,
                "summary": {f"{m} batch {b}": s for (b, m), s in summary.items()},
                "requests": {m: [{k: v for k, v in r.items() if k not in ("new", "first_logits")}
-                                for r in rs] for m, rs in results.items()}}
+                                for r in rs] for m, rs in results.items()},
+               "lockstep": {m: [{k: v for k, v in r.items() if k not in ("new", "first_logits")}
+                                for r in rs] for m, rs in lockstep.items()}}
     tmp = out / f".{BENCH}.json.{os.getpid()}"
     tmp.write_text(json.dumps(payload, indent=1, default=str))
     os.replace(tmp, out / f"{BENCH}.json")
@@ -620,6 +740,10 @@ if __name__ == "__main__":
     parser.add_argument("--library-only", action="store_true",
                         help="adaptive's candidates are torch's own calls only (cuBLAS, SDPA): "
                              "both modes run the same library kernels")
+    parser.add_argument("--lockstep-rounds", type=int, default=1,
+                        help="rounds of every request through both modes in turns, token by "
+                             "token (0: none)")
     args = parser.parse_args()
     main(args.out, "cpu" if args.device == "host" else args.device, args.quick, args.rounds,
-         args.layout, ablate_b1=not args.no_ablation, library_only=args.library_only)
+         args.layout, ablate_b1=not args.no_ablation, library_only=args.library_only,
+         lockstep_rounds=args.lockstep_rounds)
