@@ -405,6 +405,7 @@ class Dispatcher:
                 ckey = ckey + (key,)   # the class's choice cannot run here: decide alone
                 cls = self._classes.get(ckey)
             decided = cls is None
+            decide_ms = 0.0
             if cls is None:
                 waits = self._device_waits(self.backend.stream_ptr(problem.kind))
                 candidates = self._candidates(op, problem)
@@ -417,6 +418,7 @@ class Dispatcher:
                     decision, tuning_ms=decision.tuning_ms or (time.perf_counter() - t0) * 1e3)
                 cls = self._classes[ckey] = _InputClass(ckey, decision, floor)
                 self.stats["decisions"] = self.stats.get("decisions", 0) + 1
+                decide_ms = (time.perf_counter() - t0) * 1e3
             # only the candidate that runs now is prepared: the other explored ones are
             # prepared on their first turn, so the first result pays for one
             scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
@@ -430,7 +432,7 @@ class Dispatcher:
             self.stats["misses"] += 1
             self._miss_log.append((time.time(), op.name, problem.describe(),
                                    "decided" if decided else "class",
-                                   (time.perf_counter() - t0) * 1e3))
+                                   (time.perf_counter() - t0) * 1e3, decide_ms))
             if len(self._plans) > self.plan_cache_size:
                 self._evict()
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
@@ -958,10 +960,13 @@ class Dispatcher:
     def recent_misses(self, since: float = 0.0) -> list[dict]:
         """The newest decision-cache misses (at most :data:`MISS_LOG`), oldest first, since
         ``since`` (``time.time()``): when, the op and input, ``how`` ("class": the input
-        class's decision reused, a plan prepared; "decided": the policy decided) and the
-        miss's own ms (deciding and preparing, not the launch)."""
-        return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3)}
-                for t, op, what, how, ms in list(self._miss_log) if t >= since]
+        class's decision reused, a plan prepared; "decided": the policy decided), the
+        miss's own ms (deciding and preparing, not the launch) and of them the deciding's
+        (the candidates listed and the policy's decision; 0 for a class's decision
+        reused)."""
+        return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3),
+                 "decide_ms": round(decide_ms, 3)}
+                for t, op, what, how, ms, decide_ms in list(self._miss_log) if t >= since]
 
     def candidates(self, op: str, *args, **params) -> list[Candidate]:
         """The candidates that fit this input on this dispatcher's backend."""

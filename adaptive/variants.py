@@ -80,8 +80,8 @@ class Variant:
         """sha256 of :attr:`code`."""
         return hashlib.sha256(self.code.encode()).hexdigest()
 
-    @property
-    def id(self) -> str:
+    @functools.cached_property
+    def id(self) -> str:   # made once: every hash of a candidate reads it
         return f"{self.op}/{self.name}"
 
     def fits(self, scope: Mapping, config: Mapping | None = None) -> bool:
@@ -133,8 +133,8 @@ class Candidate:
     def config(self) -> dict:
         return dict(self.config_items)
 
-    @property
-    def label(self) -> str:
+    @functools.cached_property
+    def label(self) -> str:   # made once: a miss's reasons and predictions name ~100
         if not self.config_items:
             return self.variant.name
         return f"{self.variant.name}[{','.join(f'{k}={v}' for k, v in self.config_items)}]"

@@ -140,6 +140,10 @@ class PolicyResult:
     # [kept issuings, the least of them in ms] (Dispatcher.issue_charges: what a
     # host-bound input class's samples are charged)
     issue_ms: dict = dataclasses.field(default_factory=dict)
+    # a live policy's first results split (means over the stream's new keys, ms): the
+    # miss (the decision and the first candidate's preparation) and, of it, the decision
+    first_miss_ms: float = math.nan
+    first_decide_ms: float = math.nan
 
 
 @dataclasses.dataclass
@@ -254,6 +258,11 @@ class SelectionReport:
                                                   else f"{k} {v}"
                                                   for k, v in r.policy_stats.items())
                     for r in s.results if r.policy_stats]
+            out += [f"  {r.policy} first result {r.first_result_ms:.2f} ms: the miss "
+                    f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}, preparing "
+                    f"{r.first_miss_ms - r.first_decide_ms:.2f}), the launch and its wait "
+                    f"{r.first_result_ms - r.first_miss_ms:.2f}"
+                    for r in s.results if not math.isnan(r.first_miss_ms)]
             out += [f"  {r.policy} ({r.source}) issuing charged: " + ", ".join(
                 f"{k} {ms * 1e3:.1f} us (last {n})" for k, (n, ms) in sorted(r.issue_ms.items()))
                 for r in s.results if r.issue_ms]
@@ -440,16 +449,18 @@ def _live(name, dispatcher, stream, inputs, table, sync
     """Serve ``stream`` through ``dispatcher``; the result, the final choice of each input,
     and for a learned policy each input's account of its class (its history's last two
     entries: the exploration and the commit with every candidate's samples)."""
-    firsts, seen = [], set()
+    firsts, seen, misses = [], set(), []
     t_start = time.perf_counter_ns()
     for s in stream:
         args, params = inputs[s]
+        wall = time.time()
         t0 = time.perf_counter_ns()
         dispatcher.launch(s[0], *args, **params)
         sync()
         if s not in seen:
             seen.add(s)
             firsts.append((time.perf_counter_ns() - t0) / 1e6)
+            misses += dispatcher.recent_misses(since=wall)[-1:]   # outside the timing
     total = (time.perf_counter_ns() - t_start) / 1e6
     for _ in range(3):   # let exploring keys finish: steady state means every key decided
         for s in dict.fromkeys(stream):
@@ -488,8 +499,14 @@ def _live(name, dispatcher, stream, inputs, table, sync
              if isinstance(policy, Learned) else {})
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
                         max(firsts), regret, explored, stats,
-                        {k: list(v) for k, v in dispatcher.issue_charges().items()}), \
+                        {k: list(v) for k, v in dispatcher.issue_charges().items()},
+                        first_miss_ms=_mean([m["ms"] for m in misses]),
+                        first_decide_ms=_mean([m["decide_ms"] for m in misses])), \
         choice, why
+
+
+def _mean(values: list) -> float:
+    return statistics.mean(values) if values else math.nan
 
 
 def _hot_path(backend, rounds: int, n: int) -> dict:

@@ -168,12 +168,37 @@ def candidate_rows(op: str, op_features: Mapping[str, float], candidates: Sequen
     """The rows of every candidate of one input (a miss: one call). ``resources``: the
     backend's lookup of a candidate's ptxas resources (None: the variants' own tables)."""
     state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
-    geo = geometries([(c.variant, c.config) for c in candidates], scope, limits)
+    configs = [c.config for c in candidates]
+    geo = geometries([(c.variant, cfg) for c, cfg in zip(candidates, configs)], scope, limits)
     op_part, device_part = _op_part(op_features), state.features()   # once, not per row
-    return [_assembled(op_part, g | work(op, c.variant, c.config, op_features),
-                       _candidate_part(op, c.variant.name, c.config,
-                                       kernel_resources(c, resources)), device_part)
-            for c, g in zip(candidates, geo)]
+    from adaptive.ops import OPS
+    known = OPS.get(op)
+    return [_assembled(op_part, g | _work(known, c.variant, cfg, op_features),
+                       _part_of(op, c, cfg, resources), device_part)
+            for c, cfg, g in zip(candidates, configs, geo)]
+
+
+# (id(variant), config items) -> (variant, its candidate part): a miss ranks ~100
+# candidates, and what a row says of a candidate alone never changes while its resources
+# come from the variant (a backend's lookup, which learns a kernel's after its compile,
+# is asked every time)
+_PARTS: dict = {}
+_PARTS_MAX = 8192
+
+
+def _part_of(op: str, candidate, config: Mapping, resources: Callable | None) -> dict:
+    if resources is not None:
+        return _candidate_part(op, candidate.variant.name, config,
+                               kernel_resources(candidate, resources))
+    key = (id(candidate.variant), candidate.config_items)
+    hit = _PARTS.get(key)
+    if hit is not None and hit[0] is candidate.variant:
+        return hit[1]
+    part = _candidate_part(op, candidate.variant.name, config, kernel_resources(candidate))
+    if len(_PARTS) >= _PARTS_MAX:
+        _PARTS.clear()
+    _PARTS[key] = (candidate.variant, part)
+    return part
 
 
 def work(op: str, variant, config: Mapping, op_features: Mapping[str, float]
@@ -181,7 +206,10 @@ def work(op: str, variant, config: Mapping, op_features: Mapping[str, float]
     """``work.*`` features of a candidate on an input (:meth:`adaptive.ops.base.Op.work`;
     ``{}`` for an op this process does not know)."""
     from adaptive.ops import OPS
-    known = OPS.get(op)
+    return _work(OPS.get(op), variant, config, op_features)
+
+
+def _work(known, variant, config: Mapping, op_features: Mapping[str, float]) -> dict:
     if known is None:
         return {}
     return {f"work.{k}": float(v) for k, v in known.work(op_features, variant, config).items()}
@@ -220,8 +248,11 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
         return [{} for _ in candidates]
     base = {**scope, **limits}
     out = []
+    exprs_of: dict = {}   # per variant: its expressions looked up once a call
     for variant, config in candidates:
-        exprs = _launch_exprs(variant)
+        exprs = exprs_of.get(id(variant), False)
+        if exprs is False:
+            exprs = exprs_of[id(variant)] = _launch_exprs(variant)
         if exprs is None:
             out.append({})
             continue

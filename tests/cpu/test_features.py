@@ -151,3 +151,36 @@ def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
         assert list(a.items()) == list(b.items())
     assert got[0]["res.registers"] == 40.0 and got[0]["res.known"] == 1.0
     assert got[0]["dev.sm_clock_ratio"] == 0.5 and got[1]["res.known"] == 0.0
+
+
+def test_a_candidates_part_is_kept_between_misses_and_follows_a_replaced_variant(rng):
+    """Without a backend's lookup (the dispatcher's misses) what a row says of a candidate
+    alone is made once and kept: a second miss's rows are still ``row()``'s key for key,
+    and a variant replaced under the same id (regenerated, new ptxas resources) is read
+    anew, not served from the kept part."""
+    import dataclasses
+
+    from adaptive.ops import OPS
+    from adaptive.policy.features import candidate_rows, kernel_resources, row, work
+    from adaptive.variants import default_registry, make_candidate
+    op = OPS["softmax"]
+    problem = op.problem((rng.standard_normal((37, 515)).astype(np.float16),), {})
+    feats, scope = op.features(problem), problem.scope()
+    variant = default_registry().variants("softmax", "cuda")[0]
+    cands = [make_candidate(variant, c) for c in list(variant.space.all_configs())[:4]]
+
+    def want(cs):
+        return [row(feats, "softmax", c.variant.name, c.config, kernel_resources(c), None,
+                    work("softmax", c.variant, c.config, feats)) for c in cs]
+    for _ in range(2):   # the second miss: every candidate part kept from the first
+        got = candidate_rows("softmax", feats, cands, scope, None)
+        assert [list(r.items()) for r in got] == [list(r.items()) for r in want(cands)]
+    got[0]["res.registers"] = -1.0   # a caller's edit of its row reaches no kept part
+    again = candidate_rows("softmax", feats, cands, scope, None)
+    assert again[0]["res.registers"] != -1.0
+    regenerated = dataclasses.replace(variant, resources={"registers": 77, "shared_bytes": 0})
+    assert regenerated.id == variant.id
+    fresh = [make_candidate(regenerated, c.config) for c in cands]
+    got = candidate_rows("softmax", feats, fresh, scope, None)
+    assert {r["res.registers"] for r in got} == {77.0}
+    assert [list(r.items()) for r in got] == [list(r.items()) for r in want(fresh)]

@@ -90,4 +90,8 @@ def test_recent_misses_say_which_inputs_were_decided_and_which_reused_their_clas
                                                      ("softmax", "decided")]
     assert ["105" in m["input"] for m in misses] == [False, True, False]
     assert all(m["ms"] >= 0 and m["time_s"] >= t0 for m in misses)
+    # the deciding's share: MeasureEach times every candidate when it decides (ms, not
+    # zero), a class's decision reused decides nothing
+    assert [m["decide_ms"] > 0 for m in misses] == [True, False, True]
+    assert all(m["ms"] >= m["decide_ms"] for m in misses)
     assert d.recent_misses(since=time.time() + 1) == []

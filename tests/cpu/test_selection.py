@@ -45,6 +45,14 @@ def test_every_stream_reports_every_policy_from_one_run(report):
             # steady is never below the oracle, and the ratio is the printed quotient
             assert r.steady_ms >= s.oracle_ms * (1 - 1e-12)
             assert r.steady_ratio == pytest.approx(r.steady_ms / s.oracle_ms)
+            # a live policy's first result split: the miss (deciding within it) inside
+            # the first result, every new key's miss logged
+            assert (r.source == "live") == math.isfinite(r.first_miss_ms), r
+            if r.source == "live":
+                assert 0 < r.first_decide_ms <= r.first_miss_ms <= r.first_result_ms
+                assert (f"{r.policy} first result {r.first_result_ms:.2f} ms: the miss "
+                        f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}"
+                        in str(report))
     text = str(report)
     assert "replayed" in text and "live" in text and "warm hit" in text
     verdicts = report.verdicts()
