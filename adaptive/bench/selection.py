@@ -482,12 +482,12 @@ def _live(name, dispatcher, stream, inputs, table, sync
             states.setdefault(plan.class_key, (s, state))
             told = list(state.history)[-2:]
             why[s] = " | ".join(told + [state.reason] * (state.reason not in told))
-    if states:     # learned: price the explored calls from the table
-        for spec, state in states.values():
-            for cand, ts in state.observed.items():
+    if states:     # learned: price the exploring calls from the table (its committed
+        for spec, state in states.values():    # choice's steady samples are calls served)
+            for cand, n in state.explored.items():
                 if cand.label in table[spec]:
-                    regret += len(ts) * (table[spec][cand.label] - best[spec])
-                    explored += len(ts)
+                    regret += n * (table[spec][cand.label] - best[spec])
+                    explored += n
     else:          # measure-each: its miss-time sweep is the tuning work
         for s in seen:
             dec = dispatcher.decision(s[0], *inputs[s][0], **inputs[s][1])

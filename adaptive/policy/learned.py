@@ -19,6 +19,7 @@ only sees :meth:`Learned.observe` calls.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import statistics
@@ -110,6 +111,10 @@ class KeyState:
     # the interval it was last scheduled at: set when a drift changed the choice
     revalidate_in: int = 0
     revalidate_interval: int = 0
+    # exploring samples per candidate over the key's life, every exploration (``observed``
+    # starts anew at each, and goes on with the committed candidate's steady samples,
+    # which are the calls served, not tuning)
+    explored: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -539,6 +544,7 @@ class Learned(BasePolicy):
         if candidate not in state.observed:
             return None
         self.stats["explore_calls"] += 1
+        state.explored[candidate] += 1
         self._spend(time_ms)
         self._learn(state, candidate, time_ms)
         # the sample count is the commit criterion: every explored candidate timed

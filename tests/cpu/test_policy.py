@@ -143,6 +143,37 @@ def test_steady_samples_are_learned_but_never_start_a_refit(rng):
     assert model.model.n_rows_ == 2 + 40 + len(d2.explore)
 
 
+def test_a_keys_exploring_samples_are_counted_apart_from_its_steady_ones(rng):
+    """``KeyState.explored``: exploring samples per candidate over every exploration of
+    the key (what tuning cost); the committed candidate's steady samples (the calls
+    served) go on in ``observed`` and are not counted there, and a drift's re-exploration
+    adds to the count where ``observed`` starts anew."""
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=2, drift_window=4,
+                     drift_ratio=1.5)
+    d = policy.decide(ctx, cands)
+    times = dict(zip(d.explore, (0.1, 0.2, 0.3)))
+    for _ in range(2):
+        for c in d.explore:
+            policy.observe(ctx.key, c, times[c])
+    state = policy.keys[ctx.key]
+    first = d.explore[0]
+    assert state.committed == first
+    assert dict(state.explored) == {c: 2 for c in d.explore}
+    for _ in range(4):    # the steady baseline window, then steady samples as expected
+        policy.observe(ctx.key, first, 0.1)
+    assert len(state.observed[first]) == 6 and state.explored[first] == 2
+    for n in range(1, 5):    # 3x slower: a drift re-explores the three
+        policy.observe(ctx.key, first, 0.3)
+        if state.committed is None:
+            break
+    assert state.committed is None and n < 5 and len(state.observed[first]) == 0
+    assert state.explored[first] == 2
+    policy.observe(ctx.key, first, 0.3)
+    assert state.explored[first] == 3 and len(state.observed[first]) == 1
+    assert sum(state.explored.values()) == policy.stats["explore_calls"] == 7
+
+
 def test_parameters_are_validated():
     with pytest.raises(ValueError, match="max_explore"):
         Learned(LiveModel(background=False), max_explore=0)
