@@ -85,6 +85,7 @@ NEW_TOKENS = 128
 SAME_TOKENS = 32            # greedy tokens that must agree
 WARMUP_PASSES = 3           # adaptive warm-up passes at most
 BUDGET_S = 330.0            # no further warm-up pass or round is started past this
+LOCKSTEP_S = 40.0           # lockstep requests start until BUDGET_S + this
 TARGET_TOKENS_RATIO = 0.98
 TARGET_P99_RATIO = 1.05
 FULL = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -553,8 +554,13 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
 
     # ---- lockstep: both modes' generate() on each request at once, turn by turn ---------
     lockstep = {m: [] for m in models}
+    cut = ""
     for i in range(lockstep_rounds):
         for j, r in enumerate(requests):
+            if time.perf_counter() - started > BUDGET_S + LOCKSTEP_S:
+                cut = (f"  lockstep stopped before round {i + 1}'s request {j}: past the "
+                       f"{BUDGET_S + LOCKSTEP_S:.0f} s budget")
+                break
             order = ("torch", "adaptive") if (i + j) % 2 == 0 else ("adaptive", "torch")
             pair = run_lockstep(models, order, r, dev, new_tokens, sync)
             for mode, res in pair.items():
@@ -563,6 +569,9 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
             print(f"  lockstep request {j} batch {r[0]} ({order[0]} first): tokens/s "
                   f"adaptive/torch {a['tokens_per_s'] / t['tokens_per_s']:.3f}, per-token "
                   f"p50 {a['token_p50_ms']:.2f} / {t['token_p50_ms']:.2f} ms", flush=True)
+        if cut:
+            print(cut, flush=True)
+            break
     measured_misses = dispatcher.stats.get("misses", 0) - misses_before
     measured_refits = refits(dispatcher) - refits_before
     measured_stats = _policy_stats(dispatcher, stats_before)

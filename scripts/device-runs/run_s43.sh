@@ -7,7 +7,7 @@ source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 420 python3 benchmarks/gpu_generate.py --no-ablation --library-only --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
 echo "generate rc=$? $((SECONDS-t0)) s"
-cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
+mkdir -p "$OUT/lib"; cp /tmp/gen/gpu_generate.json /tmp/gen/generate_profile_*.txt "$OUT/lib/" 2>/dev/null
 grep -E "warm-up [0-9]|rounds batch|lockstep|ratio|tokens/s|greedy|committed" "$OUT/generate.log" | cut -c1-260
 # then the selection benchmark: each live policy's first result split into the miss
 # (deciding, preparing) and the launch, tuning runs counted as exploring samples only,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -96,6 +97,21 @@ def test_benchmark_dry_run_completes_on_the_host(name, dry_runs):
                      + stdout[-3000:] + stderr[-3000:] + runner.stderr[-3000:])
     assert last_words in stdout, stdout[-3000:]
     assert any(out.iterdir()), "the benchmark wrote nothing under --out"
+
+
+def test_gpu_generate_lockstep_is_generates_computation(dry_runs):
+    """The lockstep loop (both models token by token in one thread) reproduces torch's
+    generate() tokens of the same requests, and its ratios are judged beside the rounds'."""
+    runs, _ = dry_runs
+    rc, stdout, _, _ = runs["gpu_generate"]
+    assert rc == 0, stdout[-3000:]
+    line = next(x for x in stdout.splitlines() if "lockstep loop's torch tokens" in x)
+    same, total = map(int, re.search(r"(\d+)/(\d+) sequences", line).groups())
+    assert same == total > 0, line
+    for batch in (1, 3):
+        for what in ("tokens/s", "per-token p99"):
+            assert re.search(rf"ratio \(lockstep\) batch {batch} {re.escape(what)} "
+                             r"adaptive/torch +\d+\.\d{3} x +target", stdout), stdout[-3000:]
 
 
 def test_gpu_selection_dry_run_writes_its_report(tmp_path, monkeypatch, capsys,
