@@ -147,7 +147,7 @@ def launch(op: str, *args, out=None, **params):
     the process's default one for the device the arrays live on.
 
     Args:
-        op: "gemm", "spmm", "attention" or "softmax" (``adaptive.OPS``).
+        op: "gemm", "spmm", "attention", "softmax" or "rmsnorm" (``adaptive.OPS``).
         *args: the op's arrays: NumPy, CuPy, PyTorch tensors or objects with
             ``__cuda_array_interface__``, all of one kind and device (an
             ``adaptive.SparseWeight`` where the op takes one).

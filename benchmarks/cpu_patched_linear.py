@@ -11,8 +11,9 @@ Three measurements, each patched against plain, rounds alternating and medians k
 
 The shapes are tiny, so the difference is the patched code's Python work per call and
 nothing else. Times are this thread's CPU time (``time.thread_time_ns``, torch on one
-thread), so other processes on a shared machine do not count in them. The dispatcher is a host one whose variants are torch's own calls
-(``torch.mm`` with ``torch_library``, SDPA through a torch entry), so that the plans it
+thread), so other processes on a shared machine do not count in them. The dispatcher is
+a host one whose variants are torch's own calls (``torch.mm`` with ``torch_library``, SDPA
+through a torch entry, transformers' RMSNorm ops), so that the plans it
 commits are the ones the H200 commits for such a model (cuBLAS and SDPA through torch):
 what is timed is what the patched layers add around the same library calls.
 
@@ -62,9 +63,10 @@ _SOURCE = textwrap.dedent('''
 
 
 def library_dispatcher():
-    """A host dispatcher whose only variants are torch's own gemm and attention calls."""
+    """A host dispatcher whose only variants are torch's own gemm, attention and rmsnorm
+    calls."""
     import adaptive
-    from adaptive.variants import Registry, Variant, variant_from_dict
+    from adaptive.variants import Registry, Variant, default_registry, variant_from_dict
     gemm = variant_from_dict({"name": "torch_mm", "backend": "host", "language": "python",
                               "entry": "gemm_numpy", "torch_entry": "gemm_torch",
                               "source": _SOURCE}, "gemm")
@@ -74,7 +76,8 @@ def library_dispatcher():
                                    "language": "python", "entry": "attention_numpy",
                                    "torch_entry": "attention_torch", "source": _SOURCE},
                                   "attention")
-    return adaptive.Dispatcher(backend="host", registry=Registry([gemm, attention]))
+    norms = [v for v in default_registry().variants("rmsnorm", "host") if v.torch_entry]
+    return adaptive.Dispatcher(backend="host", registry=Registry([gemm, attention, *norms]))
 
 
 def _timed_us(fn, calls: int) -> float:

@@ -437,9 +437,9 @@ def build(full: bool, device: str):
 
 def library_dispatcher(default, model):
     """A dispatcher whose only candidates are torch's own calls (cuBLAS through torch.mm,
-    SDPA), made the default for the model's device: adaptive and torch then run the same
-    library kernels, so the two differ by adaptive's host path alone (issue 12's parity
-    bar is stated for that case)."""
+    SDPA, the eight ops of transformers' RMSNorm), made the default for the model's
+    device: adaptive and torch then run the same library kernels, so the two differ by
+    adaptive's host path alone (issue 12's parity bar is stated for that case)."""
     import adaptive
     from adaptive import runtime
     from adaptive.integrations import transformers as at
@@ -449,13 +449,13 @@ def library_dispatcher(default, model):
         d = host_library()
     else:
         d = adaptive.Dispatcher(backend=default.backend, registry=Registry(
-            [v for op in ("gemm", "attention") for v in default.registry.variants(
+            [v for op in ("gemm", "attention", "rmsnorm") for v in default.registry.variants(
                 op, default.backend.name) if v.torch_entry]))
     registry = d.registry
     runtime.set_default(d, next(model.parameters()))
     at.forget_held()
-    print(f"  library only: {', '.join(v.id for v in registry.variants('gemm'))}, "
-          f"{', '.join(v.id for v in registry.variants('attention'))}", flush=True)
+    print("  library only: " + ", ".join(v.id for op in ("gemm", "attention", "rmsnorm")
+                                         for v in registry.variants(op)), flush=True)
     return d
 
 

@@ -17,6 +17,8 @@ Cases (fp16, M = 1 decode shapes of a 1B Llama layer):
                                a miss per new Lk through a dispatcher of each alone
   F.linear vs torch.mm(W, xT)  (GPU) the two cuBLAS layouts of a weight kept as given, at
                                decode row counts, wall and device time per call
+  LlamaRMSNorm / AdaptiveRMSNorm  transformers' eight-op norm against the patched one (its
+                               plan held) and the op's candidates held, decode and prefill rows
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --out $OUT
     python benchmarks/gpu_hostpath.py --device host --quick          # dry run on the CPU
@@ -137,6 +139,42 @@ def _decode_attention_cases(case, reg, calls: int, dev, dtype, sync, rows,
                              f"{lk0 + 1}; misses {fresh.stats['misses'] - 1})"})
 
 
+def _norm_cases(case, reg, dev, dtype, hidden: int, cuda: bool, rows) -> None:
+    """transformers' LlamaRMSNorm (eight torch ops) against AdaptiveRMSNorm with a held
+    plan and the held plans of the op's two candidates, at gpu_generate's decode and
+    prefill row counts; on the GPU each with its device time per call."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from adaptive.integrations.norm import AdaptiveRMSNorm
+    plain = LlamaRMSNorm(hidden, eps=1e-5).to(device=dev, dtype=dtype).eval()
+    with torch.no_grad():
+        plain.weight.normal_()
+    patched = AdaptiveRMSNorm(LlamaRMSNorm(hidden, eps=1e-5).to(device=dev, dtype=dtype),
+                              "norm").eval()
+    patched.load_state_dict(plain.state_dict())
+    names = ("rmsnorm_torch", "rms_rows") if cuda else ("torch_rmsnorm", "host_numpy")
+    for shape in ((1, 1, hidden), (16, 1, hidden), (8, 512 if cuda else 16, hidden)):
+        x = torch.randn(*shape, device=dev, dtype=dtype)
+        x2 = x.view(-1, hidden)
+        w = plain.weight.detach()
+        label = "x".join(map(str, shape))
+        with torch.no_grad():
+            for _ in range(12):   # past the patched norm's exploring calls
+                patched(x)
+        fns = [(f"LlamaRMSNorm, x {label}", lambda: plain(x)),
+               (f"AdaptiveRMSNorm forward, x {label}", lambda: patched(x))]
+        for name in names:
+            plan = _only(reg, "rmsnorm", name).plan("rmsnorm", x2, w, eps=1e-5)
+            fns.append((f"held plan: {plan.candidate.label}, x {label}",
+                        lambda plan=plan: plan.run((x2, w), None)))
+        for name, fn in fns:
+            case(name, fn)
+            if cuda:
+                with torch.no_grad():
+                    rows[-1]["note"] = f"device {_device_us(fn):.2f} us"
+
+
 def measure(device: str, quick: bool) -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -198,6 +236,7 @@ def measure(device: str, quick: bool) -> list[dict]:
     case("adaptive attention, Lk + 1 per call", next_step,
          "the first pass over the lengths misses (a decided class), later passes hit")
     rows[-1]["note"] += f"; misses {att.stats['misses'] - misses}"
+    _norm_cases(case, reg, dev, dtype, hidden, cuda, rows)
     if cuda:
         _decode_attention_cases(case, reg, calls, dev, dtype, sync, rows)
         _linear_layout_cases(rows, dev, dtype, calls, rounds, sync)

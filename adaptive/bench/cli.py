@@ -34,6 +34,8 @@ _FULL = {
                                  (2048, 2048))],
     "softmax": [({"R": r, "C": c}, "float32", {})
                 for r, c in ((8, 32000), (4096, 128), (2048, 2048), (64, 4096), (16384, 512))],
+    "rmsnorm": [({"R": r, "C": c}, "float32", {})
+                for r, c in ((1, 4096), (16, 4096), (4096, 2048), (512, 8192))],
 }
 _QUICK = {
     "gemm": [({"M": m, "N": n, "K": k}, "float32", {})
@@ -44,6 +46,7 @@ _QUICK = {
                   for lq, lk in ((1, 512), (128, 128), (512, 512))],
     "softmax": [({"R": r, "C": c}, "float32", {})
                 for r, c in ((8, 8192), (2048, 256), (512, 1024))],
+    "rmsnorm": [({"R": r, "C": c}, "float32", {}) for r, c in ((1, 2048), (512, 1024))],
 }
 
 
@@ -136,7 +139,8 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
 # the overhead's inputs: tiny, so the variant's own time is small next to the dispatch
 _TINY = {"gemm": ({"M": 4, "N": 4, "K": 4}, {}), "softmax": ({"R": 4, "C": 8}, {}),
          "attention": ({"B": 1, "H": 1, "Lq": 1, "Lk": 8, "D": 8}, {}),
-         "spmm": ({"M": 8, "N": 4, "K": 8}, {"density": 0.5})}
+         "spmm": ({"M": 8, "N": 4, "K": 8}, {"density": 0.5}),
+         "rmsnorm": ({"R": 4, "C": 8}, {})}
 
 
 def run_overhead(backend: str = "host", n: int = 20000, rounds: int = 7,

@@ -213,14 +213,18 @@ def _layer(module) -> str:
 LAYOUTS = ("transposed", "torch")
 
 
-def patch(model, *, sparse=None, skip=None, layout: str = "torch"):
-    """Serve ``model``'s linears and attention through adaptive, in place; inference only.
+def patch(model, *, sparse=None, skip=None, layout: str = "torch", norms: bool = True):
+    """Serve ``model``'s linears, attention and RMSNorms through adaptive, in place;
+    inference only.
 
     Every ``nn.Linear`` becomes an :class:`~adaptive.integrations.linear.AdaptiveLinear`
     (dense: the weight kept transposed once, ``weight`` a view of it; tied to another
     module: used as it is; pruned: an :class:`adaptive.SparseWeight` built once), every
-    transformers model inside is switched to ``attn_implementation="adaptive"``, and the
-    model is put in eval mode.
+    transformers model inside is switched to ``attn_implementation="adaptive"``, every
+    RMSNorm that computes as transformers' ``LlamaRMSNorm`` does (checked on a small
+    input: :func:`adaptive.integrations.norm.is_rmsnorm`) becomes an
+    :class:`~adaptive.integrations.norm.AdaptiveRMSNorm` (op ``rmsnorm``: its fused
+    kernel or the eight ops the model ran), and the model is put in eval mode.
 
     Args:
         model: a ``torch.nn.Module`` (a transformers ``PreTrainedModel`` or any module).
@@ -235,6 +239,7 @@ def patch(model, *, sparse=None, skip=None, layout: str = "torch"):
             patched model is never slower where the library wins) or ``"transposed"``
             (``[in, out]``, one copy at patch time: ``y = gemm(x, Wᵀ)``, what our gemm
             kernels read best).
+        norms: whether RMSNorms are served too (False: left as they are).
 
     Returns:
         ``model``, patched.
@@ -257,8 +262,12 @@ def patch(model, *, sparse=None, skip=None, layout: str = "torch"):
                              f"{type(skip).__name__}")
     if layout not in LAYOUTS:
         raise InputValueError(f"patch(layout={layout!r}); expected one of {LAYOUTS}")
+    if not isinstance(norms, bool):
+        raise InputTypeError(f"norms must be True or False, got {type(norms).__name__}")
     linears, models = _plan(model, _sparse_rule(sparse), skip, layout == "torch")
+    rms = _norms(model) if norms else []
     from adaptive.integrations.linear import AdaptiveLinear
+    from adaptive.integrations.norm import AdaptiveRMSNorm
     previous = [(m, m.config._attn_implementation) for _, m in models]
     done = []
     try:
@@ -269,9 +278,14 @@ def patch(model, *, sparse=None, skip=None, layout: str = "torch"):
         for path, parent, attr, linear, mode in linears:
             setattr(parent, attr, AdaptiveLinear(linear, mode, path))
             done.append((parent, attr))
+        for path, parent, attr, norm in rms:
+            setattr(parent, attr, AdaptiveRMSNorm(norm, path))
+            done.append((parent, attr))
     except BaseException:   # out of memory half-way: put back what was changed
         for parent, attr in done:
-            setattr(parent, attr, getattr(parent, attr).to_linear())
+            child = getattr(parent, attr)
+            setattr(parent, attr, child.to_norm() if isinstance(child, AdaptiveRMSNorm)
+                    else child.to_linear())
         for m, impl in previous:
             _set_attention(m, impl)
         raise
@@ -284,10 +298,13 @@ def unpatch(model):
     ones keep their transposed layout) and the attention implementation from before.
     Returns ``model``."""
     from adaptive.integrations.linear import AdaptiveLinear
+    from adaptive.integrations.norm import AdaptiveRMSNorm
     for path, module in list(model.named_modules()):
         for attr, child in list(module.named_children()):
             if isinstance(child, AdaptiveLinear):
                 setattr(module, attr, child.to_linear())
+            elif isinstance(child, AdaptiveRMSNorm):
+                setattr(module, attr, child.to_norm())
     for _, m in _transformers_models(model):
         if m.config._attn_implementation == NAME:
             _set_attention(m, getattr(m, "_adaptive_attention_before", "sdpa"))
@@ -378,6 +395,21 @@ def _plan(model, sparse_rule, skip, as_given: bool = False):
         raise InputValueError(f"cannot patch {type(model).__name__}; nothing was changed. "
                               f"{len(problems)} problem(s):\n  " + "\n  ".join(problems))
     return linears, models
+
+
+def _norms(model) -> list:
+    """The RMSNorms patch() serves: ``(path, parent, attr, module)`` of each module that
+    computes as ``rmsnorm_torch`` does, on a device and dtype the op's backends take."""
+    from adaptive.integrations.norm import is_rmsnorm
+    out = []
+    for path, module in model.named_modules():
+        for attr, child in module.named_children():
+            w = getattr(child, "weight", None)
+            dtype = str(getattr(w, "dtype", "")).removeprefix("torch.")
+            device = getattr(getattr(w, "device", None), "type", "")
+            if dtype in LINEAR_DTYPES.get(device, ()) and is_rmsnorm(child):
+                out.append((f"{path}.{attr}" if path else attr, module, attr, child))
+    return out
 
 
 def _attention_problem(m) -> str | None:

@@ -6,11 +6,13 @@ from adaptive.errors import UnknownNameError
 from adaptive.ops.attention import Attention
 from adaptive.ops.base import KEY_VERSION, Op, Param, Problem
 from adaptive.ops.gemm import Gemm
+from adaptive.ops.rmsnorm import RMSNorm
 from adaptive.ops.softmax import Softmax
 from adaptive.ops.sparse import SparseWeight
 from adaptive.ops.spmm import Spmm
 
-OPS: dict[str, Op] = {op.name: op for op in (Gemm(), Spmm(), Attention(), Softmax())}
+OPS: dict[str, Op] = {op.name: op for op in (Gemm(), Spmm(), Attention(), Softmax(),
+                                                  RMSNorm())}
 
 
 def get_op(name: str) -> Op:

@@ -229,6 +229,39 @@ def softmax_regimes() -> dict[str, Regime]:
                           for name, (doc, fn) in SOFTMAX_LOGITS.items()}}
 
 
+# ---- rmsnorm: hidden states as a decoder's residual stream carries them -----------------------
+
+def rmsnorm_regimes() -> dict[str, Regime]:
+    def weight(rng, dims, dtype):
+        return cast(rng.standard_normal(dims["C"]) * 0.5 + 1.0, dtype)
+
+    def outliers(op, dims, dtype, rng, **stats):
+        """Rows with a few massive activations (a residual stream's outlier channels): a
+        handful of columns at 0.5x the fp16 range (1e15 in fp32, whose squares still sum
+        within fp32), the rest ordinary, so the mean of squares is one column's."""
+        x = rng.standard_normal((dims["R"], dims["C"]))
+        big = 0.5 * RANGE["float16"][0] if dtype == "float16" else 1e15
+        cols = rng.choice(dims["C"], size=max(1, dims["C"] // 64), replace=False)
+        x[:, cols] = big * np.where(rng.random((dims["R"], len(cols))) < 0.5, -1.0, 1.0)
+        return cast(x, dtype), weight(rng, dims, dtype)
+
+    def tiny(op, dims, dtype, rng, **stats):
+        """Rows at the dtype's smallest normal: their squares underflow any fp16 (and in
+        fp32 every) accumulation, so the result is x / sqrt(eps) (eps dominates)."""
+        t = tiny_scale(dtype)
+        return (cast(rng.standard_normal((dims["R"], dims["C"])) * t, dtype),
+                weight(rng, dims, dtype))
+
+    def constant(op, dims, dtype, rng, **stats):
+        """Every element of a row equal (a padded position's hidden state): the result is
+        weight · sign(x) up to eps."""
+        x = np.repeat(rng.standard_normal((dims["R"], 1)) * 3.0, dims["C"], axis=1)
+        return cast(x, dtype), weight(rng, dims, dtype)
+
+    return {**GENERIC, "outliers": Regime(outliers.__doc__, outliers),
+            "tiny": Regime(tiny.__doc__, tiny), "constant": Regime(constant.__doc__, constant)}
+
+
 # ---- attention: q, k, v whose scores fall in the regimes above -------------------------------
 
 # Scores are computed (not given), so their rounding bounds what any fp32 kernel can reach:

@@ -22,6 +22,11 @@ def _attention(dtype: str, shapes) -> list[dict]:
              "params": {"causal": causal}} for b, h, lq, lk, d, causal in shapes]
 
 
+def _rmsnorm(dtype: str, shapes) -> list[dict]:
+    return [{"dims": {"R": r, "C": c}, "dtype": dtype, "params": {"eps": 1e-5}}
+            for r, c in shapes]
+
+
 def _spmm(dtype: str, shapes) -> list[dict]:
     return [{"dims": {"M": m, "N": n, "K": k}, "dtype": dtype,
              "stats": {"density": density, "block": block}}
@@ -33,6 +38,7 @@ QUICK = {
     "softmax": _softmax("float32", [(3, 301), (64, 96)]),
     "attention": _attention("float32", [(1, 2, 5, 64, 16, False), (1, 1, 24, 24, 8, True)]),
     "spmm": _spmm("float32", [(64, 16, 48, 0.1, 0), (64, 8, 64, 0.3, 16)]),
+    "rmsnorm": _rmsnorm("float32", [(3, 301), (64, 96)]),
 }
 
 DEFAULT = {
@@ -55,6 +61,11 @@ DEFAULT = {
         (4096, 16, 4096, 0.5, 0), (4096, 16, 4096, 0.1, 0), (4096, 16, 4096, 0.01, 0),
         (4096, 128, 4096, 0.1, 32), (4096, 128, 4096, 0.05, 64), (4096, 128, 4096, 0.01, 0),
         (1000, 64, 3000, 0.1, 16)]),
+    "rmsnorm": (
+        _rmsnorm("float16", [(1, 4096), (16, 4096), (8, 2048), (4096, 4096), (512, 2048),
+                             (333, 5120)])
+        + _rmsnorm("bfloat16", [(1, 4096), (2048, 4096)])
+        + _rmsnorm("float32", [(16, 1024), (1024, 4096)])),
 }
 
 
@@ -62,8 +73,8 @@ DEFAULT = {
 def wide(seed: int = 2026) -> dict:
     """Seeded draws over what an LLM server runs: decode (1-16 tokens) and prefill
     (long-tailed 17-4096) token counts against model widths 1024-14336, grouped-query decode
-    attention over 128-32768 cached keys, softmax rows of 16-128k, and pruned weights from
-    2:4 and 25-60% to 0.1% (unstructured and in 16/32/64 blocks). The same seed gives the
+    attention over 128-32768 cached keys, softmax rows of 16-128k, pruned weights from 2:4
+    and 25-60% to 0.1% (unstructured and in 16/32/64 blocks), and decoder norms. The same seed gives the
     same shapes; :data:`PRESETS` holds the shipped one."""
     import numpy as np
     rng = np.random.default_rng(seed)
@@ -107,7 +118,14 @@ def wide(seed: int = 2026) -> dict:
             stats = {"density": float(np.exp(rng.uniform(np.log(0.001), np.log(0.6)))),
                      "block": int(rng.choice([0, 16, 64]))}
         spmm.append({"dims": {"M": m, "N": n, "K": k}, "dtype": "float16", "stats": stats})
-    return {"gemm": gemm, "softmax": softmax, "attention": attention, "spmm": spmm}
+    # decoder norms: a decode batch's or a prefill's rows at a model's width (drawn last:
+    # the draws above are the ones earlier packs were built from)
+    rmsnorm = [{"dims": {"R": tokens() * int(rng.choice([1, 1, 8, 16])),
+                         "C": int(rng.choice(widths[:5]))},
+                "dtype": str(rng.choice(["float16", "float16", "bfloat16", "float32"])),
+                "params": {"eps": 1e-5}} for _ in range(20)]
+    return {"gemm": gemm, "softmax": softmax, "attention": attention, "spmm": spmm,
+            "rmsnorm": rmsnorm}
 
 
 PRESETS = {"quick": QUICK, "default": DEFAULT, "wide": wide()}

@@ -19,6 +19,7 @@ FIXED_DIMS = {"attention": ("D",)}       # model constants the edge shapes keep
 DEFAULT_DIMS = {                          # `adaptive verify` without --shape
     "gemm": {"M": 192, "N": 160, "K": 96},
     "softmax": {"R": 96, "C": 1000},
+    "rmsnorm": {"R": 96, "C": 1000},
     "attention": {"B": 2, "H": 3, "Lq": 77, "Lk": 77, "D": 64},
     "spmm": {"M": 192, "N": 64, "K": 160},
 }

@@ -13,6 +13,7 @@ SHAPES = {
     "gemm": [{"M": 1, "N": 1, "K": 1}, {"M": 7, "N": 13, "K": 5}, {"M": 65, "N": 33, "K": 129},
              {"M": 1, "N": 300, "K": 97}],
     "softmax": [{"R": 1, "C": 1}, {"R": 3, "C": 1001}, {"R": 257, "C": 31}],
+    "rmsnorm": [{"R": 1, "C": 1}, {"R": 3, "C": 1001}, {"R": 257, "C": 31}],
     "attention": [{"B": 1, "H": 1, "Lq": 1, "Lk": 1, "D": 8},
                   {"B": 2, "H": 3, "Lq": 17, "Lk": 17, "D": 16},
                   {"B": 1, "H": 2, "Lq": 1, "Lk": 301, "D": 32},
@@ -20,7 +21,8 @@ SHAPES = {
     "spmm": [{"M": 1, "N": 1, "K": 1}, {"M": 37, "N": 5, "K": 71}, {"M": 130, "N": 17, "K": 67}],
 }
 DTYPES = {"gemm": ("float32", "float16"), "softmax": ("float32", "float16"),
-          "attention": ("float32", "float16"), "spmm": ("float32", "float16")}
+          "attention": ("float32", "float16"), "spmm": ("float32", "float16"),
+          "rmsnorm": ("float32", "float16")}
 
 
 def _cases():
@@ -32,6 +34,8 @@ def _cases():
                     extras = [{"causal": False}, {"causal": True}]
                 if op == "spmm":
                     extras = [{"density": 0.3, "block": 0}, {"density": 0.2, "block": 16}]
+                if op == "rmsnorm":
+                    extras = [{"eps": 1e-5}, {"eps": 0.5}]   # eps honoured, not assumed
                 for extra in extras:
                     tag = ",".join(f"{k}={v}" for k, v in {**dims, **extra}.items())
                     yield pytest.param(op, dims, dtype, extra, id=f"{op}-{dtype}-{tag}")
@@ -45,8 +49,8 @@ def host():
 @pytest.mark.parametrize("op_name,dims,dtype,extra", list(_cases()))
 def test_every_candidate_matches_reference(host, rng, op_name, dims, dtype, extra):
     op = OPS[op_name]
-    params = {k: v for k, v in extra.items() if k == "causal"}
-    stats = {k: v for k, v in extra.items() if k != "causal"}
+    params = {k: v for k, v in extra.items() if k in ("causal", "eps")}
+    stats = {k: v for k, v in extra.items() if k not in ("causal", "eps")}
     args = op.make_inputs(dims, dtype, rng, **stats)
     ref = op.reference(*args, **params)
     assert np.abs(ref).max() > 0, "reference must not be trivially zero"

@@ -13,12 +13,13 @@ BIG = 2 ** 31
 REG = default_registry()
 CUDA = [v for op in REG.ops() for v in REG.variants(op, "cuda") if v.language == "cuda"]
 DIMS = {"softmax": ("R", "C"), "gemm": ("M", "N", "K"), "attention": ("B", "H", "Lq", "Lk", "D"),
-        "spmm": ("M", "N", "K")}
+        "spmm": ("M", "N", "K"), "rmsnorm": ("R", "C")}
 
 
 def _scope(op: str, **big) -> dict:
     scope = {d: 64 for d in DIMS[op]} | {"dtype": "float16", "itemsize": 2, "nnz": 4096.0,
-                                          "density": 0.1, "causal": False, "scale": None}
+                                          "density": 0.1, "causal": False, "scale": None,
+                                          "eps": 1e-6}
     return scope | big
 
 

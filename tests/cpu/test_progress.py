@@ -51,10 +51,10 @@ def test_pack_build_progress_says_something_every_few_seconds_when_not_a_termina
 
 
 @pytest.mark.parametrize("ops,message", [
-    ("nope", "adaptive bench: --ops: unknown op 'nope'; valid ops: attention, gemm, softmax, "
-             "spmm\n"),
+    ("nope", "adaptive bench: --ops: unknown op 'nope'; valid ops: attention, gemm, rmsnorm, "
+             "softmax, spmm\n"),
     ("softmax,gem", "adaptive bench: --ops: unknown op 'gem' (did you mean 'gemm'?); valid "
-                    "ops: attention, gemm, softmax, spmm\n"),
+                    "ops: attention, gemm, rmsnorm, softmax, spmm\n"),
 ])
 def test_bench_refuses_unknown_ops_before_running(capsys, ops, message):
     from adaptive.cli import main

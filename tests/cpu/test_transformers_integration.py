@@ -368,11 +368,18 @@ def test_unpatch_and_training_mode():
     model.set_attn_implementation("eager")
     at.patch(model)
     model.train()
-    with pytest.raises(RuntimeError, match=r"model.layers.0.self_attn.q_proj: adaptive layers "
+    # the first adaptive module a training forward meets says so: the first norm
+    with pytest.raises(RuntimeError, match=r"model.layers.0.input_layernorm: adaptive norms "
                                            r"are for inference .*model.eval\(\)"):
         model(torch.ones(1, 3, dtype=torch.long))
+    q = model.model.layers[0].self_attn.q_proj
+    with pytest.raises(RuntimeError, match=r"model.layers.0.self_attn.q_proj: adaptive layers "
+                                           r"are for inference .*model.eval\(\)"):
+        q(torch.ones(1, 3, 64))
     at.unpatch(model.eval())
     assert all(t is torch.nn.Linear for t in _linear_types(model).values())
+    norms = [type(m).__name__ for n, m in model.named_modules() if n.endswith("norm")]
+    assert norms and set(norms) == {"LlamaRMSNorm"}
     assert model.config._attn_implementation == "eager"       # what it was before
     ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(8))
     mask = torch.ones_like(ids)

@@ -259,7 +259,8 @@ def test_correct_controls_are_accepted_in_every_regime(reports, name):
 @pytest.mark.parametrize("op_name", sorted(OPS))
 def test_every_regime_draws_the_ops_shapes_and_a_finite_reference(op_name):
     op = get_op(op_name)
-    dims = {"softmax": {"R": 13, "C": 37}, "gemm": {"M": 7, "N": 5, "K": 33},
+    dims = {"softmax": {"R": 13, "C": 37}, "rmsnorm": {"R": 13, "C": 37},
+            "gemm": {"M": 7, "N": 5, "K": 33},
             "spmm": {"M": 9, "N": 5, "K": 40},
             "attention": {"B": 1, "H": 2, "Lq": 3, "Lk": 7, "D": 8}}[op_name]
     stats = {"density": 0.2} if op_name == "spmm" else None
@@ -281,7 +282,8 @@ def test_every_regime_draws_the_ops_shapes_and_a_finite_reference(op_name):
             assert np.isfinite(ref[~undefined]).all(), (regime, dtype)
 
 
-TARGETS = {"softmax": {"R": 13, "C": 37}, "gemm": {"M": 7, "N": 5, "K": 33},
+TARGETS = {"softmax": {"R": 13, "C": 37}, "rmsnorm": {"R": 13, "C": 37},
+           "gemm": {"M": 7, "N": 5, "K": 33},
            "spmm": {"M": 9, "N": 5, "K": 40},
            "attention": {"B": 2, "H": 8, "Hkv": 2, "Lq": 1, "Lk": 65, "D": 16}}
 

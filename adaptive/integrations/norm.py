@@ -1,0 +1,122 @@
+"""``AdaptiveRMSNorm``: a model's RMSNorm whose computation is one adaptive launch.
+
+Imports torch at module level: only :mod:`adaptive.integrations.transformers` imports this
+module, on first use.
+
+transformers' ``LlamaRMSNorm`` (and the copies other architectures make of it) runs eight
+PyTorch ops: cast to fp32, square, mean, add eps, rsqrt, multiply, cast back, multiply by
+the weight. A decode step calls it twice a layer on a few rows, where each op's host cost
+is more than its kernel's work; ``rmsnorm``'s fused kernel is one launch, and its baseline
+(``rmsnorm_torch``) is those eight ops as the model ran them, so the dispatcher serves
+each input shape with whichever is faster, measured.
+
+A warm call holds the committed plan of its input shape (one dict lookup, the plan's
+``stale`` flag and the dtype); one call in :data:`HOLD_EVERY` goes through the dispatcher
+(sampling, drift, the counter log), and exploring shapes always do.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+from adaptive.runtime import default_dispatcher
+
+HOLD_EVERY = 64    # one warm call in this many goes through the dispatcher
+MAX_HELD = 256     # input shapes whose plans one norm holds
+_stagger = itertools.count()
+
+
+def is_rmsnorm(module: nn.Module) -> bool:
+    """Whether ``module`` computes ``weight * (x * rsqrt(mean(x², -1) + eps)).to(dtype)``
+    in fp32 exactly as ``rmsnorm_torch`` (transformers' LlamaRMSNorm) does: it has a 1-D
+    ``weight`` and a float ``variance_epsilon``, and its forward on a small random input
+    gives that computation's bits. Other norms (Gemma's ``1 + weight``, LayerNorm) differ
+    and are left as they are."""
+    w = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", None)
+    if not isinstance(w, torch.Tensor) or w.dim() != 1 or not isinstance(eps, float) \
+            or w.device.type == "meta" or isinstance(module, AdaptiveRMSNorm):
+        return False
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn((3, w.shape[0]), generator=gen).to(device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        try:
+            got = module(x)
+        except Exception:  # noqa: BLE001 (a module that cannot run alone is not a norm here)
+            return False
+        h = x.to(torch.float32)
+        want = w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want)
+
+
+class AdaptiveRMSNorm(nn.Module):
+    """An RMSNorm (same ``weight``, state_dict keys and ``variance_epsilon``) whose forward
+    is one ``adaptive.launch("rmsnorm", ...)``; for inference only.
+
+    Args:
+        norm: the module to replace (checked by :func:`is_rmsnorm`; its weight is taken
+            over, not copied).
+        path: the module's name in its model, for error messages.
+    """
+
+    def __init__(self, norm: nn.Module, path: str = ""):
+        super().__init__()
+        self.weight = norm.weight
+        self.variance_epsilon = float(norm.variance_epsilon)
+        self.path = path
+        # the replaced module, kept unregistered (its weight is ours: no second state_dict
+        # key); it serves the inputs the op does not take, as the plain model would
+        object.__setattr__(self, "_original", norm)
+        self._turn = itertools.count(1 + next(_stagger) % HOLD_EVERY)
+        self._bind()
+
+    def _bind(self) -> None:
+        """What forward reads from the weight (after init, ``.to()``, a load)."""
+        self._w = self.weight.detach()
+        self._dtype = self._w.dtype
+        self._held: dict = {}   # x.shape -> the dispatcher's committed plan
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        self._bind()
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        plan = self._held.get(x.shape)
+        if plan is not None and not plan.stale and x.dtype is self._dtype \
+                and x.is_contiguous() and next(self._turn) % HOLD_EVERY:
+            return plan.run((x.view(-1, x.shape[-1]), self._w), None).view(x.shape)
+        return self._compute(x)
+
+    def _compute(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise RuntimeError(f"{self.path or 'AdaptiveRMSNorm'}: adaptive norms are for "
+                               "inference and give no gradients; call model.eval()")
+        w = self._w
+        if x.dtype != w.dtype or x.shape[-1] != w.shape[0]:
+            # the op takes one dtype and weight [C]: another input is the model's own
+            # computation, as the plain module would run it (type promotion included)
+            return self.to_norm()(x)
+        x2 = x.reshape(-1, x.shape[-1])
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        params = {"eps": self.variance_epsilon}
+        d = default_dispatcher((x2, w))
+        y = d.run("rmsnorm", (x2, w), None, params)
+        plan = d.plan("rmsnorm", x2, w, **params)
+        if plan.provisional or plan.stale or not x.is_contiguous():
+            self._held.pop(x.shape, None)   # exploring (or a layout the warm path skips)
+        elif x.shape in self._held or len(self._held) < MAX_HELD:
+            self._held[x.shape] = plan
+        return y.view(x.shape)
+
+    def to_norm(self) -> nn.Module:
+        """The module this one replaced, over the same weight."""
+        self._original.weight = self.weight
+        return self._original
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
