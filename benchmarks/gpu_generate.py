@@ -45,9 +45,10 @@ host time go to ``generate_profile_<mode>.txt`` and a summary into the rows.
 
 Batch 1, where adaptive's host time goes: the same three requests (64 new tokens) with
 torch, adaptive, adaptive with no warm call routed through the dispatcher, that and the
-dispatcher's sampling off, and adaptive with the cost model's refits held, modes
-alternating; every request also reports its time in Python's garbage collector and the
-refits during the measured rounds are counted.
+dispatcher's sampling off, adaptive with the cost model's refits held, adaptive's linears
+with transformers' SDPA attention, and adaptive with the model's own RMSNorms (what op
+rmsnorm's patched norms change), modes alternating; every request also reports its time in
+Python's garbage collector and the refits during the measured rounds are counted.
 
 With ``--library-only`` adaptive's candidates are torch's own calls (cuBLAS through
 ``torch.mm``, SDPA): both modes run the same library kernels and differ by adaptive's host
@@ -307,22 +308,27 @@ def _stats_now(dispatcher) -> dict:
 
 
 TORCH_ATTENTION = "adaptive linears, transformers' SDPA attention"
+OWN_NORMS = "adaptive, the model's own norms"
 
 
 def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2) -> dict:
     """Batch 1, the same requests, modes alternating: torch; adaptive; adaptive with no
     warm call routed through the dispatcher (each patched layer's one in HOLD_EVERY);
     that and the dispatcher's sampling off too; adaptive with the cost model's refits
-    held; adaptive's linears with transformers' own SDPA attention function. Which switch
-    closes the gap says where the host time goes."""
-    from adaptive.integrations import linear, transformers as at
+    held; adaptive's linears with transformers' own SDPA attention function; adaptive with
+    the model's own RMSNorm modules in place of its patched norms. Which switch closes
+    the gap (or makes it) says where the host time goes."""
+    from adaptive.integrations import linear, norm, transformers as at
+    patched_norms = [(parent, attr, child) for parent in models["adaptive"].modules()
+                     for attr, child in parent.named_children()
+                     if isinstance(child, norm.AdaptiveRMSNorm)]
     never = 1 << 62
-    hold = (linear.HOLD_EVERY, at.HOLD_EVERY)
+    hold = (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY)
     every = dispatcher.sample_every
     model = getattr(dispatcher.policy, "model", None)
 
     def routing(on: bool):
-        linear.HOLD_EVERY, at.HOLD_EVERY = hold if on else (never, never)
+        linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY = hold if on else (never,) * 3
 
     def setting(name):
         at._set_attention(models["adaptive"], "sdpa" if name == TORCH_ATTENTION else at.NAME)
@@ -330,10 +336,12 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2)
         dispatcher.sample_every = 0 if name == "adaptive, no routing, no sampling" else every
         if model is not None and hasattr(model, "refit_every"):
             model.refit_every = never if name == "adaptive, refits held" else refit_every
+        for parent, attr, child in patched_norms:   # the same modules swapped back
+            setattr(parent, attr, child.to_norm() if name == OWN_NORMS else child)
 
     refit_every = getattr(model, "refit_every", None)
     names = ("torch", "adaptive", "adaptive, no routing", "adaptive, no routing, no sampling",
-             "adaptive, refits held", TORCH_ATTENTION)
+             "adaptive, refits held", TORCH_ATTENTION) + ((OWN_NORMS,) if patched_norms else ())
     results = {n: [] for n in names}
     counters = {n: {"refits": 0, "misses": 0} for n in names}
     try:
