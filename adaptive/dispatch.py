@@ -242,7 +242,9 @@ class Dispatcher:
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
         self._prepared: dict[tuple, Plan] = {}
-        self._configs: dict[str, list[dict]] = {}
+        # variant id -> (the variant, [(config, its candidate)]) of the device's configs: a
+        # miss lists them by the input's requirements, its candidates made once
+        self._configs: dict[str, tuple] = {}
         self._classes: dict[tuple, _InputClass] = {}
         self.plan_cache_size = max(1, config.get().plan_cache_size)
         self._referenced: set = set()      # keys sampled since the clock last passed them
@@ -496,10 +498,13 @@ class Dispatcher:
                 unavailable[v.name] = optional.missing(v.needs, f"variant {v.id}")
                 if unavailable[v.name] is not None:
                     continue
-            configs = self._configs.get(v.id)
-            if configs is None:
-                configs = self._configs[v.id] = v.space.configs(self.limits)
-            out += [make_candidate(v, c) for c in configs if v.fits(scope, c)]
+            cached = self._configs.get(v.id)
+            if cached is None or cached[0] is not v:   # (a variant replaced under its id)
+                configs = v.space.configs(self.limits)
+                cached = self._configs[v.id] = (v, configs, {id(c): make_candidate(v, c)
+                                                             for c in configs})
+            _, configs, made = cached
+            out += [made[id(c)] for c in v.fitting(scope, configs)]
         if not out:
             if variants is not None and len(pool) == 1 and unavailable.get(pool[0].name):
                 raise unavailable[pool[0].name]   # a pinned variant whose module is missing

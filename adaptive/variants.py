@@ -14,7 +14,7 @@ import hashlib
 import threading
 import tomllib
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -91,6 +91,38 @@ class Variant:
             return all(bool(r(env)) for r in self.requires)
         except ExpressionError:
             return False
+
+    def fitting(self, scope: Mapping, configs: Sequence[Mapping]) -> list:
+        """The members of ``configs`` this input fits: :meth:`fits` for each, with the
+        requirements that name no config parameter (the input's alone) evaluated once, not
+        once a config (a miss lists ~100 candidates: 5.5 ms for attention's before)."""
+        if not configs:
+            return []
+        alone, per_config = self._requires_split(frozenset().union(*configs))
+        try:
+            if not all(r(scope) for r in alone):
+                return []
+        except ExpressionError:
+            return []
+        out = []
+        for config in configs:
+            env = {**scope, **config}
+            try:
+                if all(r(env) for r in per_config):
+                    out.append(config)
+            except ExpressionError:
+                pass
+        return out
+
+    def _requires_split(self, config_names: frozenset) -> tuple[tuple, tuple]:
+        """(requirements naming none of ``config_names``, the others), in manifest order."""
+        cache = self.__dict__.setdefault("_split", {})
+        split = cache.get(config_names)
+        if split is None:
+            split = cache[config_names] = (
+                tuple(r for r in self.requires if not r.names & config_names),
+                tuple(r for r in self.requires if r.names & config_names))
+        return split
 
     def why_not(self, scope: Mapping, config: Mapping | None = None) -> str | None:
         env = {**scope, **(config or {})}

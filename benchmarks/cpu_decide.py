@@ -7,7 +7,9 @@ first call runs).
 
 For each op, the 4th input of the corpus pack (its rows name the candidates, as a replay
 does) is decided ``--repeats`` times by a fresh policy sharing one fitted model; prints the
-minimum and median ms and the candidate count.
+minimum and median ms and the candidate count, and the minimum ms of listing the
+candidates a miss decides among (every built-in CUDA variant's configs for the device,
+kept by the input's requirements).
 """
 
 from __future__ import annotations
@@ -65,8 +67,31 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             policy.decide(R._Context(group[0], key, limits), cands)
             times.append((time.perf_counter() - t0) * 1e3)
+        # listing the candidates the miss decides among: every built-in CUDA variant's
+        # configs for this device, kept by the input's requirements (Dispatcher._candidates)
+        from adaptive.ops import OPS
+        from adaptive.regen.shapes import make_inputs
+        from adaptive.variants import default_registry
+        row = group[0]   # the input rebuilt from its row: the scope a live miss has
+        params = ({"causal": bool(row.features["param_causal"])}
+                  if "param_causal" in row.features else {})
+        stats = {"density": row.features["density"]} if "density" in row.features else None
+        inputs = make_inputs(OPS[op], row.dims, row.dtype if row.dtype != "bfloat16" else
+                             "float16", 0, "normal", stats)
+        scope = OPS[op].problem(inputs, params).scope() | {"dtype": row.dtype}
+        pool = [(v, v.space.configs(limits)) for v in default_registry().variants(op, "cuda")]
+        listed, each = [], []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            kept = sum(len(v.fitting(scope, configs)) for v, configs in pool)
+            listed.append((time.perf_counter() - t0) * 1e3)
+            t0 = time.perf_counter()   # the same test config by config (before 2026-12-02)
+            assert kept == sum(v.fits(scope, c) for v, configs in pool for c in configs)
+            each.append((time.perf_counter() - t0) * 1e3)
         print(f"{op:<10} {len(cands):>4} candidates: decide min {min(times):.2f} ms, median "
-              f"{statistics.median(times):.2f} ms")
+              f"{statistics.median(times):.2f} ms; listing {kept} of "
+              f"{sum(len(c) for _, c in pool)} configs min {min(listed):.2f} ms (config by "
+              f"config {min(each):.2f} ms)")
     return 0
 
 

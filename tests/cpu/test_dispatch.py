@@ -238,3 +238,28 @@ def test_recorders_chain_newest_first_and_relink_when_one_leaves(rng):
     order.clear()
     d.launch("softmax", x)
     assert order == [] and len(runs) == 4
+
+
+def test_a_miss_lists_the_candidates_of_the_variants_registered_now(rng):
+    """The dispatcher keeps each variant's configs and candidates between misses; a variant
+    replaced under its name (a regenerated one, another space) is listed anew, and its
+    candidates are its own."""
+    import dataclasses
+
+    from adaptive.space import Space
+    from adaptive.variants import Registry, default_registry
+    reg = Registry(default_registry().variants("softmax", "host"))
+    d = adaptive.Dispatcher(backend="host", registry=reg)
+    x = rng.standard_normal((300, 64)).astype(np.float32)
+    first = d.candidates("softmax", x)
+    assert {c.label for c in first} >= {"host_blocked[rows=8]", "host_blocked[rows=32]"}
+    again = d.candidates("softmax", x)
+    assert [c.label for c in again] == [c.label for c in first]
+    assert all(a is b for a, b in zip(first, again))          # made once, kept
+    old = reg.get("softmax", "host_blocked")
+    new = dataclasses.replace(old, space=Space.from_dict({"rows": [16]}))
+    reg.add(new, replace=True)
+    labels = [c.label for c in d.candidates("softmax", x)]
+    assert "host_blocked[rows=16]" in labels and "host_blocked[rows=8]" not in labels
+    assert all(c.variant is new for c in d.candidates("softmax", x)
+               if c.variant.name == "host_blocked")

@@ -137,3 +137,35 @@ def test_registry_rejects_duplicates_and_notifies(tmp_path):
     registry.add(v, replace=True)
     assert seen == ["softmax", "softmax"]
 
+
+
+def test_fitting_is_fits_for_each_config_on_every_builtin_variant():
+    """Variant.fitting (the input's own requirements evaluated once, then the config's)
+    keeps exactly the configs ``fits`` keeps, in order, for every built-in variant on
+    inputs of every op: ordinary, odd, bf16, one that fails input-only requirements
+    (past int32), and one whose scope lacks a name a requirement reads (fits: False)."""
+    from adaptive.limits import SM90
+    from adaptive.ops.base import DTYPE_BYTES
+    scopes = {
+        "gemm": [{"M": 16, "N": 4096, "K": 4096}, {"M": 77, "N": 45, "K": 51}],
+        "spmm": [{"M": 4096, "N": 16, "K": 4096, "density": 0.1, "nnz": 1.6e6, "block": 32}],
+        "softmax": [{"R": 64, "C": 4096}, {"R": 3, "C": 2 ** 31}],
+        "rmsnorm": [{"R": 1, "C": 2048, "eps": 1e-6}, {"R": 5, "C": 333, "eps": 1e-6}],
+        "attention": [{"B": 1, "H": 32, "Hkv": 8, "Lq": 1, "Lk": 4096, "D": 128,
+                       "causal": True, "scale": None, "masked": 0.0},
+                      {"B": 2, "H": 4, "Hkv": 4, "Lq": 77, "Lk": 77, "D": 64,
+                       "causal": False, "scale": 0.5, "masked": 1.0, "mask_bool": 1.0,
+                       "mask_per_batch": 1.0, "mask_per_head": 0.0}],
+    }
+    seen = 0
+    for v in load_folder(builtin_folder()):
+        configs = v.space.configs(SM90)
+        for dims in scopes[v.op]:
+            for dtype in ("float16", "bfloat16", "float32"):
+                scope = {**dims, "dtype": dtype, "itemsize": DTYPE_BYTES[dtype],
+                         "kind": "cupy"}
+                want = [c for c in configs if v.fits(scope, c)]
+                assert v.fitting(scope, configs) == want, (v.id, dims, dtype)
+                seen += len(want)
+        assert v.fitting({}, configs) == [c for c in configs if v.fits({}, c)]
+    assert seen > 1000
