@@ -165,6 +165,11 @@ def test_patch_serves_the_norms_and_keeps_the_state_dict():
             got = norm(x)
         torch.testing.assert_close(got, want_norm(x), rtol=1e-5, atol=1e-5)
     assert x.shape in norm._held and not norm._held[x.shape].provisional
+    norm.train()   # a held plan does not serve training: the error, on every call
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match=r"model.norm: adaptive norms are for inference"):
+            norm(x)
+    norm.eval()
     ids = torch.randint(1, 256, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         a = plain.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
