@@ -13,6 +13,7 @@ from adaptive.limits import SM90
 from adaptive.ops import get_op
 from adaptive.ops.base import DTYPE_BYTES
 from adaptive.regen.shapes import make_inputs
+from test_gemm_softmax_cuda import _to_device as _device   # (array, the float64 it holds)
 
 pytestmark = pytest.mark.gpu
 
@@ -47,16 +48,6 @@ def _cases():
 def dispatcher():
     from adaptive import Dispatcher
     return Dispatcher("cuda")
-
-
-def _device(x: np.ndarray, dtype: str):
-    """(a device array, the float64 values it holds): bfloat16 as a torch tensor."""
-    if dtype == "bfloat16":
-        torch = pytest.importorskip("torch")
-        t = torch.from_numpy(x.astype(np.float32)).cuda().to(torch.bfloat16)
-        return t, t.float().cpu().numpy().astype(np.float64)
-    import cupy as cp
-    return cp.asarray(x), x.astype(np.float64)
 
 
 def _run(dispatcher, x, w, config):
