@@ -13,9 +13,11 @@ goes to the op, whose variants say whether they read masks (``requires = ["not
 masked"]``), so a masked call is never routed silently.
 
 :func:`patch` replaces every ``nn.Linear`` with an
-:class:`~adaptive.integrations.linear.AdaptiveLinear` and switches the model's attention
-to ``"adaptive"``. Everything is checked before anything changes: a module it cannot
-serve is an error naming the module and why, and the model is left as it was.
+:class:`~adaptive.integrations.linear.AdaptiveLinear`, every RMSNorm that computes as
+transformers' ``LlamaRMSNorm`` with an :class:`~adaptive.integrations.norm.AdaptiveRMSNorm`
+(op ``rmsnorm``), and switches the model's attention to ``"adaptive"``. Everything is
+checked before anything changes: a module it cannot serve is an error naming the module
+and why, and the model is left as it was.
 
 torch and transformers are imported when a function here is first called (the
 ``[llm]`` extra); ``import adaptive`` imports neither.
