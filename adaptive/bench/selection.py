@@ -161,6 +161,28 @@ class StreamReport:
     # differently, and to the samples it chose by
     per_input: dict = dataclasses.field(default_factory=dict)
 
+    def largest_excess(self, policy: str) -> str:
+        """The input where a live policy's final choice loses the most of the stream's time
+        to the oracle's (its calls × the re-timed difference), in a line; "" when it loses
+        none."""
+        worst, line = 0.0, ""
+        for name, entry in self.per_input.items():
+            mine, best = entry["choices"].get(f"{policy}/live"), \
+                entry["choices"].get("oracle/replayed")
+            if mine is None or best is None:
+                continue
+            excess = entry["calls"] * (mine[1] - best[1])
+            if excess > worst:
+                worst = excess
+                line = (f"  {policy} (live) largest excess: {name}: {mine[0]} {mine[1]:.4f} "
+                        f"ms against {best[0]} {best[1]:.4f} ms, x{entry['calls']} calls = "
+                        f"{excess:.3f} ms of the stream's "
+                        f"{self.result(policy).steady_ms - self.oracle_ms:.3f}")
+        return line
+
+    def result(self, policy: str, source: str = "live") -> PolicyResult:
+        return next(r for r in self.results if r.policy == policy and r.source == source)
+
 
 @dataclasses.dataclass
 class SelectionReport:
@@ -266,6 +288,8 @@ class SelectionReport:
             out += [f"  {r.policy} ({r.source}) issuing charged: " + ", ".join(
                 f"{k} {ms * 1e3:.1f} us (last {n})" for k, (n, ms) in sorted(r.issue_ms.items()))
                 for r in s.results if r.issue_ms]
+            out += [line for r in s.results if r.source == "live"
+                    for line in [s.largest_excess(r.policy)] if line]
         learned = ("learned-cold", "learned-pack") + (("learned-shipped",) if self.shipped
                                                        else ())
         out += ["", "steady/oracle over all streams: " + ", ".join(

@@ -15,4 +15,4 @@ grep -E "warm-up [0-9]|rounds batch|lockstep|ratio|tokens/s|greedy|committed" "$
 t0=$SECONDS
 timeout 120 python3 benchmarks/gpu_selection.py --out "$OUT" > "$OUT/selection.log" 2>&1
 echo "selection rc=$? $((SECONDS-t0)) s"
-grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|tuning runs" "$OUT/selection.log" | cut -c1-300
+grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|tuning runs|largest excess" "$OUT/selection.log" | cut -c1-300

@@ -53,6 +53,22 @@ def test_every_stream_reports_every_policy_from_one_run(report):
                 assert (f"{r.policy} first result {r.first_result_ms:.2f} ms: the miss "
                         f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}"
                         in str(report))
+        for r in s.results:   # where a live policy loses most: named with its share
+            if r.source != "live":
+                continue
+            losses = {name: e["calls"] * (e["choices"][f"{r.policy}/live"][1]
+                                          - e["choices"]["oracle/replayed"][1])
+                      for name, e in s.per_input.items()}
+            # the per-input losses add up to the stream's steady excess
+            assert sum(losses.values()) == pytest.approx(r.steady_ms - s.oracle_ms, abs=1e-6)
+            line = s.largest_excess(r.policy)
+            if max(losses.values()) > 0:
+                worst = max(losses, key=losses.get)
+                assert line.startswith(f"  {r.policy} (live) largest excess: {worst}: ")
+                assert f"= {losses[worst]:.3f} ms of the stream's" in line
+                assert line in str(report)
+            else:
+                assert line == ""
     text = str(report)
     assert "replayed" in text and "live" in text and "warm hit" in text
     verdicts = report.verdicts()
