@@ -4,7 +4,7 @@ against float64 on odd shapes and the value regimes, and AdaptiveRMSNorm in a mo
 
 from __future__ import annotations
 
-import re
+import ctypes
 import sys
 from pathlib import Path
 
@@ -77,41 +77,53 @@ def test_the_baseline_is_llamas_rmsnorm_bit_for_bit(rng, dtype):
 
 CONFIGS = [{"G": 32, "ROWS": 4, "VEC": 1}, {"G": 64, "ROWS": 2, "VEC": 4},
            {"G": 256, "ROWS": 1, "VEC": 2}, {"G": 1024, "ROWS": 1, "VEC": 4}]
-SIG = [("ptr", "const T*"), ("ptr", "const T*"), "ptr", "i32", "i32", "f32"]
+SOURCE = builtin_folder() / "rmsnorm" / "rmsnorm_rows.cu"
 
 
 def _tag(c):
     return f"G{c['G']}_R{c['ROWS']}_V{c['VEC']}"
 
 
+def emu_jobs(folder: Path) -> dict:
+    """rmsnorm_rows.cu as written (T = float), a library per config: lib -> (source,
+    g++ flags defining the config)."""
+    wrapper = ('extern "C" void emu_run(unsigned gx, unsigned bx, unsigned by, const float* x, '
+               'const float* w, float* out, int R, int C, float eps) {\n'
+               "  emu_launch(gx, 1, 1, bx, by, 1, [=] { rmsnorm_rows(x, w, out, R, C, eps); });"
+               "\n}\n")
+    text = cuda_emu.HEADER + f'#line 1 "{SOURCE.name}"\n' + SOURCE.read_text() + "\n" + wrapper
+    return {folder / f"rms_{_tag(c)}.so": (text, [f"-D{k}={v}" for k, v in c.items()])
+            for c in CONFIGS}
+
+
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=6.0)
+
+
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    """rmsnorm_rows.cu as written, once per config (its macros defined, its names made
-    unique), compiled by g++ with T = float."""
-    if not cuda_emu.available():
-        pytest.skip("g++ is not installed")
+def kernels(background):
+    """Each config of CONFIGS (a config of the manifest's space), compiled in the
+    background: tag -> emu_run(grid, G, ROWS, x, w, out, R, C, eps)."""
     (variant,) = [v for v in load_manifest(builtin_folder() / "rmsnorm" / "manifest.toml")
                   if v.name == "rms_rows"]
-    configs = variant.space.configs(SM90)
-    text = (builtin_folder() / "rmsnorm" / "rmsnorm_rows.cu").read_text()
-    source = ""
-    for c in CONFIGS:
-        assert c in configs, c
-        tag = _tag(c)
-        body = re.sub(r"\brmsnorm_rows\b", f"rmsnorm_{tag}", text)
-        body = re.sub(r"\bVecT\b", f"VecT_{tag}", body)
-        source += (f"\n#define G {c['G']}\n#define ROWS {c['ROWS']}\n#define VEC {c['VEC']}\n"
-                   f"{body}\n#undef G\n#undef ROWS\n#undef VEC\n")
-    return cuda_emu.build(source, {f"rmsnorm_{_tag(c)}": SIG for c in CONFIGS},
-                          tmp_path_factory.mktemp("rmsnorm-emu"))
+    assert all(c in variant.space.configs(SM90) for c in CONFIGS)
+    done = background(f"emu-{Path(__file__).stem}")
+    assert done.rc == 0, done.report()
+    out = {}
+    for c, lib in zip(CONFIGS, emu_jobs(done.folder)):
+        fn = ctypes.CDLL(str(lib)).emu_run
+        fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + \
+            [ctypes.c_float]
+        out[_tag(c)] = fn
+    return out
 
 
+@pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
 @pytest.mark.parametrize("config", CONFIGS, ids=_tag)
 @pytest.mark.parametrize("regime", ["normal", "outliers", "tiny", "constant"])
 def test_kernel_emulated_against_float64(kernels, config, regime):
     """Odd widths (scalar loads), widths the vector loads divide, a partial last block of
     rows; the output NaN-poisoned first and a guard region around it untouched."""
-    fn = kernels[f"rmsnorm_{_tag(config)}"]
+    fn = kernels[_tag(config)]
     for r, c in ((5, 333), (3, 1032), (1, 1)):
         dims = {"R": r, "C": c}
         x, w = make_inputs(OP, dims, "float32", 3, regime)
@@ -120,9 +132,8 @@ def test_kernel_emulated_against_float64(kernels, config, regime):
         big = np.full(n + 2 * guard, worker.CANARY, np.float32)
         out = big[guard:guard + n].reshape(x.shape)
         out.fill(np.nan)
-        grid = (-(-r // config["ROWS"]),)
-        fn(grid, (config["G"], config["ROWS"]), (x, w, out, np.int32(r), np.int32(c),
-                                                 np.float32(eps)))
+        fn(-(-r // config["ROWS"]), config["G"], config["ROWS"], x.ctypes.data,
+           w.ctypes.data, out.ctypes.data, r, c, eps)
         assert np.all(big[:guard] == worker.CANARY) and np.all(big[guard + n:] ==
                                                                 worker.CANARY)
         ref = OP.reference(x, w, eps=eps)
