@@ -242,8 +242,9 @@ class Dispatcher:
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
         self._prepared: dict[tuple, Plan] = {}
-        # variant id -> (the variant, [(config, its candidate)]) of the device's configs: a
-        # miss lists them by the input's requirements, its candidates made once
+        # variant id -> (the variant, its configs for this device, id(config) -> its
+        # candidate): a miss lists the configs by the input's requirements, and the
+        # candidates are made once
         self._configs: dict[str, tuple] = {}
         self._classes: dict[tuple, _InputClass] = {}
         self.plan_cache_size = max(1, config.get().plan_cache_size)

@@ -33,12 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from adaptive.bench import replay as R
     from adaptive.limits import for_fingerprint
+    from adaptive.ops import OPS
     from adaptive.packs.format import read_pack
     from adaptive.policy.cost_model import CostModel, LiveModel, training_set
     from adaptive.policy.features import row_geometry
     from adaptive.policy.learned import Learned, Neighbours
+    from adaptive.regen.shapes import make_inputs
     from adaptive.space import as_config
-    from adaptive.variants import make_candidate
+    from adaptive.variants import default_registry, make_candidate
     ship = read_pack(args.pack)
     limits = for_fingerprint(ship.fingerprint)
     variants = {(v.op, v.name): R._as_registered(v) for v in ship.variants}
@@ -69,9 +71,6 @@ def main(argv: list[str] | None = None) -> int:
             times.append((time.perf_counter() - t0) * 1e3)
         # listing the candidates the miss decides among: every built-in CUDA variant's
         # configs for this device, kept by the input's requirements (Dispatcher._candidates)
-        from adaptive.ops import OPS
-        from adaptive.regen.shapes import make_inputs
-        from adaptive.variants import default_registry
         row = group[0]   # the input rebuilt from its row: the scope a live miss has
         params = ({"causal": bool(row.features["param_causal"])}
                   if "param_causal" in row.features else {})
