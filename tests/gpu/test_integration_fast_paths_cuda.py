@@ -1,5 +1,5 @@
 """The integration's warm paths on CUDA, fp16, with a dispatcher whose only variants are
-cuBLAS (torch.mm) and SDPA through torch: a warm patched linear is F.linear itself (with
+cuBLAS (torch.mm), SDPA through torch and the model's own RMSNorm ops (``rmsnorm_torch``): a warm patched linear is F.linear itself (with
 layout="torch", bit for bit the plain layer's output), decode attention is held by input
 class, and a patched tiny Llama generates the plain model's greedy tokens."""
 
@@ -32,7 +32,8 @@ def library():
     shared = shared_registry()
     # not runtime.start(d): the start-up packs would add their variants to the registry
     d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
-        [shared.get("gemm", "cublas"), shared.get("attention", "sdpa_torch")]))
+        [shared.get("gemm", "cublas"), shared.get("attention", "sdpa_torch"),
+         shared.get("rmsnorm", "rmsnorm_torch")]))
     runtime.set_default(d, like)
     at.forget_held()
     yield d
