@@ -66,7 +66,7 @@ def top_kernels(lm, inputs, torch) -> list[str]:
     p = lm.prefill_profiles[-1]
     return ([f"device total {p['device_ms']:.2f} ms, host {p['host_ms']:.2f} ms"] + p["top"]
             + ["SDPA " + line for line in p["sdpa"]]
-            + ["linears " + line for line in p["linears"]])
+            + ["route " + line for line in p["routes"]])
 
 
 def committed(rows_min: int) -> list[str]:

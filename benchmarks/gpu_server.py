@@ -277,7 +277,7 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
     return [f"batch {p['batch']}: wall {p['wall_ms']:.1f} ms, device {p['device_ms']:.1f} ms, "
             f"host {p['host_ms']:.1f} ms"] + p["top"][:10] + [
                 "SDPA " + line for line in p.get("sdpa", [])] + [
-                "linears " + line for line in p.get("linears", [])]
+                "route " + line for line in p.get("routes", [])]
 
 
 def miss_breakdown(misses: list[dict], since: float) -> dict:

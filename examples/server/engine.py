@@ -223,13 +223,13 @@ class CausalLM:
         """Run ``run()`` (a prefill: it returns the model's output) under torch.profiler and
         keep, in :attr:`prefill_profiles`, its wall, device and host ms, its top ops by
         device time and its SDPA calls grouped by their arguments, with the fused backends
-        that take them (:func:`sdpa_spy`), and the way each patched linear went
-        (:func:`linear_spy`): a server's time to first tokens broken down where it is
+        that take them (:func:`sdpa_spy`), and the way each patched linear and norm went
+        (:func:`route_spy`): a server's time to first tokens broken down where it is
         spent."""
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                          if self.device.type == "cuda" else [])
-        with sdpa_spy(self.torch) as sdpa, linear_spy(self.model) as linears, \
+        with sdpa_spy(self.torch) as sdpa, route_spy(self.model) as linears, \
                 profile(activities=acts) as prof:
             t0 = time.perf_counter()
             out = run()
@@ -248,7 +248,7 @@ class CausalLM:
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
                     for e in events[:15]],
             "sdpa": [f"{n} call(s): {what}" for what, n in sdpa.most_common()],
-            "linears": [f"{n} call(s): {what}" for what, n in linears.most_common()]})
+            "routes": [f"{n} call(s): {what}" for what, n in linears.most_common()]})
         log.info("prefill of batch %d profiled: %s", batch,
                  self.prefill_profiles[-1])
         return out
@@ -387,11 +387,11 @@ def sdpa_spy(torch):
 
 
 @contextlib.contextmanager
-def linear_spy(model):
-    """While open, every call of ``model``'s adaptive linears is counted (the yielded
-    Counter) by the way it goes (``AdaptiveLinear.route_of``: torch's matmul by
-    ``F.linear``, a held plan of another kernel, or the dispatcher, and why) and its input
-    shape. Empty for a model not patched. Run S33's adaptive prefills made two transposing
+def route_spy(model):
+    """While open, every call of ``model``'s adaptive linears and norms is counted (the
+    yielded Counter) by the way it goes (``route_of``: torch's matmul by ``F.linear``, the
+    model's own norm, a held plan of another kernel, or the dispatcher, and why) and its
+    input shape. Empty for a model not patched. Run S33's adaptive prefills made two transposing
     copies per linear where torch's made none."""
     seen = collections.Counter()
 

@@ -30,7 +30,7 @@ from adaptive.variants import Registry  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.cpu_patched_linear import library_dispatcher  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "server"))
-from engine import linear_spy  # noqa: E402
+from engine import route_spy  # noqa: E402
 
 HOLD_EVERY = linear_mod.HOLD_EVERY
 
@@ -129,6 +129,42 @@ def test_a_stale_plan_goes_back_through_the_dispatcher(library):
     torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
     assert counted.calls == before + 1
     assert layer._library[x.shape] is not plan and not layer._library[x.shape].stale
+
+
+def test_a_norm_committed_to_the_models_own_ops_calls_its_forward(library):
+    """A shape committed to rmsnorm's baseline (the model's eight ops) runs the replaced
+    LlamaRMSNorm's forward itself, bit for bit the plain norm's output, one call in
+    HOLD_EVERY routed; a stale plan goes back through the dispatcher."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from adaptive.integrations import norm as norm_mod
+    counted = _Counted(library)
+    torch.manual_seed(0)
+    plain = LlamaRMSNorm(40, eps=1e-5)
+    with torch.no_grad():
+        plain.weight.normal_()
+    norm = norm_mod.AdaptiveRMSNorm(LlamaRMSNorm(40, eps=1e-5), "norm").eval()
+    norm.load_state_dict(plain.state_dict())
+    own = []
+    original = norm._original.forward
+    norm._original.forward = lambda x: own.append(1) or original(x)
+    x = torch.randn(2, 3, 40) * 30
+    with torch.no_grad():
+        assert torch.equal(norm(x), plain(x))
+        assert counted.calls == 1 and own == [] and list(norm._own) == [x.shape]
+        assert norm.route_of(x) == "the model's norm (held)" and not norm._held
+        calls = 4 * norm_mod.HOLD_EVERY
+        for _ in range(calls):
+            x = torch.randn(2, 3, 40) * 30
+            assert torch.equal(norm(x), plain(x))
+        routed = counted.calls - 1
+        assert routed == calls // norm_mod.HOLD_EVERY and len(own) == calls - routed
+        plan = norm._own[x.shape]
+        library.forget("rmsnorm")
+        assert plan.stale and norm.route_of(x) == "dispatcher"
+        before = counted.calls
+        assert torch.equal(norm(x), plain(x))
+        assert counted.calls == before + 1 and not norm._own[x.shape].stale
 
 
 def test_a_new_shape_goes_through_the_dispatcher_once_then_each_shape_is_held(library):
@@ -406,20 +442,22 @@ def test_a_patched_llama_on_library_plans_generates_the_plain_greedy_tokens(libr
     assert all(m._library for m in layers), "a library plan was not served by F.linear"
     assert at._held
     # a prompt of a length never seen: every linear served by F.linear at once, as the
-    # server's profiled prefill lists them (engine.linear_spy)
-    with linear_spy(patched) as routes, torch.no_grad():
+    # server's profiled prefill lists them (engine.route_spy)
+    with route_spy(patched) as routes, torch.no_grad():
         patched(torch.randint(1, 256, (3, 17)))
+    norms = {"dispatcher, x (3, 17, 64)": 5}   # the norms' new shape: the dispatcher once
     if layout == "torch":
         assert routes == {"F.linear (a new shape), x (3, 17, 64)": 13,
-                          "F.linear (a new shape), x (3, 17, 128)": 2}, routes
+                          "F.linear (a new shape), x (3, 17, 128)": 2, **norms}, routes
     else:   # a new key of a committed class; rows launched as given, no copies
         assert routes == {"dispatcher (rows as given): committed torch_mm, x (3, 17, 64)": 13,
-                          "dispatcher (rows as given): committed torch_mm, x (3, 17, 128)": 2
-                          }, routes
-    with linear_spy(patched) as routes, torch.no_grad():
+                          "dispatcher (rows as given): committed torch_mm, x (3, 17, 128)": 2,
+                          **norms}, routes
+    with route_spy(patched) as routes, torch.no_grad():
         patched(torch.randint(1, 256, (3, 17)))
     assert routes == {"F.linear (held), x (3, 17, 64)": 13,
-                      "F.linear (held), x (3, 17, 128)": 2}, routes
+                      "F.linear (held), x (3, 17, 128)": 2,
+                      "the model's norm (held), x (3, 17, 64)": 5}, routes
     kept = [n for n, m in patched.named_modules()
             if isinstance(m, at.AdaptiveLinear) and m.weight is weights[n]]
     if layout == "torch":   # every weight as given: no copy, F.linear on the very tensor

@@ -175,7 +175,9 @@ def test_patch_serves_the_norms_and_keeps_the_state_dict():
         for _ in range(12):   # past the exploring calls: a committed, held plan
             got = norm(x)
         torch.testing.assert_close(got, want_norm(x), rtol=1e-5, atol=1e-5)
-    assert x.shape in norm._held and not norm._held[x.shape].provisional
+    held = norm._held.get(x.shape) or norm._own.get(x.shape)
+    assert held is not None and not held.provisional   # the model's ops in _own, others held
+    assert (x.shape in norm._own) == held.candidate.variant.torch_library
     norm.train()   # a held plan does not serve training: the error, on every call
     for _ in range(3):
         with pytest.raises(RuntimeError, match=r"model.norm: adaptive norms are for inference"):
