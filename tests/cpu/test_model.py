@@ -67,6 +67,26 @@ def test_predictions_are_scikit_learns_own_to_the_bit(rng):
         np.testing.assert_allclose(mean, want, rtol=1e-12, atol=1e-12)
 
 
+def test_feature_dicts_become_the_matrix_name_by_name(rng):
+    """Rows in any key order, with names the model never saw (dropped) and names missing
+    (0.0), give each value in its name's column: the matrix a miss builds in groups of
+    one key order is the name-by-name one."""
+    ts = training_set(synthetic_rows(rng, 12))
+    model = CostModel(n_estimators=4).fit(ts.rows, ts.y)
+    names = model.feature_names_
+    rows = []
+    for i, r in enumerate(ts.rows[:30]):
+        items = list(r.items())
+        if i % 3 == 1:
+            items.reverse()
+        if i % 3 == 2:
+            items = items[1:] + [("never.seen", 7.5)]
+        rows.append(dict(items))
+    want = np.array([[float(r.get(n, 0.0)) for n in names] for r in rows])
+    np.testing.assert_array_equal(model._matrix(rows), want)
+    assert model._matrix([{"never.seen": 1.0}]).tolist() == [[0.0] * len(names)]
+
+
 def test_bad_inputs_are_rejected_with_clear_errors(rng):
     ts = training_set(synthetic_rows(rng, 4))
     with pytest.raises(ValueError, match="NaN or Inf"):
