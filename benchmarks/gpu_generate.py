@@ -190,15 +190,19 @@ def run_request(model, request, device, new_tokens: int, sync) -> dict:
             "first_logits": clock.first.cpu().numpy()}
 
 
-def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, sync) -> dict:
-    """One request through both models at once, token by token, in one thread: each
-    model prefills (the first mode of ``order`` first), then every step decodes one token
-    with each model, which goes first alternating by step. A step is the model's forward
-    on the last token with its own key/value cache, the greedy pick and a synchronise: the
-    loop ``generate()`` runs, with the same position ids and padding mask it builds. A
-    host's slow phase (run S38: stretches of 20-25 ms steps amid 11-12 ms ones, 0.2 s to
-    whole requests long, in both modes) then falls on both modes' neighbouring steps
-    alike, where request-by-request rounds lay it on whichever mode ran then.
+def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, sync,
+                 setting=None) -> dict:
+    """One request through every mode of ``order`` at once, token by token, in one thread:
+    each mode's model prefills (in ``order``), then every step decodes one token with each,
+    the order rotating by one mode a step (two modes: which goes first alternates).
+    ``setting(mode)``, when given, is called before each of a mode's forwards, untimed
+    (the ablation's modes share one model and switch what it routes). A step is the
+    model's forward on the last token with its own key/value cache, the greedy pick and a
+    synchronise: the loop ``generate()`` runs, with the same position ids and padding mask
+    it builds. A host's slow phase (run S38: stretches of 20-25 ms steps amid 11-12 ms
+    ones, 0.2 s to whole requests long, in both modes) then falls on every mode's
+    neighbouring steps alike, where request-by-request rounds lay it on whichever mode ran
+    then.
 
     (Two threads running ``generate()`` in turns were tried first: on the H200 every step
     of both modes took 40-75 ms against 3-4 ms run alone, run S41.)"""
@@ -210,6 +214,8 @@ def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, s
     state = {}
     with torch.no_grad():
         for mode in order:
+            if setting is not None:
+                setting(mode)
             sync()
             t0 = time.perf_counter()
             out = models[mode](input_ids=ids_t, attention_mask=mask_t, position_ids=pos,
@@ -223,8 +229,11 @@ def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, s
                            "first_logits": logits.float().cpu().numpy()}
         ones = torch.ones((batch, 1), dtype=mask_t.dtype, device=mask_t.device)
         for step in range(new_tokens - 1):
-            for mode in (order if step % 2 == 0 else order[::-1]):
+            turn = step % len(order)
+            for mode in order[turn:] + order[:turn]:
                 s = state[mode]
+                if setting is not None:
+                    setting(mode)
                 sync()
                 t0 = time.perf_counter()
                 s["mask"] = torch.cat([s["mask"], ones], dim=-1)
@@ -311,13 +320,16 @@ TORCH_ATTENTION = "adaptive linears, transformers' SDPA attention"
 OWN_NORMS = "adaptive, the model's own norms"
 
 
-def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2) -> dict:
-    """Batch 1, the same requests, modes alternating: torch; adaptive; adaptive with no
-    warm call routed through the dispatcher (each patched layer's one in HOLD_EVERY);
-    that and the dispatcher's sampling off too; adaptive with the cost model's refits
-    held; adaptive's linears with transformers' own SDPA attention function; adaptive with
-    the model's own RMSNorm modules in place of its patched norms. Which switch closes
-    the gap (or makes it) says where the host time goes."""
+def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
+    """Batch 1, the same requests in lockstep (:func:`run_lockstep`: every mode's step of
+    each token in turn, so a host's slow phase falls on all of them alike): torch;
+    adaptive; adaptive with no warm call routed through the dispatcher (each patched
+    layer's one in HOLD_EVERY); that and the dispatcher's sampling off too; adaptive with
+    the cost model's refits held; adaptive's linears with transformers' own SDPA
+    attention function; adaptive with the model's own RMSNorm modules in place of its
+    patched norms. Which switch closes the gap (or makes it) says where the host time
+    goes. (Request by request, run S38's rows differed from S37's, same code, by 17-28%:
+    the host's slow phases, as in the rounds.)"""
     from adaptive.integrations import linear, norm, transformers as at
     patched_norms = [(parent, attr, child) for parent in models["adaptive"].modules()
                      for attr, child in parent.named_children()
@@ -344,25 +356,38 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher, rounds: int = 2)
              "adaptive, refits held", TORCH_ATTENTION) + ((OWN_NORMS,) if patched_norms else ())
     results = {n: [] for n in names}
     counters = {n: {"refits": 0, "misses": 0} for n in names}
+    by_name = {n: models["torch" if n == "torch" else "adaptive"] for n in names}
+    current = []
+
+    def counted_setting(name):
+        """Switch to ``name``, the refits and misses since the last switch counted to the
+        mode that ran then."""
+        now = (refits(dispatcher), dispatcher.stats.get("misses", 0))
+        if current:
+            last, before = current.pop()
+            counters[last]["refits"] += now[0] - before[0]
+            counters[last]["misses"] += now[1] - before[1]
+        setting(name)
+        current.append((name, now))
     try:
-        for i in range(rounds):
-            for name in (names if i % 2 == 0 else names[::-1]):
-                setting(name)
-                before = (refits(dispatcher), dispatcher.stats.get("misses", 0))
-                m = models["torch" if name == "torch" else "adaptive"]
-                for r in requests:
-                    results[name].append(run_request(m, r, dev, new_tokens, sync))
-                counters[name]["refits"] += refits(dispatcher) - before[0]
-                counters[name]["misses"] += dispatcher.stats.get("misses", 0) - before[1]
+        for j, r in enumerate(requests):
+            turn = j % len(names)
+            order = names[turn:] + names[:turn]
+            for name, res in run_lockstep(by_name, order, r, dev, new_tokens, sync,
+                                          counted_setting).items():
+                results[name].append(res)
+        counted_setting("adaptive")
     finally:
         setting("adaptive")
     out = {}
     for name in names:
         out[name] = {**summarise(results[name]), **counters[name]}
-        print(f"  b1 ablation {name:<36} per-token p50 {out[name]['token_p50_ms']:.3f} ms, "
-              f"p99 {out[name]['token_p99_ms']:.3f} ms, {out[name]['tokens_per_s']:.1f} tok/s,"
-              f" gc {out[name]['gc_ms_per_token'] * 1e3:.1f} us/token, "
-              f"refits {out[name]['refits']}, misses {out[name]['misses']}", flush=True)
+        ratio = out[name]["tokens_per_s"] / out["torch"]["tokens_per_s"]
+        out[name]["tokens_ratio_vs_torch"] = ratio
+        print(f"  b1 ablation (lockstep) {name:<36} tokens/s {ratio:.3f}x torch's, "
+              f"per-token p50 {out[name]['token_p50_ms']:.3f} ms, p99 "
+              f"{out[name]['token_p99_ms']:.3f} ms, refits {out[name]['refits']}, misses "
+              f"{out[name]['misses']}", flush=True)
     return out
 
 
@@ -657,11 +682,11 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                               f"{summary[(batch, 'adaptive')]['gc_ms_per_token'] * 1e3:.1f}",
                      "unit": "us", "note": "time in Python's garbage collector"})
     for name, s_ in ablation.items():
-        rows.append({"bench": BENCH, "case": f"batch 1 ablation: {name}",
-                     "value": f"{s_['token_p50_ms']:.3f} / {s_['token_p99_ms']:.3f}",
-                     "unit": "ms p50/p99", "note": f"{s_['tokens_per_s']:.1f} tok/s; gc "
-                     f"{s_['gc_ms_per_token'] * 1e3:.1f} us/token; refits {s_['refits']}; "
-                     f"misses {s_['misses']}"})
+        rows.append({"bench": BENCH, "case": f"batch 1 ablation (lockstep): {name}",
+                     "value": f"{s_['tokens_ratio_vs_torch']:.3f}", "unit": "x torch",
+                     "note": f"tokens/s {s_['tokens_per_s']:.1f}; per-token p50 / p99 "
+                     f"{s_['token_p50_ms']:.3f} / {s_['token_p99_ms']:.3f} ms; refits "
+                     f"{s_['refits']}; misses {s_['misses']}"})
     for mode, p in profiles.items():
         rows.append({"bench": BENCH, "case": f"profile {mode}: device / host self time",
                      "value": f"{p['device_ms']:.1f} / {p['host_ms']:.1f}", "unit": "ms",
