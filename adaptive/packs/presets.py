@@ -72,10 +72,11 @@ DEFAULT = {
 
 def wide(seed: int = 2026) -> dict:
     """Seeded draws over what an LLM server runs: decode (1-16 tokens) and prefill
-    (long-tailed 17-4096) token counts against model widths 1024-14336, grouped-query decode
-    attention over 128-32768 cached keys, softmax rows of 16-128k, pruned weights from 2:4
-    and 25-60% to 0.1% (unstructured and in 16/32/64 blocks), and decoder norms. The same seed gives the
-    same shapes; :data:`PRESETS` holds the shipped one."""
+    (long-tailed 17-4096) token counts against model widths 1024-14336, decode attention
+    (mostly one token a step; multi-head and grouped-query) over 64-32768 cached keys,
+    softmax rows of 16-128k, pruned weights from 2:4 and 25-60% to 0.1% (unstructured and
+    in 16/32/64 blocks), and decoder norms. The same seed gives the same shapes;
+    :data:`PRESETS` holds the shipped one."""
     import numpy as np
     rng = np.random.default_rng(seed)
     widths = (1024, 2048, 4096, 5120, 8192, 11008, 14336)
@@ -124,6 +125,21 @@ def wide(seed: int = 2026) -> dict:
                          "C": int(rng.choice(widths[:5]))},
                 "dtype": str(rng.choice(["float16", "float16", "bfloat16", "float32"])),
                 "params": {"eps": 1e-5}} for _ in range(20)]
+    # decode attention as servers run it, from a generator of its own (the draws above
+    # stay those of earlier packs): most steps decode one token (the draws above give
+    # Lq = 1 one decode case in 16, and the H200 selection run S43 committed flash_mma at
+    # 1.47x decode_global on B=1, Lq=1, Lk=128, a variant the pack had no short-Lk row of),
+    # from short to long caches, batch 1-32, multi-head and grouped-query
+    more = np.random.default_rng(seed + 1)
+    for i in range(24):
+        d = int(more.choice([64, 128]))
+        h = int(more.choice([8, 16, 32]))
+        hkv = int(more.choice([g for g in (1, 4, 8, h) if h % g == 0 and g <= h]))
+        lq = 1 if i % 3 != 2 else int(more.integers(2, 17))
+        lk = int(round(np.exp(more.uniform(np.log(64), np.log(16384)))))
+        b = int(more.choice([1, 1, 2, 4, 8, 16, 32]))
+        attention.append({"dims": {"B": b, "H": h, "Hkv": hkv, "Lq": lq, "Lk": max(lk, lq),
+                                   "D": d}, "dtype": "float16", "params": {"causal": True}})
     return {"gemm": gemm, "softmax": softmax, "attention": attention, "spmm": spmm,
             "rmsnorm": rmsnorm}
 
