@@ -32,7 +32,7 @@ from adaptive.backends import resolve_name  # noqa: E402
 from adaptive.packs.build import Settings, build_pack, load_shapes  # noqa: E402
 from adaptive.packs.compare import best_per_input  # noqa: E402
 
-OPS = ("gemm", "softmax", "attention", "spmm")
+OPS = ("gemm", "softmax", "attention", "spmm", "rmsnorm")
 
 
 def pack_name(fingerprint: dict) -> str:

@@ -26,5 +26,5 @@ serve_both() {
   echo "server rc=$? $((SECONDS-t0)) s"
   cp /tmp/srv/*.json "$OUT/" 2>/dev/null
   grep -E "serving after|engine:|policy:|misses:|adaptive / torch at" "$OUT/server.log" | cut -c1-240
-  grep -E "prefill profile: (batch|linears)" "$OUT/server.log" | cut -c1-240
+  grep -E "prefill profile: (batch|route)" "$OUT/server.log" | cut -c1-240
 }

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# run S47 (after S46): the shipped pack rebuilt on the wide preset with 24 more decode
+# attention cases (two in three Lq = 1, caches of 64-16k keys) and rmsnorm's 20 (S17's
+# build: 124 cases in 276 s on a warm kernel cache), then the selection benchmark on it
+# (S43, old pack: learned-shipped decode-heavy 1.067, its largest excess B=1 Lq=1 Lk=128
+# on flash_mma at 1.47x decode_global, which the old pack had no short-Lk row of)
+source "$(dirname "$0")/setup.sh"
+build_pack 330
+t0=$SECONDS
+timeout 110 python3 benchmarks/gpu_selection.py --out "$OUT" > "$OUT/selection.log" 2>&1
+echo "selection rc=$? $((SECONDS-t0)) s"
+grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|largest excess|model accuracy" "$OUT/selection.log" | cut -c1-300
