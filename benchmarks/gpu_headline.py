@@ -100,10 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--device", default="auto", help="auto, cuda or host (dry run)")
     p.add_argument("--quick", action="store_true", help="tiny model, short loads (dry run)")
-    p.add_argument("--per-client", type=int, default=1,
+    p.add_argument("--per-client", type=int, default=2,
                    help="each load serves this many requests per client, the same in every "
-                   "mode (1: 8 and 32 requests of 128..512 new tokens)")
-    p.add_argument("--duration-s", type=float, default=150.0, help="each load's time limit")
+                   "mode (2: 16 and 64 requests of 128..512 new tokens)")
+    p.add_argument("--windows", type=int, default=2,
+                   help="each load in this many parts, each served by every mode in turn "
+                   "(run S29, one window a mode: torch's steps 52 ms in its first, 17.8 in "
+                   "its second; adaptive's 14.4-16.5)")
+    p.add_argument("--duration-s", type=float, default=150.0,
+                   help="each window's time limit")
     args = p.parse_args(argv)
     prune, modes = CASES[args.case]
     dry = args.quick or args.device == "host"
@@ -111,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         modes = tuple(m for m in modes if m != "torch24")   # torch's 2:4 path: CUDA only
     payload = gpu_server.run(
         args.out, device=args.device, modes=modes, duration_s=args.duration_s,
-        per_client=args.per_client,
+        per_client=args.per_client, windows=args.windows,
         quick=args.quick, max_tokens=MAX_TOKENS, server_args=("--prune", prune),
         prompt_max=PROMPT_MAX, min_tokens=MIN_TOKENS,
         json_name=f"headline_{args.case.replace(':', '')}.json")

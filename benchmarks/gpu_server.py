@@ -25,6 +25,15 @@ inside ``adaptive.unbounded_exploration()``). Each batch's longest prompt, prefi
 step median and slow steps are printed under its load. Decision-cache misses inside the
 loads are counted from /metrics, and adaptive's
 exploration inside them is bounded by the learned policy's exploration budget.
+
+Every mode's server is up at once, and each load's requests are split into ``--windows``
+parts (2 by default), each part served by every mode in turn, the order alternating by
+window; a mode's windows are pooled (tokens over seconds, percentiles over every
+window's values). A slow phase of the host then falls on every mode's neighbouring
+windows: with one window a mode, mode after mode, run S29's torch steps took 52 ms in its
+first load and 17.8 ms in its second, against adaptive's 14.4-16.5. ``--windows 1`` runs
+the modes one after another, each server closed before the next starts (and so does the
+dry run, whose servers share this process's runtime).
 An NVML sampler reads SM activity and clocks while the load runs.
 
 Writes ``gpu_server.json`` to ``--out`` and prints, last, a table per mode and client
@@ -38,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import re
@@ -55,7 +65,7 @@ SERVER_DIR = ROOT / "examples" / "server"
 sys.path.insert(0, str(ROOT))                        # profilers, when run as a script
 sys.path.insert(0, str(SERVER_DIR))
 
-from loadgen import make_stream, percentiles, run_load  # noqa: E402
+from loadgen import make_stream, percentiles, pool, run_load  # noqa: E402
 
 MODES = ("torch", "adaptive", "static")
 CONCURRENCY = (8, 32)
@@ -100,13 +110,20 @@ class DeviceSampler:
             self._thread = None
 
     def summary(self) -> dict:
-        out = {"samples": len(self.snapshots)}
-        for field in ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio",
-                      "sm_clock_mhz", "power_w", "gpu_util_ratio"):
-            values = [s[field] for s in self.snapshots[2:] if field in s]  # skip GPM's first
-            if values:
-                out[field] = float(np.mean(values))
-        return out
+        return sampler_summary([self.snapshots])
+
+
+def sampler_summary(windows: list[list[dict]]) -> dict:
+    """The mean of each counter over the snapshots of one or more sampled windows (each
+    window's first two left out: GPM's first reading covers the time before it)."""
+    snaps = [s for w in windows for s in w[2:]]
+    out = {"samples": sum(len(w) for w in windows)}
+    for field in ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio",
+                  "sm_clock_mhz", "power_w", "gpu_util_ratio"):
+        values = [s[field] for s in snaps if field in s]
+        if values:
+            out[field] = float(np.mean(values))
+    return out
 
 
 # ---- one server per mode ----------------------------------------------------------------
@@ -187,77 +204,132 @@ def decision_misses(url: str) -> int | None:
     return int(sum(float(v) for v in found))
 
 
-def run_mode(mode: str, args: argparse.Namespace, stream, sampler: DeviceSampler,
-             out: Path) -> dict:
-    argv = ["--mode", mode, "--preset", args.preset, "--device", args.device,
-            "--max-batch", str(args.max_batch), "--max-tokens-limit", str(args.max_tokens),
-            "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued", "4096",
-            "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes in every mode
-    argv += list(getattr(args, "server_args", ()))
-    if args.in_process:     # the dry run: short warm-up, one CPU thread (shared CI machines)
-        argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
-    t0 = time.perf_counter()
-    server = (InProcess(argv) if args.in_process
-              else Subprocess(["--port", "0", *argv], out / f"server-{mode}.log",
-                              args.start_timeout_s))
-    result = {"mode": mode, "start_s": time.perf_counter() - t0, "loads": {}}
-    try:
-        result["server"] = fetch_json(server.url + "/stats")
-        warm = result["server"].get("warmup", {})
-        print(f"  {mode}: serving after {result['start_s']:.1f} s (warm-up "
-              f"{warm.get('warmup_s', 0):.1f} s in {warm.get('rounds', 0)} rounds, "
-              f"{_f(warm.get('pending_keys'), 'd')} key(s) still exploring)", flush=True)
-        client_warm = run_load(server.url, stream, max(args.concurrency),
-                               args.client_warmup_s)
-        result["client_warmup"] = {"ok": client_warm.ok, "errors": client_warm.errors}
-        misses = decision_misses(server.url)
-        activity = fetch_json(server.url + "/stats").get("adaptive_policy", {})
-        for clients in args.concurrency:
-            t_load = time.time()
-            n = args.per_client * clients
-            with sampler:
-                report = run_load(server.url, stream[:n], clients, args.duration_s)
-            load = report.to_dict() | {"device": sampler.summary(), "requests": n}
-            after = decision_misses(server.url)
-            load["misses_in_load"] = None if misses is None else after - misses
-            misses = after
-            stats = fetch_json(server.url + "/stats")
-            load["miss_breakdown"] = miss_breakdown(stats.get("adaptive_misses", []), t_load)
-            now = stats.get("adaptive_policy", {})
-            load["policy"] = {k: now[k] - activity.get(k, 0) for k in now}   # in the load
-            activity = now
-            load["engine"] = engine_breakdown(stats.get("engine_batches", []), t_load,
-                                              time.time())
-            result["loads"][str(clients)] = load
-            cut = "" if report.ok == n else f" (CUT: {report.ok} of {n} requests served " \
-                f"within {args.duration_s:g} s)"
-            print(f"  {mode} x{clients}: {report.line()}{cut}", flush=True)
-            print(f"  {mode} x{clients} engine: {engine_line(load['engine'])}", flush=True)
-            for i, b in enumerate(load["engine"]["per_batch"]):
-                print(f"    batch {i}: {b['requests']} requests, longest prompt "
-                      f"{b['longest']}, prefill {_f(b['first_ms'], '.1f')} ms, {b['steps']} "
-                      f"steps p50 {_f(b['step_p50_ms'], '.2f')} max "
-                      f"{_f(b['step_max_ms'], '.2f')} ms, {b['n_slow']} slow: "
-                      + ", ".join(f"#{k} {v:.1f}" for k, v in b["slow_steps"].items()),
-                      flush=True)
-            if load["policy"]:
-                a = load["policy"]
-                print(f"  {mode} x{clients} policy: {a['refits']} model refit(s), "
-                      f"{a['refit_s']:.2f} s fitting; {a['explore_calls']} exploring calls, "
-                      f"{a['explore_s']:.3f} s; {a['commits']} commit(s), {a['drifts']} "
-                      f"drift(s), {a['deferred']} class(es) deferred",
-                      flush=True)
-            if load["miss_breakdown"]["misses"]:
-                print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",
-                      flush=True)
-        result["prefill_profile"] = profile_one_batch(server.url, stream, min(
-            args.concurrency))
-        for line in result["prefill_profile"]:
-            print(f"  {mode} prefill profile: {line}", flush=True)
-        result["server"] = fetch_json(server.url + "/stats")
-    finally:
-        server.close()
-    return result
+class ModeRun:
+    """One mode's server through a run: started (the server's warm-up, then the client's),
+    its windows of each load, then one prefill profiled and the server closed.
+
+    A load's windows are pooled by :meth:`loads`: tokens and seconds added, percentiles
+    over every window's values. With several windows a load is served in turns by every
+    mode (:func:`run`), so a slow phase of the host (run S29: torch's first batches
+    stepped at 52-55 ms, its later one at 17.8) falls on all modes' neighbouring windows,
+    where one window per mode, mode after mode, laid it on whichever mode ran then."""
+
+    def __init__(self, mode: str, args: argparse.Namespace, stream, out: Path):
+        argv = ["--mode", mode, "--preset", args.preset, "--device", args.device,
+                "--max-batch", str(args.max_batch), "--max-tokens-limit", str(args.max_tokens),
+                "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued",
+                "4096", "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes
+        argv += list(getattr(args, "server_args", ()))
+        if args.in_process:   # the dry run: short warm-up, one CPU thread (shared CI machines)
+            argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
+        self.mode, self.args = mode, args
+        t0 = time.perf_counter()
+        self.server = (InProcess(argv) if args.in_process
+                       else Subprocess(["--port", "0", *argv], out / f"server-{mode}.log",
+                                       args.start_timeout_s))
+        self.result = {"mode": mode, "start_s": time.perf_counter() - t0, "loads": {}}
+        self.windows: dict[str, list[dict]] = {}
+        try:
+            self.result["server"] = fetch_json(self.server.url + "/stats")
+            warm = self.result["server"].get("warmup", {})
+            print(f"  {mode}: serving after {self.result['start_s']:.1f} s (warm-up "
+                  f"{warm.get('warmup_s', 0):.1f} s in {warm.get('rounds', 0)} rounds, "
+                  f"{_f(warm.get('pending_keys'), 'd')} key(s) still exploring)", flush=True)
+            client_warm = run_load(self.server.url, stream, max(args.concurrency),
+                                   args.client_warmup_s)
+            self.result["client_warmup"] = {"ok": client_warm.ok,
+                                            "errors": client_warm.errors}
+            self.misses = decision_misses(self.server.url)
+            self.activity = fetch_json(self.server.url + "/stats").get("adaptive_policy", {})
+        except BaseException:
+            self.server.close()
+            raise
+
+    def window(self, clients: int, requests: list, sampler: DeviceSampler,
+               label: str = "") -> None:
+        """Serve ``requests`` with ``clients`` streaming clients (cut at the run's
+        duration) and keep what the window measured, the server's side included."""
+        t_load = time.time()
+        with sampler:
+            report = run_load(self.server.url, requests, clients, self.args.duration_s)
+        after = decision_misses(self.server.url)
+        stats = fetch_json(self.server.url + "/stats")
+        now = stats.get("adaptive_policy", {})
+        w = {"report": report, "snapshots": list(sampler.snapshots),
+             "requests": len(requests),
+             "misses": None if self.misses is None or after is None else after - self.misses,
+             "miss_list": [m for m in stats.get("adaptive_misses", [])
+                           if m["time_s"] >= t_load],
+             "policy": {k: now[k] - self.activity.get(k, 0) for k in now},
+             "batches": [b for b in stats.get("engine_batches", [])
+                         if t_load <= b["start_s"] <= time.time()],
+             "batches_complete": len(stats.get("engine_batches", [])) < 512,
+             "misses_complete": len(stats.get("adaptive_misses", [])) < 256}
+        self.misses, self.activity = after, now
+        self.windows.setdefault(str(clients), []).append(w)
+        cut = "" if report.ok == len(requests) else \
+            f" (CUT: {report.ok} of {len(requests)} requests served within " \
+            f"{self.args.duration_s:g} s)"
+        print(f"  {self.mode} x{clients}{label}: {report.line()}{cut}", flush=True)
+
+    def loads(self) -> dict:
+        """Each client count's windows pooled into one load (the JSON's ``loads``), with
+        its lines printed."""
+        for clients, ws in self.windows.items():
+            report = pool([w["report"] for w in ws])
+            load = report.to_dict() | {
+                "device": sampler_summary([w["snapshots"] for w in ws]),
+                "requests": sum(w["requests"] for w in ws), "windows": len(ws),
+                "misses_in_load": (None if any(w["misses"] is None for w in ws)
+                                   else sum(w["misses"] for w in ws))}
+            misses = [m for w in ws for m in w["miss_list"]]
+            load["miss_breakdown"] = miss_breakdown(misses, -math.inf)
+            load["miss_breakdown"]["complete"] = all(w["misses_complete"] for w in ws)
+            load["policy"] = {k: sum(w["policy"].get(k, 0) for w in ws)
+                              for k in ws[-1]["policy"]}
+            batches = [b for w in ws for b in w["batches"]]
+            load["engine"] = engine_breakdown(batches, -math.inf, math.inf)
+            load["engine"]["busy"] = (sum(b["end_s"] - b["start_s"] for b in batches)
+                                      / report.duration_s if report.duration_s > 0 else None)
+            load["engine"]["complete"] = all(w["batches_complete"] for w in ws)
+            self.result["loads"][clients] = load
+            self._print(clients, load, report, len(ws))
+        return self.result["loads"]
+
+    def _print(self, clients: str, load: dict, report, n_windows: int) -> None:
+        mode = self.mode
+        if n_windows > 1:
+            print(f"  {mode} x{clients} ({n_windows} windows pooled): {report.line()}",
+                  flush=True)
+        print(f"  {mode} x{clients} engine: {engine_line(load['engine'])}", flush=True)
+        for i, b in enumerate(load["engine"]["per_batch"]):
+            print(f"    batch {i}: {b['requests']} requests, longest prompt "
+                  f"{b['longest']}, prefill {_f(b['first_ms'], '.1f')} ms, {b['steps']} "
+                  f"steps p50 {_f(b['step_p50_ms'], '.2f')} max "
+                  f"{_f(b['step_max_ms'], '.2f')} ms, {b['n_slow']} slow: "
+                  + ", ".join(f"#{k} {v:.1f}" for k, v in b["slow_steps"].items()),
+                  flush=True)
+        if load["policy"]:
+            a = load["policy"]
+            print(f"  {mode} x{clients} policy: {a['refits']} model refit(s), "
+                  f"{a['refit_s']:.2f} s fitting; {a['explore_calls']} exploring calls, "
+                  f"{a['explore_s']:.3f} s; {a['commits']} commit(s), {a['drifts']} "
+                  f"drift(s), {a['deferred']} class(es) deferred", flush=True)
+        if load["miss_breakdown"]["misses"]:
+            print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",
+                  flush=True)
+
+    def finish(self, stream) -> dict:
+        """One prefill profiled, the server's last stats, the server closed."""
+        try:
+            self.result["prefill_profile"] = profile_one_batch(
+                self.server.url, stream, min(self.args.concurrency))
+            for line in self.result["prefill_profile"]:
+                print(f"  {self.mode} prefill profile: {line}", flush=True)
+            self.result["server"] = fetch_json(self.server.url + "/stats")
+        finally:
+            self.server.close()
+        return self.result
 
 
 def profile_one_batch(url: str, stream, clients: int) -> list[str]:
@@ -358,18 +430,106 @@ def check_deps() -> str | None:
     return None
 
 
+def serve(modes, args: argparse.Namespace, stream, sampler: DeviceSampler, out: Path,
+          windows: int) -> list[dict]:
+    """Every mode's results. One window: each mode's server started, its loads served and
+    the server closed before the next mode's starts. Several: every mode's server
+    started (one after another, each warming up alone), then each load's requests split
+    into ``windows`` consecutive parts, each part served by every mode in turn (the order
+    alternating by window) and the windows pooled per mode. A mode that fails is reported
+    and the others go on."""
+    results: dict[str, dict] = {}
+    runs: dict[str, ModeRun] = {}
+    missing = check_deps()
+
+    def failed(mode, exc, run=None):
+        if run is not None:
+            run.server.close()
+            runs.pop(mode, None)
+        results[mode] = {"mode": mode, "error": f"{type(exc).__name__}: {exc}"[:1500]}
+        print(f"  {mode}: FAILED {results[mode]['error']}", flush=True)
+
+    def start(mode):
+        try:
+            if missing:
+                raise RuntimeError(missing)
+            runs[mode] = ModeRun(mode, args, stream, out)
+        except Exception as exc:  # noqa: BLE001 (one mode failing still reports the others)
+            failed(mode, exc)
+
+    def loads(mode, order_of_windows):
+        run = runs.get(mode)
+        if run is None:
+            return
+        try:
+            for clients in args.concurrency:
+                parts = split(stream[:args.per_client * clients], windows)
+                for w in order_of_windows:
+                    run.window(clients, parts[w], sampler,
+                               f" window {w + 1}/{windows}" if windows > 1 else "")
+        except Exception as exc:  # noqa: BLE001
+            failed(mode, exc, run)
+
+    def finish(mode, t0):
+        run = runs.pop(mode, None)
+        if run is None:
+            return
+        try:
+            run.loads()
+            results[mode] = run.finish(stream)
+        except Exception as exc:  # noqa: BLE001
+            failed(mode, exc, run)
+        print(f"  {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
+
+    if windows == 1:
+        for mode in modes:
+            t0 = time.perf_counter()
+            start(mode)
+            loads(mode, [0])
+            finish(mode, t0)
+    else:
+        t0 = time.perf_counter()
+        for mode in modes:
+            start(mode)
+        for clients in args.concurrency:
+            parts = split(stream[:args.per_client * clients], windows)
+            for w in range(windows):
+                for mode in (modes if w % 2 == 0 else modes[::-1]):
+                    run = runs.get(mode)
+                    if run is None:
+                        continue
+                    try:
+                        run.window(clients, parts[w], sampler, f" window {w + 1}/{windows}")
+                    except Exception as exc:  # noqa: BLE001
+                        failed(mode, exc, run)
+        for mode in modes:
+            finish(mode, t0)
+    return [results[m] for m in modes if m in results]
+
+
+def split(requests: list, parts: int) -> list[list]:
+    """``requests`` in ``parts`` consecutive parts of (nearly) equal size."""
+    n = len(requests)
+    return [requests[n * i // parts: n * (i + 1) // parts] for i in range(parts)]
+
+
 def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY,
         duration_s: float = 120.0, quick: bool = False, preset: str | None = None,
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 90.0,
         max_batch: int = 32, requests: int = 20000, server_args: tuple = (),
         prompt_max: int = 2048, min_tokens: int | None = None,
-        json_name: str = "gpu_server.json", per_client: int = 8) -> dict:
+        json_name: str = "gpu_server.json", per_client: int = 8, windows: int = 2) -> dict:
     """Every mode on one request stream; writes ``json_name``; returns the payload.
     Each load serves the stream's first ``per_client`` x clients requests (8: 8 batches
     at 8 clients) and is cut at ``duration_s`` (a cut load says so: ok < requests).
     ``server_args``: more server arguments for every mode (``--prune 2:4``); ``prompt_max``
     and ``min_tokens``: the stream's longest prompt and fewest new tokens (None: every
     request ``max_tokens``)."""
+    if per_client < 1:
+        raise ValueError(f"per_client must be at least 1, got {per_client}")
+    if not 1 <= windows <= per_client:
+        raise ValueError(f"windows must be from 1 to per_client ({per_client}): each window "
+                         f"serves at least one request per client; got {windows}")
     from server import resolve_device
     device = resolve_device("auto" if device == "auto" else
                             "cpu" if device == "host" else device)
@@ -392,29 +552,19 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
     sampler = DeviceSampler(enabled=device.startswith("cuda"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if per_client < 1:
-        raise ValueError(f"per_client must be at least 1, got {per_client}")
     print(f"gpu_server: {device}, preset {args.preset}, clients {args.concurrency}, "
-          f"{args.per_client} requests per client each load (cut at {args.duration_s:g} s), "
+          f"{args.per_client} requests per client each load (cut at {args.duration_s:g} s) "
+          f"in {1 if dry else windows} window(s) a mode, the modes taking turns, "
           f"{'' if min_tokens is None else f'{min_tokens}..'}{args.max_tokens} new tokens, "
           f"{' '.join(args.server_args) or 'no server options'}, prompts up to {prompt_max}, "
           f"{percentiles([r.prompt_len for r in stream[:2000]])['p50']:.0f} median tokens; "
           f"sampler: {sampler.status}", flush=True)
-    results = []
-    missing = check_deps()
-    for mode in modes:
-        t0 = time.perf_counter()
-        try:
-            if missing:
-                raise RuntimeError(missing)
-            results.append(run_mode(mode, args, stream, sampler, out))
-        except Exception as exc:  # noqa: BLE001 (one mode failing still reports the others)
-            results.append({"mode": mode, "error": f"{type(exc).__name__}: {exc}"[:1500]})
-            print(f"  {mode}: FAILED {results[-1]['error']}", flush=True)
-        print(f"  {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
+    # servers in this process (the dry run) share one runtime: their policy counters would
+    # mix if they were up at once, so they serve one after another, in one window each
+    results = serve(modes, args, stream, sampler, out, 1 if args.in_process else windows)
     payload = {"benchmark": "gpu_server", "device": device, "preset": args.preset,
                "concurrency": list(args.concurrency), "duration_s": args.duration_s,
-               "per_client": args.per_client,
+               "per_client": args.per_client, "windows": windows,
                "max_tokens": args.max_tokens, "min_tokens": min_tokens,
                "prompt_max": prompt_max, "server_args": list(args.server_args),
                "max_batch": args.max_batch, "sampler": sampler.status, "results": results}
@@ -534,7 +684,11 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--per-client", type=int, default=8,
                    help="each load serves this many requests per client (the same in every "
                    "mode)")
-    p.add_argument("--duration-s", type=float, default=120.0, help="each load's time limit")
+    p.add_argument("--windows", type=int, default=2,
+                   help="each load's requests in this many parts, each served by every mode "
+                   "in turn (1: each mode's loads in one go, mode after mode)")
+    p.add_argument("--duration-s", type=float, default=120.0,
+                   help="each window's time limit")
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--preset", default=None, help="default 1b on the GPU, tiny on the host")
@@ -549,7 +703,8 @@ def cli(argv: list[str] | None = None) -> int:
     payload = run(args.out, args.device, args.modes.split(","),
                   [int(c) for c in args.clients.split(",")], args.duration_s, args.quick,
                   args.preset, args.max_tokens, warmup_limit_s=args.warmup_limit_s,
-                  max_batch=args.max_batch, per_client=args.per_client)
+                  max_batch=args.max_batch, per_client=args.per_client,
+                  windows=args.windows)
     for row in summary_rows(payload):
         print(f"{row['case']:<24} {row['value']:>9} {row['unit']:<10} {row.get('note', '')}")
     print(table(payload), flush=True)                   # the side-by-side table last

@@ -66,9 +66,14 @@ class LoadReport:
     token_ms: dict             # between consecutive tokens of one stream
     latency_ms: dict           # whole request
     prompt_len: dict
+    # the raw values behind the percentiles ({"ttft_ms": [...], ...}): what :func:`pool`
+    # reads; left out of to_dict
+    samples: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        del d["samples"]
+        return d
 
     def line(self) -> str:
         def p(d, k):
@@ -247,12 +252,36 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
             for f in [pool.submit(client) for _ in range(concurrency)]:
                 f.result()
     elapsed = time.perf_counter() - start
-    return LoadReport(sent=len(latency) + sum(errors.values()), ok=len(latency),
-                      errors=errors, duration_s=elapsed,
-                      throughput_rps=len(latency) / elapsed if elapsed > 0 else 0.0,
+    return _report(len(latency) + sum(errors.values()), errors, elapsed, tokens,
+                   {"ttft_ms": ttft, "token_ms": [float(g) for g in gaps],
+                    "latency_ms": latency, "prompt_len": lengths})
+
+
+def _report(sent: int, errors: dict, elapsed: float, tokens: int, samples: dict) -> LoadReport:
+    ok = len(samples["latency_ms"])
+    return LoadReport(sent=sent, ok=ok, errors=errors, duration_s=elapsed,
+                      throughput_rps=ok / elapsed if elapsed > 0 else 0.0,
                       tokens_per_s=tokens / elapsed if elapsed > 0 else 0.0, tokens=tokens,
-                      ttft_ms=percentiles(ttft), token_ms=percentiles(gaps),
-                      latency_ms=percentiles(latency), prompt_len=percentiles(lengths))
+                      ttft_ms=percentiles(samples["ttft_ms"]),
+                      token_ms=percentiles(samples["token_ms"]),
+                      latency_ms=percentiles(samples["latency_ms"]),
+                      prompt_len=percentiles(samples["prompt_len"]), samples=samples)
+
+
+def pool(reports: list[LoadReport]) -> LoadReport:
+    """Several runs' reports as one: their requests, errors, tokens and seconds added (so
+    tokens/s is all tokens over all seconds) and the percentiles over every run's values
+    (windows of one load served in turns with other modes' windows)."""
+    if not reports:
+        raise ValueError("pool() needs at least one report")
+    errors: dict = {}
+    for r in reports:
+        for k, n in r.errors.items():
+            errors[k] = errors.get(k, 0) + n
+    return _report(sum(r.sent for r in reports), errors, sum(r.duration_s for r in reports),
+                   sum(r.tokens for r in reports),
+                   {k: [v for r in reports for v in r.samples.get(k, [])]
+                    for k in ("ttft_ms", "token_ms", "latency_ms", "prompt_len")})
 
 
 def main(argv: list[str] | None = None) -> int:

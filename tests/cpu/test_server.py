@@ -29,7 +29,7 @@ SERVER_DIR = ROOT / "examples" / "server"
 sys.path.insert(0, str(SERVER_DIR))
 
 from engine import Engine, QueueFullError, Request  # noqa: E402
-from loadgen import check_loopback, make_stream, run_load  # noqa: E402
+from loadgen import check_loopback, make_stream, pool, run_load  # noqa: E402
 from models import PRESETS, ByteTokenizer, build_llama  # noqa: E402
 from server import ServerThread  # noqa: E402
 
@@ -409,6 +409,89 @@ def test_loadgen_stops_at_its_time_bound(server):
     report = run_load(server.url, stream, concurrency=2, duration_s=1.0)
     assert time.perf_counter() - t0 < 15
     assert 0 < report.ok < 5000 and report.sent == report.ok
+
+
+def test_pooled_windows_are_one_load_over_all_their_values(server):
+    """Two windows of a load pooled: requests, errors, tokens and seconds added (tokens/s
+    is all tokens over all seconds, not a mean of rates) and each percentile over both
+    windows' values, as one window of the same requests would report them."""
+    stream = make_stream(10, seed=2, prompt_max=40, max_tokens=3)
+    a = run_load(server.url, stream[:4], concurrency=2, duration_s=30.0)
+    b = run_load(server.url, stream[4:], concurrency=3, duration_s=30.0)
+    both = pool([a, b])
+    assert both.sent == both.ok == 10 and both.tokens == a.tokens + b.tokens == 30
+    assert both.duration_s == pytest.approx(a.duration_s + b.duration_s)
+    assert both.tokens_per_s == pytest.approx(30 / (a.duration_s + b.duration_s))
+    assert both.throughput_rps == pytest.approx(10 / (a.duration_s + b.duration_s))
+    for name in ("ttft_ms", "token_ms", "latency_ms"):
+        values = np.concatenate([a.samples[name], b.samples[name]])
+        assert getattr(both, name)["n"] == len(values) == getattr(a, name)["n"] + \
+            getattr(b, name)["n"]
+        assert getattr(both, name)["p99"] == pytest.approx(np.percentile(values, 99))
+        assert getattr(both, name)["max"] == max(getattr(a, name)["max"],
+                                                 getattr(b, name)["max"])
+    assert "samples" not in both.to_dict() and both.to_dict()["token_ms"]["n"] == 20
+    with pytest.raises(ValueError, match="at least one report"):
+        pool([])
+
+
+def test_a_load_splits_into_windows_of_the_same_requests_in_order():
+    from benchmarks import gpu_server
+    reqs = list(range(13))
+    parts = gpu_server.split(reqs, 3)
+    assert [len(p) for p in parts] == [4, 4, 5] and sum(parts, []) == reqs
+    assert gpu_server.split(reqs, 1) == [reqs]
+    with pytest.raises(ValueError, match=r"windows must be from 1 to per_client \(2\)"):
+        gpu_server.run("unused", device="host", per_client=2, windows=3)
+
+
+def test_windows_are_served_by_every_mode_in_turn_and_pooled(monkeypatch):
+    """Several windows: every mode's server up first (one after another), then each
+    load's parts served mode by mode, the order alternating by window, then each mode's
+    windows pooled and its server finished; a mode failing in a window is reported and
+    closed while the others go on. One window: mode after mode, as before."""
+    import argparse
+    from benchmarks import gpu_server
+    events = []
+
+    class Fake:
+        def __init__(self, mode, args, stream, out):
+            events.append(("start", mode))
+            self.mode, self.server = mode, argparse.Namespace(
+                close=lambda: events.append(("close", mode)))
+
+        def window(self, clients, requests, sampler, label=""):
+            if self.mode == "static" and clients == 4:
+                raise RuntimeError("server died")
+            events.append(("window", self.mode, clients, tuple(requests), label))
+
+        def loads(self):
+            events.append(("pool", self.mode))
+
+        def finish(self, stream):
+            events.append(("finish", self.mode))
+            return {"mode": self.mode, "loads": {}}
+    monkeypatch.setattr(gpu_server, "ModeRun", Fake)
+    monkeypatch.setattr(gpu_server, "check_deps", lambda: None)
+    args = argparse.Namespace(concurrency=(2, 4), per_client=2)
+    stream = list(range(100))
+    results = gpu_server.serve(("torch", "adaptive", "static"), args, stream, None, None, 2)
+    assert events[:3] == [("start", "torch"), ("start", "adaptive"), ("start", "static")]
+    served = [(e[1], e[2], e[3]) for e in events if e[0] == "window"]
+    assert served[:6] == [("torch", 2, (0, 1)), ("adaptive", 2, (0, 1)), ("static", 2, (0, 1)),
+                          ("static", 2, (2, 3)), ("adaptive", 2, (2, 3)), ("torch", 2, (2, 3))]
+    assert served[6:] == [("torch", 4, (0, 1, 2, 3)), ("adaptive", 4, (0, 1, 2, 3)),
+                          ("adaptive", 4, (4, 5, 6, 7)), ("torch", 4, (4, 5, 6, 7))]
+    assert ("close", "static") in events and ("finish", "static") not in events
+    assert [r["mode"] for r in results] == ["torch", "adaptive", "static"]
+    assert "server died" in results[2]["error"] and "error" not in results[0]
+    events.clear()
+    gpu_server.serve(("torch", "adaptive"), args, stream, None, None, 1)
+    assert [e[:2] for e in events] == [("start", "torch"), ("window", "torch"),
+                                       ("window", "torch"), ("pool", "torch"),
+                                       ("finish", "torch"), ("start", "adaptive"),
+                                       ("window", "adaptive"), ("window", "adaptive"),
+                                       ("pool", "adaptive"), ("finish", "adaptive")]
 
 
 def test_stream_is_long_tailed_bursty_and_reproducible():
