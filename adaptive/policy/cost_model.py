@@ -24,7 +24,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.utils.validation import check_is_fitted
 
-from adaptive.policy.features import FEATURE_VERSION, row as features_row  # noqa: F401 (re-export)
+from adaptive.policy.features import FEATURE_VERSION, Rows, row as features_row  # noqa: F401 (re-export)
 from adaptive.observation import Observation
 
 MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
@@ -130,6 +130,10 @@ class CostModel(RegressorMixin, BaseEstimator):
         self.offset_cap = offset_cap
 
     def _matrix(self, X, fitting: bool = False) -> np.ndarray:
+        if isinstance(X, Rows):   # one input's rows, kept as their parts
+            if not fitting and getattr(self, "feature_names_", None) is not None:
+                return X.matrix(self._names_index())
+            X = list(X)
         is_dicts = len(X) > 0 and isinstance(X[0], Mapping) if isinstance(X, (list, tuple)) \
             else False
         if not is_dicts:
@@ -147,9 +151,7 @@ class CostModel(RegressorMixin, BaseEstimator):
             self._index = None
         elif self.feature_names_ is None:
             raise ValueError("this CostModel was fitted on an array; pass an array")
-        index = self.__dict__.get("_index")
-        if index is None:   # names are fixed at fit (which clears this)
-            index = self._index = {name: j for j, name in enumerate(self.feature_names_)}
+        index = self._names_index()
         # a miss builds ~100 rows here with a few key orders (a variant's features): the
         # rows of each order become one array, stored by one fancy-indexed assignment
         # (0.92 -> 0.2 ms for 84 rows of 4 orders on a 2-core machine; name by name before)
@@ -169,6 +171,13 @@ class CostModel(RegressorMixin, BaseEstimator):
             V = np.array(values, dtype=np.float64).reshape(len(at), len(names))
             M[np.array(at)[:, None], [j for _, j in kept]] = V[:, [k for k, _ in kept]]
         return M
+
+    def _names_index(self) -> dict[str, int]:
+        """Each feature name's column (names are fixed at fit, which clears this)."""
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = self._index = {name: j for j, name in enumerate(self.feature_names_)}
+        return index
 
     def fit(self, X, y, sample_weight=None, groups: Sequence | None = None) -> CostModel:
         """Fit on rows ``X`` and targets ``y`` (log(time / floor)); returns ``self``.

@@ -388,7 +388,7 @@ class Learned(BasePolicy):
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
                          {c: Samples() for c in explore}, reason=why, explorations=1,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,
-                         rows={c: r for c, r in zip(candidates, rows) if c in chosen})
+                         rows={c: rows[i] for i, c in enumerate(candidates) if c in chosen})
         state.history.append("miss: " + why)
         with self._lock:
             self.keys[ctx.key] = state

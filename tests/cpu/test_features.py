@@ -153,6 +153,41 @@ def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
     assert got[0]["dev.sm_clock_ratio"] == 0.5 and got[1]["res.known"] == 0.0
 
 
+def test_a_misses_matrix_from_the_rows_parts_is_the_dicts_matrix(rng):
+    """The model's matrix of a miss's rows, made from their parts without building the
+    dicts, is the one the dicts give, value for value, on a model fitted on rows of other
+    inputs (names the miss's rows lack: 0; names the model never saw: left out); the
+    predictions alike; the rows a sequence of row()'s dicts (index, negative, slice)."""
+    from adaptive.ops import OPS
+    from adaptive.policy.cost_model import CostModel
+    from adaptive.policy.features import Rows, candidate_rows
+    from adaptive.variants import default_registry, make_candidate
+    op = OPS["softmax"]
+    limits = {"max_threads_per_block": 1024, "max_shared_per_block": 48 * 1024,
+              "sm_count": 132, "max_regs_per_sm": 65536, "max_threads_per_sm": 2048}
+    cands = [make_candidate(v, c) for v in default_registry().variants("softmax", "cuda")
+             for c in list(v.space.all_configs())[:6]]
+
+    def rows_of(r, c):
+        problem = op.problem((rng.standard_normal((r, c)).astype(np.float16),), {})
+        return candidate_rows("softmax", op.features(problem), cands, problem.scope(),
+                              limits)
+    train = [dict(r) for shape in ((64, 300), (900, 40), (7, 4096)) for r in rows_of(*shape)]
+    for r in train[::3]:
+        r.pop("geo.tail", None)              # some names only some rows have
+    model = CostModel(n_estimators=8).fit(train, rng.standard_normal(len(train)))
+    miss = rows_of(333, 517)
+    assert isinstance(miss, Rows) and len(miss) == len(cands) > 6
+    miss.op_part["op.never_seen"] = 3.0      # a name the model never saw
+    dicts = list(miss)
+    np.testing.assert_array_equal(model._matrix(miss), model._matrix(dicts))
+    for a, b in zip(model.predict_dist(miss), model.predict_dist(dicts)):
+        np.testing.assert_array_equal(a, b)
+    assert miss[-1] is dicts[-1] and miss[1:3] == dicts[1:3]
+    with pytest.raises(IndexError):
+        miss[len(cands)]
+
+
 def test_a_candidates_part_is_kept_between_misses_and_follows_a_replaced_variant(rng):
     """Without a backend's lookup (the dispatcher's misses) what a row says of a candidate
     alone is made once and kept: a second miss's rows are still ``row()``'s key for key,
