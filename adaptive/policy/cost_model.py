@@ -24,7 +24,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.utils.validation import check_is_fitted
 
-from adaptive.policy.features import FEATURE_VERSION, Rows, row as features_row  # noqa: F401 (re-export)
+from adaptive.policy.features import FEATURE_VERSION, Rows  # noqa: F401 (re-export)
+from adaptive.policy.features import row as features_row  # noqa: F401 (re-export)
 from adaptive.observation import Observation
 
 MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
