@@ -9,12 +9,15 @@ For each op, the 4th input of the corpus pack (its rows name the candidates, as 
 does) is decided ``--repeats`` times by a fresh policy sharing one fitted model; prints the
 minimum and median ms and the candidate count, and the minimum ms of listing the
 candidates a miss decides among (every built-in CUDA variant's configs for the device,
-kept by the input's requirements).
+kept by the input's requirements). ``--against-dicts``: every other decide ranks the rows
+as a list of dicts (how misses did before :class:`adaptive.policy.features.Rows`), the two
+alternating in one process, both printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -30,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", default=str(ROOT.parent / "shared" / "data" / "h200-corpus"))
     p.add_argument("--ops", default="spmm,gemm,softmax,attention")
     p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--against-dicts", action="store_true",
+                   help="every other decide ranks the rows as a list of dicts (before "
+                   "features.Rows), both printed")
     args = p.parse_args(argv)
     from adaptive.bench import replay as R
     from adaptive.limits import for_fingerprint
@@ -62,13 +68,20 @@ def main(argv: list[str] | None = None) -> int:
         groups = R._group([r for r in corpus.rows if (r.op, r.variant) in known])
         key, group = sorted(groups.items())[3]
         cands = [make_candidate(known[(r.op, r.variant)], r.config) for r in group]
-        times = []
-        for _ in range(args.repeats):
+        times, as_dicts = [], []
+        for i in range(args.repeats):
+            # every other decide (with --against-dicts) ranks the rows as a list of dicts,
+            # as misses did before features.Rows: the two alternate in one process
+            dicts = args.against_dicts and i % 2 == 1
             policy = Learned(live, explore_budget=None)
             policy.neighbours = near.copy()
             t0 = time.perf_counter()
-            policy.decide(R._Context(group[0], key, limits), cands)
-            times.append((time.perf_counter() - t0) * 1e3)
+            with _rows_as_dicts(dicts):
+                policy.decide(R._Context(group[0], key, limits), cands)
+            (as_dicts if dicts else times).append((time.perf_counter() - t0) * 1e3)
+        if as_dicts:
+            print(f"{op:<10} {len(cands):>4} candidates: decide, rows as a list of dicts: min "
+                  f"{min(as_dicts):.2f} ms, median {statistics.median(as_dicts):.2f} ms")
         # listing the candidates the miss decides among: every built-in CUDA variant's
         # configs for this device, kept by the input's requirements (Dispatcher._candidates)
         row = group[0]   # the input rebuilt from its row: the scope a live miss has
@@ -92,6 +105,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(len(c) for _, c in pool)} configs min {min(listed):.2f} ms (config by "
               f"config {min(each):.2f} ms)")
     return 0
+
+
+@contextlib.contextmanager
+def _rows_as_dicts(on: bool):
+    """While open (``on``), a miss's rows reach the model as a list of dicts."""
+    from adaptive.policy import features
+    real = features.candidate_rows
+    if on:
+        features.candidate_rows = lambda *a, **k: list(real(*a, **k))
+    try:
+        yield
+    finally:
+        features.candidate_rows = real
 
 
 if __name__ == "__main__":
