@@ -252,17 +252,20 @@ class ModeRun:
         t_load = time.time()
         with sampler:
             report = run_load(self.server.url, requests, clients, self.args.duration_s)
+        t_end = time.time()
         after = decision_misses(self.server.url)
         stats = fetch_json(self.server.url + "/stats")
         now = stats.get("adaptive_policy", {})
+        mine = engine_breakdown(stats.get("engine_batches", []), t_load, t_end)
         w = {"report": report, "snapshots": list(sampler.snapshots),
+             "busy_s": (mine["busy"] or 0.0) * (t_end - t_load), "window_s": t_end - t_load,
              "requests": len(requests),
              "misses": None if self.misses is None or after is None else after - self.misses,
              "miss_list": [m for m in stats.get("adaptive_misses", [])
                            if m["time_s"] >= t_load],
              "policy": {k: now[k] - self.activity.get(k, 0) for k in now},
              "batches": [b for b in stats.get("engine_batches", [])
-                         if t_load <= b["start_s"] <= time.time()],
+                         if t_load <= b["start_s"] <= t_end],
              "batches_complete": len(stats.get("engine_batches", [])) < 512,
              "misses_complete": len(stats.get("adaptive_misses", [])) < 256}
         self.misses, self.activity = after, now
@@ -289,8 +292,9 @@ class ModeRun:
                               for k in ws[-1]["policy"]}
             batches = [b for w in ws for b in w["batches"]]
             load["engine"] = engine_breakdown(batches, -math.inf, math.inf)
-            load["engine"]["busy"] = (sum(b["end_s"] - b["start_s"] for b in batches)
-                                      / report.duration_s if report.duration_s > 0 else None)
+            window_s = sum(w["window_s"] for w in ws)   # each batch counted to its window's end
+            load["engine"]["busy"] = (sum(w["busy_s"] for w in ws) / window_s
+                                      if window_s > 0 else None)
             load["engine"]["complete"] = all(w["batches_complete"] for w in ws)
             self.result["loads"][clients] = load
             self._print(clients, load, report, len(ws))
@@ -386,7 +390,8 @@ def engine_breakdown(batches: list[dict], since: float, until: float) -> dict:
             "first_p50_ms": pct([b["first_ms"] for b in mine if b["first_ms"] is not None],
                                 "p50"),
             "step_p50_ms": pct(steps, "p50"), "step_p99_ms": pct(steps, "p99"),
-            "busy": busy / (until - since) if until > since else None,
+            "busy": (busy / (until - since)
+                     if until > since and math.isfinite(until - since) else None),
             "complete": len(batches) < 512,   # the engine keeps its newest 512
             "per_batch": [batch_line(b) for b in mine]}
 
