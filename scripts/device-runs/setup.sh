@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 #   build_pack DEADLINE
 build_pack() {
   local t0=$SECONDS
-  timeout 70 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
+  timeout 90 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
   echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
   t0=$SECONDS
   timeout $(($1 + 35)) python3 benchmarks/gpu_pack.py --deadline-s "$1" --out /tmp/packout > "$OUT/pack.log" 2>&1
