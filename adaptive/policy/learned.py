@@ -40,12 +40,13 @@ class Samples:
     any failed. Reads like the list of the kept timings (``len()`` is the full count)."""
 
     RING_SIZE = 16     # timings kept per candidate per key (the bound on a key's memory)
-    __slots__ = ("_ring", "count", "failed")
+    __slots__ = ("_ring", "count", "failed", "raced")
 
     def __init__(self, times=()):
         self._ring: deque = deque(maxlen=self.RING_SIZE)
         self.count = 0
         self.failed = False
+        self.raced = False   # left behind by this exploration's leader (Learned.race_ratio)
         for t in times:
             self.add(t)
 
@@ -258,6 +259,12 @@ class Learned(BasePolicy):
             than the best one, by its exploration's pick), and a patched model must never
             be slower than the plain one for a margin inside that noise. 0: the fastest
             median, whatever it is.
+        race_ratio: an explored candidate whose fastest sample is more than this times
+            the leader's median (the fastest median of a candidate timed at least twice)
+            is explored no further in this exploration: more samples of it would not
+            change the commit (None: every candidate timed ``samples`` times). The first
+            explored candidate (what the class's calls fall back to) and the baseline are
+            never left behind, and a re-exploration times every candidate again.
     """
 
     name = "learned"
@@ -268,7 +275,8 @@ class Learned(BasePolicy):
                  per_variant: int = 2, explore_budget: float | None = 0.01,
                  explore_burst_s: float = 0.5, revalidate_every: int = 8,
                  baseline_margin: float = 0.03, variant_reach: float = 0.5,
-                 variant_slots: int = 2, min_explore: int = 2):
+                 variant_slots: int = 2, min_explore: int = 2,
+                 race_ratio: float | None = 2.0):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -290,6 +298,10 @@ class Learned(BasePolicy):
             raise ValueError(f"variant_reach must be a fraction >= 0, got {variant_reach!r}")
         if not (isinstance(variant_slots, int) and variant_slots >= 0):
             raise ValueError(f"variant_slots must be an int >= 0, got {variant_slots!r}")
+        if race_ratio is not None and not (isinstance(race_ratio, (int, float))
+                                           and race_ratio > 1):
+            raise ValueError(f"race_ratio must be > 1 or None, got {race_ratio!r}")
+        self.race_ratio = race_ratio
         self.variant_reach = variant_reach
         self.variant_slots = variant_slots
         self.baseline_margin = baseline_margin
@@ -547,15 +559,25 @@ class Learned(BasePolicy):
         state.explored[candidate] += 1
         self._spend(time_ms)
         self._learn(state, candidate, time_ms)
+        raced = self._race(state)
         # the sample count is the commit criterion: every explored candidate timed
-        # ``samples`` times (a failed one is done: it is never chosen)
+        # ``samples`` times (a failed one is done: it is never chosen, and so is one
+        # left behind by the leader)
+        active = tuple(c for c in state.explore if not state.observed[c].raced)
         if any(len(state.observed[c]) < self.samples and not state.observed[c].failed
-               for c in state.explore):
-            return None
+               for c in active):
+            if not raced:
+                return None
+            # the class's calls rotate over the candidates still explored from now on
+            state.reason = (f"exploring {len(active)} of {len(state.explore)}: "
+                            + ", ".join(c.label for c in raced) + " left behind (fastest "
+                            f"sample over {self.race_ratio:g}x the leader's median)")
+            return Decision(active[0], state.reason, explore=active)   # (the commit's
+            # history line names the candidates left behind)
         # each candidate's median: a first call may pay one-time costs (a sparse format
         # built lazily, a cold cache) and any call may meet interference
         fastest = {c: math.inf if state.observed[c].failed else state.observed[c].median()
-                   for c in state.explore}
+                   for c in active}
         best = min(fastest, key=fastest.get)
         base = next((c for c in fastest if c.variant.baseline
                      and math.isfinite(fastest[c])), None)
@@ -589,13 +611,36 @@ class Learned(BasePolicy):
                         f"{kept}")
         state.history.append(state.reason + "; samples " + ", ".join(
             f"{c.label} n={len(state.observed[c])} median "
-            f"{fastest[c]:.4g} min {min(state.observed[c], default=math.inf):.4g}"
+            f"{state.observed[c].median():.4g} min "
+            f"{min(state.observed[c], default=math.inf):.4g}"
+            + (" (left behind)" if state.observed[c].raced else "")
             for c in state.explore))
         self.stats["commits"] += 1
         return Decision(best, state.reason, observed_ms=tuple(
             (c.label, t) for c, t in fastest.items()), samples=tuple(
             (c.label, len(state.observed[c])) for c in state.explore), predicted_ms=tuple(
             (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
+
+    def _race(self, state: KeyState) -> list:
+        """Mark the explored candidates the leader has left behind (see ``race_ratio``);
+        the ones newly marked."""
+        if self.race_ratio is None:
+            return []
+        obs = state.observed
+        timed = [obs[c].median() for c in state.explore
+                 if len(obs[c]) >= 2 and not obs[c].failed and not obs[c].raced]
+        if not timed:
+            return []
+        bar = self.race_ratio * min(timed)
+        out = []
+        for c in state.explore[1:]:
+            s = obs[c]
+            if s.raced or s.failed or not len(s) or len(s) >= self.samples \
+                    or c.variant.baseline or min(s) <= bar:
+                continue
+            s.raced = True
+            out.append(c)
+        return out
 
     def _check_drift(self, state: KeyState) -> Decision | None:
         if state.revalidate_in > 0:

@@ -91,7 +91,7 @@ def test_model_ranking_explores_only_plausible_candidates_and_commits(rng):
 
 def test_commit_picks_the_fastest_observed_not_the_predicted(rng):
     ctx, cands, _ = softmax_context(rng)
-    policy = Learned(LiveModel(background=False), max_explore=3, samples=2)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=2, race_ratio=None)
     d = policy.decide(ctx, cands)
     times = dict(zip(d.explore, (0.5, 0.2, 0.9)))
     decisions = [policy.observe(ctx.key, c, times[c]) for _ in range(2) for c in d.explore]
@@ -150,7 +150,7 @@ def test_a_keys_exploring_samples_are_counted_apart_from_its_steady_ones(rng):
     adds to the count where ``observed`` starts anew."""
     ctx, cands, _ = softmax_context(rng)
     policy = Learned(LiveModel(background=False), max_explore=3, samples=2, drift_window=4,
-                     drift_ratio=1.5)
+                     drift_ratio=1.5, race_ratio=None)
     d = policy.decide(ctx, cands)
     times = dict(zip(d.explore, (0.1, 0.2, 0.3)))
     for _ in range(2):
@@ -779,6 +779,66 @@ def test_a_co_running_load_re_ranks_by_drift_and_the_choice_recovers_when_it_lea
     intervals = [int(h.split(" after ")[1].split()[0]) for h in history
                  if h.startswith("re-validating")]
     assert intervals[-6:] == [8, 16, 32, 64, 128, 128]   # doubling, up to 16x
+
+
+def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
+    """race_ratio: once a candidate is timed twice, one whose fastest sample is over
+    2x the leader's median stops being explored (the class rotates over the rest from
+    the decision the policy hands back) and the commit waits for the rest only; the first
+    explored candidate is never left behind, whatever its time; a re-exploration times
+    every candidate again."""
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=4, samples=3, drift_window=3,
+                     drift_ratio=1.5)
+    d = policy.decide(ctx, cands)
+    e0, e1, e2, e3 = d.explore
+    times = {e0: 5.0, e1: 0.5, e2: 3.0, e3: 0.55}   # e0 (first) slow too: kept all the same
+    assert [policy.observe(ctx.key, c, times[c]) for c in d.explore] == [None] * 4
+    assert policy.observe(ctx.key, e0, times[e0]) is None   # leader e0 5.0: bar 10
+    raced = policy.observe(ctx.key, e1, times[e1])           # leader e1 0.5: bar 1.0
+    assert raced is not None and raced.explore == (e0, e1, e3) and raced.candidate == e0
+    state = policy.state(ctx.key)
+    assert state.observed[e2].raced and not state.observed[e0].raced
+    assert "left behind" in raced.reason and e2.label in raced.reason
+    assert policy.observe(ctx.key, e2, 3.1) is None          # a late sample: counted only
+    assert policy.observe(ctx.key, e3, times[e3]) is None
+    commit = None
+    for c in (e0, e1, e3):
+        commit = policy.observe(ctx.key, c, times[c])
+    assert commit is not None and commit.candidate == e1 and not commit.explore
+    assert state.explored == {e0: 3, e1: 3, e2: 2, e3: 3}
+    assert "(left behind)" in state.history[-1] and state.committed == e1
+    for t in (0.5, 0.5, 0.5, 2.0, 2.0, 2.0):                 # a drift re-explores all four
+        out = policy.observe(ctx.key, e1, t)
+        if out is not None:
+            break
+    assert out is not None and set(out.explore) == {e0, e1, e2, e3}
+    assert not any(state.observed[c].raced for c in out.explore)
+    with pytest.raises(ValueError, match="race_ratio must be > 1 or None"):
+        Learned(LiveModel(background=False), race_ratio=1.0)
+
+
+def test_a_class_stops_running_the_candidate_left_behind(rng):
+    """Through the dispatcher: c (3x a's time) is left behind once a is timed twice, and
+    the class's calls stop running it; the commit is the same as timing it fully."""
+    runs = {}
+    be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.4, "c": 3.0},
+                                         loaded_ms={"a": 1.0, "b": 1.4, "c": 3.0})
+    real = be.prepare
+
+    def counted(candidate, problem, op):
+        fn = real(candidate, problem, op)
+
+        def run(args, out):
+            runs[candidate.label] = runs.get(candidate.label, 0) + 1
+            return fn(args, out)
+        return run
+    be.prepare = counted
+    assert calls_until("a", 15) <= 11
+    state = next(iter(policy.keys.values()))
+    by_time = sorted(runs.items(), key=lambda kv: kv[1])
+    assert by_time[0][1] <= 3 < by_time[-1][1]   # c: its warm-up and at most two samples
+    assert sum(state.explored.values()) < 9      # three candidates x three samples, less
 
 
 def test_a_drift_that_keeps_the_choice_schedules_no_re_validation(rng):
