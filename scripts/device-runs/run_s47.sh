@@ -3,7 +3,9 @@
 # attention cases (two in three Lq = 1, caches of 64-16k keys) and rmsnorm's 20 (S17's
 # build: 124 cases in 276 s on a warm kernel cache), then the selection benchmark on it
 # (S43, old pack: learned-shipped decode-heavy 1.067, its largest excess B=1 Lq=1 Lk=128
-# on flash_mma at 1.47x decode_global, which the old pack had no short-Lk row of)
+# on flash_mma at 1.47x decode_global, which the old pack had no short-Lk row of); also
+# the first of this tree's cheaper miss (rows as parts, the matrix per key order) and of
+# the policy's race (tuning runs: S43 long-burst 13.3% against the 10% bar)
 source "$(dirname "$0")/setup.sh"
 build_pack 330
 t0=$SECONDS
