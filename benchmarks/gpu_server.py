@@ -232,9 +232,14 @@ class ModeRun:
         try:
             self.result["server"] = fetch_json(self.server.url + "/stats")
             warm = self.result["server"].get("warmup", {})
+            sweep = self.result["server"].get("attention_sweep")
+            swept = (f"; decode attention swept: {sweep['classes']} classes in "
+                     f"{sweep['sweep_s']:.1f} s, {sweep['undecided']} undecided"
+                     if sweep else "")
             print(f"  {mode}: serving after {self.result['start_s']:.1f} s (warm-up "
                   f"{warm.get('warmup_s', 0):.1f} s in {warm.get('rounds', 0)} rounds, "
-                  f"{_f(warm.get('pending_keys'), 'd')} key(s) still exploring)", flush=True)
+                  f"{_f(warm.get('pending_keys'), 'd')} key(s) still exploring{swept})",
+                  flush=True)
             client_warm = run_load(self.server.url, stream, max(args.concurrency),
                                    args.client_warmup_s)
             self.result["client_warmup"] = {"ok": client_warm.ok,

@@ -460,6 +460,67 @@ def warm_up(model: LanguageModel, batches: list[tuple[int, int, int]], settle: b
     return {"warmup_s": time.perf_counter() - t0, "rounds": rounds, "pending_keys": pending}
 
 
+def adaptive_attention(model: CausalLM) -> bool:
+    """Whether ``model``'s attention is adaptive's (a patched transformers model)."""
+    return getattr(model.model.config, "_attn_implementation", None) == "adaptive"
+
+
+def sweep_decode_attention(model: CausalLM, batch_rows, least_keys: int,
+                           max_calls: int = 96, progress=None) -> dict:
+    """Decide every decode-attention input class a load can meet before the server
+    listens: for each batch of ``batch_rows`` and each class of cached-key lengths from
+    ``least_keys`` up to the model's context (quarter octaves: ``adaptive.ops.base.bucket``),
+    one decode step's attention, as the patched model calls it (q ``[B, H, 1, D]``, k and v
+    ``[B, Hkv, Lk, D]``, the padding mask ``[B, 1, 1, Lk]``), is called until its class is
+    committed (at most ``max_calls`` calls).
+
+    The warm-up's decodes reach only ``--warmup-new-tokens`` past each prompt width; a
+    request decoding further met a class there first and explored it under load (run
+    S29: 9 of 492 steps at 64-95 ms against 16, at 608, 724 and 861 cached keys, in a
+    batch of 8 rows). Calls of the attention op alone, with random q, k and v, cost
+    milliseconds a class. Returns {"classes", "calls", "undecided", "sweep_s"}."""
+    import types
+
+    import adaptive
+    from adaptive.integrations import transformers as at
+    from adaptive.ops.base import bucket
+    torch, config = model.torch, model.model.config
+    layer = types.SimpleNamespace(is_causal=True)   # what transformers passes as ``module``
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dtype = next(model.model.parameters()).dtype
+    scale = dim ** -0.5
+    firsts, last = [], None   # each class's first key length
+    for lk in range(max(2, least_keys), model.max_context + 1):
+        if bucket(lk) != last:
+            firsts.append(lk)
+            last = bucket(lk)
+    t0 = time.perf_counter()
+    calls = undecided = 0
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.inference_mode(), adaptive.unbounded_exploration():
+        for b in sorted(set(batch_rows)):
+            for lk in firsts:
+                q = torch.randn((b, heads, 1, dim), generator=gen).to(model.device, dtype)
+                k = torch.randn((b, kv_heads, lk, dim), generator=gen).to(model.device, dtype)
+                v = torch.randn((b, kv_heads, lk, dim), generator=gen).to(model.device, dtype)
+                mask = torch.ones((b, 1, 1, lk), dtype=torch.bool, device=model.device)
+                mask[:, :, :, : lk // 8] = False       # left padding, as a ragged batch has
+                for n in range(1, max_calls + 1):
+                    at.attention_forward(layer, q, k, v, mask, scaling=scale)
+                    calls += 1
+                    if n >= 2 and not pending_keys():
+                        break
+                else:
+                    undecided += 1
+            if progress is not None:
+                progress(f"decode attention swept at {b} rows: {len(firsts)} key-length "
+                         f"classes, {calls} calls, {time.perf_counter() - t0:.1f} s")
+    return {"classes": len(firsts) * len(set(batch_rows)), "calls": calls,
+            "undecided": undecided, "sweep_s": time.perf_counter() - t0}
+
+
 class Pinned:
     """A policy that keeps every decision already made: no exploring, no revision.
 

@@ -32,8 +32,8 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from engine import (BlockLM, CausalLM, Engine, QueueFullError, Request, pin_dispatchers,
-                    warm_up)
+from engine import (BlockLM, CausalLM, Engine, QueueFullError, Request, adaptive_attention,
+                    pin_dispatchers, sweep_decode_attention, warm_up)
 from models import MODES, PRESETS, PRUNINGS, ByteTokenizer, build_llama
 
 log = logging.getLogger("adaptive.example.server")
@@ -623,6 +623,11 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
             return decode_steps(width, max(new, min(reach, lm.max_context - width)), new)
         batches = [(b, n, steps(n)) for n in sorted(set(lengths)) for b in sorted(sizes)]
         import adaptive
+        if isinstance(lm, CausalLM) and adaptive_attention(lm):
+            # decode classes past the warm-up's reach, decided now (run S29: explored at
+            # 608-861 cached keys under load); then the warm-up, whose end settles them
+            info["attention_sweep"] = sweep_decode_attention(
+                lm, sizes, lm.width(min(lengths), new) + 1, progress=progress)
         with adaptive.unbounded_exploration():   # explore it all now, not under load
             info["warmup"] = warm_up(lm, batches, settle=args.mode in ("adaptive", "static"),
                                      limit_s=args.warmup_limit_s, progress=progress)

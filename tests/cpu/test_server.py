@@ -746,6 +746,56 @@ def test_the_warm_up_decodes_far_only_where_classes_are_decided(monkeypatch, mod
     assert all(tokens[(b, n)] == want[n] for b, n in tokens), tokens
 
 
+def test_decode_attention_classes_past_the_warm_up_are_decided_before_serving(monkeypatch):
+    """An adaptive server sweeps decode attention's classes up to the model's context
+    before it listens (the warm-up's decodes reach 64 tokens past a width): a request
+    decoding 200 tokens then meets no class to decide. Without the sweep the same request
+    decides and explores classes under load."""
+    need("torch", "transformers")
+    import torch
+
+    import adaptive
+    import server
+    from adaptive import runtime
+    from adaptive.integrations import transformers as at
+    from engine import pending_keys, ragged_prompts
+    monkeypatch.setattr(server, "warm_up", lambda lm, batches, **kw: {"rounds": 1})
+    args = server.parse_args(["--mode", "adaptive", "--preset", "tiny", "--device", "cpu",
+                              "--warmup", "--max-batch", "1", "--pad-to", "64",
+                              "--shape-buckets", "pow2", "--warmup-lengths", "16",
+                              "--torch-threads", "1"])
+    like, before = torch.empty(1), runtime.default_dispatcher(device="cpu")
+
+    def served_after(sweep: bool) -> dict:
+        d = adaptive.Dispatcher("host")
+        runtime.set_default(d, like)
+        at.forget_held()
+        if not sweep:
+            monkeypatch.setattr(server, "sweep_decode_attention", lambda *a, **k: {})
+        lm, _, _, _ = server.build_model(args)
+        info = server.prepare(lm, args)
+        prompt = ragged_prompts(1, 40, lm.vocab_size)
+        with adaptive.unbounded_exploration():   # the warm-up's part: its 8 tokens
+            for _ in range(12):
+                lm.generate(prompt, [8], lambda row, token: True)
+                if not pending_keys():
+                    break
+        d.settle()
+        start = dict(d.policy.stats)
+        lm.generate(prompt, [200], lambda row, token: True)
+        return info, {k: v - start.get(k, 0) for k, v in d.policy.stats.items()}
+    try:
+        info, during = served_after(sweep=True)
+        swept = info["attention_sweep"]
+        assert swept["classes"] >= 8 and swept["undecided"] == 0 and swept["calls"] > 0
+        assert during["decisions"] == 0, during   # (a drift may re-explore: host timing)
+        _, during = served_after(sweep=False)
+        assert during["decisions"] > 0 and during["explore_calls"] > 0, during
+    finally:
+        runtime.set_default(before, like)
+        at.forget_held()
+
+
 def test_presets_and_byte_tokenizer():
     need("torch", "transformers")
     model = build_llama("tiny", "torch")
