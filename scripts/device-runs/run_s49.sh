@@ -2,7 +2,8 @@
 # run S49 (after S46-S48): the dense headline with every mode's server up at once and each
 # load served in two windows by both modes in turn (S29: one window a mode, torch's first
 # batches stepped at 52 ms against 17.8 in its second: the host's phase, not the modes),
-# two requests a client
+# two requests a client; the adaptive server now decides decode attention's classes up to
+# the context before it listens (S29's spikes: classes at 608-861 keys explored under load)
 # The kernel cache is filled first, as a deployment's is (torch's kernels come compiled in
 # its wheel): S29's adaptive x8 stepped at 64-95 ms on 9 steps where new attention classes
 # were explored, on a fresh machine whose cache held only what the warm-up had compiled
