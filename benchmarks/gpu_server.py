@@ -234,7 +234,8 @@ class ModeRun:
             warm = self.result["server"].get("warmup", {})
             sweep = self.result["server"].get("attention_sweep")
             swept = (f"; decode attention swept: {sweep['classes']} classes in "
-                     f"{sweep['sweep_s']:.1f} s, {sweep['undecided']} undecided"
+                     f"{sweep['sweep_s']:.1f} s, {sweep['undecided']} undecided, "
+                     f"{sweep.get('skipped', 0)} past its time limit"
                      if sweep else "")
             print(f"  {mode}: serving after {self.result['start_s']:.1f} s (warm-up "
                   f"{warm.get('warmup_s', 0):.1f} s in {warm.get('rounds', 0)} rounds, "

@@ -783,13 +783,16 @@ def test_decode_attention_classes_past_the_warm_up_are_decided_before_serving(mo
         d.settle()
         start = dict(d.policy.stats)
         lm.generate(prompt, [200], lambda row, token: True)
-        return info, {k: v - start.get(k, 0) for k, v in d.policy.stats.items()}
+        return lm, info, {k: v - start.get(k, 0) for k, v in d.policy.stats.items()}
     try:
-        info, during = served_after(sweep=True)
+        lm, info, during = served_after(sweep=True)
         swept = info["attention_sweep"]
-        assert swept["classes"] >= 8 and swept["undecided"] == 0 and swept["calls"] > 0
+        assert swept["classes"] >= 8 and swept["undecided"] == swept["skipped"] == 0
+        assert swept["calls"] > 0
         assert during["decisions"] == 0, during   # (a drift may re-explore: host timing)
-        _, during = served_after(sweep=False)
+        spent = server.sweep_decode_attention(lm, [1, 2], 65, limit_s=0.0)   # out of time
+        assert spent["calls"] == 0 and spent["skipped"] == spent["classes"] > 0
+        _, _, during = served_after(sweep=False)
         assert during["decisions"] > 0 and during["explore_calls"] > 0, during
     finally:
         runtime.set_default(before, like)
