@@ -487,6 +487,7 @@ def sweep_decode_attention(model: CausalLM, batch_rows, least_keys: int,
     import adaptive
     from adaptive.integrations import transformers as at
     from adaptive.ops.base import bucket
+    from adaptive.runtime import default_dispatcher
     torch, config = model.torch, model.model.config
     layer = types.SimpleNamespace(is_causal=True)   # what transformers passes as ``module``
     heads = config.num_attention_heads
@@ -513,10 +514,13 @@ def sweep_decode_attention(model: CausalLM, batch_rows, least_keys: int,
                 v = torch.randn((b, kv_heads, lk, dim), generator=gen).to(model.device, dtype)
                 mask = torch.ones((b, 1, 1, lk), dtype=torch.bool, device=model.device)
                 mask[:, :, :, : lk // 8] = False       # left padding, as a ragged batch has
-                for n in range(1, max_calls + 1):
+                dispatcher = default_dispatcher((q,))
+                for _ in range(max_calls):
                     at.attention_forward(layer, q, k, v, mask, scaling=scale)
                     calls += 1
-                    if n >= 2 and not pending_keys():
+                    plan = dispatcher.plan("attention", q, k, v, mask, causal=False,
+                                           scale=scale)
+                    if not plan.provisional:   # this class committed
                         break
                 else:
                     undecided += 1
