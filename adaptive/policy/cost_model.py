@@ -24,7 +24,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import ExtraTreesRegressor
 from sklearn.utils.validation import check_is_fitted
 
-from adaptive.policy.features import FEATURE_VERSION, Rows  # noqa: F401 (re-export)
+from adaptive.policy.features import FEATURE_VERSION, Rows, store_rows  # noqa: F401 (re-export)
 from adaptive.policy.features import row as features_row  # noqa: F401 (re-export)
 from adaptive.observation import Observation
 
@@ -153,24 +153,8 @@ class CostModel(RegressorMixin, BaseEstimator):
         elif self.feature_names_ is None:
             raise ValueError("this CostModel was fitted on an array; pass an array")
         index = self._names_index()
-        # a miss builds ~100 rows here with a few key orders (a variant's features): the
-        # rows of each order become one array, stored by one fancy-indexed assignment
-        # (0.92 -> 0.2 ms for 84 rows of 4 orders on a 2-core machine; name by name before)
-        by_names: dict[tuple, tuple[list, list]] = {}
-        for i, row in enumerate(X):
-            names = tuple(row)
-            group = by_names.get(names)
-            if group is None:
-                group = by_names[names] = ([], [])
-            group[0].append(i)
-            group[1].append(list(row.values()))
         M = np.zeros((len(X), len(index)))
-        for names, (at, values) in by_names.items():
-            kept = [(k, index[n]) for k, n in enumerate(names) if n in index]
-            if not kept:
-                continue
-            V = np.array(values, dtype=np.float64).reshape(len(at), len(names))
-            M[np.array(at)[:, None], [j for _, j in kept]] = V[:, [k for k, _ in kept]]
+        store_rows(M, X, index)   # per key order (1.6 -> 1.1 ms of a decide, name by name)
         return M
 
     def _names_index(self) -> dict[str, int]:

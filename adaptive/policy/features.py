@@ -216,21 +216,29 @@ class Rows(Sequence):
         for part in (self.op_part, self.device_part):   # every row alike
             cols, vals = _columns(index, part)
             M[:, cols] = vals
-        by_names: dict[tuple, tuple[list, list]] = {}
-        for i, g in enumerate(self.geometry):           # a few key orders: one store each
-            group = by_names.setdefault(tuple(g), ([], []))
-            group[0].append(i)
-            group[1].append(list(g.values()))
-        for names, (at, values) in by_names.items():
-            kept = [(k, index[name]) for k, name in enumerate(names) if name in index]
-            if kept:
-                V = np.array(values, dtype=np.float64).reshape(len(at), len(names))
-                M[np.array(at)[:, None], [j for _, j in kept]] = V[:, [k for k, _ in kept]]
+        store_rows(M, self.geometry, index)              # each row's geometry and work
         if n:   # each candidate's own part: one scatter of every row's columns
             parts = [_columns(index, part) for part in self.candidate]
             at = np.repeat(np.arange(n), [len(c) for c, _ in parts])
             M[at, np.concatenate([c for c, _ in parts])] = np.concatenate([v for _, v in parts])
         return M
+
+
+def store_rows(M, rows: Sequence[Mapping[str, float]], index: Mapping[str, int]) -> None:
+    """Store dict ``rows`` into the rows of ``M``, each value in its name's column (names
+    ``index`` lacks left out): the rows of one key order (a variant's features; a miss
+    has a few) as one array and one fancy-indexed store, not name by name."""
+    import numpy as np
+    by_names: dict[tuple, tuple[list, list]] = {}
+    for i, row in enumerate(rows):
+        group = by_names.setdefault(tuple(row), ([], []))
+        group[0].append(i)
+        group[1].append(list(row.values()))
+    for names, (at, values) in by_names.items():
+        kept = [(k, index[name]) for k, name in enumerate(names) if name in index]
+        if kept:
+            V = np.array(values, dtype=np.float64).reshape(len(at), len(names))
+            M[np.array(at)[:, None], [j for _, j in kept]] = V[:, [k for k, _ in kept]]
 
 
 # (id(index), id(part)) -> (index, part, columns, values): a candidate's part is one dict
