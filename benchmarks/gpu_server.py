@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import queue
 import re
@@ -262,9 +261,7 @@ class ModeRun:
         after = decision_misses(self.server.url)
         stats = fetch_json(self.server.url + "/stats")
         now = stats.get("adaptive_policy", {})
-        mine = engine_breakdown(stats.get("engine_batches", []), t_load, t_end)
-        w = {"report": report, "snapshots": list(sampler.snapshots),
-             "busy_s": (mine["busy"] or 0.0) * (t_end - t_load), "window_s": t_end - t_load,
+        w = {"report": report, "snapshots": list(sampler.snapshots), "span": (t_load, t_end),
              "requests": len(requests),
              "misses": None if self.misses is None or after is None else after - self.misses,
              "miss_list": [m for m in stats.get("adaptive_misses", [])
@@ -291,17 +288,13 @@ class ModeRun:
                 "requests": sum(w["requests"] for w in ws), "windows": len(ws),
                 "misses_in_load": (None if any(w["misses"] is None for w in ws)
                                    else sum(w["misses"] for w in ws))}
-            misses = [m for w in ws for m in w["miss_list"]]
-            load["miss_breakdown"] = miss_breakdown(misses, -math.inf)
-            load["miss_breakdown"]["complete"] = all(w["misses_complete"] for w in ws)
+            load["miss_breakdown"] = miss_breakdown([m for w in ws for m in w["miss_list"]],
+                                                    all(w["misses_complete"] for w in ws))
             load["policy"] = {k: sum(w["policy"].get(k, 0) for w in ws)
                               for k in ws[-1]["policy"]}
             batches = [b for w in ws for b in w["batches"]]
-            load["engine"] = engine_breakdown(batches, -math.inf, math.inf)
-            window_s = sum(w["window_s"] for w in ws)   # each batch counted to its window's end
-            load["engine"]["busy"] = (sum(w["busy_s"] for w in ws) / window_s
-                                      if window_s > 0 else None)
-            load["engine"]["complete"] = all(w["batches_complete"] for w in ws)
+            load["engine"] = engine_breakdown(batches, [w["span"] for w in ws],
+                                              all(w["batches_complete"] for w in ws))
             self.result["loads"][clients] = load
             self._print(clients, load, report, len(ws))
         return self.result["loads"]
@@ -362,11 +355,11 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
                 "route " + line for line in p.get("routes", [])]
 
 
-def miss_breakdown(misses: list[dict], since: float) -> dict:
-    """The server's recent misses from ``since`` on: how many by op and kind ("class": a
-    plan prepared from its input class's decision; "decided": the policy decided), the
-    ms they spent (deciding and preparing), and the inputs of the costliest few."""
-    mine = [m for m in misses if m["time_s"] >= since]
+def miss_breakdown(mine: list[dict], complete: bool) -> dict:
+    """The server's misses of a load: how many by op and kind ("class": a plan prepared
+    from its input class's decision; "decided": the policy decided), the ms they spent
+    (deciding and preparing), and the inputs of the costliest few. ``complete``: whether
+    ``mine`` holds every miss of the load (the server keeps its newest 256)."""
     by: dict[str, list] = {}
     for m in mine:
         by.setdefault(f"{m['op']}/{m['how']}", []).append(m["ms"])
@@ -375,20 +368,27 @@ def miss_breakdown(misses: list[dict], since: float) -> dict:
             "by": {k: {"n": len(v), "ms": round(sum(v), 2), "max_ms": max(v)}
                    for k, v in sorted(by.items())},
             "worst": [f"{m['op']} {m['input']} ({m['how']}, {m['ms']:.2f} ms)" for m in worst],
-            "complete": len(misses) < 256}   # the server keeps its newest 256
+            "complete": complete}
 
 
-def engine_breakdown(batches: list[dict], since: float, until: float) -> dict:
-    """The server engine's batches that started in [since, until]: how many, requests a
-    batch, the first request's queue wait, the time to first tokens (prefill), the steps
-    between tokens (p50, p99: the engine's own per-token time; a client's per-token
-    latency above it is delivery), and the fraction of the window a batch was running."""
-    mine = [b for b in batches if since <= b["start_s"] <= until]
+def engine_breakdown(batches: list[dict], windows: list[tuple[float, float]],
+                     complete: bool | None = None) -> dict:
+    """The server engine's batches that started in one of ``windows`` ((since, until)
+    each, ``time.time()``): how many, requests a batch, the first request's queue wait,
+    the time to first tokens (prefill), the steps between tokens (p50, p99: the engine's
+    own per-token time; a client's per-token latency above it is delivery), and the
+    fraction of the windows' time a batch was running (each counted to its window's end).
+    ``complete``: whether ``batches`` holds every batch of the windows (None: the engine
+    keeps its newest 512)."""
+    ends = [(b, until) for b in batches for since, until in windows
+            if since <= b["start_s"] <= until]
+    mine = [b for b, _ in ends]
     steps = [t for b in mine for t in b["steps_ms"]]
 
     def pct(values, q):
         return percentiles(values)[q] if values else None
-    busy = sum(min(b["end_s"], until) - b["start_s"] for b in mine)
+    span = sum(until - since for since, until in windows)
+    busy = sum(min(b["end_s"], until) - b["start_s"] for b, until in ends)
     return {"batches": len(mine),
             "requests_per_batch": (sum(b["requests"] for b in mine) / len(mine)
                                    if mine else None),
@@ -396,9 +396,8 @@ def engine_breakdown(batches: list[dict], since: float, until: float) -> dict:
             "first_p50_ms": pct([b["first_ms"] for b in mine if b["first_ms"] is not None],
                                 "p50"),
             "step_p50_ms": pct(steps, "p50"), "step_p99_ms": pct(steps, "p99"),
-            "busy": (busy / (until - since)
-                     if until > since and math.isfinite(until - since) else None),
-            "complete": len(batches) < 512,   # the engine keeps its newest 512
+            "busy": busy / span if span > 0 else None,
+            "complete": len(batches) < 512 if complete is None else complete,
             "per_batch": [batch_line(b) for b in mine]}
 
 

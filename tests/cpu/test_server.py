@@ -445,6 +445,23 @@ def test_a_load_splits_into_windows_of_the_same_requests_in_order():
         gpu_server.run("unused", device="host", per_client=2, windows=3)
 
 
+def test_a_pooled_loads_engine_share_counts_each_batch_to_its_windows_end():
+    """Two windows of one mode (10 s each, other modes' windows between them): a batch is
+    counted only inside the window it started in, clipped at that window's end, and the
+    busy share is over the windows' time, not the span between them."""
+    from benchmarks.gpu_server import engine_breakdown
+
+    def batch(start, end):
+        return {"start_s": start, "end_s": end, "requests": 2, "wait_ms": 1.0,
+                "first_ms": 5.0, "steps_ms": [4.0, 6.0]}
+    batches = [batch(100, 104), batch(108, 113), batch(130, 136), batch(150, 151)]
+    e = engine_breakdown(batches, [(100, 110), (130, 140)], complete=True)
+    assert e["batches"] == 3 and e["complete"] is True      # 150: in neither window
+    assert e["busy"] == pytest.approx((4 + 2 + 6) / 20)     # 108-113 clipped at 110
+    assert e["step_p50_ms"] == pytest.approx(5.0) and len(e["per_batch"]) == 3
+    assert engine_breakdown(batches, [(100, 110)])["complete"] is True   # < 512 kept
+
+
 def test_windows_are_served_by_every_mode_in_turn_and_pooled(monkeypatch):
     """Several windows: every mode's server up first (one after another), then each
     load's parts served mode by mode, the order alternating by window, then each mode's
