@@ -603,19 +603,19 @@ def _f(value, spec: str) -> str:
 
 
 def table(payload: dict) -> str:
-    head = (f"{'mode':<9} {'clients':>7} {'req/s':>8} {'tok/s':>9} {'TTFT p50':>9} "
+    head = (f"{'mode':<13} {'clients':>7} {'req/s':>8} {'tok/s':>9} {'TTFT p50':>9} "
             f"{'TTFT p99':>9} {'tok p50':>8} {'tok p99':>8} {'ok/sent':>11} {'misses':>6} "
             f"{'SM act':>7}")
     lines = [head, "-" * len(head)]
     by_mode = {}
     for r in payload["results"]:
         if "error" in r:
-            lines.append(f"{r['mode']:<9} failed: {r['error'][:300]}")
+            lines.append(f"{r['mode']:<13} failed: {r['error'][:300]}")
             continue
         by_mode[r["mode"]] = r
         for clients, load in r["loads"].items():
             lines.append(
-                f"{r['mode']:<9} {clients:>7} {load['throughput_rps']:>8.2f}"
+                f"{r['mode']:<13} {clients:>7} {load['throughput_rps']:>8.2f}"
                 f" {load['tokens_per_s']:>9.1f} {_f(load['ttft_ms'].get('p50'), '.1f'):>9}"
                 f" {_f(load['ttft_ms'].get('p99'), '.1f'):>9}"
                 f" {_f(load['token_ms'].get('p50'), '.2f'):>8}"

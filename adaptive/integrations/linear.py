@@ -18,7 +18,8 @@ shape to torch's own matmul (a ``torch_library`` variant: cuBLAS through ``torch
 the layer calls ``F.linear(x, weight, bias)`` itself, as ``nn.Linear`` does, guarded by
 one dict lookup on ``x.shape``, a dtype identity and the plan's ``stale`` flag. Other
 committed plans are held per exact input and run without the dispatcher's key. Either
-way one call in :data:`HOLD_EVERY` goes through the dispatcher (sampling, drift, the
+way one call in :data:`HOLD_EVERY` (fewer while the plan holds:
+:mod:`adaptive.integrations.routing`) goes through the dispatcher (sampling, drift, the
 counter log), a plan the dispatcher drops is let go, and exploring shapes always go
 through it.
 """
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
 from adaptive.ops.sparse import SparseWeight
 
@@ -98,6 +100,7 @@ class AdaptiveLinear(nn.Linear):
         self._b_linear = b
         # counts warm calls (next(): no nn.Module.__setattr__ on the hot path)
         self._turn = itertools.count(1 + next(_stagger) % HOLD_EVERY)
+        self._level = 0          # routing: one warm call in HOLD_EVERY << _level
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -114,9 +117,13 @@ class AdaptiveLinear(nn.Linear):
         plan = self._library.get(x.shape)
         if (plan is not None and x.dtype is self._dtype and not plan.stale
                 and not self.training):
-            if next(self._turn) % HOLD_EVERY:
+            if next(self._turn) % (HOLD_EVERY << self._level):
                 return F.linear(x, self._w_linear, self._b_linear)
-            return self._compute(x, True)
+            y = self._compute(x, True)
+            self._level = backed_off(self._level, plan, self._library.get(x.shape))
+            return y
+        if plan is not None and plan.stale:
+            self._level = 0             # a plan dropped (drift, forget): watched closely
         return self._compute(x)
 
     def _compute(self, x: torch.Tensor, route: bool = False) -> torch.Tensor:
@@ -217,13 +224,18 @@ class AdaptiveLinear(nn.Linear):
         operand is this layer's weight), ``given`` the layer's input. The plan serving
         ``x``'s shape is held here once the dispatcher has committed it, so a warm call
         skips the dispatcher's key (four tensor attributes per argument); one call in
-        ``HOLD_EVERY`` still goes through the dispatcher, so sampling, drift and the
-        counter log keep seeing the layer."""
+        ``HOLD_EVERY << level`` still goes through the dispatcher, so sampling, drift and
+        the counter log keep seeing the layer."""
         key = (x.shape, x.dtype, x.device)
-        if not route:
-            plan = self._held.get(key)
-            if plan is not None and not plan.stale and next(self._turn) % HOLD_EVERY:
+        plan = None if route else self._held.get(key)
+        if plan is not None and not plan.stale:
+            if next(self._turn) % (HOLD_EVERY << self._level):
                 return plan.run((a, b), None)
+            y = self._through_dispatcher(op, key, a, b, given)
+            self._level = backed_off(self._level, plan, self._held.get(key))
+            return y
+        if plan is not None:            # stale: dropped by the dispatcher
+            self._level = 0
         return self._through_dispatcher(op, key, a, b, given)
 
     def _through_dispatcher(self, op: str, key: tuple, a, b, given):

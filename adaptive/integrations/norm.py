@@ -26,6 +26,7 @@ import itertools
 import torch
 from torch import nn
 
+from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
 
 HOLD_EVERY = 64    # one warm call in this many goes through the dispatcher
@@ -75,6 +76,7 @@ class AdaptiveRMSNorm(nn.Module):
         # key); it serves the inputs the op does not take, as the plain model would
         object.__setattr__(self, "_original", norm)
         self._turn = itertools.count(1 + next(_stagger) % HOLD_EVERY)
+        self._level = 0          # routing: one warm call in HOLD_EVERY << _level
         self._bind()
 
     def _bind(self) -> None:
@@ -92,15 +94,28 @@ class AdaptiveRMSNorm(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        plan = self._own.get(x.shape)
-        if plan is not None and not plan.stale and x.dtype is self._dtype \
-                and not self.training and next(self._turn) % HOLD_EVERY:
-            return self._original.forward(x)
+        own = self._own.get(x.shape)
+        if own is not None and not own.stale and x.dtype is self._dtype \
+                and not self.training:
+            if next(self._turn) % (HOLD_EVERY << self._level):
+                return self._original.forward(x)
+            return self._routed(x, own, self._own)
         plan = self._held.get(x.shape)
         if plan is not None and not plan.stale and x.dtype is self._dtype \
-                and x.is_contiguous() and not self.training and next(self._turn) % HOLD_EVERY:
-            return plan.run((x.view(-1, x.shape[-1]), self._w), None).view(x.shape)
+                and x.is_contiguous() and not self.training:
+            if next(self._turn) % (HOLD_EVERY << self._level):
+                return plan.run((x.view(-1, x.shape[-1]), self._w), None).view(x.shape)
+            return self._routed(x, plan, self._held)
+        if (own is not None and own.stale) or (plan is not None and plan.stale):
+            self._level = 0             # a plan dropped (drift, forget): watched closely
         return self._compute(x)
+
+    def _routed(self, x: torch.Tensor, plan, held: dict) -> torch.Tensor:
+        """A warm call of a held ``plan`` sent through the dispatcher (one in
+        ``HOLD_EVERY << level``), the level then backed off or reset."""
+        y = self._compute(x)
+        self._level = backed_off(self._level, plan, held.get(x.shape))
+        return y
 
     def _compute(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:

@@ -31,6 +31,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 
+from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher, launch
 from adaptive.errors import InputTypeError, InputValueError
 from adaptive.ops.base import bucket
@@ -59,6 +60,7 @@ _held: dict[tuple, object] = {}
 _exact: dict[tuple, object] = {}
 MAX_EXACT = 256
 _turn = itertools.count(1)
+_level = 0        # routing: one held call in HOLD_EVERY << _level (routing.backed_off)
 
 
 def __getattr__(name: str):
@@ -151,26 +153,32 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
 
 def _attend(args: tuple, causal: bool, scale, mask_layout):
     """``adaptive.launch("attention", *args, ...)``, or the held plan of its input class
-    (one call in :data:`HOLD_EVERY` still goes through the dispatcher).
+    (one call in ``HOLD_EVERY << level`` still goes through the dispatcher:
+    :mod:`adaptive.integrations.routing`).
 
     A held plan (a torch entry: SDPA) takes q, k, v and the mask as the model made them:
     q, k and v of a prefill are views of the projections (``[B, L, H, D]`` transposed),
     and copying the three of them contiguous cost each layer a copy SDPA never needs (run
     S25: 66 more copy kernels in a prefill of 22 layers, +3.5 % of its device time). The
     dispatcher's key is of contiguous arrays: they are made so for it."""
+    global _level
     q, k = args[0], args[1]
     hold = (q.shape, k.shape[1], bucket(k.shape[2]), q.dtype, q.device, causal, scale,
             mask_layout)
-    plan = _held.get(hold)
-    if plan is not None and not plan.stale and next(_turn) % HOLD_EVERY:
-        return plan.run(args, None)
+    held = _held.get(hold)
+    if held is not None and not held.stale and next(_turn) % (HOLD_EVERY << _level):
+        return held.run(args, None)
     args = tuple(a if a.is_contiguous() else a.contiguous() for a in args)
     q, k = args[0], args[1]
     exact = (hold, k.shape, k.dtype, args[2].shape, args[2].dtype,
              args[3].shape if len(args) > 3 else None)
     plan = _exact.get(exact)
-    if plan is not None and not plan.stale and next(_turn) % HOLD_EVERY:
-        return plan.run(args, None)
+    if held is not None and held.stale or plan is not None and plan.stale:
+        held, _level = None, 0     # a plan dropped (drift, forget): watched closely
+    if plan is not None and not plan.stale and held is None:
+        if next(_turn) % (HOLD_EVERY << _level):
+            return plan.run(args, None)
+        held = plan
     out = launch("attention", *args, causal=causal, scale=scale)
     plan = default_dispatcher(args).plan("attention", *args, causal=causal, scale=scale)
     with _lock:
@@ -186,6 +194,8 @@ def _attend(args: tuple, causal: bool, scale, mask_layout):
             if exact not in _exact and len(_exact) >= MAX_EXACT:
                 del _exact[next(iter(_exact))]
             _exact[exact] = plan
+        if held is not None:          # a held plan's routed call: back off or reset
+            _level = backed_off(_level, held, _held.get(hold) or _exact.get(exact))
     return out
 
 
@@ -200,9 +210,11 @@ def _any_key(plan) -> bool:
 def forget_held() -> None:
     """Let go of the attention plans held here (after replacing the default dispatcher;
     plans the dispatcher itself drops are let go on their next call)."""
+    global _level, _turn
     with _lock:
         _held.clear()
         _exact.clear()
+        _level, _turn = 0, itertools.count(1)
 
 
 def _layer(module) -> str:

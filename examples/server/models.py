@@ -1,10 +1,15 @@
 """The served language models: a Llama-architecture ``transformers`` model from a preset
-config (random weights, nothing downloaded) in three serving modes, and a byte tokenizer.
+config (random weights, nothing downloaded) in its serving modes, and a byte tokenizer.
 
     model = build_llama("tiny", "torch", device="cpu")          # plain PyTorch: SDPA, nn.Linear
     model = build_llama("1b", "adaptive", device="cuda")        # adaptive.integrations.transformers
 
-Modes: ``torch`` (``attn_implementation="sdpa"`` and plain ``nn.Linear``), ``torch24``
+Modes: ``torch`` (``attn_implementation="sdpa"`` and plain ``nn.Linear``), ``torch-nocudnn``
+(``torch`` with cuDNN's SDPA backend switched off, process-wide, as
+``torch.backends.cuda.enable_cudnn_sdp(False)`` does: torch takes a masked attention to its
+memory-efficient kernel instead; cuDNN builds a graph for every new key length, so a
+server's masked decode steps meet a new one at each token: run S49's torch steps of 49-52 ms
+against 11.8 where the lengths had been met before), ``torch24``
 (``torch`` with the MLP weights in torch's 2:4 semi-structured form, cuSPARSELt: the other
 way a user serves a 2:4-pruned model in plain PyTorch; CUDA, float16/bfloat16, ``prune=
 "2:4"``), ``adaptive`` (the same model after ``adaptive.integrations.transformers.patch
@@ -30,7 +35,7 @@ import codecs
 import dataclasses
 import threading
 
-MODES = ("torch", "torch24", "adaptive", "static")
+MODES = ("torch", "torch-nocudnn", "torch24", "adaptive", "static")
 PRUNINGS = ("none", "2:4", "bsr10")
 BLOCK = 32            # bsr10's block size
 BLOCK_DENSITY = 0.1   # bsr10's kept fraction of blocks
@@ -94,7 +99,8 @@ def build_llama(preset: str | Preset, mode: str, device: str = "cpu",
 
     Args:
         preset: a :data:`PRESETS` name or a :class:`Preset`.
-        mode: "torch", "torch24", "adaptive" or "static" (see the module docstring).
+        mode: one of :data:`MODES` (see the module docstring); ``"torch-nocudnn"``
+            switches cuDNN's SDPA backend off for the whole process.
         device: "cpu" or "cuda" (or "cuda:N").
         dtype: "float16", "bfloat16", "float32" or "float64" (default float16 on CUDA,
             else float32; float64 for reference checks on the CPU).
@@ -126,6 +132,8 @@ def build_llama(preset: str | Preset, mode: str, device: str = "cpu",
     model.eval().requires_grad_(False)
     if prune != "none":
         prune_mlp(model, prune, seed)
+    if mode == "torch-nocudnn":
+        torch.backends.cuda.enable_cudnn_sdp(False)     # process-wide, as a user would
     if mode == "torch24":
         from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
         SparseSemiStructuredTensor._FORCE_CUTLASS = False   # cuSPARSELt (CUTLASS's fails

@@ -674,7 +674,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--mode", choices=MODES, default="adaptive",
-                   help="torch: plain PyTorch; torch24: plain PyTorch with the MLP weights "
+                   help="torch: plain PyTorch; torch-nocudnn: plain PyTorch with cuDNN's SDPA "
+                   "backend off (masked attention on torch's memory-efficient kernel); "
+                   "torch24: plain PyTorch with the MLP weights "
                    "in torch's 2:4 form (--prune 2:4, CUDA); adaptive: patched by adaptive; "
                    "static: adaptive pinned after warm-up")
     p.add_argument("--prune", choices=PRUNINGS, default="none",

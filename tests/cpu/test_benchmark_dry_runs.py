@@ -278,5 +278,12 @@ def test_the_headline_compares_adaptive_with_the_better_plain_pytorch_way():
         payload["results"][0], payload["results"][2]]}, "dense")}
     assert set(dense[8]["checks"]) == {"tokens_per_s", "token_p99"}   # dense: two bars
     assert dense[32]["checks"]["tokens_per_s"] == (1.6, 1.05, True)
+    nocudnn = {"mode": "torch-nocudnn", "loads": {"8": load(120.0, 35.0, 0.5),
+                                                  "32": load(250.0, 95.0, 0.5)}}
+    both = {r["clients"]: r for r in compare({**payload, "results": [
+        payload["results"][0], nocudnn, payload["results"][2]]}, "dense")}
+    assert both[8]["baseline"] == "torch-nocudnn" and both[32]["baseline"] == "torch"
+    assert both[8]["checks"]["tokens_per_s"] == (130.0 / 120.0, 1.05, True)
+    assert both[8]["checks"]["token_p99"] == (30.0 / 35.0, 0.95, True)
     failed = compare({**payload, "results": payload["results"][:2]}, "2:4")
     assert all("error" in r for r in failed)                 # no adaptive: no comparison

@@ -1,7 +1,9 @@
 """The warm paths of the transformers integration: a patched linear whose committed plan is
 torch's own matmul calls ``F.linear`` itself, and attention plans that run one function
 for every key of their input class are held by class. Both still send one call in
-HOLD_EVERY through the dispatcher, let go of stale plans, and never hold exploring ones.
+HOLD_EVERY through the dispatcher (fewer while the plan holds: one in HOLD_EVERY << level,
+the level one up after each routed call that finds the same plan, to HOLD_DOUBLINGS), let
+go of stale plans, and never hold exploring ones.
 
 The default CPU dispatcher is replaced here by a host one whose variants are torch's own
 calls (as the H200 commits cuBLAS and SDPA for such a model), and put back after."""
@@ -25,6 +27,7 @@ import adaptive  # noqa: E402
 from adaptive import runtime  # noqa: E402
 from adaptive.integrations import transformers as at  # noqa: E402
 from adaptive.integrations import linear as linear_mod  # noqa: E402
+from adaptive.integrations.routing import HOLD_DOUBLINGS  # noqa: E402
 from adaptive.variants import Registry  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -33,6 +36,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "serve
 from engine import route_spy  # noqa: E402
 
 HOLD_EVERY = linear_mod.HOLD_EVERY
+
+
+# a layer's warm calls from its first routed one to its fourth at the top level: the gaps
+# between routed calls double from HOLD_EVERY to HOLD_EVERY << HOLD_DOUBLINGS
+BACKOFF_CALLS = HOLD_EVERY * (2 << HOLD_DOUBLINGS) + 2 * (HOLD_EVERY << HOLD_DOUBLINGS)
+
+
+def _backed_off(routed: list[int]) -> bool:
+    """Whether the indices of routed warm calls (the first routed within HOLD_EVERY calls)
+    are HOLD_EVERY, 2 HOLD_EVERY, ... apart, up to HOLD_EVERY << HOLD_DOUBLINGS."""
+    gaps = [b - a for a, b in zip(routed, routed[1:])]
+    return routed[0] < HOLD_EVERY and len(gaps) >= HOLD_DOUBLINGS + 2 and gaps == [
+        HOLD_EVERY << min(j, HOLD_DOUBLINGS) for j in range(len(gaps))]
 
 
 class _Counted:
@@ -90,12 +106,15 @@ def test_a_warm_library_plan_is_plain_f_linear_with_one_call_in_hold_every_route
     y = layer(x)
     torch.testing.assert_close(y.double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
     assert counted.calls == 1 and list(layer._library) == [x.shape]
-    calls = 4 * HOLD_EVERY
-    for _ in range(calls):
+    routed = []
+    for i in range(BACKOFF_CALLS):
         x = torch.randn(3, 5, 24)
+        before = counted.calls
         torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
                                    atol=1e-5)
-    assert counted.calls - 1 == calls // HOLD_EVERY   # the rest never reached the dispatcher
+        if counted.calls > before:
+            routed.append(i)
+    assert _backed_off(routed), routed     # the rest never reached the dispatcher
 
 
 def test_layers_called_once_per_token_route_on_different_tokens(library):
@@ -122,6 +141,7 @@ def test_a_stale_plan_goes_back_through_the_dispatcher(library):
     x = torch.randn(1, 1, 16)
     layer(x)
     plan = layer._library[x.shape]
+    layer._level = HOLD_DOUBLINGS           # as after many routed calls that held
     library.forget("gemm")
     assert plan.stale
     before = counted.calls
@@ -129,6 +149,7 @@ def test_a_stale_plan_goes_back_through_the_dispatcher(library):
     torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
     assert counted.calls == before + 1
     assert layer._library[x.shape] is not plan and not layer._library[x.shape].stale
+    assert layer._level == 0                # the new plan watched at HOLD_EVERY again
 
 
 def test_a_norm_committed_to_the_models_own_ops_calls_its_forward(library):
@@ -153,18 +174,22 @@ def test_a_norm_committed_to_the_models_own_ops_calls_its_forward(library):
         assert torch.equal(norm(x), plain(x))
         assert counted.calls == 1 and own == [] and list(norm._own) == [x.shape]
         assert norm.route_of(x) == "the model's norm (held)" and not norm._held
-        calls = 4 * norm_mod.HOLD_EVERY
-        for _ in range(calls):
+        routed = []
+        for i in range(BACKOFF_CALLS):
             x = torch.randn(2, 3, 40) * 30
+            before = counted.calls
             assert torch.equal(norm(x), plain(x))
-        routed = counted.calls - 1
-        assert routed == calls // norm_mod.HOLD_EVERY and len(own) == calls - routed
+            if counted.calls > before:
+                routed.append(i)
+        assert _backed_off(routed), routed
+        assert len(own) == BACKOFF_CALLS - len(routed)
         plan = norm._own[x.shape]
         library.forget("rmsnorm")
         assert plan.stale and norm.route_of(x) == "dispatcher"
         before = counted.calls
         assert torch.equal(norm(x), plain(x))
         assert counted.calls == before + 1 and not norm._own[x.shape].stale
+        assert norm._level == 0
 
 
 def test_a_new_shape_goes_through_the_dispatcher_once_then_each_shape_is_held(library):
@@ -321,6 +346,29 @@ def test_decode_attention_is_held_by_input_class_across_new_key_lengths(library)
     classes = len({bucket(lk) for lk in range(200, 200 + steps)})
     assert classes < counted.calls <= classes + steps // HOLD_EVERY + 1
     assert len(at._held) == classes
+
+
+def test_a_held_attention_class_routes_fewer_calls_while_its_plan_holds(library):
+    """Decode steps of one input class: the held SDPA plan serves them, the routed calls
+    (through the dispatcher) backed off from one in HOLD_EVERY to one in HOLD_EVERY <<
+    HOLD_DOUBLINGS; a dropped plan puts the level back to 0."""
+    counted = _Counted(library)
+    layer = _Layer()
+    q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 50, 16), torch.randn(2, 2, 50, 16)
+    want = _eager(q, k, v, scale=0.3)
+    at.attention_forward(layer, q, k, v, None, scaling=0.3)     # decided, then held
+    routed = []
+    for i in range(BACKOFF_CALLS):
+        before = counted.calls
+        out, _ = at.attention_forward(layer, q, k, v, None, scaling=0.3)
+        if counted.calls > before:
+            routed.append(i)
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
+    assert _backed_off(routed), routed
+    library.forget("attention")
+    before = counted.calls
+    at.attention_forward(layer, q, k, v, None, scaling=0.3)
+    assert counted.calls == before + 1 and at._level == 0
 
 
 def test_masked_attention_is_held_apart_and_a_stale_plan_is_let_go(library):

@@ -876,6 +876,27 @@ def test_pruned_mlp_weights_and_their_modes():
         build("tiny", "torch", prune="half")
 
 
+def test_the_torch_nocudnn_mode_is_plain_pytorch_with_cudnn_sdpa_off():
+    """``torch-nocudnn`` builds the same plain model (same weights, nn.Linear, SDPA) and
+    switches cuDNN's SDPA backend off process-wide, as a user would; the flag is put back
+    here so that the rest of the test process keeps torch's default."""
+    torch = pytest.importorskip("torch")
+    from models import build_llama as build
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        plain, off = build("tiny", "torch", seed=4), build("tiny", "torch-nocudnn", seed=4)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert type(off.model.layers[0].mlp.up_proj) is torch.nn.Linear
+        assert off.config._attn_implementation == "sdpa"
+        for (name, a), (_, b) in zip(plain.named_parameters(), off.named_parameters()):
+            assert torch.equal(a, b), name
+        ids = torch.randint(0, off.config.vocab_size, (2, 9))
+        assert torch.equal(plain(ids).logits, off(ids).logits)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def test_importing_the_server_loads_no_heavy_module():
     code = (f"import sys; sys.path.insert(0, {str(SERVER_DIR)!r}); import server, engine, "
             "models, loadgen; heavy = {'torch', 'transformers', 'starlette', 'uvicorn'} & "
@@ -1020,7 +1041,7 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
         assert head.startswith("batch ") and "wall" in head and len(r["prefill_profile"]) > 3
         assert (r["server"]["warmup"]["pending_keys"] is None) == (mode == "torch")
     table = gpu_server.table(payload)
-    assert "torch           4" in table
+    assert re.search(r"^torch +4 ", table, re.M), table
     assert ("adaptive / torch at  4 clients" in table) == integrated
     rows = gpu_server.summary_rows(payload)
     assert [r["case"] for r in rows][:2] == ["torch x2", "torch x4"]
