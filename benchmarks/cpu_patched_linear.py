@@ -76,6 +76,8 @@ def library_dispatcher():
                                    "language": "python", "entry": "attention_numpy",
                                    "torch_entry": "attention_torch", "source": _SOURCE},
                                   "attention")
+    if "torch_library" in Variant.__dataclass_fields__:   # SDPA as the plain model calls it
+        attention = dataclasses.replace(attention, torch_library=True)
     norms = [v for v in default_registry().variants("rmsnorm", "host") if v.torch_entry]
     return adaptive.Dispatcher(backend="host", registry=Registry([gemm, attention, *norms]))
 

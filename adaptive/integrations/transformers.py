@@ -60,6 +60,12 @@ _held: dict[tuple, object] = {}
 _exact: dict[tuple, object] = {}
 MAX_EXACT = 256
 _turn = itertools.count(1)
+# transformers' own SDPA attention function (``attn_implementation="sdpa"``): a class held
+# on a torch_library plan (SDPA, what the plain model runs) is served by it, the model's
+# very call, as a patched linear held on torch's matmul calls F.linear (run S50's ablation:
+# our function around the same SDPA call cost 1.4 % of batch 1's tokens/s)
+_own_sdpa = None
+_OWN = object()   # _attend's answer: call _own_sdpa with the model's arguments
 _level = 0        # routing: one held call in HOLD_EVERY << _level (routing.backed_off)
 
 
@@ -95,6 +101,8 @@ def register() -> str:
             if sdpa_mask is None:
                 raise ImportError(f"transformers {transformers.__version__} has no SDPA mask "
                                   "builder to register; expected transformers >= 4.53")
+            global _own_sdpa
+            _own_sdpa = AttentionInterface._global_mapping.get("sdpa")
             AttentionInterface.register(NAME, attention_forward)
             AttentionMaskInterface.register(NAME, sdpa_mask)
             _registered = True
@@ -125,6 +133,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         if kwargs.get(name) is not None:
             raise InputValueError(f"{_layer(module)}: attention with {name} is not supported "
                                   "by adaptive; use attn_implementation='sdpa' or 'eager'")
+    given = (query, key, value, attention_mask)
     lq, lk = query.shape[2], key.shape[2]
     if is_causal is None:
         is_causal = getattr(module, "is_causal", True)
@@ -148,13 +157,18 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
             mask = mask.to(query.dtype)
         out = _attend((query, key, value, mask), False, scaling,
                       (mask.shape[0], mask.shape[1], mask.dtype))
+    if out is _OWN:
+        return _own_sdpa(module, *given, dropout=dropout, scaling=scaling,
+                         is_causal=is_causal, **kwargs)
     return out.transpose(1, 2).contiguous(), None
 
 
 def _attend(args: tuple, causal: bool, scale, mask_layout):
     """``adaptive.launch("attention", *args, ...)``, or the held plan of its input class
     (one call in ``HOLD_EVERY << level`` still goes through the dispatcher:
-    :mod:`adaptive.integrations.routing`).
+    :mod:`adaptive.integrations.routing`), or :data:`_OWN` where that plan is SDPA as the
+    plain model calls it (a ``torch_library`` variant): the caller then calls
+    transformers' own SDPA attention function on the model's arguments.
 
     A held plan (a torch entry: SDPA) takes q, k, v and the mask as the model made them:
     q, k and v of a prefill are views of the projections (``[B, L, H, D]`` transposed),
@@ -167,6 +181,8 @@ def _attend(args: tuple, causal: bool, scale, mask_layout):
             mask_layout)
     held = _held.get(hold)
     if held is not None and not held.stale and next(_turn) % (HOLD_EVERY << _level):
+        if held.candidate.variant.torch_library and _own_sdpa is not None:
+            return _OWN
         return held.run(args, None)
     args = tuple(a if a.is_contiguous() else a.contiguous() for a in args)
     q, k = args[0], args[1]

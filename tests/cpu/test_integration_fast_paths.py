@@ -371,6 +371,42 @@ def test_a_held_attention_class_routes_fewer_calls_while_its_plan_holds(library)
     assert counted.calls == before + 1 and at._level == 0
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_class_held_on_sdpa_calls_the_models_own_sdpa_function(library, monkeypatch,
+                                                                 masked):
+    """A class committed to SDPA as the plain model calls it (a torch_library variant) is
+    served by transformers' own SDPA attention function on the model's arguments: the
+    plain model's output bit for bit, GQA and a left-padding mask included. Routed calls
+    (one in HOLD_EVERY at first) still go through the dispatcher, and a dropped plan is
+    decided again before the function serves the class."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    at.register()
+    assert at._own_sdpa is sdpa_attention_forward
+    own = []
+    monkeypatch.setattr(at, "_own_sdpa", lambda *a, **kw: own.append(1) or
+                        sdpa_attention_forward(*a, **kw))
+    counted = _Counted(library)
+    layer = _Layer()
+    q, k, v = torch.randn(3, 4, 1, 16), torch.randn(3, 2, 37, 16), torch.randn(3, 2, 37, 16)
+    mask = None
+    if masked:
+        mask = torch.ones(3, 1, 1, 37, dtype=torch.bool)
+        mask[1, ..., :9] = False
+    want, _ = sdpa_attention_forward(layer, q, k, v, mask, scaling=0.3)
+    calls = 2 * HOLD_EVERY
+    for _ in range(calls):
+        out, _ = at.attention_forward(layer, q, k, v, mask, scaling=0.3)
+        torch.testing.assert_close(out.double(), _eager(q, k, v, mask, 0.3), rtol=1e-4,
+                                   atol=1e-5)
+    routed = counted.calls - 1          # the first call decided the class
+    assert 1 <= routed <= 2 and len(own) == calls - 1 - routed
+    assert torch.equal(out, want)       # the last call: the model's own function
+    library.forget("attention")
+    before = (counted.calls, len(own))
+    at.attention_forward(layer, q, k, v, mask, scaling=0.3)
+    assert (counted.calls, len(own)) == (before[0] + 1, before[1])
+
+
 def test_masked_attention_is_held_apart_and_a_stale_plan_is_let_go(library):
     counted = _Counted(library)
     layer = _Layer()
