@@ -18,9 +18,12 @@ tokens a request: the preset's 4096-token context holds the longest of both):
     ``nn.Linear``) and ``torch-nocudnn`` (the same with cuDNN's SDPA backend off: a masked
     decode's cuDNN graph is built anew for each key length, run S49).
   * ``2:4``: the MLP weights pruned 2:4 (2 of every 4 inputs kept). Plain PyTorch both ways
-    a user could: ``torch`` (dense matmuls on the pruned weights) and ``torch24`` (torch's
-    2:4 semi-structured weights, cuSPARSELt; CUDA only: left out of the host dry run).
-  * ``bsr10``: 10% of the MLP weights' 32x32 blocks kept. Plain PyTorch: ``torch``.
+    a user could: ``torch-nocudnn`` (dense matmuls on the pruned weights) and
+    ``torch24-nocudnn`` (torch's 2:4 semi-structured weights, cuSPARSELt; CUDA only: left
+    out of the host dry run), both with cuDNN's SDPA off (on, torch's masked decode stepped
+    3.8-4.8x slower in the dense case, run S51: never the better way).
+  * ``bsr10``: 10% of the MLP weights' 32x32 blocks kept. Plain PyTorch:
+    ``torch-nocudnn``.
 
 adaptive serves each case's weights (``patch(model, sparse={"mlp": True})`` where pruned).
 For each client count the baseline is the plain-PyTorch mode with the higher tokens/s, and
@@ -42,14 +45,16 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import gpu_server  # noqa: E402
 
+# the pruned cases' plain modes run with cuDNN's SDPA off: with it on, torch's masked decode
+# stepped 3.8-4.8x slower in the dense case (run S51), so it is never the better way
 CASES = {"dense": ("none", ("torch", "torch-nocudnn", "adaptive")),
-         "2:4": ("2:4", ("torch", "torch24", "adaptive")),
-         "bsr10": ("bsr10", ("torch", "adaptive"))}
+         "2:4": ("2:4", ("torch-nocudnn", "torch24-nocudnn", "adaptive")),
+         "bsr10": ("bsr10", ("torch-nocudnn", "adaptive"))}
 TARGETS = {   # adaptive / the better plain-PyTorch mode (issue 13)
     "pruned": {"tokens_per_s": 1.23, "token_p99": 0.82, "sm_active": 1.2},
     "dense": {"tokens_per_s": 1.05, "token_p99": 0.95},
 }
-PLAIN = ("torch", "torch-nocudnn", "torch24")   # the plain-PyTorch modes
+PLAIN = ("torch", "torch-nocudnn", "torch24", "torch24-nocudnn")   # plain-PyTorch modes
 PROMPT_MAX, MIN_TOKENS, MAX_TOKENS = 3584, 128, 512
 
 
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     prune, modes = CASES[args.case]
     dry = args.quick or args.device == "host"
     if dry:
-        modes = tuple(m for m in modes if m != "torch24")   # torch's 2:4 path: CUDA only
+        modes = tuple(m for m in modes if not m.startswith("torch24"))   # 2:4: CUDA only
     payload = gpu_server.run(
         args.out, device=args.device, modes=modes, duration_s=args.duration_s,
         per_client=args.per_client, windows=args.windows,

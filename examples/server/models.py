@@ -4,19 +4,20 @@ config (random weights, nothing downloaded) in its serving modes, and a byte tok
     model = build_llama("tiny", "torch", device="cpu")          # plain PyTorch: SDPA, nn.Linear
     model = build_llama("1b", "adaptive", device="cuda")        # adaptive.integrations.transformers
 
-Modes: ``torch`` (``attn_implementation="sdpa"`` and plain ``nn.Linear``), ``torch-nocudnn``
-(``torch`` with cuDNN's SDPA backend switched off, process-wide, as
-``torch.backends.cuda.enable_cudnn_sdp(False)`` does: torch takes a masked attention to its
-memory-efficient kernel instead; cuDNN builds a graph for every new key length, so a
-server's masked decode steps meet a new one at each token: run S49's torch steps of 49-52 ms
-against 11.8 where the lengths had been met before), ``torch24``
+Modes: ``torch`` (``attn_implementation="sdpa"`` and plain ``nn.Linear``), ``torch24``
 (``torch`` with the MLP weights in torch's 2:4 semi-structured form, cuSPARSELt: the other
 way a user serves a 2:4-pruned model in plain PyTorch; CUDA, float16/bfloat16, ``prune=
 "2:4"``), ``adaptive`` (the same model after ``adaptive.integrations.transformers.patch
 (model)``; pruned MLP weights as ``adaptive.SparseWeight``) and ``static`` (built as
 ``adaptive``; the serving engine pins every key after warm-up, see
-:func:`engine.pin_dispatchers`). The same preset, seed and pruning give the same weights in
-every mode, so their greedy tokens can be compared.
+:func:`engine.pin_dispatchers`). ``torch-nocudnn`` and ``torch24-nocudnn`` are ``torch`` and
+``torch24`` with cuDNN's SDPA backend switched off, process-wide, as
+``torch.backends.cuda.enable_cudnn_sdp(False)`` does: torch takes a masked attention to its
+memory-efficient kernel instead. cuDNN builds a graph for every new key length, so a
+server's masked decode steps meet a new one at each token (run S49: torch's steps of 49-52
+ms, against 11.8 where the lengths had been met before; S51: 11.3-14.9 ms with it off).
+The same preset, seed and pruning give the same weights in every mode, so their greedy
+tokens can be compared.
 
 Pruning (``prune``, the MLP's gate, up and down projections): ``"2:4"`` keeps the 2
 largest magnitudes of every 4 consecutive inputs of a row; ``"bsr10"`` keeps a seeded 10%
@@ -35,7 +36,8 @@ import codecs
 import dataclasses
 import threading
 
-MODES = ("torch", "torch-nocudnn", "torch24", "adaptive", "static")
+MODES = ("torch", "torch-nocudnn", "torch24", "torch24-nocudnn", "adaptive", "static")
+NO_CUDNN = "-nocudnn"   # a plain mode with cuDNN's SDPA backend off
 PRUNINGS = ("none", "2:4", "bsr10")
 BLOCK = 32            # bsr10's block size
 BLOCK_DENSITY = 0.1   # bsr10's kept fraction of blocks
@@ -99,7 +101,7 @@ def build_llama(preset: str | Preset, mode: str, device: str = "cpu",
 
     Args:
         preset: a :data:`PRESETS` name or a :class:`Preset`.
-        mode: one of :data:`MODES` (see the module docstring); ``"torch-nocudnn"``
+        mode: one of :data:`MODES` (see the module docstring); a ``"-nocudnn"`` mode
             switches cuDNN's SDPA backend off for the whole process.
         device: "cpu" or "cuda" (or "cuda:N").
         dtype: "float16", "bfloat16", "float32" or "float64" (default float16 on CUDA,
@@ -113,9 +115,10 @@ def build_llama(preset: str | Preset, mode: str, device: str = "cpu",
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     if prune not in PRUNINGS:
         raise ValueError(f"unknown pruning {prune!r}; expected one of {PRUNINGS}")
-    if mode == "torch24" and (prune != "2:4" or not device.startswith("cuda")
+    base = mode.removesuffix(NO_CUDNN)
+    if base == "torch24" and (prune != "2:4" or not device.startswith("cuda")
                               or (dtype or "float16") not in ("float16", "bfloat16")):
-        raise ValueError(f"mode 'torch24' (torch's 2:4 semi-structured matmul) needs "
+        raise ValueError(f"mode {mode!r} (torch's 2:4 semi-structured matmul) needs "
                          f"prune='2:4' on a CUDA device in float16 or bfloat16; got prune="
                          f"{prune!r}, device {device!r}, dtype {dtype or 'float16'!r}")
     config = llama_config(preset)
@@ -132,9 +135,9 @@ def build_llama(preset: str | Preset, mode: str, device: str = "cpu",
     model.eval().requires_grad_(False)
     if prune != "none":
         prune_mlp(model, prune, seed)
-    if mode == "torch-nocudnn":
+    if mode.endswith(NO_CUDNN):
         torch.backends.cuda.enable_cudnn_sdp(False)     # process-wide, as a user would
-    if mode == "torch24":
+    if base == "torch24":
         from torch.sparse import SparseSemiStructuredTensor, to_sparse_semi_structured
         SparseSemiStructuredTensor._FORCE_CUTLASS = False   # cuSPARSELt (CUTLASS's fails
         for linear in _mlp_linears(model):                  # on the H200, issue 13)

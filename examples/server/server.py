@@ -674,10 +674,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--mode", choices=MODES, default="adaptive",
-                   help="torch: plain PyTorch; torch-nocudnn: plain PyTorch with cuDNN's SDPA "
-                   "backend off (masked attention on torch's memory-efficient kernel); "
-                   "torch24: plain PyTorch with the MLP weights "
-                   "in torch's 2:4 form (--prune 2:4, CUDA); adaptive: patched by adaptive; "
+                   help="torch: plain PyTorch; torch24: plain PyTorch with the MLP weights "
+                   "in torch's 2:4 form (--prune 2:4, CUDA); torch-nocudnn, torch24-nocudnn: the "
+                   "same with cuDNN's SDPA backend off (masked attention on torch's "
+                   "memory-efficient kernel); adaptive: patched by adaptive; "
                    "static: adaptive pinned after warm-up")
     p.add_argument("--prune", choices=PRUNINGS, default="none",
                    help="prune the MLP weights: 2:4 (2 of every 4 inputs kept) or bsr10 (10%% "
@@ -737,7 +737,7 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                  "max_connections"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.model == "block" and (args.prune != "none" or args.mode == "torch24"):
+    if args.model == "block" and (args.prune != "none" or args.mode.startswith("torch24")):
         p.error("--prune and --mode torch24 serve the llama model; the block model has no "
                 "MLP weights to prune (use --model llama)")
     if args.batch_wait_ms < 0:

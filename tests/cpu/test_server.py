@@ -872,6 +872,8 @@ def test_pruned_mlp_weights_and_their_modes():
                      "down_proj": "sparse"}
     with pytest.raises(ValueError, match="'torch24'.*needs prune='2:4' on a CUDA device"):
         build("tiny", "torch24", prune="2:4")
+    with pytest.raises(ValueError, match="'torch24-nocudnn'.*needs prune='2:4' on a CUDA"):
+        build("tiny", "torch24-nocudnn", prune="none", device="cuda")
     with pytest.raises(ValueError, match="unknown pruning 'half'"):
         build("tiny", "torch", prune="half")
 
