@@ -19,8 +19,13 @@ Cases (fp16, M = 1 decode shapes of a 1B Llama layer):
                                decode row counts, wall and device time per call
   LlamaRMSNorm / AdaptiveRMSNorm  transformers' eight-op norm against the patched one (its
                                plan held) and the op's candidates held, decode and prefill rows
+  gemm from CuPy arrays        (GPU; alone with ``--cases cupy-gemm``) cupy.matmul against
+                               the cublas variant's cublasGemmEx and tc_wide, held plans,
+                               M=128 N=K=4096: what a CuPy caller pays a call in a host-bound
+                               loop (gpu_contention's and gpu_selection's inputs are CuPy)
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --out $OUT
+    PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --cases cupy-gemm --out $OUT
     python benchmarks/gpu_hostpath.py --device host --quick          # dry run on the CPU
 """
 
@@ -186,7 +191,25 @@ def _norm_cases(case, reg, dev, dtype, hidden: int, cuda: bool, rows) -> None:
                 rows[-1]["note"] = (rows[-1]["note"] + "; " + holds).lstrip("; ")
 
 
-def measure(device: str, quick: bool) -> list[dict]:
+def _cupy_gemm_cases(case, reg) -> None:
+    """gemm from CuPy arrays, M=128 N=K=4096 fp16, each way held: the host time a call
+    costs a CuPy caller in a loop the GPU keeps up with (run S51: cuBLAS's exploring
+    issuing read 83 us from CuPy arrays, where tc_wide's read 19)."""
+    import cupy
+    a = cupy.random.rand(128, 4096, dtype=cupy.float32).astype(cupy.float16)
+    b = cupy.random.rand(4096, 4096, dtype=cupy.float32).astype(cupy.float16)
+    out = cupy.empty((128, 4096), cupy.float16)
+    case("cupy.matmul(a, b, out), CuPy M=128 N=K=4096", lambda: cupy.matmul(a, b, out=out))
+    ref = a.astype(cupy.float32) @ b.astype(cupy.float32)
+    for name in ("cublas", "tc_wide"):
+        plan = _only(reg, "gemm", name).plan("gemm", a, b)
+        got = plan.run((a, b), None).astype(cupy.float32)
+        err = float(cupy.abs(got - ref).max() / cupy.abs(ref).max())
+        case(f"held plan: {plan.candidate.label[:24]}, CuPy M=128 N=K=4096",
+             lambda plan=plan: plan.run((a, b), out), f"max error / max |ref| {err:.1e}")
+
+
+def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -211,6 +234,15 @@ def measure(device: str, quick: bool) -> list[dict]:
         with torch.no_grad():
             us = _per_call_us(fn, calls, rounds, sync)
         rows.append({"case": name, "us_per_call": us, "note": note})
+
+    if cases == "cupy-gemm":
+        if not cuda:
+            raise SystemExit("--cases cupy-gemm needs CUDA (CuPy arrays on a GPU)")
+        case("torch.mm(x, wt)", lambda: torch.mm(x, wt))
+        _cupy_gemm_cases(case, reg)
+        for r in rows:
+            r["vs_torch_mm_us"] = r["us_per_call"] - rows[0]["us_per_call"]
+        return rows
 
     case("torch.mm(x, wt)", lambda: torch.mm(x, wt))
     case("F.linear(x, w)", lambda: F.linear(x, w))
@@ -251,6 +283,7 @@ def measure(device: str, quick: bool) -> list[dict]:
     if cuda:
         _decode_attention_cases(case, reg, calls, dev, dtype, sync, rows)
         _linear_layout_cases(rows, dev, dtype, calls, rounds, sync)
+        _cupy_gemm_cases(case, reg)
     elif quick:   # the dry run: the host's two attention variants in their places
         _decode_attention_cases(case, reg, 8, dev, dtype, sync, rows,
                                 ("host_materialised", "host_chunked"))
@@ -260,10 +293,11 @@ def measure(device: str, quick: bool) -> list[dict]:
     return rows
 
 
-def main(out_dir: str, device: str = "auto", quick: bool = False) -> list[dict]:
+def main(out_dir: str, device: str = "auto", quick: bool = False,
+         cases: str = "all") -> list[dict]:
     from adaptive.backends import resolve_name
     backend = resolve_name(device)
-    rows = measure(backend, quick)
+    rows = measure(backend, quick, cases)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{BENCH}.json").write_text(json.dumps(rows, indent=1))
@@ -281,8 +315,10 @@ def cli(argv=None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--device", choices=("auto", "cuda", "host"), default="auto")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--cases", choices=("all", "cupy-gemm"), default="all",
+                   help="cupy-gemm: only gemm from CuPy arrays (GPU)")
     args = p.parse_args(argv)
-    main(args.out, args.device, args.quick)
+    main(args.out, args.device, args.quick, args.cases)
     return 0
 
 
