@@ -20,7 +20,7 @@ Cases (fp16, M = 1 decode shapes of a 1B Llama layer):
   LlamaRMSNorm / AdaptiveRMSNorm  transformers' eight-op norm against the patched one (its
                                plan held) and the op's candidates held, decode and prefill rows
   gemm from CuPy arrays        (GPU; alone with ``--cases cupy-gemm``) cupy.matmul against
-                               the cublas variant's cublasGemmEx and tc_wide, held plans,
+                               the cublas variant and tc_wide, held plans,
                                M=128 N=K=4096: what a CuPy caller pays a call in a host-bound
                                loop (gpu_contention's and gpu_selection's inputs are CuPy)
 

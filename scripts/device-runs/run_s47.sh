@@ -6,6 +6,9 @@
 # on flash_mma at 1.47x decode_global, which the old pack had no short-Lk row of); also
 # the first of this tree's cheaper miss (rows as parts, the matrix per key order) and of
 # the policy's race (tuning runs: S43 long-burst 13.3% against the 10% bar)
+# Before it, in the checkout: `git checkout 193b600 -- variants/gemm/cublas.py` (cuBLAS from
+# CuPy arrays as one cublasGemmEx: S54's issuing charge ~40 us against cupy.matmul's ~83),
+# so that the pack's cuBLAS rows are of that code; commit it with the pack
 source "$(dirname "$0")/setup.sh"
 build_pack 330
 t0=$SECONDS
