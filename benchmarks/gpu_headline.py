@@ -29,8 +29,11 @@ adaptive serves each case's weights (``patch(model, sparse={"mlp": True})`` wher
 For each client count the baseline is the plain-PyTorch mode with the higher tokens/s, and
 adaptive's tokens/s, per-token p99 and SM activity are divided by the baseline's. Targets
 (issue 13): pruned (2:4, bsr10) tokens/s >= 1.23x, per-token p99 <= 0.82x, SM activity >=
-1.2x; dense >= 1.05x and p99 <= 0.95x. Writes ``headline_<case>.json`` (every mode's
-loads) to ``--out`` and prints the table, the ratios and the targets last.
+1.2x; dense >= 1.05x and p99 <= 0.95x. Correctness: the first 32 greedy tokens of every
+request, adaptive against the baseline, and the plain modes against each other as the
+control (random weights: fp16 sums in another order break near-tied logits the other way).
+Writes ``headline_<case>.json`` (every mode's loads) to ``--out`` and prints the table, the
+ratios, the targets and the token agreement last.
 """
 
 from __future__ import annotations
@@ -84,7 +87,13 @@ def compare(payload: dict, case: str) -> list[dict]:
             checks[name] = (value, bar, value is not None and (
                 value <= bar if name == "token_p99" else value >= bar))
         rows.append({"clients": int(clients), "baseline": base, "ratios": ratio,
-                     "checks": checks})
+                     "checks": checks,
+                     "greedy": [g for g in payload.get("greedy", ())
+                                if g["clients"] == int(clients) and "adaptive" in g["modes"]
+                                and base in g["modes"]],
+                     "control": [g for g in payload.get("greedy", ())
+                                 if g["clients"] == int(clients)
+                                 and set(g["modes"]) <= set(plain)]})
     return rows
 
 
@@ -100,6 +109,10 @@ def print_comparison(rows: list[dict], case: str) -> None:
             shown = "-" if value is None else f"{value:.3f}x"
             parts.append(f"{name} {shown} ({rel} {bar}x: {'met' if ok else 'NOT met'})")
         print(f"  {r['clients']} clients, baseline {r['baseline']}: " + "; ".join(parts))
+        for g in r.get("greedy", []) + r.get("control", []):
+            print(f"    {gpu_server.greedy_lines([g])[0]}"
+                  + ("  (control: two plain-PyTorch ways)" if g in r.get("control", [])
+                     else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

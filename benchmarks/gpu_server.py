@@ -228,6 +228,7 @@ class ModeRun:
                                        args.start_timeout_s))
         self.result = {"mode": mode, "start_s": time.perf_counter() - t0, "loads": {}}
         self.windows: dict[str, list[dict]] = {}
+        self.outputs: dict[str, dict] = {}   # per load: request -> its greedy token ids
         try:
             self.result["server"] = fetch_json(self.server.url + "/stats")
             warm = self.result["server"].get("warmup", {})
@@ -296,6 +297,7 @@ class ModeRun:
             load["engine"] = engine_breakdown(batches, [w["span"] for w in ws],
                                               all(w["batches_complete"] for w in ws))
             self.result["loads"][clients] = load
+            self.outputs[clients] = report.samples.get("outputs", {})
             self._print(clients, load, report, len(ws))
         return self.result["loads"]
 
@@ -441,15 +443,17 @@ def check_deps() -> str | None:
 
 
 def serve(modes, args: argparse.Namespace, stream, sampler: DeviceSampler, out: Path,
-          windows: int) -> list[dict]:
+          windows: int, greedy: list | None = None) -> list[dict]:
     """Every mode's results. One window: each mode's server started, its loads served and
     the server closed before the next mode's starts. Several: every mode's server
     started (one after another, each warming up alone), then each load's requests split
     into ``windows`` consecutive parts, each part served by every mode in turn (the order
     alternating by window) and the windows pooled per mode. A mode that fails is reported
-    and the others go on."""
+    and the others go on. ``greedy``: a list to extend with :func:`greedy_agreement`'s rows
+    over the modes that finished."""
     results: dict[str, dict] = {}
     runs: dict[str, ModeRun] = {}
+    outputs: dict[str, dict] = {}
     missing = check_deps()
 
     def failed(mode, exc, run=None):
@@ -487,6 +491,7 @@ def serve(modes, args: argparse.Namespace, stream, sampler: DeviceSampler, out: 
         try:
             run.loads()
             results[mode] = run.finish(stream)
+            outputs[mode] = run.outputs
         except Exception as exc:  # noqa: BLE001
             failed(mode, exc, run)
         print(f"  {mode}: {time.perf_counter() - t0:.1f} s", flush=True)
@@ -514,7 +519,43 @@ def serve(modes, args: argparse.Namespace, stream, sampler: DeviceSampler, out: 
                         failed(mode, exc, run)
         for mode in modes:
             finish(mode, t0)
+    if greedy is not None:
+        greedy.extend(greedy_agreement(outputs))
     return [results[m] for m in modes if m in results]
+
+
+SAME_TOKENS = 32   # greedy tokens compared between modes (as gpu_generate.py does)
+
+
+def greedy_agreement(outputs: dict, first: int = SAME_TOKENS) -> list[dict]:
+    """Per load and pair of modes: of the requests both served, how many streamed the same
+    first ``first`` greedy tokens, and where the others first differed (a token index).
+    ``outputs``: mode -> load -> request -> token ids. With random weights, fp16 sums
+    computed in another order break near-tied logits the other way (gpu_generate.py
+    compares the first step's logits), so a pair of plain-PyTorch modes is the control."""
+    rows = []
+    modes = list(outputs)
+    for i, a in enumerate(modes):
+        for b in modes[i + 1:]:
+            for clients in outputs[a]:
+                mine, theirs = outputs[a][clients], outputs[b].get(clients, {})
+                both = [q for q in mine if q in theirs]
+                diff = []
+                for q in both:
+                    x, y = mine[q][:first], theirs[q][:first]
+                    if x != y:
+                        diff.append(next((j for j, (u, v) in enumerate(zip(x, y)) if u != v),
+                                         min(len(x), len(y))))
+                rows.append({"clients": int(clients), "modes": [a, b], "requests": len(both),
+                             "same": len(both) - len(diff), "first_differences": sorted(diff)})
+    return rows
+
+
+def greedy_lines(rows: list[dict], first: int = SAME_TOKENS) -> list[str]:
+    return [f"greedy tokens (first {first}) at {r['clients']} clients: {r['modes'][0]} = "
+            f"{r['modes'][1]} on {r['same']}/{r['requests']} requests"
+            + (f"; the others first differ at token {', '.join(map(str, r['first_differences']))}"
+               if r["first_differences"] else "") for r in rows]
 
 
 def split(requests: list, parts: int) -> list[list]:
@@ -571,13 +612,18 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
           f"sampler: {sampler.status}", flush=True)
     # servers in this process (the dry run) share one runtime: their policy counters would
     # mix if they were up at once, so they serve one after another, in one window each
-    results = serve(modes, args, stream, sampler, out, 1 if args.in_process else windows)
+    greedy: list[dict] = []
+    results = serve(modes, args, stream, sampler, out, 1 if args.in_process else windows,
+                    greedy)
+    for line in greedy_lines(greedy):
+        print(f"  {line}", flush=True)
     payload = {"benchmark": "gpu_server", "device": device, "preset": args.preset,
                "concurrency": list(args.concurrency), "duration_s": args.duration_s,
                "per_client": args.per_client, "windows": windows,
                "max_tokens": args.max_tokens, "min_tokens": min_tokens,
                "prompt_max": prompt_max, "server_args": list(args.server_args),
-               "max_batch": args.max_batch, "sampler": sampler.status, "results": results}
+               "max_batch": args.max_batch, "sampler": sampler.status, "results": results,
+               "greedy": greedy}
     tmp = out / f".{json_name}.{os.getpid()}"
     tmp.write_text(json.dumps(payload, indent=2, default=str))
     os.replace(tmp, out / json_name)

@@ -71,7 +71,7 @@ class LoadReport:
     samples: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
+        d = dataclasses.asdict(dataclasses.replace(self, samples={}))   # (keyed by requests)
         del d["samples"]
         return d
 
@@ -152,8 +152,9 @@ def served_model(url: str, timeout_s: float = 10.0) -> str:
 
 
 def stream_completion(conn: http.client.HTTPConnection, model: str, req: Request
-                      ) -> tuple[int | str, list[float], dict | None]:
-    """One streamed completion: (status, arrival time of each token, the error if any)."""
+                      ) -> tuple[int | str, list[float], dict | None, list[int]]:
+    """One streamed completion: (status, arrival time of each token, the error if any,
+    the token ids as they came)."""
     body = json.dumps({"model": model, "prompt": req.prompt(), "max_tokens": req.max_tokens,
                        "stream": True})
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -161,10 +162,10 @@ def stream_completion(conn: http.client.HTTPConnection, model: str, req: Request
     if resp.status != 200:
         payload = resp.read()
         try:
-            return resp.status, [], json.loads(payload).get("error")
+            return resp.status, [], json.loads(payload).get("error"), []
         except ValueError:
-            return resp.status, [], {"message": payload[:200].decode(errors="replace")}
-    stamps, error = [], None
+            return resp.status, [], {"message": payload[:200].decode(errors="replace")}, []
+    stamps, error, ids = [], None, []
     while True:
         line = resp.readline()
         if not line:
@@ -180,9 +181,11 @@ def stream_completion(conn: http.client.HTTPConnection, model: str, req: Request
             continue
         now = time.perf_counter()
         for choice in event.get("choices", ()):
-            stamps += [now] * len(choice.get("token_ids") or [0])
+            got = choice.get("token_ids") or [None]
+            stamps += [now] * len(got)
+            ids += got
     resp.read()
-    return (200 if error is None else "stream_error"), stamps, error
+    return (200 if error is None else "stream_error"), stamps, error, ids
 
 
 def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: float = 60.0,
@@ -198,6 +201,7 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
     local = threading.local()
     lock = threading.Lock()
     ttft, gaps, latency, lengths, errors = [], [], [], [], {}
+    outputs: dict = {}          # request -> its token ids (greedy: comparable by mode)
     tokens = 0
     start = time.perf_counter()
     deadline = start + duration_s
@@ -212,10 +216,10 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
             conn = getattr(local, "conn", None)
             if conn is None:
                 conn = local.conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-            status, stamps, _ = stream_completion(conn, model, req)
+            status, stamps, _, ids = stream_completion(conn, model, req)
         except (OSError, http.client.HTTPException, ValueError) as exc:
             local.conn = None
-            status, stamps = type(exc).__name__, []
+            status, stamps, ids = type(exc).__name__, [], []
         done = time.perf_counter()
         with lock:
             if status == 200 and len(stamps) == req.max_tokens:
@@ -223,6 +227,7 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
                 gaps.extend(np.diff(stamps) * 1e3)
                 latency.append((done - t0) * 1e3)
                 lengths.append(req.prompt_len)
+                outputs[req] = ids
                 tokens += len(stamps)
             else:
                 key = str(status) if status != 200 else "short_stream"
@@ -254,7 +259,7 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
     elapsed = time.perf_counter() - start
     return _report(len(latency) + sum(errors.values()), errors, elapsed, tokens,
                    {"ttft_ms": ttft, "token_ms": [float(g) for g in gaps],
-                    "latency_ms": latency, "prompt_len": lengths})
+                    "latency_ms": latency, "prompt_len": lengths, "outputs": outputs})
 
 
 def _report(sent: int, errors: dict, elapsed: float, tokens: int, samples: dict) -> LoadReport:
@@ -280,8 +285,10 @@ def pool(reports: list[LoadReport]) -> LoadReport:
             errors[k] = errors.get(k, 0) + n
     return _report(sum(r.sent for r in reports), errors, sum(r.duration_s for r in reports),
                    sum(r.tokens for r in reports),
-                   {k: [v for r in reports for v in r.samples.get(k, [])]
-                    for k in ("ttft_ms", "token_ms", "latency_ms", "prompt_len")})
+                   {**{k: [v for r in reports for v in r.samples.get(k, [])]
+                       for k in ("ttft_ms", "token_ms", "latency_ms", "prompt_len")},
+                    "outputs": {q: ids for r in reports
+                                for q, ids in r.samples.get("outputs", {}).items()}})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -899,6 +899,28 @@ def test_the_torch_nocudnn_mode_is_plain_pytorch_with_cudnn_sdpa_off():
         torch.backends.cuda.enable_cudnn_sdp(before)
 
 
+def test_greedy_agreement_counts_same_first_tokens_and_where_the_others_differ():
+    """Per load and pair of modes, over the requests both served: the same first 32 token
+    ids, or the first index where they differ (a stream cut short differs where it ends)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.gpu_server import greedy_agreement, greedy_lines
+    a = list(range(40))
+    outputs = {"torch": {"8": {"r1": a, "r2": a, "r3": a, "r4": a[:10]}},
+               "adaptive": {"8": {"r1": a[:32] + [0] * 8,            # same first 32
+                                  "r2": a[:5] + [99] + a[6:],         # differs at 5
+                                  "r4": a[:10],                       # same (both short)
+                                  "r5": a}},                          # torch lacks it
+               "static": {"8": {"r1": a[:20]}}}                      # cut short: at 20
+    rows = {tuple(r["modes"]): r for r in greedy_agreement(outputs)}
+    assert rows[("torch", "adaptive")] == {"clients": 8, "modes": ["torch", "adaptive"],
+                                           "requests": 3, "same": 2, "first_differences": [5]}
+    assert rows[("torch", "static")]["first_differences"] == [20]
+    assert rows[("adaptive", "static")]["requests"] == 1
+    assert greedy_lines([rows[("torch", "adaptive")]]) == [
+        "greedy tokens (first 32) at 8 clients: torch = adaptive on 2/3 requests; the "
+        "others first differ at token 5"]
+
+
 def test_importing_the_server_loads_no_heavy_module():
     code = (f"import sys; sys.path.insert(0, {str(SERVER_DIR)!r}); import server, engine, "
             "models, loadgen; heavy = {'torch', 'transformers', 'starlette', 'uvicorn'} & "
@@ -1042,6 +1064,13 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
         head = r["prefill_profile"][0]
         assert head.startswith("batch ") and "wall" in head and len(r["prefill_profile"]) > 3
         assert (r["server"]["warmup"]["pending_keys"] is None) == (mode == "torch")
+    pairs = {(tuple(g["modes"]), g["clients"]): g for g in payload["greedy"]}
+    served = [m for m in results if "error" not in results[m]]
+    assert set(pairs) == {((a, b), c) for i, a in enumerate(served) for b in served[i + 1:]
+                          for c in payload["concurrency"]}
+    for g in pairs.values():   # every request both modes served, compared
+        assert g["requests"] == 2 * g["clients"] and 0 <= g["same"] <= g["requests"]
+        assert len(g["first_differences"]) == g["requests"] - g["same"]
     table = gpu_server.table(payload)
     assert re.search(r"^torch +4 ", table, re.M), table
     assert ("adaptive / torch at  4 clients" in table) == integrated
