@@ -476,6 +476,7 @@ def test_windows_are_served_by_every_mode_in_turn_and_pooled(monkeypatch):
             events.append(("start", mode))
             self.mode, self.server = mode, argparse.Namespace(
                 close=lambda: events.append(("close", mode)))
+            self.outputs = {}
 
         def window(self, clients, requests, sampler, label=""):
             if self.mode == "static" and clients == 4:
