@@ -788,10 +788,14 @@ def make_app(args: argparse.Namespace, progress=None) -> App:
     lm, tokenizer, name, info = build_model(args, progress)
     if lm.max_context <= args.max_tokens_limit:
         args.max_tokens_limit = lm.max_context - 1
-    info |= prepare(lm, args, progress)
-    metrics = start_metrics(args)
     engine = Engine(lm, max_batch=args.max_batch, max_queued=args.max_queued,
                     batch_wait_s=args.batch_wait_ms / 1e3)
+    try:   # on the thread that serves: torch's cuDNN attention graphs are per thread
+        info |= engine.call(prepare, lm, args, progress)
+    except BaseException:
+        engine.close()
+        raise
+    metrics = start_metrics(args)
     return App(engine, name, args.mode, tokenizer, args.max_tokens_limit, args.max_body_bytes,
                args.body_timeout_s, metrics, info)
 

@@ -635,6 +635,54 @@ def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
     assert before <= b["start_s"] <= b["end_s"] and engine.batches(since=b["end_s"] + 1) == []
 
 
+def test_engine_call_runs_on_the_serving_thread_between_batches():
+    """``Engine.call`` runs a function on the worker thread (where torch keeps its
+    per-thread cuDNN graphs) and returns its result or raises its error; a call queued
+    while a batch collects never joins it, and one left queued at close fails."""
+    seen = []
+
+    class Recording:
+        name, vocab_size, max_context = "rec", 256, 64
+
+        def generate(self, prompts, max_new, emit):
+            seen.append(("batch", [p[0] for p in prompts], threading.current_thread().name))
+            time.sleep(0.05)
+
+    engine = Engine(Recording(), max_batch=8, batch_wait_s=0.2)
+    done = []
+    try:
+        assert engine.call(lambda x: (x, threading.current_thread().name), 7) == (7, "engine")
+        with pytest.raises(ZeroDivisionError):
+            engine.call(lambda: 1 / 0)
+        engine.submit(Request([0], 1, lambda t: True, done.append))
+        engine.call(lambda: seen.append(("call", threading.current_thread().name)))
+        engine.submit(Request([1], 1, lambda t: True, done.append))
+        deadline = time.monotonic() + 5
+        while len(done) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.close()
+    assert seen[0] == ("batch", [0], "engine") and seen[1] == ("call", "engine")
+    assert seen[2] == ("batch", [1], "engine") and done == [None, None]
+
+
+def test_the_servers_warm_up_runs_on_the_engine_thread(monkeypatch):
+    """make_app's warm-up (prepare) runs on the thread that will serve, so that what it
+    warms per thread (cuDNN's attention graphs, cuBLAS handles) is what serving uses."""
+    pytest.importorskip("torch")
+    import server
+    where = []
+    monkeypatch.setattr(server, "prepare", lambda lm, args, progress=None: where.append(
+        threading.current_thread().name) or {"warmup": {}})
+    args = server.parse_args(["--mode", "torch", "--preset", "tiny", "--device", "cpu",
+                              "--warmup"])
+    app = server.make_app(args)
+    try:
+        assert where == ["engine"] and app.engine._thread.name == "engine"
+    finally:
+        app.engine.close()
+
+
 def test_engine_queue_is_bounded_and_a_failed_batch_fails_its_requests():
     gate = threading.Event()
 
