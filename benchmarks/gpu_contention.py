@@ -330,6 +330,9 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
                      "times_ms": {k: float(f"{v:.5g}") for k, v in table.items()}})
     return {"condition": name, "load": load_kind, "load_info": info, "load_result": result,
             "drive_s": drive_s, "wall_s": t_end - t_start, "policy_stats": stats,
+            # the host issuing charged to exploring samples in host-bound classes, per
+            # variant and input kind: (issuings kept, least of them in ms)
+            "issue_charges": {k: [n, ms] for k, (n, ms) in d.issue_charges().items()},
             "device_state_policy": policy_view,
             "nvml": nvml_summary(ctx["sampler"], t_start, t_end),
             "geomean_ratio": geomean([r["ratio"] for r in rows]),
@@ -399,6 +402,10 @@ def print_report(report: dict) -> None:
               f"{stats.get('drift_switches', 0)}, commits {stats.get('commits', 0)}, "
               f"deferred {stats.get('deferred', 0)}, exploring "
               f"{stats.get('explore_s', 0.0) * 1e3:.1f} ms")
+        if c.get("issue_charges"):
+            print("  issuing charged so far: " + ", ".join(
+                f"{k} {ms * 1e3:.1f} us (last {n})"
+                for k, (n, ms) in sorted(c["issue_charges"].items())))
         print(f"  {'input':<44} {'choice':<40} {'steady ms':>10} {'oracle ms':>10} "
               f"{'steady/oracle':>13} {'changed@':>8} {'commit@':>7} {'re-expl':>7}  oracle")
         for r in c["rows"]:
