@@ -561,6 +561,12 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     warm_state = choices(dispatcher)
     print(f"  warm-up {time.perf_counter() - t0:.0f} s: {warm['torch']} torch and "
           f"{warm['adaptive']} adaptive generates", flush=True)
+    # threads besides the measuring one take the GIL from both modes' steps alike; their
+    # names say what runs beside the loop (a sampler, a refit, the counter log)
+    others = sorted(t.name for t in threading.enumerate()
+                    if t is not threading.current_thread())
+    print(f"  threads while measured: {', '.join(others) or 'none besides this one'}",
+          flush=True)
 
     # ---- measured rounds, modes alternating -------------------------------------------------
     results = {m: [] for m in models}
