@@ -8,7 +8,7 @@ t0=$SECONDS
 timeout 300 python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
 echo "generate rc=$? $((SECONDS-t0)) s"
 cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
-grep -E "warm-up [0-9]|rounds batch|ablation \(lockstep\)|ratio|committed" "$OUT/generate.log" | grep -v "^  lockstep request\|^  b1 ablation" | cut -c1-220
+grep -E "warm-up [0-9]|threads while|rounds batch|ablation \(lockstep\)|ratio|committed" "$OUT/generate.log" | grep -v "^  lockstep request\|^  b1 ablation" | cut -c1-220
 t0=$SECONDS
 timeout 100 python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
 echo "contention rc=$? $((SECONDS-t0)) s"
