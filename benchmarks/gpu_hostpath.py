@@ -191,22 +191,46 @@ def _norm_cases(case, reg, dev, dtype, hidden: int, cuda: bool, rows) -> None:
                 rows[-1]["note"] = (rows[-1]["note"] + "; " + holds).lstrip("; ")
 
 
+def _issue_us(fn, calls: int = 200) -> float:
+    """Median host µs of issuing ``fn()`` alone: the device drained before each call and
+    the call's own time only (what the policy charges a host-bound class's candidate)."""
+    import cupy
+    stream = cupy.cuda.get_current_stream()
+    fn()
+    times = []
+    for _ in range(calls):
+        stream.synchronize()
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    stream.synchronize()
+    return statistics.median(times)
+
+
 def _cupy_gemm_cases(case, reg) -> None:
     """gemm from CuPy arrays, M=128 N=K=4096 fp16, each way held: the host time a call
-    costs a CuPy caller in a loop the GPU keeps up with (run S51: cuBLAS's exploring
-    issuing read 83 us from CuPy arrays, where tc_wide's read 19)."""
+    costs a CuPy caller in a loop the GPU keeps up with, and (in the note) its issuing
+    alone with the device idle (run S51: cuBLAS's exploring issuing read 83 us from CuPy
+    arrays, where tc_wide's read 19)."""
     import cupy
     a = cupy.random.rand(128, 4096, dtype=cupy.float32).astype(cupy.float16)
     b = cupy.random.rand(4096, 4096, dtype=cupy.float32).astype(cupy.float16)
     out = cupy.empty((128, 4096), cupy.float16)
-    case("cupy.matmul(a, b, out), CuPy M=128 N=K=4096", lambda: cupy.matmul(a, b, out=out))
+
+    def matmul():
+        cupy.matmul(a, b, out=out)
+    case("cupy.matmul(a, b, out), CuPy M=128 N=K=4096", matmul,
+         f"issuing alone {_issue_us(matmul):.1f} us")
     ref = a.astype(cupy.float32) @ b.astype(cupy.float32)
     for name in ("cublas", "tc_wide"):
         plan = _only(reg, "gemm", name).plan("gemm", a, b)
         got = plan.run((a, b), None).astype(cupy.float32)
         err = float(cupy.abs(got - ref).max() / cupy.abs(ref).max())
-        case(f"held plan: {plan.candidate.label[:24]}, CuPy M=128 N=K=4096",
-             lambda plan=plan: plan.run((a, b), out), f"max error / max |ref| {err:.1e}")
+
+        def held(plan=plan):
+            plan.run((a, b), out)
+        case(f"held plan: {plan.candidate.label[:24]}, CuPy M=128 N=K=4096", held,
+             f"max error / max |ref| {err:.1e}; issuing alone {_issue_us(held):.1f} us")
 
 
 def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
