@@ -19,13 +19,15 @@ Cases (fp16, M = 1 decode shapes of a 1B Llama layer):
                                decode row counts, wall and device time per call
   LlamaRMSNorm / AdaptiveRMSNorm  transformers' eight-op norm against the patched one (its
                                plan held) and the op's candidates held, decode and prefill rows
-  gemm from CuPy arrays        (GPU; alone with ``--cases cupy-gemm``) cupy.matmul against
-                               the cublas variant and tc_wide, held plans,
-                               M=128 N=K=4096: what a CuPy caller pays a call in a host-bound
-                               loop (gpu_contention's and gpu_selection's inputs are CuPy)
+  gemm / attention from CuPy   (GPU; alone with ``--cases cupy-gemm,cupy-attention``)
+                               held plans on CuPy arrays, as gpu_contention and
+                               gpu_selection call: cupy.matmul, the cublas variant and
+                               tc_wide at M=128 N=K=4096; sdpa_torch and flash_mma at B=1
+                               H=16 L=1024 causal; each call back to back and its issuing
+                               alone (what a host-bound class is charged)
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --out $OUT
-    PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --cases cupy-gemm --out $OUT
+    PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --cases cupy-gemm,cupy-attention --out $OUT
     python benchmarks/gpu_hostpath.py --device host --quick          # dry run on the CPU
 """
 
@@ -233,6 +235,26 @@ def _cupy_gemm_cases(case, reg) -> None:
              f"max error / max |ref| {err:.1e}; issuing alone {_issue_us(held):.1f} us")
 
 
+def _cupy_attention_cases(case, reg) -> None:
+    """attention from CuPy arrays, B=1 H=16 L=1024 D=128 causal fp16 (the contention
+    run's prefill row, where flash_mma was committed at 1.7x SDPA): sdpa_torch (a DLPack
+    round trip into torch) and flash_mma held, each call's time back to back and its
+    issuing alone (S54: SDPA's exploring samples read 0.132 ms for 0.027 ms of kernel)."""
+    import cupy
+    shape = (1, 16, 1024, 128)
+    q, k, v = (cupy.random.rand(*shape, dtype=cupy.float32).astype(cupy.float16)
+               for _ in range(3))
+    out = cupy.empty(shape, cupy.float16)
+    for name in ("sdpa_torch", "flash_mma"):
+        d = _only(reg, "attention", name)
+        plan = d.plan("attention", q, k, v, causal=True)
+
+        def held(plan=plan):
+            plan.run((q, k, v), out)
+        case(f"held plan: {plan.candidate.label[:24]}, CuPy B=1 H=16 L=1024 causal", held,
+             f"issuing alone {_issue_us(held):.1f} us")
+
+
 def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -259,11 +281,12 @@ def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
             us = _per_call_us(fn, calls, rounds, sync)
         rows.append({"case": name, "us_per_call": us, "note": note})
 
-    if cases == "cupy-gemm":
+    if cases != "all":
         if not cuda:
-            raise SystemExit("--cases cupy-gemm needs CUDA (CuPy arrays on a GPU)")
+            raise SystemExit(f"--cases {cases} needs CUDA (CuPy arrays on a GPU)")
         case("torch.mm(x, wt)", lambda: torch.mm(x, wt))
-        _cupy_gemm_cases(case, reg)
+        for name in cases.split(","):
+            CUPY_CASES[name](case, reg)
         for r in rows:
             r["vs_torch_mm_us"] = r["us_per_call"] - rows[0]["us_per_call"]
         return rows
@@ -308,6 +331,7 @@ def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
         _decode_attention_cases(case, reg, calls, dev, dtype, sync, rows)
         _linear_layout_cases(rows, dev, dtype, calls, rounds, sync)
         _cupy_gemm_cases(case, reg)
+        _cupy_attention_cases(case, reg)
     elif quick:   # the dry run: the host's two attention variants in their places
         _decode_attention_cases(case, reg, 8, dev, dtype, sync, rows,
                                 ("host_materialised", "host_chunked"))
@@ -334,14 +358,20 @@ def main(out_dir: str, device: str = "auto", quick: bool = False,
             for r in rows]
 
 
+CUPY_CASES = {"cupy-gemm": _cupy_gemm_cases, "cupy-attention": _cupy_attention_cases}
+
+
 def cli(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--device", choices=("auto", "cuda", "host"), default="auto")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--cases", choices=("all", "cupy-gemm"), default="all",
-                   help="cupy-gemm: only gemm from CuPy arrays (GPU)")
+    p.add_argument("--cases", default="all",
+                   help="all, or a comma-separated list of " + ", ".join(CUPY_CASES)
+                   + " (GPU: only those calls from CuPy arrays)")
     args = p.parse_args(argv)
+    if args.cases != "all" and not set(args.cases.split(",")) <= set(CUPY_CASES):
+        p.error(f"--cases {args.cases!r}: expected all or some of {', '.join(CUPY_CASES)}")
     main(args.out, args.device, args.quick, args.cases)
     return 0
 

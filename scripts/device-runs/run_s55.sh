@@ -11,7 +11,7 @@ echo "generate rc=$? $((SECONDS-t0)) s"
 cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
 grep -E "warm-up [0-9]|threads while|rounds batch|ablation \(lockstep\)|ratio|committed" "$OUT/generate.log" | grep -v "^  lockstep request\|^  b1 ablation" | cut -c1-220
 t0=$SECONDS
-timeout 60 python3 benchmarks/gpu_hostpath.py --cases cupy-gemm --out "$OUT" > "$OUT/hostpath.log" 2>&1
+timeout 60 python3 benchmarks/gpu_hostpath.py --cases cupy-gemm,cupy-attention --out "$OUT" > "$OUT/hostpath.log" 2>&1
 echo "hostpath rc=$? $((SECONDS-t0)) s"; cut -c1-200 "$OUT/hostpath.log"
 t0=$SECONDS
 timeout 100 python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
