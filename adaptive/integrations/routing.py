@@ -8,7 +8,9 @@ plan) puts it back to 0. A steady layer so routes one call in 512, not one in 64
 S46's batch-1 ablation put 3.3 % of a token's time in the routed calls (adaptive 0.939x
 torch's tokens/s, with no routing 0.972x). A plan the dispatcher drops is seen on the
 next warm call all the same (its ``stale`` flag), so a re-decision made through another
-layer's routed call is taken at once.
+layer's routed call is taken at once. The level is written by routed calls only (a plain
+attribute, or the attention module's global): serving threads racing on it lose at most one
+step of the backoff, which moves when a later call routes, never what it computes.
 """
 
 from __future__ import annotations
