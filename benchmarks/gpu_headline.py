@@ -109,10 +109,10 @@ def print_comparison(rows: list[dict], case: str) -> None:
             shown = "-" if value is None else f"{value:.3f}x"
             parts.append(f"{name} {shown} ({rel} {bar}x: {'met' if ok else 'NOT met'})")
         print(f"  {r['clients']} clients, baseline {r['baseline']}: " + "; ".join(parts))
-        for g in r.get("greedy", []) + r.get("control", []):
-            print(f"    {gpu_server.greedy_lines([g])[0]}"
-                  + ("  (control: two plain-PyTorch ways)" if g in r.get("control", [])
-                     else ""))
+        for line in gpu_server.greedy_lines(r.get("greedy", [])):
+            print(f"    {line}")
+        for line in gpu_server.greedy_lines(r.get("control", [])):
+            print(f"    {line}  (control: two plain-PyTorch ways)")
 
 
 def main(argv: list[str] | None = None) -> int:

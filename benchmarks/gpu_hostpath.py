@@ -287,9 +287,7 @@ def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
         case("torch.mm(x, wt)", lambda: torch.mm(x, wt))
         for name in cases.split(","):
             CUPY_CASES[name](case, reg)
-        for r in rows:
-            r["vs_torch_mm_us"] = r["us_per_call"] - rows[0]["us_per_call"]
-        return rows
+        return _against_mm(rows)
 
     case("torch.mm(x, wt)", lambda: torch.mm(x, wt))
     case("F.linear(x, w)", lambda: F.linear(x, w))
@@ -335,9 +333,13 @@ def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
     elif quick:   # the dry run: the host's two attention variants in their places
         _decode_attention_cases(case, reg, 8, dev, dtype, sync, rows,
                                 ("host_materialised", "host_chunked"))
-    base = rows[0]["us_per_call"]
+    return _against_mm(rows)
+
+
+def _against_mm(rows: list[dict]) -> list[dict]:
+    """``rows`` with each one's µs against the first row's (torch.mm)."""
     for r in rows:
-        r["vs_torch_mm_us"] = r["us_per_call"] - base
+        r["vs_torch_mm_us"] = r["us_per_call"] - rows[0]["us_per_call"]
     return rows
 
 
