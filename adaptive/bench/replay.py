@@ -254,13 +254,19 @@ def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveMod
     cands = list(times)
     decision = policy.decide(_Context(first, key, limits), cands)
     chosen, explored = decision.candidate, 1
-    if decision.explore:
-        explored = len(decision.explore)
-        for _ in range(policy.samples):
-            for c in decision.explore:
-                later = policy.observe(key, c, times[c])
-                if later is not None and not later.explore:
-                    chosen = later.candidate
+    rotation, timed = decision.explore, set()
+    # the calls rotate over the explored candidates as a class's do, and follow each new
+    # rotation the policy hands back (one left behind, a widened exploration) to the commit
+    for _ in range(policy.samples * 4 * policy.max_explore):
+        if not rotation:
+            break
+        for c in rotation:
+            timed.add(c)
+            later = policy.observe(key, c, times[c])
+            if later is not None:
+                chosen, rotation = later.candidate, later.explore
+                break
+    explored = max(explored, len(timed))
     best = min(times.values())
     top1 = top3 = math.nan
     state = policy.state(key)

@@ -116,6 +116,8 @@ class KeyState:
     # starts anew at each, and goes on with the committed candidate's steady samples,
     # which are the calls served, not tuning)
     explored: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # this exploration was widened once already (``Learned.widen_margin``)
+    widened: bool = False
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -265,6 +267,10 @@ class Learned(BasePolicy):
             change the commit (None: every candidate timed ``samples`` times). The first
             explored candidate (what the class's calls fall back to) and the baseline are
             never left behind, and a re-exploration times every candidate again.
+        widen_margin: before a commit, candidates the model left out are explored too
+            when the measurements refute its ranking (:meth:`_widen`): predicted, at the
+            least wrong explored candidate's error, this fraction faster than the
+            measured best. None: never.
     """
 
     name = "learned"
@@ -276,7 +282,7 @@ class Learned(BasePolicy):
                  explore_burst_s: float = 0.5, revalidate_every: int = 8,
                  baseline_margin: float = 0.03, variant_reach: float = 0.5,
                  variant_slots: int = 2, min_explore: int = 2,
-                 race_ratio: float | None = 2.0):
+                 race_ratio: float | None = 2.0, widen_margin: float | None = 0.1):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -302,6 +308,11 @@ class Learned(BasePolicy):
                                            and race_ratio > 1):
             raise ValueError(f"race_ratio must be > 1 or None, got {race_ratio!r}")
         self.race_ratio = race_ratio
+        if widen_margin is not None and not (isinstance(widen_margin, (int, float))
+                                             and widen_margin >= 0):
+            raise ValueError(f"widen_margin must be a fraction >= 0 or None, got "
+                             f"{widen_margin!r}")
+        self.widen_margin = widen_margin
         self.variant_reach = variant_reach
         self.variant_slots = variant_slots
         self.baseline_margin = baseline_margin
@@ -549,6 +560,7 @@ class Learned(BasePolicy):
         state.committed, state.explore = None, explore
         state.observed = {c: Samples() for c in explore}
         state.explorations += 1
+        state.widened = False
         state.history.append(state.reason)
         return Decision(current, state.reason, explore=explore)
 
@@ -588,6 +600,9 @@ class Learned(BasePolicy):
                     f"{best.label} {fastest[best]:.4g} ms is not "
                     f"{self.baseline_margin:.0%} faster")
             best = base
+        widened = self._widen(state, fastest, best)
+        if widened is not None:
+            return widened
         if math.isinf(fastest[best]):
             failed = ", ".join(c.label for c in state.explore)
             state.reason = f"every explored candidate failed ({failed})"
@@ -620,6 +635,55 @@ class Learned(BasePolicy):
             (c.label, t) for c, t in fastest.items()), samples=tuple(
             (c.label, len(state.observed[c])) for c in state.explore), predicted_ms=tuple(
             (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
+
+    def _widen(self, state: KeyState, fastest: dict, best: Candidate) -> Decision | None:
+        """Explore further when the measurements refute the model's ranking: once per
+        exploration, up to ``max_explore`` in all, the candidates left out whose predicted
+        time, wrong by as little as the least wrong explored candidate's, would beat the
+        measured best by ``widen_margin`` (None: never). They were left out because the
+        model put them ``regret_bound`` behind the explored ones; a measured best several
+        times its prediction takes that reason away. Run S47 (H200, pack of 168 cases):
+        the pack measured SDPA on prefill shapes where the flash kernels cannot run
+        (grouped heads), the model ranked SDPA alone within reach on B=1 H=8 L=2048, and
+        from CuPy arrays SDPA took 0.217 ms against a never-explored flash kernel's
+        0.058. On the H200 corpus (10 folds by input) it changes no op's replay: where
+        8 candidates were explored there is no room left."""
+        if self.widen_margin is None or state.widened or not state.predicted \
+                or not math.isfinite(fastest[best]):
+            return None
+        errors = [fastest[c] / state.predicted_ms(c) for c in fastest
+                  if math.isfinite(fastest[c]) and state.predicted_ms(c) > 0]
+        if not errors:
+            return None
+        bias = min(errors)
+        bar = fastest[best] / (1 + self.widen_margin)
+        room = self.max_explore - len(state.explore)     # max_explore bounds the whole
+        left = [c for c in state.candidates
+                if c not in state.observed and state.predicted_ms(c) * bias < bar]
+        if not left or room < 1:
+            return None
+        count: dict[str, int] = {}
+        extra = []
+        for c in left:                       # model order, ``per_variant`` of each variant
+            if count.get(c.variant.id, 0) < self.per_variant:
+                count[c.variant.id] = count.get(c.variant.id, 0) + 1
+                extra.append(c)
+                if len(extra) == room:
+                    break
+        state.widened = True
+        active = tuple(c for c in state.explore if not state.observed[c].raced)
+        state.explore = active + tuple(extra)
+        for c in extra:
+            state.observed[c] = Samples()
+        state.reason = (f"widened by {len(extra)} ({', '.join(c.label for c in extra)}): the "
+                        f"best measured {best.label} {fastest[best]:.4g} ms is "
+                        f"{fastest[best] / state.predicted_ms(best):.3g}x its prediction, "
+                        f"and they are predicted under {bar:.4g} ms at the least wrong "
+                        f"explored candidate's error ({bias:.3g}x)")
+        state.history.append(state.reason)
+        # the calls rotate over the measured best (what a failing newcomer's call falls
+        # back to) and the newcomers; the others have their samples
+        return Decision(best, state.reason, explore=(best, *extra))
 
     def _race(self, state: KeyState) -> list:
         """Mark the explored candidates the leader has left behind (see ``race_ratio``);
@@ -689,6 +753,7 @@ class Learned(BasePolicy):
         state.committed, state.explore = None, explore
         state.observed = {c: Samples() for c in explore}
         state.explorations += 1
+        state.widened = False
         state.previous, state.revalidating = current, revalidating
         self.stats["revalidations"] += revalidating
         return Decision(current, state.reason, explore=explore)

@@ -1255,3 +1255,60 @@ def test_anchors_stay_beside_another_variants_slot():
     d = policy.decide(ctx, cands)
     assert d.explore == (block[0], reg[0], block[1], block[3]), d.reason
     assert "the fastest on a near measured input" in d.reason
+
+
+def _tiered_model(candidates, tiers: dict, rng) -> LiveModel:
+    """A model fitted on recorded rows where each label's time is ``tiers[label]`` units
+    (3 where not named)."""
+    rows = []
+    op = OPS["softmax"]
+    for r in (64, 128, 256, 512, 1024):
+        x = rng.standard_normal((r, 96)).astype(np.float32)
+        p = op.problem((x,), {})
+        for c in candidates:
+            if c.variant.fits(p.scope(), c.config):
+                t = tiers.get(c.label, 3.0) * r * 1e-3
+                rows.append(Observation("softmax", dict(p.dims), p.dtype, c.variant.name,
+                                        c.config, t * math.exp(rng.normal(0, 0.01)),
+                                        r * 1e-3, op.features(p)))
+    return LiveModel(training_set(rows), background=False)
+
+
+@pytest.mark.parametrize("refuted", [True, False])
+def test_a_ranking_the_measurements_refute_widens_the_exploration_once(rng, refuted):
+    """widen_margin: the model puts A alone within reach (1 unit), B 1.6 units (outside
+    the 20% bound), the rest 3. When A measures 10x its prediction while the other
+    explored candidate measures as predicted, B (predicted under the measured best at
+    that candidate's error) is explored before the commit, and the commit is B; when A
+    measures as predicted, nothing is added."""
+    ctx, cands, _ = softmax_context(rng)
+    blocked = [c for c in cands if c.variant.name == "host_blocked"]
+    a, b = blocked[0], blocked[1]
+    model = _tiered_model(cands, {a.label: 1.0, b.label: 1.6}, rng)
+    policy = Learned(model, max_explore=4, min_explore=2, samples=2, anchors=False,
+                     race_ratio=None)
+    d = policy.decide(ctx, cands)
+    assert d.explore[0] == a and b not in d.explore and len(d.explore) == 2
+    predicted = dict(d.predicted_ms)
+    truth = {c: predicted[c.label] for c in cands}
+    truth[a] = predicted[a.label] * (10.0 if refuted else 1.0)
+    out = [policy.observe(ctx.key, c, truth[c]) for _ in range(2) for c in d.explore]
+    assert out[:-1] == [None] * 3
+    state = policy.state(ctx.key)
+    if not refuted:
+        assert out[-1].candidate == a and not out[-1].explore and not state.widened
+        return
+    widened = out[-1]
+    best = min(d.explore, key=truth.get)
+    assert widened.explore[0] == best and b in widened.explore[1:]
+    assert all(c not in d.explore for c in widened.explore[1:])
+    assert "widened by" in widened.reason and b.label in widened.reason
+    assert state.committed is None and state.widened
+    commit = None
+    for _ in range(2):
+        for c in widened.explore:
+            commit = policy.observe(ctx.key, c, truth[c]) or commit
+    assert commit is not None and commit.candidate == b and not commit.explore
+    assert state.committed == b
+    with pytest.raises(ValueError, match="widen_margin must be a fraction >= 0 or None"):
+        Learned(LiveModel(background=False), widen_margin=-0.1)
