@@ -32,6 +32,7 @@ from adaptive.backends import cuda_args
 from adaptive.backends.base import PlanIO, released
 from adaptive.backends import cuda_sparse  # noqa: F401 (registers spmm's w_csr_*/w_bsr* args)
 from adaptive.backends.pysource import load_entry
+from adaptive.backends.torch_streams import cupy_stream
 from adaptive.errors import CompileError, InputTypeError, InputValueError
 from adaptive.expr import compile_expr
 from adaptive.kcache import KernelCache
@@ -394,6 +395,13 @@ class CudaBackend:
         bound = functools.partial(fn, **kwargs) if kwargs else fn
         kind, bf16 = problem.kind, problem.dtype == "bfloat16"
         cp = self._cp
+        if kind in ("cupy", "numpy") and "torch" in variant.needs:
+            index = self.index
+
+            def run_on_cupy_stream(args, out):   # torch's work on CuPy's current stream
+                with cupy_stream(sys.modules["torch"], index):
+                    bound(*args, out=out)
+            return run_on_cupy_stream
         if kind in ("cupy", "numpy"):
             def run(args, out):
                 bound(*args, out=out)

@@ -14,7 +14,8 @@ Three layouts of the same weight, chosen once by ``patch()``:
   ``weight`` stays for state_dict); ``yᵀ = spmm(W, xᵀ)``.
 
 A warm call costs what the plain layer's costs: once the dispatcher has committed an input
-shape to torch's own matmul (a ``torch_library`` variant: cuBLAS through ``torch.mm``),
+shape to torch's own matmul (a ``torch_library`` variant: cuBLAS through ``torch.mm``; for a
+sparse weight, spmm's baseline: the dense matmul on the pruned weight),
 the layer calls ``F.linear(x, weight, bias)`` itself, as ``nn.Linear`` does, guarded by
 one dict lookup on ``x.shape``, a dtype identity and the plan's ``stale`` flag. Other
 committed plans are held per exact input and run without the dispatcher's key. Either
@@ -140,7 +141,7 @@ class AdaptiveLinear(nn.Linear):
             if self._bias is not None:
                 y += self._bias
             return y.view(x.shape[:-1] + (self.out_features,))
-        if self._op == "gemm" and not route:
+        if not route:           # a weight kept as given, or sparse: F.linear where it is
             y = self._library_first(x, x2)
             if y is not None:
                 return y
@@ -155,12 +156,14 @@ class AdaptiveLinear(nn.Linear):
         return y.t().contiguous().view(x.shape[:-1] + (self.out_features,))
 
     def _library_first(self, x: torch.Tensor, x2: torch.Tensor) -> torch.Tensor | None:
-        """A weight kept as given, on an input shape not held as torch's matmul: the plan
-        held for it, or the dispatcher's, asked with an uninitialised stand-in of ``xᵀ``
-        (its key reads shape, dtype, strides and device only). A committed plan of
-        torch's own matmul is ``F.linear`` on ``x`` as given, held from now on, and the
-        two transposing copies of ``x`` and of the output are never made (each a full pass
-        over the activations: 222 copy kernels, 21 ms of a 46 ms prefill in run S33).
+        """A weight kept as given or sparse, on an input shape not held as torch's matmul:
+        the plan held for it, or the dispatcher's, asked with an uninitialised stand-in of
+        ``xᵀ`` (its key reads shape, dtype, strides and device only). A committed plan of
+        torch's own matmul (for a sparse weight: spmm's baseline, the dense matmul on the
+        pruned weight) is ``F.linear`` on ``x`` as given, held from now on, and the two
+        transposing copies of ``x`` and of the output are never made (each a full pass
+        over the activations: 222 copy kernels, 21 ms of a 46 ms prefill in run S33; a
+        pruned model's prefill, run S56, 131 copies, 14.0 ms against torch's 1.75).
         None: anything else (another kernel, exploring, another dtype), launched as
         ``yᵀ = W xᵀ``."""
         if x.dtype is not self._dtype:
@@ -169,7 +172,7 @@ class AdaptiveLinear(nn.Linear):
         plan = self._held.get(key)   # a warm call of another kernel's plan: no new key
         if plan is None or plan.stale:
             args = self._launched(x2)
-            plan = default_dispatcher(args).plan("gemm", *args)
+            plan = default_dispatcher(args).plan(self._op, *args)
         if not self._by_f_linear(plan, x):
             return None
         if key in self._held or len(self._held) < MAX_HELD:
@@ -269,7 +272,11 @@ class AdaptiveLinear(nn.Linear):
 
 
 def _is_library(plan, op: str) -> bool:
-    """Whether ``plan`` runs torch's own matmul on the tensors as given (then
-    ``F.linear`` computes what it computes, with the kernel torch picks)."""
+    """Whether ``plan`` runs what ``F.linear`` on the layer's weight computes, with the
+    library torch calls: torch's own matmul (gemm, a ``torch_library`` variant), or
+    spmm's baseline, the dense matmul on the pruned weight (what a plain program runs on
+    it: the manifest's ``baseline``; cuBLAS), on torch tensors."""
     variant = plan.candidate.variant
-    return op == "gemm" and variant.torch_library and plan.problem.kind == "torch"
+    if plan.problem.kind != "torch":
+        return False
+    return variant.torch_library if op == "gemm" else op == "spmm" and variant.baseline

@@ -593,3 +593,75 @@ def test_baseline_is_checked_in_manifests_and_kept_in_packs():
     # one baseline an op, the plain program's call
     for op, name in (("gemm", "cublas"), ("spmm", "cublas_dense"), ("attention", "sdpa_torch")):
         assert [v.name for v in shared_registry().variants(op, "cuda") if v.baseline] == [name]
+
+
+_SPMM_SOURCE = '''
+def spmm_numpy(w, b, out):
+    out[...] = w.dense() @ b
+
+def spmm_torch(w, b, out=None):
+    import torch
+    dense = torch.from_numpy(w.dense()).to(b.dtype)
+    return torch.mm(dense, b) if out is None else torch.mm(dense, b, out=out)
+
+def spmm_rows(w, b, out=None):
+    import torch
+    dense = torch.from_numpy(w.dense()).to(b.dtype)
+    y = torch.stack([dense[i] @ b for i in range(dense.shape[0])])
+    return y if out is None else out.copy_(y)
+'''
+
+
+@pytest.fixture
+def sparse_library():
+    """A CPU default dispatcher whose spmm is a baseline (the dense matmul on the pruned
+    weight, as cuBLAS-dense is on the GPU) or, with it, another kernel that must stay
+    the choice: ``kernel`` names which one the policy may take."""
+    from adaptive.variants import variant_from_dict
+    torch.set_num_threads(1)
+    like = torch.empty(1)
+    before = runtime.default_dispatcher(device="cpu")
+
+    def make(baseline: bool):
+        name, entry = ("dense_mm", "spmm_torch") if baseline else ("rows_kernel", "spmm_rows")
+        v = variant_from_dict({"name": name, "backend": "host", "language": "python",
+                               "entry": "spmm_numpy", "torch_entry": entry,
+                               "source": _SPMM_SOURCE, "baseline": baseline}, "spmm")
+        d = adaptive.Dispatcher(backend="host", registry=Registry([v]))
+        runtime.set_default(d, like)
+        at.forget_held()
+        return d
+    yield make
+    runtime.set_default(before, like)
+    at.forget_held()
+
+
+@pytest.mark.parametrize("baseline", [True, False])
+def test_a_sparse_layer_on_spmms_baseline_is_f_linear_without_copies(sparse_library,
+                                                                      baseline):
+    """A pruned weight whose committed spmm plan is the baseline (the dense matmul on the
+    pruned weight) is served by F.linear on x as given: no transposed copies of x and of
+    the output (run S56: 131 copies, 14.0 ms of a pruned model's prefill against torch's
+    1.75 ms); any other kernel is launched transposed and held, copies and all."""
+    d = sparse_library(baseline)
+    torch.manual_seed(1)
+    plain = torch.nn.Linear(32, 16)
+    with torch.no_grad():
+        plain.weight[:, ::2] = 0                         # pruned: half of each row
+    layer = at.AdaptiveLinear(plain, "sparse").eval()
+    x = torch.randn(2, 9, 32)
+    for _ in range(3):
+        torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
+                                   atol=1e-5)
+    counted = _Counted(d)
+    with _Copies() as copies:
+        y = layer(x)
+    with _Copies() as plain_copies:
+        plain(x)
+    torch.testing.assert_close(y.double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
+    if baseline:
+        assert copies.n == plain_copies.n and counted.calls == 0
+        assert layer.route_of(x) == "F.linear (held)" and x.shape in layer._library
+    else:
+        assert copies.n >= 2, copies.n                    # x and the output, transposed
+        assert not layer._library and layer.route_of(x) == "held rows_kernel"

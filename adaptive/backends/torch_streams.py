@@ -1,0 +1,41 @@
+"""PyTorch work issued for CuPy callers: on CuPy's current stream, not torch's.
+
+A library variant that needs torch, called with CuPy arrays (SDPA on DLPack views of
+them), issues to torch's current stream. Where that is not CuPy's current stream, the
+caller's later work on its stream is not ordered after torch's and reads an output not
+yet written. :func:`cupy_stream` makes CuPy's current stream torch's for the call (a
+``torch.cuda.ExternalStream`` per stream handle, made once); the cuda backend runs such
+variants in it. Nothing here imports torch: the caller passes the module it imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+_lock = threading.Lock()   # guards _streams
+_streams: dict = {}        # (device, CuPy stream handle) -> torch.cuda.ExternalStream
+MAX_STREAMS = 64           # bounded: a program making streams without end drops the oldest
+
+
+def cupy_stream(torch, device: int):
+    """A context in which torch's current device is ``device`` and its current stream is
+    CuPy's current stream there (a no-op stream switch where they are already the same)."""
+    import cupy
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.cuda.device(device))
+    ptr = cupy.cuda.get_current_stream().ptr
+    if ptr != torch.cuda.current_stream().cuda_stream:
+        stack.enter_context(torch.cuda.stream(_external(torch, device, ptr)))
+    return stack
+
+
+def _external(torch, device: int, ptr: int):
+    stream = _streams.get((device, ptr))
+    if stream is None:
+        with _lock:
+            if len(_streams) >= MAX_STREAMS:
+                del _streams[next(iter(_streams))]
+            stream = _streams[(device, ptr)] = torch.cuda.ExternalStream(
+                ptr, device=torch.device("cuda", device))
+    return stream

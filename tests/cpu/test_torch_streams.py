@@ -1,0 +1,81 @@
+"""adaptive.backends.torch_streams on stand-ins of torch and CuPy (the GPU test runs SDPA
+from CuPy on a non-blocking stream: tests/gpu/test_spmm_attention_cuda.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+
+from adaptive.backends import torch_streams
+
+
+class _Torch:
+    """What cupy_stream reads of torch: the device and stream contexts, the current
+    stream's handle, ExternalStream."""
+
+    def __init__(self, current: int):
+        self.log = []
+        self.current = current
+        torch = self
+
+        class ExternalStream:
+            def __init__(self, ptr, device=None):
+                torch.log.append(("external", ptr, device))
+                self.ptr = ptr
+
+        @contextlib.contextmanager
+        def device_ctx(index):
+            torch.log.append(("device", index))
+            yield
+
+        @contextlib.contextmanager
+        def stream_ctx(stream):
+            before, torch.current = torch.current, stream.ptr
+            torch.log.append(("stream", stream.ptr))
+            yield
+            torch.current = before
+
+        self.cuda = types.SimpleNamespace(
+            device=device_ctx, stream=stream_ctx, ExternalStream=ExternalStream,
+            current_stream=lambda: types.SimpleNamespace(cuda_stream=torch.current))
+        self.device = lambda kind, index: (kind, index)
+
+
+def _cupy(monkeypatch, ptr: int):
+    stream = types.SimpleNamespace(ptr=ptr)
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+
+
+def test_torch_work_goes_to_cupys_stream_and_the_stream_object_is_made_once(monkeypatch):
+    monkeypatch.setattr(torch_streams, "_streams", {})
+    torch = _Torch(current=0)
+    _cupy(monkeypatch, 77)
+    for _ in range(3):
+        with torch_streams.cupy_stream(torch, 1):
+            assert torch.current == 77            # torch's current stream is CuPy's
+        assert torch.current == 0                 # and torch's own again after
+    assert torch.log.count(("external", 77, ("cuda", 1))) == 1
+    assert torch.log.count(("stream", 77)) == 3 and torch.log.count(("device", 1)) == 3
+
+
+def test_the_same_stream_is_left_as_it_is(monkeypatch):
+    monkeypatch.setattr(torch_streams, "_streams", {})
+    torch = _Torch(current=5)
+    _cupy(monkeypatch, 5)
+    with torch_streams.cupy_stream(torch, 0):
+        assert torch.current == 5
+    assert [e for e in torch.log if e[0] != "device"] == []
+
+
+def test_the_stream_objects_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(torch_streams, "_streams", {})
+    monkeypatch.setattr(torch_streams, "MAX_STREAMS", 4)
+    torch = _Torch(current=0)
+    for ptr in range(1, 11):
+        _cupy(monkeypatch, ptr)
+        with torch_streams.cupy_stream(torch, 0):
+            assert torch.current == ptr
+    assert len(torch_streams._streams) == 4
+    assert set(torch_streams._streams) == {(0, p) for p in (7, 8, 9, 10)}   # the newest
