@@ -455,6 +455,9 @@ def run(args) -> dict:
     say(f"device state for the policy: {be.watch_device() if args.device_state else 'off'}")
     if args.sample_every is not None:
         d.sample_every = args.sample_every
+    d.issue_charge = args.issue_charge
+    say(f"issuing charged to host-bound classes as the {args.issue_charge} of device time "
+        "and issuing")
     timer_d = Dispatcher(be, policy=MeasureEach(), registry=d.registry)
     timer_d.sample_every = 0
     rng = np.random.default_rng(args.seed)
@@ -519,7 +522,7 @@ def run(args) -> dict:
                  f"(config default {config.get().sample_every}); inputs called in a shuffled "
                  "order each round")
     report = {"device": be.name, "fingerprint": be.fingerprint(), "quick": args.quick,
-              "fraction": args.fraction, "rounds": args.rounds,
+              "fraction": args.fraction, "issue_charge": args.issue_charge, "rounds": args.rounds,
               "oracle_rounds": args.oracle_rounds, "per_batch": args.per_batch,
               "sample_every": d.sample_every, "inputs": [input_name(s) for s in specs],
               "conditions": conditions, "under_load": compare_with_idle(conditions),
@@ -551,6 +554,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="no load condition starts that would end (with the idle one "
                              "after it) past this many seconds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--issue-charge", default="sum", choices=("sum", "max"),
+                        help="how a host-bound class's call is charged its issuing "
+                             "(Dispatcher.issue_charge; default sum)")
     parser.add_argument("--no-device-state", dest="device_state", action="store_false",
                         help="the policy sees an idle device (ADAPTIVE_DEVICE_STATE=off)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."),
