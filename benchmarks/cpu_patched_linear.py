@@ -1,13 +1,15 @@
 """Host cost of a patched model against the plain one, on tiny CPU tensors.
 
-Three measurements, each patched against plain, rounds alternating and medians kept:
+Four measurements, each patched against plain, rounds alternating and medians kept:
 
 - one ``nn.Linear`` forward (x ``[1, 1, 16]`` and ``[1, 4, 64]``);
 - one attention call at a decode step (transformers' SDPA attention function against
   ``adaptive.integrations.transformers.attention_forward``);
 - a whole decode step of a tiny Llama (``generate()``, random weights built from a config,
   nothing downloaded): host time per token, and the plain/patched ratio (the tokens/s
-  ratio of a host-bound decode loop).
+  ratio of a host-bound decode loop);
+- the same loop with only the attention function changed (transformers' SDPA, ours, and a
+  pass-through to transformers' SDPA under another name).
 
 The shapes are tiny, so the difference is the patched code's Python work per call and
 nothing else. Times are this thread's CPU time (``time.thread_time_ns``, torch on one
@@ -170,6 +172,59 @@ def _decode(rounds: int, new_tokens: int) -> dict:
             "same_tokens": same}
 
 
+def _attention_in_loop(rounds: int, prompt: int, new_tokens: int) -> dict:
+    """The same tiny Llama three times, only the attention function differing: transformers'
+    SDPA, adaptive's, and a pass-through to transformers' SDPA registered under another
+    name (what a function of ours costs at the least). Rounds alternate the three; host
+    time per token, medians. ``prompt``: long enough that the decode's cached lengths stay
+    in few classes, as a served prompt's do."""
+    import copy
+    import torch
+    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+    from transformers.masking_utils import AttentionMaskInterface
+    from adaptive.integrations import transformers as at
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         max_position_embeddings=4096, pad_token_id=0, eos_token_id=None,
+                         bos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    sdpa = LlamaForCausalLM(config).eval()
+    at.register()
+    own = AttentionInterface._global_mapping["sdpa"]
+
+    def pass_through(*args, **kwargs):
+        return own(*args, **kwargs)
+    AttentionInterface.register("pass_through", pass_through)
+    AttentionMaskInterface.register("pass_through",
+                                    AttentionMaskInterface._global_mapping["sdpa"])
+    models = {"sdpa": sdpa, "adaptive": copy.deepcopy(sdpa),
+              "pass_through": copy.deepcopy(sdpa)}
+    at._set_attention(models["adaptive"], at.NAME)
+    at._set_attention(models["pass_through"], "pass_through")
+    ids = torch.randint(1, 256, (1, prompt), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+
+    def generate(model):
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                  min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    for _ in range(3):
+        for m in models.values():
+            generate(m)
+    names = list(models)
+    times = {n: [] for n in names}
+    for i in range(rounds):
+        for name in names[i % 3:] + names[:i % 3]:
+            t0 = time.thread_time_ns()
+            generate(models[name])
+            times[name].append((time.thread_time_ns() - t0) / new_tokens / 1e3)
+    us = {n: statistics.median(t) for n, t in times.items()}
+    return {"case": f"tiny Llama decode, attention only (prompt {prompt}, {new_tokens} "
+                    f"tokens, {rounds} rounds) per token", "plain_us": us["sdpa"],
+            "patched_us": us["adaptive"], "overhead_us": us["adaptive"] - us["sdpa"],
+            "pass_through_us": us["pass_through"]}
+
+
 def main(calls: int = 20000, rounds: int = 5, quick: bool = False,
          out_dir: str | None = None) -> list[dict]:
     import torch
@@ -183,9 +238,13 @@ def main(calls: int = 20000, rounds: int = 5, quick: bool = False,
     with torch.no_grad():
         rows = _linears(calls, rounds) + [_attention(calls, rounds)]
     rows.append(_decode(2 if quick else max(2 * rounds + 1, 3), 8 if quick else 32))
+    rows.append(_attention_in_loop(2 if quick else 5 * rounds, 200, 8 if quick else 32))
     for r in rows:
         extra = (f"; plain/patched {r['ratio']:.3f}, same greedy tokens: {r['same_tokens']}"
                  if "ratio" in r else "")
+        if "pass_through_us" in r:
+            extra = (f"; a pass-through function {r['pass_through_us']:.2f} us "
+                     f"(+{r['pass_through_us'] - r['plain_us']:.2f})")
         print(f"{r['case']}: plain {r['plain_us']:8.2f} us, patched {r['patched_us']:8.2f} us "
               f"(+{r['overhead_us']:.2f}){extra}")
     if out_dir is not None:

@@ -665,3 +665,50 @@ def test_a_sparse_layer_on_spmms_baseline_is_f_linear_without_copies(sparse_libr
     else:
         assert copies.n >= 2, copies.n                    # x and the output, transposed
         assert not layer._library and layer.route_of(x) == "held rows_kernel"
+
+
+def test_a_decode_layer_remembers_its_held_sdpa_class(library, monkeypatch):
+    """A decode step whose layer last found its class held on SDPA goes to transformers'
+    own function on integer comparisons alone (no class key): while the cached length
+    stays in the class, the batch, dtype and parameters unchanged. A length past the
+    class, another batch or dtype, a dropped plan and forget_held each send the call the
+    long way (the class key), which remembers the new class; routed turns still reach the
+    dispatcher."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from adaptive.ops.base import bucket
+    at.register()
+    attends = []
+    real = at._attend
+    monkeypatch.setattr(at, "_attend", lambda *a, **kw: attends.append(a[0][1].shape[2])
+                        or real(*a, **kw))
+    counted = _Counted(library)
+    layer = _Layer()
+
+    def step(b, lk, dtype=torch.float32):
+        q = torch.randn(b, 4, 1, 16, dtype=dtype)
+        k, v = torch.randn(b, 2, lk, 16, dtype=dtype), torch.randn(b, 2, lk, 16, dtype=dtype)
+        out, _ = at.attention_forward(layer, q, k, v, None, scaling=0.3)
+        want, _ = sdpa_attention_forward(layer, q, k, v, None, scaling=0.3)
+        assert torch.equal(out, want)
+    lengths = list(range(300, 300 + 3 * HOLD_EVERY))   # 300..491: four classes
+    for lk in lengths:
+        step(2, lk)
+    classes = sorted({bucket(n) for n in lengths})
+    long_way = list(attends)
+    # each class twice the long way (its decision, then the held call that remembers it),
+    # plus the routed turns
+    assert {bucket(n) for n in long_way} == set(classes)
+    assert len(long_way) <= 2 * len(classes) + len(lengths) // HOLD_EVERY, long_way
+    assert counted.calls >= 1
+    before = len(attends)
+    step(2, lengths[-1])                      # the same class: remembered
+    assert len(attends) == before
+    step(3, lengths[-1])                      # another batch: the long way
+    step(3, lengths[-1], torch.float16)       # another dtype: the long way
+    assert len(attends) == before + 2
+    library.forget("attention")               # the held plan dropped: stale
+    step(3, lengths[-1], torch.float16)
+    assert len(attends) == before + 3
+    at.forget_held()                          # every memo let go
+    step(3, lengths[-1], torch.float16)
+    assert len(attends) == before + 4
