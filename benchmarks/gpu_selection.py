@@ -32,12 +32,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.environ.get("OUT", "."),
                         help="folder for gpu_selection.json (default: $OUT or .)")
+    parser.add_argument("--learned", action="append", default=[], metavar="NAME=VALUE",
+                        help="a keyword argument of every live learned policy (a number "
+                             "or None), e.g. --learned race_ratio=1.5; repeatable")
     args = parser.parse_args(argv)
+    learned = {}
+    for item in args.learned:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            parser.error(f"--learned {item!r}: expected NAME=VALUE, e.g. race_ratio=1.5")
+        try:
+            learned[name] = None if value == "None" else (
+                int(value) if value.lstrip("-").isdigit() else float(value))
+        except ValueError:
+            parser.error(f"--learned {item!r}: the value must be a number or None")
     from adaptive.bench.selection import run_selection
+    if learned:
+        print("  learned policies with " + ", ".join(f"{k}={v}" for k, v in learned.items()),
+              flush=True)
     t0 = time.perf_counter()
     try:
         report = run_selection(args.backend, quick=args.quick, seed=args.seed,
-                               progress=lambda s: print("  " + s, flush=True))
+                               progress=lambda s: print("  " + s, flush=True),
+                               learned=learned)
     except Exception as exc:  # noqa: BLE001 (report why, for the GPU check's log)
         print(f"gpu_selection: FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

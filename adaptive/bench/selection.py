@@ -194,6 +194,7 @@ class SelectionReport:
     hot_path: dict               # warm-hit cost, learned vs measure-each
     max_threads: int = 0         # host BLAS thread cap in force (0: all cores)
     shipped: str = ""            # the shipped pack for this device ("" where none)
+    learned: dict = dataclasses.field(default_factory=dict)   # the live Learned's arguments
 
     def result(self, stream: str, policy: str) -> PolicyResult:
         """The live result of ``policy`` on ``stream`` where there is one, else the replayed."""
@@ -569,7 +570,8 @@ def _hot_path(backend, rounds: int, n: int) -> dict:
 
 
 def run_selection(backend: str = "host", quick: bool = False, seed: int = 0,
-                  progress=None, max_threads: int | None = None) -> SelectionReport:
+                  progress=None, max_threads: int | None = None,
+                  learned: dict | None = None) -> SelectionReport:
     """Run the selection benchmark; see the module docstring for what is live or replayed.
 
     Args:
@@ -579,6 +581,8 @@ def run_selection(backend: str = "host", quick: bool = False, seed: int = 0,
         max_threads: host BLAS thread cap; default 1 in quick host runs, because
             multi-threaded timings on a shared CI machine do not reproduce from the
             up-front table to the live run.
+        learned: keyword arguments of every live :class:`Learned` policy (e.g.
+            ``{"race_ratio": 1.5}``: an A/B of a parameter in one run's streams).
     """
     from adaptive import config
     from adaptive.backends import resolve_name
@@ -586,12 +590,13 @@ def run_selection(backend: str = "host", quick: bool = False, seed: int = 0,
         max_threads = 1 if quick and resolve_name(backend) == "host" else \
             config.get().max_threads
     with config.override(max_threads=max_threads):
-        report = _run(backend, quick, seed, progress or (lambda s: None))
+        report = _run(backend, quick, seed, progress or (lambda s: None), learned or {})
     report.max_threads = max_threads
+    report.learned = dict(learned or {})
     return report
 
 
-def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
+def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionReport:
     from adaptive.backends import get_backend
     from adaptive.policy.learned import Learned
     from adaptive.policy.cost_model import LiveModel, held_out_accuracy, training_set
@@ -642,12 +647,13 @@ def _run(backend: str, quick: bool, seed: int, say) -> SelectionReport:
         for name, stream in streams.items():
             _, results, choices = _replayed(table, stream)
             whys = {}
+            kw = dict(learned)
             live = [("measure-each", _dispatcher(be, MeasureEach())),
-                    ("learned-cold", _dispatcher(be, Learned(LiveModel()))),
-                    ("learned-pack", _dispatcher(be, Learned(LiveModel()), local_pack))]
+                    ("learned-cold", _dispatcher(be, Learned(LiveModel(), **kw))),
+                    ("learned-pack", _dispatcher(be, Learned(LiveModel(), **kw), local_pack))]
             if shipped:
                 live.append(("learned-shipped",
-                             _dispatcher(be, Learned(LiveModel()), shipped)))
+                             _dispatcher(be, Learned(LiveModel(), **kw), shipped)))
             for label, d in live:
                 doing(f"selection: {name} stream, {label}")
                 result, choices[(label, "live")], whys[(label, "live")] = _live(

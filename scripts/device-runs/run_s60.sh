@@ -20,6 +20,11 @@ t0=$SECONDS
 timeout 110 python3 benchmarks/gpu_selection.py --out "$OUT" > "$OUT/selection.log" 2>&1
 echo "selection rc=$? $((SECONDS-t0)) s"
 grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|largest excess|model accuracy|widened" "$OUT/selection.log" | cut -c1-300
+t0=$SECONDS   # the A/B of the race: candidates 1.5x the leader left behind (long-burst's
+mkdir -p "$OUT/race15"   # tuning runs 13.0% in S47 against the 10% bar)
+timeout 110 python3 benchmarks/gpu_selection.py --learned race_ratio=1.5 --out "$OUT/race15" > "$OUT/selection_race15.log" 2>&1
+echo "selection race 1.5 rc=$? $((SECONDS-t0)) s"
+grep -E "^steady/oracle over|BEAT|MATCHED|NOT" "$OUT/selection_race15.log" | cut -c1-300
 for rule in sum max; do
   t0=$SECONDS
   mkdir -p "$OUT/contention_$rule"

@@ -123,14 +123,24 @@ def test_gpu_selection_dry_run_writes_its_report(tmp_path, monkeypatch, capsys,
     from benchmarks import gpu_selection
     asked = []
 
-    def run_selection(backend, quick, seed, progress):
-        asked.append((backend, quick, seed))
+    def run_selection(backend, quick, seed, progress, learned):
+        asked.append((backend, quick, seed, learned))
         return quick_selection_report
     monkeypatch.setattr(adaptive.bench.selection, "run_selection", run_selection)
     assert gpu_selection.main(["--backend", "host", "--quick", "--out", str(tmp_path)]) == 0
-    assert asked == [("host", True, 0)]
-    assert "selection targets" in capsys.readouterr().out
+    assert gpu_selection.main(["--backend", "host", "--quick", "--out", str(tmp_path),
+                               "--learned", "race_ratio=1.5", "--learned", "samples=2",
+                               "--learned", "widen_margin=None"]) == 0
+    assert asked == [("host", True, 0, {}),
+                     ("host", True, 0, {"race_ratio": 1.5, "samples": 2,
+                                        "widen_margin": None})]
+    out = capsys.readouterr().out
+    assert "selection targets" in out
+    assert "learned policies with race_ratio=1.5, samples=2, widen_margin=None" in out
     assert (tmp_path / "gpu_selection.json").exists()
+    with pytest.raises(SystemExit):
+        gpu_selection.main(["--learned", "race_ratio"])
+    assert "expected NAME=VALUE, e.g. race_ratio=1.5" in capsys.readouterr().err
 
 
 def test_gpu_spmm_attention_targets_are_computed_from_a_result():
