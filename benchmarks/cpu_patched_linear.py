@@ -137,17 +137,24 @@ def _attention(calls: int, rounds: int) -> dict:
             "plain_us": t_plain, "patched_us": t_patched, "overhead_us": t_patched - t_plain}
 
 
+def _tiny_llama(max_positions: int):
+    """A 4-layer Llama with grouped heads and SDPA attention, random weights (seed 0)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         max_position_embeddings=max_positions, pad_token_id=0,
+                         eos_token_id=None, bos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
 def _decode(rounds: int, new_tokens: int) -> dict:
     import copy
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
     from adaptive.integrations import transformers as at
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                         max_position_embeddings=1024, pad_token_id=0, eos_token_id=None,
-                         bos_token_id=None, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    plain = LlamaForCausalLM(config).eval()
+    plain = _tiny_llama(1024)
+    config = plain.config
     patched = at.patch(copy.deepcopy(plain))
     ids = torch.randint(1, 256, (1, 8))
     mask = torch.ones_like(ids)
@@ -180,15 +187,10 @@ def _attention_in_loop(rounds: int, prompt: int, new_tokens: int) -> dict:
     in few classes, as a served prompt's do."""
     import copy
     import torch
-    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+    from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     from adaptive.integrations import transformers as at
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                         max_position_embeddings=4096, pad_token_id=0, eos_token_id=None,
-                         bos_token_id=None, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    sdpa = LlamaForCausalLM(config).eval()
+    sdpa = _tiny_llama(4096)
     at.register()
     own = AttentionInterface._global_mapping["sdpa"]
 

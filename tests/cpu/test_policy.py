@@ -944,6 +944,31 @@ def test_each_candidates_first_turn_is_a_warm_up_that_seeds_its_issuing(rng):
     assert not d.plan("softmax", x).provisional
 
 
+def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float):
+    """Two softmax candidates explored once each on the fake event host ``be``: the first
+    explored (``fast``) runs ``fast_ms`` on the device after ``issue_s`` of host issuing,
+    the other ``slow_ms``; the dispatcher charges issuing by ``rule``. Returns the
+    dispatcher, the input, the class's state, both candidates and the device times its
+    recorder saw."""
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
+    d = Dispatcher(be, policy=policy)
+    d.issue_charge = rule
+    d.sample_every = 1
+    timed = []
+    d.add_recorder(type("R", (), {"wraps_launches": False,
+                                  "timed": lambda self, plan, ms: timed.append(ms)})())
+    x = rng.standard_normal((33, 50)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    fast, slow = policy.state(plan.class_key).explore[:2]
+    be.cost.update({fast.label: fast_ms, slow.label: slow_ms})   # device ms, fake clock
+    be.issue_s[fast.label] = issue_s
+    for _ in range(4):
+        d.launch("softmax", x)
+        be.finish()
+    d.harvest()
+    return d, x, policy.state(plan.class_key), fast, slow, timed
+
+
 @pytest.mark.parametrize("device_waits", [False, True])
 def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_waits):
     """An exploring sample costs its device time where the device had work queued, and
@@ -952,22 +977,7 @@ def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_
     see the device time either way."""
     be = _EventHost()
     be.idle = device_waits
-    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
-    d = Dispatcher(be, policy=policy)
-    d.sample_every = 1
-    timed = []
-    d.add_recorder(type("R", (), {"wraps_launches": False,
-                                  "timed": lambda self, plan, ms: timed.append(ms)})())
-    x = rng.standard_normal((33, 50)).astype(np.float32)
-    plan = d.plan("softmax", x)
-    fast, slow = policy.state(plan.class_key).explore[:2]
-    be.cost.update({fast.label: 1.0, slow.label: 1.5})   # device ms on the fake clock
-    be.issue_s[fast.label] = 0.006
-    for _ in range(4):
-        d.launch("softmax", x)
-        be.finish()
-    d.harvest()
-    state = policy.state(plan.class_key)
+    d, x, state, fast, slow, timed = _fast_and_slow(rng, be, "sum", 1.0, 1.5, 0.006)
     assert not d.plan("softmax", x).provisional
     assert state.committed == (slow if device_waits else fast), state.reason
     charged = min(state.observed[fast])
@@ -1323,20 +1333,7 @@ def test_the_issuing_charge_rule_sums_or_takes_the_larger(rng, rule, committed):
     margins leave room for a loaded machine's own issuing time)."""
     be = _EventHost()
     be.idle = True
-    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
-    d = Dispatcher(be, policy=policy)
-    d.issue_charge = rule
-    d.sample_every = 1
-    x = rng.standard_normal((33, 50)).astype(np.float32)
-    plan = d.plan("softmax", x)
-    fast, slow = policy.state(plan.class_key).explore[:2]
-    be.cost.update({fast.label: 10.0, slow.label: 15.0})
-    be.issue_s[fast.label] = 0.012
-    for _ in range(4):
-        d.launch("softmax", x)
-        be.finish()
-    d.harvest()
-    state = policy.state(plan.class_key)
+    d, _, state, fast, slow, _ = _fast_and_slow(rng, be, rule, 10.0, 15.0, 0.012)
     charged = min(state.observed[fast])
     assert charged >= 22.0 if rule == "sum" else 12.0 <= charged < 15.0, charged
     assert state.committed == {"fast": fast, "slow": slow}[committed], state.reason
