@@ -380,6 +380,7 @@ def unpatch(model):
     from adaptive.integrations.linear import AdaptiveLinear
     from adaptive.integrations.norm import AdaptiveRMSNorm
     for path, module in list(model.named_modules()):
+        module.__dict__.pop(_MEMO, None)   # an attention layer's memo of its held plan
         for attr, child in list(module.named_children()):
             if isinstance(child, AdaptiveLinear):
                 setattr(module, attr, child.to_linear())

@@ -376,7 +376,11 @@ def test_unpatch_and_training_mode():
     with pytest.raises(RuntimeError, match=r"model.layers.0.self_attn.q_proj: adaptive layers "
                                            r"are for inference .*model.eval\(\)"):
         q(torch.ones(1, 3, 64))
+    attn = model.model.layers[0].self_attn
+    at._remember(attn, torch.ones(1, 4, 1, 16), 40, 0.25, None, object())   # a held class
+    assert at._MEMO in attn.__dict__
     at.unpatch(model.eval())
+    assert not any(at._MEMO in m.__dict__ for m in model.modules())   # memos let go too
     assert all(t is torch.nn.Linear for t in _linear_types(model).values())
     norms = [type(m).__name__ for n, m in model.named_modules() if n.endswith("norm")]
     assert norms and set(norms) == {"LlamaRMSNorm"}
