@@ -1,7 +1,9 @@
 """The integration's warm paths on CUDA, fp16, with a dispatcher whose only variants are
-cuBLAS (torch.mm), SDPA through torch and the model's own RMSNorm ops (``rmsnorm_torch``): a warm patched linear is F.linear itself (with
-layout="torch", bit for bit the plain layer's output), decode attention is held by input
-class, and a patched tiny Llama generates the plain model's greedy tokens."""
+cuBLAS (torch.mm), SDPA through torch and the model's own RMSNorm ops
+(``rmsnorm_torch``): a warm patched linear is F.linear itself (with layout="torch", bit
+for bit the plain layer's output), decode attention is held by input class, and a patched
+tiny Llama generates the plain model's greedy tokens; and a pruned layer committed to
+spmm's dense matmul is F.linear too."""
 
 from __future__ import annotations
 
@@ -99,3 +101,41 @@ def test_a_patched_llama_holds_its_plans_and_generates_the_plain_tokens(library)
         (m.path, {str(k[0]): (p.candidate.label, p.provisional, p.stale)
                   for k, p in m._held.items()}) for m in layers if not m._library]
     assert at._held
+
+
+def test_a_pruned_layer_on_the_dense_matmul_is_f_linear_bit_for_bit():
+    """A 2:4-pruned fp16 linear patched sparse, with spmm's baseline (cuBLAS on the dense
+    form of the pruned weight) the only spmm variant: once committed, a warm call is
+    F.linear on x as given, bit for bit the plain layer's output, with no transposed copy."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    like = torch.empty(1, device=DEV)
+    before = runtime.default_dispatcher(device="cuda:0")
+    d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
+        [shared_registry().get("spmm", "cublas_dense")]))
+    runtime.set_default(d, like)
+    at.forget_held()
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(1024, 2816, device=DEV, dtype=torch.float16).eval()
+        with torch.no_grad():
+            w = plain.weight.view(-1, 4)
+            w.scatter_(1, w.abs().argsort(dim=1)[:, :2], 0.0)   # 2:4: the two smallest go
+        layer = at.AdaptiveLinear(plain, "sparse").eval()
+        x = torch.randn(3, 37, 1024, device=DEV, dtype=torch.float16)
+        with torch.no_grad():
+            for _ in range(64 * HOLD_EVERY):   # exploring: routed, x transposed
+                layer(x)
+                if x.shape in layer._library:
+                    break
+            assert x.shape in layer._library, "never committed"
+            assert layer.route_of(x) == "F.linear (held)"
+            ys = [layer(x) for _ in range(4)]
+            want = plain(x)
+        warm = [y for y in ys if torch.equal(y, want)]
+        assert len(warm) >= 3, "warm calls are F.linear on the same weight"
+        for y in ys:
+            torch.testing.assert_close(y, want, rtol=2e-3, atol=2e-3)
+    finally:
+        runtime.set_default(before, like)
+        at.forget_held()
