@@ -76,6 +76,9 @@ class Samples:
         return f"Samples({list(self._ring)!r}, count={self.count})"
 
 
+# the fewest candidates a key with few of them explores under Learned.explore_fraction
+EXPLORE_FLOOR = 4
+
 @dataclasses.dataclass
 class KeyState:
     """What the policy knows about one key (read by :func:`adaptive.explain`)."""
@@ -118,6 +121,7 @@ class KeyState:
     explored: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     # this exploration was widened once already (``Learned.widen_margin``)
     widened: bool = False
+    cap: int = 0   # most candidates explored on this key (Learned._cap; 0: max_explore)
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -267,6 +271,9 @@ class Learned(BasePolicy):
             change the commit (None: every candidate timed ``samples`` times). The first
             explored candidate (what the class's calls fall back to) and the baseline are
             never left behind, and a re-exploration times every candidate again.
+        explore_fraction: on a key with few candidates, at most this fraction of them is
+            explored (at least :data:`EXPLORE_FLOOR` and ``min_explore``; :meth:`_cap`).
+            None: ``max_explore``.
         widen_margin: before a commit, candidates the model left out are explored too
             when the measurements refute its ranking (:meth:`_widen`): predicted, at the
             least wrong explored candidate's error, this fraction faster than the
@@ -282,7 +289,8 @@ class Learned(BasePolicy):
                  explore_burst_s: float = 0.5, revalidate_every: int = 8,
                  baseline_margin: float = 0.03, variant_reach: float = 0.5,
                  variant_slots: int = 2, min_explore: int = 2,
-                 race_ratio: float | None = 2.0, widen_margin: float | None = 0.1):
+                 race_ratio: float | None = 2.0, widen_margin: float | None = 0.1,
+                 explore_fraction: float | None = 0.4):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -313,6 +321,11 @@ class Learned(BasePolicy):
             raise ValueError(f"widen_margin must be a fraction >= 0 or None, got "
                              f"{widen_margin!r}")
         self.widen_margin = widen_margin
+        if explore_fraction is not None and not (isinstance(explore_fraction, (int, float))
+                                                 and 0 < explore_fraction <= 1):
+            raise ValueError(f"explore_fraction must be a fraction in (0, 1] or None, got "
+                             f"{explore_fraction!r}")
+        self.explore_fraction = explore_fraction
         self.variant_reach = variant_reach
         self.variant_slots = variant_slots
         self.baseline_margin = baseline_margin
@@ -364,10 +377,11 @@ class Learned(BasePolicy):
         features = ctx.op.features(ctx.problem)
         rows, dist, device, scope, limits = self.rank(ctx, candidates)
         floor = ctx.floor_ms()
+        cap = self._cap(len(candidates))
         if dist is None:
             ranked = _diverse(candidates)
             predicted = {}
-            explore = tuple(ranked[: self.max_explore])
+            explore = tuple(ranked[:cap])
             why = f"cold (no model yet): exploring {len(explore)} diverse candidates of " \
                   f"{len(candidates)}"
         else:
@@ -380,7 +394,7 @@ class Learned(BasePolicy):
             wide = best + math.log1p(max(self.regret_bound, self.variant_reach))
             within = [candidates[i] for i in order if mean[i] - self.z * sigma[i] <= reach]
             explore = self._picks(within, _firsts(
-                candidates[i] for i in order if mean[i] - self.z * sigma[i] <= wide))
+                candidates[i] for i in order if mean[i] - self.z * sigma[i] <= wide), cap)
             others = [c for c in explore if c not in within]
             why = (f"model ranked {len(candidates)}; {len(explore) - len(others)} within "
                    f"{self.regret_bound:.0%} of the best optimistically")
@@ -389,7 +403,7 @@ class Learned(BasePolicy):
                         f"{1 + self.variant_reach:.3g}x (" + ", ".join(
                             c.label for c in others) + ")")
         explore, also = self._anchored(op, ctx.problem.dtype, features, candidates, ranked,
-                                       explore)
+                                       explore, cap)
         why += also
         if len(explore) < self.min_explore and dist is not None:
             # a sure model is not a right one: run S24 committed cuBLAS unseen on gemm
@@ -409,7 +423,7 @@ class Learned(BasePolicy):
             explore = (library,) + tuple(c for c in explore if c != library)
         chosen = set(explore)
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
-                         {c: Samples() for c in explore}, reason=why, explorations=1,
+                         {c: Samples() for c in explore}, reason=why, explorations=1, cap=cap,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,
                          rows={c: rows[i] for i, c in enumerate(candidates) if c in chosen})
         state.history.append("miss: " + why)
@@ -438,8 +452,23 @@ class Learned(BasePolicy):
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
 
-    def _picks(self, ranked: Sequence[Candidate],
-               variants_best: Sequence[Candidate] = ()) -> tuple[Candidate, ...]:
+    def _cap(self, n: int) -> int:
+        """Most candidates explored on a key with ``n`` candidates: ``max_explore``, and for
+        few candidates ``explore_fraction`` of them (at least :data:`EXPLORE_FLOOR` and
+        ``min_explore``: a host op's 5 candidates are explored 4 at a time). On the H200
+        corpus (10 folds by input) exploring 5 of attention's 12 prefill candidates, not 8,
+        kept its committed/best at 1.000 and 100% within 5%, while a cap of 5 for every op
+        cost softmax and spmm 8-15 points: a small candidate set is cheaply covered, and
+        exhaustive autotune's 4 runs of each of 12 candidates are the tuning-runs bar's
+        denominator (run S47: long-burst's attention keys took 25 samples each, 13.0% of
+        autotune's runs in all against the 10% bar)."""
+        if self.explore_fraction is None:
+            return self.max_explore
+        return min(self.max_explore, max(self.min_explore, EXPLORE_FLOOR,
+                                         math.ceil(self.explore_fraction * n)))
+
+    def _picks(self, ranked: Sequence[Candidate], variants_best: Sequence[Candidate] = (),
+               cap: int | None = None) -> tuple[Candidate, ...]:
         """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant
         first; room left (few variants within reach) goes to the next of ``ranked`` in
         order, whatever their variant: the cap spreads the budget, it does not shrink it.
@@ -448,10 +477,11 @@ class Learned(BasePolicy):
         ``variant_reach``; those of variants with none in ``ranked`` take the place of the
         last of these picks, one slot each (the model's first pick always stays), and come
         right after the first pick, so anchors displace the other picks before them."""
+        cap = self.max_explore if cap is None else cap
         present = {c.variant.id for c in ranked}
         others = [c for c in variants_best if c.variant.id not in present]
-        others = others[: min(self.variant_slots, max(0, self.max_explore - 1))]
-        room = self.max_explore - len(others)
+        others = others[: min(self.variant_slots, max(0, cap - 1))]
+        room = cap - len(others)
         count: dict[str, int] = {}
         out, rest = [], []
         for c in ranked:
@@ -465,7 +495,8 @@ class Learned(BasePolicy):
         picks = (out + rest)[:room]
         return tuple(picks[:1] + others + picks[1:])
 
-    def _anchored(self, op, dtype, features, candidates, ranked, explore):
+    def _anchored(self, op, dtype, features, candidates, ranked, explore,
+                  cap: int | None = None):
         """Explore also the fastest candidates of the ``neighbours_k`` nearest measured
         inputs and the best-ranked library candidate (cuBLAS, SDPA: a committed choice can
         then not be slower than the library the model prefers on this input), in place of
@@ -494,11 +525,12 @@ class Learned(BasePolicy):
         if library is not None and library not in explore and library not in anchors:
             anchors.append(library)
             notes.append(f"{library.label}, a library's")
-        room = max(0, self.max_explore - 1)
+        cap = self.max_explore if cap is None else cap
+        room = max(0, cap - 1)
         anchors = anchors[:room]
         if not anchors:
             return explore, ""
-        keep = explore[: max(1, self.max_explore - len(anchors))]
+        keep = explore[: max(1, cap - len(anchors))]
         return keep + tuple(anchors), "; plus " + " and ".join(notes)
 
     # ---- feedback -----------------------------------------------------------------------
@@ -547,7 +579,7 @@ class Learned(BasePolicy):
             return None
         current = state.committed
         explore = (current,) + tuple(c for c in state.explore if c != current)
-        explore = explore[: max(self.max_explore, 1)]
+        explore = explore[: max(state.cap or self.max_explore, 1)]
         state.deferred = False
         state.steady_ms = math.nan
         state.recent.clear()
@@ -607,7 +639,7 @@ class Learned(BasePolicy):
             failed = ", ".join(c.label for c in state.explore)
             state.reason = f"every explored candidate failed ({failed})"
             state.explore = tuple(c for c in state.candidates if c not in fastest)[
-                : self.max_explore]
+                : state.cap or self.max_explore]
             if not state.explore:
                 raise RuntimeError(f"every candidate of {state.op} failed on this input")
             state.observed = {c: Samples() for c in state.explore}
@@ -657,7 +689,7 @@ class Learned(BasePolicy):
             return None
         bias = min(errors)
         bar = fastest[best] / (1 + self.widen_margin)
-        room = self.max_explore - len(state.explore)     # max_explore bounds the whole
+        room = (state.cap or self.max_explore) - len(state.explore)   # the key's cap bounds it
         left = [c for c in state.candidates
                 if c not in state.observed and state.predicted_ms(c) * bias < bar]
         if not left or room < 1:

@@ -1340,3 +1340,24 @@ def test_the_issuing_charge_rule_sums_or_takes_the_larger(rng, rule, committed):
     with pytest.raises(adaptive.InputValueError, match=r"issue_charge 'mean'; expected one "
                                                        r"of \('sum', 'max'\)"):
         d.issue_charge = "mean"
+
+
+def test_a_key_with_few_candidates_explores_a_fraction_of_them(rng, monkeypatch):
+    """explore_fraction: 12 candidates (attention's prefill set on the H200) are explored 5
+    at most, 5 candidates 4 (EXPLORE_FLOOR), 100 candidates max_explore; None: always
+    max_explore. A cold decision keeps to the key's cap."""
+    import adaptive.policy.learned as learned_mod
+    policy = Learned(LiveModel(background=False))
+    assert [policy._cap(n) for n in (2, 5, 12, 20, 100)] == [4, 4, 5, 8, 8]
+    assert Learned(LiveModel(background=False), explore_fraction=None)._cap(12) == 8
+    assert Learned(LiveModel(background=False), max_explore=3)._cap(12) == 3
+    monkeypatch.setattr(learned_mod, "EXPLORE_FLOOR", 2)
+    ctx, cands, _ = softmax_context(rng)
+    assert len(cands) >= 4
+    small = Learned(LiveModel(background=False), max_explore=8, min_explore=1,
+                    explore_fraction=0.25)
+    d = small.decide(ctx, cands)
+    assert len(d.explore) == 2 and small.state(ctx.key).cap == 2
+    with pytest.raises(ValueError, match=r"explore_fraction must be a fraction in \(0, 1\] "
+                                         r"or None, got 0"):
+        Learned(LiveModel(background=False), explore_fraction=0)
