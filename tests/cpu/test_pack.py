@@ -549,3 +549,23 @@ def test_shipped_pack_matches_the_built_in_variants():
             report = install.load_pack(path, registry=reg, fingerprint=pack.fingerprint)
         assert not report.variants_skipped and report.same_device
         assert report.rows == len(pack.rows) > 1000, report
+
+
+def test_the_wide_preset_measures_multi_head_prefills_causal_and_not():
+    """The shipped pack's shapes: prefill attention with as many key/value heads as query
+    heads (where the flash kernels run, not SDPA alone), both causal and not; the earlier
+    draws unchanged: the attention inputs of the shipped pack (run S47 measured the
+    preset's first 54) are drawn still, and first."""
+    from adaptive.packs import shipped_packs
+    from adaptive.packs.format import read_pack
+    from adaptive.packs.presets import wide
+    a = wide()["attention"]
+    mha = [c for c in a if c["dims"]["Lq"] == c["dims"]["Lk"] > 16
+           and c["dims"]["Hkv"] == c["dims"]["H"]]
+    assert len(mha) >= 10 and len(a) == 64
+    assert {c["params"]["causal"] for c in mha} == {True, False}
+    (h200,) = [p for p in shipped_packs() if p.name == "h200.msgpack"]
+    built = {tuple(sorted(r.dims.items())) for r in read_pack(h200).rows
+             if r.op == "attention"}
+    drawn = [tuple(sorted(c["dims"].items())) for c in a]
+    assert set(drawn[:54]) <= built <= set(drawn)   # (a rebuild adds the last 10)
