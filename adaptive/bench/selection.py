@@ -589,10 +589,11 @@ def run_selection(backend: str = "host", quick: bool = False, seed: int = 0,
     if max_threads is None:
         max_threads = 1 if quick and resolve_name(backend) == "host" else \
             config.get().max_threads
+    learned = dict(learned or {})
     with config.override(max_threads=max_threads):
-        report = _run(backend, quick, seed, progress or (lambda s: None), learned or {})
+        report = _run(backend, quick, seed, progress or (lambda s: None), learned)
     report.max_threads = max_threads
-    report.learned = dict(learned or {})
+    report.learned = learned
     return report
 
 
@@ -647,13 +648,13 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
         for name, stream in streams.items():
             _, results, choices = _replayed(table, stream)
             whys = {}
-            kw = dict(learned)
             live = [("measure-each", _dispatcher(be, MeasureEach())),
-                    ("learned-cold", _dispatcher(be, Learned(LiveModel(), **kw))),
-                    ("learned-pack", _dispatcher(be, Learned(LiveModel(), **kw), local_pack))]
+                    ("learned-cold", _dispatcher(be, Learned(LiveModel(), **learned))),
+                    ("learned-pack", _dispatcher(be, Learned(LiveModel(), **learned),
+                                                 local_pack))]
             if shipped:
                 live.append(("learned-shipped",
-                             _dispatcher(be, Learned(LiveModel(), **kw), shipped)))
+                             _dispatcher(be, Learned(LiveModel(), **learned), shipped)))
             for label, d in live:
                 doing(f"selection: {name} stream, {label}")
                 result, choices[(label, "live")], whys[(label, "live")] = _live(

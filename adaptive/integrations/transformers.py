@@ -66,9 +66,8 @@ _turn = itertools.count(1)
 # very call, as a patched linear held on torch's matmul calls F.linear (run S50's ablation:
 # our function around the same SDPA call cost 1.4 % of batch 1's tokens/s)
 _own_sdpa = None
-_OWN = object()   # _attend's answer: call _own_sdpa with the model's arguments
 _level = 0        # routing: one held call in HOLD_EVERY << _level (routing.backed_off)
-# a decode step's attention held on SDPA (the _OWN answer), remembered per layer: the same
+# a decode step's attention held on SDPA (an _Own answer), remembered per layer: the same
 # batch, dtype, device and parameters, and a cached length within the same class, go to
 # _own_sdpa on a few integer comparisons, without the class's key (a tuple hashed, the
 # length's class computed). A layer's head counts and head size are its own and are not
@@ -77,7 +76,17 @@ _level = 0        # routing: one held call in HOLD_EVERY << _level (routing.back
 # token over 4 layers against transformers' own, 17.5 with the memo (docs/benchmarks.md)
 _MEMO = "_adaptive_own_sdpa"
 _generation = 0   # bumped by forget_held: an older generation's memos are not used
-_tls = threading.local()   # _attend's held plan for its caller's memo (this thread's)
+
+
+class _Own:
+    """_attend's answer where the class is held on SDPA as the plain model calls it: the
+    caller calls _own_sdpa with the model's arguments (``plan``: the held plan, for the
+    layer's memo)."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan):
+        self.plan = plan
 
 
 def __getattr__(name: str):
@@ -182,9 +191,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
             mask = mask.to(query.dtype)
         out = _attend((query, key, value, mask), False, scaling,
                       (mask.shape[0], mask.shape[1], mask.dtype))
-    if out is _OWN:
+    if isinstance(out, _Own):
         if lq == 1 and attention_mask is None:
-            _remember(module, query, lk, scaling, caller_causal, _tls.held)
+            _remember(module, query, lk, scaling, caller_causal, out.plan)
         return _own_sdpa(module, *given, dropout=dropout, scaling=scaling,
                          is_causal=is_causal, **kwargs)
     return out.transpose(1, 2).contiguous(), None
@@ -212,7 +221,7 @@ def _remember(module, query, lk: int, scaling, is_causal, held) -> None:
 def _attend(args: tuple, causal: bool, scale, mask_layout, route: bool = False):
     """``adaptive.launch("attention", *args, ...)``, or the held plan of its input class
     (one call in ``HOLD_EVERY << level`` still goes through the dispatcher:
-    :mod:`adaptive.integrations.routing`), or :data:`_OWN` where that plan is SDPA as the
+    :mod:`adaptive.integrations.routing`), or an :class:`_Own` where that plan is SDPA as the
     plain model calls it (a ``torch_library`` variant): the caller then calls
     transformers' own SDPA attention function on the model's arguments. ``route``: the
     caller already counted this call's turn and it is the dispatcher's.
@@ -230,8 +239,7 @@ def _attend(args: tuple, causal: bool, scale, mask_layout, route: bool = False):
     if held is not None and not held.stale and not route \
             and next(_turn) % (HOLD_EVERY << _level):
         if held.candidate.variant.torch_library and _own_sdpa is not None:
-            _tls.held = held
-            return _OWN
+            return _Own(held)
         return held.run(args, None)
     args = tuple(a if a.is_contiguous() else a.contiguous() for a in args)
     q, k = args[0], args[1]

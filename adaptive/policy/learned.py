@@ -121,7 +121,7 @@ class KeyState:
     explored: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     # this exploration was widened once already (``Learned.widen_margin``)
     widened: bool = False
-    cap: int = 0   # most candidates explored on this key (Learned._cap; 0: max_explore)
+    cap: int = 0   # most candidates explored on this key (Learned._cap, set by decide)
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -482,6 +482,13 @@ class Learned(BasePolicy):
         others = [c for c in variants_best if c.variant.id not in present]
         others = others[: min(self.variant_slots, max(0, cap - 1))]
         room = cap - len(others)
+        out, rest = self._per_variant(ranked, room)
+        picks = (out + rest)[:room]
+        return tuple(picks[:1] + others + picks[1:])
+
+    def _per_variant(self, ranked: Sequence[Candidate], room: int) -> tuple[list, list]:
+        """Up to ``room`` of ``ranked`` in order with at most ``per_variant`` of each
+        variant, and, up to ``room`` too, the ones the cap passed over before the last."""
         count: dict[str, int] = {}
         out, rest = [], []
         for c in ranked:
@@ -492,8 +499,7 @@ class Learned(BasePolicy):
                     break
             elif len(rest) < room:
                 rest.append(c)
-        picks = (out + rest)[:room]
-        return tuple(picks[:1] + others + picks[1:])
+        return out, rest
 
     def _anchored(self, op, dtype, features, candidates, ranked, explore,
                   cap: int | None = None):
@@ -579,7 +585,7 @@ class Learned(BasePolicy):
             return None
         current = state.committed
         explore = (current,) + tuple(c for c in state.explore if c != current)
-        explore = explore[: max(state.cap or self.max_explore, 1)]
+        explore = explore[: max(state.cap, 1)]
         state.deferred = False
         state.steady_ms = math.nan
         state.recent.clear()
@@ -639,7 +645,7 @@ class Learned(BasePolicy):
             failed = ", ".join(c.label for c in state.explore)
             state.reason = f"every explored candidate failed ({failed})"
             state.explore = tuple(c for c in state.candidates if c not in fastest)[
-                : state.cap or self.max_explore]
+                : state.cap]
             if not state.explore:
                 raise RuntimeError(f"every candidate of {state.op} failed on this input")
             state.observed = {c: Samples() for c in state.explore}
@@ -670,7 +676,7 @@ class Learned(BasePolicy):
 
     def _widen(self, state: KeyState, fastest: dict, best: Candidate) -> Decision | None:
         """Explore further when the measurements refute the model's ranking: once per
-        exploration, up to ``max_explore`` in all, the candidates left out whose predicted
+        exploration, up to the key's cap in all, the candidates left out whose predicted
         time, wrong by as little as the least wrong explored candidate's, would beat the
         measured best by ``widen_margin`` (None: never). They were left out because the
         model put them ``regret_bound`` behind the explored ones; a measured best several
@@ -689,19 +695,12 @@ class Learned(BasePolicy):
             return None
         bias = min(errors)
         bar = fastest[best] / (1 + self.widen_margin)
-        room = (state.cap or self.max_explore) - len(state.explore)   # the key's cap bounds it
+        room = state.cap - len(state.explore)   # the key's cap bounds it
         left = [c for c in state.candidates
                 if c not in state.observed and state.predicted_ms(c) * bias < bar]
         if not left or room < 1:
             return None
-        count: dict[str, int] = {}
-        extra = []
-        for c in left:                       # model order, ``per_variant`` of each variant
-            if count.get(c.variant.id, 0) < self.per_variant:
-                count[c.variant.id] = count.get(c.variant.id, 0) + 1
-                extra.append(c)
-                if len(extra) == room:
-                    break
+        extra, _ = self._per_variant(left, room)   # model order, per_variant of each
         state.widened = True
         active = tuple(c for c in state.explore if not state.observed[c].raced)
         state.explore = active + tuple(extra)
