@@ -25,6 +25,8 @@ Cases (fp16, M = 1 decode shapes of a 1B Llama layer):
                                tc_wide at M=128 N=K=4096; sdpa_torch and flash_mma at B=1
                                H=16 L=1024 causal; each call back to back and its issuing
                                alone (what a host-bound class is charged)
+  SDPA from CuPy, in parts     (GPU; ``--cases cupy-sdpa-parts``) the stream context, four
+                               ways of viewing a CuPy array in torch, SDPA, the copy
 
     PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --out $OUT
     PYTHONPATH=$PWD python3 benchmarks/gpu_hostpath.py --cases cupy-gemm,cupy-attention --out $OUT
@@ -255,6 +257,51 @@ def _cupy_attention_cases(case, reg) -> None:
              f"issuing alone {_issue_us(held):.1f} us")
 
 
+def _cupy_sdpa_parts(case, reg) -> None:
+    """sdpa_torch's issuing from CuPy arrays split into its parts (run S55: 95 us issuing
+    alone, held, at B=1 H=16 L=1024 causal; S60's contention run charged it 165-196 us):
+    the stream context, each way of viewing a CuPy array as a torch tensor (DLPack with
+    the protocol's stream exchange, DLPack with stream -1 (no exchange), the legacy
+    capsule, ``__cuda_array_interface__``), SDPA on torch tensors, and the copy into
+    ``out``. Each part's issuing alone, the device drained before each call."""
+    import cupy
+    import torch
+    import torch.nn.functional as F
+
+    from adaptive.backends.torch_streams import cupy_stream
+    shape = (1, 16, 1024, 128)
+    q = cupy.random.rand(*shape, dtype=cupy.float32).astype(cupy.float16)
+    tq = torch.from_dlpack(q)
+    to = torch.empty_like(tq)
+    ways = {"torch.from_dlpack(x)": lambda: torch.from_dlpack(q),
+            "torch.from_dlpack(x.__dlpack__(stream=-1))":
+                lambda: torch.from_dlpack(q.__dlpack__(stream=-1)),
+            "torch.utils.dlpack.from_dlpack(x.toDlpack())":
+                lambda: torch.utils.dlpack.from_dlpack(q.toDlpack()),
+            "torch.as_tensor(x, device='cuda')": lambda: torch.as_tensor(q, device="cuda")}
+
+    def stream_ctx():
+        with cupy_stream(torch, 0):
+            pass
+
+    def device_ctx():
+        with torch.cuda.device(0):
+            pass
+    parts = {"cupy_stream(torch, 0) enter and exit": stream_ctx,
+             "torch.cuda.device(0) enter and exit": device_ctx,
+             **ways,
+             "F.scaled_dot_product_attention(is_causal) on torch tensors":
+                 lambda: F.scaled_dot_product_attention(tq, tq, tq, is_causal=True),
+             "out.copy_(result)": lambda: to.copy_(tq)}
+    for name, fn in parts.items():
+        try:
+            fn()
+        except Exception as e:   # a way this CuPy or torch does not take: said, not timed
+            print(f"  sdpa part {name}: {type(e).__name__}: {e}"[:300], flush=True)
+            continue
+        case(f"sdpa part: {name}", fn, f"issuing alone {_issue_us(fn):.1f} us")
+
+
 def measure(device: str, quick: bool, cases: str = "all") -> list[dict]:
     import torch
     import torch.nn.functional as F
@@ -360,7 +407,8 @@ def main(out_dir: str, device: str = "auto", quick: bool = False,
             for r in rows]
 
 
-CUPY_CASES = {"cupy-gemm": _cupy_gemm_cases, "cupy-attention": _cupy_attention_cases}
+CUPY_CASES = {"cupy-gemm": _cupy_gemm_cases, "cupy-attention": _cupy_attention_cases,
+              "cupy-sdpa-parts": _cupy_sdpa_parts}
 
 
 def cli(argv=None) -> int:
