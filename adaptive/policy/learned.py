@@ -76,9 +76,6 @@ class Samples:
         return f"Samples({list(self._ring)!r}, count={self.count})"
 
 
-# the error (measured / predicted) of a key's best measured candidate at which the model's
-# ranking counts as refuted and each unexplored variant is tried (Learned._widen)
-REFUTED = 2.0
 # the fewest candidates a key with few of them explores under Learned.explore_fraction
 EXPLORE_FLOOR = 4
 
@@ -701,42 +698,19 @@ class Learned(BasePolicy):
         room = state.cap - len(state.explore)   # the key's cap bounds it
         left = [c for c in state.candidates
                 if c not in state.observed and state.predicted_ms(c) * bias < bar]
-        untried = []
-        if room >= 1 and best in state.predicted and \
-                fastest[best] >= REFUTED * state.predicted_ms(best):
-            # the best measured took several times its prediction: the model is wrong
-            # about this input, and the variants it ranked out are as likely wrong as the
-            # ones it ranked in. Run S60 (H200, a shipped pack without multi-head prefill
-            # rows of the flash kernels): on B=1 H=8 L=2048 D=64 from CuPy, SDPA measured
-            # 0.185 ms and three_pass 0.277, and the flash kernels (0.057 ms) were never
-            # explored. Each variant not explored yet is tried once, at its best-ranked
-            # config, after the candidates under the bar
-            tried = {c.variant.id for c in (*state.observed, *left)}
-            for c in state.candidates:
-                if c.variant.id not in tried and c not in state.observed:
-                    tried.add(c.variant.id)
-                    untried.append(c)
-        if not (left or untried) or room < 1:
+        if not left or room < 1:
             return None
-        extra, _ = self._per_variant(left + untried, room)   # left in model order first
+        extra, _ = self._per_variant(left, room)   # model order, per_variant of each
         state.widened = True
         active = tuple(c for c in state.explore if not state.observed[c].raced)
         state.explore = active + tuple(extra)
         for c in extra:
             state.observed[c] = Samples()
-        error = fastest[best] / state.predicted_ms(best)
-        under = [c.label for c in extra if c in left]
-        fresh = [c.label for c in extra if c not in left]
-        parts = []
-        if under:
-            parts.append(f"{', '.join(under)} predicted under {bar:.4g} ms at the least "
-                         f"wrong explored candidate's error ({bias:.3g}x)")
-        if fresh:
-            parts.append(f"{', '.join(fresh)}, of variants not explored yet: the ranking "
-                         f"is refuted (the best measured over {REFUTED:g}x its prediction)")
-        state.reason = (f"widened by {len(extra)}: the best measured {best.label} "
-                        f"{fastest[best]:.4g} ms is {error:.3g}x its prediction; "
-                        + "; ".join(parts))
+        state.reason = (f"widened by {len(extra)} ({', '.join(c.label for c in extra)}): the "
+                        f"best measured {best.label} {fastest[best]:.4g} ms is "
+                        f"{fastest[best] / state.predicted_ms(best):.3g}x its prediction, "
+                        f"and they are predicted under {bar:.4g} ms at the least wrong "
+                        f"explored candidate's error ({bias:.3g}x)")
         state.history.append(state.reason)
         # the calls rotate over the measured best (what a failing newcomer's call falls
         # back to) and the newcomers; the others have their samples
