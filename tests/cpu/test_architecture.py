@@ -125,6 +125,8 @@ FOREIGN_PRIVATE = {
     "_C": "torch._C._cuda_getCurrentRawStream: torch's raw current-stream accessor",
     "_attn_implementation": "transformers' config field naming the attention function",
     "_global_mapping": "transformers' AttentionMaskInterface registry",
+    "_cslt_sparse_mm": "torch's cuSPARSELt 2:4 matmul, what to_sparse_semi_structured runs "
+                       "(its fused output transpose has no public form)",
 }
 
 

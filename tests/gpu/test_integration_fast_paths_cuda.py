@@ -139,3 +139,45 @@ def test_a_pruned_layer_on_the_dense_matmul_is_f_linear_bit_for_bit():
     finally:
         runtime.set_default(before, like)
         at.forget_held()
+
+
+@pytest.mark.parametrize("tokens", [(3, 37), (8, 512)])
+def test_a_pruned_layer_on_cusparselt_takes_x_as_given(tokens):
+    """A 2:4-pruned fp16 linear patched sparse, with cuSPARSELt's 2:4 matmul the only spmm
+    variant: once committed, a warm call hands cuSPARSELt x's transposed view and takes
+    its result transposed (``transpose_result``), as torch's own 2:4 linear does, and
+    matches the plain layer (against float64) at an odd token count (padded) and a
+    prefill's."""
+    if not torch.cuda.is_available() or not torch.backends.cusparselt.is_available():
+        pytest.skip("no CUDA device with cuSPARSELt")
+    like = torch.empty(1, device=DEV)
+    before = runtime.default_dispatcher(device="cuda:0")
+    d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
+        [shared_registry().get("spmm", "cusparselt_24")]))
+    runtime.set_default(d, like)
+    at.forget_held()
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(1024, 2816, bias=False, device=DEV,
+                                dtype=torch.float16).eval()
+        with torch.no_grad():
+            w = plain.weight.view(-1, 4)
+            w.scatter_(1, w.abs().argsort(dim=1)[:, :2], 0.0)   # 2:4: the two smallest go
+        layer = at.AdaptiveLinear(plain, "sparse").eval()
+        x = torch.randn(*tokens, 1024, device=DEV, dtype=torch.float16)
+        want = (x.double() @ plain.weight.double().t())
+        with torch.no_grad():
+            for _ in range(64):   # exploring its one candidate, then committed and held
+                layer(x)
+                if layer.route_of(x).startswith("held cusparselt_24, x as given"):
+                    break
+            assert layer.route_of(x).startswith("held cusparselt_24, x as given"), \
+                layer.route_of(x)
+            ys = [layer(x) for _ in range(4)]
+        for y in ys:
+            assert y.shape == x.shape[:-1] + (2816,) and y.is_contiguous()
+            err = float((y.double() - want).abs().max() / want.abs().max())
+            assert err < 2e-3, err
+    finally:
+        runtime.set_default(before, like)
+        at.forget_held()
