@@ -416,7 +416,7 @@ class Dispatcher:
                 ckey = ckey + (key,)   # the class's choice cannot run here: decide alone
                 cls = self._classes.get(ckey)
             decided = cls is None
-            decide_ms = 0.0
+            decide_ms = policy_ms = 0.0
             if cls is None:
                 waits = self._device_waits(self.backend.stream_ptr(problem.kind))
                 candidates = self._candidates(op, problem)
@@ -424,7 +424,9 @@ class Dispatcher:
                     self._measure, op, problem, key, args, charge_issue=waits),
                     self.backend.peaks,
                     self.backend.device_state, self.limits, floor=floor)
+                t1 = time.perf_counter()
                 decision = self.policy.decide(ctx, candidates)
+                policy_ms = (time.perf_counter() - t1) * 1e3
                 decision = dataclasses.replace(
                     decision, tuning_ms=decision.tuning_ms or (time.perf_counter() - t0) * 1e3)
                 cls = self._classes[ckey] = _InputClass(ckey, decision, floor)
@@ -443,7 +445,7 @@ class Dispatcher:
             self.stats["misses"] += 1
             self._miss_log.append((time.time(), op.name, problem.describe(),
                                    "decided" if decided else "class",
-                                   (time.perf_counter() - t0) * 1e3, decide_ms))
+                                   (time.perf_counter() - t0) * 1e3, decide_ms, policy_ms))
             if len(self._plans) > self.plan_cache_size:
                 self._evict()
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
@@ -998,10 +1000,12 @@ class Dispatcher:
         class's decision reused, a plan prepared; "decided": the policy decided), the
         miss's own ms (deciding and preparing, not the launch) and of them the deciding's
         (the candidates listed and the policy's decision; 0 for a class's decision
-        reused)."""
+        reused), and of that the policy's own ``decide`` (``policy_ms``: the rest is the
+        listing, the roofline and the device's state)."""
         return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3),
-                 "decide_ms": round(decide_ms, 3)}
-                for t, op, what, how, ms, decide_ms in list(self._miss_log) if t >= since]
+                 "decide_ms": round(decide_ms, 3), "policy_ms": round(policy_ms, 3)}
+                for t, op, what, how, ms, decide_ms, policy_ms in list(self._miss_log)
+                if t >= since]
 
     def candidates(self, op: str, *args, **params) -> list[Candidate]:
         """The candidates that fit this input on this dispatcher's backend."""

@@ -94,4 +94,6 @@ def test_recent_misses_say_which_inputs_were_decided_and_which_reused_their_clas
     # zero), a class's decision reused decides nothing
     assert [m["decide_ms"] > 0 for m in misses] == [True, False, True]
     assert all(m["ms"] >= m["decide_ms"] for m in misses)
+    # of the deciding, the policy's own decide (MeasureEach's timing of every candidate)
+    assert [0 < m["policy_ms"] <= m["decide_ms"] for m in misses] == [True, False, True]
     assert d.recent_misses(since=time.time() + 1) == []

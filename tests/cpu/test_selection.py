@@ -50,9 +50,10 @@ def test_every_stream_reports_every_policy_from_one_run(report):
             assert (r.source == "live") == math.isfinite(r.first_miss_ms), r
             if r.source == "live":
                 assert 0 < r.first_decide_ms <= r.first_miss_ms <= r.first_result_ms
+                assert 0 < r.first_policy_ms <= r.first_decide_ms
                 assert (f"{r.policy} first result {r.first_result_ms:.2f} ms: the miss "
-                        f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}"
-                        in str(report))
+                        f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}: the "
+                        f"policy {r.first_policy_ms:.2f}" in str(report))
         for r in s.results:   # where a live policy loses most: named with its share
             if r.source != "live":
                 continue
