@@ -330,7 +330,7 @@ class ModeRun:
             self.result["prefill_profile"] = profile_one_batch(
                 self.server.url, stream, min(self.args.concurrency))
             for line in self.result["prefill_profile"]:
-                print(f"  {self.mode} prefill profile: {line}", flush=True)
+                print(f"  {self.mode} profile: {line}", flush=True)
             self.result["server"] = fetch_json(self.server.url + "/stats")
         finally:
             self.server.close()
@@ -339,8 +339,9 @@ class ModeRun:
 
 def profile_one_batch(url: str, stream, clients: int) -> list[str]:
     """After the timed loads: the stream's first ``clients`` requests once more (one batch,
-    untimed), its prefill under torch.profiler in the server; the profile's summary, top
-    kernels by device time, and SDPA's calls with the fused backends that take them."""
+    untimed), its prefill and one decode step under torch.profiler in the server; each
+    profile's summary, top kernels by device time, SDPA's calls with the fused backends that
+    take them, and the way each patched layer went."""
     body = json.dumps({"batches": 1}).encode()
     req = urllib.request.Request(url + "/debug/profile-prefill", body,
                                  {"Content-Type": "application/json"})
@@ -350,11 +351,16 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
     profiles = fetch_json(url + "/stats").get("prefill_profiles", [])
     if not profiles:
         return ["no prefill profiled"]
-    p = profiles[-1]
-    return [f"batch {p['batch']}: wall {p['wall_ms']:.1f} ms, device {p['device_ms']:.1f} ms, "
-            f"host {p['host_ms']:.1f} ms"] + p["top"][:10] + [
-                "SDPA " + line for line in p.get("sdpa", [])] + [
-                "route " + line for line in p.get("routes", [])]
+    batch = profiles[-1]["batch"]
+    lines = []
+    for p in (p for p in profiles if p["batch"] == batch):   # its prefill, a decode step
+        what = p.get("what", "prefill")
+        lines += [f"{what}: batch {p['batch']}: wall {p['wall_ms']:.1f} ms, device "
+                  f"{p['device_ms']:.1f} ms, host {p['host_ms']:.1f} ms"] + [
+            f"{what}: {line}" for line in p["top"][:10]] + [
+            f"{what}: SDPA {line}" for line in p.get("sdpa", [])] + [
+            f"{what}: route {line}" for line in p.get("routes", [])]
+    return lines
 
 
 def miss_breakdown(mine: list[dict], complete: bool) -> dict:

@@ -40,6 +40,7 @@ from typing import Protocol
 
 log = logging.getLogger("adaptive.example.engine")
 PROFILES_KEPT = 64   # the newest prefill profiles kept (CausalLM.prefill_profiles)
+PROFILED_STEP = 8    # a profiled batch's decode step profiled too (where its tokens go)
 
 
 class QueueFullError(RuntimeError):
@@ -254,8 +255,9 @@ class CausalLM:
         """Number the batches from the next one (after the warm-up)."""
         self.batches_run = 0
 
-    def profiled(self, run, batch: int):
-        """Run ``run()`` (a prefill: it returns the model's output) under torch.profiler and
+    def profiled(self, run, batch: int, what: str = "prefill"):
+        """Run ``run()`` (a prefill, or with ``what`` another forward of the batch: it
+        returns the model's output) under torch.profiler and
         keep, in :attr:`prefill_profiles`, its wall, device and host ms, its top ops by
         device time and its SDPA calls grouped by their arguments, with the fused backends
         that take them (:func:`sdpa_spy`), and the way each patched linear and norm went
@@ -277,15 +279,14 @@ class CausalLM:
                                                             e.self_cpu_time_total),
                         reverse=True)           # (host time orders a CPU-only profile)
         self.prefill_profiles.append({
-            "batch": batch, "wall_ms": round(wall, 3),
+            "batch": batch, "what": what, "wall_ms": round(wall, 3),
             "device_ms": round(sum(device_us(e) for e in events) / 1e3, 3),
             "host_ms": round(sum(e.self_cpu_time_total for e in events) / 1e3, 3),
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
                     for e in events[:15]],
             "sdpa": [f"{n} call(s): {what}" for what, n in sdpa.most_common()],
             "routes": [f"{n} call(s): {what}" for what, n in linears.most_common()]})
-        log.info("prefill of batch %d profiled: %s", batch,
-                 self.prefill_profiles[-1])
+        log.info("%s of batch %d profiled: %s", what, batch, self.prefill_profiles[-1])
         return out
 
     def _cache(self):
@@ -329,7 +330,8 @@ class CausalLM:
             def run():
                 return self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
                                   use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
-            if batch in self.profile_prefill:
+            profiling = batch in self.profile_prefill
+            if profiling:
                 self.profile_prefill.discard(batch)
                 out = self.profiled(run, batch)
             else:
@@ -342,9 +344,15 @@ class CausalLM:
                     return
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
                 positions = positions[:, -1:] + 1
-                out = self.model(input_ids=tokens[:, None], attention_mask=mask,
-                                 position_ids=positions, use_cache=True,
-                                 **{self._cache_kw: cache})
+
+                def step_run(tokens=tokens, mask=mask, positions=positions):
+                    return self.model(input_ids=tokens[:, None], attention_mask=mask,
+                                      position_ids=positions, use_cache=True,
+                                      **{self._cache_kw: cache})
+                if profiling and step == PROFILED_STEP:   # a decode step of the same batch
+                    out = self.profiled(step_run, batch, f"decode step {step}")
+                else:
+                    out = step_run()
 
 
 class BlockLM:

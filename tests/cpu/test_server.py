@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_DIR = ROOT / "examples" / "server"
 sys.path.insert(0, str(SERVER_DIR))
 
+import engine as engine_mod  # noqa: E402
 from engine import Engine, QueueFullError, Request  # noqa: E402
 from loadgen import check_loopback, make_stream, pool, run_load  # noqa: E402
 from models import PRESETS, ByteTokenizer, build_llama  # noqa: E402
@@ -383,6 +384,22 @@ def test_prefill_profile_on_request(server):
                       r".*flash no.*efficient no.*cudnn no", line) for line in p["sdpa"]]
     assert all(calls) and sum(int(m.group(1)) for m in calls) == \
         PRESETS["tiny"].num_hidden_layers, p["sdpa"]
+    assert p["what"] == "prefill"
+    # a batch that decodes past PROFILED_STEP has that decode step profiled too: a layer's
+    # SDPA call each, against the cache (longer than the prompt's padded width)
+    status, out, _ = post(server.url, {"batches": 1}, path=path)
+    steps = engine_mod.PROFILED_STEP + 2
+    assert post(server.url, {"model": MODEL, "prompt": [3, 5, 7], "max_tokens": steps})[0] \
+        == 200
+    profiles = json.loads(get(server.url, "/stats")[1])["prefill_profiles"][-2:]
+    assert [(q["batch"], q["what"]) for q in profiles] == [
+        (out["profiling"][0], "prefill"),
+        (out["profiling"][0], f"decode step {engine_mod.PROFILED_STEP}")]
+    decode = [re.match(r"(\d+) call\(s\): q \(.*\) stride .* k \(1, \d+, (\d+), 16\)", line)
+              for line in profiles[1]["sdpa"]]
+    assert all(int(m.group(2)) > engine_mod.PROFILED_STEP for m in decode if m)
+    assert all(decode) and sum(int(m.group(1)) for m in decode) == \
+        PRESETS["tiny"].num_hidden_layers, profiles[1]["sdpa"]
 
 
 def test_loadgen_end_to_end(server, tmp_path):
@@ -1111,7 +1128,8 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
         assert r["server"]["mode"] == mode and r["server"]["warmup"]["rounds"] >= 2
         # one batch's prefill profiled in the server after the timed loads
         head = r["prefill_profile"][0]
-        assert head.startswith("batch ") and "wall" in head and len(r["prefill_profile"]) > 3
+        assert head.startswith("prefill: batch ") and "wall" in head and \
+            len(r["prefill_profile"]) > 3
         assert (r["server"]["warmup"]["pending_keys"] is None) == (mode == "torch")
     pairs = {(tuple(g["modes"]), g["clients"]): g for g in payload["greedy"]}
     served = [m for m in results if "error" not in results[m]]
