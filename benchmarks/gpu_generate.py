@@ -39,9 +39,9 @@ first-step logits are compared too (relative to their largest magnitude), becaus
 weights give near-tied logits and a tie broken the other way by an equally exact fp16
 sum changes the greedy path from there on.
 
-Item 5 of issue 12 (where a gap comes from): one request per mode (batch 1, the median
+Item 5 of issue 12 (where a gap comes from): one request per mode and batch size (the median
 prompt, 32 new tokens) runs under ``torch.profiler``; the top ops by device time and by
-host time go to ``generate_profile_<mode>.txt`` and a summary into the rows.
+host time go to ``generate_profile_<mode>_b<batch>.txt`` and a summary into the rows.
 
 Batch 1, where adaptive's host time goes: the same three requests (64 new tokens) with
 torch, adaptive, adaptive with no warm call routed through the dispatcher, that and the
@@ -418,7 +418,7 @@ def profile_request(model, request, device, new_tokens, sync, out: Path, mode: s
         lines += [f"{e.key[:60]:<60} {e.count:>7} {device_us(e) / 1e3:>15.3f} "
                   f"{e.self_cpu_time_total / 1e3:>13.3f} {e.cpu_time_total / 1e3:>9.3f}"
                   for e in rows]
-    (out / f"generate_profile_{mode}.txt").write_text("\n".join(lines) + "\n")
+    (out / f"generate_profile_{mode}_b{request[0]}.txt").write_text("\n".join(lines) + "\n")
     # the adaptive::<op> ranges' device time is their kernels' again: counted once
     total_device = sum(device_us(e) for e in events
                        if not e.key.startswith("adaptive::")) / 1e3
@@ -647,10 +647,15 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
         loop_total += ls["batch"]
 
     # ---- profiles ---------------------------------------------------------------------------
-    one = sorted((r for r in requests if r[0] == 1), key=lambda r: r[1].shape[1])
-    probe = one[len(one) // 2]
-    profiles = {m: profile_request(models[m], probe, dev, min(32, new_tokens), sync, out, m)
-                for m in models}
+    # a median-length request of each batch size (batch 16's steps were 6% slower in
+    # run S63's lockstep against 4% at batch 1: each size profiled on its own)
+    profiles = {}
+    for batch in batches:
+        same = sorted((r for r in requests if r[0] == batch), key=lambda r: r[1].shape[1])
+        if same:
+            for m in models:
+                profiles[f"{m} batch {batch}"] = profile_request(
+                    models[m], same[len(same) // 2], dev, min(32, new_tokens), sync, out, m)
 
     # ---- rows -------------------------------------------------------------------------------
     rows = []
