@@ -523,7 +523,8 @@ def _live(name, dispatcher, stream, inputs, table, sync
             explored += 2 * len(table[s])
     from adaptive.policy.learned import Learned
     stats = ({k: v for k, v in policy.stats.items()
-              if k in ("commits", "drifts", "deferred", "reopened", "explore_s")}
+              if k in ("commits", "drifts", "deferred", "reopened", "explore_s", "rows_s",
+                       "predict_s")}
              if isinstance(policy, Learned) else {})
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
                         max(firsts), regret, explored, stats,

@@ -356,7 +356,10 @@ class Learned(BasePolicy):
         self.neighbours = Neighbours()
         self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
                       "drifts": 0, "explore_calls": 0, "deferred": 0, "reopened": 0,
-                      "revalidations": 0, "drift_switches": 0, "explore_s": 0.0}
+                      "revalidations": 0, "drift_switches": 0, "explore_s": 0.0,
+                      # a miss's ranking: building the candidates' rows, the model's
+                      # prediction (seconds, all misses: where a decision's time goes)
+                      "rows_s": 0.0, "predict_s": 0.0}
         self._lock = threading.Lock()
 
     # ---- miss ---------------------------------------------------------------------------
@@ -368,9 +371,14 @@ class Learned(BasePolicy):
         device = DeviceState.from_mapping(ctx.device())
         limits = ctx.limits
         scope = ctx.problem.scope() if limits else {}
+        t0 = time.perf_counter()
         rows = candidate_rows(ctx.op.name, ctx.op.features(ctx.problem), candidates, scope,
                               limits, device, ctx.resources)
-        return rows, self.model.predict_dist(rows), device, scope, limits
+        t1 = time.perf_counter()
+        dist = self.model.predict_dist(rows)
+        self.stats["rows_s"] += t1 - t0
+        self.stats["predict_s"] += time.perf_counter() - t1
+        return rows, dist, device, scope, limits
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         op = ctx.op.name

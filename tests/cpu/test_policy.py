@@ -1299,6 +1299,8 @@ def test_a_ranking_the_measurements_refute_widens_the_exploration_once(rng, refu
                      race_ratio=None)
     d = policy.decide(ctx, cands)
     assert d.explore[0] == a and b not in d.explore and len(d.explore) == 2
+    # the miss's ranking timed in its two parts (the rows, the model's prediction)
+    assert policy.stats["rows_s"] > 0 and policy.stats["predict_s"] > 0
     predicted = dict(d.predicted_ms)
     truth = {c: predicted[c.label] for c in cands}
     truth[a] = predicted[a.label] * (10.0 if refuted else 1.0)
