@@ -7,6 +7,8 @@ spmm's dense matmul is F.linear too."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -109,13 +111,7 @@ def test_a_pruned_layer_on_the_dense_matmul_is_f_linear_bit_for_bit():
     F.linear on x as given, bit for bit the plain layer's output, with no transposed copy."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    like = torch.empty(1, device=DEV)
-    before = runtime.default_dispatcher(device="cuda:0")
-    d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
-        [shared_registry().get("spmm", "cublas_dense")]))
-    runtime.set_default(d, like)
-    at.forget_held()
-    try:
+    with _spmm_only("cublas_dense"):
         torch.manual_seed(0)
         plain = torch.nn.Linear(1024, 2816, device=DEV, dtype=torch.float16).eval()
         with torch.no_grad():
@@ -136,9 +132,6 @@ def test_a_pruned_layer_on_the_dense_matmul_is_f_linear_bit_for_bit():
         assert len(warm) >= 3, "warm calls are F.linear on the same weight"
         for y in ys:
             torch.testing.assert_close(y, want, rtol=2e-3, atol=2e-3)
-    finally:
-        runtime.set_default(before, like)
-        at.forget_held()
 
 
 @pytest.mark.parametrize("tokens", [(3, 37), (8, 512)])
@@ -150,13 +143,7 @@ def test_a_pruned_layer_on_cusparselt_takes_x_as_given(tokens):
     prefill's."""
     if not torch.cuda.is_available() or not torch.backends.cusparselt.is_available():
         pytest.skip("no CUDA device with cuSPARSELt")
-    like = torch.empty(1, device=DEV)
-    before = runtime.default_dispatcher(device="cuda:0")
-    d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
-        [shared_registry().get("spmm", "cusparselt_24")]))
-    runtime.set_default(d, like)
-    at.forget_held()
-    try:
+    with _spmm_only("cusparselt_24"):
         torch.manual_seed(0)
         plain = torch.nn.Linear(1024, 2816, bias=False, device=DEV,
                                 dtype=torch.float16).eval()
@@ -178,6 +165,19 @@ def test_a_pruned_layer_on_cusparselt_takes_x_as_given(tokens):
             assert y.shape == x.shape[:-1] + (2816,) and y.is_contiguous()
             err = float((y.double() - want).abs().max() / want.abs().max())
             assert err < 2e-3, err
+
+
+@contextlib.contextmanager
+def _spmm_only(name: str):
+    """The default CUDA dispatcher, while open, one whose only spmm variant is ``name``."""
+    like = torch.empty(1, device=DEV)
+    before = runtime.default_dispatcher(device="cuda:0")
+    d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
+        [shared_registry().get("spmm", name)]))
+    runtime.set_default(d, like)
+    at.forget_held()
+    try:
+        yield d
     finally:
         runtime.set_default(before, like)
         at.forget_held()
