@@ -28,6 +28,8 @@ through it.
 from __future__ import annotations
 
 import itertools
+import statistics
+import time
 
 import torch
 from torch import nn
@@ -40,6 +42,7 @@ from adaptive.ops.sparse import SparseWeight
 
 MODES = ("dense", "shared", "sparse")
 CSLT_VARIANT = "cusparselt_24"   # spmm's cuSPARSELt variant: served by _cslt_linear
+RACE_RUNS = 3      # runs of each route when F.linear races a kernel and its copies
 HOLD_EVERY = 64    # one warm call in this many goes through the dispatcher
 MAX_HELD = 256     # input shapes whose plans one layer holds (prefill lengths, decode)
 # where each layer's count of warm calls starts: layers called once per token route on
@@ -97,6 +100,8 @@ class AdaptiveLinear(nn.Linear):
         self._bias_col = None if b is None or self.mode == "dense" else b.view(-1, 1)
         self._held = {}   # (x shape, dtype, device) -> the dispatcher's committed plan
         self._cslt = None  # the weight as cuSPARSELt compressed it (see _cslt_linear)
+        # x.shape -> (a committed plan, whether F.linear beat it with its copies)
+        self._raced: dict = {}
         # x.shape -> a committed plan of torch's own matmul: F.linear is called instead
         self._library = {}
         self._dtype = w.dtype
@@ -289,12 +294,45 @@ class AdaptiveLinear(nn.Linear):
             return y
         if key in self._held or len(self._held) < MAX_HELD:
             self._held[key] = plan
-        if _is_library(plan, op) and given.dtype is self._dtype:
+        if given.dtype is self._dtype and (_is_library(plan, op) or
+                                           self._f_linear_wins(plan, given)):
             if shape in self._library or len(self._library) < MAX_HELD:
                 self._library[shape] = plan
         else:
             self._library.pop(shape, None)
         return y
+
+    def _f_linear_wins(self, plan, x: torch.Tensor) -> bool:
+        """Whether ``F.linear`` on ``x`` as given beats ``plan``'s kernel with the copies
+        its route makes (a weight kept as given or sparse: ``xᵀ`` and the output, copied
+        transposed), timed here once per plan and input shape (:func:`race_ms`: each route
+        :data:`RACE_RUNS` times, alternating, the medians compared). The dispatcher times
+        the kernel alone: run S66's pruned prefill held ``tc_wide`` on 32 projections,
+        each with two transposing copies. A dense-layout weight (``x`` launched as given)
+        and cuSPARSELt's fused route copy nothing: never raced."""
+        if self._wt is not None or plan.candidate.variant.name == CSLT_VARIANT:
+            return False
+        raced = self._raced.get(x.shape)
+        if raced is not None and raced[0] is plan:
+            return raced[1]
+        x2 = x.reshape(-1, self.in_features)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+
+        def kernel():
+            xt = x2.t().contiguous()
+            y = plan.run((self._w, xt), None)
+            if self._bias_col is not None:
+                y += self._bias_col
+            return y.t().contiguous()
+
+        def library():
+            return F.linear(x, self._w_linear, self._b_linear)
+        mine, theirs = race_ms(kernel, library, x.device)
+        wins = theirs <= mine
+        if x.shape in self._raced or len(self._raced) < MAX_HELD:
+            self._raced[x.shape] = (plan, wins)
+        return wins
 
     def to_linear(self) -> nn.Linear:
         """A plain ``nn.Linear`` over the same parameters (no copy)."""
@@ -306,6 +344,24 @@ class AdaptiveLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mode={self.mode}"
+
+
+def race_ms(first, second, device) -> tuple[float, float]:
+    """The median ms of ``first()`` and of ``second()``, each run alone
+    (:data:`RACE_RUNS` times, alternating, after one untimed run of each), the device
+    drained before and after each run: what one call of each costs the caller."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    first()
+    second()
+    times: tuple[list, list] = ([], [])
+    for _ in range(RACE_RUNS):
+        for fn, out in ((first, times[0]), (second, times[1])):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def cslt_linear(torch_mod, packed, x2):

@@ -14,6 +14,7 @@ import itertools
 import math
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -245,9 +246,21 @@ def test_a_weight_kept_as_given_serves_a_new_shape_by_f_linear_without_copies(li
     assert layer.route_of(torch.randn(4, 16)) == "F.linear (a new shape)"
 
 
-def test_a_weight_kept_as_given_on_another_kernel_is_launched_transposed(ours):
+@pytest.mark.parametrize("kernel_wins", [True, False])
+def test_a_weight_kept_as_given_on_another_kernel_races_f_linear(ours, monkeypatch,
+                                                                  kernel_wins):
     """The host backend's own gemm is not torch's: a new shape is launched as yᵀ = W xᵀ
-    through the dispatcher (copies and all), held, and said so by ``route_of``."""
+    through the dispatcher (copies and all). Once committed, the kernel with its copies
+    races F.linear on x as given, once for the plan and shape (``race_ms``): the kernel
+    winning is held and said so by ``route_of``; F.linear winning serves the shape with
+    no copies (run S66: ``tc_wide`` held on 32 prefill projections, two transposing copies
+    each)."""
+    races = []
+
+    def race(first, second, device):
+        races.append((first(), second()))   # both routes compute the layer
+        return (1.0, 2.0) if kernel_wins else (2.0, 1.0)
+    monkeypatch.setattr(linear_mod, "race_ms", race)
     layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "shared").eval()
     x = torch.randn(3, 5, 16)
     assert re.fullmatch(r"dispatcher \(x and the output transposed\): (exploring|committed) "
@@ -255,8 +268,41 @@ def test_a_weight_kept_as_given_on_another_kernel_is_launched_transposed(ours):
     for _ in range(40):
         torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
                                    atol=1e-5)
-    assert not layer._library
-    assert layer.route_of(x).startswith("held host_blas"), layer.route_of(x)
+    assert len(races) == 1, len(races)                   # once for the plan and the shape
+    for y in races[0]:   # (the kernel's route as rows [tokens, out])
+        torch.testing.assert_close(y.double().reshape(3, 5, 8), _reference(x, layer),
+                                   rtol=1e-5, atol=1e-5)
+    if kernel_wins:
+        assert not layer._library
+        assert layer.route_of(x).startswith("held host_blas"), layer.route_of(x)
+        return
+    assert list(layer._library) == [x.shape] and layer.route_of(x) == "F.linear (held)"
+    with _Copies() as copies:
+        y = layer(x)
+    with _Copies() as plain_copies:   # what the plain layer's own F.linear copies
+        torch.nn.functional.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(y.double(), _reference(x, layer), rtol=1e-5, atol=1e-5)
+    assert copies.n == plain_copies.n, (copies.n, plain_copies.n)
+    # a routed call finds the same plan: its verdict stands, no second race
+    for _ in range(2 * HOLD_EVERY):
+        layer(x)
+    assert len(races) == 1 and list(layer._library) == [x.shape]
+
+
+def test_race_ms_gives_each_routes_median_alone():
+    """``race_ms``: each route's median over RACE_RUNS runs, alternating; a route that
+    sleeps 5 ms reads at least that, one that does nothing far less."""
+    calls = []
+
+    def slow():
+        calls.append("slow")
+        time.sleep(0.005)
+
+    def fast():
+        calls.append("fast")
+    slow_ms, fast_ms = linear_mod.race_ms(slow, fast, torch.device("cpu"))
+    assert slow_ms >= 5.0 and fast_ms < 1.0, (slow_ms, fast_ms)
+    assert calls == ["slow", "fast"] * (1 + linear_mod.RACE_RUNS)
 
 
 def test_another_dtype_is_never_served_by_the_held_plan(library):
@@ -638,11 +684,13 @@ def sparse_library():
 
 @pytest.mark.parametrize("baseline", [True, False])
 def test_a_sparse_layer_on_spmms_baseline_is_f_linear_without_copies(sparse_library,
-                                                                      baseline):
+                                                                      baseline, monkeypatch):
     """A pruned weight whose committed spmm plan is the baseline (the dense matmul on the
     pruned weight) is served by F.linear on x as given: no transposed copies of x and of
     the output (run S56: 131 copies, 14.0 ms of a pruned model's prefill against torch's
-    1.75 ms); any other kernel is launched transposed and held, copies and all."""
+    1.75 ms); any other kernel that beats F.linear with its copies (the race made to say
+    so here) is launched transposed and held, copies and all."""
+    monkeypatch.setattr(linear_mod, "race_ms", lambda first, second, device: (1.0, 2.0))
     d = sparse_library(baseline)
     torch.manual_seed(1)
     plain = torch.nn.Linear(32, 16)
