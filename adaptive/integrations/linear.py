@@ -350,7 +350,8 @@ def race_ms(first, second, device) -> tuple[float, float]:
     """The median ms of ``first()`` and of ``second()``, each run alone
     (:data:`RACE_RUNS` times, alternating, after one untimed run of each), the device
     drained before and after each run: what one call of each costs the caller."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = ((lambda: torch.cuda.synchronize(device)) if device.type == "cuda"
+            else (lambda: None))
     first()
     second()
     times: tuple[list, list] = ([], [])
