@@ -111,7 +111,7 @@ def test_a_pruned_layer_on_the_dense_matmul_is_f_linear_bit_for_bit():
     F.linear on x as given, bit for bit the plain layer's output, with no transposed copy."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    with _spmm_only("cublas_dense"):
+    with _only("spmm", "cublas_dense"):
         torch.manual_seed(0)
         plain = torch.nn.Linear(1024, 2816, device=DEV, dtype=torch.float16).eval()
         with torch.no_grad():
@@ -143,7 +143,7 @@ def test_a_pruned_layer_on_cusparselt_takes_x_as_given(tokens):
     prefill's."""
     if not torch.cuda.is_available() or not torch.backends.cusparselt.is_available():
         pytest.skip("no CUDA device with cuSPARSELt")
-    with _spmm_only("cusparselt_24"):
+    with _only("spmm", "cusparselt_24"):
         torch.manual_seed(0)
         plain = torch.nn.Linear(1024, 2816, bias=False, device=DEV,
                                 dtype=torch.float16).eval()
@@ -167,13 +167,43 @@ def test_a_pruned_layer_on_cusparselt_takes_x_as_given(tokens):
             assert err < 2e-3, err
 
 
+def test_a_kernel_for_a_weight_kept_as_given_races_f_linear_on_the_gpu():
+    """A linear kept as given (``[out, in]``) whose only gemm is ``tc_wide``: once the
+    prefill shape is committed, the kernel with its two transposing copies races F.linear
+    on x as given (CUDA-synchronised runs); the verdict is recorded, the route serving the
+    shape is the winner's, and the output matches float64 either way."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with _only("gemm", "tc_wide"):
+        torch.manual_seed(0)
+        plain = torch.nn.Linear(2048, 2048, bias=False, device=DEV,
+                                dtype=torch.float16).eval()
+        layer = at.AdaptiveLinear(plain, "shared").eval()
+        x = torch.randn(8, 512, 2048, device=DEV, dtype=torch.float16)
+        want = x.double() @ plain.weight.double().t()
+        with torch.no_grad():
+            for _ in range(64):
+                layer(x)
+                if x.shape in layer._raced:
+                    break
+            assert x.shape in layer._raced, "never committed and raced"
+            plan, f_linear_won = layer._raced[x.shape]
+            route = layer.route_of(x)
+            assert route == "F.linear (held)" if f_linear_won else \
+                route.startswith("held tc_wide"), (route, f_linear_won)
+            y = layer(x)
+        err = float((y.double() - want).abs().max() / want.abs().max())
+        assert err < 2e-3, err
+
+
 @contextlib.contextmanager
-def _spmm_only(name: str):
-    """The default CUDA dispatcher, while open, one whose only spmm variant is ``name``."""
+def _only(op: str, name: str):
+    """The default CUDA dispatcher, while open, one whose only variant is ``op``'s
+    ``name``."""
     like = torch.empty(1, device=DEV)
     before = runtime.default_dispatcher(device="cuda:0")
     d = adaptive.Dispatcher("cuda", device=0, registry=Registry(
-        [shared_registry().get("spmm", name)]))
+        [shared_registry().get(op, name)]))
     runtime.set_default(d, like)
     at.forget_held()
     try:
