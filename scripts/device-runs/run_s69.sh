@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# run S69 (first of the next session): the integration's GPU tests (a kernel for a weight
-# kept as given racing F.linear with its copies; the new route of a
-# sparse layer held on cuSPARSELt (x's transposed view, the output transpose fused: S66's
-# 2:4 prefill made 233 copies, 16.1 ms, against torch's 139 and 1.7 ms), then the 2:4
-# headline against dense torch on the pruned weights (S66: 0.849x at 8 clients, 0.988x at
-# 32), with a decode step of the profiled batch profiled too
+# run S69 (first of the next session): the integration's GPU tests, two of them new: a
+# kernel for a weight kept as given racing F.linear with its copies, and a sparse layer
+# held on cuSPARSELt taking x as given (its transposed view in, the output transpose
+# fused; S66's 2:4 prefill made 233 copies, 16.1 ms, against torch's 139 and 1.7 ms).
+# Then the 2:4 headline against dense torch on the pruned weights (S66: 0.849x at 8
+# clients, 0.988x at 32), a decode step of the profiled batch profiled too
 source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_integration_fast_paths_cuda.py > "$OUT/tests.log" 2>&1
