@@ -18,7 +18,10 @@ shape to torch's own matmul (a ``torch_library`` variant: cuBLAS through ``torch
 sparse weight, spmm's baseline: the dense matmul on the pruned weight),
 the layer calls ``F.linear(x, weight, bias)`` itself, as ``nn.Linear`` does, guarded by
 one dict lookup on ``x.shape``, a dtype identity and the plan's ``stale`` flag. Other
-committed plans are held per exact input and run without the dispatcher's key. Either
+committed plans are held per exact input and run without the dispatcher's key. In the
+``shared`` and ``sparse`` layouts such a kernel runs on copies of ``xᵀ`` and of its output;
+it serves a shape only after beating ``F.linear`` with them (:meth:`_f_linear_wins`), and
+cuSPARSELt's 2:4 matmul takes ``x`` as given (:meth:`_cslt_linear`). Either
 way one call in :data:`HOLD_EVERY` (fewer while the plan holds:
 :mod:`adaptive.integrations.routing`) goes through the dispatcher (sampling, drift, the
 counter log), a plan the dispatcher drops is let go, and exploring shapes always go
