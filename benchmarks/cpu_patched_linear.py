@@ -4,7 +4,8 @@ Four measurements, each patched against plain, rounds alternating and medians ke
 
 - one ``nn.Linear`` forward (x ``[1, 1, 16]`` and ``[1, 4, 64]``);
 - one attention call at a decode step (transformers' SDPA attention function against
-  ``adaptive.integrations.transformers.attention_forward``);
+  ``adaptive.integrations.transformers.attention_forward``), batch 1 and batch 4 with a
+  padding mask;
 - a whole decode step of a tiny Llama (``generate()``, random weights built from a config,
   nothing downloaded): host time per token, and the plain/patched ratio (the tokens/s
   ratio of a host-bound decode loop);
@@ -120,20 +121,28 @@ def _linears(calls: int, rounds: int) -> list[dict]:
     return rows
 
 
-def _attention(calls: int, rounds: int) -> dict:
+def _attention(calls: int, rounds: int, batch: int = 1) -> dict:
+    """One decode step's attention call; ``batch`` > 1: with a padding mask (the first
+    row's 10 oldest keys masked), as a batch of padded prompts decodes."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from adaptive.integrations import transformers as at
+    at.register()
 
     class Layer(torch.nn.Module):   # what transformers passes as ``module``
         is_causal, num_key_value_groups, layer_idx = True, 2, 0
     layer = Layer()
-    q = torch.randn(1, 4, 1, 16)
-    k, v = torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16)
+    q = torch.randn(batch, 4, 1, 16)
+    k, v = torch.randn(batch, 2, 100, 16), torch.randn(batch, 2, 100, 16)
+    mask = None
+    if batch > 1:
+        mask = torch.ones(batch, 1, 1, 100, dtype=torch.bool)
+        mask[0, ..., :10] = False
     t_plain, t_patched = _side_by_side(
-        lambda: sdpa_attention_forward(layer, q, k, v, None, scaling=0.25),
-        lambda: at.attention_forward(layer, q, k, v, None, scaling=0.25), calls, rounds)
-    return {"case": "attention decode q [1, 4, 1, 16], k/v [1, 2, 100, 16]",
+        lambda: sdpa_attention_forward(layer, q, k, v, mask, scaling=0.25),
+        lambda: at.attention_forward(layer, q, k, v, mask, scaling=0.25), calls, rounds)
+    what = "" if mask is None else f", padding mask [{batch}, 1, 1, 100]"
+    return {"case": f"attention decode q [{batch}, 4, 1, 16], k/v [{batch}, 2, 100, 16]{what}",
             "plain_us": t_plain, "patched_us": t_patched, "overhead_us": t_patched - t_plain}
 
 
@@ -238,7 +247,8 @@ def main(calls: int = 20000, rounds: int = 5, quick: bool = False,
     runtime.set_default(library_dispatcher(), torch.empty(1))
     getattr(at, "forget_held", lambda: None)()   # plans of an earlier default dispatcher
     with torch.no_grad():
-        rows = _linears(calls, rounds) + [_attention(calls, rounds)]
+        rows = _linears(calls, rounds) + [_attention(calls, rounds),
+                                          _attention(calls, rounds, batch=4)]
     rows.append(_decode(2 if quick else max(2 * rounds + 1, 3), 8 if quick else 32))
     rows.append(_attention_in_loop(2 if quick else 5 * rounds, 200, 8 if quick else 32))
     for r in rows:

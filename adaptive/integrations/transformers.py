@@ -68,12 +68,14 @@ _turn = itertools.count(1)
 _own_sdpa = None
 _level = 0        # routing: one held call in HOLD_EVERY << _level (routing.backed_off)
 # a decode step's attention held on SDPA (an _Own answer), remembered per layer: the same
-# batch, dtype, device and parameters, and a cached length within the same class, go to
-# _own_sdpa on a few integer comparisons, without the class's key (a tuple hashed, the
-# length's class computed). A layer's head counts and head size are its own and are not
-# compared (were they to change, transformers' SDPA function still computes the call
-# right). On a CPU decode loop of a tiny Llama (prompt 200) our function cost 30.2 us a
-# token over 4 layers against transformers' own, 17.5 with the memo (docs/benchmarks.md)
+# batch, dtype, device, parameters and mask layout (none, or a padding mask's batch and
+# head extents and dtype), and a cached length within the same class, go to _own_sdpa on
+# a few integer comparisons, without the class's key (a tuple hashed, the length's class
+# computed). A layer's head counts and head size are its own and are not compared (were
+# they to change, transformers' SDPA function still computes the call right). On a CPU
+# decode loop of a tiny Llama (prompt 200) our function cost 30.2 us a token over 4 layers
+# against transformers' own, 17.5 with the memo (docs/benchmarks.md); a masked decode (a
+# batch of padded prompts, q [4, 4, 1, 16]) 3.3-4.9 us a call without it, 2.6-3.0 with it
 _MEMO = "_adaptive_own_sdpa"
 _generation = 0   # bumped by forget_held: an older generation's memos are not used
 
@@ -148,15 +150,16 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     """
     memo = module.__dict__.get(_MEMO)
     route = False
-    if memo is not None and attention_mask is None and not dropout \
+    if memo is not None and not dropout \
             and memo[0] == _generation and query.size(2) == 1 and query.size(0) == memo[1] \
             and memo[2] <= key.size(2) <= memo[3] and query.dtype is memo[4] \
             and query.get_device() == memo[5] and scaling == memo[6] \
             and is_causal is memo[7] and not memo[8].stale \
+            and _same_mask_layout(attention_mask, memo[9], key.size(2)) \
             and kwargs.get("softcap") is None and kwargs.get("position_bias") is None \
             and kwargs.get("s_aux") is None:
         if next(_turn) % (HOLD_EVERY << _level):
-            return _own_sdpa(module, query, key, value, None, dropout=dropout,
+            return _own_sdpa(module, query, key, value, attention_mask, dropout=dropout,
                              scaling=scaling, is_causal=is_causal, **kwargs)
         route = True   # this layer's turn to go through the dispatcher
     if dropout:
@@ -190,18 +193,36 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         if mask.dtype != query.dtype and mask.dtype.is_floating_point:
             mask = mask.to(query.dtype)
         out = _attend((query, key, value, mask), False, scaling,
-                      (mask.shape[0], mask.shape[1], mask.dtype))
+                      (mask.shape[0], mask.shape[1], mask.dtype), route)
     if isinstance(out, _Own):
-        if lq == 1 and attention_mask is None:
-            _remember(module, query, lk, scaling, caller_causal, out.plan)
+        if lq == 1:
+            _remember(module, query, lk, scaling, caller_causal, out.plan,
+                      None if attention_mask is None else _mask_layout(attention_mask))
         return _own_sdpa(module, *given, dropout=dropout, scaling=scaling,
                          is_causal=is_causal, **kwargs)
     return out.transpose(1, 2).contiguous(), None
 
 
-def _remember(module, query, lk: int, scaling, is_causal, held) -> None:
+def _mask_layout(mask) -> tuple:
+    """What of a decode step's attention mask its held class depends on: its batch and head
+    extents and its dtype (the class key's mask layout, before any conversion)."""
+    return (mask.shape[0], mask.shape[1], mask.dtype)
+
+
+def _same_mask_layout(mask, layout, lk: int) -> bool:
+    """Whether ``mask`` (None or a 4-D mask covering ``lk`` keys) has the remembered
+    ``layout`` (None: no mask)."""
+    if layout is None:
+        return mask is None
+    return mask is not None and mask.dim() == 4 and mask.shape[-1] >= lk \
+        and mask.shape[0] == layout[0] and mask.shape[1] == layout[1] \
+        and mask.dtype is layout[2]
+
+
+def _remember(module, query, lk: int, scaling, is_causal, held, mask_layout=None) -> None:
     """Remember on ``module`` that its decode steps of this batch, dtype, device and
-    parameters, with a cached length of ``lk``'s class, are ``held`` (see :data:`_MEMO`)."""
+    parameters (and this mask layout, or none), with a cached length of ``lk``'s class, are
+    ``held`` (see :data:`_MEMO`)."""
     lo = hi = lk
     if lk > 16:   # the lengths of lk's class: (2^((e-1)/4), 2^(e/4)], checked both ways
         b, e = bucket(lk), math.ceil(4 * math.log2(lk) - 1e-9)
@@ -215,7 +236,8 @@ def _remember(module, query, lk: int, scaling, is_causal, held) -> None:
         while bucket(hi + 1) == b:
             hi += 1
     object.__setattr__(module, _MEMO, (_generation, query.size(0), lo, hi, query.dtype,
-                                       query.get_device(), scaling, is_causal, held))
+                                       query.get_device(), scaling, is_causal, held,
+                                       mask_layout))
 
 
 def _attend(args: tuple, causal: bool, scale, mask_layout, route: bool = False):

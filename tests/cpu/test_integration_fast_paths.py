@@ -715,13 +715,15 @@ def test_a_sparse_layer_on_spmms_baseline_is_f_linear_without_copies(sparse_libr
         assert not layer._library and layer.route_of(x) == "held rows_kernel"
 
 
-def test_a_decode_layer_remembers_its_held_sdpa_class(library, monkeypatch):
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_decode_layer_remembers_its_held_sdpa_class(library, monkeypatch, masked):
     """A decode step whose layer last found its class held on SDPA goes to transformers'
     own function on integer comparisons alone (no class key): while the cached length
-    stays in the class, the batch, dtype and parameters unchanged. A length past the
-    class, another batch or dtype, a dropped plan and forget_held each send the call the
-    long way (the class key), which remembers the new class; routed turns still reach the
-    dispatcher."""
+    stays in the class, the batch, dtype, parameters and mask layout (none, or a padding
+    mask's batch and head extents and dtype) unchanged. A length past the class, another
+    batch or dtype, another mask layout, a dropped plan and forget_held each send the call
+    the long way (the class key), which remembers the new class; routed turns still reach
+    the dispatcher."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from adaptive.ops.base import bucket
     at.register()
@@ -732,12 +734,21 @@ def test_a_decode_layer_remembers_its_held_sdpa_class(library, monkeypatch):
     counted = _Counted(library)
     layer = _Layer()
 
-    def step(b, lk, dtype=torch.float32):
+    def step(b, lk, dtype=torch.float32, mask_kind=masked):
         q = torch.randn(b, 4, 1, 16, dtype=dtype)
         k, v = torch.randn(b, 2, lk, 16, dtype=dtype), torch.randn(b, 2, lk, 16, dtype=dtype)
-        out, _ = at.attention_forward(layer, q, k, v, None, scaling=0.3)
-        want, _ = sdpa_attention_forward(layer, q, k, v, None, scaling=0.3)
-        assert torch.equal(out, want)
+        mask = None
+        if mask_kind:   # left padding on the first row; or an additive mask of the dtype
+            mask = torch.ones(b, 1, 1, lk, dtype=torch.bool)
+            mask[0, ..., :5] = False
+            if mask_kind == "additive":
+                mask = torch.zeros(b, 1, 1, lk, dtype=dtype).masked_fill(~mask, -torch.inf)
+        out, _ = at.attention_forward(layer, q, k, v, mask, scaling=0.3)
+        want, _ = sdpa_attention_forward(layer, q, k, v, mask, scaling=0.3)
+        if mask is None:
+            assert torch.equal(out, want)
+        else:   # a class's deciding call is our SDPA call (GQA grouped, not repeated)
+            torch.testing.assert_close(out, want, rtol=1e-3, atol=1e-5)
     lengths = list(range(300, 300 + 3 * HOLD_EVERY))   # 300..491: four classes
     for lk in lengths:
         step(2, lk)
@@ -760,6 +771,15 @@ def test_a_decode_layer_remembers_its_held_sdpa_class(library, monkeypatch):
     at.forget_held()                          # every memo let go
     step(3, lengths[-1], torch.float16)
     assert len(attends) == before + 4
+    step(3, lengths[-1], torch.float16)       # the held call that remembers the class
+    step(3, lengths[-1], torch.float16)       # remembered
+    assert len(attends) == before + 5
+    # another mask layout: an additive mask for a boolean one (or one for none), and
+    # none for a mask (or a boolean one for none), each the long way
+    step(3, lengths[-1], torch.float16, "additive")
+    assert len(attends) == before + 6
+    step(3, lengths[-1], torch.float16, not masked)
+    assert len(attends) == before + 7
 
 
 _CSLT_SOURCE = _SPMM_SOURCE + '''
