@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gc
 import math
 import statistics
 import tempfile
@@ -145,6 +146,9 @@ class PolicyResult:
     first_miss_ms: float = math.nan
     first_decide_ms: float = math.nan
     first_policy_ms: float = math.nan   # of the decision, the policy's own decide
+    # per op: (new keys, mean first result ms, mean deciding ms) of a live policy
+    first_by_op: dict = dataclasses.field(default_factory=dict)
+    first_gc_ms: float = math.nan   # of a first result, Python's garbage collector (mean)
 
 
 @dataclasses.dataclass
@@ -287,8 +291,13 @@ class SelectionReport:
                     f"{r.first_policy_ms:.2f}, the listing and the rest "
                     f"{r.first_decide_ms - r.first_policy_ms:.2f}; preparing "
                     f"{r.first_miss_ms - r.first_decide_ms:.2f}), the launch and its wait "
-                    f"{r.first_result_ms - r.first_miss_ms:.2f}"
+                    f"{r.first_result_ms - r.first_miss_ms:.2f}; garbage collection in it "
+                    f"{r.first_gc_ms:.2f}"
                     for r in s.results if not math.isnan(r.first_miss_ms)]
+            out += [f"  {r.policy} first result by op: " + ", ".join(
+                f"{op} {ms:.2f} ms (deciding {dm:.2f}, {n} keys)"
+                for op, (n, ms, dm) in r.first_by_op.items())
+                for r in s.results if r.first_by_op]
             out += [f"  {r.policy} ({r.source}) issuing charged: " + ", ".join(
                 f"{k} {ms * 1e3:.1f} us (last {n})" for k, (n, ms) in sorted(r.issue_ms.items()))
                 for r in s.results if r.issue_ms]
@@ -478,18 +487,30 @@ def _live(name, dispatcher, stream, inputs, table, sync
     and for a learned policy each input's account of its class (its history's last two
     entries: the exploration and the commit with every candidate's samples)."""
     firsts, seen, misses = [], set(), []
+    by_op: dict = {}   # op -> ([first result ms], [deciding ms])
+    collecting = _GcTime()
+    gc_firsts = []     # ms of garbage collection inside each first result
     t_start = time.perf_counter_ns()
-    for s in stream:
-        args, params = inputs[s]
-        wall = time.time()
-        t0 = time.perf_counter_ns()
-        dispatcher.launch(s[0], *args, **params)
-        sync()
-        if s not in seen:
-            seen.add(s)
-            firsts.append((time.perf_counter_ns() - t0) / 1e6)
-            misses += dispatcher.recent_misses(since=wall)[-1:]   # outside the timing
-    total = (time.perf_counter_ns() - t_start) / 1e6
+    try:
+        for s in stream:
+            args, params = inputs[s]
+            wall = time.time()
+            gc_before = collecting.ms
+            t0 = time.perf_counter_ns()
+            dispatcher.launch(s[0], *args, **params)
+            sync()
+            if s not in seen:
+                seen.add(s)
+                firsts.append((time.perf_counter_ns() - t0) / 1e6)
+                gc_firsts.append(collecting.ms - gc_before)
+                mine = dispatcher.recent_misses(since=wall)[-1:]   # outside the timing
+                misses += mine
+                got = by_op.setdefault(s[0], ([], []))
+                got[0].append(firsts[-1])
+                got[1].extend(m["decide_ms"] for m in mine)
+        total = (time.perf_counter_ns() - t_start) / 1e6
+    finally:
+        collecting.close()
     for _ in range(3):   # let exploring keys finish: steady state means every key decided
         for s in dict.fromkeys(stream):
             plan = dispatcher.current_plan(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
@@ -531,8 +552,33 @@ def _live(name, dispatcher, stream, inputs, table, sync
                         {k: list(v) for k, v in dispatcher.issue_charges().items()},
                         first_miss_ms=_mean([m["ms"] for m in misses]),
                         first_decide_ms=_mean([m["decide_ms"] for m in misses]),
-                        first_policy_ms=_mean([m["policy_ms"] for m in misses])), \
+                        first_policy_ms=_mean([m["policy_ms"] for m in misses]),
+                        first_by_op={op: (len(f), statistics.mean(f), _mean(dm))
+                                     for op, (f, dm) in sorted(by_op.items())},
+                        first_gc_ms=_mean(gc_firsts)), \
         choice, why
+
+
+class _GcTime:
+    """Milliseconds Python's garbage collector has run since made (``ms``), from its
+    callbacks, until :meth:`close`: a first result's share of collections (a full one of a
+    loaded pack's objects took 72 ms on the development machine)."""
+
+    def __init__(self):
+        self.ms = 0.0
+        self._t0 = None
+        gc.callbacks.append(self._seen)
+
+    def _seen(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+            self._t0 = None
+
+    def close(self) -> None:
+        if self._seen in gc.callbacks:
+            gc.callbacks.remove(self._seen)
 
 
 def _mean(values: list) -> float:

@@ -51,6 +51,11 @@ def test_every_stream_reports_every_policy_from_one_run(report):
             if r.source == "live":
                 assert 0 < r.first_decide_ms <= r.first_miss_ms <= r.first_result_ms
                 assert 0 < r.first_policy_ms <= r.first_decide_ms
+                # the first results by op: every new key of the stream counted once
+                assert sum(n for n, _, _ in r.first_by_op.values()) == s.keys
+                assert f"{r.policy} first result by op: " in str(report)
+                assert 0 <= r.first_gc_ms <= r.first_result_ms
+                assert f"garbage collection in it {r.first_gc_ms:.2f}" in str(report)
                 assert (f"{r.policy} first result {r.first_result_ms:.2f} ms: the miss "
                         f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}: the "
                         f"policy {r.first_policy_ms:.2f}" in str(report))
