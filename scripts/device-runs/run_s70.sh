@@ -8,7 +8,7 @@ source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 120 python3 benchmarks/gpu_selection.py --out "$OUT" > "$OUT/selection.log" 2>&1
 echo "selection rc=$? $((SECONDS-t0)) s"
-grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|model accuracy|tuning runs under" "$OUT/selection.log" | cut -c1-300
+grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|first result by op|learned-[a-z]+: commits|model accuracy|tuning runs under" "$OUT/selection.log" | cut -c1-300
 t0=$SECONDS   # the A/B of a smaller exploring share on keys of few candidates (the H200
 mkdir -p "$OUT/frac25"   # corpus: attention 4.4 explored an input against 5.8, replay unchanged)
 timeout 120 python3 benchmarks/gpu_selection.py --learned explore_fraction=0.25 --out "$OUT/frac25" > "$OUT/selection_frac25.log" 2>&1
