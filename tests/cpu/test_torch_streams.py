@@ -79,3 +79,31 @@ def test_the_stream_objects_kept_are_bounded(monkeypatch):
             assert torch.current == ptr
     assert len(torch_streams._streams) == 4
     assert set(torch_streams._streams) == {(0, p) for p in (7, 8, 9, 10)}   # the newest
+
+
+def test_as_torch_takes_a_cuda_arrays_view_without_the_stream_exchange():
+    """``as_torch``: a CUDA array (DLPack device type 2) is asked for its capsule with
+    ``stream=-1`` (no exchange: torch's stream is the array's inside ``cupy_stream``); a
+    host array goes through the protocol as it is. Either way the view shares the memory."""
+    import numpy as np
+    import pytest
+    torch = pytest.importorskip("torch", reason="torch is in the test extra")
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = torch_streams.as_torch(torch, host)
+    assert t.shape == (2, 3) and t.data_ptr() == host.ctypes.data
+
+    asked = []
+
+    class CudaLike:   # a CUDA array's protocol over host memory, recording its stream
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, stream=None, **_):
+            asked.append(stream)
+            return self.a.__dlpack__()
+    view = torch_streams.as_torch(torch, CudaLike(host))
+    assert asked == [-1] and view.data_ptr() == host.ctypes.data
+    np.testing.assert_array_equal(view.numpy(), host)
