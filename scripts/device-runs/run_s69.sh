@@ -8,7 +8,12 @@
 source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_integration_fast_paths_cuda.py > "$OUT/tests.log" 2>&1
-echo "tests rc=$? $((SECONDS-t0)) s"; grep -E "passed|failed|Error" "$OUT/tests.log" | tail -4 | cut -c1-300
+rc=$?
+echo "tests rc=$rc $((SECONDS-t0)) s"; grep -E "passed|failed|Error" "$OUT/tests.log" | tail -4 | cut -c1-300
+if [ $rc -ne 0 ]; then   # the headline would serve through the failing routes: not run
+  grep -E "^E |^FAILED" "$OUT/tests.log" | head -20 | cut -c1-300
+  echo "headline 2:4 not run: the integration tests failed"; exit 1
+fi
 t0=$SECONDS
 timeout 430 python3 benchmarks/gpu_headline.py --case 2:4 --modes torch-nocudnn,adaptive --out "$OUT" > "$OUT/headline_24.log" 2>&1
 echo "headline 2:4 rc=$? $((SECONDS-t0)) s"
