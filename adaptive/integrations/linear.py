@@ -103,6 +103,8 @@ class AdaptiveLinear(nn.Linear):
         self._bias_col = None if b is None or self.mode == "dense" else b.view(-1, 1)
         self._held = {}   # (x shape, dtype, device) -> the dispatcher's committed plan
         self._cslt = None  # the weight as cuSPARSELt compressed it (see _cslt_linear)
+        # x.shape -> a committed plan of cuSPARSELt's 2:4 matmul: _cslt_linear serves it
+        self._cslt_shapes: dict = {}
         # x.shape -> (a committed plan, whether F.linear beat it with its copies)
         self._raced: dict = {}
         # x.shape -> a committed plan of torch's own matmul: F.linear is called instead
@@ -154,18 +156,19 @@ class AdaptiveLinear(nn.Linear):
             return y.view(x.shape[:-1] + (self.out_features,))
         held = None
         if not route:           # a weight kept as given, or sparse: F.linear where it is
-            y = self._library_first(x, x2)
-            if y is not None:
-                return y
-            held = self._cslt_held(x2)
-            if held is not None:
-                if next(self._turn) % (HOLD_EVERY << self._level):
-                    return self._cslt_linear(held, x, x2)
+            held = self._cslt_held(x)
+            if held is None:
+                y = self._library_first(x, x2)
+                if y is not None:
+                    return y
+            elif next(self._turn) % (HOLD_EVERY << self._level):
+                return self._cslt_linear(held, x, x2)
+            else:
                 route = True    # this call goes through the dispatcher (sampling, drift)
         xt = x2.t().contiguous()
         y = self._launch(self._op, self._w, xt, xt, x, route)     # [out, tokens]
         if held is not None:
-            self._level = backed_off(self._level, held, self._held.get(self._held_key(x2)))
+            self._level = backed_off(self._level, held, self._cslt_shapes.get(x.shape))
         if self._bias_col is not None:
             y += self._bias_col
         # row-major [..., out] as nn.Linear returns it: the transposed view's features are
@@ -200,12 +203,11 @@ class AdaptiveLinear(nn.Linear):
             self._library[x.shape] = plan
         return F.linear(x, self._w_linear, self._b_linear)
 
-    def _cslt_held(self, x2: torch.Tensor):
-        """The plan held for the rows ``x2`` where it is cuSPARSELt's 2:4 matmul on torch
-        tensors (served by :meth:`_cslt_linear`, no transposing copies), else None."""
-        plan = self._held.get(self._held_key(x2))
-        if plan is None or plan.stale or plan.problem.kind != "torch" or \
-                plan.candidate.variant.name != CSLT_VARIANT or x2.dtype is not self._dtype:
+    def _cslt_held(self, x: torch.Tensor):
+        """The committed plan of cuSPARSELt's 2:4 matmul held for ``x``'s shape (served by
+        :meth:`_cslt_linear`, no transposing copies), else None."""
+        plan = self._cslt_shapes.get(x.shape)
+        if plan is None or plan.stale or x.dtype is not self._dtype:
             return None
         return plan
 
@@ -253,9 +255,9 @@ class AdaptiveLinear(nn.Linear):
         plan = self._library.get(x.shape)
         if plan is not None and not plan.stale and x.dtype is self._dtype:
             return "F.linear (held)"
-        x2 = x.reshape(-1, self.in_features)
-        if self._cslt_held(x2) is not None:
+        if self._cslt_held(x) is not None:
             return "held cusparselt_24, x as given (cuSPARSELt's fused transpose)"
+        x2 = x.reshape(-1, self.in_features)
         held = self._held.get(self._held_key(x2))
         if held is not None and not held.stale:
             return f"held {held.candidate.label}"
@@ -294,9 +296,15 @@ class AdaptiveLinear(nn.Linear):
         if plan.provisional or plan.stale:   # still exploring: every call goes through
             self._held.pop(key, None)
             self._library.pop(shape, None)
+            self._cslt_shapes.pop(shape, None)
             return y
         if key in self._held or len(self._held) < MAX_HELD:
             self._held[key] = plan
+        if self._wt is None and _is_cslt(plan) and given.dtype is self._dtype:
+            if shape in self._cslt_shapes or len(self._cslt_shapes) < MAX_HELD:
+                self._cslt_shapes[shape] = plan
+        else:
+            self._cslt_shapes.pop(shape, None)
         if given.dtype is self._dtype and (_is_library(plan, op) or
                                            self._f_linear_wins(plan, given)):
             if shape in self._library or len(self._library) < MAX_HELD:
@@ -313,7 +321,7 @@ class AdaptiveLinear(nn.Linear):
         the kernel alone: run S66's pruned prefill held ``tc_wide`` on 32 projections,
         each with two transposing copies. A dense-layout weight (``x`` launched as given)
         and cuSPARSELt's fused route copy nothing: never raced."""
-        if self._wt is not None or plan.candidate.variant.name == CSLT_VARIANT:
+        if self._wt is not None or _is_cslt(plan):
             return False
         raced = self._raced.get(x.shape)
         if raced is not None and raced[0] is plan:
@@ -380,6 +388,12 @@ def cslt_linear(torch_mod, packed, x2):
         padded[:n] = x2
         return torch_mod._cslt_sparse_mm(packed, padded.t(), transpose_result=True)[:n]
     return torch_mod._cslt_sparse_mm(packed, x2.t(), transpose_result=True)
+
+
+def _is_cslt(plan) -> bool:
+    """Whether ``plan`` runs cuSPARSELt's 2:4 matmul on torch tensors (what
+    :func:`cslt_linear` calls with ``x`` as given)."""
+    return plan.problem.kind == "torch" and plan.candidate.variant.name == CSLT_VARIANT
 
 
 def _is_library(plan, op: str) -> bool:

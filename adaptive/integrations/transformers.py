@@ -155,7 +155,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
             and memo[2] <= key.size(2) <= memo[3] and query.dtype is memo[4] \
             and query.get_device() == memo[5] and scaling == memo[6] \
             and is_causal is memo[7] and not memo[8].stale \
-            and _same_mask_layout(attention_mask, memo[9], key.size(2)) \
+            and (attention_mask is None if memo[9] is None
+                 else _same_mask_layout(attention_mask, memo[9], key.size(2))) \
             and kwargs.get("softcap") is None and kwargs.get("position_bias") is None \
             and kwargs.get("s_aux") is None:
         if next(_turn) % (HOLD_EVERY << _level):
@@ -209,11 +210,9 @@ def _mask_layout(mask) -> tuple:
     return (mask.shape[0], mask.shape[1], mask.dtype)
 
 
-def _same_mask_layout(mask, layout, lk: int) -> bool:
+def _same_mask_layout(mask, layout: tuple, lk: int) -> bool:
     """Whether ``mask`` (None or a 4-D mask covering ``lk`` keys) has the remembered
-    ``layout`` (None: no mask)."""
-    if layout is None:
-        return mask is None
+    ``layout`` of a mask."""
     return mask is not None and mask.dim() == 4 and mask.shape[-1] >= lk \
         and mask.shape[0] == layout[0] and mask.shape[1] == layout[1] \
         and mask.dtype is layout[2]

@@ -284,8 +284,8 @@ class CausalLM:
             "host_ms": round(sum(e.self_cpu_time_total for e in events) / 1e3, 3),
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
                     for e in events[:15]],
-            "sdpa": [f"{n} call(s): {what}" for what, n in sdpa.most_common()],
-            "routes": [f"{n} call(s): {what}" for what, n in linears.most_common()]})
+            "sdpa": [f"{n} call(s): {args}" for args, n in sdpa.most_common()],
+            "routes": [f"{n} call(s): {way}" for way, n in linears.most_common()]})
         log.info("%s of batch %d profiled: %s", what, batch, self.prefill_profiles[-1])
         return out
 
