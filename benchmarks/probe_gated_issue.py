@@ -1,6 +1,7 @@
 """Where an exploring sample's host issuing goes, for library candidates under the gate.
 
     PYTHONPATH=$PWD python3 benchmarks/probe_gated_issue.py     # H200, about 20 s
+    PYTHONPATH=$PWD python3 benchmarks/probe_gated_issue.py --contention-shapes  # cuBLAS only
 
 Runs S26 and S28 charged library candidates far more host issuing in exploring samples
 than they take when called plainly: cuBLAS on gemm M=1 N=K=4096 (CuPy arrays) sampled at
@@ -64,12 +65,48 @@ def explored(adaptive, cp, torch) -> None:
               f", last 10 median {statistics.median(wall[-10:]):.1f}", flush=True)
 
 
+def contention_shapes(adaptive, cp) -> None:
+    """cuBLAS from CuPy arrays on the contention run's gemm inputs (run S70: the issuing
+    charged to it was 76 us, then 51, where a held plan issued in 21.5 us in S55): each
+    shape's first 8 issuings one by one (a new shape: cuBLAS's heuristics), then 50
+    synchronised one at a time and 50 back to back (the device busy), min and median."""
+    d = adaptive.Dispatcher("cuda", device=0)
+    from adaptive.ops import get_op
+    o = get_op("gemm")
+    for m, n, k in ((16, 4096, 4096), (128, 4096, 4096), (2048, 2048, 2048)):
+        args = (cp.random.rand(m, k).astype(cp.float16), cp.random.rand(k, n).astype(cp.float16))
+        problem, key = o.problem(args, {}), o.key(args, {})
+        for name in ("cublas", "tc_wide"):
+            cand = next(c for c in d.candidates("gemm", *args) if c.variant.name == name)
+            plan = d._prepare(o, problem, key, cand, args[-1])
+            rows = {}
+            for what, n_calls, sync in (("first", 8, True), ("synced", 50, True),
+                                        ("back to back", 50, False)):
+                times = []
+                for _ in range(n_calls):
+                    t0 = time.perf_counter_ns()
+                    plan.run(args, None)
+                    times.append((time.perf_counter_ns() - t0) / 1e3)
+                    if sync:
+                        d.backend.synchronize()
+                d.backend.synchronize()
+                rows[what] = times
+            print(f"issuing gemm cupy M={m} N={n} K={k} {name}: first 8 "
+                  f"{[round(t) for t in rows['first']]} us; synced min "
+                  f"{min(rows['synced']):.1f} median {statistics.median(rows['synced']):.1f}; "
+                  f"back to back min {min(rows['back to back']):.1f} median "
+                  f"{statistics.median(rows['back to back']):.1f} us", flush=True)
+
+
 def main() -> int:
     import cupy as cp
     import torch
 
     import adaptive
     from adaptive.ops import get_op
+    contention_shapes(adaptive, cp)
+    if "--contention-shapes" in sys.argv:
+        return 0
     d = adaptive.Dispatcher("cuda", device=0)
     be = d.backend
     explored(adaptive, cp, torch)
