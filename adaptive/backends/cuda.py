@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from adaptive import nvrtc
+from adaptive import nvrtc, optional
 from adaptive.backends import cuda_args
 from adaptive.backends.base import PlanIO, released
 from adaptive.backends import cuda_sparse  # noqa: F401 (registers spmm's w_csr_*/w_bsr* args)
@@ -401,7 +401,9 @@ class CudaBackend:
             # CuPy issued in 83 us, of which 4 views through the protocol took 26
             torch_fn = load_entry(variant, variant.torch_entry)
             native = functools.partial(torch_fn, **kwargs) if kwargs else torch_fn
-            index, torch = self.index, sys.modules["torch"]
+            # imported here if no caller did yet (a pack build's first case: run S72's
+            # KeyError), once, under optional's lock, on the miss path
+            index, torch = self.index, optional.require("torch", f"variant {variant.id}")
 
             def view(a):
                 if not hasattr(a, "__dlpack__"):   # a SparseWeight: the entry reads it
@@ -414,10 +416,10 @@ class CudaBackend:
                     native(*[view(a) for a in args], out=view(out))
             return run_torch_entry_on_cupy_stream
         if kind in ("cupy", "numpy") and "torch" in variant.needs:
-            index = self.index
+            index, torch = self.index, optional.require("torch", f"variant {variant.id}")
 
             def run_on_cupy_stream(args, out):   # torch's work on CuPy's current stream
-                with cupy_stream(sys.modules["torch"], index):
+                with cupy_stream(torch, index):
                     bound(*args, out=out)
             return run_on_cupy_stream
         if kind in ("cupy", "numpy"):

@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     m.add_argument("-o", "--out", required=True)
     m.add_argument("--allow-other-devices", action="store_true",
                    help="merge packs of different devices (keeps the first's fingerprint)")
+    m.add_argument("--fill-failures", action="store_true",
+                   help="keep the first pack as it is and fill only its failed (input, "
+                        "variant) pairs from the others (same device, same variant code)")
     r = sub.add_parser("replay", help="the learned policy on the pack's own measurements, "
                                       "one input held out at a time (no GPU needed)")
     r.add_argument("pack")
@@ -216,6 +219,18 @@ def _diff(args) -> int:
 
 def _merge(args) -> int:
     loaded = [packs.read_pack(p) for p in args.packs]
+    if args.fill_failures:
+        merged, left = compare.fill_failures(loaded[0], loaded[1:])
+        filled = merged.header["build"].get("filled_failures", [])
+        packs.write_pack(merged, args.out)
+        print(f"wrote {args.out}: {len(filled)} failed (input, variant) pairs of "
+              f"{args.packs[0]} filled ({sum(f['rows'] for f in filled)} rows), "
+              f"{len(left)} left failed")
+        for f in left:
+            print(f"  still failed: {f['op']}/{f['variant']} {dict(f['dims'])} {f['dtype']}: "
+                  f"{f.get('reason', '')[:120]}")
+        print(f"  file sha256 {packs.file_sha256(args.out)} (what sha256sum prints)")
+        return 0
     merged = compare.merge(loaded, args.allow_other_devices)
     packs.write_pack(merged, args.out)
     print(f"wrote {args.out}: {len(merged.variants)} variants, {len(merged.rows)} rows from "

@@ -53,6 +53,42 @@ def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
     return new_pack(variants.values(), rows, fp, cubins.values(), failures, build)
 
 
+
+def fill_failures(pack: Pack, donors: Sequence[Pack]) -> tuple[Pack, list[Mapping]]:
+    """``pack`` with each failed (input, variant) pair filled from the first donor that
+    measured it, on the same kind of device, with the variant's code unchanged: the donor's
+    rows for that input and variant are added and the failure dropped. Returns the new pack
+    (its header's ``build`` lists what was filled, from which pack) and the failures still
+    unfilled. A build whose first cases failed for a reason since fixed (run S72: torch not
+    yet imported) keeps the rest of its measurements instead of being rebuilt whole."""
+    ours = {v.id: code_of(v) for v in pack.variants}
+    rows, failures, filled = list(pack.rows), [], []
+    for f in pack.failures:
+        vid = f"{f['op']}/{f['variant']}"
+        dims = dict(f["dims"])
+        for donor in donors:
+            if not same_device(pack.fingerprint, donor.fingerprint):
+                continue
+            theirs = next((v for v in donor.variants if v.id == vid), None)
+            if theirs is None or code_of(theirs) != ours.get(vid):
+                continue
+            found = [r for r in donor.rows if r.op == f["op"] and r.variant == f["variant"]
+                     and r.dtype == f["dtype"] and dict(r.dims) == dims]
+            if found:
+                rows += found
+                filled.append({"op": f["op"], "variant": f["variant"], "dims": dims,
+                               "dtype": f["dtype"], "rows": len(found), "from": donor.sha256})
+                break
+        else:
+            failures.append(f)
+    header = dict(pack.header)
+    build = dict(header.get("build", {}))
+    if filled:
+        build["filled_failures"] = filled
+    header["build"] = build
+    return Pack(header, pack.variants, tuple(rows), pack.cubins, tuple(failures)), failures
+
+
 def row_key(r: Observation) -> tuple:
     """(op, dims, dtype, variant, config): rows with equal keys measure the same thing."""
     return (r.op, tuple(sorted(r.dims.items())), r.dtype, r.variant,

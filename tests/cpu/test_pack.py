@@ -358,6 +358,27 @@ def test_merge_refuses_other_devices_and_conflicting_variants():
         compare.merge([a, clash])
 
 
+
+def test_fill_failures_takes_only_the_failed_pairs_from_a_matching_donor(tmp_path):
+    failed = {"op": "softmax", "variant": "pack_softmax", "dims": {"R": 9, "C": 33},
+              "dtype": "float32", "config": {}, "reason": "KeyError: 'torch'"}
+    unmatched = dict(failed, dims={"R": 5, "C": 33})
+    pack = packs.new_pack([_variant()], [_row()], HOST_FP, failures=[failed, unmatched])
+    donor = packs.new_pack([_variant()], [_row(time_ms=9.0), _row(r=9, time_ms=0.25),
+                                          _row(r=11)], HOST_FP)
+    other = packs.new_pack([_variant()], [_row(r=5)], {"backend": "cuda", "name": "H200"})
+    filled, left = compare.fill_failures(pack, [other, donor])
+    # R=9 from the donor; R=7 kept as measured (the donor's 9 ms row not taken); R=11 not
+    # asked for; R=5 only on another device: still failed
+    assert sorted((r.dims["R"], r.time_ms) for r in filled.rows) == [(7, 0.5), (9, 0.25)]
+    assert left == [unmatched] and list(filled.failures) == [unmatched]
+    [record] = filled.header["build"]["filled_failures"]
+    assert record["dims"] == {"R": 9, "C": 33} and record["rows"] == 1
+    changed = packs.new_pack([_variant(source=SOFTMAX_SRC + "\n")], [_row(r=9)], HOST_FP)
+    assert compare.fill_failures(pack, [changed])[1] == [failed, unmatched]   # code differs
+    packs.write_pack(filled, tmp_path / "f.msgpack")
+    assert packs.read_pack(tmp_path / "f.msgpack").rows == filled.rows
+
 def test_diff_reports_variants_ratios_and_best_changes():
     a = packs.new_pack([_variant()], [_row(time_ms=1.0), _row(time_ms=2.0, cfg={"rows": 2})],
                        HOST_FP)
@@ -553,9 +574,8 @@ def test_shipped_pack_matches_the_built_in_variants():
 
 def test_the_wide_preset_measures_multi_head_prefills_causal_and_not():
     """The shipped pack's shapes: prefill attention with as many key/value heads as query
-    heads (where the flash kernels run, not SDPA alone), both causal and not; the earlier
-    draws unchanged: the attention inputs of the shipped pack (run S47 measured the
-    preset's first 54) are drawn still, and first."""
+    heads (where the flash kernels run, not SDPA alone), both causal and not; the shipped
+    pack (run S72) measured every attention input the preset draws, and only those."""
     from adaptive.packs import shipped_packs
     from adaptive.packs.format import read_pack
     from adaptive.packs.presets import wide
@@ -568,4 +588,4 @@ def test_the_wide_preset_measures_multi_head_prefills_causal_and_not():
     built = {tuple(sorted(r.dims.items())) for r in read_pack(h200).rows
              if r.op == "attention"}
     drawn = [tuple(sorted(c["dims"].items())) for c in a]
-    assert set(drawn[:54]) <= built <= set(drawn)   # (a rebuild adds the last 10)
+    assert built == set(drawn)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import sys
 import threading
 import types
 
@@ -89,3 +90,27 @@ def test_a_gate_that_fails_to_launch_becomes_the_fixed_hold_for_good(caplog):
     assert any("the stream gate failed to launch" in r.message for r in caplog.records)
     be.gate(0x52, 100.0)                       # no second launch: the hold at once
     assert calls == [0x51] and be.holds[-1] == (0x52, 100.0)
+
+
+def test_a_torch_library_variant_from_cupy_imports_torch_itself(monkeypatch):
+    """A pack build's first case met ``sdpa_torch`` and ``cusparselt_24`` before anything
+    had imported torch, and their plans failed with ``KeyError: 'torch'`` (run S72: 4 rows
+    missing from the shipped pack). The plan now asks optional.require for torch, naming
+    the variant, on both routes (the torch entry on views, and the entry as given)."""
+    fake_torch = types.SimpleNamespace(name="torch")
+    asked = []
+
+    def require(name, why=""):
+        asked.append((name, why))
+        return fake_torch
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(cuda.optional, "require", require)
+    monkeypatch.setattr(cuda, "load_entry", lambda variant, entry=None: (lambda *a, **k: None))
+    be = object.__new__(cuda.CudaBackend)
+    be.index, be._cp = 0, None
+    problem = types.SimpleNamespace(kind="cupy", dtype="float16", params_dict={})
+    for torch_entry in ("attention_torch", None):
+        variant = types.SimpleNamespace(id="attention/sdpa_torch", needs=("torch",),
+                                        torch_entry=torch_entry)
+        assert callable(be._prepare_library(variant, {}, problem))
+    assert asked == [("torch", "variant attention/sdpa_torch")] * 2
