@@ -162,7 +162,8 @@ class Subprocess:
         lines.put(None)
 
     def tail(self, n: int = 1500) -> str:
-        self.log.flush()
+        if not self.log.closed:   # (closed by a start that failed: run S69 lost its reason
+            self.log.flush()      # to "I/O operation on closed file")
         return self.log_path.read_text()[-n:]
 
     def close(self) -> None:
@@ -570,6 +571,14 @@ def split(requests: list, parts: int) -> list[list]:
     return [requests[n * i // parts: n * (i + 1) // parts] for i in range(parts)]
 
 
+def start_timeout_s(warmup_limit_s: float) -> float:
+    """How long a server may take to start: building the model (and pruning it), the
+    decode-attention sweep (its own limit, 120 s), and a warm-up that checks its limit from
+    its second round on, so it can run two rounds past it. Run S69: the adaptive 2:4 server
+    swept for 47.9 s and took 91.6 s for its first round, and 240 s were not enough."""
+    return 150.0 + 3 * warmup_limit_s
+
+
 def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY,
         duration_s: float = 120.0, quick: bool = False, preset: str | None = None,
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 90.0,
@@ -599,7 +608,8 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         max_tokens=4 if dry else max_tokens, client_warmup_s=0.5 if dry else client_warmup_s,
         warmup_limit_s=min(warmup_limit_s, 1.0) if dry else warmup_limit_s,
         max_batch=4 if dry else max_batch,
-        start_timeout_s=240.0, in_process=dry, server_args=tuple(server_args))
+        start_timeout_s=start_timeout_s(warmup_limit_s), in_process=dry,
+        server_args=tuple(server_args))
     prompt_max = 64 if dry else prompt_max
     min_tokens = None if dry or min_tokens is None else min_tokens
     stream = make_stream(requests, seed=0, rate=0.0, prompt_median=16 if dry else 128,

@@ -462,6 +462,25 @@ def test_a_load_splits_into_windows_of_the_same_requests_in_order():
         gpu_server.run("unused", device="host", per_client=2, windows=3)
 
 
+def test_a_server_that_fails_to_start_is_reported_with_its_own_output(tmp_path, monkeypatch):
+    """A server child that exits (or is cut) before it serves: the error carries the
+    child's last output, not "I/O operation on closed file" from reading the closed log
+    (run S69's adaptive mode); the start limit leaves room for two warm-up rounds past
+    their limit."""
+    from benchmarks import gpu_server
+    (tmp_path / "server.py").write_text(
+        "import sys\nprint('loading the model', flush=True)\n"
+        "sys.exit('warm-up failed: CUDA error: out of memory')\n")
+    monkeypatch.setattr(gpu_server, "SERVER_DIR", tmp_path)
+    with pytest.raises(RuntimeError, match="(?s)exited before serving.*out of memory"):
+        gpu_server.Subprocess([], tmp_path / "server.log", start_timeout_s=30)
+    (tmp_path / "server.py").write_text("import time\nprint('sweeping', flush=True)\n"
+                                        "time.sleep(60)\n")
+    with pytest.raises(RuntimeError, match="(?s)did not start in 1 s.*sweeping"):
+        gpu_server.Subprocess([], tmp_path / "server.log", start_timeout_s=1)
+    assert gpu_server.start_timeout_s(90.0) >= 120 + 2 * 90 + 60
+
+
 def test_a_pooled_loads_engine_share_counts_each_batch_to_its_windows_end():
     """Two windows of one mode (10 s each, other modes' windows between them): a batch is
     counted only inside the window it started in, clipped at that window's end, and the
