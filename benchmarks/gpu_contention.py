@@ -189,6 +189,26 @@ def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng,
     return {label: statistics.median(ts) if ts else math.inf for label, ts in samples.items()}
 
 
+def issuing_us(timer_d, spec, args, params, label: str, sync, calls: int = 20):
+    """(least, median) host time in us of issuing ``label`` pinned on ``spec``'s input, a
+    synchronise after each call (outside the timed part): what a call of that candidate
+    costs this process's host where the device waits for it. The policy charges a
+    host-bound class's samples the least of its variant's exploring issuings; run S70
+    charged cuBLAS 51-76 us here where a fresh process (S72's probe) issued it in 17-19."""
+    op = spec[0]
+    cand = next((c for c in timer_d.candidates(op, *args, **params) if c.label == label),
+                None)
+    if cand is None:
+        return None
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter_ns()
+        timer_d.launch(op, *args, variant=cand.variant.name, config=cand.config, **params)
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+        sync()
+    return min(times), statistics.median(times)
+
+
 # ---- one condition ------------------------------------------------------------------------------
 
 def _plan_state(d, key):
@@ -328,6 +348,10 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
                      if state is not None else 0,
                      "history": list(state.history)[-4:] if state is not None else [],
                      "times_ms": {k: float(f"{v:.5g}") for k, v in table.items()}})
+        if choice != oracle_label:   # the host's side of a choice the oracle disputes
+            rows[-1]["issuing_us"] = {
+                which: issuing_us(ctx["timer_d"], s, a, p, label, ctx["sync"])
+                for which, label in (("choice", choice), ("oracle", oracle_label))}
     return {"condition": name, "load": load_kind, "load_info": info, "load_result": result,
             "drive_s": drive_s, "wall_s": t_end - t_start, "policy_stats": stats,
             # the host issuing charged to exploring samples in host-bound classes, per
@@ -414,6 +438,13 @@ def print_report(report: dict) -> None:
                   f"{_calls(r['first_change_calls']):>8} {_calls(r['last_commit_calls']):>7} "
                   f"{r['re_explorations']:>7}  {r['oracle_choice']}")
         print(f"  geomean steady/oracle {c['geomean_ratio']:.3f}, worst {c['max_ratio']:.3f}")
+        for r in c["rows"]:
+            if r.get("issuing_us"):
+                print(f"  {r['input']}: issuing of a pinned launch, least/median of 20 "
+                      "(us): " + ", ".join(
+                          f"{which} {r[which if which == 'choice' else 'oracle_choice']} "
+                          + (f"{v[0]:.1f}/{v[1]:.1f}" if v else "-")
+                          for which, v in r["issuing_us"].items()))
         for r in c["rows"]:
             if r["re_explorations"] and c is not report["conditions"][0]:
                 print(f"  {r['input']}: " + " | ".join(h[:140] for h in r["history"][-3:]))
