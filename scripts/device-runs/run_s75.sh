@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# run S75: the exploring share A/B on the rebuilt pack, each setting twice, alternating, so
+# the run-to-run spread is measured beside the effect (S70 moved every row between two
+# runs, best-fixed and measure-each included; S72's long-burst tuning runs were 14.6%
+# against the 10% bar, S70's with explore_fraction 0.25 9.5%)
+source "$(dirname "$0")/setup.sh"
+for i in 1 2; do
+  for frac in default 0.25; do
+    t0=$SECONDS; mkdir -p "$OUT/$frac-$i"
+    extra=(); [ "$frac" = default ] || extra=(--learned "explore_fraction=$frac")
+    timeout 110 python3 benchmarks/gpu_selection.py "${extra[@]}" --out "$OUT/$frac-$i" > "$OUT/$frac-$i/selection.log" 2>&1
+    echo "selection $frac run $i rc=$? $((SECONDS-t0)) s"
+    grep -E "^steady/oracle over|BEAT|MATCHED|NOT|tuning runs under|first result of a new key" "$OUT/$frac-$i/selection.log" | grep -v "learned-pack" | cut -c1-260
+  done
+done
