@@ -13,3 +13,8 @@ for i in 1 2; do
     grep -E "^steady/oracle over|BEAT|MATCHED|NOT|tuning runs under|first result of a new key" "$OUT/$frac-$i/selection.log" | grep -v "learned-pack" | cut -c1-260
   done
 done
+t0=$SECONDS   # the main job's mixed workload on the rebuilt pack (S68: spmm 1.309 against
+# best-fixed 1.231 and rmsnorm 1.121 against 1.011 were the ops not beaten)
+timeout 60 python3 -m adaptive.cli bench mixed --backend cuda > /tmp/bench_mixed.log 2>&1
+echo "bench mixed rc=$? $((SECONDS-t0)) s"
+tail -12 /tmp/bench_mixed.log | cut -c1-240
