@@ -650,12 +650,12 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
     # a median-length request of each batch size (batch 16's steps were 6% slower in
     # run S63's lockstep against 4% at batch 1: each size profiled on its own)
     profiles = {}
-    for batch in batches:
-        same = sorted((r for r in requests if r[0] == batch), key=lambda r: r[1].shape[1])
-        if same:
+    for batch in batches:   # (not ``same``: that is the greedy count of the row below)
+        sized = sorted((r for r in requests if r[0] == batch), key=lambda r: r[1].shape[1])
+        if sized:
             for m in models:
                 profiles[f"{m} batch {batch}"] = profile_request(
-                    models[m], same[len(same) // 2], dev, min(32, new_tokens), sync, out, m)
+                    models[m], sized[len(sized) // 2], dev, min(32, new_tokens), sync, out, m)
 
     # ---- rows -------------------------------------------------------------------------------
     rows = []

@@ -108,6 +108,10 @@ def test_gpu_generate_lockstep_is_generates_computation(dry_runs):
     line = next(x for x in stdout.splitlines() if "lockstep loop's torch tokens" in x)
     same, total = map(int, re.search(r"(\d+)/(\d+) sequences", line).groups())
     assert same == total > 0, line
+    # the greedy comparison of the two models is a count too (a profile loop once reused
+    # its name and printed the requests instead)
+    line = next(x for x in stdout.splitlines() if "greedy tokens identical" in x)
+    assert re.search(r"identical \(first \d+\) +\d+/\d+ sequences", line), line
     for batch in (1, 3):
         for what in ("tokens/s", "per-token p99"):
             assert re.search(rf"ratio \(lockstep\) batch {batch} {re.escape(what)} "
