@@ -5,7 +5,7 @@
 # S66: 0.849x at 8 clients, 0.988x at 32, with 233 transposing copies in a prefill that
 # the cuSPARSELt route taking x as given (GPU-tested in S69) removes
 # The kernel cache is filled first (S69 ran without it: the adaptive server's sweep took
-# 23.9 s for its first batch size, 3.8-8.3 s for each later one, compiling as it went)
+# 23.9 s for its first batch size, 3.8-8.3 s for each later one: most likely compiling)
 source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 60 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
