@@ -427,8 +427,23 @@ def profile_request(model, request, device, new_tokens, sync, out: Path, mode: s
                          for e in events if e.key.startswith("adaptive::"))
     top = ", ".join(f"{e.key[:40]} {device_us(e) / 1e3:.1f}" for e in top_device[:3])
     host = ", ".join(f"{e.key[:40]} {e.self_cpu_time_total / 1e3:.1f}" for e in top_host[:3])
+    by_key = {e.key: (e.count, e.self_cpu_time_total / 1e3, device_us(e) / 1e3)
+              for e in events}
     return {"device_ms": total_device, "host_ms": total_host, "top_device": top,
-            "top_host": host, "launches": launches}
+            "top_host": host, "launches": launches, "by_key": by_key}
+
+
+def profile_differences(torch_p: dict, adaptive_p: dict, top: int = 10) -> list[str]:
+    """The ops whose self host time differs most between the two profiles of one request
+    (adaptive minus torch; ``adaptive::<op>`` ranges included: their self time is the
+    patched calls' own Python, with the profiler's cost of the range), each with its calls
+    and self device time in both: where a tokens/s gap of a few percent sits."""
+    a, t = adaptive_p["by_key"], torch_p["by_key"]
+    zero = (0, 0.0, 0.0)
+    keys = sorted(set(a) | set(t), key=lambda k: -abs(a.get(k, zero)[1] - t.get(k, zero)[1]))
+    return [f"{k[:48]:<48} host {a.get(k, zero)[1] - t.get(k, zero)[1]:+8.2f} ms "
+            f"(calls {t.get(k, zero)[0]} -> {a.get(k, zero)[0]}; device "
+            f"{t.get(k, zero)[2]:.2f} -> {a.get(k, zero)[2]:.2f} ms)" for k in keys[:top]]
 
 
 @contextlib.contextmanager
@@ -656,6 +671,12 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
             for m in models:
                 profiles[f"{m} batch {batch}"] = profile_request(
                     models[m], sized[len(sized) // 2], dev, min(32, new_tokens), sync, out, m)
+            pair = profiles[f"torch batch {batch}"], profiles[f"adaptive batch {batch}"]
+            print(f"  profile batch {batch}: self host time torch {pair[0]['host_ms']:.1f}, "
+                  f"adaptive {pair[1]['host_ms']:.1f} ms; largest differences by op:",
+                  flush=True)
+            for line in profile_differences(*pair):
+                print("    " + line, flush=True)
 
     # ---- rows -------------------------------------------------------------------------------
     rows = []
@@ -699,6 +720,7 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
                      f"{s_['token_p50_ms']:.3f} / {s_['token_p99_ms']:.3f} ms; refits "
                      f"{s_['refits']}; misses {s_['misses']}"})
     for mode, p in profiles.items():
+        p.pop("by_key", None)   # printed above; the JSON keeps the summary
         rows.append({"bench": BENCH, "case": f"profile {mode}: device / host self time",
                      "value": f"{p['device_ms']:.1f} / {p['host_ms']:.1f}", "unit": "ms",
                      "note": f"top device: {p['top_device']}; top host: {p['top_host']}"
