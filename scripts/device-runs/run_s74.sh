@@ -13,4 +13,4 @@ t0=$SECONDS
 timeout 420 python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
 echo "generate rc=$? $((SECONDS-t0)) s"
 cp /tmp/gen/gpu_generate.json /tmp/gen/generate_profile_*.txt "$OUT/" 2>/dev/null
-grep -E "ratio|ablation \(lockstep\)|profile" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
+grep -E "ratio|ablation \(lockstep\)|profile batch|^    .* host +[+-][0-9.]+ ms \(calls" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
