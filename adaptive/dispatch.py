@@ -46,14 +46,19 @@ MISS_LOG = 256    # misses kept for recent_misses()
 # served 0.98-1.01x there (H200, run S18, docs/benchmarks.md)
 HOLD_US = 1000.0
 # a call's host issuing, where the device waited for it, is charged as the least of the
-# last ISSUE_WINDOW issuings of its variant on inputs of its kind, the window seeded by two
-# back-to-back plain runs on the variant's first exploring turn: configs of one variant
-# issue alike, and an exploring sample's issuing only ever reads high (a collection, a page
-# fault, the turn after another candidate's kernels): run S24's split-KV samples read
-# 0.025-0.054 ms for 0.025 of device time; run S31's cuBLAS issued in 141-694 us while
-# exploring, in 50 us called back to back (CuPy arrays; tensors: 78-170 against 26 us), so
-# a median of its few samples committed our kernels at 2-4x cuBLAS's time
+# last ISSUE_WINDOW issuings of its variant on inputs of its kind, the window seeded by the
+# least of ISSUE_SEED_RUNS back-to-back plain runs on the variant's first exploring turn:
+# configs of one variant issue alike, and an exploring sample's issuing only ever reads
+# high (a collection, a page fault, the turn after another candidate's kernels): run S24's
+# split-KV samples read 0.025-0.054 ms for 0.025 of device time; run S31's cuBLAS issued
+# in 141-694 us while exploring, in 50 us called back to back (CuPy arrays; tensors:
+# 78-170 against 26 us), so a median of its few samples committed our kernels at 2-4x
+# cuBLAS's time
 ISSUE_WINDOW = 32
+# the seed's runs (after the turn's untimed first call): a library's first calls of a shape
+# still pay its heuristics. Run S72 (H200, CuPy arrays) issued cuBLAS's calls 2 to 8 of a
+# shape in 80-155, 23-32, then 16-23 us, against 17-19 us held: two runs seeded 23-32 us
+ISSUE_SEED_RUNS = 5
 # how a host-bound class's call is charged its issuing (Dispatcher.issue_charge): "sum", the
 # device time plus the issuing (a caller that waits for each call: the device then runs
 # after the host has issued), or "max", the larger of the two (a caller that issues call
@@ -884,8 +889,9 @@ class Dispatcher:
         """An explored candidate's first turn in its class: the call served, untimed, where
         the sampled calls are timed by events (a device: the first call loads modules and
         runs a library's heuristics for the shape); then, the first time a variant is
-        explored on inputs of its kind, two more runs back to back whose host issuing
-        seeds the variant's window of issuings (see :data:`ISSUE_WINDOW`). Elsewhere (the
+        explored on inputs of its kind, :data:`ISSUE_SEED_RUNS` more runs back to back
+        whose least host issuing seeds the variant's window of issuings (see
+        :data:`ISSUE_WINDOW`). Elsewhere (the
         host, whose calls are timed whole) a sample like any other."""
         timer = self._timer if self._timer_tried else self._event_timer()
         if timer is None:
@@ -894,7 +900,7 @@ class Dispatcher:
         recent = self._issue_window(plan)
         if not recent:
             times = []
-            for _ in range(2):
+            for _ in range(ISSUE_SEED_RUNS):
                 t0 = time.perf_counter_ns()
                 plan.run(args, out)
                 times.append((time.perf_counter_ns() - t0) / 1e6)

@@ -944,6 +944,33 @@ def test_each_candidates_first_turn_is_a_warm_up_that_seeds_its_issuing(rng):
     assert not d.plan("softmax", x).provisional
 
 
+
+def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
+    """cuBLAS issues a new shape's first calls slowly while its heuristics run (run S72,
+    H200, CuPy arrays: calls 2 to 8 in 80-155, 23-32, then 16-23 us, against 17-19 us
+    held). The seed is the least of ISSUE_SEED_RUNS back-to-back runs after the warm-up
+    call, so it reads the settled issuing, not the third call's."""
+
+    class Settling(dict):   # each label's issuings in call order, then the last for good
+        def get(self, label, default=0.0):
+            seq = self.setdefault(label, [0.004, 0.002, 0.0012, 0.0008, 0.0006, 0.0006])
+            return seq.pop(0) if len(seq) > 1 else seq[0]
+    be = _EventHost()
+    be.idle = True
+    be.issue_s = Settling()
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    x = rng.standard_normal((37, 29)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    explored = policy.state(plan.class_key).explore[:2]
+    for _ in range(2):      # each candidate's first turn: the warm-up call and the seed
+        d.launch("softmax", x)
+    for c in explored:
+        n, least = d.issue_charges()[f"{c.variant.id}/numpy"]
+        # the fifth call onwards issue in 0.6 ms; the third (the old seed's best) in 1.2
+        assert n == 1 and 0.6 <= least < 0.8, (c.label, least)
+
 def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float):
     """Two softmax candidates explored once each on the fake event host ``be``: the first
     explored (``fast``) runs ``fast_ms`` on the device after ``issue_s`` of host issuing,
