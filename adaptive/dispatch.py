@@ -838,6 +838,12 @@ class Dispatcher:
         return {f"{vid}/{kind}": (len(q), min(tuple(q)))
                 for (vid, kind), q in list(self._issued.items()) if q}
 
+    def issuings(self) -> dict[str, tuple[float, ...]]:
+        """Each variant's window of recent issuings in ms, oldest first (the seed, while
+        kept, first): what :meth:`issue_charges` takes the least of."""
+        return {f"{vid}/{kind}": tuple(q) for (vid, kind), q in list(self._issued.items())
+                if q}
+
     def _plan_for(self, decision: Decision, first: Plan, turn=None,
                   warmed: set | None = None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.

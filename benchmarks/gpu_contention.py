@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.contention_load import Load  # noqa: E402
 
 TARGET_RATIO = 1.10
+LIBRARIES = ("cublas", "sdpa_torch", "cublas_dense")   # issuing windows printed in full
 BATCH_MS = 0.5              # work in one timed batch of a candidate (at least 2 calls)
 GATE_US = 2000.0            # GPU: the longest a gate waits for the host to issue a timed call
 ORACLE_CALLS = 3            # GPU: calls of a candidate timed a round (each after a flush)
@@ -357,6 +358,10 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
             # the host issuing charged to exploring samples in host-bound classes, per
             # variant and input kind: (issuings kept, least of them in ms)
             "issue_charges": {k: [n, ms] for k, (n, ms) in d.issue_charges().items()},
+            # the windows themselves, oldest (the seed) first: whether the least is the
+            # seed's or every exploring sample's
+            "issuings_us": {k: [round(ms * 1e3, 1) for ms in q]
+                            for k, q in d.issuings().items()},
             "device_state_policy": policy_view,
             "nvml": nvml_summary(ctx["sampler"], t_start, t_end),
             "geomean_ratio": geomean([r["ratio"] for r in rows]),
@@ -430,6 +435,10 @@ def print_report(report: dict) -> None:
             print("  issuing charged so far: " + ", ".join(
                 f"{k} {ms * 1e3:.1f} us (last {n})"
                 for k, (n, ms) in sorted(c["issue_charges"].items())))
+        for k, window in sorted(c.get("issuings_us", {}).items()):
+            if c is report["conditions"][0] and k.split("/")[1] in LIBRARIES:
+                print(f"  issuings of {k}, oldest (the seed) first (us): "
+                      + ", ".join(f"{v:g}" for v in window))
         print(f"  {'input':<44} {'choice':<40} {'steady ms':>10} {'oracle ms':>10} "
               f"{'steady/oracle':>13} {'changed@':>8} {'commit@':>7} {'re-expl':>7}  oracle")
         for r in c["rows"]:
