@@ -7,7 +7,7 @@
 source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 80 python3 benchmarks/gpu_contention.py --out "$OUT/contention" > "$OUT/contention.log" 2>&1
-echo "contention rc=$? $((SECONDS-t0)) s"; tail -8 "$OUT/contention.log"
+echo "contention rc=$? $((SECONDS-t0)) s"; tail -10 "$OUT/contention.log"
 grep -E "issuing of a pinned launch|issuing charged so far|issuings of" "$OUT/contention.log" | head -14 | cut -c1-330
 t0=$SECONDS
 timeout 420 python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1

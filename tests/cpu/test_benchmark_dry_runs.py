@@ -260,6 +260,16 @@ def test_gpu_contention_dry_run_reports_each_condition_from_its_printed_numbers(
         geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         assert c["geomean_ratio"] == pytest.approx(geomean, rel=1e-12)
         assert f"geomean steady/oracle {geomean:.3f}" in stdout
+        # the caller-time table: the same inputs, each choice's and the fastest candidate's
+        # wall per call, their quotient printed, and its geomean (information, not a target)
+        callers = [r["caller"] for r in c["rows"]]
+        for k in callers:
+            assert k["ratio"] == k["steady_ms"] / k["oracle_ms"] >= 1.0
+            assert f"({k['oracle_choice']}): {k['ratio']:.3f}" in stdout
+        caller_geomean = math.exp(sum(math.log(k["ratio"]) for k in callers) / len(callers))
+        assert c["caller_geomean_ratio"] == pytest.approx(caller_geomean, rel=1e-12)
+        assert f"{c['condition']} {caller_geomean:.3f}" in stdout.split(
+            "caller time, steady/oracle by condition")[1]
     targets = {t: (m, ok) for t, m, ok in report["targets"]}
     assert len(targets) == len(names) + 1
     assert targets["measured with and without a co-running load"] == (
