@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# run S74: the contention run with each disputed choice's issuing measured in-process (S72's
+# run S74: the contention run with each disputed choice's issuing measured in-process, the
+# library variants' issuing windows, and a caller-time table beside the oracle (S72's
 # probe: cuBLAS held from CuPy issues in 17-19 us in a fresh process, where the contention
 # run charged it 42.7-76 us and committed tc_wide at 2.2-4.0x cuBLAS), then generate()
 # with library kernels only, given the time its profile needs (S70: cut at 300 s after the
