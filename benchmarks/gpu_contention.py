@@ -155,12 +155,9 @@ class BatchTimer:
         return statistics.median(cuda.get_elapsed_time(a, b) for a, b in pairs)
 
 
-def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng,
-                         sync) -> dict:
-    """{candidate label: median per-call ms}: every candidate, pinned, timed in ``rounds``
-    rounds of a shuffled order (a failing candidate: inf); a slow candidate's batch is
-    shorter (at least 2 calls, about ``BATCH_MS`` of work), so slow ones cost no more."""
-    op = spec[0]
+def pinned_calls(timer_d, op: str, args, params, sync) -> dict:
+    """{candidate label: a call of it pinned on this input, or None where its first call
+    (run and synchronised here: compiles, heuristics) failed}."""
     fns = {}
     for c in timer_d.candidates(op, *args, **params):
         def call(c=c):
@@ -171,6 +168,15 @@ def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng,
             fns[c.label] = call
         except Exception:  # noqa: BLE001 (a failing candidate is data)
             fns[c.label] = None
+    return fns
+
+
+def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng,
+                         sync) -> dict:
+    """{candidate label: median per-call ms}: every candidate, pinned, timed in ``rounds``
+    rounds of a shuffled order (a failing candidate: inf); a slow candidate's batch is
+    shorter (at least 2 calls, about ``BATCH_MS`` of work), so slow ones cost no more."""
+    fns = pinned_calls(timer_d, spec[0], args, params, sync)
     samples = {label: [] for label in fns}
     labels = [label for label, fn in fns.items() if fn is not None]
     batch = {}
@@ -202,17 +208,7 @@ def caller_ms(timer_d, spec, args, params, rounds: int, rng, sync,
     kept out by the gate), while the policy charges a host-bound class its issuing: where
     the two disagree (a library's issuing from CuPy), this table says which choice the
     caller's loop runs faster with. Information, not the issue's bar."""
-    op = spec[0]
-    fns = {}
-    for c in timer_d.candidates(op, *args, **params):
-        def call(c=c):
-            timer_d.launch(op, *args, variant=c.variant.name, config=c.config, **params)
-        try:
-            call()
-            sync()
-            fns[c.label] = call
-        except Exception:  # noqa: BLE001 (a failing candidate is data)
-            fns[c.label] = None
+    fns = pinned_calls(timer_d, spec[0], args, params, sync)
     best = {label: math.inf for label in fns}
     labels = [label for label, fn in fns.items() if fn is not None]
     for _ in range(rounds):
