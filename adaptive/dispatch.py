@@ -897,8 +897,8 @@ class Dispatcher:
         runs a library's heuristics for the shape); then, the first time a variant is
         explored on inputs of its kind, :data:`ISSUE_SEED_RUNS` more runs back to back
         whose least host issuing seeds the variant's window of issuings (see
-        :data:`ISSUE_WINDOW`). Elsewhere (the
-        host, whose calls are timed whole) a sample like any other."""
+        :data:`ISSUE_WINDOW`). Elsewhere (the host, whose calls are timed whole) a sample
+        like any other."""
         timer = self._timer if self._timer_tried else self._event_timer()
         if timer is None:
             return self._sampled(plan, args, out, True)

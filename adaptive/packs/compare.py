@@ -53,7 +53,6 @@ def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
     return new_pack(variants.values(), rows, fp, cubins.values(), failures, build)
 
 
-
 def fill_failures(pack: Pack, donors: Sequence[Pack]) -> tuple[Pack, list[Mapping]]:
     """``pack`` with each failed (input, variant) pair filled from the first donor that
     measured it, on the same kind of device, with the variant's code unchanged: the donor's
