@@ -391,14 +391,21 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
     return out
 
 
-def profile_request(model, request, device, new_tokens, sync, out: Path, mode: str) -> dict:
-    """One request under torch.profiler: top ops by device and by host time, to a file."""
+def profile_request(model, request, device, new_tokens, sync, out: Path | None, mode: str,
+                    labelled: bool = True) -> dict:
+    """One request under torch.profiler: top ops by device and by host time, to a file
+    (``out``; None: no file). ``labelled``: each patched call as a profiler range (see
+    :func:`_labelled_launches`; the ranges cost host time of their own, so the modes'
+    comparison profiles without them). Also the request's wall time and its host time
+    outside every profiled op (the Python between torch's ops, the profiler's own share
+    alike in both modes)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU]
     if device != "cpu":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof, _labelled_launches():
-        run_request(model, request, device, new_tokens, sync)
+    with profile(activities=activities) as prof, (
+            _labelled_launches() if labelled else contextlib.nullcontext()):
+        wall_ms = run_request(model, request, device, new_tokens, sync)["wall_s"] * 1e3
     events = prof.key_averages()
 
     def device_us(e):
@@ -418,7 +425,9 @@ def profile_request(model, request, device, new_tokens, sync, out: Path, mode: s
         lines += [f"{e.key[:60]:<60} {e.count:>7} {device_us(e) / 1e3:>15.3f} "
                   f"{e.self_cpu_time_total / 1e3:>13.3f} {e.cpu_time_total / 1e3:>9.3f}"
                   for e in rows]
-    (out / f"generate_profile_{mode}_b{request[0]}.txt").write_text("\n".join(lines) + "\n")
+    if out is not None:
+        (out / f"generate_profile_{mode}_b{request[0]}.txt").write_text("\n".join(lines)
+                                                                        + "\n")
     # the adaptive::<op> ranges' device time is their kernels' again: counted once
     total_device = sum(device_us(e) for e in events
                        if not e.key.startswith("adaptive::")) / 1e3
@@ -430,14 +439,15 @@ def profile_request(model, request, device, new_tokens, sync, out: Path, mode: s
     by_key = {e.key: (e.count, e.self_cpu_time_total / 1e3, device_us(e) / 1e3)
               for e in events}
     return {"device_ms": total_device, "host_ms": total_host, "top_device": top,
-            "top_host": host, "launches": launches, "by_key": by_key}
+            "top_host": host, "launches": launches, "by_key": by_key, "wall_ms": wall_ms,
+            "outside_ops_ms": wall_ms - total_host}
 
 
 def profile_differences(torch_p: dict, adaptive_p: dict, top: int = 10) -> list[str]:
-    """The ops whose self host time differs most between the two profiles of one request
-    (adaptive minus torch; ``adaptive::<op>`` ranges included: their self time is the
-    patched calls' own Python, with the profiler's cost of the range), each with its calls
-    and self device time in both: where a tokens/s gap of a few percent sits."""
+    """The ops whose self host time differs most between two profiles of one request
+    (adaptive minus torch, both without the patched calls' ranges), each with its calls
+    and self device time in both: where a tokens/s gap of a few percent sits; the host
+    time outside every op (the patched calls' own Python) is in the line above them."""
     a, t = adaptive_p["by_key"], torch_p["by_key"]
     zero = (0, 0.0, 0.0)
     keys = sorted(set(a) | set(t), key=lambda k: -abs(a.get(k, zero)[1] - t.get(k, zero)[1]))
@@ -671,10 +681,14 @@ def main(out_dir: str, device: str = "auto", quick: bool = False, rounds: int = 
             for m in models:
                 profiles[f"{m} batch {batch}"] = profile_request(
                     models[m], sized[len(sized) // 2], dev, min(32, new_tokens), sync, out, m)
-            pair = profiles[f"torch batch {batch}"], profiles[f"adaptive batch {batch}"]
-            print(f"  profile batch {batch}: self host time torch {pair[0]['host_ms']:.1f}, "
-                  f"adaptive {pair[1]['host_ms']:.1f} ms; largest differences by op:",
-                  flush=True)
+            pair = [profile_request(models[m], sized[len(sized) // 2], dev,
+                                    min(32, new_tokens), sync, None, m, labelled=False)
+                    for m in ("torch", "adaptive")]   # the comparison: no ranges in either
+            print(f"  profile batch {batch} (no ranges): wall torch {pair[0]['wall_ms']:.1f}, "
+                  f"adaptive {pair[1]['wall_ms']:.1f} ms; host outside torch's ops torch "
+                  f"{pair[0]['outside_ops_ms']:.1f}, adaptive {pair[1]['outside_ops_ms']:.1f} "
+                  f"ms; self host time in ops torch {pair[0]['host_ms']:.1f}, adaptive "
+                  f"{pair[1]['host_ms']:.1f} ms; largest differences by op:", flush=True)
             for line in profile_differences(*pair):
                 print("    " + line, flush=True)
 
