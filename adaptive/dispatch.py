@@ -838,7 +838,7 @@ class Dispatcher:
         return {f"{vid}/{kind}": (len(q), min(tuple(q)))
                 for (vid, kind), q in list(self._issued.items()) if q}
 
-    def issuings(self) -> dict[str, tuple[float, ...]]:
+    def issue_windows_ms(self) -> dict[str, tuple[float, ...]]:
         """Each variant's window of recent issuings in ms, oldest first (the seed, while
         kept, first): what :meth:`issue_charges` takes the least of."""
         return {f"{vid}/{kind}": tuple(q) for (vid, kind), q in list(self._issued.items())

@@ -406,7 +406,7 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
             # the windows themselves, oldest (the seed) first: whether the least is the
             # seed's or every exploring sample's
             "issuings_us": {k: [round(ms * 1e3, 1) for ms in q]
-                            for k, q in d.issuings().items()},
+                            for k, q in d.issue_windows_ms().items()},
             "device_state_policy": policy_view,
             "nvml": nvml_summary(ctx["sampler"], t_start, t_end),
             "geomean_ratio": geomean([r["ratio"] for r in rows]),

@@ -970,7 +970,7 @@ def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
         n, least = d.issue_charges()[f"{c.variant.id}/numpy"]
         # the fifth call onwards issue in 0.6 ms; the third (the old seed's best) in 1.2
         assert n == 1 and 0.6 <= least < 0.8, (c.label, least)
-        assert d.issuings()[f"{c.variant.id}/numpy"] == (least,)   # the window itself
+        assert d.issue_windows_ms()[f"{c.variant.id}/numpy"] == (least,)   # the window itself
 
 def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float):
     """Two softmax candidates explored once each on the fake event host ``be``: the first
