@@ -11,7 +11,7 @@ t0=$SECONDS
 timeout 60 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
 echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
 t0=$SECONDS
-timeout 520 python3 benchmarks/gpu_headline.py --case 2:4 --modes torch-nocudnn,adaptive --out "$OUT" > "$OUT/headline_24.log" 2>&1
+timeout 510 python3 benchmarks/gpu_headline.py --case 2:4 --modes torch-nocudnn,adaptive --out "$OUT" > "$OUT/headline_24.log" 2>&1
 echo "headline 2:4 rc=$? $((SECONDS-t0)) s"
 grep -E "serving after|FAILED|pooled|engine:|profile: (prefill|decode step 8): (batch|route|.*aten::copy_)" "$OUT/headline_24.log" | cut -c1-220
 grep -E "warm-up round|swept|stopped" "$OUT/server-adaptive.log" | tail -6 | cut -c1-200
