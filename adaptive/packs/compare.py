@@ -54,9 +54,9 @@ def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
 
 
 def fill_failures(pack: Pack, donors: Sequence[Pack]) -> tuple[Pack, list[Mapping]]:
-    """``pack`` with each failed (input, variant) pair filled from the first donor that
+    """``pack`` with each failed (input, variant, config) filled from the first donor that
     measured it, on the same kind of device, with the variant's code unchanged: the donor's
-    rows for that input and variant are added and the failure dropped. Returns the new pack
+    rows for that input, variant and config are added and the failure dropped. Returns the new pack
     (its header's ``build`` lists what was filled, from which pack) and the failures still
     unfilled. A build whose first cases failed for a reason since fixed (run S72: torch not
     yet imported) keeps the rest of its measurements instead of being rebuilt whole."""
@@ -64,7 +64,7 @@ def fill_failures(pack: Pack, donors: Sequence[Pack]) -> tuple[Pack, list[Mappin
     rows, failures, filled = list(pack.rows), [], []
     for f in pack.failures:
         vid = f"{f['op']}/{f['variant']}"
-        dims = dict(f["dims"])
+        dims, config = dict(f["dims"]), dict(f.get("config") or {})   # the failed config only
         for donor in donors:
             if not same_device(pack.fingerprint, donor.fingerprint):
                 continue
@@ -72,7 +72,8 @@ def fill_failures(pack: Pack, donors: Sequence[Pack]) -> tuple[Pack, list[Mappin
             if theirs is None or code_of(theirs) != ours.get(vid):
                 continue
             found = [r for r in donor.rows if r.op == f["op"] and r.variant == f["variant"]
-                     and r.dtype == f["dtype"] and dict(r.dims) == dims]
+                     and r.dtype == f["dtype"] and dict(r.dims) == dims
+                     and dict(r.config) == config]
             if found:
                 rows += found
                 filled.append({"op": f["op"], "variant": f["variant"], "dims": dims,

@@ -361,16 +361,20 @@ def test_merge_refuses_other_devices_and_conflicting_variants():
 
 def test_fill_failures_takes_only_the_failed_pairs_from_a_matching_donor(tmp_path):
     failed = {"op": "softmax", "variant": "pack_softmax", "dims": {"R": 9, "C": 33},
-              "dtype": "float32", "config": {}, "reason": "KeyError: 'torch'"}
+              "dtype": "float32", "config": {"rows": 1}, "reason": "KeyError: 'torch'"}
     unmatched = dict(failed, dims={"R": 5, "C": 33})
-    pack = packs.new_pack([_variant()], [_row()], HOST_FP, failures=[failed, unmatched])
+    pack = packs.new_pack([_variant()], [_row(), _row(r=9, cfg={"rows": 2})], HOST_FP,
+                          failures=[failed, unmatched])
     donor = packs.new_pack([_variant()], [_row(time_ms=9.0), _row(r=9, time_ms=0.25),
+                                          _row(r=9, time_ms=7.0, cfg={"rows": 2}),
                                           _row(r=11)], HOST_FP)
     other = packs.new_pack([_variant()], [_row(r=5)], {"backend": "cuda", "name": "H200"})
     filled, left = compare.fill_failures(pack, [other, donor])
-    # R=9 from the donor; R=7 kept as measured (the donor's 9 ms row not taken); R=11 not
-    # asked for; R=5 only on another device: still failed
-    assert sorted((r.dims["R"], r.time_ms) for r in filled.rows) == [(7, 0.5), (9, 0.25)]
+    # R=9's failed config from the donor, its other config kept as measured (the donor's
+    # 7 ms row of it not taken); R=7 kept (the donor's 9 ms row not taken); R=11 not asked
+    # for; R=5 only on another device: still failed
+    assert sorted((r.dims["R"], r.config["rows"], r.time_ms) for r in filled.rows) == [
+        (7, 1, 0.5), (9, 1, 0.25), (9, 2, 0.5)]
     assert left == [unmatched] and list(filled.failures) == [unmatched]
     [record] = filled.header["build"]["filled_failures"]
     assert record["dims"] == {"R": 9, "C": 33} and record["rows"] == 1
