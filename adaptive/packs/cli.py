@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="merge packs of different devices (keeps the first's fingerprint)")
     m.add_argument("--fill-failures", action="store_true",
                    help="keep the first pack as it is and fill only its failed (input, "
-                        "variant) pairs from the others (same device, same variant code)")
+                        "variant, config) entries from the others (same device, same "
+                        "variant code)")
     r = sub.add_parser("replay", help="the learned policy on the pack's own measurements, "
                                       "one input held out at a time (no GPU needed)")
     r.add_argument("pack")
@@ -223,7 +224,7 @@ def _merge(args) -> int:
         merged, left = compare.fill_failures(loaded[0], loaded[1:])
         filled = merged.header["build"].get("filled_failures", [])
         packs.write_pack(merged, args.out)
-        print(f"wrote {args.out}: {len(filled)} failed (input, variant) pairs of "
+        print(f"wrote {args.out}: {len(filled)} failed (input, variant, config) entries of "
               f"{args.packs[0]} filled ({sum(f['rows'] for f in filled)} rows), "
               f"{len(left)} left failed")
         for f in left:
