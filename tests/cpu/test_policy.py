@@ -951,9 +951,9 @@ def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
     held). The seed is the least of ISSUE_SEED_RUNS back-to-back runs after the warm-up
     call, so it reads the settled issuing, not the third call's."""
 
-    class Settling(dict):   # each label's issuings in call order, then the last for good
-        def get(self, label, default=0.0):
-            seq = self.setdefault(label, [0.004, 0.002, 0.0012, 0.0008, 0.0006, 0.0006])
+    class Settling(dict):   # each label's issuings in call order, then the last for good:
+        def get(self, label, default=0.0):   # 8 ms for its first four calls, then 1 ms
+            seq = self.setdefault(label, [0.008] * 4 + [0.001])
             return seq.pop(0) if len(seq) > 1 else seq[0]
     be = _EventHost()
     be.idle = True
@@ -968,8 +968,9 @@ def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
         d.launch("softmax", x)
     for c in explored:
         n, least = d.issue_charges()[f"{c.variant.id}/numpy"]
-        # the fifth call onwards issue in 0.6 ms; the third (the old seed's best) in 1.2
-        assert n == 1 and 0.6 <= least < 0.8, (c.label, least)
+        # the fifth call onwards issue in 1 ms: the seed reaches it (two runs read only
+        # 8 ms calls; the margin is for a sleep's overshoot on a busy machine)
+        assert n == 1 and 1.0 <= least < 4.0, (c.label, least)
         assert d.issue_windows_ms()[f"{c.variant.id}/numpy"] == (least,)   # the window itself
 
 def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float):
