@@ -835,8 +835,7 @@ class Dispatcher:
         :data:`ISSUE_WINDOW`, the warm-up turn's seed among them) and the least of them in
         ms, what the policy adds to their device times in a host-bound input class. Empty
         where nothing was measured (the host backend times its calls whole)."""
-        return {f"{vid}/{kind}": (len(q), min(tuple(q)))
-                for (vid, kind), q in list(self._issued.items()) if q}
+        return {k: (len(q), min(q)) for k, q in self.issue_windows_ms().items()}
 
     def issue_windows_ms(self) -> dict[str, tuple[float, ...]]:
         """Each variant's window of recent issuings in ms, oldest first (the seed, while

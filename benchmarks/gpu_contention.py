@@ -171,12 +171,11 @@ def pinned_calls(timer_d, op: str, args, params, sync) -> dict:
     return fns
 
 
-def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng,
-                         sync) -> dict:
-    """{candidate label: median per-call ms}: every candidate, pinned, timed in ``rounds``
-    rounds of a shuffled order (a failing candidate: inf); a slow candidate's batch is
-    shorter (at least 2 calls, about ``BATCH_MS`` of work), so slow ones cost no more."""
-    fns = pinned_calls(timer_d, spec[0], args, params, sync)
+def time_every_candidate(fns: dict, timer, rounds: int, rng) -> dict:
+    """{candidate label: median per-call ms}: every candidate of :func:`pinned_calls`'
+    ``fns`` timed in ``rounds`` rounds of a shuffled order (a failing candidate: inf); a
+    slow candidate's batch is shorter (at least 2 calls, about ``BATCH_MS`` of work), so
+    slow ones cost no more."""
     samples = {label: [] for label in fns}
     labels = [label for label, fn in fns.items() if fn is not None]
     batch = {}
@@ -197,9 +196,9 @@ def time_every_candidate(timer_d, spec, args, params, timer, rounds: int, rng,
     return {label: statistics.median(ts) if ts else math.inf for label, ts in samples.items()}
 
 
-def caller_ms(timer_d, spec, args, params, rounds: int, rng, sync,
-              calls: int = CALLER_CALLS) -> dict:
-    """{candidate label: per-call ms}: every candidate, pinned, issued ``calls`` times back
+def caller_ms(fns: dict, rounds: int, rng, sync, calls: int = CALLER_CALLS) -> dict:
+    """{candidate label: per-call ms}: every candidate of :func:`pinned_calls`' ``fns``
+    issued ``calls`` times back
     to back with one synchronise after them, by the host's clock (the least over
     ``rounds`` rounds of a shuffled order; a failing candidate: inf). That is what a
     caller that issues call after call pays a call: the host's issuing where it is the
@@ -208,7 +207,6 @@ def caller_ms(timer_d, spec, args, params, rounds: int, rng, sync,
     kept out by the gate), while the policy charges a host-bound class its issuing: where
     the two disagree (a library's issuing from CuPy), this table says which choice the
     caller's loop runs faster with. Information, not the issue's bar."""
-    fns = pinned_calls(timer_d, spec[0], args, params, sync)
     best = {label: math.inf for label in fns}
     labels = [label for label, fn in fns.items() if fn is not None]
     for _ in range(rounds):
@@ -226,21 +224,19 @@ def caller_ms(timer_d, spec, args, params, rounds: int, rng, sync,
     return best
 
 
-def issuing_us(timer_d, spec, args, params, label: str, sync, calls: int = 20):
-    """(least, median) host time in us of issuing ``label`` pinned on ``spec``'s input, a
-    synchronise after each call (outside the timed part): what a call of that candidate
-    costs this process's host where the device waits for it. The policy charges a
-    host-bound class's samples the least of its variant's exploring issuings; run S70
-    charged cuBLAS 51-76 us here where a fresh process (S72's probe) issued it in 17-19."""
-    op = spec[0]
-    cand = next((c for c in timer_d.candidates(op, *args, **params) if c.label == label),
-                None)
-    if cand is None:
+def issuing_us(fn, sync, calls: int = 20):
+    """(least, median) host time in us of issuing ``fn`` (a pinned call of
+    :func:`pinned_calls`; None: None), a synchronise after each call (outside the timed
+    part): what a call of that candidate costs this process's host where the device waits
+    for it. The policy charges a host-bound class's samples the least of its variant's
+    exploring issuings; run S70 charged cuBLAS 51-76 us here where a fresh process (S72's
+    probe) issued it in 17-19."""
+    if fn is None:
         return None
     times = []
     for _ in range(calls):
         t0 = time.perf_counter_ns()
-        timer_d.launch(op, *args, variant=cand.variant.name, config=cand.config, **params)
+        fn()
         times.append((time.perf_counter_ns() - t0) / 1e3)
         sync()
     return min(times), statistics.median(times)
@@ -321,7 +317,8 @@ def nvml_summary(sampler, t0: float, t1: float) -> dict:
 
 def _measure_condition(name: str, ctx: dict):
     """The dispatcher driven, then every candidate timed: (trace, drive s, the device
-    state the policy saw, {spec: {label: ms}})."""
+    state the policy saw, {spec: {label: ms}} by device time and by the caller's wall,
+    {spec: {label: its pinned call}})."""
     import adaptive
     from adaptive.policy.features import DeviceState
     d, timer_d, specs, inputs, args = (ctx[k] for k in ("d", "timer_d", "specs", "inputs",
@@ -338,14 +335,11 @@ def _measure_condition(name: str, ctx: dict):
     drive_s = time.perf_counter() - t0
     policy_view = DeviceState.from_mapping(d.backend.device_state()).features()
     say(f"{name}: {args.rounds} rounds driven in {drive_s:.1f} s; timing every candidate")
-    tables = {}
-    for s in specs:
-        a, p = inputs[s]
-        tables[s] = time_every_candidate(timer_d, s, a, p, timer, args.oracle_rounds, rng,
-                                         sync)
-    callers = {s: caller_ms(timer_d, s, *inputs[s], args.oracle_rounds, rng, sync)
-               for s in specs}
-    return trace, drive_s, policy_view, tables, callers
+    calls = {s: pinned_calls(timer_d, s[0], *inputs[s], sync) for s in specs}
+    tables = {s: time_every_candidate(calls[s], timer, args.oracle_rounds, rng)
+              for s in specs}
+    callers = {s: caller_ms(calls[s], args.oracle_rounds, rng, sync) for s in specs}
+    return trace, drive_s, policy_view, tables, callers, calls
 
 
 def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
@@ -359,7 +353,7 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
         say(f"{name}: load running ({info})")
     stats0 = dict(d.policy.stats)
     try:
-        trace, drive_s, policy_view, tables, callers = _measure_condition(name, ctx)
+        trace, drive_s, policy_view, tables, callers, calls = _measure_condition(name, ctx)
     finally:                             # the load never outlives its condition
         result = load.stop() if load else {}
     t_end = time.time()
@@ -388,15 +382,14 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
                      "history": list(state.history)[-4:] if state is not None else [],
                      "times_ms": {k: float(f"{v:.5g}") for k, v in table.items()}})
         caller = callers[s]
-        caller_label = min(caller, key=caller.get)
-        rows[-1]["caller"] = {"steady_ms": float(f"{caller.get(choice, math.inf):.5g}"),
-                              "oracle_ms": float(f"{caller[caller_label]:.5g}"),
-                              "oracle_choice": caller_label}
-        rows[-1]["caller"]["ratio"] = (rows[-1]["caller"]["steady_ms"]
-                                       / rows[-1]["caller"]["oracle_ms"])
+        caller_label = min(caller, key=caller.get)   # times as printed, as above
+        c_steady = float(f"{caller.get(choice, math.inf):.5g}")
+        c_oracle = float(f"{caller[caller_label]:.5g}")
+        rows[-1]["caller"] = {"steady_ms": c_steady, "oracle_ms": c_oracle,
+                              "oracle_choice": caller_label, "ratio": c_steady / c_oracle}
         if choice != oracle_label:   # the host's side of a choice the oracle disputes
             rows[-1]["issuing_us"] = {
-                which: issuing_us(ctx["timer_d"], s, a, p, label, ctx["sync"])
+                which: issuing_us(calls[s].get(label), ctx["sync"])
                 for which, label in (("choice", choice), ("oracle", oracle_label))}
     return {"condition": name, "load": load_kind, "load_info": info, "load_result": result,
             "drive_s": drive_s, "wall_s": t_end - t_start, "policy_stats": stats,

@@ -197,10 +197,8 @@ class AdaptiveLinear(nn.Linear):
             plan = default_dispatcher(args).plan(self._op, *args)
         if not self._by_f_linear(plan, x):
             return None
-        if key in self._held or len(self._held) < MAX_HELD:
-            self._held[key] = plan
-        if x.shape in self._library or len(self._library) < MAX_HELD:
-            self._library[x.shape] = plan
+        _hold(self._held, key, plan)
+        _hold(self._library, x.shape, plan)
         return F.linear(x, self._w_linear, self._b_linear)
 
     def _cslt_held(self, x: torch.Tensor):
@@ -298,17 +296,14 @@ class AdaptiveLinear(nn.Linear):
             self._library.pop(shape, None)
             self._cslt_shapes.pop(shape, None)
             return y
-        if key in self._held or len(self._held) < MAX_HELD:
-            self._held[key] = plan
+        _hold(self._held, key, plan)
         if self._wt is None and _is_cslt(plan) and given.dtype is self._dtype:
-            if shape in self._cslt_shapes or len(self._cslt_shapes) < MAX_HELD:
-                self._cslt_shapes[shape] = plan
+            _hold(self._cslt_shapes, shape, plan)
         else:
             self._cslt_shapes.pop(shape, None)
         if given.dtype is self._dtype and (_is_library(plan, op) or
                                            self._f_linear_wins(plan, given)):
-            if shape in self._library or len(self._library) < MAX_HELD:
-                self._library[shape] = plan
+            _hold(self._library, shape, plan)
         else:
             self._library.pop(shape, None)
         return y
@@ -341,8 +336,7 @@ class AdaptiveLinear(nn.Linear):
             return F.linear(x, self._w_linear, self._b_linear)
         mine, theirs = race_ms(kernel, library, x.device)
         wins = theirs <= mine
-        if x.shape in self._raced or len(self._raced) < MAX_HELD:
-            self._raced[x.shape] = (plan, wins)
+        _hold(self._raced, x.shape, (plan, wins))
         return wins
 
     def to_linear(self) -> nn.Linear:
@@ -388,6 +382,13 @@ def cslt_linear(torch_mod, packed, x2):
         padded[:n] = x2
         return torch_mod._cslt_sparse_mm(packed, padded.t(), transpose_result=True)[:n]
     return torch_mod._cslt_sparse_mm(packed, x2.t(), transpose_result=True)
+
+
+def _hold(table: dict, key, value) -> None:
+    """``table[key] = value`` unless the table already holds :data:`MAX_HELD` other keys (a
+    layer's tables are bounded; a full one keeps serving the keys it has)."""
+    if key in table or len(table) < MAX_HELD:
+        table[key] = value
 
 
 def _is_cslt(plan) -> bool:
