@@ -591,24 +591,26 @@ class Dispatcher:
         which absorb one-time costs such as building a sparse format); ``inf`` if it fails.
         On a device the run's device time (the backend's ``device_timer``), as exploring
         samples are timed, plus, with ``charge_issue`` (the caller's device was waiting for
-        the host when the miss came), the host's issuing of the run: what the call costs
-        the caller's timeline (see :meth:`_device_waits`)."""
+        the host when the miss came), the host's issuing of the run (the least over the
+        warm-up runs and the timed one): what the call costs the caller's timeline (see
+        :meth:`_device_waits`)."""
         try:
             plan = self._prepare(op, problem, key, candidate, args[-1])
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
             error = f"{type(exc).__name__}: {exc}"
         else:
             timer = self.backend.device_timer(self.backend.stream_ptr(problem.kind))
-            call, issue_ms = functools.partial(plan.run, args, None), [0.0]
+            call, issue_ms = functools.partial(plan.run, args, None), []
 
             def issued():   # the run, and how long the host took to issue it
                 t0 = time.perf_counter_ns()
                 call()
-                issue_ms[0] = (time.perf_counter_ns() - t0) / 1e6
+                issue_ms.append((time.perf_counter_ns() - t0) / 1e6)
             m = measure(issued if charge_issue and timer is not None else call,
                         warmup=warmup, sync=self.backend.synchronize, timer=timer)
-            if not m.error:
-                return self._charged(m.samples_ms[0], issue_ms[0])
+            if not m.error:   # the least issuing of the runs: one collection or page
+                # fault in the timed run would otherwise be charged to the candidate
+                return self._charged(m.samples_ms[0], min(issue_ms, default=0.0))
             error = m.error
         log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(), error)
         return math.inf
