@@ -849,7 +849,9 @@ class Dispatcher:
                   warmed: set | None = None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.
 
-        ``first`` serves the decision's first candidate. Each other explored candidate is
+        ``first`` serves the decision's first candidate (:func:`_first_of`: explored, or,
+        for a rotation narrowed to the candidates still short of samples, the fastest so
+        far, which then only serves failing calls). Each other explored candidate is
         prepared on its first turn; one that fails to prepare or to run is recorded as
         failed (``inf``) and that call is served by ``first``. ``turn`` (the input class's
         counter) is shared by the keys of one class, so their calls advance one rotation.
@@ -1076,5 +1078,9 @@ def _serves(decision: Decision, problem: Problem) -> bool:
 
 
 def _first_of(decision: Decision) -> Candidate:
-    """The candidate a decision runs first: its first explored one, or its choice."""
-    return decision.explore[0] if decision.explore else decision.candidate
+    """The candidate a decision's plan is built on (it serves the call of an explored
+    candidate that fails): its choice where that is committed or not explored (a rotation
+    narrowed to the candidates still short of samples), else its first explored one."""
+    if not decision.explore or decision.candidate not in decision.explore:
+        return decision.candidate
+    return decision.explore[0]

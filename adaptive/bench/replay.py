@@ -39,6 +39,8 @@ class Case:
     ratio: float            # committed time / best time (1.0: the best)
     top1_ratio: float = math.nan   # the model's first pick / best time
     top3_ratio: float = math.nan   # the best of the model's first three / best time
+    samples: int = 0        # timed exploring calls before the commit (the live loop's
+    # ``explored`` count, which gpu_selection sets against autotune's 4 runs a candidate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,13 @@ class ReplayReport:
         """Share of inputs whose best-predicted candidate is within ``bound`` of the best."""
         cases = [c for c in self._of(op) if math.isfinite(c.top1_ratio)]
         return sum(c.top1_ratio <= bound for c in cases) / max(1, len(cases))
+
+    def tuning_share(self, op: str | None = None) -> float:
+        """Timed exploring calls over exhaustive autotune's runs (a warm-up and 3 timed
+        runs of every candidate), summed over the inputs: the selection benchmark's
+        "tuning runs"."""
+        cases = self._of(op)
+        return sum(c.samples for c in cases) / max(1, sum(4 * c.candidates for c in cases))
 
     def top3_within(self, bound: float = 1.02, op: str | None = None) -> float:
         """Share of inputs where the best of the model's first three is within ``bound``."""
@@ -170,16 +179,18 @@ def fold_of(keys: Sequence[tuple], folds: int, seed: int = 0) -> dict[tuple, int
 
 def replay(pack_path: str, anchors: bool = True, ops: Sequence[str] | None = None,
            progress: Callable[[int, int], None] | None = None, folds: int = 10,
-           **policy_args) -> ReplayReport:
+           noise: tuple[float, float] | None = None, **policy_args) -> ReplayReport:
     """Held-out replay of :class:`~adaptive.policy.learned.Learned` on a pack's rows; see
     :func:`replay_setups` (this is one set-up of it)."""
-    return replay_setups(pack_path, (anchors,), ops, progress, folds, **policy_args)[0]
+    return replay_setups(pack_path, (anchors,), ops, progress, folds, noise=noise,
+                         **policy_args)[0]
 
 
 def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
                   ops: Sequence[str] | None = None,
                   progress: Callable[[int, int], None] | None = None, folds: int = 10,
-                  held_inputs: int | None = None, **policy_args) -> list[ReplayReport]:
+                  held_inputs: int | None = None, noise: tuple[float, float] | None = None,
+                  **policy_args) -> list[ReplayReport]:
     """Replay the learned policy on a pack's rows, held out by input, for each set-up
     (``True``: with anchors; ``False``: the model's picks only).
 
@@ -189,6 +200,11 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     never trains the model that decides it; the rows of an input are never split.
     ``held_inputs``: hold out only this many inputs (a seeded draw; a quick check), the
     rest always train.
+
+    ``noise``: ``(sigma, outliers)``: each explored sample is the pack's time times a
+    log-normal factor of ``sigma``, and with probability ``outliers`` times a further 1.5-3x
+    (a call that met interference), seeded per input; None: every sample is the pack's
+    time. The commit is still priced at the pack's time.
     """
     from adaptive.policy.learned import Learned, Neighbours
     from adaptive.policy.cost_model import CostModel, LiveModel, training_set
@@ -231,7 +247,7 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
                 for setup in setups:
                     cases[setup].append(_one(key, measured, model, near.copy(), setup,
                                              variants, limits, Learned, LiveModel,
-                                             make_candidate, policy_args))
+                                             make_candidate, policy_args, noise))
             if progress is not None:
                 progress(done, len(held))
     names = {True: "learned", False: "learned, model picks only (no anchors)"}
@@ -240,9 +256,10 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
 
 
 def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveModel,
-         make_candidate, policy_args) -> Case:
+         make_candidate, policy_args, noise=None) -> Case:
     """Decide one held-out input as on a miss, feed the explored candidates their measured
-    times as real calls would, and price the commit."""
+    times (with ``noise``, see :func:`replay_setups`) as real calls would, and price the
+    commit."""
     live = LiveModel(background=False, refit_every=1 << 30)
     live.model = model            # fitted on the other folds; live rows never refit it
     # times here are a pack's, not spent now: the wall-clock exploration budget is off
@@ -254,7 +271,8 @@ def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveMod
     cands = list(times)
     decision = policy.decide(_Context(first, key, limits), cands)
     chosen, explored = decision.candidate, 1
-    rotation, timed = decision.explore, set()
+    rotation, timed, samples = decision.explore, set(), 0
+    sample = _sampler(times, noise, key)
     # the calls rotate over the explored candidates as a class's do, and follow each new
     # rotation the policy hands back (one left behind, a widened exploration) to the commit
     for _ in range(policy.samples * 4 * policy.max_explore):
@@ -262,7 +280,8 @@ def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveMod
             break
         for c in rotation:
             timed.add(c)
-            later = policy.observe(key, c, times[c])
+            samples += 1
+            later = policy.observe(key, c, sample(c))
             if later is not None:
                 chosen, rotation = later.candidate, later.explore
                 break
@@ -276,4 +295,20 @@ def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveMod
         top3 = min(times[c] for c in ranked[:3]) / best
     best_c = min(times, key=times.get)
     return Case(first.op, first.dtype, dict(first.dims), len(cands), explored, chosen.label,
-                best_c.label, times[chosen] / best, top1, top3)
+                best_c.label, times[chosen] / best, top1, top3, samples)
+
+
+def _sampler(times: dict, noise: tuple[float, float] | None, key: tuple):
+    """candidate -> one sample of its time: the pack's, or with ``noise`` (see
+    :func:`replay_setups`), seeded by the input."""
+    if noise is None:
+        return times.__getitem__
+    import zlib
+    import numpy as np
+    sigma, outliers = noise
+    rng = np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+    def sample(c):
+        t = times[c] * float(np.exp(rng.normal(0.0, sigma)))
+        return t * float(rng.uniform(1.5, 3.0)) if rng.random() < outliers else t
+    return sample

@@ -122,6 +122,9 @@ class KeyState:
     # this exploration was widened once already (``Learned.widen_margin``)
     widened: bool = False
     cap: int = 0   # most candidates explored on this key (Learned._cap, set by decide)
+    # the candidates the class's calls rotate over now (a subset of ``explore``: those
+    # still short of their samples); empty: all of ``explore``
+    rotation: tuple = ()
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -274,6 +277,12 @@ class Learned(BasePolicy):
         explore_fraction: on a key with few candidates, at most this fraction of them is
             explored (at least :data:`EXPLORE_FLOOR` and ``min_explore``; :meth:`_cap`).
             None: ``max_explore``.
+        clear_margin: an explored candidate timed at least twice whose every sample is
+            more than this fraction above the leader's slowest sample is timed no further
+            (left behind as by ``race_ratio``), and the leader, timed at least twice, is
+            committed once every other candidate is left behind: the last of ``samples``
+            is spent only where two candidates' samples overlap. The first explored
+            candidate and the baseline are never left behind this way either. None: off.
         widen_margin: before a commit, candidates the model left out are explored too
             when the measurements refute its ranking (:meth:`_widen`): predicted, at the
             least wrong explored candidate's error, this fraction faster than the
@@ -290,7 +299,7 @@ class Learned(BasePolicy):
                  baseline_margin: float = 0.03, variant_reach: float = 0.5,
                  variant_slots: int = 2, min_explore: int = 2,
                  race_ratio: float | None = 2.0, widen_margin: float | None = 0.1,
-                 explore_fraction: float | None = 0.4):
+                 explore_fraction: float | None = 0.4, clear_margin: float | None = 0.03):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -326,6 +335,11 @@ class Learned(BasePolicy):
             raise ValueError(f"explore_fraction must be a fraction in (0, 1] or None, got "
                              f"{explore_fraction!r}")
         self.explore_fraction = explore_fraction
+        if clear_margin is not None and not (isinstance(clear_margin, (int, float))
+                                             and clear_margin >= 0):
+            raise ValueError(f"clear_margin must be a fraction >= 0 or None, got "
+                             f"{clear_margin!r}")
+        self.clear_margin = clear_margin
         self.variant_reach = variant_reach
         self.variant_slots = variant_slots
         self.baseline_margin = baseline_margin
@@ -603,7 +617,7 @@ class Learned(BasePolicy):
         state.reason = (f"exploring {len(explore)} candidates, deferred "
                         f"{'by a drift' if state.previous is not None else 'at the miss'}: the "
                         "exploration budget allows it again")
-        state.committed, state.explore = None, explore
+        state.committed, state.explore, state.rotation = None, explore, ()
         state.observed = {c: Samples() for c in explore}
         state.explorations += 1
         state.widened = False
@@ -622,15 +636,28 @@ class Learned(BasePolicy):
         # ``samples`` times (a failed one is done: it is never chosen, and so is one
         # left behind by the leader)
         active = tuple(c for c in state.explore if not state.observed[c].raced)
-        if any(len(state.observed[c]) < self.samples and not state.observed[c].failed
-               for c in active):
-            if not raced:
+        needed = self._needed(state, active)
+        rest = tuple(sorted((c for c in active if len(state.observed[c]) < needed
+                             and not state.observed[c].failed),
+                            key=lambda c: -len(state.observed[c])))
+        if rest:
+            # the class's calls rotate over the candidates that still need samples: a call
+            # of one that has its samples would be tuning spent on nothing. The decision's
+            # candidate, the fastest so far, serves the call of one that fails
+            if not raced and set(rest) == set(state.rotation or state.explore):
                 return None
-            # the class's calls rotate over the candidates still explored from now on
-            state.reason = (f"exploring {len(active)} of {len(state.explore)}: "
-                            + ", ".join(c.label for c in raced) + " left behind (fastest "
-                            f"sample over {self.race_ratio:g}x the leader's median)")
-            return Decision(active[0], state.reason, explore=active)   # (the commit's
+            state.rotation = rest
+            ran = [c for c in active if len(state.observed[c]) and not state.observed[c].failed]
+            anchor = min(ran, key=lambda c: state.observed[c].median()) if ran else rest[0]
+            if raced:
+                rules = ([f"fastest sample over {self.race_ratio:g}x the leader's median"]
+                         if self.race_ratio is not None else []) + (
+                    [f"or every sample of two or more over {1 + self.clear_margin:g}x the "
+                     "leader's slowest"] if self.clear_margin is not None else [])
+                state.reason = (f"exploring {len(active)} of {len(state.explore)}: "
+                                + ", ".join(c.label for c in raced) + " left behind ("
+                                + " ".join(rules).removeprefix("or ") + ")")
+            return Decision(anchor, state.reason, explore=rest)   # (the commit's
             # history line names the candidates left behind)
         # each candidate's median: a first call may pay one-time costs (a sparse format
         # built lazily, a cold cache) and any call may meet interference
@@ -652,6 +679,7 @@ class Learned(BasePolicy):
         if math.isinf(fastest[best]):
             failed = ", ".join(c.label for c in state.explore)
             state.reason = f"every explored candidate failed ({failed})"
+            state.rotation = ()
             state.explore = tuple(c for c in state.candidates if c not in fastest)[
                 : state.cap]
             if not state.explore:
@@ -667,7 +695,8 @@ class Learned(BasePolicy):
         state.recent.clear()
         others = sorted((t, c.label) for c, t in fastest.items() if c != best)
         runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
-        state.reason = (f"committed after timing {len(fastest)} candidates {self.samples}x on "
+        state.reason = (f"committed after timing {len(fastest)} candidates up to "
+                        f"{self.samples}x on "
                         f"real calls (medians): {best.label} {fastest[best]:.4g} ms{runner}"
                         f"{kept}")
         state.history.append(state.reason + "; samples " + ", ".join(
@@ -711,7 +740,7 @@ class Learned(BasePolicy):
         extra, _ = self._per_variant(left, room)   # model order, per_variant of each
         state.widened = True
         active = tuple(c for c in state.explore if not state.observed[c].raced)
-        state.explore = active + tuple(extra)
+        state.explore, state.rotation = active + tuple(extra), ()
         for c in extra:
             state.observed[c] = Samples()
         state.reason = (f"widened by {len(extra)} ({', '.join(c.label for c in extra)}): the "
@@ -725,25 +754,39 @@ class Learned(BasePolicy):
         return Decision(best, state.reason, explore=(best, *extra))
 
     def _race(self, state: KeyState) -> list:
-        """Mark the explored candidates the leader has left behind (see ``race_ratio``);
-        the ones newly marked."""
-        if self.race_ratio is None:
+        """Mark the explored candidates the leader has left behind (see ``race_ratio`` and
+        ``clear_margin``); the ones newly marked."""
+        if self.race_ratio is None and self.clear_margin is None:
             return []
         obs = state.observed
         timed = [obs[c].median() for c in state.explore
                  if len(obs[c]) >= 2 and not obs[c].failed and not obs[c].raced]
         if not timed:
             return []
-        bar = self.race_ratio * min(timed)
+        bar = math.inf if self.race_ratio is None else self.race_ratio * min(timed)
+        clear = math.inf
+        if self.clear_margin is not None:   # above the leader's slowest sample
+            leader = min((c for c in state.explore if len(obs[c]) >= 2
+                          and not obs[c].failed and not obs[c].raced),
+                         key=lambda c: obs[c].median())
+            clear = (1 + self.clear_margin) * max(obs[leader])
         out = []
         for c in state.explore[1:]:
             s = obs[c]
             if s.raced or s.failed or not len(s) or len(s) >= self.samples \
-                    or c.variant.baseline or min(s) <= bar:
+                    or c.variant.baseline:
                 continue
-            s.raced = True
-            out.append(c)
+            if min(s) > bar or (len(s) >= 2 and min(s) > clear):
+                s.raced = True
+                out.append(c)
         return out
+
+    def _needed(self, state: KeyState, active: tuple) -> int:
+        """Samples each candidate still explored needs before the commit: ``samples``, or
+        2 where ``clear_margin`` has left every other candidate behind (the leader's)."""
+        if self.clear_margin is not None and len(active) == 1 and len(state.explore) > 1:
+            return min(2, self.samples)
+        return self.samples
 
     def _check_drift(self, state: KeyState) -> Decision | None:
         if state.revalidate_in > 0:
@@ -789,7 +832,7 @@ class Learned(BasePolicy):
             state.recent.clear()
             state.revalidate_in = 0
             return None
-        state.committed, state.explore = None, explore
+        state.committed, state.explore, state.rotation = None, explore, ()
         state.observed = {c: Samples() for c in explore}
         state.explorations += 1
         state.widened = False

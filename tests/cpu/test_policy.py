@@ -93,11 +93,18 @@ def test_commit_picks_the_fastest_observed_not_the_predicted(rng):
     ctx, cands, _ = softmax_context(rng)
     policy = Learned(LiveModel(background=False), max_explore=3, samples=2, race_ratio=None)
     d = policy.decide(ctx, cands)
-    times = dict(zip(d.explore, (0.5, 0.2, 0.9)))
-    decisions = [policy.observe(ctx.key, c, times[c]) for _ in range(2) for c in d.explore]
-    assert decisions[:-1] == [None] * 5
-    assert decisions[-1].candidate == d.explore[1]
-    assert dict(decisions[-1].observed_ms)[d.explore[1].label] == pytest.approx(0.2)
+    e0, e1, e2 = d.explore
+    times = {e0: 0.5, e1: 0.2, e2: 0.9}
+    decisions = [policy.observe(ctx.key, c, times[c]) for c in (e0, e1, e2, e0)]
+    assert decisions[:3] == [None] * 3
+    # e0 has its samples: the calls rotate over the two still short of theirs, and the
+    # fastest so far serves the call of one that fails
+    assert decisions[3].explore == (e1, e2) and decisions[3].candidate == e1
+    assert policy.observe(ctx.key, e1, times[e1]).explore == (e2,)
+    commit = policy.observe(ctx.key, e2, times[e2])
+    assert commit.candidate == e1 and not commit.explore
+    assert dict(commit.observed_ms)[e1.label] == pytest.approx(0.2)
+    assert policy.state(ctx.key).explored == {e0: 2, e1: 2, e2: 2}   # none timed a third time
 
 
 def test_drift_reopens_exploration_and_a_steady_key_stays(rng):
@@ -219,25 +226,30 @@ def _explored_softmax(rng, rows, cols, max_explore):
 
 def test_failed_exploration_candidate_falls_back_and_is_recorded(rng):
     x, policy, d, key = _explored_softmax(rng, 40, 33, max_explore=2)
-    first = d._plans[key]
-    second = first.decision.explore[1]
-    pooled = d._prepare_like(first, second, (x,))
+    plan = d._plans[key]
+    state = policy.state(plan.class_key)
+    first, second = state.explore
+    # one sample a candidate: the miss timed the first, so the calls rotate over the second
+    # alone and the first serves a call of it that fails
+    assert plan.decision.explore == (second,) and plan.candidate == first
+    pooled = d._prepare_like(plan, second, (x,))
 
     def broken(args, out):
         raise RuntimeError("kernel fault")
     d._prepared[(key, second)] = dataclasses.replace(pooled, run=broken)
-    d._plans[key] = d._plan_for(first.decision, d._prepared[(key, first.candidate)])
-    d.launch("softmax", x)                           # the first candidate's turn
+    d._plans[key] = d._plan_for(plan.decision, d._prepared[(key, first)])
     y = d.launch("softmax", x)                       # the broken one's turn: falls back
     np.testing.assert_allclose(y, OPS["softmax"].reference(x), rtol=1e-5, atol=1e-6)
-    assert policy.state(d._plans[key].class_key).observed[second] == [math.inf]
-    assert d._plans[key].candidate != second
+    assert state.observed[second] == [math.inf]
+    assert d._plans[key].candidate == first and not d._plans[key].provisional
 
 
 def test_a_miss_prepares_one_candidate_and_one_that_cannot_be_prepared_is_recorded(rng):
     x, policy, d, key = _explored_softmax(rng, 41, 35, max_explore=3)
-    explore = d._plans[key].decision.explore
-    assert len(explore) == 3 and [k for k in d._prepared if k[0] == key] == [(key, explore[0])]
+    plan = d._plans[key]
+    explore = policy.state(plan.class_key).explore
+    assert len(explore) == 3 and plan.decision.explore == explore[1:]   # (the first: timed)
+    assert [k for k in d._prepared if k[0] == key] == [(key, explore[0])]
     prepare = d.backend.prepare
 
     def refuses_the_last(candidate, problem, op):
@@ -790,22 +802,24 @@ def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
     every candidate again."""
     ctx, cands, _ = softmax_context(rng)
     policy = Learned(LiveModel(background=False), max_explore=4, samples=3, drift_window=3,
-                     drift_ratio=1.5)
+                     drift_ratio=1.5, clear_margin=None)
     d = policy.decide(ctx, cands)
     e0, e1, e2, e3 = d.explore
     times = {e0: 5.0, e1: 0.5, e2: 3.0, e3: 0.55}   # e0 (first) slow too: kept all the same
     assert [policy.observe(ctx.key, c, times[c]) for c in d.explore] == [None] * 4
     assert policy.observe(ctx.key, e0, times[e0]) is None   # leader e0 5.0: bar 10
     raced = policy.observe(ctx.key, e1, times[e1])           # leader e1 0.5: bar 1.0
-    assert raced is not None and raced.explore == (e0, e1, e3) and raced.candidate == e0
+    # the fastest so far serves a failing call
+    assert raced is not None and raced.explore == (e0, e1, e3) and raced.candidate == e1
     state = policy.state(ctx.key)
     assert state.observed[e2].raced and not state.observed[e0].raced
     assert "left behind" in raced.reason and e2.label in raced.reason
     assert policy.observe(ctx.key, e2, 3.1) is None          # a late sample: counted only
     assert policy.observe(ctx.key, e3, times[e3]) is None
-    commit = None
-    for c in (e0, e1, e3):
-        commit = policy.observe(ctx.key, c, times[c])
+    narrowed = policy.observe(ctx.key, e0, times[e0])        # e0 has its 3 samples
+    assert narrowed.explore == (e1, e3) and narrowed.candidate == e1
+    assert policy.observe(ctx.key, e1, times[e1]).explore == (e3,)
+    commit = policy.observe(ctx.key, e3, times[e3])
     assert commit is not None and commit.candidate == e1 and not commit.explore
     assert state.explored == {e0: 3, e1: 3, e2: 2, e3: 3}
     assert "(left behind)" in state.history[-1] and state.committed == e1
@@ -817,6 +831,46 @@ def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
     assert not any(state.observed[c].raced for c in out.explore)
     with pytest.raises(ValueError, match="race_ratio must be > 1 or None"):
         Learned(LiveModel(background=False), race_ratio=1.0)
+
+
+def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
+    """clear_margin: a candidate timed twice whose every sample is over (1 + margin) x the
+    leader's slowest is timed no further, and the leader, timed twice, is committed once
+    the others are; candidates whose samples overlap the leader's get all their samples.
+    The first explored candidate and the baseline are never left behind this way."""
+    ctx, cands, _ = softmax_context(rng)
+    policy = Learned(LiveModel(background=False), max_explore=4, samples=3, race_ratio=None,
+                     clear_margin=0.05)
+    d = policy.decide(ctx, cands)
+    e0, e1, e2, e3 = d.explore
+    assert not any(c.variant.baseline for c in (e1, e2, e3))
+    base = {e0: 1.30, e1: 1.00, e2: 1.04, e3: 1.20}   # e2 within 5% of e1, e3 clear of it
+    wobble = {e0: (1.0, 1.01), e1: (1.0, 1.02), e2: (1.01, 0.99), e3: (1.0, 1.01)}
+    for i in range(2):
+        out = [policy.observe(ctx.key, c, base[c] * wobble[c][i]) for c in d.explore]
+    state = policy.state(ctx.key)
+    # leader e1, slowest sample 1.02: e3's samples (1.20, 1.212) are clear of 1.071, e2's
+    # (1.0504, 1.0296) are not; e0 (the first) is kept whatever its time
+    assert state.observed[e3].raced and not state.observed[e2].raced
+    assert not state.observed[e0].raced
+    assert out[-1].explore == (e0, e1, e2) and out[-1].candidate == e1
+    assert "left behind" in out[-1].reason and "1.05x the leader's slowest" in out[-1].reason
+    commit = None
+    for c in (e0, e1, e2):
+        commit = policy.observe(ctx.key, c, base[c])
+    assert commit.candidate == e1 and not commit.explore
+    assert state.explored == {e0: 3, e1: 3, e2: 3, e3: 2}
+    # all clear of the leader: its two samples are enough
+    policy2 = Learned(LiveModel(background=False), max_explore=4, samples=3, race_ratio=None,
+                      clear_margin=0.05)
+    d2 = policy2.decide(ctx, cands)
+    f0, f1, f2, f3 = d2.explore
+    far = {f0: 1.0, f1: 2.0, f2: 2.1, f3: 1.9}
+    outs = [policy2.observe(ctx.key, c, far[c]) for _ in range(2) for c in d2.explore]
+    assert outs[-1] is not None and outs[-1].candidate == f0 and not outs[-1].explore
+    assert policy2.state(ctx.key).explored == {f0: 2, f1: 2, f2: 2, f3: 2}
+    with pytest.raises(ValueError, match="clear_margin must be a fraction >= 0 or None"):
+        Learned(LiveModel(background=False), clear_margin=-0.01)
 
 
 def test_a_class_stops_running_the_candidate_left_behind(rng):
@@ -840,6 +894,33 @@ def test_a_class_stops_running_the_candidate_left_behind(rng):
     by_time = sorted(runs.items(), key=lambda kv: kv[1])
     assert by_time[0][1] <= 3 < by_time[-1][1]   # c: its warm-up and at most two samples
     assert sum(state.explored.values()) < 9      # three candidates x three samples, less
+
+
+def test_a_class_stops_running_a_candidate_clear_of_the_leader(rng):
+    """Through the dispatcher (events harvested a call late, a warm-up turn each): c,
+    every sample 1.5x a's, is clear of the leader after its second sample and runs no
+    more; a and b, 2% apart, are timed fully and the commit is a, after no more calls
+    than three samples each would take."""
+    runs = {}
+    be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.02, "c": 1.5},
+                                         loaded_ms={"a": 1.0, "b": 1.02, "c": 1.5})
+    real = be.prepare
+
+    def counted(candidate, problem, op):
+        fn = real(candidate, problem, op)
+
+        def run(args, out):
+            runs[candidate.label] = runs.get(candidate.label, 0) + 1
+            return fn(args, out)
+        return run
+    be.prepare = counted
+    assert calls_until("a", 15) <= 3 + 3 * 3 + 1   # warm-ups, samples, the harvest's lag
+    state = next(iter(policy.keys.values()))
+    c = next(c for c in state.explore if state.observed[c].raced)
+    assert state.explored[c] == 2 and list(state.observed[c]) == [1.5, 1.5]
+    assert runs[c.label] == 1 + 2   # its warm-up (its variant seeded by b's) and 2 samples
+    assert all(state.explored[o] >= 3 for o in state.explore if o != c)
+    assert f"{c.label} n=2 median 1.5 min 1.5 (left behind)" in state.history[-1]
 
 
 def test_a_drift_that_keeps_the_choice_schedules_no_re_validation(rng):
@@ -1360,7 +1441,7 @@ def test_a_ranking_the_measurements_refute_widens_the_exploration_once(rng, refu
     truth = {c: predicted[c.label] for c in cands}
     truth[a] = predicted[a.label] * (10.0 if refuted else 1.0)
     out = [policy.observe(ctx.key, c, truth[c]) for _ in range(2) for c in d.explore]
-    assert out[:-1] == [None] * 3
+    assert out[:2] == [None] * 2 and out[2].explore == d.explore[1:]   # a has its two
     state = policy.state(ctx.key)
     if not refuted:
         assert out[-1].candidate == a and not out[-1].explore and not state.widened

@@ -89,3 +89,47 @@ def test_a_packs_variants_decide_with_the_registered_baseline():
     assert not _as_registered(csr).baseline
     gone = dataclasses.replace(dense, name="retired_dense", baseline=False)
     assert _as_registered(gone) is gone                     # not registered: as it was
+
+
+def test_noisy_samples_are_seeded_per_input_and_drawn_as_asked():
+    """The replay's noise: each sample the pack's time times a log-normal factor, with the
+    asked share of 1.5-3x outliers, the same draws for the same input in every run."""
+    import numpy as np
+    from adaptive.bench.replay import _sampler
+    times = {"a": 2.0}
+    draw = _sampler(times, (0.05, 0.1), ("softmax", (("R", 7),)))
+    again = _sampler(times, (0.05, 0.1), ("softmax", (("R", 7),)))
+    other = _sampler(times, (0.05, 0.1), ("softmax", (("R", 8),)))
+    got = np.array([draw("a") for _ in range(4000)])
+    assert list(got[:50]) == [again("a") for _ in range(50)]
+    assert list(got[:50]) != [other("a") for _ in range(50)]
+    ratio = np.log(got / 2.0)
+    out = ratio > np.log(1.5) - 4 * 0.05          # outliers: at least 1.5x, less the noise
+    assert 0.08 < out.mean() < 0.12
+    assert abs(ratio[~out].std() - 0.05) < 0.005 and abs(ratio[~out].mean()) < 0.005
+    assert got.max() <= 2.0 * 3.0 * np.exp(4 * 0.05)
+    assert _sampler(times, None, ())("a") == 2.0
+
+
+def test_the_tuning_share_counts_every_timed_exploring_call(attention, monkeypatch):
+    """Each explored candidate is timed at least once and the share is the timed calls over
+    autotune's 4 runs a candidate (the fixture's exact replay); with noise, every timed
+    call is one draw of the input's seeded sampler."""
+    import adaptive.bench.replay as rp
+    exact = attention[True]
+    for c in exact.cases:
+        assert c.samples >= c.explored >= 1 and c.candidates >= c.explored
+    assert exact.tuning_share() == pytest.approx(
+        sum(c.samples for c in exact.cases) / sum(4 * c.candidates for c in exact.cases))
+    assert 0 < exact.tuning_share() < 1
+    made, drawn = [], []
+
+    def sampler(times, noise, key):
+        made.append(noise)
+        draw = real(times, noise, key)
+        return lambda c: drawn.append(draw(c)) or drawn[-1]
+    real = rp._sampler
+    monkeypatch.setattr(rp, "_sampler", sampler)
+    noisy = rp.replay(H200, ops=["softmax"], folds=1, held_inputs=4, noise=(0.3, 0.3))
+    assert len(noisy.cases) == 4 and made == [(0.3, 0.3)] * 4
+    assert len(drawn) == sum(c.samples for c in noisy.cases) > 0

@@ -113,7 +113,7 @@ def test_each_learned_commit_is_the_fastest_of_what_it_timed(report):
     the commit rule: each learned choice committed after exploring is the one whose median
     was the fastest of the candidates it timed (the baseline kept only within its margin)."""
     import re
-    commit = re.compile(r"committed after timing \d+ candidates \d+x on real calls "
+    commit = re.compile(r"committed after timing \d+ candidates up to \d+x on real calls "
                         r"\(medians\): (\S+) ([0-9.e+-]+) ms(?:; next (\S+) ([0-9.e+-]+) ms)?"
                         r"(; kept the baseline)?")
     seen = 0
