@@ -2,7 +2,9 @@
 # run S75: the exploring share A/B on the rebuilt pack, each setting twice, alternating, so
 # the run-to-run spread is measured beside the effect (S70 moved every row between two
 # runs, best-fixed and measure-each included; S72's long-burst tuning runs were 14.6%
-# against the 10% bar, S70's with explore_fraction 0.25 9.5%); then the contention run
+# against the 10% bar, S70's with explore_fraction 0.25 9.5%; the default since c99c775
+# rotates only over candidates short of samples and stops timing one clear of the leader:
+# replayed on the CPU, 14.9 -> 12.3% on the shipped pack's prefills); then the contention run
 # with issue_charge max (see the end)
 source "$(dirname "$0")/setup.sh"
 for i in 1 2; do
