@@ -111,6 +111,10 @@ class _InputClass:
     # keys that joined the class while it explored: in a loop whose keys change call by
     # call (a decode step's new cached length), each call of a key-bound plan pays a miss
     new_keys: int = 0
+    # exploring samples issued per candidate in this exploration (cleared at its commit):
+    # a candidate whose samples are all issued gets no further turn while they are
+    # harvested (see Dispatcher._plan_for)
+    issued: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 def _window(table: dict, key: tuple) -> collections.deque:
@@ -442,7 +446,7 @@ class Dispatcher:
             scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
             first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
                                   ckey, scale, roofline, exploring=bool(cls.decision.explore))
-            plan = self._plan_for(cls.decision, first, cls.turn, cls.warmed)
+            plan = self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued)
             self._plans[key] = plan
             if not decided and cls.decision.explore:
                 cls.new_keys += 1
@@ -846,7 +850,8 @@ class Dispatcher:
                 if q}
 
     def _plan_for(self, decision: Decision, first: Plan, turn=None,
-                  warmed: set | None = None) -> Plan:
+                  warmed: set | None = None,
+                  issued: collections.Counter | None = None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.
 
         ``first`` serves the decision's first candidate (:func:`_first_of`: explored, or,
@@ -859,6 +864,12 @@ class Dispatcher:
         the class's record of them) is a warm-up, not a sample (:meth:`_warm_turn`): run
         S31's first samples read a module's loading and cuBLAS's first call of a shape,
         12-15 ms of device time for kernels of 10 us.
+
+        A turn goes to the next candidate whose samples (the policy's ``samples``) are
+        not all issued yet (``issued``: the class's count); where every one's are, the call
+        is served by ``first``, untimed, until the policy has them. Event timings are
+        harvested calls later, and run S72's long-burst stream gave each of its 81
+        explored candidates a fourth sample of three (336 timed calls, not 255).
         """
         plan = dataclasses.replace(first, decision=decision)
         if not decision.explore:
@@ -868,10 +879,31 @@ class Dispatcher:
                 for c in cands]
         turn = turn if turn is not None else itertools.count()
         warmed = warmed if warmed is not None else set()
+        issued = issued if issued is not None else collections.Counter()
+        cap = getattr(self.policy, "samples", None)
+        cap = cap if isinstance(cap, int) and cap > 0 else None
         sampled, warm_turn = self._sampled, self._warm_turn
+
+        held = [0]   # calls served untimed in a row, every candidate's samples issued
 
         def explore(args, out):
             i = next(turn) % len(pool)
+            if cap is not None and cands[i] in warmed and issued[cands[i]] >= cap:
+                j = next((j % len(pool) for j in range(i + 1, i + len(pool))
+                          if cands[j % len(pool)] not in warmed
+                          or issued[cands[j % len(pool)]] < cap), None)
+                if j is None:
+                    # every sample issued: the call is served, untimed, until they are
+                    # harvested (here too: no timed call harvests meanwhile); a sample
+                    # lost on the way would hold the class, so after a few rounds the
+                    # turn's candidate is timed again
+                    self.harvest()
+                    held[0] += 1
+                    if held[0] <= 4 * len(pool):
+                        return first.run(args, out)
+                else:
+                    i = j
+            held[0] = 0
             p = pool[i]
             try:
                 if p is None:
@@ -879,6 +911,7 @@ class Dispatcher:
                 if cands[i] not in warmed:
                     warmed.add(cands[i])
                     return warm_turn(p, args, out)
+                issued[cands[i]] += 1
                 return sampled(p, args, out, True)
             except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
                 if p is first or isinstance(exc, (InputTypeError, InputValueError)):
@@ -932,6 +965,8 @@ class Dispatcher:
             if cls is None:
                 return
             cls.decision = decision
+            if not decision.explore:     # committed: the next exploration counts anew
+                cls.issued.clear()
             for key in list(cls.keys):
                 old = self._plans.pop(key, None)
                 if old is None:
@@ -942,7 +977,8 @@ class Dispatcher:
                 if first is None:   # never prepared here: built from the class next call
                     cls.keys.discard(key)
                     continue
-                self._plans[key] = self._plan_for(decision, first, cls.turn, cls.warmed)
+                self._plans[key] = self._plan_for(decision, first, cls.turn, cls.warmed,
+                                                  cls.issued)
             log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,
                       decision.reason)
 

@@ -419,18 +419,71 @@ def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(r
         assert np.max(np.abs(d.launch("softmax", x) - ref)) < 1e-5
     assert d._plans[key].provisional            # timings recorded but the GPU is "behind"
     assert be.synced == 0 and d.stats["samples"] >= 6
+    samples = d.stats["samples"]
     be.finish()
     d.launch("softmax", x)                      # this call harvests the finished pairs
     plan = d._plans[key]
     assert not plan.provisional and be.synced == 0
+    # every candidate had its samples issued: the call was served untimed, no seventh
+    assert d.stats["samples"] == samples
     explored = policy.state(d._plans[key].class_key).explore
     assert plan.candidate == min(explored, key=lambda c: be.cost[c.label])
     assert policy.state(d._plans[key].class_key).expected_ms == pytest.approx(
         be.cost[plan.candidate.label])
+    d.launch("softmax", x)                      # a steady sample of the commit
     be.finish()
-    # samples after the commit
     assert d.harvest() >= 1 and list(policy.state(d._plans[key].class_key).recent)
     assert d.harvest() == 0                     # nothing pending: a flush is free
+
+
+def _lagging_exploration(rng, drop=None):
+    """A class explored on the fake event host with its events finished only every third
+    call (a GPU behind the host: samples harvested calls after they are issued), 3
+    candidates of 3 samples each; ``drop``: the sampled calls (counted from 1) whose event
+    pair is lost (a full ring). Returns the policy's state at the commit, the calls it
+    took, the sampled calls issued and the calls served untimed."""
+    be = _EventHost()
+    x = rng.standard_normal((70, 45)).astype(np.float32)
+    ref = OPS["softmax"].reference(x)
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=3,
+                     clear_margin=None, race_ratio=None, explore_budget=None)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    timer = d._event_timer()
+    start, started = timer.start, [0]
+
+    def dropping(stream_ptr=None):
+        started[0] += 1
+        return -1 if drop and started[0] in drop else start(stream_ptr)
+    timer.start = dropping
+    key = OPS["softmax"].key((x,), {})
+    for n in range(1, 80):
+        assert np.max(np.abs(d.launch("softmax", x) - ref)) < 1e-5
+        if n % 3 == 0:
+            be.finish()
+        if not d._plans[key].provisional:
+            state = policy.state(d._plans[key].class_key)
+            untimed = n - len(state.explore) - started[0]
+            return state, n, started[0], untimed
+    raise AssertionError("no commit in 80 calls: " + "; ".join(
+        policy.state(d._plans[key].class_key).history))
+
+
+def test_a_candidate_gets_no_sample_past_its_count_while_samples_are_harvested(rng):
+    """Samples harvested calls late: once every candidate has its samples issued, the
+    class's calls are served untimed until they are in, so none is timed a fourth time
+    (run S72's long-burst: each of 81 explored candidates was, 336 timed calls for 255)."""
+    state, calls, sampled, untimed = _lagging_exploration(rng)
+    assert dict(state.explored) == {c: 3 for c in state.explore}
+    assert sampled == 9 and untimed >= 1 and calls == 3 + 9 + untimed
+
+
+def test_a_lost_sample_does_not_hold_the_exploration(rng):
+    """A sample whose event pair is lost (a full ring) never arrives: after a few rounds
+    served untimed the turn's candidate is timed again, and the class commits."""
+    state, calls, sampled, untimed = _lagging_exploration(rng, drop={9})
+    assert sum(state.explored.values()) == 9 and sampled == 10   # one sample issued again
+    assert 4 <= untimed <= 4 * 3 + 3 and calls < 40     # after 4 rounds of the rotation left
 
 
 def test_exploring_samples_are_queued_behind_a_gate_and_steady_samples_are_not(rng):
