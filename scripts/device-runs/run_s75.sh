@@ -4,7 +4,9 @@
 # runs, best-fixed and measure-each included; S72's long-burst tuning runs were 14.6%
 # against the 10% bar, S70's with explore_fraction 0.25 9.5%; the default since c99c775
 # rotates only over candidates short of samples and stops timing one clear of the leader:
-# replayed on the CPU, 14.9 -> 12.3% on the shipped pack's prefills); then the contention run
+# replayed on the CPU, 14.9 -> 12.3% on the shipped pack's prefills; since f0b9aa0 no
+# candidate is timed past its samples while they are harvested: S72's long-burst timed
+# each of its 81 explored candidates 4 times of 3); then the contention run
 # with issue_charge max (see the end)
 source "$(dirname "$0")/setup.sh"
 for i in 1 2; do
