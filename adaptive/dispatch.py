@@ -880,7 +880,7 @@ class Dispatcher:
         turn = turn if turn is not None else itertools.count()
         warmed = warmed if warmed is not None else set()
         issued = issued if issued is not None else collections.Counter()
-        cap = getattr(self.policy, "samples", None)
+        cap = self.policy.samples
         cap = cap if isinstance(cap, int) and cap > 0 else None
         sampled, warm_turn = self._sampled, self._warm_turn
 

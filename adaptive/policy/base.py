@@ -74,6 +74,9 @@ class Policy(Protocol):
     optional capabilities as no-ops and write only ``decide`` (and ``observe``)."""
 
     name: str
+    # timed calls each explored candidate gets at most in one exploration (None: no
+    # bound): the dispatcher gives a candidate no further turn once they are issued
+    samples: int | None
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         """Choose one of ``candidates`` (non-empty) for ``ctx.problem``."""
@@ -115,6 +118,7 @@ class BasePolicy:
     name = "base"
     # the fraction of wall time exploring calls may take (None: unbounded; see Learned)
     explore_budget: float | None = None
+    samples: int | None = None   # timed calls an explored candidate gets (None: no bound)
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         raise NotImplementedError

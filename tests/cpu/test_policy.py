@@ -1087,8 +1087,8 @@ def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
     call, so it reads the settled issuing, not the third call's."""
 
     class Settling(dict):   # each label's issuings in call order, then the last for good:
-        def get(self, label, default=0.0):   # 8 ms for its first four calls, then 1 ms
-            seq = self.setdefault(label, [0.008] * 4 + [0.001])
+        def get(self, label, default=0.0):   # 20 ms for its first four calls, then 1 ms
+            seq = self.setdefault(label, [0.020] * 4 + [0.001])
             return seq.pop(0) if len(seq) > 1 else seq[0]
     be = _EventHost()
     be.idle = True
@@ -1104,8 +1104,9 @@ def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
     for c in explored:
         n, least = d.issue_charges()[f"{c.variant.id}/numpy"]
         # the fifth call onwards issue in 1 ms: the seed reaches it (two runs read only
-        # 8 ms calls; the margin is for a sleep's overshoot on a busy machine)
-        assert n == 1 and 1.0 <= least < 4.0, (c.label, least)
+        # 20 ms calls; the margin is for a sleep's overshoot on a busy machine: 4.2 ms
+        # seen in a full suite)
+        assert n == 1 and 1.0 <= least < 10.0, (c.label, least)
         assert d.issue_windows_ms()[f"{c.variant.id}/numpy"] == (least,)   # the window itself
 
 def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float):
