@@ -16,7 +16,10 @@ adaptive/include/adaptive_ptx.cuh) after :data:`HEADER`, and their text from
 
 from __future__ import annotations
 
+import atexit
 import ctypes
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -59,11 +62,33 @@ static dim3 blockDim, gridDim;
 // A CUDA thread is a fiber (ucontext) of one OS thread: it runs until it waits at a
 // barrier or ends, then the next one runs. Barriers count arrivals; a waiting thread runs
 // again once its barrier's phase has moved on.
-struct emu_fiber { ucontext_t ctx; dim3 idx; const struct emu_barrier_t* waits = nullptr;
+struct emu_fiber { ucontext_t ctx; void* sp = nullptr; dim3 idx;
+                   const struct emu_barrier_t* waits = nullptr;
                    unsigned long phase = 0; bool done = false; };
 static std::vector<emu_fiber> emu_fibers;
 static ucontext_t emu_main;
+static void* emu_main_sp;
 static int emu_current;
+// The switch between the scheduler and a fiber: on x86-64 a swap of stack pointers that
+// keeps the callee-saved registers and the SSE and x87 control words (what the ABI keeps
+// across a call); elsewhere swapcontext, which also sets the signal mask: a system call on
+// every switch, a quarter of an emulated kernel's time.
+#if defined(__x86_64__)
+extern "C" void emu_jump(void** save_sp, void* load_sp);
+asm(".pushsection .text\n.p2align 4\n.globl emu_jump\n.hidden emu_jump\n"
+    ".type emu_jump, @function\nemu_jump:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n.size emu_jump, .-emu_jump\n.popsection\n");
+inline void emu_to_main(emu_fiber& f) { emu_jump(&f.sp, emu_main_sp); }
+inline void emu_to_fiber(emu_fiber& f) { emu_jump(&emu_main_sp, f.sp); }
+#else
+inline void emu_to_main(emu_fiber& f) { swapcontext(&f.ctx, &emu_main); }
+inline void emu_to_fiber(emu_fiber& f) { swapcontext(&emu_main, &f.ctx); }
+#endif
 struct emu_barrier_t {
     int expected, arrived = 0;
     unsigned long phase = 0;
@@ -73,7 +98,7 @@ struct emu_barrier_t {
         emu_fiber& f = emu_fibers[emu_current];
         f.waits = this;
         f.phase = phase;
-        swapcontext(&f.ctx, &emu_main);
+        emu_to_main(f);
     }
 };
 static emu_barrier_t* emu_block_barrier;
@@ -105,6 +130,9 @@ static const std::function<void()>* emu_kernel;
 static void emu_fiber_main() {
     (*emu_kernel)();
     emu_fibers[emu_current].done = true;          // returns to emu_main (uc_link)
+#if defined(__x86_64__)
+    emu_to_main(emu_fibers[emu_current]);         // never resumed: the next block resets it
+#endif
 }
 constexpr size_t emu_stack_bytes = 256 * 1024;
 template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -134,11 +162,24 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
             emu_fiber& f = emu_fibers[t];
             f = emu_fiber();
             f.idx = {t % bx, (t / bx) % by, t / (bx * by)};
+#if defined(__x86_64__)
+            // the stack emu_jump finds: its control words and registers, then the entry as
+            // its return address (a call's alignment there), the entry's own never used
+            void** sp = reinterpret_cast<void**>(stacks + (t + 1) * emu_stack_bytes);
+            *--sp = nullptr;
+            *--sp = reinterpret_cast<void*>(&emu_fiber_main);
+            for (int r = 0; r < 6; ++r) *--sp = nullptr;
+            --sp;
+            asm volatile("stmxcsr %0\n  fnstcw %1" : "=m"(*reinterpret_cast<unsigned*>(sp)),
+                         "=m"(*(reinterpret_cast<unsigned short*>(sp) + 2)));
+            f.sp = sp;
+#else
             getcontext(&f.ctx);
             f.ctx.uc_stack.ss_sp = stacks + t * emu_stack_bytes;
             f.ctx.uc_stack.ss_size = emu_stack_bytes;
             f.ctx.uc_link = &emu_main;
             makecontext(&f.ctx, emu_fiber_main, 0);
+#endif
         }
         // sweeps alternate direction, so a thread reading a neighbour's slot before a
         // barrier finds it unwritten in one of them whichever side the neighbour is on
@@ -152,7 +193,7 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
                 f.waits = nullptr;
                 emu_current = t;
                 threadIdx = f.idx;
-                swapcontext(&emu_main, &f.ctx);
+                emu_to_fiber(f);
                 ran = true;
                 live -= f.done;
             }
@@ -209,16 +250,51 @@ def _wrapper(name: str, params: list[str], casts: list[str]) -> str:
 
 GXX = ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w"]
 
+# The system headers HEADER opens with, precompiled once a session and shared by its
+# processes (the background builds inherit the folder through the environment): every
+# emulated library's text starts with them, and parsing them was over half of each g++ run.
+# The text after them is compiled as before (their own #include lines find the guards set),
+# so a library is byte for byte the same; g++ ignores a header it cannot use and parses.
+_PCH_DIR = os.environ.get("CUDA_EMU_PCH_DIR")
+if _PCH_DIR is None:
+    _PCH_DIR = os.environ["CUDA_EMU_PCH_DIR"] = tempfile.mkdtemp(prefix="cuda-emu-pch-")
+    atexit.register(shutil.rmtree, _PCH_DIR, True)
+
+
+def pch_flags(build: bool = True) -> list[str]:
+    """``-include`` of the precompiled HEADER includes for a g++ run of :data:`GXX`, built
+    by the first caller of the session that may (``build``: the background builds, under a
+    lock); [] where it is not there (yet) or g++ could not build it. A test's own build in
+    the session's process passes ``build=False``: it never waits for a build at nice 19."""
+    text = "".join(line + "\n" for line in HEADER.splitlines() if line.startswith("#include"))
+    flags = [f for f in GXX if f != "-shared"]
+    tag = hashlib.sha256(repr((flags, text)).encode()).hexdigest()[:16]
+    header = Path(_PCH_DIR) / f"emu_{tag}.h"
+    gch = header.with_name(header.name + ".gch")
+    if gch.exists() or not build:
+        return ["-include", str(header)] if gch.exists() else []
+    with open(header.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not gch.exists():
+            header.write_text(text)
+            tmp = gch.with_suffix(".tmp")
+            proc = subprocess.run([*flags, "-x", "c++-header", "-o", str(tmp), str(header)],
+                                  capture_output=True, timeout=300)
+            if proc.returncode != 0:
+                return []
+            tmp.rename(gch)
+    return ["-include", str(header)]
+
 
 def compile_all(jobs: Mapping[Path, tuple[str, list[str]]], timeout_s: float = 300) -> None:
     """Compile each ``lib: (source text, extra g++ flags)`` into the shared library ``lib``,
     the g++ processes side by side; raise naming the first that failed, with the end of its
     errors."""
-    procs = {}
+    procs, pch = {}, pch_flags()
     for lib, (text, flags) in jobs.items():
         src = lib.with_suffix(".cpp")
         src.write_text(text)
-        procs[lib] = subprocess.Popen([*GXX, *flags, "-o", str(lib), str(src)],
+        procs[lib] = subprocess.Popen([*GXX, *pch, *flags, "-o", str(lib), str(src)],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True)
     failed = []
@@ -265,8 +341,8 @@ def build(source: str, kernels: Mapping[str, list], workdir: Path) -> dict:
     src = workdir / "emu.cpp"
     lib = workdir / "emu.so"
     src.write_text(HEADER + source + "\n" + "".join(wrappers))
-    proc = subprocess.run([*GXX, "-o", str(lib), str(src)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([*GXX, *pch_flags(build=False), "-o", str(lib), str(src)],
+                          capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"g++ failed on the emulated kernels:\n{proc.stderr[-4000:]}")
     dll = ctypes.CDLL(str(lib))

@@ -26,7 +26,10 @@ DRY_RUNS = {   # the fewest launches that still run every code path
     "gpu_pack": (["--device", "host", "--quick"], "pack size:"),
     "gpu_hostpath": (["--device", "host", "--quick"], "Lk + 1 per call"),
     "cpu_patched_linear": (["--quick"], "same greedy tokens: True"),
-    "gpu_contention": (["--device", "host", "--quick"], "contention targets"),
+    # one oracle round (--quick's default: 3): each condition's tables are timed by the same
+    # code, a third of the calls (alone: 13.7 s of CPU with 3 rounds, 5.4 s with one)
+    "gpu_contention": (["--device", "host", "--quick", "--oracle-rounds", "1"],
+                       "contention targets"),
     "gpu_prefill": (["--quick"], "prefill, adaptive / torch (median of rounds)"),
 }
 

@@ -210,9 +210,8 @@ def emulated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sparse24_emu")
     src, lib = folder / "k.cpp", folder / "k.so"
     src.write_text("".join(parts))
-    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w",
-                           "-o", str(lib), str(src)], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([*cuda_emu.GXX, *cuda_emu.pch_flags(build=False), "-o", str(lib),
+                           str(src)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     dll = ctypes.CDLL(str(lib))
     fns = []
