@@ -926,13 +926,9 @@ def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
         Learned(LiveModel(background=False), clear_margin=-0.01)
 
 
-def test_a_class_stops_running_the_candidate_left_behind(rng):
-    """Through the dispatcher: c (3x a's time) is left behind once a is timed twice, and
-    the class's calls stop running it; the commit is the same as timing it fully."""
-    runs = {}
-    be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.4, "c": 3.0},
-                                         loaded_ms={"a": 1.0, "b": 1.4, "c": 3.0})
-    real = be.prepare
+def _count_runs(be) -> dict:
+    """label -> runs of that candidate on the fake ``be`` from now on (its prepare wrapped)."""
+    runs, real = {}, be.prepare
 
     def counted(candidate, problem, op):
         fn = real(candidate, problem, op)
@@ -942,6 +938,15 @@ def test_a_class_stops_running_the_candidate_left_behind(rng):
             return fn(args, out)
         return run
     be.prepare = counted
+    return runs
+
+
+def test_a_class_stops_running_the_candidate_left_behind(rng):
+    """Through the dispatcher: c (3x a's time) is left behind once a is timed twice, and
+    the class's calls stop running it; the commit is the same as timing it fully."""
+    be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.4, "c": 3.0},
+                                         loaded_ms={"a": 1.0, "b": 1.4, "c": 3.0})
+    runs = _count_runs(be)
     assert calls_until("a", 15) <= 11
     state = next(iter(policy.keys.values()))
     by_time = sorted(runs.items(), key=lambda kv: kv[1])
@@ -954,19 +959,9 @@ def test_a_class_stops_running_a_candidate_clear_of_the_leader(rng):
     every sample 1.5x a's, is clear of the leader after its second sample and runs no
     more; a and b, 2% apart, are timed fully and the commit is a, after no more calls
     than three samples each would take."""
-    runs = {}
     be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.02, "c": 1.5},
                                          loaded_ms={"a": 1.0, "b": 1.02, "c": 1.5})
-    real = be.prepare
-
-    def counted(candidate, problem, op):
-        fn = real(candidate, problem, op)
-
-        def run(args, out):
-            runs[candidate.label] = runs.get(candidate.label, 0) + 1
-            return fn(args, out)
-        return run
-    be.prepare = counted
+    runs = _count_runs(be)
     assert calls_until("a", 15) <= 3 + 3 * 3 + 1   # warm-ups, samples, the harvest's lag
     state = next(iter(policy.keys.values()))
     c = next(c for c in state.explore if state.observed[c].raced)
@@ -1298,11 +1293,10 @@ def no_collections():
     gc.enable()
 
 
-@pytest.mark.parametrize("device_waits", [False, True])
-@pytest.mark.usefixtures("no_collections")
-def test_a_miss_measured_whole_charges_the_issuing_where_the_device_waited(rng, device_waits):
-    """MeasureEach times each candidate on the miss with the backend's device timer; where
-    the caller's device was idle when the miss came, each run's host issuing is added."""
+def _measured_miss(rng, device_waits: bool):
+    """A MeasureEach dispatcher on the fake event host (``be.idle``: ``device_waits``), a
+    softmax input and its first two candidates, ``fast`` at 1.0 ms of device time and
+    ``slow`` at 1.5 (the others 4.0 and more): ``(be, d, x, fast, slow)``."""
     from adaptive.policy import MeasureEach
     be = _EventHost()
     be.idle = device_waits
@@ -1314,6 +1308,15 @@ def test_a_miss_measured_whole_charges_the_issuing_where_the_device_waited(rng, 
     fast, slow = cands[0], cands[1]
     be.cost.update({c.label: 2.0 + i for i, c in enumerate(cands)})
     be.cost.update({fast.label: 1.0, slow.label: 1.5})
+    return be, d, x, fast, slow
+
+
+@pytest.mark.parametrize("device_waits", [False, True])
+@pytest.mark.usefixtures("no_collections")
+def test_a_miss_measured_whole_charges_the_issuing_where_the_device_waited(rng, device_waits):
+    """MeasureEach times each candidate on the miss with the backend's device timer; where
+    the caller's device was idle when the miss came, each run's host issuing is added."""
+    be, d, x, fast, slow = _measured_miss(rng, device_waits)
     be.issue_s[fast.label] = 0.006
     chosen = d.plan("softmax", x).candidate
     assert chosen == (slow if device_waits else fast)
@@ -1325,16 +1328,7 @@ def test_a_miss_charges_the_least_issuing_of_a_candidates_runs(rng):
     candidate that issues in no time) is not charged to it: the miss charges the least
     issuing of the warm-up and timed runs, and the candidate that is faster in both device
     time and issuing is chosen."""
-    from adaptive.policy import MeasureEach
-    be = _EventHost()
-    be.idle = True
-    be.device_timer = _clock_timer(be)
-    d = Dispatcher(be, policy=MeasureEach())
-    x = rng.standard_normal((17, 90)).astype(np.float32)
-    cands = d.candidates("softmax", x)
-    fast, slow = cands[0], cands[1]
-    be.cost.update({c.label: 2.0 + i for i, c in enumerate(cands)})
-    be.cost.update({fast.label: 1.0, slow.label: 1.5})
+    be, d, x, fast, slow = _measured_miss(rng, True)
     runs = iter([0.0, 0.020])               # the warm-up run, then a hiccup in the timed one
     be.issue_s[fast.label] = lambda: next(runs, 0.0)
     be.issue_s[slow.label] = 0.008
