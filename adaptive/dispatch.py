@@ -886,12 +886,14 @@ class Dispatcher:
 
         held = [0]   # calls served untimed in a row, every candidate's samples issued
 
+        def due(c) -> bool:   # a turn of c would warm it up or time it short of its samples
+            return cap is None or c not in warmed or issued[c] < cap
+
         def explore(args, out):
-            i = next(turn) % len(pool)
-            if cap is not None and cands[i] in warmed and issued[cands[i]] >= cap:
-                j = next((j % len(pool) for j in range(i + 1, i + len(pool))
-                          if cands[j % len(pool)] not in warmed
-                          or issued[cands[j % len(pool)]] < cap), None)
+            n = len(pool)
+            i = next(turn) % n
+            if not due(cands[i]):
+                j = next((k % n for k in range(i + 1, i + n) if due(cands[k % n])), None)
                 if j is None:
                     # every sample issued: the call is served, untimed, until they are
                     # harvested (here too: no timed call harvests meanwhile); a sample
@@ -899,7 +901,7 @@ class Dispatcher:
                     # turn's candidate is timed again
                     self.harvest()
                     held[0] += 1
-                    if held[0] <= 4 * len(pool):
+                    if held[0] <= 4 * n:
                         return first.run(args, out)
                 else:
                     i = j

@@ -34,18 +34,11 @@ def _setting(text: str) -> tuple[str, dict]:
     name, sep, rest = text.partition(":")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"--set {text!r}: expected NAME:KEY=VALUE,...")
-    args = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key.isidentifier():
-            raise argparse.ArgumentTypeError(f"--set {text!r}: {item!r} is not KEY=VALUE")
-        try:
-            args[key] = None if value == "None" else (
-                int(value) if value.lstrip("-").isdigit() else float(value))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"--set {text!r}: {value!r} is not a number or None") from None
-    return name, args
+    from adaptive.bench import policy_argument
+    try:
+        return name, dict(policy_argument(item) for item in filter(None, rest.split(",")))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: {exc}") from None
 
 
 def main(argv=None) -> int:

@@ -36,16 +36,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="a keyword argument of every live learned policy (a number "
                              "or None), e.g. --learned race_ratio=1.5; repeatable")
     args = parser.parse_args(argv)
+    from adaptive.bench import policy_argument
     learned = {}
     for item in args.learned:
-        name, sep, value = item.partition("=")
-        if not sep or not name.isidentifier():
-            parser.error(f"--learned {item!r}: expected NAME=VALUE, e.g. race_ratio=1.5")
         try:
-            learned[name] = None if value == "None" else (
-                int(value) if value.lstrip("-").isdigit() else float(value))
-        except ValueError:
-            parser.error(f"--learned {item!r}: the value must be a number or None")
+            learned.update([policy_argument(item)])
+        except ValueError as exc:
+            parser.error(f"--learned {exc}")
     from adaptive.bench.selection import run_selection
     if learned:
         print("  learned policies with " + ", ".join(f"{k}={v}" for k, v in learned.items()),

@@ -759,17 +759,14 @@ class Learned(BasePolicy):
         if self.race_ratio is None and self.clear_margin is None:
             return []
         obs = state.observed
-        timed = [obs[c].median() for c in state.explore
+        timed = [c for c in state.explore
                  if len(obs[c]) >= 2 and not obs[c].failed and not obs[c].raced]
         if not timed:
             return []
-        bar = math.inf if self.race_ratio is None else self.race_ratio * min(timed)
-        clear = math.inf
-        if self.clear_margin is not None:   # above the leader's slowest sample
-            leader = min((c for c in state.explore if len(obs[c]) >= 2
-                          and not obs[c].failed and not obs[c].raced),
-                         key=lambda c: obs[c].median())
-            clear = (1 + self.clear_margin) * max(obs[leader])
+        leader = obs[min(timed, key=lambda c: obs[c].median())]
+        bar = math.inf if self.race_ratio is None else self.race_ratio * leader.median()
+        # above the leader's slowest sample
+        clear = math.inf if self.clear_margin is None else (1 + self.clear_margin) * max(leader)
         out = []
         for c in state.explore[1:]:
             s = obs[c]
