@@ -18,7 +18,8 @@ their total (tuning included) and first-result wall times are measured there.
 Steady state is *re-timed*, the same way for every policy: after the live runs, each
 (input, candidate) that some policy ends on (the table's best per input, the best fixed
 candidate, every live policy's final choice) is timed in rounds of calls, synchronised
-per round, and its per-call time is the minimum over rounds. A policy's ``steady ms`` is
+per round, an input's candidates interleaved round by round so that they meet the same
+machine, and its per-call time is the minimum over rounds. A policy's ``steady ms`` is
 the stream's calls priced with those times; the oracle's is, per input, the fastest of
 the re-timed candidates, so no policy's steady time can be below it, and every
 ``steady/oracle`` is the quotient of the two printed columns.
@@ -416,27 +417,29 @@ def _replayed(table, stream) -> tuple[float, list[PolicyResult], dict]:
 
 
 def _retime(d, pairs, inputs, sync, rounds: int, batch: int) -> dict:
-    """{(spec, label): per-call ms}: each pair run in ``rounds`` rounds of ``batch`` calls
-    (synchronised once per round), after one warm-up call; the minimum over rounds."""
+    """{(spec, label): per-call ms}: the pairs of one input timed together, interleaved
+    (:func:`measure_each`: each round runs every candidate's ``batch`` calls once, in turn,
+    synchronised after each), after one warm-up batch; the minimum over rounds. A drift of
+    the machine between rounds falls on an input's candidates alike, so the ones compared
+    are timed under the same conditions."""
+    by_spec: dict = collections.defaultdict(list)
+    for spec, label in pairs:
+        by_spec[spec].append(label)
     out = {}
-    for spec, label in sorted(pairs, key=str):
+    for spec in sorted(by_spec, key=str):
         args, params = inputs[spec]
-        cand = next(c for c in d.candidates(spec[0], *args, **params) if c.label == label)
+        labels = sorted(by_spec[spec])
+        cands = {c.label: c for c in d.candidates(spec[0], *args, **params)}
 
-        def call(c=cand, a=args, p=params):
-            d.launch(spec[0], *a, variant=c.variant.name, config=c.config, **p)
-
-        def batch_of(c=call):
-            for _ in range(batch):
-                c()
-        try:
-            call()   # the warm-up: one call
-            sync()
-        except Exception:  # noqa: BLE001 (a failing candidate is data)
-            out[(spec, label)] = math.inf
-            continue
-        m = measure(batch_of, reps=rounds, sync=sync)
-        out[(spec, label)] = math.inf if m.error else m.min_ms / batch
+        def batch_of(c, a=args, p=params):
+            def run():
+                for _ in range(batch):
+                    d.launch(spec[0], *a, variant=c.variant.name, config=c.config, **p)
+            return run
+        ms = measure_each([batch_of(cands[lab]) for lab in labels], warmup=1, reps=rounds,
+                          sync=sync)
+        for lab, m in zip(labels, ms):
+            out[(spec, lab)] = math.inf if m.error else m.min_ms / batch
     return out
 
 
