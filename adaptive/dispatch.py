@@ -38,7 +38,7 @@ from adaptive.variants import Candidate, Registry, Variant, make_candidate, shar
 
 log = logging.getLogger("adaptive")
 
-MISS_LOG = 256    # misses kept for recent_misses()
+MISS_LOG = 256    # misses of each kind ("decided", "class") kept for recent_misses()
 # the longest an exploring sample's stream is gated before its event pair (GPU: released
 # as soon as the call and its end event are issued, see CudaBackend.gate): longer than the
 # host takes to issue any candidate, a torch library call included. At 100 µs the learned
@@ -278,8 +278,11 @@ class Dispatcher:
         self._preps: dict[tuple, collections.deque] = {}    # see _key_charge
         self.sample_every = config.get().sample_every
         self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
-        # the newest misses (:meth:`recent_misses`): what a serving window paid for
-        self._miss_log: collections.deque = collections.deque(maxlen=MISS_LOG)
+        # the newest misses of each kind (:meth:`recent_misses`): what a serving window paid
+        # for. Apart, so that a flood of cheap class misses (a decode's growing key length)
+        # does not push out the decisions
+        self._miss_log = {how: collections.deque(maxlen=MISS_LOG)
+                          for how in ("decided", "class")}
         self.registry.join(self)   # the registry's rows and observers (in memory)
 
     # ---- hot path ---------------------------------------------------------------------------
@@ -452,9 +455,10 @@ class Dispatcher:
                 cls.new_keys += 1
             cls.keys.add(key)
             self.stats["misses"] += 1
-            self._miss_log.append((time.time(), op.name, problem.describe(),
-                                   "decided" if decided else "class",
-                                   (time.perf_counter() - t0) * 1e3, decide_ms, policy_ms))
+            how = "decided" if decided else "class"
+            self._miss_log[how].append((time.time(), op.name, problem.describe(), how,
+                                        (time.perf_counter() - t0) * 1e3, decide_ms,
+                                        policy_ms))
             if len(self._plans) > self.plan_cache_size:
                 self._evict()
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
@@ -1048,17 +1052,18 @@ class Dispatcher:
 
     # ---- introspection ----------------------------------------------------------------------
     def recent_misses(self, since: float = 0.0) -> list[dict]:
-        """The newest decision-cache misses (at most :data:`MISS_LOG`), oldest first, since
-        ``since`` (``time.time()``): when, the op and input, ``how`` ("class": the input
-        class's decision reused, a plan prepared; "decided": the policy decided), the
-        miss's own ms (deciding and preparing, not the launch) and of them the deciding's
+        """The newest decision-cache misses (at most :data:`MISS_LOG` of each kind), oldest
+        first, since ``since`` (``time.time()``): when, the op and input, ``how``
+        ("class": the input class's decision reused, a plan prepared; "decided": the
+        policy decided), the miss's own ms (deciding and preparing, not the launch) and of them the deciding's
         (the candidates listed and the policy's decision; 0 for a class's decision
         reused), and of that the policy's own ``decide`` (``policy_ms``: the rest is the
         listing, the roofline and the device's state)."""
         return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3),
                  "decide_ms": round(decide_ms, 3), "policy_ms": round(policy_ms, 3)}
-                for t, op, what, how, ms, decide_ms, policy_ms in list(self._miss_log)
-                if t >= since]
+                for t, op, what, how, ms, decide_ms, policy_ms in sorted(
+                    (m for log in self._miss_log.values() for m in list(log) if m[0] >= since),
+                    key=lambda m: m[0])]
 
     def candidates(self, op: str, *args, **params) -> list[Candidate]:
         """The candidates that fit this input on this dispatcher's backend."""

@@ -272,7 +272,9 @@ class ModeRun:
              "batches": [b for b in stats.get("engine_batches", [])
                          if t_load <= b["start_s"] <= t_end],
              "batches_complete": len(stats.get("engine_batches", [])) < 512,
-             "misses_complete": len(stats.get("adaptive_misses", [])) < 256}
+             "misses_complete": all(
+                 sum(m["how"] == how for m in stats.get("adaptive_misses", [])) < 256
+                 for how in ("decided", "class"))}
         self.misses, self.activity = after, now
         self.windows.setdefault(str(clients), []).append(w)
         cut = "" if report.ok == len(requests) else \
@@ -296,7 +298,8 @@ class ModeRun:
                               for k in ws[-1]["policy"]}
             batches = [b for w in ws for b in w["batches"]]
             load["engine"] = engine_breakdown(batches, [w["span"] for w in ws],
-                                              all(w["batches_complete"] for w in ws))
+                                              all(w["batches_complete"] for w in ws),
+                                              [m for w in ws for m in w["miss_list"]])
             self.result["loads"][clients] = load
             self.outputs[clients] = report.samples.get("outputs", {})
             self._print(clients, load, report, len(ws))
@@ -309,8 +312,12 @@ class ModeRun:
                   flush=True)
         print(f"  {mode} x{clients} engine: {engine_line(load['engine'])}", flush=True)
         for i, b in enumerate(load["engine"]["per_batch"]):
+            inside = ", ".join(f"{how} {n} in {ms:.1f} ms"
+                               for how, (n, ms) in b["prefill_misses"].items()) or "none"
             print(f"    batch {i}: {b['requests']} requests, longest prompt "
-                  f"{b['longest']}, prefill {_f(b['first_ms'], '.1f')} ms, {b['steps']} "
+                  f"{b['longest']}, prefill {_f(b['first_ms'], '.1f')} ms (CPU: engine "
+                  f"thread {_f(b['first_cpu_ms'], '.1f')}, process "
+                  f"{_f(b['first_process_cpu_ms'], '.1f')} ms; misses {inside}), {b['steps']} "
                   f"steps p50 {_f(b['step_p50_ms'], '.2f')} max "
                   f"{_f(b['step_max_ms'], '.2f')} ms, {b['n_slow']} slow: "
                   + ", ".join(f"#{k} {v:.1f}" for k, v in b["slow_steps"].items()),
@@ -368,7 +375,8 @@ def miss_breakdown(mine: list[dict], complete: bool) -> dict:
     """The server's misses of a load: how many by op and kind ("class": a plan prepared
     from its input class's decision; "decided": the policy decided), the ms they spent
     (deciding and preparing), and the inputs of the costliest few. ``complete``: whether
-    ``mine`` holds every miss of the load (the server keeps its newest 256)."""
+    ``mine`` holds every miss of the load (the server keeps its newest 256 of each
+    kind)."""
     by: dict[str, list] = {}
     for m in mine:
         by.setdefault(f"{m['op']}/{m['how']}", []).append(m["ms"])
@@ -381,14 +389,15 @@ def miss_breakdown(mine: list[dict], complete: bool) -> dict:
 
 
 def engine_breakdown(batches: list[dict], windows: list[tuple[float, float]],
-                     complete: bool | None = None) -> dict:
+                     complete: bool | None = None, misses: list[dict] = ()) -> dict:
     """The server engine's batches that started in one of ``windows`` ((since, until)
     each, ``time.time()``): how many, requests a batch, the first request's queue wait,
     the time to first tokens (prefill), the steps between tokens (p50, p99: the engine's
     own per-token time; a client's per-token latency above it is delivery), and the
     fraction of the windows' time a batch was running (each counted to its window's end).
     ``complete``: whether ``batches`` holds every batch of the windows (None: the engine
-    keeps its newest 512)."""
+    keeps its newest 512). ``misses``: the server's misses of the windows, each counted
+    in the prefill it fell in."""
     ends = [(b, until) for b in batches for since, until in windows
             if since <= b["start_s"] <= until]
     mine = [b for b, _ in ends]
@@ -407,17 +416,30 @@ def engine_breakdown(batches: list[dict], windows: list[tuple[float, float]],
             "step_p50_ms": pct(steps, "p50"), "step_p99_ms": pct(steps, "p99"),
             "busy": busy / span if span > 0 else None,
             "complete": len(batches) < 512 if complete is None else complete,
-            "per_batch": [batch_line(b) for b in mine]}
+            "per_batch": [batch_line(b, misses) for b in mine]}
 
 
-def batch_line(b: dict) -> dict:
-    """One batch: its requests, longest prompt, prefill ms, steps, step p50 and max, and
-    where its slow steps fell (more than twice its median: a miss, a collection, a
-    co-running process show up at a few steps; a long prompt slows every step)."""
+def batch_line(b: dict, misses: list[dict] = ()) -> dict:
+    """One batch: its requests, longest prompt, prefill ms, the CPU ms of the engine's
+    thread and of the process over the prefill, the misses that fell in the prefill (by
+    kind: count and ms), steps, step p50 and max, and where its slow steps fell (more than
+    twice its median: a miss, a collection, a co-running process show up at a few steps; a
+    long prompt slows every step)."""
     steps = b["steps_ms"]
     p50 = float(np.median(steps)) if steps else None
     slow = [i for i, t in enumerate(steps) if p50 and t > 2 * p50]
+    inside: dict[str, list] = {}
+    if b["first_ms"] is not None:
+        end = b["start_s"] + b["first_ms"] / 1e3
+        for m in misses:
+            if b["start_s"] <= m["time_s"] <= end:
+                n_ms = inside.setdefault(m["how"], [0, 0.0])
+                n_ms[0] += 1
+                n_ms[1] = round(n_ms[1] + m["ms"], 3)
     return {"requests": b["requests"], "longest": b.get("longest"), "first_ms": b["first_ms"],
+            "first_cpu_ms": b.get("first_cpu_ms"),
+            "first_process_cpu_ms": b.get("first_process_cpu_ms"),
+            "prefill_misses": inside,
             "steps": len(steps), "step_p50_ms": p50, "step_max_ms": max(steps, default=None),
             "slow_steps": {str(i): steps[i] for i in slow[:8]}, "n_slow": len(slow)}
 
@@ -437,7 +459,8 @@ def miss_line(b: dict) -> str:
     parts = ", ".join(f"{k} {v['n']} ({v['ms']:.1f} ms, max {v['max_ms']:.2f})"
                       for k, v in b["by"].items())
     return (f"{b['misses']} in {b['ms']:.1f} ms: {parts}; costliest: "
-            + "; ".join(b["worst"][:3]) + ("" if b["complete"] else " (the newest 256 only)"))
+            + "; ".join(b["worst"][:3])
+            + ("" if b["complete"] else " (the newest 256 of each kind only)"))
 
 
 def check_deps() -> str | None:

@@ -118,6 +118,8 @@ class Engine:
         """The logged batches that started at or after ``since`` (``time.time()``), oldest
         first: ``start_s``, ``end_s`` (wall clock), ``requests``, ``wait_ms`` (the first
         request's time in the queue), ``first_ms`` (batch start to its first tokens),
+        ``first_cpu_ms`` and ``first_process_cpu_ms`` (the CPU time of this engine's thread
+        and of the whole process over ``first_ms``),
         ``steps_ms`` (the gaps between its later tokens, one a step)."""
         with self._lock:
             return [dict(b) for b in self._log if b["start_s"] >= since]
@@ -184,12 +186,19 @@ class Engine:
         counts = [0] * len(batch)
         marks: list[float] = []               # when each step's first token came
         t0, start_s = time.perf_counter(), time.time()
+        # CPU seconds to the first tokens, this thread's and the process's: a slow prefill
+        # whose thread was busy spent it in Python or host work here; one whose thread
+        # idled waited (the device, a lock, the GIL held by a thread beside it)
+        cpu0, proc0 = time.thread_time(), time.process_time()
+        cpu_first: list[float] = []
 
         def emit(row: int, token: int) -> bool:
             if not live[row] or counts[row] >= batch[row].max_tokens:
                 return False
             if counts[row] == len(marks):     # the first token of a new step
                 marks.append(time.perf_counter())
+                if len(marks) == 1:
+                    cpu_first[:] = [time.thread_time() - cpu0, time.process_time() - proc0]
             counts[row] += 1
             try:
                 live[row] = bool(batch[row].on_token(token))
@@ -217,6 +226,8 @@ class Engine:
                 "longest": max(len(r.prompt) for r in batch),
                 "wait_ms": round((t0 - batch[0].enqueued_s) * 1e3, 3),
                 "first_ms": round((marks[0] - t0) * 1e3, 3) if marks else None,
+                "first_cpu_ms": round(cpu_first[0] * 1e3, 3) if cpu_first else None,
+                "first_process_cpu_ms": round(cpu_first[1] * 1e3, 3) if cpu_first else None,
                 "steps_ms": [round((b - a) * 1e3, 3) for a, b in zip(marks, marks[1:])]})
         for req in batch:
             try:

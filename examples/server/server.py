@@ -750,13 +750,18 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def recent_misses(limit: int = 256) -> list[dict]:
-    """The newest decision-cache misses of the process's adaptive dispatchers (none
-    before adaptive is imported: the torch mode never imports it)."""
+    """The newest decision-cache misses of the process's adaptive dispatchers, at most
+    ``limit`` of each kind ("decided", "class": a flood of cheap class misses does not
+    push out the decisions), oldest first (none before adaptive is imported: the torch
+    mode never imports it)."""
     runtime = sys.modules.get("adaptive.runtime")
     if runtime is None:
         return []
-    misses = [m for d in runtime.live_dispatchers() for m in d.recent_misses()]
-    return sorted(misses, key=lambda m: m["time_s"])[-limit:]
+    misses = sorted((m for d in runtime.live_dispatchers() for m in d.recent_misses()),
+                    key=lambda m: m["time_s"])
+    kept = [m for how in ("decided", "class") for m in
+            [m for m in misses if m["how"] == how][-limit:]]
+    return sorted(kept, key=lambda m: m["time_s"])
 
 
 def policy_activity() -> dict:

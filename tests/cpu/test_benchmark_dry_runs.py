@@ -115,15 +115,19 @@ def test_gpu_generate_lockstep_is_generates_computation(dry_runs):
     # its name and printed the requests instead)
     line = next(x for x in stdout.splitlines() if "greedy tokens identical" in x)
     assert re.search(r"identical \(first \d+\) +\d+/\d+ sequences", line), line
-    # each batch size's two profiles side by side, without the patched calls' ranges: the
-    # wall, the host time outside torch's ops and in them, and the ops that differ most
+    # each batch size's profiles side by side, without the patched calls' ranges, each
+    # mode's two (ABBA) summed: the wall, the host time outside torch's ops and in them,
+    # and the ops that differ most, their calls those of the same request twice (even)
     for batch in (1, 3):
-        at = stdout.index(f"profile batch {batch} (no ranges): wall torch ")
+        at = stdout.index(f"profile batch {batch} (no ranges, two requests a mode, ABBA): "
+                          "wall torch ")
         head, *diffs = stdout[at:].splitlines()[:11]
         assert re.search(r"host outside torch's ops torch -?\d+\.\d, adaptive -?\d+\.\d ms",
                          head), head
         assert all(re.search(r"host +[+-]\d+\.\d\d ms \(calls \d+ -> \d+; device", d)
                    for d in diffs), diffs
+        calls = [int(n) for d in diffs for n in re.search(r"calls (\d+) -> (\d+)", d).groups()]
+        assert all(n % 2 == 0 for n in calls), diffs
         assert not any(d.strip().startswith("adaptive::") for d in diffs), diffs
     for batch in (1, 3):
         for what in ("tokens/s", "per-token p99"):

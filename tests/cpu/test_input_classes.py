@@ -97,3 +97,20 @@ def test_recent_misses_say_which_inputs_were_decided_and_which_reused_their_clas
     # of the deciding, the policy's own decide (MeasureEach's timing of every candidate)
     assert [0 < m["policy_ms"] <= m["decide_ms"] for m in misses] == [True, False, True]
     assert d.recent_misses(since=time.time() + 1) == []
+
+
+def test_a_flood_of_class_misses_does_not_push_the_decided_ones_out_of_the_log(
+        rng, monkeypatch):
+    from adaptive import dispatch
+    monkeypatch.setattr(dispatch, "MISS_LOG", 4)
+    d = adaptive.Dispatcher(backend="host", policy=MeasureEach())
+    d.launch("softmax", rng.standard_normal((100, 64)).astype(np.float32))   # decided
+    for rows in range(101, 108):   # seven keys of 100's class (90.5, 107.6]: class misses
+        d.launch("softmax", rng.standard_normal((rows, 64)).astype(np.float32))
+    misses = d.recent_misses()
+    assert [m["how"] for m in misses] == ["decided"] + ["class"] * 4
+    assert "100" in misses[0]["input"]
+    assert [m["time_s"] for m in misses] == sorted(m["time_s"] for m in misses)
+    # the newest four class misses, not the first ones
+    assert ["104" in m["input"] for m in misses[1:]] == [True, False, False, False]
+    assert "107" in misses[-1]["input"]

@@ -499,6 +499,14 @@ def test_a_pooled_loads_engine_share_counts_each_batch_to_its_windows_end():
     assert e["busy"] == pytest.approx((4 + 2 + 6) / 20)     # 108-113 clipped at 110
     assert e["step_p50_ms"] == pytest.approx(5.0) and len(e["per_batch"]) == 3
     assert engine_breakdown(batches, [(100, 110)])["complete"] is True   # < 512 kept
+    # a miss is counted in the prefill it fell in (100.000-100.005 s), by kind
+    misses = [{"time_s": 100.002, "how": "decided", "ms": 1.5},
+              {"time_s": 100.004, "how": "class", "ms": 0.25},
+              {"time_s": 100.003, "how": "class", "ms": 0.5},
+              {"time_s": 101.0, "how": "decided", "ms": 9.0}]     # in a decode step
+    e = engine_breakdown(batches, [(100, 110)], misses=misses)
+    assert e["per_batch"][0]["prefill_misses"] == {"decided": [1, 1.5], "class": [2, 0.75]}
+    assert e["per_batch"][1]["prefill_misses"] == {}
 
 
 def test_windows_are_served_by_every_mode_in_turn_and_pooled(monkeypatch):
@@ -649,7 +657,10 @@ def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
         name, vocab_size, max_context = "paced", 256, 64
 
         def generate(self, prompts, max_new, emit):
-            time.sleep(0.06)                     # the prefill
+            time.sleep(0.06)                     # the prefill: waiting 60 ms,
+            spin = time.thread_time() + 0.06     # then 60 ms of this thread's CPU
+            while time.thread_time() < spin:
+                pass
             for step in range(max(max_new)):
                 if step:
                     time.sleep(0.02)             # a decode step
@@ -670,7 +681,10 @@ def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
     [b] = engine.batches()
     assert b["requests"] == 2 and len(b["steps_ms"]) == 3
     assert b["wait_ms"] >= 40                    # the batcher's wait for a third request
-    assert 55 <= b["first_ms"] < 500 and all(15 <= t < 500 for t in b["steps_ms"])
+    assert 115 <= b["first_ms"] < 600 and all(15 <= t < 500 for t in b["steps_ms"])
+    # the prefill's CPU: the spin, not the sleep (the thread's), and the process's with it
+    assert 55 <= b["first_cpu_ms"] <= b["first_ms"] - 50
+    assert b["first_process_cpu_ms"] >= b["first_cpu_ms"] - 1
     assert before <= b["start_s"] <= b["end_s"] and engine.batches(since=b["end_s"] + 1) == []
 
 
