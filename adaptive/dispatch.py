@@ -90,6 +90,18 @@ class Plan:
     time_scale: float = 1.0
 
 
+# bumped whenever the dispatcher drops a plan (``Plan.stale``): a holder of many plans
+# (:mod:`adaptive.integrations.direct`) compares one number instead of every plan's flag
+revision = 0
+
+
+def _dropped(plan: Plan) -> None:
+    """Mark ``plan`` no longer served (its holders ask again) and count the revision."""
+    global revision
+    plan.stale = True
+    revision += 1
+
+
 @dataclasses.dataclass(eq=False)
 class _InputClass:
     """One decision shared by the keys of an input class (see ``Op.class_dims``): a
@@ -978,7 +990,7 @@ class Dispatcher:
                 if old is None:
                     cls.keys.discard(key)
                     continue
-                old.stale = True
+                _dropped(old)
                 first = self._prepared.get((key, _first_of(decision)))
                 if first is None:   # never prepared here: built from the class next call
                     cls.keys.discard(key)
@@ -993,12 +1005,12 @@ class Dispatcher:
         with self._lock:
             plan = self._plans.pop(key, None)
             if plan is not None:
-                plan.stale = True
+                _dropped(plan)
                 cls = self._classes.pop(plan.class_key, None)
                 for other in cls.keys if cls is not None else ():
                     stale = self._plans.pop(other, None)
                     if stale is not None:
-                        stale.stale = True
+                        _dropped(stale)
             self._referenced.discard(key)
 
     def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
@@ -1055,10 +1067,10 @@ class Dispatcher:
         """The newest decision-cache misses (at most :data:`MISS_LOG` of each kind), oldest
         first, since ``since`` (``time.time()``): when, the op and input, ``how``
         ("class": the input class's decision reused, a plan prepared; "decided": the
-        policy decided), the miss's own ms (deciding and preparing, not the launch) and of them the deciding's
-        (the candidates listed and the policy's decision; 0 for a class's decision
-        reused), and of that the policy's own ``decide`` (``policy_ms``: the rest is the
-        listing, the roofline and the device's state)."""
+        policy decided), the miss's own ms (deciding and preparing, not the launch) and of
+        them the deciding's (the candidates listed and the policy's decision; 0 for a
+        class's decision reused), and of that the policy's own ``decide`` (``policy_ms``:
+        the rest is the listing, the roofline and the device's state)."""
         return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3),
                  "decide_ms": round(decide_ms, 3), "policy_ms": round(policy_ms, 3)}
                 for t, op, what, how, ms, decide_ms, policy_ms in sorted(
@@ -1101,7 +1113,7 @@ class Dispatcher:
             for table, op_of in ((self._plans, lambda k: k[0]), (self._pinned, lambda k: k[0][0]),
                                  (self._prepared, lambda k: k[0][0])):
                 for k in [k for k in table if op is None or op_of(k) == op]:
-                    table.pop(k).stale = True
+                    _dropped(table.pop(k))
             self._configs = {k: v for k, v in self._configs.items()
                              if op is not None and not k.startswith(op + "/")}
             self._classes = {k: v for k, v in self._classes.items()

@@ -8,7 +8,8 @@ Four measurements, each patched against plain, rounds alternating and medians ke
   padding mask;
 - a whole decode step of a tiny Llama (``generate()``, random weights built from a config,
   nothing downloaded): host time per token, and the plain/patched ratio (the tokens/s
-  ratio of a host-bound decode loop);
+  ratio of a host-bound decode loop), with the patched model's decode-steps hook and
+  without it (:mod:`adaptive.integrations.direct`), and the same per decode forward alone;
 - the same loop with only the attention function changed (transformers' SDPA, ours, and a
   pass-through to transformers' SDPA under another name).
 
@@ -158,14 +159,25 @@ def _tiny_llama(max_positions: int):
     return LlamaForCausalLM(config).eval()
 
 
-def _decode(rounds: int, new_tokens: int) -> dict:
+def _decode(rounds: int, new_tokens: int, prompt: int = 8) -> dict:
+    """The tiny Llama's greedy decode, plain against patched and against patched without
+    its decode-steps hook (:mod:`adaptive.integrations.direct`: each layer's own warm path
+    instead), rounds rotating the three: host time per token of the whole ``generate()``,
+    and per decode forward alone (a forward of one token a row, timed from the model's
+    first pre-hook to its last hook), medians."""
     import copy
     import torch
     from adaptive.integrations import transformers as at
-    plain = _tiny_llama(1024)
+    plain = _tiny_llama(max(1024, 2 * (prompt + new_tokens)))
     config = plain.config
     patched = at.patch(copy.deepcopy(plain))
-    ids = torch.randint(1, 256, (1, 8))
+    own = at.patch(copy.deepcopy(plain))
+    at._remove_decode_steps(own)
+    models = {"plain": plain, "patched": patched, "own": own}
+    forwards = {n: [] for n in models}
+    for name, m in models.items():
+        _time_decode_forwards(m, forwards[name])
+    ids = torch.randint(1, 256, (1, prompt), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
 
     def generate(model):
@@ -174,18 +186,41 @@ def _decode(rounds: int, new_tokens: int) -> dict:
                                   min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     for _ in range(3):   # past exploration of every class the loop meets
         same = torch.equal(generate(plain), generate(patched))
-    times = {"plain": [], "patched": []}
+    names = list(models)
+    times = {n: [] for n in names}
+    per_forward = {n: [] for n in names}
     for i in range(rounds):
-        order = ("plain", "patched") if i % 2 == 0 else ("patched", "plain")
-        for name in order:
+        for name in names[i % 3:] + names[:i % 3]:
+            forwards[name].clear()
             t0 = time.thread_time_ns()
-            generate(plain if name == "plain" else patched)
+            generate(models[name])
             times[name].append((time.thread_time_ns() - t0) / new_tokens / 1e3)
-    t_plain, t_patched = statistics.median(times["plain"]), statistics.median(times["patched"])
-    return {"case": f"tiny Llama decode ({config.num_hidden_layers} layers, {new_tokens} "
-                    "tokens) per token", "plain_us": t_plain, "patched_us": t_patched,
-            "overhead_us": t_patched - t_plain, "ratio": t_plain / t_patched,
-            "same_tokens": same}
+            per_forward[name].append(statistics.median(forwards[name]) / 1e3)
+    us = {n: statistics.median(t) for n, t in times.items()}
+    fw = {n: statistics.median(t) for n, t in per_forward.items()}
+    return {"case": f"tiny Llama decode ({config.num_hidden_layers} layers, prompt {prompt}, "
+                    f"{new_tokens} tokens, {rounds} rounds) per token",
+            "plain_us": us["plain"], "patched_us": us["patched"],
+            "overhead_us": us["patched"] - us["plain"], "ratio": us["plain"] / us["patched"],
+            "same_tokens": same, "own_us": us["own"],
+            "forward_us": fw, "forward_ratio": fw["plain"] / fw["patched"],
+            "forward_ratio_own": fw["plain"] / fw["own"]}
+
+
+def _time_decode_forwards(model, into: list) -> None:
+    """Append the host ns of each of ``model``'s decode forwards (one token a row) to
+    ``into``: a pre-hook ahead of every other, a forward hook after."""
+    started = []
+
+    def before(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        started[:] = [time.thread_time_ns()] if ids is not None and ids.shape[1] == 1 else []
+
+    def after(module, args, kwargs, out):
+        if started:
+            into.append(time.thread_time_ns() - started[0])
+    model.register_forward_pre_hook(before, with_kwargs=True, prepend=True)
+    model.register_forward_hook(after, with_kwargs=True)
 
 
 def _attention_in_loop(rounds: int, prompt: int, new_tokens: int) -> dict:
@@ -249,11 +284,18 @@ def main(calls: int = 20000, rounds: int = 5, quick: bool = False,
     with torch.no_grad():
         rows = _linears(calls, rounds) + [_attention(calls, rounds),
                                           _attention(calls, rounds, batch=4)]
-    rows.append(_decode(2 if quick else max(2 * rounds + 1, 3), 8 if quick else 32))
+    rows.append(_decode(2 if quick else 6 * rounds + 1, 8 if quick else 32,
+                        8 if quick else 100))
     rows.append(_attention_in_loop(2 if quick else 5 * rounds, 200, 8 if quick else 32))
     for r in rows:
         extra = (f"; plain/patched {r['ratio']:.3f}, same greedy tokens: {r['same_tokens']}"
                  if "ratio" in r else "")
+        if "forward_us" in r:
+            fw = r["forward_us"]
+            extra += (f"; without the decode-steps hook {r['own_us']:.2f} us; one decode "
+                      f"forward: plain {fw['plain']:.2f}, patched {fw['patched']:.2f}, "
+                      f"without the hook {fw['own']:.2f} us: plain/patched "
+                      f"{r['forward_ratio']:.3f} (without the hook {r['forward_ratio_own']:.3f})")
         if "pass_through_us" in r:
             extra = (f"; a pass-through function {r['pass_through_us']:.2f} us "
                      f"(+{r['pass_through_us'] - r['plain_us']:.2f})")

@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from adaptive.backends.pysource import load_entry
+from adaptive.integrations.direct import direct_route
 from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
 from adaptive.ops.sparse import SparseWeight
@@ -139,6 +140,23 @@ class AdaptiveLinear(nn.Linear):
         if plan is not None and plan.stale:
             self._level = 0             # a plan dropped (drift, forget): watched closely
         return self._compute(x)
+
+    def direct_call(self, rows: int):
+        """The model's own call (``F.linear``) for a decode step of ``rows`` rows (x
+        ``[rows, 1, in]``) where this layer holds torch's matmul for that shape, else None
+        (:mod:`adaptive.integrations.direct`)."""
+        plan = self._library.get((rows, 1, self.in_features))
+        if plan is None or plan.stale or self.training:
+            return None
+        weight, bias = self._w_linear, self._b_linear
+
+        def linear(x: torch.Tensor) -> torch.Tensor:   # positional: torch parses no kwargs
+            return F.linear(x, weight, bias)
+        return linear
+
+    def route_call(self, x: torch.Tensor) -> torch.Tensor:
+        """One call through the dispatcher (a direct decode step's routed turn)."""
+        return self._compute(x, True)
 
     def _compute(self, x: torch.Tensor, route: bool = False) -> torch.Tensor:
         """The layer as adaptive launches (``route``: through the dispatcher)."""
@@ -249,7 +267,11 @@ class AdaptiveLinear(nn.Linear):
         plan as the call would ask it, deciding it on a miss): ``"F.linear (held)"``,
         ``"F.linear (a new shape)"`` (a committed plan of torch's matmul), ``"held
         <candidate>"`` (a held plan of another kernel) or ``"dispatcher (...): <state>
-        <candidate>"``, which says whether ``x`` and the output are copied transposed."""
+        <candidate>"``, which says whether ``x`` and the output are copied transposed; in a
+        decode step switched by :mod:`adaptive.integrations.direct`, that switch."""
+        switched = direct_route(self)
+        if switched is not None:
+            return switched
         plan = self._library.get(x.shape)
         if plan is not None and not plan.stale and x.dtype is self._dtype:
             return "F.linear (held)"

@@ -26,6 +26,7 @@ import itertools
 import torch
 from torch import nn
 
+from adaptive.integrations.direct import direct_route
 from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
 
@@ -110,6 +111,19 @@ class AdaptiveRMSNorm(nn.Module):
             self._level = 0             # a plan dropped (drift, forget): watched closely
         return self._compute(x)
 
+    def direct_call(self, rows: int):
+        """The model's own norm (its forward) for a decode step of ``rows`` rows (x
+        ``[rows, 1, C]``) where this norm holds it for that shape, else None
+        (:mod:`adaptive.integrations.direct`)."""
+        own = self._own.get((rows, 1, self.weight.shape[0]))
+        if own is None or own.stale or self.training:
+            return None
+        return self._original.forward
+
+    def route_call(self, x: torch.Tensor) -> torch.Tensor:
+        """One call through the dispatcher (a direct decode step's routed turn)."""
+        return self._compute(x)
+
     def _routed(self, x: torch.Tensor, plan, held: dict) -> torch.Tensor:
         """A warm call of a held ``plan`` sent through the dispatcher (one in
         ``HOLD_EVERY << level``), the level then backed off or reset."""
@@ -147,7 +161,11 @@ class AdaptiveRMSNorm(nn.Module):
     def route_of(self, x: torch.Tensor) -> str:
         """Which way a warm call on ``x`` goes now (diagnostics): ``"the model's norm
         (held)"``, ``"held <candidate>"`` or ``"dispatcher"`` (exploring, a new shape, or
-        another dtype)."""
+        another dtype); in a decode step switched by :mod:`adaptive.integrations.direct`,
+        that switch."""
+        switched = direct_route(self)
+        if switched is not None:
+            return switched
         plan = self._own.get(x.shape)
         if plan is not None and not plan.stale and x.dtype is self._dtype:
             return "the model's norm (held)"

@@ -399,7 +399,35 @@ def patch(model, *, sparse=None, skip=None, layout: str = "torch", norms: bool =
             _set_attention(m, impl)
         raise
     model.eval()
+    _install_decode_steps(model)
     return model
+
+
+_DECODE_STEPS = "_adaptive_decode_steps"   # on a patched model: [(hook, its handle)]
+
+
+def _install_decode_steps(model) -> None:
+    """A :class:`~adaptive.integrations.direct.DecodeSteps` pre-hook on each outermost
+    transformers model inside ``model``, over its patched linears and norms (a module that
+    is not a transformers model gets none: its layers keep their own warm path)."""
+    from adaptive.integrations.direct import DecodeSteps
+    from adaptive.integrations.linear import AdaptiveLinear
+    from adaptive.integrations.norm import AdaptiveRMSNorm
+    _remove_decode_steps(model)
+    hooks = []
+    for _, m in _transformers_models(model):
+        layers = [x for x in m.modules() if isinstance(x, (AdaptiveLinear, AdaptiveRMSNorm))]
+        if layers:
+            hook = DecodeSteps(layers)
+            hooks.append((hook, m.register_forward_pre_hook(hook, with_kwargs=True)))
+    if hooks:
+        model.__dict__[_DECODE_STEPS] = hooks
+
+
+def _remove_decode_steps(model) -> None:
+    for hook, handle in model.__dict__.pop(_DECODE_STEPS, ()):
+        handle.remove()
+        hook.close()
 
 
 def unpatch(model):
@@ -408,6 +436,7 @@ def unpatch(model):
     Returns ``model``."""
     from adaptive.integrations.linear import AdaptiveLinear
     from adaptive.integrations.norm import AdaptiveRMSNorm
+    _remove_decode_steps(model)
     for path, module in list(model.named_modules()):
         module.__dict__.pop(_MEMO, None)   # an attention layer's memo of its held plan
         for attr, child in list(module.named_children()):

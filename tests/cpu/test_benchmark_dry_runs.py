@@ -117,7 +117,7 @@ def test_gpu_generate_lockstep_is_generates_computation(dry_runs):
     assert re.search(r"identical \(first \d+\) +\d+/\d+ sequences", line), line
     # each batch size's profiles side by side, without the patched calls' ranges, each
     # mode's two (ABBA) summed: the wall, the host time outside torch's ops and in them,
-    # and the ops that differ most, their calls those of the same request twice (even)
+    # and the ops that differ most
     for batch in (1, 3):
         at = stdout.index(f"profile batch {batch} (no ranges, two requests a mode, ABBA): "
                           "wall torch ")
@@ -126,7 +126,9 @@ def test_gpu_generate_lockstep_is_generates_computation(dry_runs):
                          head), head
         assert all(re.search(r"host +[+-]\d+\.\d\d ms \(calls \d+ -> \d+; device", d)
                    for d in diffs), diffs
-        calls = [int(n) for d in diffs for n in re.search(r"calls (\d+) -> (\d+)", d).groups()]
+        # torch's side: the same request twice makes the same calls twice (adaptive's may
+        # route one call of the second through the dispatcher)
+        calls = [int(re.search(r"calls (\d+) ->", d).group(1)) for d in diffs]
         assert all(n % 2 == 0 for n in calls), diffs
         assert not any(d.strip().startswith("adaptive::") for d in diffs), diffs
     for batch in (1, 3):

@@ -10,6 +10,8 @@ calls (as the H200 commits cuBLAS and SDPA for such a model), and put back after
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import math
 import re
@@ -28,6 +30,7 @@ import adaptive  # noqa: E402
 from adaptive import runtime  # noqa: E402
 from adaptive.integrations import transformers as at  # noqa: E402
 from adaptive.integrations import linear as linear_mod  # noqa: E402
+from adaptive.integrations.norm import AdaptiveRMSNorm  # noqa: E402
 from adaptive.integrations.routing import HOLD_DOUBLINGS  # noqa: E402
 from adaptive.variants import Registry  # noqa: E402
 
@@ -846,3 +849,130 @@ def test_a_sparse_layer_held_on_cusparselt_takes_x_as_given(monkeypatch, tokens)
     finally:
         runtime.set_default(before, like)
         at.forget_held()
+
+
+# ---- decode steps with the model's own calls made directly (integrations.direct) ----------
+
+def _tiny_pair(seed: int = 1):
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         max_position_embeddings=512, pad_token_id=0, eos_token_id=None,
+                         bos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    plain = LlamaForCausalLM(config).eval()
+    patched = LlamaForCausalLM(config)
+    patched.load_state_dict(plain.state_dict())
+    return plain, at.patch(patched)
+
+
+def _generate(model, ids, mask, n):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0)
+
+
+@contextlib.contextmanager
+def _ways(model):
+    """While open, each adaptive layer call's (tokens per row, its route_of) in order."""
+    seen = []
+
+    def hook(module, args):
+        seen.append((args[0].shape[1], module.route_of(args[0])))
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()
+               if isinstance(m, (at.AdaptiveLinear, AdaptiveRMSNorm))]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_decode_steps_make_the_models_own_calls_directly_once_every_layer_holds_them(library):
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    assert torch.equal(_generate(patched, ids, mask, 12), _generate(plain, ids, mask, 12))
+    counted = _Counted(library)
+    with _ways(patched) as seen:
+        got = _generate(patched, ids, mask, 12)
+    assert torch.equal(got, _generate(plain, ids, mask, 12))
+    layers = 2 * 7 + 1 + 2 * 2 + 1            # linears and norms: one call each a forward
+    assert len(seen) == 12 * layers
+    prefill, decode = seen[:layers], seen[layers:]
+    assert not any(way.startswith(("direct", "routed")) for _, way in prefill), prefill
+    assert [t for t, _ in prefill].count(9) == layers - 1   # the head: the last token only
+    # the first decode step's shapes switch every layer; a later step routes one layer at
+    # most, another each time (ROUTE_EVERY steps go round once: steps 1..20 of 512 here)
+    steps = [decode[i:i + layers] for i in range(0, len(decode), layers)]
+    assert all(way.startswith("direct") for t, way in steps[0]), steps[0]
+    routed = []
+    for step in steps[1:]:
+        assert all(t == 1 and way.startswith(("direct", "routed")) for t, way in step)
+        routed += [i for i, (_, way) in enumerate(step) if way.startswith("routed")]
+        assert [way.startswith("routed") for _, way in step].count(True) <= 1, step
+    assert routed and len(set(routed)) == len(routed), routed
+    # one routed layer a step through the dispatcher, attention's own routing besides
+    assert counted.calls <= 11 + 12 * 2, counted.calls
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    assert len(hook.direct) == layers and hook.rows == 2
+
+
+def test_direct_steps_end_at_a_dropped_plan_a_prefill_and_training(library):
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (1, 7), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    for _ in range(2):
+        _generate(patched, ids, mask, 6)
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    assert hook.direct
+    library.forget()                       # every plan dropped: held ones no longer serve
+    with _ways(patched) as seen:
+        got = _generate(patched, ids, mask, 6)
+    assert torch.equal(got, _generate(plain, ids, mask, 6))
+    # the first decode step: no layer whose plan for its shape was dropped is switched
+    # (the head's x is [1, 1, 64] in the prefill too: it may hold a plan made there)
+    first = [way for _, way in seen[20:40]]
+    assert sum(way.startswith(("direct", "routed")) for way in first) <= 1, first
+    with torch.no_grad():                  # a prefill: every layer back to its forward
+        patched(torch.randint(1, 256, (1, 5)))
+    assert not hook.direct and not any("forward" in m.__dict__ for m in patched.modules())
+    _generate(patched, ids, mask, 6)
+    assert hook.direct
+    patched.train()                        # a training step is never served directly
+    with pytest.raises(RuntimeError, match="for inference"):
+        patched(torch.randint(1, 256, (1, 1)))
+    assert not hook.direct
+    patched.eval()
+
+
+def test_routing_sends_each_direct_layer_through_the_dispatcher_in_turn(library, monkeypatch):
+    from adaptive.integrations import direct
+    monkeypatch.setattr(direct, "ROUTE_EVERY", 24)
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (1, 5), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    _generate(patched, ids, mask, 4)
+    routed = collections.Counter()
+    for cls in (at.AdaptiveLinear, AdaptiveRMSNorm):
+        real = cls.route_call
+
+        def spy(self, x, real=real):
+            routed[id(self)] += 1
+            return real(self, x)
+        monkeypatch.setattr(cls, "route_call", spy)
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    got = _generate(patched, ids, mask, 30)
+    assert torch.equal(got, _generate(plain, ids, mask, 30))
+    layers = {id(m) for m, _ in hook.direct}
+    assert len(layers) == 20 and set(routed) == layers, (len(routed), len(layers))
+
+
+def test_unpatch_takes_the_decode_steps_hook_away(library):
+    _, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (1, 5))
+    _generate(patched, ids, torch.ones_like(ids), 4)
+    at.unpatch(patched)
+    assert at._DECODE_STEPS not in patched.__dict__
+    assert not any(m._forward_pre_hooks for m in patched.modules())
+    assert not any("forward" in m.__dict__ for m in patched.modules())

@@ -1,0 +1,115 @@
+"""Decode steps with no per-layer Python where a patched layer holds the model's own call.
+
+A patched layer's warm call reads a few attributes, looks its input shape up in a dict and
+counts a turn before it makes the model's own call (``F.linear``, the norm's ops): on the
+host that is 0.7–2 µs a layer, and a decode at batch 1 is host-bound (a 22-layer Llama
+makes about 220 such calls a token: 2–4% of the token, the gap that issue 12's generate
+benchmark measures). :class:`DecodeSteps` is a forward pre-hook on the patched model, one
+Python call a forward. On a decode step (one token a row) it switches each layer that
+holds, for this step's input shape, a plan that *is* the model's own call to make that
+call directly (the layer's instance ``forward``), and switches them back when the input
+changes (a prefill, another batch size), when the model trains, or when the dispatcher
+drops any plan (:data:`adaptive.dispatch.revision`: a drift, a new commit, ``forget``).
+
+A direct call computes what the plain model computes, so a switch that comes late can only
+delay adaptive's own choice, never change a result. Sampling, drift detection and the
+counter log keep seeing every layer: each decode step sends one direct layer's call
+through the dispatcher, in turn, so a layer is routed once in :data:`ROUTE_EVERY` steps,
+the rate a steady held layer routes at by itself (:mod:`adaptive.integrations.routing`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from adaptive import dispatch
+from adaptive.integrations.routing import HOLD_DOUBLINGS
+
+ROUTE_EVERY = 64 << HOLD_DOUBLINGS   # decode steps between two routed calls of one layer
+
+
+class DecodeSteps:
+    """The forward pre-hook (``with_kwargs=True``) of a patched model; ``layers``: its
+    patched linears and norms, each with ``direct_call(rows)`` (the model's own call for a
+    decode step of ``rows`` rows where it holds one, else None) and ``route_call(x)`` (one
+    call through the dispatcher)."""
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+        self.rows = None          # the decode batch the direct layers were switched for
+        self.revision = -1        # dispatch.revision at the switch
+        self.direct: list = []    # (layer, its direct call), in module order
+        self.steps = 0            # decode steps served with direct layers
+        self.routed = None        # (layer, its direct call) routed in the last step
+        self._lock = threading.Lock()
+
+    def __call__(self, module, args, kwargs):
+        rows = _decode_rows(module, args, kwargs)
+        with self._lock:
+            if rows is None:
+                if self.direct:
+                    self._restore()
+            elif rows != self.rows or dispatch.revision != self.revision:
+                self._switch(rows)
+            elif self.direct:
+                self._route_next()
+        return None
+
+    def _switch(self, rows: int) -> None:
+        self._restore()
+        self.rows, self.revision = rows, dispatch.revision
+        for layer in self.layers:
+            call = layer.direct_call(rows)
+            if call is not None:
+                layer.__dict__["forward"] = call
+                self.direct.append((layer, call))
+
+    def _restore(self) -> None:
+        for layer, _ in self.direct:
+            layer.__dict__.pop("forward", None)
+        self.direct, self.routed, self.rows = [], None, None
+
+    def _route_next(self) -> None:
+        if self.routed is not None:      # last step's routed layer: direct again
+            layer, call = self.routed
+            layer.__dict__["forward"] = call
+            self.routed = None
+        self.steps += 1
+        i = self.steps % ROUTE_EVERY
+        if i < len(self.direct):
+            layer, call = self.routed = self.direct[i]
+            layer.__dict__["forward"] = layer.route_call
+
+    def close(self) -> None:
+        """Every layer back to its own forward."""
+        with self._lock:
+            self._restore()
+
+
+def direct_route(layer) -> str | None:
+    """How a layer's call goes while a :class:`DecodeSteps` has switched it (for its
+    ``route_of``): ``"direct: the model's own call (decode step)"``, ``"routed: through the
+    dispatcher (decode step)"``, or None (not switched: its own forward)."""
+    call = layer.__dict__.get("forward")
+    if call is None:
+        return None
+    if getattr(call, "__func__", None) is type(layer).route_call:
+        return "routed: through the dispatcher (decode step)"
+    return "direct: the model's own call (decode step)"
+
+
+def _decode_rows(module, args, kwargs) -> int | None:
+    """The rows of a decode step (one new token a row) in inference, else None."""
+    if module.training:
+        return None
+    ids = kwargs.get("input_ids")
+    if ids is None and args:
+        ids = args[0]
+    if ids is None:
+        embeds = kwargs.get("inputs_embeds")
+        shape = None if embeds is None else embeds.shape[:2]
+    else:
+        shape = getattr(ids, "shape", None)
+    if shape is None or len(shape) != 2 or shape[1] != 1:
+        return None
+    return int(shape[0])
