@@ -47,6 +47,9 @@ from adaptive.ops.sparse import SparseWeight
 MODES = ("dense", "shared", "sparse")
 CSLT_VARIANT = "cusparselt_24"   # spmm's cuSPARSELt variant: served by _cslt_linear
 RACE_RUNS = 3      # runs of each route when F.linear races a kernel and its copies
+# every race so far in this process: how many and the seconds they took on the calling
+# thread (a server's stats report them: a race is neither a miss nor an exploring call)
+races = {"races": 0, "race_s": 0.0}
 HOLD_EVERY = 64    # one warm call in this many goes through the dispatcher
 MAX_HELD = 256     # input shapes whose plans one layer holds (prefill lengths, decode)
 # where each layer's count of warm calls starts: layers called once per token route on
@@ -356,7 +359,10 @@ class AdaptiveLinear(nn.Linear):
 
         def library():
             return F.linear(x, self._w_linear, self._b_linear)
+        t0 = time.perf_counter()
         mine, theirs = race_ms(kernel, library, x.device)
+        races["races"] += 1
+        races["race_s"] += time.perf_counter() - t0
         wins = theirs <= mine
         _hold(self._raced, x.shape, (plan, wins))
         return wins

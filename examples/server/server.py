@@ -768,14 +768,19 @@ def policy_activity() -> dict:
     """What the process's learned policies have done so far, summed over dispatchers:
     model refits and the seconds spent fitting (background CPU beside the requests),
     exploring calls and their seconds, classes deferred, drifts (each re-explores a class
-    on served calls) and commits (empty before adaptive is imported)."""
+    on served calls) and commits (empty before adaptive is imported); and the patched
+    linears' races of ``F.linear`` against a kernel with its copies, once per plan and input
+    shape, on the serving thread (:data:`adaptive.integrations.linear.races`)."""
     runtime = sys.modules.get("adaptive.runtime")
     if runtime is None:
         return {}
     from adaptive.policy.cost_model import LiveModel
     from adaptive.policy.learned import Learned
     out = {"refits": 0, "refit_s": 0.0, "explore_calls": 0, "explore_s": 0.0, "deferred": 0,
-           "drifts": 0, "commits": 0}
+           "drifts": 0, "commits": 0, "races": 0, "race_s": 0.0}
+    linear = sys.modules.get("adaptive.integrations.linear")
+    if linear is not None:
+        out.update(linear.races)
     for d in runtime.live_dispatchers():
         policy = d.policy
         if not isinstance(policy, Learned):

@@ -262,8 +262,10 @@ def test_a_weight_kept_as_given_on_another_kernel_races_f_linear(ours, monkeypat
 
     def race(first, second, device):
         races.append((first(), second()))   # both routes compute the layer
+        time.sleep(0.01)
         return (1.0, 2.0) if kernel_wins else (2.0, 1.0)
     monkeypatch.setattr(linear_mod, "race_ms", race)
+    counted = dict(linear_mod.races)
     layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "shared").eval()
     x = torch.randn(3, 5, 16)
     assert re.fullmatch(r"dispatcher \(x and the output transposed\): (exploring|committed) "
@@ -272,6 +274,9 @@ def test_a_weight_kept_as_given_on_another_kernel_races_f_linear(ours, monkeypat
         torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
                                    atol=1e-5)
     assert len(races) == 1, len(races)                   # once for the plan and the shape
+    # the process's count of races and their time on the calling thread (server stats)
+    assert linear_mod.races["races"] == counted["races"] + 1
+    assert linear_mod.races["race_s"] - counted["race_s"] >= 0.01
     for y in races[0]:   # (the kernel's route as rows [tokens, out])
         torch.testing.assert_close(y.double().reshape(3, 5, 8), _reference(x, layer),
                                    rtol=1e-5, atol=1e-5)

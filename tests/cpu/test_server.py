@@ -1157,7 +1157,8 @@ def test_gpu_server_benchmark_dry_run_on_host(tmp_path, background):
                 assert not any(load["policy"].values()), load["policy"]
             else:
                 assert set(load["policy"]) == {"refits", "refit_s", "explore_calls",
-                                               "explore_s", "deferred", "drifts", "commits"}
+                                               "explore_s", "deferred", "drifts", "commits",
+                                               "races", "race_s"}
                 assert all(v >= 0 for v in load["policy"].values()), load["policy"]
             # the same requests in every mode: the stream's first 2 per client
             assert load["requests"] == 2 * int(clients) and load["sent"] <= load["requests"]
