@@ -8,8 +8,9 @@ benchmark measures). :class:`DecodeSteps` is a forward pre-hook on the patched m
 Python call a forward. On a decode step (one token a row) it switches each layer that
 holds, for this step's input shape, a plan that *is* the model's own call to make that
 call directly (the layer's instance ``forward``), and switches them back when the input
-changes (a prefill, another batch size), when the model trains, or when the dispatcher
-drops any plan (:data:`adaptive.dispatch.revision`: a drift, a new commit, ``forget``).
+changes (a prefill, another batch size), when the model trains, when the dispatcher
+drops any plan (:data:`adaptive.dispatch.revision`: a drift, a new commit, ``forget``),
+or when a layer derives its weights again (:func:`rebound`: ``.to()``, a load).
 
 A direct call computes what the plain model computes, so a switch that comes late can only
 delay adaptive's own choice, never change a result. Sampling, drift detection and the
@@ -26,6 +27,17 @@ from adaptive import dispatch
 from adaptive.integrations.routing import HOLD_DOUBLINGS
 
 ROUTE_EVERY = 64 << HOLD_DOUBLINGS   # decode steps between two routed calls of one layer
+# bumped when a layer derives its weights again (``.to()``, a state_dict load): every
+# switch is made again, from the layer as it is now
+epoch = 0
+
+
+def rebound(layer) -> None:
+    """``layer`` derived what its calls read again: its switch is undone, and every
+    :class:`DecodeSteps` switches afresh at its next forward."""
+    global epoch
+    layer.__dict__.pop("forward", None)
+    epoch += 1
 
 
 class DecodeSteps:
@@ -37,7 +49,7 @@ class DecodeSteps:
     def __init__(self, layers):
         self.layers = list(layers)
         self.rows = None          # the decode batch the direct layers were switched for
-        self.revision = -1        # dispatch.revision at the switch
+        self.revision = None      # (dispatch.revision, epoch) at the switch
         self.direct: list = []    # (layer, its direct call), in module order
         self.steps = 0            # decode steps served with direct layers
         self.routed = None        # (layer, its direct call) routed in the last step
@@ -49,7 +61,7 @@ class DecodeSteps:
             if rows is None:
                 if self.direct:
                     self._restore()
-            elif rows != self.rows or dispatch.revision != self.revision:
+            elif rows != self.rows or (dispatch.revision, epoch) != self.revision:
                 self._switch(rows)
             elif self.direct:
                 self._route_next()
@@ -57,7 +69,7 @@ class DecodeSteps:
 
     def _switch(self, rows: int) -> None:
         self._restore()
-        self.rows, self.revision = rows, dispatch.revision
+        self.rows, self.revision = rows, (dispatch.revision, epoch)
         for layer in self.layers:
             call = layer.direct_call(rows)
             if call is not None:

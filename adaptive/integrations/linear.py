@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from adaptive.backends.pysource import load_entry
-from adaptive.integrations.direct import direct_route
+from adaptive.integrations.direct import direct_route, rebound
 from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
 from adaptive.ops.sparse import SparseWeight
@@ -119,6 +119,7 @@ class AdaptiveLinear(nn.Linear):
         # counts warm calls (next(): no nn.Module.__setattr__ on the hot path)
         self._turn = itertools.count(1 + next(_stagger) % HOLD_EVERY)
         self._level = 0          # routing: one warm call in HOLD_EVERY << _level
+        rebound(self)            # a decode step's direct call read the weights before
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)
@@ -155,7 +156,7 @@ class AdaptiveLinear(nn.Linear):
 
         def linear(x: torch.Tensor) -> torch.Tensor:   # positional: torch parses no kwargs
             return F.linear(x, weight, bias)
-        return linear
+        return linear    # (weights derived again: _bind undoes the switch, direct.rebound)
 
     def route_call(self, x: torch.Tensor) -> torch.Tensor:
         """One call through the dispatcher (a direct decode step's routed turn)."""

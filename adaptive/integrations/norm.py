@@ -26,7 +26,7 @@ import itertools
 import torch
 from torch import nn
 
-from adaptive.integrations.direct import direct_route
+from adaptive.integrations.direct import direct_route, rebound
 from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
 
@@ -88,6 +88,7 @@ class AdaptiveRMSNorm(nn.Module):
         # x.shape -> a committed plan of the model's own computation: its forward is called
         self._own: dict = {}
         self._original.weight = self.weight
+        rebound(self)            # a decode step's direct call read the weights before
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)

@@ -30,6 +30,7 @@ import adaptive  # noqa: E402
 from adaptive import runtime  # noqa: E402
 from adaptive.integrations import transformers as at  # noqa: E402
 from adaptive.integrations import linear as linear_mod  # noqa: E402
+from adaptive.integrations import direct as direct_mod  # noqa: E402
 from adaptive.integrations.norm import AdaptiveRMSNorm  # noqa: E402
 from adaptive.integrations.routing import HOLD_DOUBLINGS  # noqa: E402
 from adaptive.variants import Registry  # noqa: E402
@@ -981,3 +982,36 @@ def test_unpatch_takes_the_decode_steps_hook_away(library):
     assert at._DECODE_STEPS not in patched.__dict__
     assert not any(m._forward_pre_hooks for m in patched.modules())
     assert not any("forward" in m.__dict__ for m in patched.modules())
+
+
+def test_new_weights_loaded_in_a_direct_decode_are_the_ones_used(library):
+    """A state_dict loaded (or a ``.to()``) while decode steps are switched: every layer
+    derives its weights again and the switches are made afresh, so the next tokens are the
+    plain model's with the new weights, not the old weights' (the direct calls read
+    them)."""
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    for _ in range(2):
+        _generate(patched, ids, mask, 5)
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    assert hook.direct
+    torch.manual_seed(9)
+    other = LlamaForCausalLM(plain.config).eval()
+    state = {k: v for k, v in other.state_dict().items() if "rotary" not in k}
+    plain.load_state_dict(state, strict=False)
+    patched.load_state_dict(state, strict=False)
+    with torch.no_grad():   # a decode step right away, with the cache of a fresh prefill
+        want = plain(ids, attention_mask=mask, use_cache=True)
+        got = patched(ids, attention_mask=mask, use_cache=True)
+        step = torch.randint(1, 256, (1, 1))
+        want = plain(step, past_key_values=want.past_key_values).logits
+        got = patched(step, past_key_values=got.past_key_values).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(_generate(patched, ids, mask, 8), _generate(plain, ids, mask, 8))
+    assert hook.direct
+    plain.to(torch.float16)   # new parameter tensors: a switch made before reads the old
+    patched.to(torch.float16)
+    assert not hook.direct or hook.revision[1] != direct_mod.epoch
+    assert torch.equal(_generate(patched, ids, mask, 8), _generate(plain, ids, mask, 8))
+    assert hook.direct and all(m.weight.dtype == torch.float16 for m, _ in hook.direct)
