@@ -6,9 +6,7 @@
 # prefill's CPU time (the engine thread's and the process's) and the misses inside it by
 # kind, and decided misses are kept apart from class misses
 source "$(dirname "$0")/setup.sh"
-t0=$SECONDS
-timeout 60 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
-echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
+nvrtc_check 60
 t0=$SECONDS
 timeout 510 python3 benchmarks/gpu_headline.py --case 2:4 --modes torch-nocudnn,adaptive --out "$OUT" > "$OUT/headline_24.log" 2>&1
 echo "headline 2:4 rc=$? $((SECONDS-t0)) s"

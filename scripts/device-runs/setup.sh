@@ -4,14 +4,20 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 ADAPTIVE_CACHE_DIR=/tmp/adaptive-gpu-check-cache
 mkdir -p "$OUT"
 
-# the kernel cache filled by the NVRTC check (15 workers), then the shipped pack built into
-# /tmp/packout with DEADLINE seconds for its cases and copied to $OUT and adaptive/packs/:
+# the kernel cache filled by the NVRTC check (15 workers), its last line printed:
+#   nvrtc_check TIMEOUT
+nvrtc_check() {
+  local t0=$SECONDS
+  timeout "$1" python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
+  echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
+}
+
+# the kernel cache filled (nvrtc_check), then the shipped pack built into /tmp/packout with
+# DEADLINE seconds for its cases and copied to $OUT and adaptive/packs/:
 #   build_pack DEADLINE
 build_pack() {
+  nvrtc_check 90
   local t0=$SECONDS
-  timeout 90 python3 -m adaptive.cli nvrtc-check --workers 15 --quiet > "$OUT/nvrtc.log" 2>&1
-  echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
-  t0=$SECONDS
   timeout $(($1 + 35)) python3 benchmarks/gpu_pack.py --deadline-s "$1" --out /tmp/packout > "$OUT/pack.log" 2>&1
   echo "pack rc=$? $((SECONDS-t0)) s"
   tail -2 "$OUT/pack.log" | cut -c1-300

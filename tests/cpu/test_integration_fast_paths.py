@@ -877,6 +877,19 @@ def _generate(model, ids, mask, n):
                               do_sample=False, pad_token_id=0)
 
 
+def _switched(prompt: int, seed: int):
+    """A plain and a patched tiny Llama, a prompt, its mask, and the patched model's
+    decode-steps hook after two generates (its decode steps switched)."""
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (1, prompt), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    for _ in range(2):
+        _generate(patched, ids, mask, 6)
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    assert hook.direct
+    return plain, patched, ids, mask, hook
+
+
 @contextlib.contextmanager
 def _ways(model):
     """While open, each adaptive layer call's (tokens per row, its route_of) in order."""
@@ -925,13 +938,7 @@ def test_decode_steps_make_the_models_own_calls_directly_once_every_layer_holds_
 
 
 def test_direct_steps_end_at_a_dropped_plan_a_prefill_and_training(library):
-    plain, patched = _tiny_pair()
-    ids = torch.randint(1, 256, (1, 7), generator=torch.Generator().manual_seed(4))
-    mask = torch.ones_like(ids)
-    for _ in range(2):
-        _generate(patched, ids, mask, 6)
-    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
-    assert hook.direct
+    plain, patched, ids, mask, hook = _switched(prompt=7, seed=4)
     library.forget()                       # every plan dropped: held ones no longer serve
     with _ways(patched) as seen:
         got = _generate(patched, ids, mask, 6)
@@ -989,13 +996,7 @@ def test_new_weights_loaded_in_a_direct_decode_are_the_ones_used(library):
     derives its weights again and the switches are made afresh, so the next tokens are the
     plain model's with the new weights, not the old weights' (the direct calls read
     them)."""
-    plain, patched = _tiny_pair()
-    ids = torch.randint(1, 256, (1, 6), generator=torch.Generator().manual_seed(6))
-    mask = torch.ones_like(ids)
-    for _ in range(2):
-        _generate(patched, ids, mask, 5)
-    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
-    assert hook.direct
+    plain, patched, ids, mask, hook = _switched(prompt=6, seed=6)
     torch.manual_seed(9)
     other = LlamaForCausalLM(plain.config).eval()
     state = {k: v for k, v in other.state_dict().items() if "rotary" not in k}
