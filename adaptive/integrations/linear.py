@@ -42,6 +42,7 @@ from adaptive.backends.pysource import load_entry
 from adaptive.integrations.direct import direct_route, rebound
 from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
+from adaptive.ops.base import bucket
 from adaptive.ops.sparse import SparseWeight
 
 MODES = ("dense", "shared", "sparse")
@@ -109,7 +110,8 @@ class AdaptiveLinear(nn.Linear):
         self._cslt = None  # the weight as cuSPARSELt compressed it (see _cslt_linear)
         # x.shape -> a committed plan of cuSPARSELt's 2:4 matmul: _cslt_linear serves it
         self._cslt_shapes: dict = {}
-        # x.shape -> (a committed plan, whether F.linear beat it with its copies)
+        # (a committed candidate, the class of token counts) -> whether F.linear beat it
+        # with its copies (see _f_linear_wins)
         self._raced: dict = {}
         # x.shape -> a committed plan of torch's own matmul: F.linear is called instead
         self._library = {}
@@ -337,16 +339,20 @@ class AdaptiveLinear(nn.Linear):
     def _f_linear_wins(self, plan, x: torch.Tensor) -> bool:
         """Whether ``F.linear`` on ``x`` as given beats ``plan``'s kernel with the copies
         its route makes (a weight kept as given or sparse: ``xᵀ`` and the output, copied
-        transposed), timed here once per plan and input shape (:func:`race_ms`: each route
-        :data:`RACE_RUNS` times, alternating, the medians compared). The dispatcher times
-        the kernel alone: run S66's pruned prefill held ``tc_wide`` on 32 projections,
-        each with two transposing copies. A dense-layout weight (``x`` launched as given)
-        and cuSPARSELt's fused route copy nothing: never raced."""
+        transposed), timed here once per candidate and class of token counts (the
+        quarter octave of ``adaptive.ops.base.bucket``, as the dispatcher shares a decision
+        within an input class: a server's prefills of ever new lengths would race on every
+        one, each route :data:`RACE_RUNS` + 1 times on the serving thread), by
+        :func:`race_ms` (each route alone, alternating, the medians compared). The
+        dispatcher times the kernel alone: run S66's pruned prefill held ``tc_wide`` on 32
+        projections, each with two transposing copies. A dense-layout weight (``x``
+        launched as given) and cuSPARSELt's fused route copy nothing: never raced."""
         if self._wt is not None or _is_cslt(plan):
             return False
-        raced = self._raced.get(x.shape)
-        if raced is not None and raced[0] is plan:
-            return raced[1]
+        key = (plan.candidate, bucket(x.numel() // self.in_features))
+        raced = self._raced.get(key)
+        if raced is not None:
+            return raced
         x2 = x.reshape(-1, self.in_features)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
@@ -365,7 +371,7 @@ class AdaptiveLinear(nn.Linear):
         races["races"] += 1
         races["race_s"] += time.perf_counter() - t0
         wins = theirs <= mine
-        _hold(self._raced, x.shape, (plan, wins))
+        _hold(self._raced, key, wins)
         return wins
 
     def to_linear(self) -> nn.Linear:

@@ -298,6 +298,32 @@ def test_a_weight_kept_as_given_on_another_kernel_races_f_linear(ours, monkeypat
     assert len(races) == 1 and list(layer._library) == [x.shape]
 
 
+def test_f_linears_verdict_is_kept_for_a_class_of_token_counts(ours, monkeypatch):
+    """A server's prefills come in ever new lengths: the race of F.linear against a
+    kernel with its copies is run once per candidate and class of token counts (a quarter
+    octave, as the dispatcher's input classes), not once per input shape."""
+    races = []
+
+    def race(first, second, device):
+        races.append(1)
+        return (2.0, 1.0)                    # F.linear wins
+    monkeypatch.setattr(linear_mod, "race_ms", race)
+    layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "shared").eval()
+
+    def settle(*shape):
+        x = torch.randn(*shape)
+        for _ in range(40):
+            torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
+                                       atol=1e-5)
+        return x.shape
+    first = settle(4, 25, 16)                # 100 tokens: the class (90.5, 107.6]
+    assert len(races) == 1 and first in layer._library
+    second = settle(2, 52, 16)               # 104 tokens: the same class, no second race
+    assert len(races) == 1 and second in layer._library
+    settle(4, 100, 16)                       # 400 tokens: another class, raced again
+    assert len(races) == 2, len(races)
+
+
 def test_race_ms_gives_each_routes_median_alone():
     """``race_ms``: each route's median over RACE_RUNS runs, alternating; a route that
     sleeps 5 ms reads at least that, one that does nothing far less."""
