@@ -75,7 +75,8 @@ def wide(seed: int = 2026) -> dict:
     (long-tailed 17-4096) token counts against model widths 1024-14336, decode attention
     (mostly one token a step; multi-head and grouped-query) over 64-32768 cached keys,
     multi-head prefill attention (causal and not) of 128-4096 tokens,
-    softmax rows of 16-128k, pruned weights from 2:4 and 25-60% to 0.1% (unstructured and
+    softmax rows of 16-128k (and as a transformer makes them: attention scores and the
+    vocabulary's logits), pruned weights from 2:4 and 25-60% to 0.1% (unstructured and
     in 16/32/64 blocks), and decoder norms. The same seed gives the same shapes;
     :data:`PRESETS` holds the shipped one."""
     import numpy as np
@@ -153,6 +154,21 @@ def wide(seed: int = 2026) -> dict:
         attention.append({"dims": {"B": int(prefill.choice([1, 1, 2, 4])), "H": h, "Hkv": h,
                                    "Lq": lk, "Lk": lk, "D": d},
                           "dtype": "float16", "params": {"causal": i % 2 == 0}})
+    # softmax rows as a transformer makes them (a generator of its own again): attention
+    # scores, one row a query and head (R = B*H*Lq 256-65536, C = cached keys 128-8192),
+    # and the vocabulary's logits (R = 1-64 rows, C = 32000-152064). The draws above are
+    # log-uniform over R and C and left R >= 4096 with C of 1-8k unmeasured: run S75's
+    # model then never explored reg_row on R=16384 C=2048, and committed block_row at 1.8x
+    # its time
+    rows = np.random.default_rng(seed + 3)
+    for i in range(16):
+        if i % 4 == 3:
+            r, c = int(rows.integers(1, 65)), int(rows.choice([32000, 50257, 128256, 152064]))
+        else:
+            r = int(round(np.exp(rows.uniform(np.log(256), np.log(65536)))))
+            c = int(round(np.exp(rows.uniform(np.log(128), np.log(8192)))))
+        softmax.append({"dims": {"R": r, "C": c},
+                        "dtype": str(rows.choice(["float16", "float16", "float32"]))})
     return {"gemm": gemm, "softmax": softmax, "attention": attention, "spmm": spmm,
             "rmsnorm": rmsnorm}
 

@@ -576,6 +576,27 @@ def test_shipped_pack_matches_the_built_in_variants():
         assert report.rows == len(pack.rows) > 1000, report
 
 
+def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them():
+    """Attention-score rows (many rows of 1-8k keys) and vocabulary logits (few rows of
+    32k-152k) besides the log-uniform draws, which kept their values: the shipped pack
+    measured those (run S72: those alone; a rebuild measures all)."""
+    from adaptive.packs import shipped_packs
+    from adaptive.packs.format import read_pack
+    from adaptive.packs.presets import wide
+    s = wide()["softmax"]
+    (h200,) = [p for p in shipped_packs() if p.name == "h200.msgpack"]
+    built = {tuple(sorted(r.dims.items())) for r in read_pack(h200).rows
+             if r.op == "softmax"}
+    drawn = [tuple(sorted(c["dims"].items())) for c in s]
+    assert len(s) == 46 and set(drawn[:30]) <= built <= set(drawn)
+    dims = [(c["dims"]["R"], c["dims"]["C"]) for c in s[30:]]
+    scores = [(r, c) for r, c in dims if r >= 4096 and 1024 <= c <= 8192]
+    vocab = [(r, c) for r, c in dims if r <= 64 and c >= 32000]
+    assert len(scores) >= 2 and len(vocab) == 4, dims
+    assert all(256 <= r <= 65536 and 128 <= c <= 8192 for r, c in dims
+               if (r, c) not in vocab)
+
+
 def test_the_wide_preset_measures_multi_head_prefills_causal_and_not():
     """The shipped pack's shapes: prefill attention with as many key/value heads as query
     heads (where the flash kernels run, not SDPA alone), both causal and not; the shipped
