@@ -34,3 +34,12 @@ serve_both() {
   grep -E "serving after|engine:|policy:|misses:|adaptive / torch at" "$OUT/server.log" | cut -c1-240
   grep -E "prefill profile: (batch|route)" "$OUT/server.log" | cut -c1-240
 }
+
+# benchmarks/gpu_selection.py into $OUT, its verdict lines printed (from run S79 on):
+#   selection TIMEOUT [ARGS...]
+selection() {
+  local t0=$SECONDS limit=$1; shift
+  timeout "$limit" python3 benchmarks/gpu_selection.py "$@" --out "$OUT" > "$OUT/selection.log" 2>&1
+  echo "selection rc=$? $((SECONDS-t0)) s"
+  grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|model accuracy|largest excess" "$OUT/selection.log" | cut -c1-260
+}
