@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", default=str(ROOT.parent / "shared" / "data" / "h200-corpus"))
     p.add_argument("--ops", default="spmm,gemm,softmax,attention")
     p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--coverage", action="store_true",
+                   help="instead of timing: for every corpus input of each op, whether the "
+                   "miss's exploration list holds a candidate within 5%% of the input's "
+                   "best (what the shipped pack's model leaves unexplored), the worst listed")
     p.add_argument("--against-dicts", action="store_true",
                    help="every other decide ranks the rows as a list of dicts (before "
                    "features.Rows), both printed")
@@ -66,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         corpus = read_pack(path)
         known = {(v.op, v.name): R._as_registered(v) for v in corpus.variants}
         groups = R._group([r for r in corpus.rows if (r.op, r.variant) in known])
+        if args.coverage:
+            _coverage(op, groups, known, live, near, limits)
+            continue
         key, group = sorted(groups.items())[3]
         cands = [make_candidate(known[(r.op, r.variant)], r.config) for r in group]
         times, as_dicts = [], []
@@ -105,6 +112,33 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(len(c) for _, c in pool)} configs min {min(listed):.2f} ms (config by "
               f"config {min(each):.2f} ms)")
     return 0
+
+
+def _coverage(op, groups, known, live, near, limits) -> None:
+    """Each corpus input of ``op`` decided as a miss (the shipped pack's model, a fresh
+    policy): the best measured time among the candidates the decision runs or explores,
+    over the input's best; prints the share within 5% and the five worst."""
+    from adaptive.bench import replay as R
+    from adaptive.policy.learned import Learned
+    from adaptive.variants import make_candidate
+    rows = []
+    for key, group in sorted(groups.items()):
+        cands = [make_candidate(known[(r.op, r.variant)], r.config) for r in group]
+        policy = Learned(live, explore_budget=None)
+        policy.neighbours = near.copy()
+        d = policy.decide(R._Context(group[0], key, limits), cands)
+        times = {(r.variant, tuple(sorted(r.config.items()))): r.time_ms for r in group}
+        tried = [d.candidate, *(d.explore or ())]
+        got = min(times[(c.variant.name, tuple(sorted(c.config.items())))] for c in tried)
+        best = min(group, key=lambda r: r.time_ms)
+        rows.append((got / best.time_ms, group[0].describe() if hasattr(group[0], "describe")
+                     else f"{dict(group[0].dims)} {group[0].dtype}", best.variant,
+                     sorted({c.variant.name for c in tried})))
+    within = sum(r[0] <= 1.05 for r in rows)
+    print(f"{op:<10} {len(rows)} inputs: the best explored within 5% of the best on "
+          f"{within} ({within / max(1, len(rows)):.0%}); worst:")
+    for ratio, what, best, tried in sorted(rows, reverse=True)[:5]:
+        print(f"  {ratio:.3f}x  {what}: best {best}, explored {', '.join(tried)}")
 
 
 @contextlib.contextmanager
