@@ -318,6 +318,7 @@ def _stats_now(dispatcher) -> dict:
 
 TORCH_ATTENTION = "adaptive linears, transformers' SDPA attention"
 OWN_NORMS = "adaptive, the model's own norms"
+NO_DIRECT = "adaptive, no decode-steps hook"   # each layer's own warm path (direct.py)
 
 
 def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
@@ -327,23 +328,30 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
     layer's one in HOLD_EVERY); that and the dispatcher's sampling off too; adaptive with
     the cost model's refits held; adaptive's linears with transformers' own SDPA
     attention function; adaptive with the model's own RMSNorm modules in place of its
-    patched norms. Which switch closes the gap (or makes it) says where the host time
-    goes. (Request by request, run S38's rows differed from S37's, same code, by 17-28%:
-    the host's slow phases, as in the rounds.)"""
-    from adaptive.integrations import linear, norm, transformers as at
+    patched norms; adaptive with its decode-steps hook paused (each patched layer's own
+    warm path, :mod:`adaptive.integrations.direct`). Which switch closes the gap (or
+    makes it) says where the host time goes. (Request by request, run S38's rows
+    differed from S37's, same code, by 17-28%: the host's slow phases, as in the
+    rounds.)"""
+    from adaptive.integrations import direct, linear, norm, transformers as at
     patched_norms = [(parent, attr, child) for parent in models["adaptive"].modules()
                      for attr, child in parent.named_children()
                      if isinstance(child, norm.AdaptiveRMSNorm)]
+    hooks = [h for h, _ in models["adaptive"].__dict__.get(at._DECODE_STEPS, ())]
     never = 1 << 62
-    hold = (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY)
+    hold = (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY)
     every = dispatcher.sample_every
     model = getattr(dispatcher.policy, "model", None)
 
     def routing(on: bool):
-        linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY = hold if on else (never,) * 3
+        (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY,
+         direct.ROUTE_EVERY) = hold if on else (never,) * 4
 
     def setting(name):
         at._set_attention(models["adaptive"], "sdpa" if name == TORCH_ATTENTION else at.NAME)
+        for hook in hooks:   # paused or resumed here, untimed: no switch inside a step
+            if (name == NO_DIRECT) == hook.active:
+                hook.pause() if hook.active else hook.resume()
         routing(name not in ("adaptive, no routing", "adaptive, no routing, no sampling"))
         dispatcher.sample_every = 0 if name == "adaptive, no routing, no sampling" else every
         if model is not None and hasattr(model, "refit_every"):
@@ -353,7 +361,8 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
 
     refit_every = getattr(model, "refit_every", None)
     names = ("torch", "adaptive", "adaptive, no routing", "adaptive, no routing, no sampling",
-             "adaptive, refits held", TORCH_ATTENTION) + ((OWN_NORMS,) if patched_norms else ())
+             "adaptive, refits held", TORCH_ATTENTION) + ((OWN_NORMS,) if patched_norms else ()
+                                                          ) + ((NO_DIRECT,) if hooks else ())
     results = {n: [] for n in names}
     counters = {n: {"refits": 0, "misses": 0} for n in names}
     by_name = {n: models["torch" if n == "torch" else "adaptive"] for n in names}

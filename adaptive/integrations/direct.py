@@ -53,9 +53,12 @@ class DecodeSteps:
         self.direct: list = []    # (layer, its direct call), in module order
         self.steps = 0            # decode steps served with direct layers
         self.routed = None        # (layer, its direct call) routed in the last step
+        self.active = True        # False: paused (every layer its own forward)
         self._lock = threading.Lock()
 
     def __call__(self, module, args, kwargs):
+        if not self.active:
+            return None
         rows = _decode_rows(module, args, kwargs)
         with self._lock:
             if rows is None:
@@ -96,6 +99,23 @@ class DecodeSteps:
         """Every layer back to its own forward."""
         with self._lock:
             self._restore()
+
+    def pause(self) -> None:
+        """Every layer back to its own forward until :meth:`resume` (the switches kept:
+        e.g. a benchmark's ablation, step by step)."""
+        with self._lock:
+            self.active = False
+            for layer, _ in self.direct:
+                layer.__dict__.pop("forward", None)
+            self.routed = None
+
+    def resume(self) -> None:
+        """The switches kept by :meth:`pause` made again; the next forward checks them as
+        any (a plan dropped meanwhile: switched afresh)."""
+        with self._lock:
+            for layer, call in self.direct:
+                layer.__dict__["forward"] = call
+            self.active = True
 
 
 def direct_route(layer) -> str | None:

@@ -1042,3 +1042,21 @@ def test_new_weights_loaded_in_a_direct_decode_are_the_ones_used(library):
     assert not hook.direct or hook.revision[1] != direct_mod.epoch
     assert torch.equal(_generate(patched, ids, mask, 8), _generate(plain, ids, mask, 8))
     assert hook.direct and all(m.weight.dtype == torch.float16 for m, _ in hook.direct)
+
+
+def test_a_paused_hook_leaves_every_layer_its_own_forward_until_resumed(library):
+    plain, patched, ids, mask, hook = _switched(prompt=5, seed=7)
+    switched = [layer for layer, _ in hook.direct]
+    hook.pause()
+    assert not any("forward" in m.__dict__ for m in patched.modules())
+    with _ways(patched) as seen:
+        got = _generate(patched, ids, mask, 6)
+    assert torch.equal(got, _generate(plain, ids, mask, 6))
+    assert not any(way.startswith(("direct", "routed")) for _, way in seen)
+    assert [layer for layer, _ in hook.direct] == switched   # kept for resume()
+    hook.resume()            # the kept switches again, before any forward
+    assert all("forward" in layer.__dict__ for layer in switched)
+    with _ways(patched) as seen:
+        got = _generate(patched, ids, mask, 6)
+    assert torch.equal(got, _generate(plain, ids, mask, 6))
+    assert all(way.startswith(("direct", "routed")) for t, way in seen[20:]), seen[20:]

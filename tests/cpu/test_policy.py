@@ -1075,6 +1075,7 @@ def test_each_candidates_first_turn_is_a_warm_up_that_seeds_its_issuing(rng):
 
 
 
+@pytest.mark.usefixtures("no_collections")   # (a full suite once read 12 ms for a 1 ms call)
 def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
     """cuBLAS issues a new shape's first calls slowly while its heuristics run (run S72,
     H200, CuPy arrays: calls 2 to 8 in 80-155, 23-32, then 16-23 us, against 17-19 us
