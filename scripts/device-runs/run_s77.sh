@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # run S77: generate() with library kernels only, its profile comparison now in the order
 # torch, adaptive, adaptive, torch (S74 profiled each mode once, torch first, and read
-# adaptive 28% faster in wall on the same kernels and calls: the order, not adaptive);
-# then the main job's mixed workload (S75: rmsnorm 1.079 against best-fixed 1.030)
+# adaptive 28% faster in wall on the same kernels and calls: the order, not adaptive),
+# and its batch-1 ablation with a mode that pauses the decode-steps hook (7c55959: the
+# hook's share of the gap, side by side); then the main job's mixed workload (S75:
+# rmsnorm 1.079 against best-fixed 1.030)
 source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 420 python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
