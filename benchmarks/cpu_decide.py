@@ -131,9 +131,8 @@ def _coverage(op, groups, known, live, near, limits) -> None:
         tried = [d.candidate, *(d.explore or ())]
         got = min(times[(c.variant.name, tuple(sorted(c.config.items())))] for c in tried)
         best = min(group, key=lambda r: r.time_ms)
-        rows.append((got / best.time_ms, group[0].describe() if hasattr(group[0], "describe")
-                     else f"{dict(group[0].dims)} {group[0].dtype}", best.variant,
-                     sorted({c.variant.name for c in tried})))
+        rows.append((got / best.time_ms, f"{dict(group[0].dims)} {group[0].dtype}",
+                     best.variant, sorted({c.variant.name for c in tried})))
     within = sum(r[0] <= 1.05 for r in rows)
     print(f"{op:<10} {len(rows)} inputs: the best explored within 5% of the best on "
           f"{within} ({within / max(1, len(rows)):.0%}); worst:")

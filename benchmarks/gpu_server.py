@@ -327,8 +327,8 @@ class ModeRun:
             print(f"  {mode} x{clients} policy: {a['refits']} model refit(s), "
                   f"{a['refit_s']:.2f} s fitting; {a['explore_calls']} exploring calls, "
                   f"{a['explore_s']:.3f} s; {a['commits']} commit(s), {a['drifts']} "
-                  f"drift(s), {a['deferred']} class(es) deferred; {a.get('races', 0)} "
-                  f"F.linear race(s), {a.get('race_s', 0.0):.3f} s", flush=True)
+                  f"drift(s), {a['deferred']} class(es) deferred; {a['races']} "
+                  f"F.linear race(s), {a['race_s']:.3f} s", flush=True)
         if load["miss_breakdown"]["misses"]:
             print(f"  {mode} x{clients} misses: {miss_line(load['miss_breakdown'])}",
                   flush=True)

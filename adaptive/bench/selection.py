@@ -431,10 +431,10 @@ def _retime(d, pairs, inputs, sync, rounds: int, batch: int) -> dict:
         labels = sorted(by_spec[spec])
         cands = {c.label: c for c in d.candidates(spec[0], *args, **params)}
 
-        def batch_of(c, a=args, p=params):
+        def batch_of(c, op=spec[0], a=args, p=params):
             def run():
                 for _ in range(batch):
-                    d.launch(spec[0], *a, variant=c.variant.name, config=c.config, **p)
+                    d.launch(op, *a, variant=c.variant.name, config=c.config, **p)
             return run
         ms = measure_each([batch_of(cands[lab]) for lab in labels], warmup=1, reps=rounds,
                           sync=sync)

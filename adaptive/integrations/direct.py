@@ -80,9 +80,14 @@ class DecodeSteps:
                 self.direct.append((layer, call))
 
     def _restore(self) -> None:
+        self._unswitch()
+        self.direct, self.rows = [], None
+
+    def _unswitch(self) -> None:
+        """Every switched layer back to its own forward (the switches still listed)."""
         for layer, _ in self.direct:
             layer.__dict__.pop("forward", None)
-        self.direct, self.routed, self.rows = [], None, None
+        self.routed = None
 
     def _route_next(self) -> None:
         if self.routed is not None:      # last step's routed layer: direct again
@@ -105,9 +110,7 @@ class DecodeSteps:
         e.g. a benchmark's ablation, step by step)."""
         with self._lock:
             self.active = False
-            for layer, _ in self.direct:
-                layer.__dict__.pop("forward", None)
-            self.routed = None
+            self._unswitch()
 
     def resume(self) -> None:
         """The switches kept by :meth:`pause` made again; the next forward checks them as

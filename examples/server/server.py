@@ -769,8 +769,8 @@ def policy_activity() -> dict:
     model refits and the seconds spent fitting (background CPU beside the requests),
     exploring calls and their seconds, classes deferred, drifts (each re-explores a class
     on served calls) and commits (empty before adaptive is imported); and the patched
-    linears' races of ``F.linear`` against a kernel with its copies, once per plan and input
-    shape, on the serving thread (:data:`adaptive.integrations.linear.races`)."""
+    linears' races of ``F.linear`` against a kernel with its copies, once per candidate and
+    class of token counts, on the serving thread (:data:`adaptive.integrations.linear.races`)."""
     runtime = sys.modules.get("adaptive.runtime")
     if runtime is None:
         return {}
