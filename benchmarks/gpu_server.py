@@ -350,7 +350,8 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
     """After the timed loads: the stream's first ``clients`` requests once more (one batch,
     untimed), its prefill and one decode step under torch.profiler in the server; each
     profile's summary, top kernels by device time, SDPA's calls with the fused backends that
-    take them, and the way each patched layer went."""
+    take them, the way each patched layer went, and the Python functions with the most
+    time of their own."""
     body = json.dumps({"batches": 1}).encode()
     req = urllib.request.Request(url + "/debug/profile-prefill", body,
                                  {"Content-Type": "application/json"})
@@ -368,7 +369,8 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
                   f"{p['device_ms']:.1f} ms, host {p['host_ms']:.1f} ms"] + [
             f"{what}: {line}" for line in p["top"][:10]] + [
             f"{what}: SDPA {line}" for line in p.get("sdpa", [])] + [
-            f"{what}: route {line}" for line in p.get("routes", [])]
+            f"{what}: route {line}" for line in p.get("routes", [])] + [
+            f"{what}: python {line}" for line in p["python"][:8]]
     return lines
 
 

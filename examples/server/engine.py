@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import cProfile
 import dataclasses
 import gc
 import inspect
 import logging
+import pstats
 import queue
 import threading
 import time
@@ -271,17 +273,24 @@ class CausalLM:
         returns the model's output) under torch.profiler and
         keep, in :attr:`prefill_profiles`, its wall, device and host ms, its top ops by
         device time and its SDPA calls grouped by their arguments, with the fused backends
-        that take them (:func:`sdpa_spy`), and the way each patched linear and norm went
-        (:func:`route_spy`): a server's time to first tokens broken down where it is
-        spent."""
+        that take them (:func:`sdpa_spy`), the way each patched linear and norm went
+        (:func:`route_spy`), and the Python functions with the most time of their own
+        (:func:`python_top`: time outside torch's ops, which the op profile does not
+        show; run S76's 2:4 prefills spent 130 ms there): a server's time to first
+        tokens broken down where it is spent. ``wall_ms`` is under both profilers."""
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                          if self.device.type == "cuda" else [])
+        python = cProfile.Profile()
         with sdpa_spy(self.torch) as sdpa, route_spy(self.model) as linears, \
                 profile(activities=acts) as prof:
             t0 = time.perf_counter()
-            out = run()
-            out.logits[:, -1].argmax(-1).tolist()
+            python.enable()
+            try:
+                out = run()
+                out.logits[:, -1].argmax(-1).tolist()
+            finally:
+                python.disable()
             wall = (time.perf_counter() - t0) * 1e3
 
         def device_us(e):
@@ -296,7 +305,8 @@ class CausalLM:
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
                     for e in events[:15]],
             "sdpa": [f"{n} call(s): {args}" for args, n in sdpa.most_common()],
-            "routes": [f"{n} call(s): {way}" for way, n in linears.most_common()]})
+            "routes": [f"{n} call(s): {way}" for way, n in linears.most_common()],
+            "python": python_top(python)})
         log.info("%s of batch %d profiled: %s", what, batch, self.prefill_profiles[-1])
         return out
 
@@ -384,6 +394,17 @@ class BlockLM:
                 tokens.append(token)
                 if not emit(row, token):
                     break
+
+
+def python_top(profiler: cProfile.Profile, n: int = 12) -> list[str]:
+    """The ``n`` functions with the most time of their own in ``profiler``'s run (a C
+    function's time is its own: a blocking call shows there), most first, as "self ms,
+    cumulative ms, calls, where"."""
+    rows = pstats.Stats(profiler).stats.items()
+    top = sorted(rows, key=lambda kv: kv[1][2], reverse=True)[:n]
+    return [f"{tt * 1e3:.2f} ms self, {ct * 1e3:.2f} ms cumulative, {nc} calls: "
+            f"{pstats.func_std_string(where).rsplit('site-packages/', 1)[-1]}"
+            for where, (_, nc, tt, ct, _) in top]
 
 
 # ---- adaptive's decisions: warm-up and pinning ------------------------------------------

@@ -388,6 +388,13 @@ def test_prefill_profile_on_request(server):
     assert all(calls) and sum(int(m.group(1)) for m in calls) == \
         PRESETS["tiny"].num_hidden_layers, p["sdpa"]
     assert p["what"] == "prefill"
+    # the Python functions with the most self time, most first: the model's forward ran
+    python = [re.match(r"([\d.]+) ms self, ([\d.]+) ms cumulative, (\d+) calls: (.+)", line)
+              for line in p["python"]]
+    assert all(python) and 0 < len(python) <= 12, p["python"]
+    selfs = [float(m.group(1)) for m in python]
+    assert selfs == sorted(selfs, reverse=True) and selfs[0] > 0, p["python"]
+    assert all(float(m.group(2)) >= float(m.group(1)) - 0.01 for m in python), p["python"]
     # a batch that decodes past PROFILED_STEP has that decode step profiled too: a layer's
     # SDPA call each, against the cache (longer than the prompt's padded width)
     status, out, _ = post(server.url, {"batches": 1}, path=path)
