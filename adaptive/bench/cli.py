@@ -9,7 +9,9 @@ adaptive run goes live through a fresh :class:`~adaptive.Dispatcher`, tuning inc
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
+import functools
 import math
 import sys
 import time
@@ -20,7 +22,7 @@ from adaptive import arrays
 from adaptive.bench import verdict
 from adaptive.ops import OPS
 from adaptive.progress import Heartbeat, doing
-from adaptive.timing import measure, measure_each
+from adaptive.timing import measure_each
 
 # (op, dims, dtype, stats) per input; the "quick" stream is a subset with smaller sizes
 _FULL = {
@@ -63,6 +65,7 @@ class OpReport:
     tuning_ms: float
     choices: dict
     exploring: int = 0          # inputs whose key was still exploring when the stream ended
+    excess: str = ""            # the input whose choice cost the stream most over the oracle
 
     @property
     def fixed_ratio(self) -> float:
@@ -98,16 +101,19 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         op = OPS[op_name]
         inputs = [_to_backend(op.make_inputs(dims, dtype, rng, **stats), table_d.backend.name)
                   for dims, dtype, stats in streams[op_name]]
-        # the table: every candidate on every input
+        # the table: every candidate on every input, an input's candidates interleaved
+        # round by round (a clock or load drift falls on all of them alike; one after
+        # another, run S77 priced attention's choices 1.549x the oracle where S75 read
+        # 1.002 on the same inputs), after two warm-up rounds (first touch, thread start,
+        # format caches, a library's first call of a shape)
         table: list[dict[str, float]] = []
         for i, args in enumerate(inputs):
-            row = {}
             doing(f"mixed: timing every candidate of {op_name} input {i + 1}/{len(inputs)}")
-            for cand in table_d.candidates(op_name, *args):
-                def call(c=cand, a=args):
-                    table_d.launch(op_name, *a, variant=c.variant.name, config=c.config)
-                # one warm-up run: first touch, thread start, format caches
-                m = measure(call, warmup=1, reps=repeats, sync=sync)
+            cands = table_d.candidates(op_name, *args)
+            runs = [functools.partial(table_d.launch, op_name, *args, variant=c.variant.name,
+                                      config=c.config) for c in cands]
+            row = {}
+            for cand, m in zip(cands, measure_each(runs, warmup=2, reps=repeats, sync=sync)):
                 if m.error:   # a failing candidate is data
                     progress(f"  {op_name}: {cand.label} failed: {m.error}")
                 row[cand.label] = math.inf if m.error else m.median_ms
@@ -136,8 +142,35 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         reports.append(OpReport(op_name, len(inputs), len(order), oracle, best_label,
                                 fixed[best_label], adaptive_ms, steady,
                                 _tuning_ms(live.policy, chosen, explored_s), choices,
-                                sum(bool(d.explore) for d in chosen)))
+                                sum(bool(d.explore) for d in chosen),
+                                _largest_excess(op_name, streams[op_name], table, chosen,
+                                                order)))
     return reports
+
+
+def _largest_excess(op_name: str, stream: list, table: list[dict[str, float]], chosen,
+                    order: list[int]) -> str:
+    """The input whose adaptive choice cost the stream most over the oracle: its choice and
+    the table's best with the table's ms and, where the live policy timed them, the median
+    it measured (what the live choice went by), and the stream's ms lost; "" when every
+    choice is the table's best."""
+    calls = collections.Counter(order)
+    lost = [(calls[i] * (table[i][d.candidate.label] - min(table[i].values())), i)
+            for i, d in enumerate(chosen)]
+    ms, i = max(lost)
+    if not ms > 0:
+        return ""
+    d, row = chosen[i], table[i]
+    best = min(row, key=row.get)
+    observed = d.observed
+
+    def priced(label: str) -> str:
+        live = observed.get(label)
+        return f"{label} table {row[label]:.4f} ms" + (
+            f", live {live:.4f} ms" if live is not None else ", not timed live")
+    dims, dtype, _ = stream[i]
+    return (f"mixed {op_name}: largest excess {dims} {dtype}: chose {priced(d.candidate.label)}"
+            f"; best {priced(best)}; x{calls[i]} calls = {ms:.3f} ms of the stream")
 
 
 def _explore_s(policy) -> float:
@@ -234,6 +267,11 @@ def mixed_verdicts(reports) -> list[str]:
             for r in reports]
 
 
+def mixed_excesses(reports) -> list[str]:
+    """Per op, the input whose adaptive choice lost the stream most against the oracle."""
+    return [r.excess for r in reports if r.excess]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("mode", nargs="?", default="all",
                         choices=("all", "mixed", "overhead", "selection"),
@@ -301,6 +339,9 @@ def _run(args, backend: str, ops: list[str] | None) -> int:
                             progress=lambda s: print(s, flush=True))
         print("\nmixed workload through launch vs every fixed candidate and the oracle")
         print(format_mixed(reports))
+        excesses = mixed_excesses(reports)
+        if excesses:
+            print("\n" + "\n".join(excesses))
         verdicts += mixed_verdicts(reports)
     if verdicts:
         print("\ndid adaptive beat the best fixed choice? (steady state, per stream)")

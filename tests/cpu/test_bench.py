@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from types import SimpleNamespace
 
 from adaptive import cli
 from adaptive.bench import cli as bench
@@ -27,6 +29,35 @@ def test_mixed_report_is_consistent():
     assert 0 < spmm.exploring <= spmm.inputs
     assert f"({spmm.exploring} of {spmm.inputs} still exploring)" in text
     assert any("inputs still exploring" in v for v in bench.mixed_verdicts(reports))
+
+
+def test_the_largest_excess_names_the_choice_and_the_best_with_their_prices():
+    """Per op, the input whose choice lost the stream most (calls x the table's price
+    gap): its choice and the table's best with the table's ms and the live policy's own
+    median where it timed them; nothing when every choice is the table's best."""
+    def chose(label, observed):
+        return SimpleNamespace(candidate=SimpleNamespace(label=label), observed=observed)
+    stream = [({"R": 8, "C": 64}, "float32", {}), ({"R": 512, "C": 1024}, "float16", {}),
+              ({"R": 3, "C": 7}, "float32", {})]
+    table = [{"a": 1.0, "b": 1.5}, {"a": 2.0, "b": 2.25}, {"a": 0.5, "b": 0.25}]
+    order = [0] * 10 + [1] * 30 + [2] * 7
+    # input 0 loses 10 x 0.5 = 5 ms; input 1 30 x 0.25 = 7.5 ms (the largest); input 2
+    # 7 x 0.25 = 1.75 ms
+    chosen = [chose("b", {"b": 0.9}), chose("b", {"a": 2.5, "b": 1.75}), chose("a", {})]
+    assert bench._largest_excess("softmax", stream, table, chosen, order) == (
+        "mixed softmax: largest excess {'R': 512, 'C': 1024} float16: chose b table 2.2500 "
+        "ms, live 1.7500 ms; best a table 2.0000 ms, live 2.5000 ms; x30 calls = 7.500 ms "
+        "of the stream")
+    # an input whose best the live policy never timed says so
+    chosen[1] = chose("b", {"b": 1.75})
+    assert "best a table 2.0000 ms, not timed live; x30" in bench._largest_excess(
+        "softmax", stream, table, chosen, order)
+    # every choice the table's best: no line
+    best = [chose("a", {}), chose("a", {}), chose("b", {})]
+    assert bench._largest_excess("softmax", stream, table, best, order) == ""
+    report = bench.OpReport("softmax", 3, 47, 1.0, "a", 1.0, 1.0, 1.0, 0.0, {},
+                            excess="x")
+    assert bench.mixed_excesses([report, dataclasses.replace(report, excess="")]) == ["x"]
 
 
 def test_a_committed_streams_tuning_is_its_exploring_calls():
