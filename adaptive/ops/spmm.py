@@ -136,7 +136,19 @@ def _form_block(variant, config) -> int | None:
     its kernel arguments (``w_bsr32_values``: 32) or a ``block`` config; None: not said."""
     if isinstance(config.get("block"), int) and config["block"] > 0:
         return int(config["block"])
-    return _args_block(tuple(str(a) for a in (variant.launch or {}).get("args", ())))
+    hit = _VARIANT_BLOCK.get(id(variant))   # a miss asks for each of ~100 candidates
+    if hit is not None and hit[0] is variant:
+        return hit[1]
+    block = _args_block(tuple(str(a) for a in (variant.launch or {}).get("args", ())))
+    if len(_VARIANT_BLOCK) >= 1024:
+        _VARIANT_BLOCK.clear()
+    _VARIANT_BLOCK[id(variant)] = (variant, block)
+    return block
+
+
+# id(variant) -> (variant, the block its arguments name): kept with the variant itself, so
+# a new variant object under a reused id is looked up afresh
+_VARIANT_BLOCK: dict = {}
 
 
 @functools.lru_cache(maxsize=256)   # one entry per distinct argument list (a variant's)

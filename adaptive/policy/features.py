@@ -333,6 +333,10 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
     base = {**scope, **limits}
     out = []
     exprs_of: dict = {}   # per variant: its expressions looked up once a call
+    # (expression, the values of its names) -> its value: a miss's candidates share the
+    # input's dims, and an expression reads few config values (``ceil_div(M, BM)`` meets
+    # three BMs among a hundred candidates)
+    values: dict = {}
     for variant, config in candidates:
         exprs = exprs_of.get(id(variant), False)
         if exprs is False:
@@ -340,19 +344,30 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
         if exprs is None:
             out.append({})
             continue
-        full = base | config
         try:
-            ctas = math.prod(int(e(full)) for e in exprs[0])
-            threads = math.prod(int(e(full)) for e in exprs[1])
+            ctas = threads = 1
+            for i, e in enumerate(exprs[0] + exprs[1]):
+                key = (e, *[config[n] if n in config else base[n] for n in e.names])
+                v = values.get(key)
+                if v is None:
+                    v = values[key] = int(e(base | config))
+                if i < len(exprs[0]):
+                    ctas *= v
+                else:
+                    threads *= v
         except Exception:  # noqa: BLE001 (a candidate that cannot launch here has no geometry)
             out.append({})
             continue
         if ctas < 1 or threads < 1:
             out.append({})
             continue
-        waves = ctas / sms
-        out.append({"geo.log2_ctas": math.log2(ctas), "geo.log2_waves": math.log2(waves),
-                    "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads)})
+        geo = values.get((ctas, threads))   # one dict per launch shape (never mutated)
+        if geo is None:
+            waves = ctas / sms
+            geo = values[(ctas, threads)] = {
+                "geo.log2_ctas": math.log2(ctas), "geo.log2_waves": math.log2(waves),
+                "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads)}
+        out.append(geo)
     return out
 
 

@@ -217,3 +217,24 @@ def test_geometry_features_follow_the_manifest_grid_and_the_sm_count():
     assert row_geometry(tc, row, limits) == g
     r = candidate_row({"log2_M": 10.0}, "gemm", "tc_mma", cfg, geometry=g)
     assert r["geo.tail"] == g["geo.tail"] and r["op.log2_M"] == 10.0
+
+
+@pytest.mark.parametrize("op, dims", [("gemm", {"M": 1000, "N": 333, "K": 64}),
+                                      ("softmax", {"R": 4099, "C": 1500}),
+                                      ("attention", {"B": 3, "H": 8, "Hkv": 2, "Lq": 1,
+                                                     "Lk": 5000, "D": 128})])
+def test_a_misss_geometries_are_each_candidates_own(op, dims):
+    """A miss computes every candidate's geometry in one call, sharing the values of
+    expressions over the candidates (``ceil_div(M, BM)`` for every BM); each must still be
+    what the candidate alone gives, over every CUDA variant's configs."""
+    from adaptive.policy.features import geometries, geometry
+    from adaptive.variants import default_registry
+    limits = {"sm_count": 132, "max_shared_bytes": 232448, "max_threads_per_block": 1024}
+    scope = {**dims, "itemsize": 2, "dtype": "float16", "causal": False}
+    pairs = [(v, c) for v in default_registry().variants(op, "cuda")
+             for c in v.space.all_configs()]
+    together = geometries(pairs, scope, limits)
+    alone = [geometry(v, c, scope, limits) for v, c in pairs]
+    assert together == alone
+    shapes = {(g["geo.log2_ctas"], g["geo.log2_threads"]) for g in together if g}
+    assert len(shapes) >= 4, shapes    # the configs launch differently: a real comparison
