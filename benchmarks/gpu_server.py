@@ -317,7 +317,8 @@ class ModeRun:
             print(f"    batch {i}: {b['requests']} requests, longest prompt "
                   f"{b['longest']}, prefill {_f(b['first_ms'], '.1f')} ms (CPU: engine "
                   f"thread {_f(b['first_cpu_ms'], '.1f')}, process "
-                  f"{_f(b['first_process_cpu_ms'], '.1f')} ms; misses {inside}), {b['steps']} "
+                  f"{_f(b['first_process_cpu_ms'], '.1f')} ms; garbage collection "
+                  f"{_f(b['first_gc_ms'], '.1f')} ms; misses {inside}), {b['steps']} "
                   f"steps p50 {_f(b['step_p50_ms'], '.2f')} max "
                   f"{_f(b['step_max_ms'], '.2f')} ms, {b['n_slow']} slow: "
                   + ", ".join(f"#{k} {v:.1f}" for k, v in b["slow_steps"].items()),
@@ -442,6 +443,7 @@ def batch_line(b: dict, misses: list[dict] = ()) -> dict:
     return {"requests": b["requests"], "longest": b.get("longest"), "first_ms": b["first_ms"],
             "first_cpu_ms": b.get("first_cpu_ms"),
             "first_process_cpu_ms": b.get("first_process_cpu_ms"),
+            "first_gc_ms": b["first_gc_ms"],
             "prefill_misses": inside,
             "steps": len(steps), "step_p50_ms": p50, "step_max_ms": max(steps, default=None),
             "slow_steps": {str(i): steps[i] for i in slow[:8]}, "n_slow": len(slow)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import http.client
+import gc
 import json
 import re
 import socket
@@ -660,6 +661,8 @@ def test_served_connections_send_small_writes_at_once(server):
 def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
     """A batch's log: its first request's queue wait, the time to its first tokens and one
     gap a step after (rows emitting in one step count once); ``since`` filters by start."""
+    collected_ms = []
+
     class Paced:
         name, vocab_size, max_context = "paced", 256, 64
 
@@ -668,6 +671,18 @@ def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
             spin = time.thread_time() + 0.06     # then 60 ms of this thread's CPU
             while time.thread_time() < spin:
                 pass
+            # and a collection of the youngest generation over 200,000 fresh objects,
+            # milliseconds whatever the rest of the process holds (a full collection would
+            # take a second in a process that imported transformers)
+            gc.disable()
+            try:
+                garbage = [[i] for i in range(200_000)]
+                t0 = time.perf_counter()
+                gc.collect(0)
+                collected_ms.append((time.perf_counter() - t0) * 1e3)
+            finally:
+                gc.enable()
+            del garbage
             for step in range(max(max_new)):
                 if step:
                     time.sleep(0.02)             # a decode step
@@ -692,6 +707,10 @@ def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
     # the prefill's CPU: the spin, not the sleep (the thread's), and the process's with it
     assert 55 <= b["first_cpu_ms"] <= b["first_ms"] - 50
     assert b["first_process_cpu_ms"] >= b["first_cpu_ms"] - 1
+    # the collection inside the prefill, as long as it took (the other collections of the
+    # process in that time, if any, come on top)
+    [ms] = collected_ms
+    assert ms > 1 and ms - 0.1 <= b["first_gc_ms"] <= b["first_ms"], (ms, b)
     assert before <= b["start_s"] <= b["end_s"] and engine.batches(since=b["end_s"] + 1) == []
 
 
