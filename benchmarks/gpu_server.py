@@ -443,7 +443,7 @@ def batch_line(b: dict, misses: list[dict] = ()) -> dict:
     return {"requests": b["requests"], "longest": b.get("longest"), "first_ms": b["first_ms"],
             "first_cpu_ms": b.get("first_cpu_ms"),
             "first_process_cpu_ms": b.get("first_process_cpu_ms"),
-            "first_gc_ms": b["first_gc_ms"],
+            "first_gc_ms": b.get("first_gc_ms"),
             "prefill_misses": inside,
             "steps": len(steps), "step_p50_ms": p50, "step_max_ms": max(steps, default=None),
             "slow_steps": {str(i): steps[i] for i in slow[:8]}, "n_slow": len(slow)}
