@@ -366,8 +366,9 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
     lines = []
     for p in (p for p in profiles if p["batch"] == batch):   # its prefill, a decode step
         what = p.get("what", "prefill")
-        lines += [f"{what}: batch {p['batch']}: wall {p['wall_ms']:.1f} ms, device "
-                  f"{p['device_ms']:.1f} ms, host {p['host_ms']:.1f} ms"] + [
+        lines += [f"{what}: batch {p['batch']}: wall {p['wall_ms']:.1f} ms (the forward "
+                  f"issued in {p['issue_ms']:.1f}), device {p['device_ms']:.1f} ms, host "
+                  f"{p['host_ms']:.1f} ms"] + [
             f"{what}: {line}" for line in p["top"][:10]] + [
             f"{what}: SDPA {line}" for line in p.get("sdpa", [])] + [
             f"{what}: route {line}" for line in p.get("routes", [])] + [

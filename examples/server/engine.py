@@ -310,7 +310,9 @@ class CausalLM:
         (:func:`route_spy`), and the Python functions with the most time of their own
         (:func:`python_top`: time outside torch's ops, which the op profile does not
         show; run S76's 2:4 prefills spent 130 ms there): a server's time to first
-        tokens broken down where it is spent. ``wall_ms`` is under both profilers."""
+        tokens broken down where it is spent. ``wall_ms`` is under both profilers;
+        ``issue_ms`` is its part until the forward returned, before the wait for its
+        tokens (a host-bound forward: nearly all of it)."""
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                          if self.device.type == "cuda" else [])
@@ -321,6 +323,7 @@ class CausalLM:
             python.enable()
             try:
                 out = run()
+                issued = time.perf_counter()   # the forward issued; then the wait for it
                 out.logits[:, -1].argmax(-1).tolist()
             finally:
                 python.disable()
@@ -333,6 +336,7 @@ class CausalLM:
                         reverse=True)           # (host time orders a CPU-only profile)
         self.prefill_profiles.append({
             "batch": batch, "what": what, "wall_ms": round(wall, 3),
+            "issue_ms": round((issued - t0) * 1e3, 3),
             "device_ms": round(sum(device_us(e) for e in events) / 1e3, 3),
             "host_ms": round(sum(e.self_cpu_time_total for e in events) / 1e3, 3),
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"

@@ -381,6 +381,7 @@ def test_prefill_profile_on_request(server):
     assert len(profiles) == before + 1
     p = profiles[-1]
     assert p["batch"] == out["profiling"][0] and p["wall_ms"] > 0 and p["host_ms"] > 0
+    assert 0 < p["issue_ms"] <= p["wall_ms"]    # on the CPU the forward is its wall
     assert any("aten::" in line for line in p["top"]), p["top"]
     # every layer's SDPA call, grouped by its arguments, with the fused backends' answers
     # (on the CPU none of the CUDA kernels takes them; the torch mode repeats k/v heads)
