@@ -440,10 +440,12 @@ class Dispatcher:
                 ckey = ckey + (key,)   # the class's choice cannot run here: decide alone
                 cls = self._classes.get(ckey)
             decided = cls is None
-            decide_ms = policy_ms = 0.0
+            decide_ms = policy_ms = listing_ms = 0.0
             if cls is None:
                 waits = self._device_waits(self.backend.stream_ptr(problem.kind))
+                t_list = time.perf_counter()
                 candidates = self._candidates(op, problem)
+                listing_ms = (time.perf_counter() - t_list) * 1e3
                 ctx = Context(op, problem, ckey, functools.partial(
                     self._measure, op, problem, key, args, charge_issue=waits),
                     self.backend.peaks,
@@ -470,7 +472,7 @@ class Dispatcher:
             how = "decided" if decided else "class"
             self._miss_log[how].append((time.time(), op.name, problem.describe(), how,
                                         (time.perf_counter() - t0) * 1e3, decide_ms,
-                                        policy_ms))
+                                        policy_ms, listing_ms))
             if len(self._plans) > self.plan_cache_size:
                 self._evict()
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
@@ -1069,11 +1071,13 @@ class Dispatcher:
         ("class": the input class's decision reused, a plan prepared; "decided": the
         policy decided), the miss's own ms (deciding and preparing, not the launch) and of
         them the deciding's (the candidates listed and the policy's decision; 0 for a
-        class's decision reused), and of that the policy's own ``decide`` (``policy_ms``:
-        the rest is the listing, the roofline and the device's state)."""
+        class's decision reused), and of that the policy's own ``decide`` (``policy_ms``)
+        and the listing of the candidates it decided among (``listing_ms``: the rest is the
+        roofline, the stream's state and the class's bookkeeping)."""
         return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3),
-                 "decide_ms": round(decide_ms, 3), "policy_ms": round(policy_ms, 3)}
-                for t, op, what, how, ms, decide_ms, policy_ms in sorted(
+                 "decide_ms": round(decide_ms, 3), "policy_ms": round(policy_ms, 3),
+                 "listing_ms": round(listing_ms, 3)}
+                for t, op, what, how, ms, decide_ms, policy_ms, listing_ms in sorted(
                     (m for log in self._miss_log.values() for m in list(log) if m[0] >= since),
                     key=lambda m: m[0])]
 

@@ -147,6 +147,7 @@ class PolicyResult:
     first_miss_ms: float = math.nan
     first_decide_ms: float = math.nan
     first_policy_ms: float = math.nan   # of the decision, the policy's own decide
+    first_listing_ms: float = math.nan  # of the decision, listing the candidates
     # per op: (new keys, mean first result ms, mean deciding ms) of a live policy
     first_by_op: dict = dataclasses.field(default_factory=dict)
     first_gc_ms: float = math.nan   # of a first result, Python's garbage collector (mean)
@@ -289,8 +290,9 @@ class SelectionReport:
                     for r in s.results if r.policy_stats]
             out += [f"  {r.policy} first result {r.first_result_ms:.2f} ms: the miss "
                     f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}: the policy "
-                    f"{r.first_policy_ms:.2f}, the listing and the rest "
-                    f"{r.first_decide_ms - r.first_policy_ms:.2f}; preparing "
+                    f"{r.first_policy_ms:.2f}, the listing {r.first_listing_ms:.2f}, the "
+                    f"rest {r.first_decide_ms - r.first_policy_ms - r.first_listing_ms:.2f};"
+                    f" preparing "
                     f"{r.first_miss_ms - r.first_decide_ms:.2f}), the launch and its wait "
                     f"{r.first_result_ms - r.first_miss_ms:.2f}; garbage collection in it "
                     f"{r.first_gc_ms:.2f}"
@@ -556,6 +558,7 @@ def _live(name, dispatcher, stream, inputs, table, sync
                         first_miss_ms=_mean([m["ms"] for m in misses]),
                         first_decide_ms=_mean([m["decide_ms"] for m in misses]),
                         first_policy_ms=_mean([m["policy_ms"] for m in misses]),
+                        first_listing_ms=_mean([m["listing_ms"] for m in misses]),
                         first_by_op={op: (len(f), statistics.mean(f), _mean(dm))
                                      for op, (f, dm) in sorted(by_op.items())},
                         first_gc_ms=_mean(gc_firsts)), \

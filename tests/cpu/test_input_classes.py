@@ -96,6 +96,9 @@ def test_recent_misses_say_which_inputs_were_decided_and_which_reused_their_clas
     assert all(m["ms"] >= m["decide_ms"] for m in misses)
     # of the deciding, the policy's own decide (MeasureEach's timing of every candidate)
     assert [0 < m["policy_ms"] <= m["decide_ms"] for m in misses] == [True, False, True]
+    # and the listing of the candidates decided among, beside it within the deciding
+    assert [0 < m["listing_ms"] <= m["decide_ms"] - m["policy_ms"] for m in misses] == [
+        True, False, True]
     assert d.recent_misses(since=time.time() + 1) == []
 
 

@@ -51,6 +51,8 @@ def test_every_stream_reports_every_policy_from_one_run(report):
             if r.source == "live":
                 assert 0 < r.first_decide_ms <= r.first_miss_ms <= r.first_result_ms
                 assert 0 < r.first_policy_ms <= r.first_decide_ms
+                assert 0 < r.first_listing_ms <= r.first_decide_ms - r.first_policy_ms
+                assert f"the listing {r.first_listing_ms:.2f}, the rest " in str(report)
                 # the first results by op: every new key of the stream counted once
                 assert sum(n for n, _, _ in r.first_by_op.values()) == s.keys
                 assert f"{r.policy} first result by op: " in str(report)
