@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# run S84: generate() with library kernels only, its batch-1 ablation now fair (ffda471:
+# each mode in lockstep with torch alone; S77's all-modes lockstep switched the shared
+# adaptive model before each step and read adaptive 0.996x where the two-mode lockstep
+# read 0.975x), so the ablation's "adaptive" row should read as the lockstep does and the
+# other rows say which switch closes the gap
+source "$(dirname "$0")/setup.sh"
+t0=$SECONDS
+timeout 480 python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
+echo "generate rc=$? $((SECONDS-t0)) s"
+cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
+grep -E "ratio|ablation \(lockstep\)|lockstep request|profile batch|^    .* host +[+-][0-9.]+ ms \(calls" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
