@@ -349,6 +349,8 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
          direct.ROUTE_EVERY) = hold if on else (never,) * 4
 
     def setting(name):
+        for hook in hooks:   # the hook's own attention switch off before the mode's is set
+            hook.attention_off()
         at._set_attention(models["adaptive"], "sdpa" if name == TORCH_ATTENTION else at.NAME)
         for hook in hooks:   # paused or resumed here, untimed: no switch inside a step
             if (name == NO_DIRECT) == hook.active:

@@ -12,6 +12,11 @@ changes (a prefill, another batch size), when the model trains, when the dispatc
 drops any plan (:data:`adaptive.dispatch.revision`: a drift, a new commit, ``forget``),
 or when a layer derives its weights again (:func:`rebound`: ``.to()``, a load).
 
+The model's attention is switched as a whole the same way: where every attention layer
+holds, for the step's rows and cached length, the class adaptive serves with SDPA as the
+plain model calls it, the model's own SDPA function serves the step (the model's
+attention implementation set to it for the step), with no call of ours in between.
+
 A direct call computes what the plain model computes, so a switch that comes late can only
 delay adaptive's own choice, never change a result. Sampling, drift detection and the
 counter log keep seeing every layer: each decode step sends one direct layer's call
@@ -27,6 +32,9 @@ from adaptive import dispatch
 from adaptive.integrations.routing import HOLD_DOUBLINGS
 
 ROUTE_EVERY = 64 << HOLD_DOUBLINGS   # decode steps between two routed calls of one layer
+# with attention switched to the model's own function, one decode step in this many runs
+# it through adaptive's (whose held calls route one in HOLD_EVERY << level themselves)
+ATTENTION_ROUTE_EVERY = 16
 # bumped when a layer derives its weights again (``.to()``, a state_dict load): every
 # switch is made again, from the layer as it is now
 epoch = 0
@@ -44,10 +52,22 @@ class DecodeSteps:
     """The forward pre-hook (``with_kwargs=True``) of a patched model; ``layers``: its
     patched linears and norms, each with ``direct_call(rows)`` (the model's own call for a
     decode step of ``rows`` rows where it holds one, else None) and ``route_call(x)`` (one
-    call through the dispatcher)."""
+    call through the dispatcher).
 
-    def __init__(self, layers):
+    ``attention`` (optional): the model's attention the same way, as a whole: an object with
+    ``served()`` (a count of attention calls served by the model's own function so far),
+    ``layers`` (the attention calls of a forward), ``holds(rows, kwargs)`` (whether every
+    layer's held plan covers a decode step of ``rows`` rows with the forward's
+    ``kwargs``), ``on()`` (the model's own attention function for the steps to come) and
+    ``off()`` (adaptive's again). Attention is switched on once a whole decode step went to
+    the model's own function through adaptive's, and while the held plans cover the steps;
+    one step in :data:`ATTENTION_ROUTE_EVERY` runs through adaptive's function again."""
+
+    def __init__(self, layers, attention=None):
         self.layers = list(layers)
+        self.attention = attention
+        self.attention_on = False  # the model's own attention function serves the steps
+        self.served = None         # attention.served() before the last decode step
         self.rows = None          # the decode batch the direct layers were switched for
         self.revision = None      # (dispatch.revision, epoch) at the switch
         self.direct: list = []    # (layer, its direct call), in module order
@@ -62,13 +82,33 @@ class DecodeSteps:
         rows = _decode_rows(module, args, kwargs)
         with self._lock:
             if rows is None:
-                if self.direct:
+                if self.direct or self.attention_on:
                     self._restore()
+                self.served = None
             elif rows != self.rows or (dispatch.revision, epoch) != self.revision:
                 self._switch(rows)
             elif self.direct:
                 self._route_next()
+            if rows is not None and self.attention is not None:
+                self._attention_step(rows, kwargs)
         return None
+
+    def _attention_step(self, rows: int, kwargs) -> None:
+        """Switch the model's attention for this decode step: on after a step whose every
+        attention call went to the model's own function, while the held plans cover the
+        step; off for one step in :data:`ATTENTION_ROUTE_EVERY` and when they do not."""
+        a = self.attention
+        if self.attention_on:
+            self.steps += not self.direct   # (the layers' routing counts steps otherwise)
+            if self.steps % ATTENTION_ROUTE_EVERY == 0 or not a.holds(rows, kwargs):
+                a.off()
+                self.attention_on = False
+                self.served = a.served()
+            return
+        served, self.served = self.served, a.served()
+        if served is not None and self.served - served == a.layers and a.holds(rows, kwargs):
+            a.on()
+            self.attention_on = True
 
     def _switch(self, rows: int) -> None:
         self._restore()
@@ -83,11 +123,19 @@ class DecodeSteps:
         self._unswitch()
         self.direct, self.rows = [], None
 
+    def _attention_off(self) -> None:
+        if self.attention_on:
+            self.attention.off()
+            self.attention_on = False
+        self.served = None
+
     def _unswitch(self) -> None:
-        """Every switched layer back to its own forward (the switches still listed)."""
+        """Every switched layer back to its own forward (the switches still listed), and
+        the model's attention back to adaptive's function."""
         for layer, _ in self.direct:
             layer.__dict__.pop("forward", None)
         self.routed = None
+        self._attention_off()
 
     def _route_next(self) -> None:
         if self.routed is not None:      # last step's routed layer: direct again
@@ -104,6 +152,12 @@ class DecodeSteps:
         """Every layer back to its own forward."""
         with self._lock:
             self._restore()
+
+    def attention_off(self) -> None:
+        """The model's attention back to adaptive's function now (it switches on again
+        after a whole decode step went to the model's own through it)."""
+        with self._lock:
+            self._attention_off()
 
     def pause(self) -> None:
         """Every layer back to its own forward until :meth:`resume` (the switches kept:

@@ -78,6 +78,9 @@ _level = 0        # routing: one held call in HOLD_EVERY << _level (routing.back
 # batch of padded prompts, q [4, 4, 1, 16]) 3.3-4.9 us a call without it, 2.6-3.0 with it
 _MEMO = "_adaptive_own_sdpa"
 _generation = 0   # bumped by forget_held: an older generation's memos are not used
+# attention calls served by transformers' own SDPA function through ours so far (a decode
+# step whose every call was: the decode-steps hook may switch the model's attention to it)
+_own_served = 0
 
 
 class _Own:
@@ -148,6 +151,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     Returns:
         ``(out [B, Lq, H, D], None)``: no attention weights, as with SDPA.
     """
+    global _own_served
     memo = module.__dict__.get(_MEMO)
     route = False
     if memo is not None and not dropout \
@@ -160,6 +164,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
             and kwargs.get("softcap") is None and kwargs.get("position_bias") is None \
             and kwargs.get("s_aux") is None:
         if next(_turn) % (HOLD_EVERY << _level):
+            _own_served += 1
             return _own_sdpa(module, query, key, value, attention_mask, dropout=dropout,
                              scaling=scaling, is_causal=is_causal, **kwargs)
         route = True   # this layer's turn to go through the dispatcher
@@ -199,6 +204,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
         if lq == 1:
             _remember(module, query, lk, scaling, caller_causal, out.plan,
                       None if attention_mask is None else _mask_layout(attention_mask))
+            _own_served += 1
         return _own_sdpa(module, *given, dropout=dropout, scaling=scaling,
                          is_causal=is_causal, **kwargs)
     return out.transpose(1, 2).contiguous(), None
@@ -406,10 +412,62 @@ def patch(model, *, sparse=None, skip=None, layout: str = "torch", norms: bool =
 _DECODE_STEPS = "_adaptive_decode_steps"   # on a patched model: [(hook, its handle)]
 
 
+class _SdpaSteps:
+    """The model's attention for :class:`~adaptive.integrations.direct.DecodeSteps`: where
+    every attention layer holds, for a decode step's rows and cached length, the class
+    adaptive serves with SDPA as the plain model calls it (the layers' memos, see
+    :data:`_MEMO`), the model's own SDPA function serves the step, with no call of ours
+    between (run S77's ablation: ours around the same call cost 0.6% of batch 1's
+    tokens/s). The memos are written by calls through our function; the hook turns this
+    on only after a step whose every call went to the model's own function that way."""
+
+    def __init__(self, model, layers: list):
+        self.model, self.config = model, model.config
+        self.modules = layers          # the attention layers (their memos)
+        self.layers = len(layers)
+
+    @staticmethod
+    def served() -> int:
+        return _own_served
+
+    def holds(self, rows: int, kwargs) -> bool:
+        lk = _step_keys(kwargs)
+        if lk is None or self.config._attn_implementation not in (NAME, "sdpa"):
+            return False
+        for m in self.modules:
+            memo = m.__dict__.get(_MEMO)
+            if memo is None or memo[0] != _generation or memo[1] != rows \
+                    or not memo[2] <= lk <= memo[3] or memo[8].stale:
+                return False
+        return True
+
+    def on(self) -> None:
+        self.config._attn_implementation = "sdpa"
+
+    def off(self) -> None:
+        if self.config._attn_implementation == "sdpa":
+            self.config._attn_implementation = NAME
+
+
+def _step_keys(kwargs) -> int | None:
+    """A decode step's key length (the cached tokens and its own), from its 2-D padding
+    mask or its cache; None: not known here."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and getattr(mask, "dim", None) is not None and mask.dim() == 2:
+        return int(mask.shape[-1])
+    cache = kwargs.get("cache")   # transformers 5.x's name; past_key_values before
+    if cache is None:
+        cache = kwargs.get("past_key_values")
+    if cache is None or not hasattr(cache, "get_seq_length"):
+        return None
+    return int(cache.get_seq_length()) + 1
+
+
 def _install_decode_steps(model) -> None:
     """A :class:`~adaptive.integrations.direct.DecodeSteps` pre-hook on each outermost
-    transformers model inside ``model``, over its patched linears and norms (a module that
-    is not a transformers model gets none: its layers keep their own warm path)."""
+    transformers model inside ``model``, over its patched linears and norms and, where it
+    runs adaptive's attention, its attention layers (a module that is not a transformers
+    model gets none: its layers keep their own warm path)."""
     from adaptive.integrations.direct import DecodeSteps
     from adaptive.integrations.linear import AdaptiveLinear
     from adaptive.integrations.norm import AdaptiveRMSNorm
@@ -417,8 +475,11 @@ def _install_decode_steps(model) -> None:
     hooks = []
     for _, m in _transformers_models(model):
         layers = [x for x in m.modules() if isinstance(x, (AdaptiveLinear, AdaptiveRMSNorm))]
-        if layers:
-            hook = DecodeSteps(layers)
+        attention = [x for x in m.modules() if hasattr(x, "is_causal") and x is not m]
+        sdpa = (_SdpaSteps(m, attention)
+                if attention and m.config._attn_implementation == NAME else None)
+        if layers or sdpa is not None:
+            hook = DecodeSteps(layers, sdpa)
             hooks.append((hook, m.register_forward_pre_hook(hook, with_kwargs=True)))
     if hooks:
         model.__dict__[_DECODE_STEPS] = hooks

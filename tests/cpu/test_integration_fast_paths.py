@@ -1060,3 +1060,102 @@ def test_a_paused_hook_leaves_every_layer_its_own_forward_until_resumed(library)
         got = _generate(patched, ids, mask, 6)
     assert torch.equal(got, _generate(plain, ids, mask, 6))
     assert all(way.startswith(("direct", "routed")) for t, way in seen[20:]), seen[20:]
+
+
+@contextlib.contextmanager
+def _attention_impls(model):
+    """While open, the attention implementation each attention layer call ran under, in
+    order, with its query's tokens a row."""
+    seen = []
+
+    def hook(module, args, kwargs):
+        seen.append((kwargs["hidden_states"].shape[1] if "hidden_states" in kwargs
+                     else args[0].shape[1], module.config._attn_implementation))
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()
+               if type(m).__name__ == "LlamaAttention"]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_decode_steps_run_the_models_own_attention_where_every_layer_holds_sdpa(
+        library, monkeypatch, padded):
+    """Once a decode step's every attention call went to transformers' own SDPA function
+    through ours (the class held on SDPA), the hook points the model at that function for
+    the steps its held classes cover: the same tokens as the plain model, our function out
+    of the way on all but one step in ATTENTION_ROUTE_EVERY, and never in a prefill."""
+    from adaptive.integrations import direct
+    from adaptive.ops.base import bucket
+    monkeypatch.setattr(direct, "ATTENTION_ROUTE_EVERY", 8)
+    plain, patched = _tiny_pair()
+    # cached lengths of 61-90: classes of 12-14 lengths (up to 16, each length is one)
+    ids = torch.randint(1, 256, (2, 60), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[1, :4] = 0
+    _generate(patched, ids, mask, 4)
+    with _attention_impls(patched) as seen:
+        got = _generate(patched, ids, mask, 30)
+    assert torch.equal(got, _generate(plain, ids, mask, 30))
+    assert patched.config._attn_implementation == at.NAME or seen[-1][1] == "sdpa"
+    steps = [seen[i:i + 2] for i in range(0, len(seen), 2)]   # two layers a forward
+    assert len(steps) == 30
+    assert all(impl == at.NAME for _, impl in steps[0]), steps[0]          # the prefill
+    impls = [{impl for _, impl in step} for step in steps[1:]]
+    assert all(len(i) == 1 for i in impls), impls     # a step is switched whole or not
+    ours = [k for k, i in enumerate(impls) if i == {at.NAME}]
+    # the first decode step goes through ours, the next on the model's own; then ours for
+    # one step in 8 and at each class's first length (the memos written for it), the
+    # model's own on the rest
+    assert ours[:1] == [0] and 1 not in ours, ours
+    lengths = [61 + k for k in range(29)]         # the key length of each decode step
+    firsts = [k for k in range(1, 29) if bucket(lengths[k]) != bucket(lengths[k - 1])]
+    assert firsts and set(firsts) <= set(ours), (firsts, ours)
+    assert len(ours) <= 1 + len(firsts) + 29 // 8 + 1, ours
+    assert len(ours) >= 1 + len(firsts), ours
+    # a prefill: ours again (and the switch let go)
+    with _attention_impls(patched) as seen, torch.no_grad():
+        patched(ids, attention_mask=mask)
+    assert {impl for _, impl in seen} == {at.NAME}
+    assert patched.config._attn_implementation == at.NAME
+
+
+def test_the_attention_switch_ends_at_forget_held_and_at_a_class_past_the_held_one(library):
+    """Held classes let go (``forget_held``: every memo's generation is old) or a cached
+    length past the held class's: the next step runs our function again, which decides or
+    finds the class and writes the memos afresh."""
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (1, 40), generator=torch.Generator().manual_seed(12))
+    mask = torch.ones_like(ids)
+    _generate(patched, ids, mask, 4)
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    with torch.no_grad():
+        out = patched(ids, attention_mask=mask, use_cache=True)
+        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        for _ in range(3):                       # past the first step: switched
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = patched(token, attention_mask=mask, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+        assert hook.attention_on and patched.config._attn_implementation == "sdpa"
+        at.forget_held()
+        with _attention_impls(patched) as seen:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            patched(token, attention_mask=mask, past_key_values=cache, use_cache=True)
+        assert {impl for _, impl in seen} == {at.NAME} and not hook.attention_on
+        # (the first layer's call after forget_held finds the class through the dispatcher,
+        # not yet as held: its memo is written by the next step's, still through ours)
+        with _attention_impls(patched) as seen:
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            patched(token, attention_mask=mask, past_key_values=cache, use_cache=True)
+        assert {impl for _, impl in seen} == {at.NAME}
+        # a step whose cached length is past the held class is not switched on the memos
+        # of the class before it, nor one of another batch size
+        layer = next(m for m in patched.modules() if type(m).__name__ == "LlamaAttention")
+        memo = layer.__dict__[at._MEMO]
+        assert memo[0] == at._generation
+        assert not hook.attention.holds(1, {"attention_mask": torch.ones(1, memo[3] + 1)})
+        assert hook.attention.holds(1, {"attention_mask": torch.ones(1, memo[3])})
+        assert not hook.attention.holds(2, {"attention_mask": torch.ones(2, memo[3])})
