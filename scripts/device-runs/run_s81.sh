@@ -5,8 +5,4 @@
 # routes; no race, miss or exploring call inside it). The "python" lines name the
 # functions with the most time of their own
 source "$(dirname "$0")/setup.sh"
-t0=$SECONDS
-timeout 540 python3 benchmarks/gpu_headline.py --case 2:4 --modes torch-nocudnn,adaptive --out "$OUT" > "$OUT/headline_24.log" 2>&1
-echo "headline 2:4 rc=$? $((SECONDS-t0)) s"
-grep -E "pooled|    batch [0-9]+:|profile: prefill: (batch|python)" "$OUT/headline_24.log" | cut -c1-300
-tail -8 "$OUT/headline_24.log" | cut -c1-300
+headline 540 2:4 torch-nocudnn,adaptive

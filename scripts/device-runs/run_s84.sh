@@ -7,8 +7,4 @@
 # hook's attention switch (808b615: transformers' own SDPA function for the steps whose held
 # attention class is SDPA, as the ablation's "transformers' SDPA attention" mode runs)
 source "$(dirname "$0")/setup.sh"
-t0=$SECONDS
-timeout 480 python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
-echo "generate rc=$? $((SECONDS-t0)) s"
-cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
-grep -E "ratio|ablation \(lockstep\)|lockstep request|profile batch|^    .* host +[+-][0-9.]+ ms \(calls" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
+generate 480

@@ -43,3 +43,25 @@ selection() {
   echo "selection rc=$? $((SECONDS-t0)) s"
   grep -E "^steady/oracle over|BEAT|MATCHED|NOT|first result .* ms: the miss|model accuracy|largest excess" "$OUT/selection.log" | cut -c1-260
 }
+
+# benchmarks/gpu_headline.py for CASE with the comma-separated MODES ("all": the case's
+# own), its log to $OUT/headline_CASE.log (2:4 as 24), the batches, prefill profiles and
+# verdicts printed (from run S81 on): headline TIMEOUT CASE MODES
+headline() {
+  local t0=$SECONDS log="$OUT/headline_${2/:/}.log" modes=()
+  [ "$3" = all ] || modes=(--modes "$3")
+  timeout "$1" python3 benchmarks/gpu_headline.py --case "$2" "${modes[@]}" --out "$OUT" > "$log" 2>&1
+  echo "headline $2 rc=$? $((SECONDS-t0)) s"
+  grep -E "serving after|pooled|    batch [0-9]+:|profile: prefill: (batch|python)" "$log" | cut -c1-300
+  tail -10 "$log" | cut -c1-300
+}
+
+# benchmarks/gpu_generate.py with library kernels only, its log and JSON to $OUT, its
+# ratios, ablation and lockstep pairs printed (from run S84 on): generate TIMEOUT
+generate() {
+  local t0=$SECONDS
+  timeout "$1" python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
+  echo "generate rc=$? $((SECONDS-t0)) s"
+  cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
+  grep -E "ratio|ablation \(lockstep\)|lockstep request|profile batch|^    .* host +[+-][0-9.]+ ms \(calls" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
+}
