@@ -58,10 +58,12 @@ class DecodeSteps:
     ``served()`` (a count of attention calls served by the model's own function so far),
     ``layers`` (the attention calls of a forward), ``holds(rows, kwargs)`` (whether every
     layer's held plan covers a decode step of ``rows`` rows with the forward's
-    ``kwargs``), ``on()`` (the model's own attention function for the steps to come) and
-    ``off()`` (adaptive's again). Attention is switched on once a whole decode step went to
-    the model's own function through adaptive's, and while the held plans cover the steps;
-    one step in :data:`ATTENTION_ROUTE_EVERY` runs through adaptive's function again."""
+    ``kwargs``), ``covers(kwargs)`` (while on: whether a later step of the same rows is
+    still inside what ``holds`` found), ``on()`` (the model's own attention function for
+    the steps to come) and ``off()`` (adaptive's again). Attention is switched on once a
+    whole decode step went to the model's own function through adaptive's, and while the
+    held plans cover the steps; one step in :data:`ATTENTION_ROUTE_EVERY` runs through
+    adaptive's function again."""
 
     def __init__(self, layers, attention=None):
         self.layers = list(layers)
@@ -100,7 +102,7 @@ class DecodeSteps:
         a = self.attention
         if self.attention_on:
             self.steps += not self.direct   # (the layers' routing counts steps otherwise)
-            if self.steps % ATTENTION_ROUTE_EVERY == 0 or not a.holds(rows, kwargs):
+            if self.steps % ATTENTION_ROUTE_EVERY == 0 or not a.covers(kwargs):
                 a.off()
                 self.attention_on = False
                 self.served = a.served()

@@ -425,21 +425,34 @@ class _SdpaSteps:
         self.model, self.config = model, model.config
         self.modules = layers          # the attention layers (their memos)
         self.layers = len(layers)
+        self.span = (0, -1, -1)        # (generation, lo, hi) every layer held at on()
 
     @staticmethod
     def served() -> int:
         return _own_served
 
     def holds(self, rows: int, kwargs) -> bool:
+        """Whether every layer's memo covers a decode step of ``rows`` rows with these
+        forward ``kwargs``; notes the cached lengths they all cover (for :meth:`covers`)."""
         lk = _step_keys(kwargs)
         if lk is None or self.config._attn_implementation not in (NAME, "sdpa"):
             return False
+        lo, hi = 0, 1 << 62
         for m in self.modules:
             memo = m.__dict__.get(_MEMO)
             if memo is None or memo[0] != _generation or memo[1] != rows \
                     or not memo[2] <= lk <= memo[3] or memo[8].stale:
                 return False
+            lo, hi = max(lo, memo[2]), min(hi, memo[3])
+        self.span = (_generation, lo, hi)
         return True
+
+    def covers(self, kwargs) -> bool:
+        """While switched on: whether this step is still inside what :meth:`holds` found
+        (the hook switches off at another batch size and at a dropped plan itself)."""
+        lk = _step_keys(kwargs)
+        generation, lo, hi = self.span
+        return generation == _generation and lk is not None and lo <= lk <= hi
 
     def on(self) -> None:
         self.config._attn_implementation = "sdpa"

@@ -1159,3 +1159,9 @@ def test_the_attention_switch_ends_at_forget_held_and_at_a_class_past_the_held_o
         assert not hook.attention.holds(1, {"attention_mask": torch.ones(1, memo[3] + 1)})
         assert hook.attention.holds(1, {"attention_mask": torch.ones(1, memo[3])})
         assert not hook.attention.holds(2, {"attention_mask": torch.ones(2, memo[3])})
+        # while switched on, a step is checked against the lengths every layer covered
+        assert hook.attention.holds(1, {"attention_mask": torch.ones(1, memo[3])})
+        assert hook.attention.covers({"attention_mask": torch.ones(1, memo[2])})
+        assert not hook.attention.covers({"attention_mask": torch.ones(1, memo[3] + 1)})
+        at.forget_held()
+        assert not hook.attention.covers({"attention_mask": torch.ones(1, memo[3])})
