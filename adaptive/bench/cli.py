@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import functools
 import math
 import sys
 import time
@@ -105,18 +104,21 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         # round by round (a clock or load drift falls on all of them alike; one after
         # another, run S77 priced attention's choices 1.549x the oracle where S75 read
         # 1.002 on the same inputs), after two warm-up rounds (first touch, thread start,
-        # format caches, a library's first call of a shape)
+        # format caches, a library's first call of a shape); on a device each round runs
+        # BATCH calls back to back before its synchronise, as the stream runs them (a call
+        # costs it its device time where the host issues ahead, its issuing where the
+        # host is slower), not one call's latency to a synchronise
+        batch = 1 if table_d.backend.name == "host" else BATCH
         table: list[dict[str, float]] = []
         for i, args in enumerate(inputs):
             doing(f"mixed: timing every candidate of {op_name} input {i + 1}/{len(inputs)}")
             cands = table_d.candidates(op_name, *args)
-            runs = [functools.partial(table_d.launch, op_name, *args, variant=c.variant.name,
-                                      config=c.config) for c in cands]
+            runs = [_batch_of(table_d, op_name, args, c, batch) for c in cands]
             row = {}
             for cand, m in zip(cands, measure_each(runs, warmup=2, reps=repeats, sync=sync)):
                 if m.error:   # a failing candidate is data
                     progress(f"  {op_name}: {cand.label} failed: {m.error}")
-                row[cand.label] = math.inf if m.error else m.median_ms
+                row[cand.label] = math.inf if m.error else m.median_ms / batch
             table.append(row)
         progress(f"  {op_name}: timed {sum(len(r) for r in table)} (input, candidate) pairs")
         # the stream: every input calls_per_input times, interleaved in a seeded order
@@ -146,6 +148,17 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
                                 _largest_excess(op_name, streams[op_name], table, chosen,
                                                 order)))
     return reports
+
+
+BATCH = 3   # a device table's calls back to back per timed round (as selection's re-timing)
+
+
+def _batch_of(d, op_name: str, args, cand, n: int):
+    """``n`` launches of ``cand`` on ``args`` back to back (one timed run of the table)."""
+    def run():
+        for _ in range(n):
+            d.launch(op_name, *args, variant=cand.variant.name, config=cand.config)
+    return run
 
 
 def _largest_excess(op_name: str, stream: list, table: list[dict[str, float]], chosen,

@@ -60,6 +60,21 @@ def test_the_largest_excess_names_the_choice_and_the_best_with_their_prices():
     assert bench.mixed_excesses([report, dataclasses.replace(report, excess="")]) == ["x"]
 
 
+def test_a_device_tables_round_is_its_calls_back_to_back():
+    """On a device, one timed run of the mixed table is BATCH launches of the candidate
+    back to back (the stream's regime: one synchronise after them, not after each)."""
+    launched = []
+
+    class Spy:
+        def launch(self, op, *args, variant, config):
+            launched.append((op, args, variant, dict(config)))
+    cand = SimpleNamespace(variant=SimpleNamespace(name="v"), config={"BM": 64})
+    run = bench._batch_of(Spy(), "gemm", ("a", "b"), cand, bench.BATCH)
+    assert launched == []                      # made, not run
+    run()
+    assert bench.BATCH > 1 and launched == [("gemm", ("a", "b"), "v", {"BM": 64})] * bench.BATCH
+
+
 def test_a_committed_streams_tuning_is_its_exploring_calls():
     """Once every input has committed, the decisions carry no tuning of their own: the
     tuning column is the learned policy's exploring calls (before, it read 0.0 for every
