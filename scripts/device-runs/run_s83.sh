@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# run S83: the main job's mixed workload with its table timed interleaved (4bc0a1a; S77
+# run S83: the main job's mixed workload with its table timed interleaved, 3 calls a round
+# (4bc0a1a, and the commit after it; S77
 # priced attention's choices 1.549x the oracle where S75 read 1.002 on the same inputs)
 # and the input each op's choices lost most on; then gpu_selection.py twice on the pack
 # of S79 (S79: every issue-14 selection bar met but uniform-mix's first result, 5.44 ms)
