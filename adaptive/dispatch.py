@@ -461,8 +461,10 @@ class Dispatcher:
             # only the candidate that runs now is prepared: the other explored ones are
             # prepared on their first turn, so the first result pays for one
             scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
+            t_prep = time.perf_counter()
             first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
                                   ckey, scale, roofline, exploring=bool(cls.decision.explore))
+            prepare_ms = (time.perf_counter() - t_prep) * 1e3
             plan = self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued)
             self._plans[key] = plan
             if not decided and cls.decision.explore:
@@ -472,7 +474,7 @@ class Dispatcher:
             how = "decided" if decided else "class"
             self._miss_log[how].append((time.time(), op.name, problem.describe(), how,
                                         (time.perf_counter() - t0) * 1e3, decide_ms,
-                                        policy_ms, listing_ms))
+                                        policy_ms, listing_ms, prepare_ms))
             if len(self._plans) > self.plan_cache_size:
                 self._evict()
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
@@ -1073,11 +1075,14 @@ class Dispatcher:
         them the deciding's (the candidates listed and the policy's decision; 0 for a
         class's decision reused), and of that the policy's own ``decide`` (``policy_ms``)
         and the listing of the candidates it decided among (``listing_ms``: the rest is the
-        roofline, the stream's state and the class's bookkeeping)."""
+        roofline, the stream's state and the class's bookkeeping); and the preparing of the
+        plan that runs first (``prepare_ms``: compiling or loading, its launch set, its
+        output allocated; nothing where it was prepared before)."""
         return [{"time_s": t, "op": op, "input": what, "how": how, "ms": round(ms, 3),
                  "decide_ms": round(decide_ms, 3), "policy_ms": round(policy_ms, 3),
-                 "listing_ms": round(listing_ms, 3)}
-                for t, op, what, how, ms, decide_ms, policy_ms, listing_ms in sorted(
+                 "listing_ms": round(listing_ms, 3), "prepare_ms": round(prepare_ms, 3)}
+                for t, op, what, how, ms, decide_ms, policy_ms, listing_ms, prepare_ms
+                in sorted(
                     (m for log in self._miss_log.values() for m in list(log) if m[0] >= since),
                     key=lambda m: m[0])]
 

@@ -379,15 +379,18 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
 def miss_breakdown(mine: list[dict], complete: bool) -> dict:
     """The server's misses of a load: how many by op and kind ("class": a plan prepared
     from its input class's decision; "decided": the policy decided), the ms they spent
-    (deciding and preparing), and the inputs of the costliest few. ``complete``: whether
+    (deciding and preparing) and of them preparing the plans, and the inputs of the
+    costliest few. ``complete``: whether
     ``mine`` holds every miss of the load (the server keeps its newest 256 of each
     kind)."""
     by: dict[str, list] = {}
     for m in mine:
-        by.setdefault(f"{m['op']}/{m['how']}", []).append(m["ms"])
+        by.setdefault(f"{m['op']}/{m['how']}", []).append(m)
     worst = sorted(mine, key=lambda m: -m["ms"])[:5]
     return {"misses": len(mine), "ms": round(sum(m["ms"] for m in mine), 2),
-            "by": {k: {"n": len(v), "ms": round(sum(v), 2), "max_ms": max(v)}
+            "by": {k: {"n": len(v), "ms": round(sum(m["ms"] for m in v), 2),
+                       "max_ms": max(m["ms"] for m in v),
+                       "prepare_ms": round(sum(m["prepare_ms"] for m in v), 2)}
                    for k, v in sorted(by.items())},
             "worst": [f"{m['op']} {m['input']} ({m['how']}, {m['ms']:.2f} ms)" for m in worst],
             "complete": complete}
@@ -462,8 +465,8 @@ def engine_line(e: dict) -> str:
 
 
 def miss_line(b: dict) -> str:
-    parts = ", ".join(f"{k} {v['n']} ({v['ms']:.1f} ms, max {v['max_ms']:.2f})"
-                      for k, v in b["by"].items())
+    parts = ", ".join(f"{k} {v['n']} ({v['ms']:.1f} ms, preparing {v['prepare_ms']:.1f}; max "
+                      f"{v['max_ms']:.2f})" for k, v in b["by"].items())
     return (f"{b['misses']} in {b['ms']:.1f} ms: {parts}; costliest: "
             + "; ".join(b["worst"][:3])
             + ("" if b["complete"] else " (the newest 256 of each kind only)"))

@@ -99,6 +99,8 @@ def test_recent_misses_say_which_inputs_were_decided_and_which_reused_their_clas
     # and the listing of the candidates decided among, beside it within the deciding
     assert [0 < m["listing_ms"] <= m["decide_ms"] - m["policy_ms"] for m in misses] == [
         True, False, True]
+    # every miss prepares the plan that runs first (a class's too), beside the deciding
+    assert all(0 < m["prepare_ms"] <= m["ms"] - m["decide_ms"] for m in misses), misses
     assert d.recent_misses(since=time.time() + 1) == []
 
 

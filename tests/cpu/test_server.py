@@ -493,6 +493,24 @@ def test_a_server_that_fails_to_start_is_reported_with_its_own_output(tmp_path, 
     assert gpu_server.start_timeout_s(90.0) >= 120 + 2 * 90 + 60
 
 
+def test_the_miss_breakdown_sums_each_kinds_time_and_its_preparing():
+    from benchmarks.gpu_server import miss_breakdown, miss_line
+    misses = [{"op": "attention", "how": "class", "input": f"Lk={k}", "ms": ms,
+               "prepare_ms": prep}
+              for k, ms, prep in ((513, 0.40, 0.30), (514, 0.50, 0.35), (515, 1.90, 1.70))]
+    misses.append({"op": "gemm", "how": "decided", "input": "M=8", "ms": 3.0,
+                   "prepare_ms": 0.2})
+    b = miss_breakdown(misses, complete=True)
+    assert b["misses"] == 4 and b["ms"] == pytest.approx(5.8)
+    assert b["by"]["attention/class"] == {"n": 3, "ms": 2.8, "max_ms": 1.9,
+                                          "prepare_ms": 2.35}
+    assert b["by"]["gemm/decided"]["prepare_ms"] == 0.2
+    line = miss_line(b)
+    assert line.startswith("4 in 5.8 ms: attention/class 3 (2.8 ms, preparing 2.4; max "
+                           "1.90), gemm/decided 1 (3.0 ms, preparing 0.2; max 3.00)"), line
+    assert "gemm M=8 (decided, 3.00 ms)" in line
+
+
 def test_a_pooled_loads_engine_share_counts_each_batch_to_its_windows_end():
     """Two windows of one mode (10 s each, other modes' windows between them): a batch is
     counted only inside the window it started in, clipped at that window's end, and the
