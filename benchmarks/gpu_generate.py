@@ -319,6 +319,7 @@ def _stats_now(dispatcher) -> dict:
 TORCH_ATTENTION = "adaptive linears, transformers' SDPA attention"
 OWN_NORMS = "adaptive, the model's own norms"
 NO_DIRECT = "adaptive, no decode-steps hook"   # each layer's own warm path (direct.py)
+NO_SWITCH = "adaptive, attention not switched"  # the hook's layers, attention through ours
 
 
 def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
@@ -330,7 +331,8 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
     the cost model's refits held; adaptive's linears with transformers' own SDPA
     attention function; adaptive with the model's own RMSNorm modules in place of its
     patched norms; adaptive with its decode-steps hook paused (each patched layer's own
-    warm path, :mod:`adaptive.integrations.direct`). Which switch closes the gap (or
+    warm path, :mod:`adaptive.integrations.direct`); adaptive with the hook's layers but its
+    attention never switched to the model's own function. Which switch closes the gap (or
     makes it) says where the host time goes. (Request by request, run S38's rows
     differed from S37's, same code, by 17-28%: the host's slow phases, as in the
     rounds.)"""
@@ -351,6 +353,7 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
     def setting(name):
         for hook in hooks:   # the hook's own attention switch off before the mode's is set
             hook.attention_off()
+            hook.attention_active = name != NO_SWITCH
         at._set_attention(models["adaptive"], "sdpa" if name == TORCH_ATTENTION else at.NAME)
         for hook in hooks:   # paused or resumed here, untimed: no switch inside a step
             if (name == NO_DIRECT) == hook.active:
@@ -363,9 +366,15 @@ def ablate(models, requests, dev, new_tokens, sync, dispatcher) -> dict:
             setattr(parent, attr, child.to_norm() if name == OWN_NORMS else child)
 
     refit_every = getattr(model, "refit_every", None)
-    names = ("torch", "adaptive", "adaptive, no routing", "adaptive, no routing, no sampling",
-             "adaptive, refits held", TORCH_ATTENTION) + ((OWN_NORMS,) if patched_norms else ()
-                                                          ) + ((NO_DIRECT,) if hooks else ())
+    names = ["torch", "adaptive", "adaptive, no routing", "adaptive, no routing, no sampling",
+             "adaptive, refits held", TORCH_ATTENTION]
+    if patched_norms:
+        names.append(OWN_NORMS)
+    if hooks:
+        names.append(NO_DIRECT)
+    if any(h.attention is not None for h in hooks):
+        names.append(NO_SWITCH)
+    names = tuple(names)
     results = {n: [] for n in names}
     paired_torch = {n: [] for n in names[1:]}   # the torch steps each mode was paired with
     counters = {n: {"refits": 0, "misses": 0} for n in names}

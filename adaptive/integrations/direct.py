@@ -69,6 +69,7 @@ class DecodeSteps:
         self.layers = list(layers)
         self.attention = attention
         self.attention_on = False  # the model's own attention function serves the steps
+        self.attention_active = True   # False: attention is never switched (an ablation)
         self.served = None         # attention.served() before the last decode step
         self.rows = None          # the decode batch the direct layers were switched for
         self.revision = None      # (dispatch.revision, epoch) at the switch
@@ -91,7 +92,7 @@ class DecodeSteps:
                 self._switch(rows)
             elif self.direct:
                 self._route_next()
-            if rows is not None and self.attention is not None:
+            if rows is not None and self.attention is not None and self.attention_active:
                 self._attention_step(rows, kwargs)
         return None
 

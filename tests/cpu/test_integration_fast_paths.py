@@ -1165,3 +1165,22 @@ def test_the_attention_switch_ends_at_forget_held_and_at_a_class_past_the_held_o
         assert not hook.attention.covers({"attention_mask": torch.ones(1, memo[3] + 1)})
         at.forget_held()
         assert not hook.attention.covers({"attention_mask": torch.ones(1, memo[3])})
+
+
+def test_a_hook_with_attention_inactive_never_switches_it(library):
+    """``attention_active = False`` (an ablation's mode): every decode step's attention goes
+    through ours, the layers' own switches unchanged."""
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (1, 60), generator=torch.Generator().manual_seed(13))
+    mask = torch.ones_like(ids)
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    _generate(patched, ids, mask, 6)
+    hook.attention_active = False
+    with _attention_impls(patched) as seen:
+        got = _generate(patched, ids, mask, 12)
+    assert torch.equal(got, _generate(plain, ids, mask, 12))
+    assert {impl for _, impl in seen} == {at.NAME} and hook.direct
+    hook.attention_active = True
+    with _attention_impls(patched) as seen:
+        _generate(patched, ids, mask, 12)
+    assert "sdpa" in {impl for _, impl in seen}
