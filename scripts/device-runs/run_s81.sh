@@ -5,4 +5,5 @@
 # routes; no race, miss or exploring call inside it). The "python" lines name the
 # functions with the most time of their own
 source "$(dirname "$0")/setup.sh"
-headline 540 2:4 torch-nocudnn,adaptive
+nvrtc_check 60
+headline 500 2:4 torch-nocudnn,adaptive

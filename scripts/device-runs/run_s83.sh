@@ -5,6 +5,7 @@
 # and the input each op's choices lost most on; then gpu_selection.py twice on the pack
 # of S79 (S79: every issue-14 selection bar met but uniform-mix's first result, 5.44 ms)
 source "$(dirname "$0")/setup.sh"
+nvrtc_check 60   # the kernel cache filled first (1 s once filled)
 t0=$SECONDS
 timeout 90 python3 -m adaptive.cli bench mixed --backend cuda > "$OUT/bench_mixed.log" 2>&1
 echo "bench mixed rc=$? $((SECONDS-t0)) s"
