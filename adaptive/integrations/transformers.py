@@ -422,7 +422,7 @@ class _SdpaSteps:
     on only after a step whose every call went to the model's own function that way."""
 
     def __init__(self, model, layers: list):
-        self.model, self.config = model, model.config
+        self.config = model.config
         self.modules = layers          # the attention layers (their memos)
         self.layers = len(layers)
         self.span = (0, -1, -1)        # (generation, lo, hi) every layer held at on()
