@@ -14,6 +14,7 @@ the error goes to the caller with ``raise_errors=True``.
 
 from __future__ import annotations
 
+import gc
 import math
 import numbers
 import time
@@ -167,3 +168,37 @@ def _checked(warmup, reps, budget_s, runs: tuple) -> tuple[int, int]:
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds or None (no budget), got {budget_s!r}")
     return int(warmup), int(reps)
+
+
+class GcClock:
+    """Time Python's garbage collector has run (every thread) since made, from
+    ``gc.callbacks``, per generation, until :meth:`close`: a host-bound loop pays a
+    collection's pause in full, so a first result, a request or a prefill can report the
+    collections inside it."""
+
+    def __init__(self):
+        self.total_s = [0.0, 0.0, 0.0]   # per generation
+        self.counts = [0, 0, 0]
+        self._t0 = None
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            gen = info.get("generation", 0)
+            self.total_s[gen] += time.perf_counter() - self._t0
+            self.counts[gen] += 1
+            self._t0 = None
+
+    def seconds(self) -> float:
+        """Seconds in every collection so far."""
+        return sum(self.total_s)
+
+    def read(self) -> tuple[float, int]:
+        """(seconds in every collection so far, full collections so far)."""
+        return self.seconds(), self.counts[2]
+
+    def close(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)

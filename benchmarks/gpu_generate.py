@@ -81,6 +81,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from adaptive.timing import GcClock  # noqa: E402
+
 BENCH = "gpu_generate"
 NEW_TOKENS = 128
 SAME_TOKENS = 32            # greedy tokens that must agree
@@ -131,29 +133,6 @@ class _Clock:
         if self.first is None:
             self.first = scores.float().clone()
         return scores
-
-
-class GcClock:
-    """Time spent in the garbage collector (gc.callbacks), per generation: a host-bound
-    decode loop pays a collection's pause in full, so each request reports its own."""
-
-    def __init__(self):
-        self.total_s = [0.0, 0.0, 0.0]
-        self.counts = [0, 0, 0]
-        self._t0 = 0.0
-        gc.callbacks.append(self._callback)
-
-    def _callback(self, phase, info):
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            gen = info.get("generation", 0)
-            self.total_s[gen] += time.perf_counter() - self._t0
-            self.counts[gen] += 1
-
-    def read(self) -> tuple[float, int]:
-        """(seconds in every collection so far, full collections so far)."""
-        return sum(self.total_s), self.counts[2]
 
 
 GC = GcClock()

@@ -380,9 +380,8 @@ def miss_breakdown(mine: list[dict], complete: bool) -> dict:
     """The server's misses of a load: how many by op and kind ("class": a plan prepared
     from its input class's decision; "decided": the policy decided), the ms they spent
     (deciding and preparing) and of them preparing the plans, and the inputs of the
-    costliest few. ``complete``: whether
-    ``mine`` holds every miss of the load (the server keeps its newest 256 of each
-    kind)."""
+    costliest few. ``complete``: whether ``mine`` holds every miss of the load (the server
+    keeps its newest 256 of each kind)."""
     by: dict[str, list] = {}
     for m in mine:
         by.setdefault(f"{m['op']}/{m['how']}", []).append(m)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import gc
 import math
 import statistics
 import tempfile
@@ -44,7 +43,7 @@ from adaptive import arrays
 from adaptive.bench import verdict
 from adaptive.ops import OPS
 from adaptive.progress import doing
-from adaptive.timing import measure, measure_each
+from adaptive.timing import GcClock, measure, measure_each
 
 AUTOTUNE_RUNS = 4   # Triton-style: warm-up + 3 timed runs of every candidate on a new key
 
@@ -493,21 +492,21 @@ def _live(name, dispatcher, stream, inputs, table, sync
     entries: the exploration and the commit with every candidate's samples)."""
     firsts, seen, misses = [], set(), []
     by_op: dict = {}   # op -> ([first result ms], [deciding ms])
-    collecting = _GcTime()
+    collecting = GcClock()
     gc_firsts = []     # ms of garbage collection inside each first result
     t_start = time.perf_counter_ns()
     try:
         for s in stream:
             args, params = inputs[s]
             wall = time.time()
-            gc_before = collecting.ms
+            gc_before = collecting.seconds()
             t0 = time.perf_counter_ns()
             dispatcher.launch(s[0], *args, **params)
             sync()
             if s not in seen:
                 seen.add(s)
                 firsts.append((time.perf_counter_ns() - t0) / 1e6)
-                gc_firsts.append(collecting.ms - gc_before)
+                gc_firsts.append((collecting.seconds() - gc_before) * 1e3)
                 mine = dispatcher.recent_misses(since=wall)[-1:]   # outside the timing
                 misses += mine
                 got = by_op.setdefault(s[0], ([], []))
@@ -563,28 +562,6 @@ def _live(name, dispatcher, stream, inputs, table, sync
                                      for op, (f, dm) in sorted(by_op.items())},
                         first_gc_ms=_mean(gc_firsts)), \
         choice, why
-
-
-class _GcTime:
-    """Milliseconds Python's garbage collector has run since made (``ms``), from its
-    callbacks, until :meth:`close`: a first result's share of collections (a full one of a
-    loaded pack's objects took 72 ms on the development machine)."""
-
-    def __init__(self):
-        self.ms = 0.0
-        self._t0 = None
-        gc.callbacks.append(self._seen)
-
-    def _seen(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        elif self._t0 is not None:
-            self.ms += (time.perf_counter() - self._t0) * 1e3
-            self._t0 = None
-
-    def close(self) -> None:
-        if self._seen in gc.callbacks:
-            gc.callbacks.remove(self._seen)
 
 
 def _mean(values: list) -> float:

@@ -70,7 +70,7 @@ class DecodeSteps:
         self.attention = attention
         self.attention_on = False  # the model's own attention function serves the steps
         self.attention_active = True   # False: attention is never switched (an ablation)
-        self.served = None         # attention.served() before the last decode step
+        self.served_before = None  # attention.served() before the last decode step
         self.rows = None          # the decode batch the direct layers were switched for
         self.revision = None      # (dispatch.revision, epoch) at the switch
         self.direct: list = []    # (layer, its direct call), in module order
@@ -87,7 +87,7 @@ class DecodeSteps:
             if rows is None:
                 if self.direct or self.attention_on:
                     self._restore()
-                self.served = None
+                self.served_before = None
             elif rows != self.rows or (dispatch.revision, epoch) != self.revision:
                 self._switch(rows)
             elif self.direct:
@@ -106,10 +106,11 @@ class DecodeSteps:
             if self.steps % ATTENTION_ROUTE_EVERY == 0 or not a.covers(kwargs):
                 a.off()
                 self.attention_on = False
-                self.served = a.served()
+                self.served_before = a.served()
             return
-        served, self.served = self.served, a.served()
-        if served is not None and self.served - served == a.layers and a.holds(rows, kwargs):
+        before, self.served_before = self.served_before, a.served()
+        if before is not None and self.served_before - before == a.layers \
+                and a.holds(rows, kwargs):
             a.on()
             self.attention_on = True
 
@@ -130,7 +131,7 @@ class DecodeSteps:
         if self.attention_on:
             self.attention.off()
             self.attention_on = False
-        self.served = None
+        self.served_before = None
 
     def _unswitch(self) -> None:
         """Every switched layer back to its own forward (the switches still listed), and

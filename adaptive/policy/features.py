@@ -337,6 +337,14 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
     # input's dims, and an expression reads few config values (``ceil_div(M, BM)`` meets
     # three BMs among a hundred candidates)
     values: dict = {}
+    shapes: dict = {}     # (ctas, threads) -> its features: one dict (never mutated)
+
+    def value(e, config):
+        key = (e, *[config[n] if n in config else base[n] for n in e.names])
+        v = values.get(key)
+        if v is None:
+            v = values[key] = int(e(base | config))
+        return v
     for variant, config in candidates:
         exprs = exprs_of.get(id(variant), False)
         if exprs is False:
@@ -345,26 +353,18 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
             out.append({})
             continue
         try:
-            ctas = threads = 1
-            for i, e in enumerate(exprs[0] + exprs[1]):
-                key = (e, *[config[n] if n in config else base[n] for n in e.names])
-                v = values.get(key)
-                if v is None:
-                    v = values[key] = int(e(base | config))
-                if i < len(exprs[0]):
-                    ctas *= v
-                else:
-                    threads *= v
+            ctas = math.prod(value(e, config) for e in exprs[0])
+            threads = math.prod(value(e, config) for e in exprs[1])
         except Exception:  # noqa: BLE001 (a candidate that cannot launch here has no geometry)
             out.append({})
             continue
         if ctas < 1 or threads < 1:
             out.append({})
             continue
-        geo = values.get((ctas, threads))   # one dict per launch shape (never mutated)
+        geo = shapes.get((ctas, threads))
         if geo is None:
             waves = ctas / sms
-            geo = values[(ctas, threads)] = {
+            geo = shapes[(ctas, threads)] = {
                 "geo.log2_ctas": math.log2(ctas), "geo.log2_waves": math.log2(waves),
                 "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads)}
         out.append(geo)

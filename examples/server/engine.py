@@ -42,36 +42,30 @@ from typing import Protocol
 
 log = logging.getLogger("adaptive.example.engine")
 PROFILES_KEPT = 64   # the newest prefill profiles kept (CausalLM.prefill_profiles)
+PROFILED_STEP = 8    # a profiled batch's decode step profiled too (where its tokens go)
+
+
 class GcClock:
-    """Seconds Python's garbage collector has run in this process (every generation, every
-    thread) since the first :class:`Engine`: a prefill slower than its work shows whether
-    collections ran inside it (run S76's 2:4 prefills: 88-1244 ms on the engine thread's
-    CPU, against 15-207 ms in torch's mode)."""
+    """Seconds Python's garbage collector has run in this process (every thread) since
+    made: a batch's log reads it over its prefill (run S76's 2:4 prefills took 88-1244 ms
+    of the engine thread's CPU, against 15-207 ms in torch's mode). The library's
+    ``adaptive.timing.GcClock`` is not imported here: the plain modes never import
+    adaptive."""
 
     def __init__(self):
-        self._total = 0.0
-        self._t0 = 0.0
-        self._lock = threading.Lock()
-        self._installed = False
-
-    def install(self) -> None:
-        with self._lock:
-            if not self._installed:
-                gc.callbacks.append(self._callback)
-                self._installed = True
+        self.total_s = 0.0
+        self._t0 = None
+        gc.callbacks.append(self._callback)
 
     def _callback(self, phase, info) -> None:
         if phase == "start":
             self._t0 = time.perf_counter()
-        else:
-            self._total += time.perf_counter() - self._t0
-
-    def seconds(self) -> float:
-        return self._total
+        elif self._t0 is not None:
+            self.total_s += time.perf_counter() - self._t0
+            self._t0 = None
 
 
 GC_CLOCK = GcClock()
-PROFILED_STEP = 8    # a profiled batch's decode step profiled too (where its tokens go)
 
 
 class QueueFullError(RuntimeError):
@@ -138,7 +132,6 @@ class Engine:
         self._lock = threading.Lock()
         self.stats = {"batches": 0, "requests": 0, "tokens": 0, "failed": 0, "running": 0}
         self._log: collections.deque = collections.deque(maxlen=BATCH_LOG)
-        GC_CLOCK.install()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -222,7 +215,7 @@ class Engine:
         # CPU seconds to the first tokens, this thread's and the process's: a slow prefill
         # whose thread was busy spent it in Python or host work here; one whose thread
         # idled waited (the device, a lock, the GIL held by a thread beside it)
-        cpu0, proc0, gc0 = time.thread_time(), time.process_time(), GC_CLOCK.seconds()
+        cpu0, proc0, gc0 = time.thread_time(), time.process_time(), GC_CLOCK.total_s
         cpu_first: list[float] = []
 
         def emit(row: int, token: int) -> bool:
@@ -232,7 +225,7 @@ class Engine:
                 marks.append(time.perf_counter())
                 if len(marks) == 1:
                     cpu_first[:] = [time.thread_time() - cpu0, time.process_time() - proc0,
-                                    GC_CLOCK.seconds() - gc0]
+                                    GC_CLOCK.total_s - gc0]
             counts[row] += 1
             try:
                 live[row] = bool(batch[row].on_token(token))
