@@ -70,6 +70,7 @@ MODES = ("torch", "adaptive", "static")
 CONCURRENCY = (8, 32)
 TARGETS = {"tokens_per_s": 0.98, "token_p99": 1.05}       # issue 12: adaptive / torch
 SERVE_DEPS = ("starlette", "uvicorn", "transformers", "torch")
+SLOW_PREFILL_MS = 100.0   # a batch whose first tokens took this long: its stacks printed
 
 
 class DeviceSampler:
@@ -323,6 +324,9 @@ class ModeRun:
                   f"{_f(b['step_max_ms'], '.2f')} ms, {b['n_slow']} slow: "
                   + ", ".join(f"#{k} {v:.1f}" for k, v in b["slow_steps"].items()),
                   flush=True)
+            if (b["first_ms"] or 0) >= SLOW_PREFILL_MS:   # where its engine thread was
+                for line in b["first_stacks"][:3]:
+                    print(f"      prefill stack: {line}", flush=True)
         if load["policy"]:
             a = load["policy"]
             print(f"  {mode} x{clients} policy: {a['refits']} model refit(s), "
@@ -372,7 +376,8 @@ def profile_one_batch(url: str, stream, clients: int) -> list[str]:
             f"{what}: {line}" for line in p["top"][:10]] + [
             f"{what}: SDPA {line}" for line in p.get("sdpa", [])] + [
             f"{what}: route {line}" for line in p.get("routes", [])] + [
-            f"{what}: python {line}" for line in p["python"][:8]]
+            f"{what}: host {line}" for line in p.get("host_top", [])[:6]] + [
+            f"{what}: stack {line}" for line in p["python"][:8]]
     return lines
 
 
@@ -447,6 +452,7 @@ def batch_line(b: dict, misses: list[dict] = ()) -> dict:
             "first_cpu_ms": b.get("first_cpu_ms"),
             "first_process_cpu_ms": b.get("first_process_cpu_ms"),
             "first_gc_ms": b.get("first_gc_ms"),
+            "first_stacks": b.get("first_stacks", []),
             "prefill_misses": inside,
             "steps": len(steps), "step_p50_ms": p50, "step_max_ms": max(steps, default=None),
             "slow_steps": {str(i): steps[i] for i in slow[:8]}, "n_slow": len(slow)}

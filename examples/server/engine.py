@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import cProfile
 import dataclasses
 import gc
 import inspect
 import logging
-import pstats
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -66,6 +65,74 @@ class GcClock:
 
 
 GC_CLOCK = GcClock()
+
+
+class StackSampler:
+    """Where one thread's time goes, by sampling its Python stack every ``interval_s``
+    while on: one daemon thread, asleep while off. A sample is the innermost ``depth``
+    frames; a C call (a torch op, a lock's wait) is charged to the Python line that made
+    it. Each sample is charged the time since the one before: a thread that holds the GIL
+    delays the sampler until it lets go (``sys.getswitchinterval()``), and its stack is
+    then charged all that time, not one interval. Only the sampled thread is seen: Python
+    3.12's cProfile records every thread's calls (``sys.monitoring``), and run S81's
+    profile of a 2:4 prefill listed the event loop's ``epoll`` and other threads' lock
+    waits as its top entries.
+
+    :meth:`start` on the thread to watch (or give its ident); :meth:`stop` returns the
+    busiest stacks, most first, as "ms (share%) innermost < caller < ..."."""
+
+    def __init__(self, interval_s: float = 0.002, depth: int = 4):
+        self.interval_s, self.depth = interval_s, depth
+        self._on = threading.Event()
+        self._lock = threading.Lock()
+        self._seen: collections.Counter = collections.Counter()   # stack -> seconds
+        self._target = 0
+        self._last = 0.0
+        threading.Thread(target=self._run, name="stack-sampler", daemon=True).start()
+
+    def start(self, thread_id: int | None = None) -> None:
+        with self._lock:
+            self._seen = collections.Counter()
+            self._target = thread_id or threading.get_ident()
+            self._last = time.perf_counter()
+        self._on.set()
+
+    def stop(self, n: int = 5) -> list[str]:
+        self._on.clear()
+        with self._lock:
+            seen, self._seen = self._seen, collections.Counter()
+        total = sum(seen.values())
+        return [f"{s * 1e3:.1f} ms ({100 * s / total:.0f}%) {stack}"
+                for stack, s in seen.most_common(n)]
+
+    def _run(self) -> None:
+        while True:
+            self._on.wait()
+            time.sleep(self.interval_s)
+            with self._lock:
+                if not self._on.is_set():
+                    continue
+                now = time.perf_counter()
+                frame = sys._current_frames().get(self._target)
+                if frame is not None:
+                    self._seen[_stack(frame, self.depth)] += now - self._last
+                self._last = now
+
+
+def _stack(frame, depth: int) -> str:
+    """The innermost ``depth`` frames from ``frame`` out, as "file:line function",
+    torch's module-call wrappers left out but for the innermost frame."""
+    names = []
+    while frame is not None and len(names) < depth:
+        code = frame.f_code
+        if not names or not code.co_filename.endswith(_WRAPPERS):
+            where = "/".join(code.co_filename.split("/")[-2:])
+            names.append(f"{where}:{frame.f_lineno} {code.co_name}")
+        frame = frame.f_back
+    return " < ".join(names)
+
+
+_WRAPPERS = ("torch/nn/modules/module.py",)   # nn.Module.__call__'s frames
 
 
 class QueueFullError(RuntimeError):
@@ -132,6 +199,7 @@ class Engine:
         self._lock = threading.Lock()
         self.stats = {"batches": 0, "requests": 0, "tokens": 0, "failed": 0, "running": 0}
         self._log: collections.deque = collections.deque(maxlen=BATCH_LOG)
+        self._sampler = StackSampler()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -145,7 +213,8 @@ class Engine:
         request's time in the queue), ``first_ms`` (batch start to its first tokens),
         ``first_cpu_ms`` and ``first_process_cpu_ms`` (the CPU time of this engine's thread
         and of the whole process over ``first_ms``), ``first_gc_ms`` (the time Python's
-        garbage collector ran over ``first_ms``, in any thread),
+        garbage collector ran over ``first_ms``, in any thread), ``first_stacks`` (where
+        this engine's thread spent ``first_ms``: :class:`StackSampler`'s busiest stacks),
         ``steps_ms`` (the gaps between its later tokens, one a step)."""
         with self._lock:
             return [dict(b) for b in self._log if b["start_s"] >= since]
@@ -217,6 +286,8 @@ class Engine:
         # idled waited (the device, a lock, the GIL held by a thread beside it)
         cpu0, proc0, gc0 = time.thread_time(), time.process_time(), GC_CLOCK.total_s
         cpu_first: list[float] = []
+        stacks: list[str] = []                # where this thread was until the first tokens
+        self._sampler.start()
 
         def emit(row: int, token: int) -> bool:
             if not live[row] or counts[row] >= batch[row].max_tokens:
@@ -226,6 +297,7 @@ class Engine:
                 if len(marks) == 1:
                     cpu_first[:] = [time.thread_time() - cpu0, time.process_time() - proc0,
                                     GC_CLOCK.total_s - gc0]
+                    stacks[:] = self._sampler.stop()
             counts[row] += 1
             try:
                 live[row] = bool(batch[row].on_token(token))
@@ -242,6 +314,8 @@ class Engine:
         except Exception as exc:  # noqa: BLE001 (a failed batch fails its requests only)
             log.exception("generation failed for a batch of %d", len(batch))
             error = exc
+        if not stacks:
+            self._sampler.stop()              # no tokens came
         with self._lock:
             self.stats["batches"] += 1
             self.stats["requests"] += len(batch)
@@ -256,6 +330,7 @@ class Engine:
                 "first_cpu_ms": round(cpu_first[0] * 1e3, 3) if cpu_first else None,
                 "first_process_cpu_ms": round(cpu_first[1] * 1e3, 3) if cpu_first else None,
                 "first_gc_ms": round(cpu_first[2] * 1e3, 3) if cpu_first else None,
+                "first_stacks": stacks,
                 "steps_ms": [round((b - a) * 1e3, 3) for a, b in zip(marks, marks[1:])]})
         for req in batch:
             try:
@@ -289,6 +364,7 @@ class CausalLM:
         self.profile_prefill: set[int] = set()   # which batches' prefill to profile (0: the
         self.batches_run = 0                     # first after count_from_here())
         self.prefill_profiles: collections.deque = collections.deque(maxlen=PROFILES_KEPT)
+        self._sampler: StackSampler | None = None   # the profiled forwards' (made on use)
 
     def count_from_here(self) -> None:
         """Number the batches from the next one (after the warm-up)."""
@@ -298,28 +374,30 @@ class CausalLM:
         """Run ``run()`` (a prefill, or with ``what`` another forward of the batch: it
         returns the model's output) under torch.profiler and
         keep, in :attr:`prefill_profiles`, its wall, device and host ms, its top ops by
-        device time and its SDPA calls grouped by their arguments, with the fused backends
-        that take them (:func:`sdpa_spy`), the way each patched linear and norm went
-        (:func:`route_spy`), and the Python functions with the most time of their own
-        (:func:`python_top`: time outside torch's ops, which the op profile does not
-        show; run S76's 2:4 prefills spent 130 ms there): a server's time to first
-        tokens broken down where it is spent. ``wall_ms`` is under both profilers;
-        ``issue_ms`` is its part until the forward returned, before the wait for its
-        tokens (a host-bound forward: nearly all of it)."""
+        device time (``top``) and by host time of their own (``host_top``: a blocking
+        call, a synchronisation or an allocation shows there), its SDPA calls grouped by
+        their arguments, with the fused backends that take them (:func:`sdpa_spy`), the
+        way each patched linear and norm went (:func:`route_spy`), and this thread's
+        busiest stacks (``python``, :class:`StackSampler`: time outside torch's ops too,
+        which the op profile does not show; run S76's 2:4 prefills spent 130 ms there):
+        a server's time to first tokens broken down where it is spent. ``wall_ms`` is
+        under both; ``issue_ms`` is its part until the forward returned, before the wait
+        for its tokens (a host-bound forward: nearly all of it)."""
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                          if self.device.type == "cuda" else [])
-        python = cProfile.Profile()
+        if self._sampler is None:
+            self._sampler = StackSampler(interval_s=0.001, depth=6)
         with sdpa_spy(self.torch) as sdpa, route_spy(self.model) as linears, \
                 profile(activities=acts) as prof:
             t0 = time.perf_counter()
-            python.enable()
+            self._sampler.start()
             try:
                 out = run()
                 issued = time.perf_counter()   # the forward issued; then the wait for it
                 out.logits[:, -1].argmax(-1).tolist()
             finally:
-                python.disable()
+                python = self._sampler.stop(12)
             wall = (time.perf_counter() - t0) * 1e3
 
         def device_us(e):
@@ -334,9 +412,12 @@ class CausalLM:
             "host_ms": round(sum(e.self_cpu_time_total for e in events) / 1e3, 3),
             "top": [f"{device_us(e) / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
                     for e in events[:15]],
+            "host_top": [f"{e.self_cpu_time_total / 1e3:.3f} ms {e.count} calls {e.key[:100]}"
+                         for e in sorted(events, key=lambda e: e.self_cpu_time_total,
+                                         reverse=True)[:10]],
             "sdpa": [f"{n} call(s): {args}" for args, n in sdpa.most_common()],
             "routes": [f"{n} call(s): {way}" for way, n in linears.most_common()],
-            "python": python_top(python)})
+            "python": python})
         log.info("%s of batch %d profiled: %s", what, batch, self.prefill_profiles[-1])
         return out
 
@@ -424,17 +505,6 @@ class BlockLM:
                 tokens.append(token)
                 if not emit(row, token):
                     break
-
-
-def python_top(profiler: cProfile.Profile, n: int = 12) -> list[str]:
-    """The ``n`` functions with the most time of their own in ``profiler``'s run (a C
-    function's time is its own: a blocking call shows there), most first, as "self ms,
-    cumulative ms, calls, where"."""
-    rows = pstats.Stats(profiler).stats.items()
-    top = sorted(rows, key=lambda kv: kv[1][2], reverse=True)[:n]
-    return [f"{tt * 1e3:.2f} ms self, {ct * 1e3:.2f} ms cumulative, {nc} calls: "
-            f"{pstats.func_std_string(where).rsplit('site-packages/', 1)[-1]}"
-            for where, (_, nc, tt, ct, _) in top]
 
 
 # ---- adaptive's decisions: warm-up and pinning ------------------------------------------
