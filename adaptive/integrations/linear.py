@@ -20,9 +20,12 @@ the layer calls ``F.linear(x, weight, bias)`` itself, as ``nn.Linear`` does, gua
 one dict lookup on ``x.shape``, a dtype identity and the plan's ``stale`` flag. Other
 committed plans are held per exact input and run without the dispatcher's key. In the
 ``shared`` and ``sparse`` layouts such a kernel runs on copies of ``xᵀ`` and of its output;
-it serves a shape only after beating ``F.linear`` with them (:meth:`_f_linear_wins`), and
-cuSPARSELt's 2:4 matmul takes ``x`` as given (:meth:`_cslt_linear`). Either
-way one call in :data:`HOLD_EVERY` (fewer while the plan holds:
+it serves a shape only after beating ``F.linear`` with them (:meth:`_f_linear_wins`).
+cuSPARSELt's 2:4 matmul goes this way too: handed ``x``'s transposed view with its result
+transposed back (``transpose_result``), as torch's own 2:4 linear does, one call took
+0.26 to 7.0 s of host time on the H200 (run S85, one projection a prefill so served),
+against about 1.1 ms a call on the contiguous copy. Either way one call in
+:data:`HOLD_EVERY` (fewer while the plan holds:
 :mod:`adaptive.integrations.routing`) goes through the dispatcher (sampling, drift, the
 counter log), a plan the dispatcher drops is let go, and exploring shapes always go
 through it.
@@ -38,7 +41,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from adaptive.backends.pysource import load_entry
 from adaptive.integrations.direct import direct_route, rebound
 from adaptive.integrations.routing import backed_off
 from adaptive.runtime import default_dispatcher
@@ -46,7 +48,6 @@ from adaptive.ops.base import bucket
 from adaptive.ops.sparse import SparseWeight
 
 MODES = ("dense", "shared", "sparse")
-CSLT_VARIANT = "cusparselt_24"   # spmm's cuSPARSELt variant: served by _cslt_linear
 RACE_RUNS = 3      # runs of each route when F.linear races a kernel and its copies
 # every race so far in this process: how many and the seconds they took on the calling
 # thread (a server's stats report them: a race is neither a miss nor an exploring call)
@@ -107,9 +108,6 @@ class AdaptiveLinear(nn.Linear):
         self._bias = b if self.mode == "dense" else None
         self._bias_col = None if b is None or self.mode == "dense" else b.view(-1, 1)
         self._held = {}   # (x shape, dtype, device) -> the dispatcher's committed plan
-        self._cslt = None  # the weight as cuSPARSELt compressed it (see _cslt_linear)
-        # x.shape -> a committed plan of cuSPARSELt's 2:4 matmul: _cslt_linear serves it
-        self._cslt_shapes: dict = {}
         # (a committed candidate, the class of token counts) -> whether F.linear beat it
         # with its copies (see _f_linear_wins)
         self._raced: dict = {}
@@ -178,21 +176,12 @@ class AdaptiveLinear(nn.Linear):
             if self._bias is not None:
                 y += self._bias
             return y.view(x.shape[:-1] + (self.out_features,))
-        held = None
         if not route:           # a weight kept as given, or sparse: F.linear where it is
-            held = self._cslt_held(x)
-            if held is None:
-                y = self._library_first(x, x2)
-                if y is not None:
-                    return y
-            elif next(self._turn) % (HOLD_EVERY << self._level):
-                return self._cslt_linear(held, x, x2)
-            else:
-                route = True    # this call goes through the dispatcher (sampling, drift)
+            y = self._library_first(x, x2)
+            if y is not None:
+                return y
         xt = x2.t().contiguous()
         y = self._launch(self._op, self._w, xt, xt, x, route)     # [out, tokens]
-        if held is not None:
-            self._level = backed_off(self._level, held, self._cslt_shapes.get(x.shape))
         if self._bias_col is not None:
             y += self._bias_col
         # row-major [..., out] as nn.Linear returns it: the transposed view's features are
@@ -224,29 +213,6 @@ class AdaptiveLinear(nn.Linear):
         _hold(self._held, key, plan)
         _hold(self._library, x.shape, plan)
         return F.linear(x, self._w_linear, self._b_linear)
-
-    def _cslt_held(self, x: torch.Tensor):
-        """The committed plan of cuSPARSELt's 2:4 matmul held for ``x``'s shape (served by
-        :meth:`_cslt_linear`, no transposing copies), else None."""
-        plan = self._cslt_shapes.get(x.shape)
-        if plan is None or plan.stale or x.dtype is not self._dtype:
-            return None
-        return plan
-
-    def _cslt_linear(self, plan, x: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-        """``y = x Wᵀ`` by cuSPARSELt as torch's own 2:4 linear runs it: the rows' transposed
-        view as its dense operand and the output transpose fused (``transpose_result``),
-        so ``y`` comes out ``[tokens, out]`` with no copy of ``x`` or ``y``. The held
-        plan's route (``yᵀ = W xᵀ`` on contiguous copies) made 233 copies, 16.1 ms of a
-        62 ms prefill on the H200 (run S66), against torch's 139 and 1.7 ms. The weight is
-        the one the plan's variant compressed (cached on the :class:`SparseWeight`)."""
-        if self._cslt is None:
-            build = load_entry(plan.candidate.variant, "cslt_weight")
-            self._cslt = build(self._w, torch, x2.device.index)
-        y = cslt_linear(torch, self._cslt, x2)
-        if self._b_linear is not None:
-            y += self._b_linear
-        return y.view(x.shape[:-1] + (self.out_features,))
 
     def _by_f_linear(self, plan, x: torch.Tensor) -> bool:
         """Whether ``plan`` for ``x`` is served by ``F.linear``: a committed plan of torch's
@@ -281,8 +247,6 @@ class AdaptiveLinear(nn.Linear):
         plan = self._library.get(x.shape)
         if plan is not None and not plan.stale and x.dtype is self._dtype:
             return "F.linear (held)"
-        if self._cslt_held(x) is not None:
-            return "held cusparselt_24, x as given (cuSPARSELt's fused transpose)"
         x2 = x.reshape(-1, self.in_features)
         held = self._held.get(self._held_key(x2))
         if held is not None and not held.stale:
@@ -322,13 +286,8 @@ class AdaptiveLinear(nn.Linear):
         if plan.provisional or plan.stale:   # still exploring: every call goes through
             self._held.pop(key, None)
             self._library.pop(shape, None)
-            self._cslt_shapes.pop(shape, None)
             return y
         _hold(self._held, key, plan)
-        if self._wt is None and _is_cslt(plan) and given.dtype is self._dtype:
-            _hold(self._cslt_shapes, shape, plan)
-        else:
-            self._cslt_shapes.pop(shape, None)
         if given.dtype is self._dtype and (_is_library(plan, op) or
                                            self._f_linear_wins(plan, given)):
             _hold(self._library, shape, plan)
@@ -346,8 +305,8 @@ class AdaptiveLinear(nn.Linear):
         :func:`race_ms` (each route alone, alternating, the medians compared). The
         dispatcher times the kernel alone: run S66's pruned prefill held ``tc_wide`` on 32
         projections, each with two transposing copies. A dense-layout weight (``x``
-        launched as given) and cuSPARSELt's fused route copy nothing: never raced."""
-        if self._wt is not None or _is_cslt(plan):
+        launched as given) copies nothing: never raced."""
+        if self._wt is not None:
             return False
         key = (plan.candidate, bucket(x.numel() // self.in_features))
         raced = self._raced.get(key)
@@ -405,31 +364,11 @@ def race_ms(first, second, device) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def cslt_linear(torch_mod, packed, x2):
-    """``x2 Wᵀ`` (``[tokens, out]``, contiguous) by ``torch._cslt_sparse_mm`` on the
-    cuSPARSELt-compressed ``W``: ``x2``'s transposed view is the dense operand (column-major,
-    as torch's own 2:4 linear passes it) and the result comes back transposed
-    (``transpose_result``). Rows are padded to a multiple of 8 (cuSPARSELt's float16
-    minimum) and the padding's rows dropped."""
-    n = x2.shape[0]
-    if n % 8:
-        padded = x2.new_zeros((n + (-n) % 8, x2.shape[1]))
-        padded[:n] = x2
-        return torch_mod._cslt_sparse_mm(packed, padded.t(), transpose_result=True)[:n]
-    return torch_mod._cslt_sparse_mm(packed, x2.t(), transpose_result=True)
-
-
 def _hold(table: dict, key, value) -> None:
     """``table[key] = value`` unless the table already holds :data:`MAX_HELD` other keys (a
     layer's tables are bounded; a full one keeps serving the keys it has)."""
     if key in table or len(table) < MAX_HELD:
         table[key] = value
-
-
-def _is_cslt(plan) -> bool:
-    """Whether ``plan`` runs cuSPARSELt's 2:4 matmul on torch tensors (what
-    :func:`cslt_linear` calls with ``x`` as given)."""
-    return plan.problem.kind == "torch" and plan.candidate.variant.name == CSLT_VARIANT
 
 
 def _is_library(plan, op: str) -> bool:

@@ -134,15 +134,21 @@ def test_a_pruned_layer_on_the_dense_matmul_is_f_linear_bit_for_bit():
             torch.testing.assert_close(y, want, rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("tokens", [(3, 37), (8, 512)])
-def test_a_pruned_layer_on_cusparselt_takes_x_as_given(tokens):
+@pytest.mark.parametrize("tokens", [(3, 37), (8, 512), (16, 512)])
+def test_a_pruned_layer_on_cusparselt_hands_it_row_major_operands(tokens):
     """A 2:4-pruned fp16 linear patched sparse, with cuSPARSELt's 2:4 matmul the only spmm
-    variant: once committed, a warm call hands cuSPARSELt x's transposed view and takes
-    its result transposed (``transpose_result``), as torch's own 2:4 linear does, and
-    matches the plain layer (against float64) at an odd token count (padded) and a
-    prefill's."""
+    variant: once committed, every call hands cuSPARSELt a row-major dense operand and
+    no ``transpose_result`` (x's transposed view with it, torch's own 2:4 linear's layout,
+    took 0.26-7.0 s of host time a call in run S85's prefills), whichever route the race
+    with F.linear gave the shape, and matches the plain layer against float64 at an odd
+    token count (padded) and a prefill's."""
     if not torch.cuda.is_available() or not torch.backends.cusparselt.is_available():
         pytest.skip("no CUDA device with cuSPARSELt")
+    real, seen = torch._cslt_sparse_mm, []
+
+    def spy(packed, dense_b, *args, **kwargs):
+        seen.append((dense_b.is_contiguous(), bool(kwargs.get("transpose_result"))))
+        return real(packed, dense_b, *args, **kwargs)
     with _only("spmm", "cusparselt_24"):
         torch.manual_seed(0)
         plain = torch.nn.Linear(1024, 2816, bias=False, device=DEV,
@@ -153,14 +159,19 @@ def test_a_pruned_layer_on_cusparselt_takes_x_as_given(tokens):
         layer = at.AdaptiveLinear(plain, "sparse").eval()
         x = torch.randn(*tokens, 1024, device=DEV, dtype=torch.float16)
         want = (x.double() @ plain.weight.double().t())
-        with torch.no_grad():
-            for _ in range(64):   # exploring its one candidate, then committed and held
-                layer(x)
-                if layer.route_of(x).startswith("held cusparselt_24, x as given"):
-                    break
-            assert layer.route_of(x).startswith("held cusparselt_24, x as given"), \
-                layer.route_of(x)
-            ys = [layer(x) for _ in range(4)]
+        torch._cslt_sparse_mm = spy
+        try:
+            with torch.no_grad():
+                for _ in range(64):   # exploring its one candidate, then committed and held
+                    layer(x)
+                    if layer.route_of(x) in ("held cusparselt_24", "F.linear (held)"):
+                        break
+                assert layer.route_of(x) in ("held cusparselt_24", "F.linear (held)"), \
+                    layer.route_of(x)
+                ys = [layer(x) for _ in range(4)]
+        finally:
+            torch._cslt_sparse_mm = real
+        assert seen and set(seen) == {(True, False)}, set(seen)
         for y in ys:
             assert y.shape == x.shape[:-1] + (2816,) and y.is_contiguous()
             err = float((y.double() - want).abs().max() / want.abs().max())
