@@ -102,6 +102,9 @@ class AdaptiveLinear(nn.Linear):
             s = self._sparse
             if s is None or s.dtype != dtype or s.shape != tuple(w.shape):
                 s = self._sparse = SparseWeight(w)
+            if w.is_cuda and w.is_contiguous():   # spmm's dense baseline reads w itself
+                from adaptive.backends.cuda_sparse import adopt_device_dense
+                adopt_device_dense(s, w)
             self._w = s
         self._op = "spmm" if self.mode == "sparse" else "gemm"
         b = None if self.bias is None else self.bias.detach()
