@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
@@ -146,6 +147,41 @@ def _decode_attention_cases(case, reg, calls: int, dev, dtype, sync, rows,
                      "us_per_call": statistics.median(times),
                      "note": f"every call a miss of a decided class ({n} lengths from "
                              f"{lk0 + 1}; misses {fresh.stats['misses'] - 1})"})
+        rows.append(_class_miss_parts(reg, name, q, ks, shape, sync))
+
+
+def _class_miss_parts(reg, name: str, q, ks, shape: str, sync) -> dict:
+    """One pass of new lengths (each a class miss) on a fresh dispatcher, profiled: the
+    median miss and its deciding and preparing (the dispatcher's miss log), and the
+    functions with the most time of their own per miss (run S81/S85's servers paid
+    ~0.37 ms a decode step for it, 0.25 ms of it preparing). Other threads' waits, which
+    Python 3.12's cProfile records too, are left out."""
+    import cProfile
+    import pstats
+    fresh = _only(reg, "attention", name)
+    fresh.run("attention", (q, ks[0], ks[0]), None, {"causal": False})
+    sync()
+    since = time.time()
+    prof = cProfile.Profile()
+    prof.enable()
+    for kk in ks[1:]:
+        fresh.run("attention", (q, kk, kk), None, {"causal": False})
+    prof.disable()
+    sync()
+    misses = [m for m in fresh.recent_misses(since) if m["how"] == "class"]
+    n = max(1, len(misses))
+
+    def med(field: str) -> float:
+        return statistics.median(m[field] for m in misses) * 1e3 if misses else math.nan
+    waits = ("acquire", "wait", "poll", "sleep", "select")
+    top = sorted(((tt, where) for where, (_, _, tt, _, _) in pstats.Stats(prof).stats.items()
+                  if not any(w in where[2] for w in waits)), reverse=True)[:10]
+    parts = "; ".join(f"{where[2]} ({Path(where[0]).name}:{where[1]}) {tt / n * 1e6:.1f}"
+                      for tt, where in top)
+    return {"case": f"{name}: a class miss's parts, {shape}", "us_per_call": med("ms"),
+            "note": f"{len(misses)} class misses; median deciding {med('decide_ms'):.1f} "
+                    f"us, preparing {med('prepare_ms'):.1f} us; most own time a miss, us: "
+                    + parts}
 
 
 def _norm_cases(case, reg, dev, dtype, hidden: int, cuda: bool, rows) -> None:

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# run S87: the host path's cases with a class miss's parts profiled (a decode step's new
+# key length: S81/S85's servers paid ~0.37 ms a step, 0.25 ms of it preparing the plan),
+# then generate() with library kernels only again (S84: lockstep 0.985 and 0.989, p99
+# 1.013 and 1.018, bars met; its rounds swung 0.853-1.026)
+source "$(dirname "$0")/setup.sh"
+t0=$SECONDS
+timeout 90 python3 benchmarks/gpu_hostpath.py --out "$OUT" > "$OUT/hostpath.log" 2>&1
+echo "hostpath rc=$? $((SECONDS-t0)) s"
+grep -E "new Lk|class miss" "$OUT/hostpath.log" | cut -c1-700
+generate 470
