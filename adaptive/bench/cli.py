@@ -65,6 +65,10 @@ class OpReport:
     choices: dict
     exploring: int = 0          # inputs whose key was still exploring when the stream ended
     excess: str = ""            # the input whose choice cost the stream most over the oracle
+    # the stream's calls run again, each way as a whole, median wall ms over rounds
+    # (run_mixed's walls): the table's per-input best pinned, the best fixed pinned, and
+    # launch's own choices; None where not run
+    walls: dict | None = None
 
     @property
     def fixed_ratio(self) -> float:
@@ -82,14 +86,16 @@ def _to_backend(args, backend_name: str):
 
 
 def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats: int = 5,
-              calls_per_input: int = 40, ops: list[str] | None = None, progress=print):
+              calls_per_input: int = 40, ops: list[str] | None = None, progress=print,
+              walls_too: bool = True):
     """Time the workload; return one :class:`OpReport` per op. ``calls_per_input``: each
     input's calls in the stream (40: enough for the learned policy to time each of the 8
     candidates it explores at most 3 times after a warm-up turn, as on a GPU timed by
     events, 32 calls, and serve a few steadily; run S59 on the H200 with 30 left 3 of 4
     rmsnorm inputs exploring, priced at the baseline they fall back on, 7.3x the oracle;
     a key still exploring at the end is priced at the candidate it falls back on and
-    counted in the report)."""
+    counted in the report). ``walls_too``: the stream also run whole, pinned and through
+    ``launch`` (:func:`_stream_walls`)."""
     from adaptive.dispatch import Dispatcher
     rng = np.random.default_rng(seed)
     streams = _QUICK if quick else _FULL
@@ -138,6 +144,8 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         adaptive_ms = (time.perf_counter_ns() - t0) / 1e6
         chosen = [live.decision(op_name, *args) for args in inputs]
         steady = sum(table[i][chosen[i].candidate.label] for i in order)
+        walls = _stream_walls(table_d, live, op_name, inputs, order, table, best_label,
+                              sync, rounds=repeats) if walls_too else None
         choices: dict[str, int] = {}
         for d in chosen:
             choices[d.candidate.label] = choices.get(d.candidate.label, 0) + 1
@@ -146,8 +154,42 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
                                 _tuning_ms(live.policy, chosen, explored_s), choices,
                                 sum(bool(d.explore) for d in chosen),
                                 _largest_excess(op_name, streams[op_name], table, chosen,
-                                                order)))
+                                                order), walls))
     return reports
+
+
+def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, best_label,
+                  sync, rounds: int) -> dict:
+    """The stream's calls in its order, run whole three ways, interleaved round by round
+    (:func:`measure_each`, after a warm-up round): ``oracle`` (each input pinned to the
+    table's best for it), ``fixed`` (the best fixed candidate pinned) and ``adaptive``
+    (``launch``'s committed choices, warm). Median wall ms of each: what the stream costs
+    the caller, issuing included, where the table prices each input's candidates alone
+    from a drained device (S83: cuBLAS from CuPy priced at 69 µs a call against 8 µs of
+    device time). The pinned ways go through ``launch(..., variant=, config=)``, about
+    1.5 µs a call above a warm ``launch`` on the host backend."""
+    def pinned(labels):
+        cands = []
+        for i, args in enumerate(inputs):
+            by = {c.label: c for c in table_d.candidates(op_name, *args)}
+            cands.append(by[labels[i]])
+
+        def run():
+            for i in order:
+                c = cands[i]
+                table_d.launch(op_name, *inputs[i], variant=c.variant.name, config=c.config)
+        return run
+
+    def adaptive():
+        for i in order:
+            live.launch(op_name, *inputs[i])
+    best = [min(row, key=row.get) for row in table]
+    ways = {"oracle": pinned(best), "adaptive": adaptive}
+    if all(math.isfinite(row.get(best_label, math.inf)) for row in table):
+        ways["fixed"] = pinned([best_label] * len(inputs))
+    ms = measure_each(list(ways.values()), warmup=1, reps=rounds, sync=sync,
+                      raise_errors=True)
+    return {way: m.median_ms for way, m in zip(ways, ms)}
 
 
 BATCH = 3   # a device table's calls back to back per timed round (as selection's re-timing)
@@ -280,6 +322,42 @@ def mixed_verdicts(reports) -> list[str]:
             for r in reports]
 
 
+def format_walls(reports) -> str:
+    """The stream run whole three ways (:func:`_stream_walls`), a row per op that ran it:
+    wall ms each (median over rounds) and the quotients of those columns. The oracle here
+    is the table's per-input best pinned, so a way can run below it (1.000 is that
+    oracle, not a floor)."""
+    rows = [r for r in reports if r.walls]
+    if not rows:
+        return ""
+    head = (f"{'op':<10} {'oracle wall ms':>14} {'fixed wall ms':>13} {'fixed/oracle':>12} "
+            f"{'adaptive wall ms':>16} {'adaptive/oracle':>15} {'adaptive/fixed':>14}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        w = r.walls
+        fixed = w.get("fixed", math.nan)
+        lines.append(f"{r.op:<10} {w['oracle']:>14.3f} {fixed:>13.3f} "
+                     f"{fixed / w['oracle']:>12.3f} {w['adaptive']:>16.3f} "
+                     f"{w['adaptive'] / w['oracle']:>15.3f} {w['adaptive'] / fixed:>14.3f}")
+    return "\n".join(lines)
+
+
+def wall_verdicts(reports) -> list[str]:
+    """One line per op that ran the stream whole: did launch's choices beat the best fixed
+    candidate pinned, on the stream's wall time?"""
+    out = []
+    for r in reports:
+        if not r.walls or "fixed" not in r.walls:
+            continue
+        w = r.walls
+        out.append(f"mixed {r.op} (the stream's wall): adaptive "
+                   f"{verdict(w['adaptive'] / w['oracle'], w['fixed'] / w['oracle'])} the "
+                   f"best fixed choice ({r.fixed_best}): adaptive/oracle "
+                   f"{w['adaptive'] / w['oracle']:.3f} vs fixed/oracle "
+                   f"{w['fixed'] / w['oracle']:.3f}")
+    return out
+
+
 def mixed_excesses(reports) -> list[str]:
     """Per op, the input whose adaptive choice lost the stream most against the oracle."""
     return [r.excess for r in reports if r.excess]
@@ -355,7 +433,12 @@ def _run(args, backend: str, ops: list[str] | None) -> int:
         excesses = mixed_excesses(reports)
         if excesses:
             print("\n" + "\n".join(excesses))
-        verdicts += mixed_verdicts(reports)
+        walls = format_walls(reports)
+        if walls:
+            print("\nthe same stream run whole, each way pinned or through launch (wall time,"
+                  " issuing included; median over rounds, the ways interleaved)")
+            print(walls)
+        verdicts += mixed_verdicts(reports) + wall_verdicts(reports)
     if verdicts:
         print("\ndid adaptive beat the best fixed choice? (steady state, per stream)")
         print("\n".join(verdicts))

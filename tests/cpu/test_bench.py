@@ -87,6 +87,64 @@ def test_a_committed_streams_tuning_is_its_exploring_calls():
     assert 1.0 < r.tuning_ms < r.adaptive_ms, (r.tuning_ms, r.adaptive_ms)
 
 
+def test_the_stream_runs_whole_each_way_with_the_choices_it_names(monkeypatch):
+    """The stream's calls are run again, whole, three ways interleaved: each input pinned
+    to the table's best for it, the best fixed candidate pinned on every input, and
+    launch's own choices; each way calls exactly the stream's inputs in its order with the
+    candidates it names, and the walls and their printed quotients agree."""
+    launched = {"pinned": [], "live": []}
+    from adaptive.dispatch import Dispatcher
+    real_launch = Dispatcher.launch
+
+    def spy(self, op, *args, **kw):
+        if "variant" in kw:
+            launched["pinned"].append((id(args[0]), kw["variant"], dict(kw["config"] or {})))
+        else:
+            launched["live"].append(id(args[0]))
+        return real_launch(self, op, *args, **kw)
+    captured = {}
+    real_walls = bench._stream_walls
+
+    def walls(table_d, live, op_name, inputs, order, table, best_label, sync, rounds):
+        monkeypatch.setattr(Dispatcher, "launch", spy)
+        try:
+            out = real_walls(table_d, live, op_name, inputs, order, table, best_label, sync,
+                             rounds)
+        finally:
+            monkeypatch.setattr(Dispatcher, "launch", real_launch)
+        captured.update(inputs=inputs, order=order, table=table, best=best_label,
+                        labels={c.label: (c.variant.name, dict(c.config)) for args in inputs
+                                for c in table_d.candidates(op_name, *args)})
+        return out
+    monkeypatch.setattr(bench, "_stream_walls", walls)
+    (r,) = bench.run_mixed("host", quick=True, seed=3, repeats=2, calls_per_input=4,
+                           ops=["softmax"], progress=lambda s: None)
+    inputs, order, table = captured["inputs"], captured["order"], captured["table"]
+    rounds = 1 + 2                                  # a warm-up round, then the timed ones
+    ids = [id(inputs[i][0]) for i in order]
+    assert launched["live"] == ids * rounds
+    oracle = [(id(inputs[i][0]), *captured["labels"][min(table[i], key=table[i].get)])
+              for i in order]
+    fixed = [(id(inputs[i][0]), *captured["labels"][captured["best"]]) for i in order]
+    n = len(order)
+    pinned = launched["pinned"]
+    assert len(pinned) == 2 * n * rounds
+    for k in range(rounds):                         # interleaved: oracle, then fixed
+        assert pinned[2 * n * k:2 * n * k + n] == oracle
+        assert pinned[2 * n * k + n:2 * n * (k + 1)] == fixed
+    w = r.walls
+    assert set(w) == {"oracle", "fixed", "adaptive"} and all(v > 0 for v in w.values())
+    text = bench.format_walls([r])
+    row = text.splitlines()[2].split()
+    assert row[0] == "softmax" and float(row[1]) == round(w["oracle"], 3)
+    assert float(row[3]) == round(w["fixed"] / w["oracle"], 3)
+    assert float(row[5]) == round(w["adaptive"] / w["oracle"], 3)
+    assert float(row[6]) == round(w["adaptive"] / w["fixed"], 3)
+    [line] = bench.wall_verdicts([r])
+    assert line.startswith("mixed softmax (the stream's wall): adaptive ")
+    assert bench.format_walls([dataclasses.replace(r, walls=None)]) == ""
+
+
 def test_mixed_verdicts_tell_a_tie_from_a_win_and_a_loss():
     def report(adaptive_ms, fixed_ms):
         return bench.OpReport("gemm", 2, 60, 10.0, "host_blas", fixed_ms, 50.0, adaptive_ms,
@@ -107,6 +165,11 @@ def test_cli_runs(capsys):
     assert cli.main(["bench", "mixed", "--quick", "--backend", "host", "--ops", "softmax"]) == 0
     out = capsys.readouterr().out
     assert "mixed workload" in out and "softmax" in out
-    last = out.rstrip().splitlines()[-1]       # the job ends with the verdict per op
-    assert last.startswith("mixed softmax: adaptive") and "best fixed choice" in last
+    # the job ends with the verdicts per op: on the table's prices, then on the stream's
+    # wall (the stream run whole, each way)
+    table, wall = out.rstrip().splitlines()[-2:]
+    assert table.startswith("mixed softmax: adaptive") and "best fixed choice" in table
+    assert wall.startswith("mixed softmax (the stream's wall): adaptive") and \
+        "best fixed choice" in wall
+    assert "the same stream run whole" in out
     assert cli.main([]) == 0
