@@ -58,10 +58,11 @@ headline() {
 }
 
 # benchmarks/gpu_generate.py with library kernels only, its log and JSON to $OUT, its
-# ratios, ablation and lockstep pairs printed (from run S84 on): generate TIMEOUT
+# ratios, ablation and lockstep pairs printed (from run S84 on): generate TIMEOUT [ARGS]
+# (ARGS: more of gpu_generate.py's options, e.g. --no-ablation)
 generate() {
   local t0=$SECONDS
-  timeout "$1" python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 --out /tmp/gen > "$OUT/generate.log" 2>&1
+  timeout "$1" python3 benchmarks/gpu_generate.py --library-only --rounds 1 --lockstep-rounds 2 "${@:2}" --out /tmp/gen > "$OUT/generate.log" 2>&1
   echo "generate rc=$? $((SECONDS-t0)) s"
   cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
   grep -E "ratio|ablation \(lockstep\)|lockstep request|profile batch|^    .* host +[+-][0-9.]+ ms \(calls" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
