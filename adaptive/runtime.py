@@ -31,7 +31,7 @@ from adaptive.variants import Registry, reset_shared_registry, shared_registry
 log = logging.getLogger("adaptive")
 
 __all__ = ["add_observations", "default_dispatcher", "launch", "live_dispatchers",
-           "reset_defaults", "set_default", "shared_registry", "start"]
+           "reset_defaults", "set_default", "shared_registry", "start", "default_dispatchers"]
 
 _defaults: dict[str, Dispatcher] = {}
 # hot-path routing of module-level launch: array type -> getter(array) -> Dispatcher | None
@@ -115,6 +115,13 @@ def default_dispatcher(args=(), device: str | None = None) -> Dispatcher:
         if args:
             _route(args[-1], d)
     return d
+
+
+def default_dispatchers() -> list[Dispatcher]:
+    """The process's default dispatchers made so far, one per device (what ``launch`` and
+    the integrations use)."""
+    with _lock:
+        return list(dict.fromkeys(_defaults.values()))
 
 
 def set_default(dispatcher: Dispatcher, like) -> None:

@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                    "torch24-nocudnn served 84.6 against torch-nocudnn's 449.7 tokens/s at "
                    "8 clients, 75 s for one 32-client window); a mode left out is not in "
                    "the baseline, and the report says so")
+    p.add_argument("--adaptive-graphs", action="store_true",
+                   help="adaptive's server decodes over static caches in CUDA graphs "
+                   "(--decode-graphs on: one step captured per rows and cache length in the "
+                   "warm-up, replayed); the plain modes run as they are")
     args = p.parse_args(argv)
     prune, modes = CASES[args.case]
     left_out = ()
@@ -156,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         per_client=args.per_client, windows=args.windows,
         quick=args.quick, max_tokens=MAX_TOKENS, server_args=("--prune", prune),
         prompt_max=PROMPT_MAX, min_tokens=MIN_TOKENS,
-        json_name=f"headline_{args.case.replace(':', '')}.json")
+        json_name=f"headline_{args.case.replace(':', '')}.json",
+        adaptive_graphs=args.adaptive_graphs)
+    if args.adaptive_graphs:
+        print("  (adaptive's decode steps: CUDA graphs over static caches)")
     print(gpu_server.table(payload))
     rows = compare(payload, args.case)
     print_comparison(rows, args.case)

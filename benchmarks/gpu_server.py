@@ -221,6 +221,8 @@ class ModeRun:
                 "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued",
                 "4096", "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes
         argv += list(getattr(args, "server_args", ()))
+        if getattr(args, "graphs", None) and mode in ("adaptive", "static"):
+            argv += ["--decode-graphs", args.graphs]
         if args.in_process:   # the dry run: short warm-up, one CPU thread (shared CI machines)
             argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
         self.mode, self.args = mode, args
@@ -243,6 +245,14 @@ class ModeRun:
                   f"{warm.get('warmup_s', 0):.1f} s in {warm.get('rounds', 0)} rounds, "
                   f"{_f(warm.get('pending_keys'), 'd')} key(s) still exploring{swept})",
                   flush=True)
+            graphs = self.result["server"].get("decode_graphs")
+            if graphs:
+                states = graphs["states"]
+                print(f"  {mode}: decode steps {graphs['mode']} over {len(states)} static "
+                      f"cache(s) (rows x length: " + ", ".join(
+                          f"{g['rows']}x{g['length']}" for g in states) + f"); "
+                      f"{sum(g['captured'] for g in states)} captured in "
+                      f"{sum(g['capture_s'] or 0 for g in states):.1f} s", flush=True)
             client_warm = run_load(self.server.url, stream, max(args.concurrency),
                                    args.client_warmup_s)
             self.result["client_warmup"] = {"ok": client_warm.ok,
@@ -621,13 +631,16 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 90.0,
         max_batch: int = 32, requests: int = 20000, server_args: tuple = (),
         prompt_max: int = 2048, min_tokens: int | None = None,
-        json_name: str = "gpu_server.json", per_client: int = 8, windows: int = 2) -> dict:
+        json_name: str = "gpu_server.json", per_client: int = 8, windows: int = 2,
+        adaptive_graphs: bool = False) -> dict:
     """Every mode on one request stream; writes ``json_name``; returns the payload.
     Each load serves the stream's first ``per_client`` x clients requests (8: 8 batches
     at 8 clients) and is cut at ``duration_s`` (a cut load says so: ok < requests).
     ``server_args``: more server arguments for every mode (``--prune 2:4``); ``prompt_max``
     and ``min_tokens``: the stream's longest prompt and fewest new tokens (None: every
-    request ``max_tokens``)."""
+    request ``max_tokens``). ``adaptive_graphs``: the adaptive and static modes' servers
+    decode over static caches in CUDA graphs (``--decode-graphs on``; a dry run's
+    ``eager``)."""
     if per_client < 1:
         raise ValueError(f"per_client must be at least 1, got {per_client}")
     if not 1 <= windows <= per_client:
@@ -646,7 +659,8 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         warmup_limit_s=min(warmup_limit_s, 1.0) if dry else warmup_limit_s,
         max_batch=4 if dry else max_batch,
         start_timeout_s=start_timeout_s(warmup_limit_s), in_process=dry,
-        server_args=tuple(server_args))
+        server_args=tuple(server_args),
+        graphs=("eager" if dry else "on") if adaptive_graphs else None)
     prompt_max = 64 if dry else prompt_max
     min_tokens = None if dry or min_tokens is None else min_tokens
     stream = make_stream(requests, seed=0, rate=0.0, prompt_median=16 if dry else 128,

@@ -25,6 +25,7 @@ torch and transformers are imported when a function here is first called (the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
@@ -316,6 +317,42 @@ def forget_held() -> None:
         _exact.clear()
         _level, _turn = 0, itertools.count(1)
         _generation += 1            # every layer's memo of a held plan is let go too
+
+
+NEVER = 1 << 40   # a routing period no call count reaches (frozen)
+
+
+@contextlib.contextmanager
+def frozen(model):
+    """While open, a patched ``model``'s calls take the plans they hold and nothing else:
+    no warm call is routed through the dispatcher, the live dispatchers sample no call,
+    and its decode-steps hooks are paused. What capturing a forward in a CUDA graph needs:
+    its Python runs once and every kernel it launches is recorded, so a routed call's
+    events and synchronisations would break the capture, and a choice made at capture is
+    the one every replay runs. A call with no held plan still goes to the dispatcher (a
+    miss: run the forward's shapes eagerly first, until nothing explores). Routing and
+    sampling are process-wide (the default dispatchers' and those on the shared
+    registry): other threads' calls are not routed or sampled meanwhile either."""
+    from adaptive.integrations import direct, linear, norm
+    from adaptive.runtime import default_dispatchers, live_dispatchers
+    global HOLD_EVERY
+    hooks = [hook for hook, _ in model.__dict__.get(_DECODE_STEPS, ()) if hook.active]
+    routing = (linear.HOLD_EVERY, HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY)
+    sampling = [(d, d.sample_every)
+                for d in dict.fromkeys(default_dispatchers() + live_dispatchers())]
+    for hook in hooks:
+        hook.pause()
+    linear.HOLD_EVERY = HOLD_EVERY = norm.HOLD_EVERY = direct.ROUTE_EVERY = NEVER
+    for d, _ in sampling:
+        d.sample_every = 0
+    try:
+        yield model
+    finally:
+        for d, every in sampling:
+            d.sample_every = every
+        linear.HOLD_EVERY, HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY = routing
+        for hook in hooks:
+            hook.resume()
 
 
 def _layer(module) -> str:

@@ -354,6 +354,9 @@ class App:
                              "prefill_profiles": (list(self.engine.model.prefill_profiles)
                                                   if isinstance(self.engine.model, CausalLM)
                                                   else []),
+                             "decode_graphs": (self.engine.model.static_states()
+                                               if isinstance(self.engine.model, CausalLM)
+                                               else None),
                              **self.info})
 
     async def prometheus(self, request):
@@ -590,8 +593,13 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
     t0 = time.perf_counter()
     model = build_llama(args.preset, args.mode, device, args.dtype, seed=args.seed,
                         prune=args.prune)
+    if args.decode_graphs != "off" and args.mode not in ("adaptive", "static"):
+        raise SystemExit(f"--decode-graphs {args.decode_graphs} is adaptive's (modes adaptive "
+                         f"and static); --mode {args.mode} serves the plain model as it is")
     lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to,
-                  buckets=args.shape_buckets == "pow2")
+                  buckets=args.shape_buckets == "pow2",
+                  graphs={"off": False, "on": True, "eager": "eager"}[args.decode_graphs],
+                  max_new_tokens=args.max_tokens_limit)
     lm.profile_prefill = set(args.profile_prefill)
     info = {"device": device, "dtype": str(next(model.parameters()).dtype),
             "preset": args.preset, "prune": args.prune,
@@ -700,6 +708,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pow2: prompts padded to a power-of-two width (at least --pad-to) "
                    "and batches to a power-of-two rows, so the warm-up meets every shape "
                    "the load will; none: widths a multiple of --pad-to, batches as queued")
+    p.add_argument("--decode-graphs", choices=("off", "on", "eager"), default="off",
+                   help="adaptive and static modes: decode steps over a static key/value "
+                   "cache, one step captured in a CUDA graph per rows and cache length at "
+                   "its first use (the warm-up's) and replayed (on: CUDA only; eager: the "
+                   "same steps uncaptured, a CPU dry run)")
     p.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond this get 503")
     p.add_argument("--batch-wait-ms", type=float, default=10.0,

@@ -1018,6 +1018,44 @@ def test_routing_sends_each_direct_layer_through_the_dispatcher_in_turn(library,
     assert len(layers) == 20 and set(routed) == layers, (len(routed), len(layers))
 
 
+def test_frozen_serves_held_plans_only_and_puts_everything_back(library):
+    """``frozen(model)`` (what a CUDA graph capture needs): while open, a patched model's
+    forward over held shapes sends no call through the dispatcher however many it makes
+    (no routed turn, no sampled call), its decode-steps hook is paused (every layer its
+    own forward), and the output is the plain model's; on exit the routing periods, the
+    dispatcher's sampling and the hook are as before, and routing resumes."""
+    from adaptive.integrations import direct, linear, norm
+    plain, patched = _tiny_pair()
+    ids = torch.randint(1, 256, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for _ in range(3):      # every shape of a forward of these ids decided and held
+            patched(input_ids=ids)
+        want = plain(input_ids=ids).logits
+    hook, _ = patched.__dict__[at._DECODE_STEPS][0]
+    before = (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY,
+              library.sample_every, hook.active)
+    assert library.sample_every > 0 and hook.active
+    counted = _Counted(library)
+    with at.frozen(patched), torch.no_grad():
+        assert not hook.active and library.sample_every == 0
+        for _ in range(3 * HOLD_EVERY):     # calls enough for several routed turns each
+            got = patched(input_ids=ids).logits
+    assert counted.calls == 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY,
+            library.sample_every, hook.active) == before
+    with torch.no_grad():
+        for _ in range(2 * HOLD_EVERY):
+            patched(input_ids=ids)
+    assert counted.calls > 0                # routed turns again
+    # an exception inside still puts everything back
+    with pytest.raises(RuntimeError, match="inside"):
+        with at.frozen(patched):
+            raise RuntimeError("inside")
+    assert (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY,
+            library.sample_every, hook.active) == before
+
+
 def test_unpatch_takes_the_decode_steps_hook_away(library):
     _, patched = _tiny_pair()
     ids = torch.randint(1, 256, (1, 5))

@@ -1310,3 +1310,33 @@ def test_shape_buckets_pad_width_and_rows_to_powers_of_two_and_emit_real_rows_on
     assert shapes[0] == (4, 128) and all(s == (4, 1) for s in shapes[1:])
     assert got == {i: greedy_reference(reference_model, p, n)
                    for i, (p, n) in enumerate(zip(prompts, [3, 2, 3]))}
+
+
+@pytest.mark.parametrize("mode", ["torch", "adaptive"])
+def test_static_decode_gives_the_reference_tokens_batch_after_batch(reference_model, mode):
+    """graphs='eager': decode steps over a static cache (the state a CUDA graph replays:
+    every step's inputs in buffers, the keys and values written at the cache's own count,
+    the mask marking each new position) give the float64 reference's greedy tokens, for
+    padded rows of different prompt lengths, in a plain and an adaptive-patched model;
+    a second batch of the same rows and cache length reuses the state (an earlier batch's
+    keys left past the new prompts are masked out), a wider one gets its own."""
+    import torch
+    from engine import CausalLM
+    model = build_llama("tiny", mode, "cpu", "float32")
+    model.load_state_dict(reference_model.state_dict())
+    lm = CausalLM(model, "tiny", pad_to=64, buckets=True, graphs="eager")
+    batches = [([[5, 9, 13], [7] * 70, [1, 2, 3, 4, 5, 6]], [6, 4, 6]),
+               ([[3] * 90, [11, 12]], [5, 5]),
+               ([[2, 4] * 40, [9] * 100, [8], [6, 6, 6]], [6, 3, 5, 6])]
+    for prompts, new in batches:
+        got = {i: [] for i in range(len(prompts))}
+        with torch.inference_mode():
+            lm.generate(prompts, new, lambda row, token: got[row].append(token) or True)
+        assert got == {i: greedy_reference(reference_model, p, n)
+                       for i, (p, n) in enumerate(zip(prompts, new))}, (mode, prompts)
+    # rows 4 and 2 at width 128 (+ 6 new tokens: a cache of 256), then rows 4 again
+    assert sorted(lm._static) == [(2, 256), (4, 256)]
+    with pytest.raises(ValueError, match="graphs must be False, True or 'eager'"):
+        CausalLM(model, "tiny", graphs="yes")
+    with pytest.raises(ValueError, match="must be on a CUDA device"):
+        CausalLM(model, "tiny", graphs=True)
