@@ -625,13 +625,14 @@ def prepare(lm, args: argparse.Namespace, progress=None) -> dict:
         reach = min(args.warmup_new_tokens, args.max_tokens_limit)
 
         def steps(n: int) -> int:   # a KV-cache decode's classes (the block re-runs whole;
-            if not isinstance(lm, CausalLM) or args.mode not in ("adaptive", "static"):
+            if not isinstance(lm, CausalLM) or args.mode not in ("adaptive", "static") \
+                    or lm.graphs:   # (static caches: one attention class a rows and length)
                 return new          # plain torch has none: S25's torch warm-up took 96 s)
             width = lm.width(n, new)
             return decode_steps(width, max(new, min(reach, lm.max_context - width)), new)
         batches = [(b, n, steps(n)) for n in sorted(set(lengths)) for b in sorted(sizes)]
         import adaptive
-        if isinstance(lm, CausalLM) and adaptive_attention(lm):
+        if isinstance(lm, CausalLM) and adaptive_attention(lm) and not lm.graphs:
             # decode classes past the warm-up's reach, decided now (run S29: explored at
             # 608-861 cached keys under load); then the warm-up, whose end settles them
             info["attention_sweep"] = sweep_decode_attention(

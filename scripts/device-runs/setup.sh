@@ -47,13 +47,14 @@ selection() {
 # benchmarks/gpu_headline.py for CASE with the comma-separated MODES ("all": the case's
 # own), its log to $OUT/headline_CASE.log (2:4 as 24), the batches, prefill profiles and
 # verdicts printed (from run S81 on; from S85 on, a slow prefill's stacks and the profiled
-# prefill's host-time ops and stacks): headline TIMEOUT CASE MODES
+# prefill's host-time ops and stacks): headline TIMEOUT CASE MODES [ARGS] (ARGS: more of
+# gpu_headline.py's options, e.g. --adaptive-graphs)
 headline() {
   local t0=$SECONDS log="$OUT/headline_${2/:/}.log" modes=()
   [ "$3" = all ] || modes=(--modes "$3")
-  timeout "$1" python3 benchmarks/gpu_headline.py --case "$2" "${modes[@]}" --out "$OUT" > "$log" 2>&1
+  timeout "$1" python3 benchmarks/gpu_headline.py --case "$2" "${modes[@]}" "${@:4}" --out "$OUT" > "$log" 2>&1
   echo "headline $2 rc=$? $((SECONDS-t0)) s"
-  grep -E "serving after|pooled| misses: |    batch [0-9]+:|prefill stack:|profile: prefill: (batch|host|stack)" "$log" | cut -c1-300
+  grep -E "serving after|decode steps (capture|eager)|pooled| misses: |    batch [0-9]+:|prefill stack:|profile: prefill: (batch|host|stack)" "$log" | cut -c1-300
   tail -10 "$log" | cut -c1-300
 }
 
