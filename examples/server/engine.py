@@ -637,13 +637,21 @@ class StaticDecode:
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             frozen = patched.frozen(self.lm.model) if patched else contextlib.nullcontext()
-            with frozen:
-                self._start_over()
-                # thread-local: another thread's CUDA calls meanwhile (an event harvest,
-                # a sampler) are not this capture's
-                with torch.cuda.graph(graph, pool=pool, stream=stream,
-                                      capture_error_mode="thread_local"):
-                    self._step()
+            try:
+                with frozen:
+                    self._start_over()
+                    # thread-local: another thread's CUDA calls meanwhile (an event
+                    # harvest, a sampler) are not this capture's
+                    with torch.cuda.graph(graph, pool=pool, stream=stream,
+                                          capture_error_mode="thread_local"):
+                        self._step()
+            except Exception as exc:
+                exploring = pending_keys() if patched else 0
+                raise RuntimeError(
+                    f"capturing a decode step of {self.rows} rows over a static cache of "
+                    f"{self.length} failed ({type(exc).__name__}: {exc}); a call that is "
+                    f"not a held plan's cannot be captured ({exploring} key(s) still "
+                    "exploring after the warm steps)") from exc
             self.graph = graph
         self.capture_s = round(time.perf_counter() - t0, 3)
 
