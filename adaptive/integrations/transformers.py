@@ -329,8 +329,10 @@ def frozen(model):
     and its decode-steps hooks are paused. What capturing a forward in a CUDA graph needs:
     its Python runs once and every kernel it launches is recorded, so a routed call's
     events and synchronisations would break the capture, and a choice made at capture is
-    the one every replay runs. A call with no held plan still goes to the dispatcher (a
-    miss: run the forward's shapes eagerly first, until nothing explores). Routing and
+    the one every replay runs. Event timings already finished are harvested on entry
+    (synchronise the device first for all of them). A call with no held plan still goes
+    to the dispatcher (a miss: run the forward's shapes eagerly first, until nothing
+    explores). Routing and
     sampling are process-wide (the default dispatchers' and those on the shared
     registry): other threads' calls are not routed or sampled meanwhile either."""
     from adaptive.integrations import direct, linear, norm
@@ -345,6 +347,7 @@ def frozen(model):
     linear.HOLD_EVERY = HOLD_EVERY = norm.HOLD_EVERY = direct.ROUTE_EVERY = NEVER
     for d, _ in sampling:
         d.sample_every = 0
+        d.harvest()   # finished event timings read now, not by a call inside the capture
     try:
         yield model
     finally:
