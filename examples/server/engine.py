@@ -577,6 +577,15 @@ class StaticDecode:
         self.tokens = torch.zeros((rows,), dtype=torch.long, device=dev)
         self.graph = None
         self.capture_s = None
+        # the cache's tensors made now, its position count among them on the device (a
+        # layer makes them at its first update otherwise, the count on the host until then)
+        config = lm.model.config.get_text_config(decoder=True)
+        heads = config.num_attention_heads
+        kv = torch.zeros((rows, getattr(config, "num_key_value_heads", None) or heads, 1,
+                          getattr(config, "head_dim", None) or config.hidden_size // heads),
+                         dtype=next(lm.model.parameters()).dtype, device=dev)
+        for layer in self.cache.layers:
+            layer.lazy_initialization(kv, kv)
 
     def load(self, prefill_cache, mask, positions, tokens) -> None:
         """A batch's prefill (its dynamic cache, 2-D mask and position ids, and the tokens
@@ -586,8 +595,6 @@ class StaticDecode:
             raise ValueError(f"a prefill of {width} positions leaves no room in a static "
                              f"cache of {self.length}")
         for static, layer in zip(self.cache.layers, prefill_cache.layers):
-            if not static.is_initialized:
-                static.lazy_initialization(layer.keys, layer.values)
             static.keys[:, :, :width].copy_(layer.keys)
             static.values[:, :, :width].copy_(layer.values)
             static.cumulative_length.fill_(width)
@@ -658,8 +665,7 @@ class StaticDecode:
     def _start_over(self) -> None:
         """A first step's state (a warm-up's or a capture's): the cache empty."""
         for layer in self.cache.layers:
-            if layer.is_initialized:
-                layer.cumulative_length.zero_()
+            layer.cumulative_length.zero_()
         self.mask.zero_()
         self.positions.zero_()
 
