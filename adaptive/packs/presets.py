@@ -72,7 +72,8 @@ DEFAULT = {
 
 def wide(seed: int = 2026) -> dict:
     """Seeded draws over what an LLM server runs: decode (1-16 tokens) and prefill
-    (long-tailed 17-4096) token counts against model widths 1024-14336, decode attention
+    (long-tailed 17-4096) token counts against model widths 1024-14336 (and a grid of
+    decode projections at common widths), decode attention
     (mostly one token a step; multi-head and grouped-query) over 64-32768 cached keys,
     multi-head prefill attention (causal and not) of 128-4096 tokens,
     softmax rows of 16-128k (and as a transformer makes them: attention scores and the
@@ -92,6 +93,14 @@ def wide(seed: int = 2026) -> dict:
                       "K": int(rng.choice(widths))},
              "dtype": str(rng.choice(["float16", "float16", "bfloat16", "float32"]))}
             for _ in range(36)]
+    # decode projections at common models' widths, 1, 2 and 8 tokens, not drawn (no RNG:
+    # the other ops' draws stay as they were): the draws met one token at two shapes only,
+    # and a miss at M=1 N=K=2048 explored tiles of 256 rows, committing cuBLAS at
+    # 1.17-1.27x the best tc_wide config (run S83)
+    gemm += [{"dims": {"M": m, "N": n, "K": k}, "dtype": "float16"}
+             for m in (1, 2, 8)
+             for n, k in ((2048, 2048), (4096, 4096), (5120, 5120), (8192, 8192),
+                          (2048, 8192), (4096, 14336), (14336, 4096))]
     softmax = [{"dims": {"R": int(min(65536, round(np.exp(rng.uniform(0, 10.5))))),
                          "C": int(round(np.exp(rng.uniform(np.log(16), np.log(131072)))))},
                 "dtype": str(rng.choice(["float16", "float16", "float32"]))}
