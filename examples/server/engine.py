@@ -372,7 +372,9 @@ class CausalLM:
         # the width's power of two past it, so a warm-up over widths and rows meets every
         # static state (None: the batch's own most)
         self.max_new_tokens = max_new_tokens
-        self._static: dict[tuple[int, int], StaticDecode] = {}   # (rows, cache length)
+        # (rows, cache length) -> its static decode state: bounded by the powers of two
+        # of rows (to the batch limit) and of lengths (to the context plus the token limit)
+        self._static: dict[tuple[int, int], StaticDecode] = {}
         self._graph_stream = self._graph_pool = None
         config = model.config
         self.vocab_size = config.vocab_size
