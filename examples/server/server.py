@@ -587,15 +587,15 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
         lm = BlockLM(model, shape)
         return lm, ByteTokenizer(shape.vocab), "block", {"device": device}
     device = resolve_device(args.device)
+    if args.decode_graphs == "on" and not device.startswith("cuda"):
+        raise SystemExit(f"--decode-graphs on captures CUDA graphs: it needs a CUDA device, "
+                         f"got {device} (--decode-graphs eager runs the same steps uncaptured)")
     if args.torch_threads:
         import torch
         torch.set_num_threads(args.torch_threads)   # process-wide: CPU ops' thread pool
     t0 = time.perf_counter()
     model = build_llama(args.preset, args.mode, device, args.dtype, seed=args.seed,
                         prune=args.prune)
-    if args.decode_graphs != "off" and args.mode not in ("adaptive", "static"):
-        raise SystemExit(f"--decode-graphs {args.decode_graphs} is adaptive's (modes adaptive "
-                         f"and static); --mode {args.mode} serves the plain model as it is")
     lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to,
                   buckets=args.shape_buckets == "pow2",
                   graphs={"off": False, "on": True, "eager": "eager"}[args.decode_graphs],
@@ -759,6 +759,10 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "warmup_limit_s"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.decode_graphs != "off" and (args.mode not in ("adaptive", "static")
+                                        or args.model != "llama"):
+        p.error(f"--decode-graphs {args.decode_graphs} is adaptive's, for the llama model "
+                f"(modes adaptive and static); got --mode {args.mode} --model {args.model}")
     if args.mode == "static":
         args.warmup = True
 

@@ -1340,3 +1340,25 @@ def test_static_decode_gives_the_reference_tokens_batch_after_batch(reference_mo
         CausalLM(model, "tiny", graphs="yes")
     with pytest.raises(ValueError, match="must be on a CUDA device"):
         CausalLM(model, "tiny", graphs=True)
+
+
+def test_decode_graphs_are_refused_where_they_cannot_serve(capsys):
+    """--decode-graphs is adaptive's and the llama model's: the plain modes and the block
+    model are refused at parsing, naming what was given; 'on' on the CPU is refused when
+    the model is built, naming the device and the uncaptured alternative."""
+    import argparse
+
+    import server
+    for argv, said in ((["--mode", "torch", "--decode-graphs", "eager"], "--mode torch"),
+                       (["--mode", "torch-nocudnn", "--decode-graphs", "on"],
+                        "--mode torch-nocudnn"),
+                       (["--model", "block", "--decode-graphs", "eager"], "--model block")):
+        with pytest.raises(SystemExit):
+            server.parse_args(argv)
+        err = capsys.readouterr().err
+        assert "--decode-graphs" in err and said in err, err
+    args = server.parse_args(["--mode", "adaptive", "--preset", "tiny", "--device", "cpu",
+                              "--decode-graphs", "on"])
+    assert isinstance(args, argparse.Namespace)
+    with pytest.raises(SystemExit, match="needs a CUDA device, got cpu.*--decode-graphs eager"):
+        server.build_model(args)
