@@ -253,6 +253,10 @@ class ModeRun:
                           f"{g['rows']}x{g['length']}" for g in states) + f"); "
                       f"{sum(g['captured'] for g in states)} captured in "
                       f"{sum(g['capture_s'] or 0 for g in states):.1f} s", flush=True)
+                for g in states:
+                    if g.get("capture_error"):
+                        print(f"  {mode}: capture FAILED for {g['rows']}x{g['length']}, its "
+                              f"steps uncaptured: {g['capture_error'][:400]}", flush=True)
             client_warm = run_load(self.server.url, stream, max(args.concurrency),
                                    args.client_warmup_s)
             self.result["client_warmup"] = {"ok": client_warm.ok,

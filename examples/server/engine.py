@@ -522,13 +522,14 @@ class CausalLM:
 
     def static_states(self) -> dict | None:
         """``graphs``' state (None without): the mode, and each static decode state's rows,
-        cache length, whether captured and the seconds its capture took (warm steps
-        included)."""
+        cache length, whether captured, the seconds its capture took (warm steps
+        included) and, where it failed, why (logged as an error; that state's steps run
+        uncaptured)."""
         if not self.graphs:
             return None
         return {"mode": "capture" if self.graphs is True else "eager",
                 "states": [{"rows": rows, "length": length, "captured": s.graph is not None,
-                            "capture_s": s.capture_s}
+                            "capture_s": s.capture_s, "capture_error": s.capture_error}
                            for (rows, length), s in sorted(self._static.items())]}
 
     def static_decode(self, rows: int, length: int) -> StaticDecode:
@@ -543,7 +544,11 @@ class CausalLM:
                 if self._graph_stream is None:
                     self._graph_stream = torch.cuda.Stream(device=self.device)
                     self._graph_pool = torch.cuda.graph_pool_handle()
-                static.capture(self._graph_stream, self._graph_pool)
+                try:
+                    static.capture(self._graph_stream, self._graph_pool)
+                except RuntimeError as exc:   # said loudly, kept in static_states(); the
+                    log.error("%s; its steps run uncaptured", exc)   # steps run eagerly
+                    static.capture_error = str(exc)
             self._static[(rows, length)] = static
         return static
 
@@ -579,6 +584,7 @@ class StaticDecode:
         self.tokens = torch.zeros((rows,), dtype=torch.long, device=dev)
         self.graph = None
         self.capture_s = None
+        self.capture_error = None   # why a capture failed (its steps then run eagerly)
         # the cache's tensors made now, its position count among them on the device (a
         # layer makes them at its first update otherwise, the count on the host until then)
         config = lm.model.config.get_text_config(decoder=True)

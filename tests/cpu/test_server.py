@@ -1362,3 +1362,33 @@ def test_decode_graphs_are_refused_where_they_cannot_serve(capsys):
     assert isinstance(args, argparse.Namespace)
     with pytest.raises(SystemExit, match="needs a CUDA device, got cpu.*--decode-graphs eager"):
         server.build_model(args)
+
+
+def test_a_failed_capture_is_said_and_its_steps_run_uncaptured(reference_model,
+                                                               monkeypatch, caplog):
+    """A decode step whose capture fails is logged as an error and kept in static_states()
+    with the reason; that state's steps run uncaptured and still give the reference's
+    greedy tokens (the CUDA calls stood in for: no device here)."""
+    import logging
+
+    import torch
+    import engine
+    model = build_llama("tiny", "adaptive", "cpu", "float32")
+    model.load_state_dict(reference_model.state_dict())
+    lm = engine.CausalLM(model, "tiny", pad_to=64, buckets=True, graphs="eager")
+    lm.graphs = True                                  # capture, as on a GPU
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    def refuse(self, stream, pool):
+        raise RuntimeError(f"capturing a decode step of {self.rows} rows failed (stand-in)")
+    monkeypatch.setattr(engine.StaticDecode, "capture", refuse)
+    prompts, new = [[5, 9, 13], [7] * 20], [5, 4]
+    got = {0: [], 1: []}
+    with caplog.at_level(logging.ERROR, logger="adaptive.example.engine"):
+        lm.generate(prompts, new, lambda row, token: got[row].append(token) or True)
+    assert got == {i: greedy_reference(reference_model, p, n)
+                   for i, (p, n) in enumerate(zip(prompts, new))}
+    [state] = lm.static_states()["states"]
+    assert state["captured"] is False and "2 rows failed (stand-in)" in state["capture_error"]
+    assert any("its steps run uncaptured" in r.getMessage() for r in caplog.records)
