@@ -5,7 +5,8 @@
 # stream also run whole three ways (wall time, issuing included: S83's table priced cuBLAS
 # from CuPy at 69 us a call against 8 us of device time); then generate() with library
 # kernels only again, without the ablation (S84: lockstep 0.985 and 0.989, p99 1.013 and
-# 1.018, bars met; its rounds swung 0.853-1.026)
+# 1.018, bars met; its rounds swung 0.853-1.026: two rounds here, its batch-16 rounds one
+# pass over 2 requests in S84)
 source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 90 python3 benchmarks/gpu_hostpath.py --out "$OUT" > "$OUT/hostpath.log" 2>&1
@@ -15,4 +16,4 @@ t0=$SECONDS
 timeout 120 python3 -m adaptive.cli bench mixed --backend cuda > "$OUT/bench_mixed.log" 2>&1
 echo "bench mixed rc=$? $((SECONDS-t0)) s"
 grep -E "^mixed |^all ops|wall ms|^[a-z]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$OUT/bench_mixed.log" | cut -c1-300
-generate 330 --no-ablation
+generate 340 --no-ablation --rounds 2
