@@ -320,6 +320,7 @@ def forget_held() -> None:
 
 
 NEVER = 1 << 40   # a routing period no call count reaches (frozen)
+_frozen_lock = threading.RLock()   # one frozen() at a time (nested in one thread: fine)
 
 
 @contextlib.contextmanager
@@ -332,30 +333,31 @@ def frozen(model):
     the one every replay runs. Event timings already finished are harvested on entry
     (synchronise the device first for all of them). A call with no held plan still goes
     to the dispatcher (a miss: run the forward's shapes eagerly first, until nothing
-    explores). Routing and
-    sampling are process-wide (the default dispatchers' and those on the shared
-    registry): other threads' calls are not routed or sampled meanwhile either."""
+    explores). Routing and sampling are process-wide (the default dispatchers' and those
+    on the shared registry): other threads' calls are not routed or sampled meanwhile
+    either, and another thread's ``frozen`` waits for this one to close."""
     from adaptive.integrations import direct, linear, norm
     from adaptive.runtime import default_dispatchers, live_dispatchers
     global HOLD_EVERY
-    hooks = [hook for hook, _ in model.__dict__.get(_DECODE_STEPS, ()) if hook.active]
-    routing = (linear.HOLD_EVERY, HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY)
-    sampling = [(d, d.sample_every)
-                for d in dict.fromkeys(default_dispatchers() + live_dispatchers())]
-    for hook in hooks:
-        hook.pause()
-    linear.HOLD_EVERY = HOLD_EVERY = norm.HOLD_EVERY = direct.ROUTE_EVERY = NEVER
-    for d, _ in sampling:
-        d.sample_every = 0
-        d.harvest()   # finished event timings read now, not by a call inside the capture
-    try:
-        yield model
-    finally:
-        for d, every in sampling:
-            d.sample_every = every
-        linear.HOLD_EVERY, HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY = routing
+    with _frozen_lock:
+        hooks = [hook for hook, _ in model.__dict__.get(_DECODE_STEPS, ()) if hook.active]
+        routing = (linear.HOLD_EVERY, HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY)
+        sampling = [(d, d.sample_every)
+                    for d in dict.fromkeys(default_dispatchers() + live_dispatchers())]
         for hook in hooks:
-            hook.resume()
+            hook.pause()
+        linear.HOLD_EVERY = HOLD_EVERY = norm.HOLD_EVERY = direct.ROUTE_EVERY = NEVER
+        for d, _ in sampling:
+            d.sample_every = 0
+            d.harvest()   # finished event timings read now, not by a call in the capture
+        try:
+            yield model
+        finally:
+            for d, every in sampling:
+                d.sample_every = every
+            linear.HOLD_EVERY, HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY = routing
+            for hook in hooks:
+                hook.resume()
 
 
 def _layer(module) -> str:

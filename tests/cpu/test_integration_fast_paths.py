@@ -1048,6 +1048,14 @@ def test_frozen_serves_held_plans_only_and_puts_everything_back(library):
         for _ in range(2 * HOLD_EVERY):
             patched(input_ids=ids)
     assert counted.calls > 0                # routed turns again
+    # nested in one thread: the inner one's exit leaves the outer one's state
+    with at.frozen(patched):
+        with at.frozen(patched):
+            assert library.sample_every == 0 and not hook.active
+        assert library.sample_every == 0 and linear.HOLD_EVERY == at.NEVER
+        assert not hook.active
+    assert (linear.HOLD_EVERY, at.HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY,
+            library.sample_every, hook.active) == before
     # an exception inside still puts everything back
     with pytest.raises(RuntimeError, match="inside"):
         with at.frozen(patched):
