@@ -350,10 +350,12 @@ class CausalLM:
     the powers of two meets every shape the load will (what servers that capture CUDA
     graphs per batch size do too).
 
-    With ``graphs``, decode steps run over a static key/value cache (:class:`StaticDecode`,
-    one per rows and cache length): ``True`` captures one step in a CUDA graph on first use
-    and replays it for every step (CUDA only), ``"eager"`` runs the same steps without
-    capturing (a CPU dry run of the same path).
+    With ``graphs`` (adaptive's modes), decode steps run over a static key/value cache
+    (``adaptive.integrations.static.StaticDecode``, one per rows and cache length):
+    ``True`` captures one step in a CUDA graph on first use and replays it for every step
+    (CUDA only), ``"eager"`` runs the same steps without capturing (a CPU dry run of the
+    same path). A failed capture is logged as an error, said in :meth:`static_states`,
+    and that state's steps run uncaptured.
     """
 
     def __init__(self, model, name: str, pad_to: int = 16, buckets: bool = False,
@@ -374,8 +376,9 @@ class CausalLM:
         self.max_new_tokens = max_new_tokens
         # (rows, cache length) -> its static decode state: bounded by the powers of two
         # of rows (to the batch limit) and of lengths (to the context plus the token limit)
-        self._static: dict[tuple[int, int], StaticDecode] = {}
+        self._static: dict = {}
         self._graph_stream = self._graph_pool = None
+        self._capture_errors: dict[tuple[int, int], str] = {}   # (rows, length) -> why
         config = model.config
         self.vocab_size = config.vocab_size
         self.max_context = config.max_position_embeddings
@@ -528,17 +531,20 @@ class CausalLM:
         if not self.graphs:
             return None
         return {"mode": "capture" if self.graphs is True else "eager",
-                "states": [{"rows": rows, "length": length, "captured": s.graph is not None,
-                            "capture_s": s.capture_s, "capture_error": s.capture_error}
+                "states": [{"rows": rows, "length": length, "captured": s.captured,
+                            "capture_s": s.capture_s,
+                            "capture_error": self._capture_errors.get((rows, length))}
                            for (rows, length), s in sorted(self._static.items())]}
 
-    def static_decode(self, rows: int, length: int) -> StaticDecode:
-        """The static decode state of ``rows`` rows and a cache of the power of two at
-        least ``length`` long (made, and with ``graphs=True`` captured, on first use)."""
+    def static_decode(self, rows: int, length: int):
+        """The static decode state (``adaptive.integrations.static.StaticDecode``) of
+        ``rows`` rows and a cache of the power of two at least ``length`` long (made, and
+        with ``graphs=True`` captured, on first use)."""
         length = 1 << (length - 1).bit_length()
         static = self._static.get((rows, length))
         if static is None:
-            static = StaticDecode(self, rows, length)
+            from adaptive.integrations.static import StaticDecode   # graphs: adaptive's
+            static = StaticDecode(self.model, rows, length)
             if self.graphs is True:
                 torch = self.torch
                 if self._graph_stream is None:
@@ -548,145 +554,9 @@ class CausalLM:
                     static.capture(self._graph_stream, self._graph_pool)
                 except RuntimeError as exc:   # said loudly, kept in static_states(); the
                     log.error("%s; its steps run uncaptured", exc)   # steps run eagerly
-                    static.capture_error = str(exc)
+                    self._capture_errors[(rows, length)] = str(exc)
             self._static[(rows, length)] = static
         return static
-
-
-GRAPH_WARM_STEPS = 64   # eager decode steps at most before a capture, until nothing explores
-
-
-class StaticDecode:
-    """Greedy decode steps of ``rows`` rows over a static key/value cache ``length`` long
-    (transformers' ``StaticCache``), every input of a step in a buffer of its own: the
-    token ids, the position ids, the attention mask (``[rows, 1, 1, length]``, True where
-    a row attends) and the picked tokens. A step marks the cache's next position in the
-    mask, advances the positions, runs the model (which writes the step's keys and values
-    at the cache's own device-side count) and picks the next tokens into the ids: nothing
-    of it reads the host, so one step can be captured in a CUDA graph and replayed for
-    every step of every batch of these rows (:meth:`capture`), its launches issued at
-    once where a decode step is otherwise host-bound (run S85: 10.7 ms a step against
-    3.3 ms of device time at 8 rows).
-
-    A batch's prefill runs as before (a dynamic cache); :meth:`load` copies its keys and
-    values in, with its mask, positions and first tokens. Keys past a row's prompt and
-    generated tokens are masked out, whatever an earlier batch left there."""
-
-    def __init__(self, lm: CausalLM, rows: int, length: int):
-        from transformers import StaticCache
-        torch = lm.torch
-        self.lm, self.rows, self.length = lm, rows, length
-        self.cache = StaticCache(config=lm.model.config, max_cache_len=length)
-        dev = lm.device
-        self.ids = torch.zeros((rows, 1), dtype=torch.long, device=dev)
-        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=dev)
-        self.mask = torch.zeros((rows, 1, 1, length), dtype=torch.bool, device=dev)
-        self.tokens = torch.zeros((rows,), dtype=torch.long, device=dev)
-        self.graph = None
-        self.capture_s = None
-        self.capture_error = None   # why a capture failed (its steps then run eagerly)
-        # the cache's tensors made now, its position count among them on the device (a
-        # layer makes them at its first update otherwise, the count on the host until then)
-        config = lm.model.config.get_text_config(decoder=True)
-        heads = config.num_attention_heads
-        kv = torch.zeros((rows, getattr(config, "num_key_value_heads", None) or heads, 1,
-                          getattr(config, "head_dim", None) or config.hidden_size // heads),
-                         dtype=next(lm.model.parameters()).dtype, device=dev)
-        for layer in self.cache.layers:
-            layer.lazy_initialization(kv, kv)
-
-    def load(self, prefill_cache, mask, positions, tokens) -> None:
-        """A batch's prefill (its dynamic cache, 2-D mask and position ids, and the tokens
-        its logits picked) made the state the next step starts from."""
-        width = mask.shape[1]
-        if width >= self.length:
-            raise ValueError(f"a prefill of {width} positions leaves no room in a static "
-                             f"cache of {self.length}")
-        for static, layer in zip(self.cache.layers, prefill_cache.layers):
-            static.keys[:, :, :width].copy_(layer.keys)
-            static.values[:, :, :width].copy_(layer.values)
-            static.cumulative_length.fill_(width)
-        self.mask.zero_()
-        self.mask[:, 0, 0, :width] = mask.bool()
-        self.positions.copy_(positions[:, -1:])
-        self.ids.copy_(tokens[:, None])
-
-    def _step(self) -> None:
-        at = self.cache.layers[0].cumulative_length.view(1)   # the position written next
-        self.mask.index_fill_(3, at, True)
-        self.positions.add_(1)
-        out = self.lm.model(input_ids=self.ids, attention_mask=self.mask,
-                            position_ids=self.positions, use_cache=True, logits_to_keep=1,
-                            **{self.lm._cache_kw: self.cache})
-        self.tokens.copy_(out.logits[:, -1].argmax(-1))
-        self.ids.copy_(self.tokens[:, None])
-
-    def step(self):
-        """One decode step (replayed where captured); the tokens it picked (a buffer)."""
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self._step()
-        return self.tokens
-
-    def capture(self, stream, pool) -> None:
-        """Capture one step in a CUDA graph: eager steps first on ``stream`` (every
-        shape's plan decided and held, at most :data:`GRAPH_WARM_STEPS` until no key
-        explores; the stream's own workspaces made), then one step recorded with adaptive's
-        layers frozen (``adaptive.integrations.transformers.frozen``: held plans only, no
-        routed or sampled call). The state the steps leave is garbage: :meth:`load` sets
-        it before a batch's first step."""
-        torch = self.lm.torch
-        patched = _patched(self.lm.model)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            self.ids.zero_()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for i in range(GRAPH_WARM_STEPS):
-                    self._start_over()
-                    self._step()
-                    if i >= 2 and (patched is None or not pending_keys()):
-                        break
-            torch.cuda.current_stream().wait_stream(stream)
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            frozen = patched.frozen(self.lm.model) if patched else contextlib.nullcontext()
-            try:
-                with frozen:
-                    self._start_over()
-                    # thread-local: another thread's CUDA calls meanwhile (an event
-                    # harvest, a sampler) are not this capture's
-                    with torch.cuda.graph(graph, pool=pool, stream=stream,
-                                          capture_error_mode="thread_local"):
-                        self._step()
-            except Exception as exc:
-                exploring = pending_keys() if patched else 0
-                raise RuntimeError(
-                    f"capturing a decode step of {self.rows} rows over a static cache of "
-                    f"{self.length} failed ({type(exc).__name__}: {exc}); a call that is "
-                    f"not a held plan's cannot be captured ({exploring} key(s) still "
-                    "exploring after the warm steps)") from exc
-            self.graph = graph
-        self.capture_s = round(time.perf_counter() - t0, 3)
-
-    def _start_over(self) -> None:
-        """A first step's state (a warm-up's or a capture's): the cache empty."""
-        for layer in self.cache.layers:
-            layer.cumulative_length.zero_()
-        self.mask.zero_()
-        self.positions.zero_()
-
-
-def _patched(model):
-    """adaptive's transformers integration where ``model`` is patched by it, else None (the
-    plain modes never import adaptive)."""
-    import sys
-    integration = sys.modules.get("adaptive.integrations.transformers")
-    if integration is None or not any(type(m).__module__.startswith("adaptive.")
-                                      for m in model.modules()):
-        return None
-    return integration
 
 
 class BlockLM:

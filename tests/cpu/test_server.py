@@ -1382,7 +1382,8 @@ def test_a_failed_capture_is_said_and_its_steps_run_uncaptured(reference_model,
 
     def refuse(self, stream, pool):
         raise RuntimeError(f"capturing a decode step of {self.rows} rows failed (stand-in)")
-    monkeypatch.setattr(engine.StaticDecode, "capture", refuse)
+    from adaptive.integrations.static import StaticDecode
+    monkeypatch.setattr(StaticDecode, "capture", refuse)
     prompts, new = [[5, 9, 13], [7] * 20], [5, 4]
     got = {0: [], 1: []}
     with caplog.at_level(logging.ERROR, logger="adaptive.example.engine"):

@@ -1,0 +1,80 @@
+"""``adaptive.integrations.static.StaticDecode`` on the CPU (uncaptured: the same steps a
+CUDA graph replays): greedy tokens equal transformers' own ``generate()`` for padded
+rows, in a plain and an adaptive-patched model, batch after batch on one state; bad
+inputs are refused naming what was expected."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from adaptive.integrations import transformers as at  # noqa: E402
+from adaptive.integrations.static import StaticDecode, exploring_keys  # noqa: E402
+
+
+def _model(patched: bool):
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                         max_position_embeddings=512, pad_token_id=0, eos_token_id=None,
+                         bos_token_id=None, attn_implementation="sdpa")
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(config).eval()
+    return at.patch(model) if patched else model
+
+
+def _batch(lengths, seed):
+    """Left-padded prompts of these lengths: ids, mask, position ids."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, width - n:] = torch.randint(1, 256, (n,), generator=gen)
+        mask[i, width - n:] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _static_tokens(model, decode, ids, mask, positions, n):
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                    use_cache=True, logits_to_keep=1, **{decode._cache_kw: cache})
+        tokens = out.logits[:, -1].argmax(-1)
+        decode.load(cache, mask, positions, tokens)
+        steps = [tokens.clone()] + [decode.step().clone() for _ in range(n - 1)]
+    return torch.stack(steps, dim=1)
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["plain", "patched"])
+def test_static_steps_give_generates_greedy_tokens_batch_after_batch(patched):
+    model = _model(patched)
+    decode = StaticDecode(model, rows=3, length=64)
+    for lengths, seed, n in (((9, 4, 13), 1, 12), ((20, 20, 2), 2, 9), ((5, 17, 11), 3, 14)):
+        ids, mask, positions = _batch(lengths, seed)
+        with torch.no_grad():
+            want = model.generate(ids, attention_mask=mask, max_new_tokens=n,
+                                  min_new_tokens=n, do_sample=False,
+                                  pad_token_id=0)[:, ids.shape[1]:]
+        got = _static_tokens(model, decode, ids, mask, positions, n)
+        assert torch.equal(got, want), (lengths, got, want)
+    assert not decode.captured and exploring_keys() >= 0
+
+
+def test_bad_inputs_are_refused_naming_what_was_expected():
+    model = _model(False)
+    with pytest.raises(ValueError, match="rows >= 1 and length >= 2, got rows=0"):
+        StaticDecode(model, rows=0, length=16)
+    decode = StaticDecode(model, rows=2, length=16)
+    ids, mask, positions = _batch((16, 3), 4)           # no room for a new token
+    with pytest.raises(ValueError, match="2 rows and 16 positions does not fit a static "
+                                         "decode of 2 rows and 16 positions"):
+        decode.load(DynamicCache(config=model.config), mask, positions, ids[:, -1])
+    ids, mask, positions = _batch((5, 3, 2), 4)         # three rows for two
+    with pytest.raises(ValueError, match="3 rows and 5 positions does not fit"):
+        decode.load(DynamicCache(config=model.config), mask, positions, ids[:, -1])
+    with pytest.raises(ValueError, match="records CUDA graphs: the model is on cpu"):
+        decode.capture()
