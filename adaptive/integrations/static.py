@@ -24,7 +24,6 @@ transformers when a :class:`StaticDecode` is made.
 
 from __future__ import annotations
 
-import inspect
 import time
 
 WARM_STEPS = 64   # eager steps at most before a capture, until no key explores
@@ -49,17 +48,19 @@ class StaticDecode:
         rows: the batch's rows (a server's padded batch size).
         length: the cache's positions: at least a batch's prompt width plus its new
             tokens.
+        cache_kw: the model's ``forward`` keyword for its cache: ``"past_key_values"``
+            (transformers 5.x; later releases call it ``"cache"`` and keep the old name as
+            a deprecated alias).
     """
 
-    def __init__(self, model, rows: int, length: int):
+    def __init__(self, model, rows: int, length: int, cache_kw: str = "past_key_values"):
         import torch
         from transformers import StaticCache
         if rows < 1 or length < 2:
             raise ValueError(f"StaticDecode needs rows >= 1 and length >= 2, got rows={rows}, "
                              f"length={length}")
         self.torch, self.model, self.rows, self.length = torch, model, rows, length
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_kw = cache_kw
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         first = next(model.parameters())
         dev = first.device
@@ -168,7 +169,7 @@ class StaticDecode:
         self.positions.add_(1)
         out = self.model(input_ids=self.ids, attention_mask=self.mask,
                          position_ids=self.positions, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kw: self.cache})
+                         **{self.cache_kw: self.cache})
         self.tokens.copy_(out.logits[:, -1].argmax(-1))
         self.ids.copy_(self.tokens[:, None])
 

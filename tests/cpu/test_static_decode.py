@@ -5,6 +5,8 @@ inputs are refused naming what was expected."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -42,7 +44,7 @@ def _static_tokens(model, decode, ids, mask, positions, n):
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                    use_cache=True, logits_to_keep=1, **{decode._cache_kw: cache})
+                    use_cache=True, logits_to_keep=1, **{decode.cache_kw: cache})
         tokens = out.logits[:, -1].argmax(-1)
         decode.load(cache, mask, positions, tokens)
         steps = [tokens.clone()] + [decode.step().clone() for _ in range(n - 1)]
@@ -52,7 +54,10 @@ def _static_tokens(model, decode, ids, mask, positions, n):
 @pytest.mark.parametrize("patched", [False, True], ids=["plain", "patched"])
 def test_static_steps_give_generates_greedy_tokens_batch_after_batch(patched):
     model = _model(patched)
-    decode = StaticDecode(model, rows=3, length=64)
+    # the cache's keyword as this transformers calls it (a later release renamed it)
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    decode = StaticDecode(model, rows=3, length=64, cache_kw=kw)
     for lengths, seed, n in (((9, 4, 13), 1, 12), ((20, 20, 2), 2, 9), ((5, 17, 11), 3, 14)):
         ids, mask, positions = _batch(lengths, seed)
         with torch.no_grad():
