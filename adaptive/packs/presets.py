@@ -73,7 +73,8 @@ DEFAULT = {
 def wide(seed: int = 2026) -> dict:
     """Seeded draws over what an LLM server runs: decode (1-16 tokens) and prefill
     (long-tailed 17-4096) token counts against model widths 1024-14336 (and a grid of
-    decode projections at common widths), decode attention
+    decode projections at common widths, and float32 projections and pruned weights),
+    decode attention
     (mostly one token a step; multi-head and grouped-query) over 64-32768 cached keys,
     multi-head prefill attention (causal and not) of 128-4096 tokens,
     softmax rows of 16-128k (and as a transformer makes them: attention scores and the
@@ -178,6 +179,15 @@ def wide(seed: int = 2026) -> dict:
             c = int(round(np.exp(rows.uniform(np.log(128), np.log(8192)))))
         softmax.append({"dims": {"R": r, "C": c},
                         "dtype": str(rows.choice(["float16", "float16", "float32"]))})
+    # float32 projections and pruned weights, not drawn (every draw above is half
+    # precision): the shipped pack of run S79 had no float32 spmm row and 168 float32 gemm
+    # rows, and the main job's float32 stream (adaptive bench mixed, run S83) had its spmm
+    # choices at 1.555x the oracle (a csr_rowsplit config never explored)
+    gemm += _gemm("float32", [(1, 2048, 2048), (4, 1024, 4096), (32, 512, 512),
+                              (256, 1024, 256), (1024, 128, 1024), (3000, 3000, 64)])
+    spmm += _spmm("float32", [(4096, 64, 4096, 0.5, 0), (4096, 64, 4096, 0.05, 32),
+                              (4096, 8, 4096, 0.005, 0), (1024, 256, 1024, 0.1, 0),
+                              (1024, 16, 1024, 0.02, 16), (2048, 512, 2048, 0.002, 0)])
     return {"gemm": gemm, "softmax": softmax, "attention": attention, "spmm": spmm,
             "rmsnorm": rmsnorm}
 
