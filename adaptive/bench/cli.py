@@ -87,7 +87,7 @@ def _to_backend(args, backend_name: str):
 
 def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats: int = 5,
               calls_per_input: int = 40, ops: list[str] | None = None, progress=print,
-              walls_too: bool = True):
+              walls_too: bool | None = None):
     """Time the workload; return one :class:`OpReport` per op. ``calls_per_input``: each
     input's calls in the stream (40: enough for the learned policy to time each of the 8
     candidates it explores at most 3 times after a warm-up turn, as on a GPU timed by
@@ -95,12 +95,16 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
     rmsnorm inputs exploring, priced at the baseline they fall back on, 7.3x the oracle;
     a key still exploring at the end is priced at the candidate it falls back on and
     counted in the report). ``walls_too``: the stream also run whole, pinned and through
-    ``launch`` (:func:`_stream_walls`)."""
+    ``launch`` (:func:`_stream_walls`; None: on a device only, where the table's rounds of
+    calls from a drained device price a call's issuing as the stream may not pay it; the
+    host's table times each call whole, and its walls would take minutes)."""
     from adaptive.dispatch import Dispatcher
     rng = np.random.default_rng(seed)
     streams = _QUICK if quick else _FULL
     table_d = Dispatcher(backend)
     sync = table_d.backend.synchronize
+    if walls_too is None:
+        walls_too = table_d.backend.name != "host"
     reports = []
     for op_name in ops or list(streams):
         op = OPS[op_name]
