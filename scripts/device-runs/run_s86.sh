@@ -6,6 +6,6 @@
 source "$(dirname "$0")/setup.sh"
 nvrtc_check 60
 t0=$SECONDS
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_integration_fast_paths_cuda.py > "$OUT/fastpath_tests.log" 2>&1
+timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_integration_fast_paths_cuda.py > "$OUT/fastpath_tests.log" 2>&1
 echo "fast-path GPU tests rc=$? $((SECONDS-t0)) s"; tail -3 "$OUT/fastpath_tests.log"
-headline 470 2:4 torch-nocudnn,adaptive
+headline 440 2:4 torch-nocudnn,adaptive

@@ -8,6 +8,6 @@
 source "$(dirname "$0")/setup.sh"
 nvrtc_check 60
 t0=$SECONDS
-timeout 150 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_engine_graphs_cuda.py > "$OUT/graphs_test.log" 2>&1
+timeout 110 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_engine_graphs_cuda.py > "$OUT/graphs_test.log" 2>&1
 echo "graphs test rc=$? $((SECONDS-t0)) s"; grep -E "decode step|passed|failed|Error" "$OUT/graphs_test.log" | tail -6 | cut -c1-300
 headline 420 2:4 torch-nocudnn,adaptive --adaptive-graphs
