@@ -31,7 +31,8 @@ from adaptive.variants import Registry, reset_shared_registry, shared_registry
 log = logging.getLogger("adaptive")
 
 __all__ = ["add_observations", "default_dispatcher", "launch", "live_dispatchers",
-           "reset_defaults", "set_default", "shared_registry", "start", "default_dispatchers"]
+           "reset_defaults", "set_default", "shared_registry", "start",
+           "process_dispatchers"]
 
 _defaults: dict[str, Dispatcher] = {}
 # hot-path routing of module-level launch: array type -> getter(array) -> Dispatcher | None
@@ -117,11 +118,13 @@ def default_dispatcher(args=(), device: str | None = None) -> Dispatcher:
     return d
 
 
-def default_dispatchers() -> list[Dispatcher]:
-    """The process's default dispatchers made so far, one per device (what ``launch`` and
-    the integrations use)."""
+def process_dispatchers() -> list[Dispatcher]:
+    """Every dispatcher of the process a caller may reach: the default ones made so far,
+    one per device (what ``launch`` and the integrations use), and those alive on the
+    shared registry; each once."""
     with _lock:
-        return list(dict.fromkeys(_defaults.values()))
+        defaults = list(_defaults.values())
+    return list(dict.fromkeys(defaults + live_dispatchers()))
 
 
 def set_default(dispatcher: Dispatcher, like) -> None:

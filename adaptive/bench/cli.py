@@ -120,9 +120,11 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         # host is slower), not one call's latency to a synchronise
         batch = 1 if table_d.backend.name == "host" else BATCH
         table: list[dict[str, float]] = []
+        listed: list[dict] = []   # per input, its candidates by label
         for i, args in enumerate(inputs):
             doing(f"mixed: timing every candidate of {op_name} input {i + 1}/{len(inputs)}")
             cands = table_d.candidates(op_name, *args)
+            listed.append({c.label: c for c in cands})
             runs = [_batch_of(table_d, op_name, args, c, batch) for c in cands]
             row = {}
             for cand, m in zip(cands, measure_each(runs, warmup=2, reps=repeats, sync=sync)):
@@ -148,8 +150,8 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         adaptive_ms = (time.perf_counter_ns() - t0) / 1e6
         chosen = [live.decision(op_name, *args) for args in inputs]
         steady = sum(table[i][chosen[i].candidate.label] for i in order)
-        walls = _stream_walls(table_d, live, op_name, inputs, order, table, best_label,
-                              sync, rounds=repeats) if walls_too else None
+        walls = _stream_walls(table_d, live, op_name, inputs, order, table, listed,
+                              best_label, sync, rounds=repeats) if walls_too else None
         choices: dict[str, int] = {}
         for d in chosen:
             choices[d.candidate.label] = choices.get(d.candidate.label, 0) + 1
@@ -162,8 +164,8 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
     return reports
 
 
-def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, best_label,
-                  sync, rounds: int) -> dict:
+def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, listed,
+                  best_label, sync, rounds: int) -> dict:
     """The stream's calls in its order, run whole three ways, interleaved round by round
     (:func:`measure_each`, after a warm-up round): ``oracle`` (each input pinned to the
     table's best for it), ``fixed`` (the best fixed candidate pinned) and ``adaptive``
@@ -171,12 +173,10 @@ def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, 
     the caller, issuing included, where the table prices each input's candidates alone
     from a drained device (S83: cuBLAS from CuPy priced at 69 µs a call against 8 µs of
     device time). The pinned ways go through ``launch(..., variant=, config=)``, about
-    1.5 µs a call above a warm ``launch`` on the host backend."""
+    1.5 µs a call above a warm ``launch`` on the host backend. ``listed``: each input's
+    candidates by label, as the table timed them."""
     def pinned(labels):
-        cands = []
-        for i, args in enumerate(inputs):
-            by = {c.label: c for c in table_d.candidates(op_name, *args)}
-            cands.append(by[labels[i]])
+        cands = [by[label] for by, label in zip(listed, labels)]
 
         def run():
             for i in order:

@@ -184,7 +184,5 @@ class StaticDecode:
 def exploring_keys() -> int:
     """How many keys the process's dispatchers (the default ones and those on the shared
     registry) still serve with an exploring plan."""
-    from adaptive.runtime import default_dispatchers, live_dispatchers
-    return sum(plan.provisional
-               for d in dict.fromkeys(default_dispatchers() + live_dispatchers())
-               for plan in d.plans().values())
+    from adaptive.runtime import process_dispatchers
+    return sum(plan.provisional for d in process_dispatchers() for plan in d.plans().values())

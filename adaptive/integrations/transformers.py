@@ -337,13 +337,12 @@ def frozen(model):
     on the shared registry): other threads' calls are not routed or sampled meanwhile
     either, and another thread's ``frozen`` waits for this one to close."""
     from adaptive.integrations import direct, linear, norm
-    from adaptive.runtime import default_dispatchers, live_dispatchers
+    from adaptive.runtime import process_dispatchers
     global HOLD_EVERY
     with _frozen_lock:
         hooks = [hook for hook, _ in model.__dict__.get(_DECODE_STEPS, ()) if hook.active]
         routing = (linear.HOLD_EVERY, HOLD_EVERY, norm.HOLD_EVERY, direct.ROUTE_EVERY)
-        sampling = [(d, d.sample_every)
-                    for d in dict.fromkeys(default_dispatchers() + live_dispatchers())]
+        sampling = [(d, d.sample_every) for d in process_dispatchers()]
         for hook in hooks:
             hook.pause()
         linear.HOLD_EVERY = HOLD_EVERY = norm.HOLD_EVERY = direct.ROUTE_EVERY = NEVER

@@ -522,7 +522,6 @@ class CausalLM:
                 else:
                     out = step_run()
 
-
     def static_states(self) -> dict | None:
         """``graphs``' state (None without): the mode, and each static decode state's rows,
         cache length, whether captured, the seconds its capture took (warm steps

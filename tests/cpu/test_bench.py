@@ -105,11 +105,11 @@ def test_the_stream_runs_whole_each_way_with_the_choices_it_names(monkeypatch):
     captured = {}
     real_walls = bench._stream_walls
 
-    def walls(table_d, live, op_name, inputs, order, table, best_label, sync, rounds):
+    def walls(table_d, live, op_name, inputs, order, table, listed, best_label, sync, rounds):
         monkeypatch.setattr(Dispatcher, "launch", spy)
         try:
-            out = real_walls(table_d, live, op_name, inputs, order, table, best_label, sync,
-                             rounds)
+            out = real_walls(table_d, live, op_name, inputs, order, table, listed,
+                             best_label, sync, rounds)
         finally:
             monkeypatch.setattr(Dispatcher, "launch", real_launch)
         captured.update(inputs=inputs, order=order, table=table, best=best_label,

@@ -12,36 +12,19 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
-from adaptive import runtime  # noqa: E402
-from adaptive.integrations import transformers as at  # noqa: E402
 from adaptive.integrations.static import StaticDecode, exploring_keys  # noqa: E402
-from benchmarks.cpu_patched_linear import library_dispatcher  # noqa: E402
+# the tiny Llama pair and torch's own calls as the CPU default dispatcher's candidates
+# (few to explore), as the integration's fast-path tests make them
+from test_integration_fast_paths import _tiny_pair, library  # noqa: E402, F401
 
-
-@pytest.fixture(autouse=True)
-def library():
-    """torch's own calls as the CPU default dispatcher's candidates (few to explore), the
-    previous one back after."""
-    torch.set_num_threads(1)
-    like = torch.empty(1)
-    before = runtime.default_dispatcher(device="cpu")
-    runtime.set_default(library_dispatcher(), like)
-    at.forget_held()
-    yield
-    runtime.set_default(before, like)
-    at.forget_held()
+pytestmark = pytest.mark.usefixtures("library")
 
 
 def _model(patched: bool):
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-                         max_position_embeddings=512, pad_token_id=0, eos_token_id=None,
-                         bos_token_id=None, attn_implementation="sdpa")
-    torch.manual_seed(7)
-    model = LlamaForCausalLM(config).eval()
-    return at.patch(model) if patched else model
+    plain, adapted = _tiny_pair(seed=7)
+    return adapted if patched else plain
 
 
 def _batch(lengths, seed):
