@@ -65,14 +65,16 @@ def compare(payload: dict, case: str) -> list[dict]:
     """Per client count: the baseline mode (the plain-PyTorch one with more tokens/s),
     adaptive's ratios to it, and each target met or not."""
     by_mode = {r["mode"]: r for r in payload["results"] if "loads" in r}
-    plain = [m for m in PLAIN if m in by_mode]
+    plain = [m for m in by_mode if gpu_server.split_mode(m)[0] in PLAIN]
+    adaptive = next((m for m in by_mode if gpu_server.split_mode(m)[0] == "adaptive"),
+                    "adaptive")
     bars = TARGETS["dense" if case == "dense" else "pruned"]
     rows = []
     for clients in (str(c) for c in payload["concurrency"]):
         loads = {m: by_mode[m]["loads"].get(clients) for m in by_mode}
         base = max((m for m in plain if loads.get(m)), default=None,
                    key=lambda m: loads[m]["tokens_per_s"])
-        mine = loads.get("adaptive")
+        mine = loads.get(adaptive)
         if base is None or mine is None:
             rows.append({"clients": int(clients), "baseline": base, "error":
                          "a mode failed or served nothing: no comparison"})
@@ -86,10 +88,11 @@ def compare(payload: dict, case: str) -> list[dict]:
             value = ratio.get(name)
             checks[name] = (value, bar, value is not None and (
                 value <= bar if name == "token_p99" else value >= bar))
-        rows.append({"clients": int(clients), "baseline": base, "ratios": ratio,
+        rows.append({"clients": int(clients), "baseline": base, "adaptive": adaptive,
+                     "ratios": ratio,
                      "checks": checks,
                      "greedy": [g for g in payload.get("greedy", ())
-                                if g["clients"] == int(clients) and "adaptive" in g["modes"]
+                                if g["clients"] == int(clients) and adaptive in g["modes"]
                                 and base in g["modes"]],
                      "control": [g for g in payload.get("greedy", ())
                                  if g["clients"] == int(clients)
@@ -108,11 +111,19 @@ def print_comparison(rows: list[dict], case: str) -> None:
             rel = "<=" if name == "token_p99" else ">="
             shown = "-" if value is None else f"{value:.3f}x"
             parts.append(f"{name} {shown} ({rel} {bar}x: {'met' if ok else 'NOT met'})")
-        print(f"  {r['clients']} clients, baseline {r['baseline']}: " + "; ".join(parts))
+        print(f"  {r['clients']} clients, {r['adaptive']} against {r['baseline']}: "
+              + "; ".join(parts))
         for line in gpu_server.greedy_lines(r.get("greedy", [])):
             print(f"    {line}")
         for line in gpu_server.greedy_lines(r.get("control", [])):
             print(f"    {line}  (control: two plain-PyTorch ways)")
+
+
+def _base(mode: str) -> str:
+    try:
+        return gpu_server.split_mode(mode)[0]
+    except ValueError:
+        return mode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,27 +142,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=150.0,
                    help="each window's time limit")
     p.add_argument("--modes", default=None,
-                   help="a comma-separated subset of the case's modes (default all): the "
+                   help="a comma-separated subset of the case's modes (default all), each "
+                   "optionally with '+graphs' (its decode steps in CUDA graphs over static "
+                   "caches, e.g. torch-nocudnn+graphs,adaptive+graphs): the "
                    "2:4 case's three modes need more than one 600 s device call (run S61: "
                    "torch24-nocudnn served 84.6 against torch-nocudnn's 449.7 tokens/s at "
                    "8 clients, 75 s for one 32-client window); a mode left out is not in "
                    "the baseline, and the report says so")
     p.add_argument("--adaptive-graphs", action="store_true",
-                   help="adaptive's server decodes over static caches in CUDA graphs "
-                   "(--decode-graphs on: one step captured per rows and cache length in the "
-                   "warm-up, replayed); the plain modes run as they are")
+                   help="adaptive as adaptive+graphs: its server decodes over static caches "
+                   "in CUDA graphs (--decode-graphs on: one step captured per rows and cache "
+                   "length in the warm-up, replayed); the plain modes as --modes names them "
+                   "(run S88: adaptive+graphs 6.5-8.5x torch-nocudnn's tokens/s, a gap of "
+                   "issuing that a plain-PyTorch user closes with graphs too: give "
+                   "torch-nocudnn+graphs)")
     args = p.parse_args(argv)
     prune, modes = CASES[args.case]
     left_out = ()
     if args.modes is not None:
         chosen = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-        unknown = [m for m in chosen if m not in modes]
-        if unknown or "adaptive" not in chosen or not set(chosen) & set(PLAIN):
+        unknown = [m for m in chosen if _base(m) not in modes]
+        bases = {_base(m) for m in chosen}
+        ours = [m for m in chosen if _base(m) == "adaptive"]
+        if unknown or len(ours) != 1 or not bases & set(PLAIN):
             p.error(f"--modes {args.modes!r}: case {args.case} has modes {', '.join(modes)}; "
-                    "give adaptive and at least one plain-PyTorch mode of them"
+                    "give adaptive once (with or without +graphs) and at least one "
+                    "plain-PyTorch mode of them"
                     + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
-        left_out = tuple(m for m in modes if m not in chosen)
-        modes = tuple(m for m in modes if m in chosen)
+        left_out = tuple(m for m in modes if m not in bases)
+        modes = chosen
+    if args.adaptive_graphs:
+        modes = tuple(m + gpu_server.GRAPHS if m == "adaptive" else m for m in modes)
     dry = args.quick or args.device == "host"
     if dry:
         modes = tuple(m for m in modes if not m.startswith("torch24"))   # 2:4: CUDA only
@@ -160,10 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         per_client=args.per_client, windows=args.windows,
         quick=args.quick, max_tokens=MAX_TOKENS, server_args=("--prune", prune),
         prompt_max=PROMPT_MAX, min_tokens=MIN_TOKENS,
-        json_name=f"headline_{args.case.replace(':', '')}.json",
-        adaptive_graphs=args.adaptive_graphs)
-    if args.adaptive_graphs:
-        print("  (adaptive's decode steps: CUDA graphs over static caches)")
+        json_name=f"headline_{args.case.replace(':', '')}.json")
+    if any(gpu_server.split_mode(m)[1] for m in modes):
+        print("  (modes named +graphs: decode steps in CUDA graphs over static caches)")
     print(gpu_server.table(payload))
     rows = compare(payload, args.case)
     print_comparison(rows, args.case)

@@ -216,13 +216,14 @@ class ModeRun:
     where one window per mode, mode after mode, laid it on whichever mode ran then."""
 
     def __init__(self, mode: str, args: argparse.Namespace, stream, out: Path):
-        argv = ["--mode", mode, "--preset", args.preset, "--device", args.device,
+        base, graphs = split_mode(mode)
+        argv = ["--mode", base, "--preset", args.preset, "--device", args.device,
                 "--max-batch", str(args.max_batch), "--max-tokens-limit", str(args.max_tokens),
                 "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued",
                 "4096", "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes
         argv += list(getattr(args, "server_args", ()))
-        if getattr(args, "graphs", None) and mode in ("adaptive", "static"):
-            argv += ["--decode-graphs", args.graphs]
+        if graphs:
+            argv += ["--decode-graphs", "eager" if args.in_process else "on"]
         if args.in_process:   # the dry run: short warm-up, one CPU thread (shared CI machines)
             argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
         self.mode, self.args = mode, args
@@ -245,10 +246,10 @@ class ModeRun:
                   f"{warm.get('warmup_s', 0):.1f} s in {warm.get('rounds', 0)} rounds, "
                   f"{_f(warm.get('pending_keys'), 'd')} key(s) still exploring{swept})",
                   flush=True)
-            graphs = self.result["server"].get("decode_graphs")
-            if graphs:
-                states = graphs["states"]
-                print(f"  {mode}: decode steps {graphs['mode']} over {len(states)} static "
+            static = self.result["server"].get("decode_graphs")
+            if static:
+                states = static["states"]
+                print(f"  {mode}: decode steps {static['mode']} over {len(states)} static "
                       f"cache(s) (rows x length: " + ", ".join(
                           f"{g['rows']}x{g['length']}" for g in states) + f"); "
                       f"{sum(g['captured'] for g in states)} captured in "
@@ -630,21 +631,36 @@ def start_timeout_s(warmup_limit_s: float) -> float:
     return 150.0 + 3 * warmup_limit_s
 
 
+GRAPHS = "+graphs"   # a mode's suffix: its server decodes in CUDA graphs
+
+
+def split_mode(mode: str) -> tuple[str, bool]:
+    """A benchmark mode's server mode and whether its decode steps run over static caches
+    in CUDA graphs (``adaptive+graphs``, ``torch-nocudnn+graphs``: ``--decode-graphs on``,
+    ``eager`` in a dry run). A plain-PyTorch user can capture decode steps as well (what
+    ``torch.compile``'s reduce-overhead mode and transformers' static cache do), so a mode
+    with graphs is compared with a plain mode with graphs."""
+    base, graphs = (mode[:-len(GRAPHS)], True) if mode.endswith(GRAPHS) else (mode, False)
+    if not base or "+" in base:
+        raise ValueError(f"a mode is a server mode, optionally with {GRAPHS!r}; got {mode!r}")
+    return base, graphs
+
+
 def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY,
         duration_s: float = 120.0, quick: bool = False, preset: str | None = None,
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 90.0,
         max_batch: int = 32, requests: int = 20000, server_args: tuple = (),
         prompt_max: int = 2048, min_tokens: int | None = None,
-        json_name: str = "gpu_server.json", per_client: int = 8, windows: int = 2,
-        adaptive_graphs: bool = False) -> dict:
+        json_name: str = "gpu_server.json", per_client: int = 8, windows: int = 2) -> dict:
     """Every mode on one request stream; writes ``json_name``; returns the payload.
     Each load serves the stream's first ``per_client`` x clients requests (8: 8 batches
     at 8 clients) and is cut at ``duration_s`` (a cut load says so: ok < requests).
     ``server_args``: more server arguments for every mode (``--prune 2:4``); ``prompt_max``
     and ``min_tokens``: the stream's longest prompt and fewest new tokens (None: every
-    request ``max_tokens``). ``adaptive_graphs``: the adaptive and static modes' servers
-    decode over static caches in CUDA graphs (``--decode-graphs on``; a dry run's
-    ``eager``)."""
+    request ``max_tokens``). A mode named with ``+graphs`` (``adaptive+graphs``) decodes
+    over static caches in CUDA graphs (:func:`split_mode`)."""
+    for mode in modes:
+        split_mode(mode)
     if per_client < 1:
         raise ValueError(f"per_client must be at least 1, got {per_client}")
     if not 1 <= windows <= per_client:
@@ -663,8 +679,7 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         warmup_limit_s=min(warmup_limit_s, 1.0) if dry else warmup_limit_s,
         max_batch=4 if dry else max_batch,
         start_timeout_s=start_timeout_s(warmup_limit_s), in_process=dry,
-        server_args=tuple(server_args),
-        graphs=("eager" if dry else "on") if adaptive_graphs else None)
+        server_args=tuple(server_args))
     prompt_max = 64 if dry else prompt_max
     min_tokens = None if dry or min_tokens is None else min_tokens
     stream = make_stream(requests, seed=0, rate=0.0, prompt_median=16 if dry else 128,
@@ -720,29 +735,28 @@ def _f(value, spec: str) -> str:
 
 
 def table(payload: dict) -> str:
-    head = (f"{'mode':<13} {'clients':>7} {'req/s':>8} {'tok/s':>9} {'TTFT p50':>9} "
+    w = max([13] + [len(r["mode"]) for r in payload["results"]])
+    head = (f"{'mode':<{w}} {'clients':>7} {'req/s':>8} {'tok/s':>9} {'TTFT p50':>9} "
             f"{'TTFT p99':>9} {'tok p50':>8} {'tok p99':>8} {'ok/sent':>11} {'misses':>6} "
             f"{'SM act':>7}")
     lines = [head, "-" * len(head)]
     by_mode = {}
     for r in payload["results"]:
         if "error" in r:
-            lines.append(f"{r['mode']:<13} failed: {r['error'][:300]}")
+            lines.append(f"{r['mode']:<{w}} failed: {r['error'][:300]}")
             continue
         by_mode[r["mode"]] = r
         for clients, load in r["loads"].items():
             lines.append(
-                f"{r['mode']:<13} {clients:>7} {load['throughput_rps']:>8.2f}"
+                f"{r['mode']:<{w}} {clients:>7} {load['throughput_rps']:>8.2f}"
                 f" {load['tokens_per_s']:>9.1f} {_f(load['ttft_ms'].get('p50'), '.1f'):>9}"
                 f" {_f(load['ttft_ms'].get('p99'), '.1f'):>9}"
                 f" {_f(load['token_ms'].get('p50'), '.2f'):>8}"
                 f" {_f(load['token_ms'].get('p99'), '.2f'):>8} {load['ok']:>5}/{load['sent']:<5}"
                 f" {_f(load.get('misses_in_load'), 'd'):>6}"
                 f" {_f(load['device'].get('sm_active_ratio'), '.2f'):>7}")
-    base = by_mode.get("torch")
-    for mode in ("adaptive", "static"):
-        if base is None or mode not in by_mode:
-            continue
+    for mode, torch_mode in against_torch(by_mode):
+        base = by_mode[torch_mode]
         for clients, load in by_mode[mode]["loads"].items():
             if clients not in base["loads"]:
                 continue
@@ -751,13 +765,25 @@ def table(payload: dict) -> str:
                 x["tokens_per_s"] >= TARGETS["tokens_per_s"] and \
                 x["token_p99"] <= TARGETS["token_p99"]
             lines.append(
-                f"{mode} / torch at {clients:>2} clients: tokens/s "
+                f"{mode} / {torch_mode} at {clients:>2} clients: tokens/s "
                 f"{_f(x['tokens_per_s'], '.3f')}x, "
                 f"req/s {_f(x['rps'], '.3f')}x, per-token p50 {_f(x['token_p50'], '.3f')}x, "
                 f"p99 {_f(x['token_p99'], '.3f')}x, TTFT p99 {_f(x['ttft_p99'], '.3f')}x   "
                 f"(bar: tokens/s >= {TARGETS['tokens_per_s']}x, per-token p99 <= "
                 f"{TARGETS['token_p99']}x: {'met' if met else 'NOT met'})")
     return "\n".join(lines)
+
+
+def against_torch(by_mode: dict) -> list[tuple[str, str]]:
+    """(mode, the torch mode it is compared with): adaptive and static against torch, each
+    decoding the same way (a mode with ``+graphs`` against ``torch+graphs``)."""
+    pairs = []
+    for mode in by_mode:
+        base, graphs = split_mode(mode)
+        torch_mode = "torch" + (GRAPHS if graphs else "")
+        if base in ("adaptive", "static") and torch_mode in by_mode:
+            pairs.append((mode, torch_mode))
+    return pairs
 
 
 def summary_rows(payload: dict) -> list[dict]:
@@ -777,14 +803,12 @@ def summary_rows(payload: dict) -> list[dict]:
                          f"{_f(load['token_ms'].get('p50'), '.2f')}/"
                          f"{_f(load['token_ms'].get('p99'), '.2f')} ms, {load['ok']}/"
                          f"{load['sent']} ok, misses {_f(load.get('misses_in_load'), 'd')}"})
-    base = by_mode.get("torch")
-    for mode in ("adaptive", "static"):
-        if base is None or mode not in by_mode:
-            continue
+    for mode, torch_mode in against_torch(by_mode):
+        base = by_mode[torch_mode]
         for clients, load in by_mode[mode]["loads"].items():
             if clients in base["loads"]:
                 x = ratios(load, base["loads"][clients])
-                rows.append({"case": f"{mode} / torch x{clients}",
+                rows.append({"case": f"{mode} / {torch_mode} x{clients}",
                              "value": _f(x["tokens_per_s"], ".3f"), "unit": "x tokens/s",
                              "note": f"per-token p99 {_f(x['token_p99'], '.3f')}x (bar <= "
                              f"{TARGETS['token_p99']}), TTFT p99 {_f(x['ttft_p99'], '.3f')}x"})

@@ -710,10 +710,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "and batches to a power-of-two rows, so the warm-up meets every shape "
                    "the load will; none: widths a multiple of --pad-to, batches as queued")
     p.add_argument("--decode-graphs", choices=("off", "on", "eager"), default="off",
-                   help="adaptive and static modes: decode steps over a static key/value "
+                   help="llama model, every mode: decode steps over a static key/value "
                    "cache, one step captured in a CUDA graph per rows and cache length at "
                    "its first use (the warm-up's) and replayed (on: CUDA only; eager: the "
-                   "same steps uncaptured, a CPU dry run)")
+                   "same steps uncaptured, a CPU dry run); a plain mode with graphs is what "
+                   "a PyTorch user gets from capturing decode steps themselves")
     p.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond this get 503")
     p.add_argument("--batch-wait-ms", type=float, default=10.0,
@@ -759,10 +760,9 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "warmup_limit_s"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.decode_graphs != "off" and (args.mode not in ("adaptive", "static")
-                                        or args.model != "llama"):
-        p.error(f"--decode-graphs {args.decode_graphs} is adaptive's, for the llama model "
-                f"(modes adaptive and static); got --mode {args.mode} --model {args.model}")
+    if args.decode_graphs != "off" and args.model != "llama":
+        p.error(f"--decode-graphs {args.decode_graphs} serves the llama model (static "
+                f"key/value caches are transformers'); got --model {args.model}")
     if args.mode == "static":
         args.warmup = True
 

@@ -330,3 +330,23 @@ def test_the_headline_compares_adaptive_with_the_better_plain_pytorch_way():
     assert both[8]["checks"]["token_p99"] == (30.0 / 35.0, 0.95, True)
     failed = compare({**payload, "results": payload["results"][:2]}, "2:4")
     assert all("error" in r for r in failed)                 # no adaptive: no comparison
+    # decode steps in CUDA graphs: adaptive+graphs against the better plain way, graphs
+    # or not (a plain-PyTorch user can capture decode steps too)
+    graphed = {"mode": "torch-nocudnn+graphs", "loads": {"8": load(125.0, 20.0, 0.9),
+                                                         "32": load(200.0, 60.0, 0.9)}}
+    ours = {**payload["results"][2], "mode": "adaptive+graphs"}
+    g = {r["clients"]: r for r in compare({**payload, "results": [
+        payload["results"][0], graphed, ours]}, "dense")}
+    assert (g[8]["baseline"], g[8]["adaptive"]) == ("torch-nocudnn+graphs", "adaptive+graphs")
+    assert g[8]["checks"]["token_p99"] == (1.5, 0.95, False)
+    assert g[32]["baseline"] == "torch"                      # 300 tokens/s against 200
+    from benchmarks.gpu_server import against_torch, split_mode
+    assert split_mode("adaptive+graphs") == ("adaptive", True)
+    assert split_mode("torch-nocudnn") == ("torch-nocudnn", False)
+    for bad in ("+graphs", "adaptive+graphs+graphs", "adaptive+eager"):
+        with pytest.raises(ValueError, match="optionally with '\\+graphs'"):
+            split_mode(bad)
+    assert against_torch(dict.fromkeys(["torch", "torch+graphs", "adaptive",
+                                        "static+graphs", "adaptive+graphs"])) == [
+        ("adaptive", "torch"), ("static+graphs", "torch+graphs"),
+        ("adaptive+graphs", "torch+graphs")]

@@ -1343,23 +1343,21 @@ def test_static_decode_gives_the_reference_tokens_batch_after_batch(reference_mo
 
 
 def test_decode_graphs_are_refused_where_they_cannot_serve(capsys):
-    """--decode-graphs is adaptive's and the llama model's: the plain modes and the block
-    model are refused at parsing, naming what was given; 'on' on the CPU is refused when
-    the model is built, naming the device and the uncaptured alternative."""
-    import argparse
-
+    """--decode-graphs serves the llama model in every mode (a plain-PyTorch user can
+    capture decode steps too: the fair baseline of adaptive's graphs); the block model is
+    refused at parsing, naming what was given; 'on' on the CPU is refused when the model
+    is built, naming the device and the uncaptured alternative."""
     import server
-    for argv, said in ((["--mode", "torch", "--decode-graphs", "eager"], "--mode torch"),
-                       (["--mode", "torch-nocudnn", "--decode-graphs", "on"],
-                        "--mode torch-nocudnn"),
-                       (["--model", "block", "--decode-graphs", "eager"], "--model block")):
+    for argv in (["--model", "block", "--decode-graphs", "eager"],
+                 ["--model", "block", "--mode", "torch", "--decode-graphs", "on"]):
         with pytest.raises(SystemExit):
             server.parse_args(argv)
         err = capsys.readouterr().err
-        assert "--decode-graphs" in err and said in err, err
-    args = server.parse_args(["--mode", "adaptive", "--preset", "tiny", "--device", "cpu",
-                              "--decode-graphs", "on"])
-    assert isinstance(args, argparse.Namespace)
+        assert "--decode-graphs" in err and "--model block" in err, err
+    for mode in ("torch", "torch-nocudnn", "adaptive", "static"):
+        args = server.parse_args(["--mode", mode, "--preset", "tiny", "--device", "cpu",
+                                  "--decode-graphs", "on"])
+        assert (args.mode, args.decode_graphs) == (mode, "on")
     with pytest.raises(SystemExit, match="needs a CUDA device, got cpu.*--decode-graphs eager"):
         server.build_model(args)
 
