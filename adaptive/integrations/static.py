@@ -15,6 +15,8 @@ once and replayed, its kernels issued at once.
     >>> decode.capture()                      # CUDA: once per rows and length, warm-up first
     >>> decode.load(cache, mask, positions, tokens)
     >>> nxt = decode.step()                   # the next tokens (a buffer), one per row
+    >>> for host in decode.run(tokens, 63):   # or: host lists, each step issued before
+    ...     ...                               # the one before it is read back
 
 The capture runs a patched model's adaptive layers frozen
 (:func:`adaptive.integrations.transformers.frozen`): each replay runs the kernels held
@@ -105,11 +107,46 @@ class StaticDecode:
     def step(self):
         """One decode step (replayed where captured); the tokens it picked, one per row (a
         buffer the next step overwrites)."""
+        self._issue()
+        return self.tokens
+
+    def run(self, first, steps: int):
+        """The tokens of a batch as host lists, one per row: ``first`` (the prefill's,
+        already :meth:`load`-ed), then ``steps`` decode steps', each step issued before
+        the one before it is read back. The host's work on a step's tokens (a server
+        streams them to its clients) overlaps the next step on the device, where
+        :meth:`step` then ``tolist()`` leaves the device idle meanwhile (run S91: 0.39-0.49
+        SM activity with steps of 1.8-2.5 ms).
+
+        Stopping early (the caller breaks out) leaves at most one step issued and unread:
+        the state moves past it, and the next :meth:`load` sets it again. The cache needs
+        room for ``steps`` new positions past the prefill, as with :meth:`step`.
+
+        Args:
+            first: the prefill's tokens, ``[rows]`` on the model's device.
+            steps: how many decode steps follow it (a batch's most new tokens, minus 1).
+        """
+        torch = self.torch
+        cuda = self.ids.device.type == "cuda"
+        host = torch.empty((self.rows,), dtype=torch.long, pin_memory=cuda)
+        read = torch.cuda.Event() if cuda else None
+        source = first
+        for k in range(steps + 1):
+            host.copy_(source, non_blocking=cuda)   # step k's tokens, queued before k + 1
+            if cuda:
+                read.record()
+            if k < steps:
+                self._issue()
+            if cuda:
+                read.synchronize()                  # step k done; step k + 1 may run on
+            yield host.tolist()
+            source = self.tokens
+
+    def _issue(self) -> None:
         if self.graph is not None:
             self.graph.replay()
         else:
             self._step()
-        return self.tokens
 
     def capture(self, stream=None, pool=None, warm_steps: int = WARM_STEPS) -> None:
         """Capture one step in a CUDA graph: eager steps first on ``stream`` (every

@@ -497,12 +497,12 @@ class CausalLM:
                 static = self.static_decode(len(prompts), ids.shape[1] + max(
                     max(max_new), self.max_new_tokens or 0))
                 static.load(cache, mask, positions, tokens)
-                host = tokens.tolist()
-                for step in range(max(max_new)):
+                # each step issued before the one before it is read back: the streaming
+                # of a step's tokens overlaps the next step on the device
+                for step, host in enumerate(static.run(tokens, max(max_new) - 1)):
                     active = [i for i in active if emit(i, host[i]) and step + 1 < max_new[i]]
                     if not active:
                         return
-                    host = static.step().tolist()   # one sync per step: tokens stream
                 return
             for step in range(max(max_new)):
                 tokens = out.logits[:, -1].argmax(-1)

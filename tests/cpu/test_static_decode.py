@@ -82,3 +82,41 @@ def test_bad_inputs_are_refused_naming_what_was_expected():
         decode.load(DynamicCache(config=model.config), mask, positions, ids[:, -1])
     with pytest.raises(ValueError, match="records CUDA graphs: the model is on cpu"):
         decode.capture()
+
+
+def test_run_reads_each_step_back_after_issuing_the_next_and_gives_steps_tokens():
+    """``run()``: the prefill's tokens, then each step's, as host lists equal to what
+    step-by-step decoding gives; when step k's tokens reach the caller, step k + 1 is
+    already issued (the last step has none after it); breaking out early leaves the
+    state for the next ``load`` to set."""
+    model = _model(True)
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    decode = StaticDecode(model, rows=3, length=64, cache_kw=kw)
+    ids, mask, positions = _batch((9, 4, 13), 3)
+    want = _static_tokens(model, decode, ids, mask, positions, 7).tolist()
+    issued = []
+    real_step = decode._step
+    decode._step = lambda: (issued.append(1), real_step())[1]
+    cache = DynamicCache(config=model.config)
+    got = []
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                    use_cache=True, logits_to_keep=1, **{kw: cache})
+        tokens = out.logits[:, -1].argmax(-1)
+        decode.load(cache, mask, positions, tokens)
+        for k, host in enumerate(decode.run(tokens, 6)):
+            assert isinstance(host, list) and len(host) == 3
+            assert len(issued) == min(k + 1, 6), (k, len(issued))
+            got.append(host)
+    assert [list(col) for col in zip(*got)] == want
+    # stopped after two lists: one step issued ahead, unread; the next batch is exact
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                    use_cache=True, logits_to_keep=1, **{kw: cache})
+        decode.load(cache, mask, positions, tokens)
+        for k, _ in enumerate(decode.run(tokens, 6)):
+            if k == 1:
+                break
+    assert _static_tokens(model, decode, ids, mask, positions, 7).tolist() == want
