@@ -222,8 +222,9 @@ class ModeRun:
                 "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued",
                 "4096", "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes
         argv += list(getattr(args, "server_args", ()))
-        if graphs:
-            argv += ["--decode-graphs", "eager" if args.in_process else "on"]
+        # every mode says how it decodes (the server's default, auto, captures on CUDA)
+        argv += ["--decode-graphs", ("eager" if args.in_process else "on") if graphs
+                 else "off"]
         if args.in_process:   # the dry run: short warm-up, one CPU thread (shared CI machines)
             argv += ["--warmup-lengths", "16,48", "--torch-threads", "1"]
         self.mode, self.args = mode, args

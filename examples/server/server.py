@@ -587,6 +587,8 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
         lm = BlockLM(model, shape)
         return lm, ByteTokenizer(shape.vocab), "block", {"device": device}
     device = resolve_device(args.device)
+    if args.decode_graphs == "auto":   # the faster way where it can serve (runs S88-S91)
+        args.decode_graphs = "on" if device.startswith("cuda") else "off"
     if args.decode_graphs == "on" and not device.startswith("cuda"):
         raise SystemExit(f"--decode-graphs on captures CUDA graphs: it needs a CUDA device, "
                          f"got {device} (--decode-graphs eager runs the same steps uncaptured)")
@@ -709,8 +711,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pow2: prompts padded to a power-of-two width (at least --pad-to) "
                    "and batches to a power-of-two rows, so the warm-up meets every shape "
                    "the load will; none: widths a multiple of --pad-to, batches as queued")
-    p.add_argument("--decode-graphs", choices=("off", "on", "eager"), default="off",
-                   help="llama model, every mode: decode steps over a static key/value "
+    p.add_argument("--decode-graphs", choices=("auto", "off", "on", "eager"), default="auto",
+                   help="llama model, every mode (auto: on with a CUDA device, else off): "
+                   "decode steps over a static key/value "
                    "cache, one step captured in a CUDA graph per rows and cache length at "
                    "its first use (the warm-up's) and replayed (on: CUDA only; eager: the "
                    "same steps uncaptured, a CPU dry run); a plain mode with graphs is what "
@@ -760,7 +763,7 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "warmup_limit_s"):
         if not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.decode_graphs != "off" and args.model != "llama":
+    if args.decode_graphs not in ("off", "auto") and args.model != "llama":
         p.error(f"--decode-graphs {args.decode_graphs} serves the llama model (static "
                 f"key/value caches are transformers'); got --model {args.model}")
     if args.mode == "static":

@@ -1344,7 +1344,8 @@ def test_static_decode_gives_the_reference_tokens_batch_after_batch(reference_mo
 
 def test_decode_graphs_are_refused_where_they_cannot_serve(capsys):
     """--decode-graphs serves the llama model in every mode (a plain-PyTorch user can
-    capture decode steps too: the fair baseline of adaptive's graphs); the block model is
+    capture decode steps too: the fair baseline of adaptive's graphs), by default where
+    there is a CUDA device; the block model is
     refused at parsing, naming what was given; 'on' on the CPU is refused when the model
     is built, naming the device and the uncaptured alternative."""
     import server
@@ -1360,6 +1361,13 @@ def test_decode_graphs_are_refused_where_they_cannot_serve(capsys):
         assert (args.mode, args.decode_graphs) == (mode, "on")
     with pytest.raises(SystemExit, match="needs a CUDA device, got cpu.*--decode-graphs eager"):
         server.build_model(args)
+    # the default, auto: captured where there is a CUDA device, off here (and for the block
+    # model, which has no static caches)
+    args = server.parse_args(["--preset", "tiny", "--device", "cpu"])
+    assert args.decode_graphs == "auto"
+    lm = server.build_model(args)[0]
+    assert args.decode_graphs == "off" and lm.graphs is False
+    assert server.parse_args(["--model", "block"]).decode_graphs == "auto"
 
 
 def test_a_failed_capture_is_said_and_its_steps_run_uncaptured(reference_model,
