@@ -72,6 +72,7 @@ class StaticDecode:
         self.tokens = torch.zeros((rows,), dtype=torch.long, device=dev)
         self.graph = None
         self.capture_s = None
+        self.width = None    # the loaded prefill's positions (None: nothing loaded)
         # the cache's tensors made now, its position count among them on the device (a
         # layer makes them at its first update otherwise, the count on the host until then)
         config = model.config.get_text_config(decoder=True)
@@ -103,6 +104,7 @@ class StaticDecode:
         self.mask[:, 0, 0, :width] = mask.bool()
         self.positions.copy_(positions[:, -1:])
         self.ids.copy_(tokens[:, None])
+        self.width = width
 
     def step(self):
         """One decode step (replayed where captured); the tokens it picked, one per row (a
@@ -126,6 +128,12 @@ class StaticDecode:
             first: the prefill's tokens, ``[rows]`` on the model's device.
             steps: how many decode steps follow it (a batch's most new tokens, minus 1).
         """
+        if self.width is None:
+            raise RuntimeError("run() decodes a loaded prefill: call load() first")
+        if not 0 <= steps <= self.length - self.width:
+            raise ValueError(f"run() takes 0 to {self.length - self.width} steps after a "
+                             f"prefill of {self.width} positions in a static cache of "
+                             f"{self.length}, got {steps}")
         torch = self.torch
         cuda = self.ids.device.type == "cuda"
         host = torch.empty((self.rows,), dtype=torch.long, pin_memory=cuda)

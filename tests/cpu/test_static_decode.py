@@ -82,6 +82,20 @@ def test_bad_inputs_are_refused_naming_what_was_expected():
         decode.load(DynamicCache(config=model.config), mask, positions, ids[:, -1])
     with pytest.raises(ValueError, match="records CUDA graphs: the model is on cpu"):
         decode.capture()
+    with pytest.raises(RuntimeError, match="call load\\(\\) first"):
+        next(decode.run(ids[:, -1], 1))
+    ids, mask, positions = _batch((5, 3), 4)            # 5 positions of 16: 11 steps fit
+    cache = DynamicCache(config=model.config)
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+    with torch.inference_mode():
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+              logits_to_keep=1, **{kw: cache})
+        decode.load(cache, mask, positions, ids[:, -1])
+    for bad in (12, -1):
+        with pytest.raises(ValueError, match=f"0 to 11 steps after a prefill of 5 "
+                                             f"positions in a static cache of 16, got {bad}"):
+            next(decode.run(ids[:, -1], bad))
 
 
 def test_run_reads_each_step_back_after_issuing_the_next_and_gives_steps_tokens():
