@@ -696,14 +696,18 @@ def spun(seconds: float) -> None:
 def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
     """A batch's log: its first request's queue wait, the time to its first tokens and one
     gap a step after (rows emitting in one step count once); ``since`` filters by start."""
-    collected_ms = []
+    collected_ms, phase_ms = [], {}
 
     class Paced:
         name, vocab_size, max_context = "paced", 256, 64
 
         def generate(self, prompts, max_new, emit):
-            waited(0.06)                         # the prefill: waiting 60 ms,
-            spun(0.06)                           # then 60 ms of this thread's CPU
+            # the prefill: waiting 60 ms, then 60 ms of this thread's CPU (longer in wall
+            # time on a busy host: each phase's wall time kept)
+            for phase, seconds in ((waited, 0.06), (spun, 0.06)):
+                t0 = time.perf_counter()
+                phase(seconds)
+                phase_ms[phase.__name__] = (time.perf_counter() - t0) * 1e3
             # and a collection of the youngest generation over 200,000 fresh objects,
             # milliseconds whatever the rest of the process holds (a full collection would
             # take a second in a process that imported transformers)
@@ -744,12 +748,13 @@ def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
     # process in that time, if any, come on top)
     [ms] = collected_ms
     assert ms > 1 and ms - 0.1 <= b["first_gc_ms"] <= b["first_ms"], (ms, b)
-    # where the engine's thread was until the first tokens: sleeping, then spinning, about
-    # 60 ms each (sampled every 2 ms; the spin holds the GIL, so fewer samples fall there)
+    # where the engine's thread was until the first tokens: sleeping, then spinning, each
+    # charged about the wall time it took (sampled every 2 ms, each sample charged the time
+    # since the one before; the spin holds the GIL, so fewer samples fall there)
     stacks = {line.split(" < ")[0].rsplit(" ", 1)[-1]: float(line.split(" ms ")[0])
               for line in b["first_stacks"]}
-    assert 25 <= stacks.get("waited", 0) <= 100 and 25 <= stacks.get("spun", 0) <= 100, \
-        b["first_stacks"]
+    for phase, ms in phase_ms.items():
+        assert 0.4 * ms <= stacks.get(phase, 0) <= ms + 10, (phase, ms, b["first_stacks"])
     assert sum(float(line.split(" ms ")[0]) for line in b["first_stacks"]) \
         <= b["first_ms"] + 1
     assert before <= b["start_s"] <= b["end_s"] and engine.batches(since=b["end_s"] + 1) == []
