@@ -112,7 +112,7 @@ class StaticDecode:
         self._issue()
         return self.tokens
 
-    def run(self, first, steps: int):
+    def run(self, first, steps: int, eager: bool = False):
         """The tokens of a batch as host lists, one per row: ``first`` (the prefill's,
         already :meth:`load`-ed), then ``steps`` decode steps', each step issued before
         the one before it is read back. The host's work on a step's tokens (a server
@@ -127,6 +127,10 @@ class StaticDecode:
         Args:
             first: the prefill's tokens, ``[rows]`` on the model's device.
             steps: how many decode steps follow it (a batch's most new tokens, minus 1).
+            eager: run the steps uncaptured even where a graph is captured: a patched
+                model's layers route and sample as they do outside a capture, so the
+                policy sees decode steps again (:func:`revised_keys` tells whether it
+                changed a plan meanwhile: the graph then runs stale kernels).
         """
         if self.width is None:
             raise RuntimeError("run() decodes a loaded prefill: call load() first")
@@ -144,7 +148,10 @@ class StaticDecode:
             if cuda:
                 read.record()
             if k < steps:
-                self._issue()
+                if eager:
+                    self._step()
+                else:
+                    self._issue()
             if cuda:
                 read.synchronize()                  # step k done; step k + 1 may run on
             yield host.tolist()
@@ -224,6 +231,22 @@ class StaticDecode:
             layer.cumulative_length.zero_()
         self.mask.zero_()
         self.positions.zero_()
+
+
+def plan_table() -> dict:
+    """Each key of the process's dispatchers (the default ones and those on the shared
+    registry) -> the candidate its plan runs: compared before and after eager decode steps
+    by :func:`revised_keys`."""
+    from adaptive.runtime import process_dispatchers
+    return {(id(d), key): plan.candidate for d in process_dispatchers()
+            for key, plan in d.plans().items()}
+
+
+def revised_keys(before: dict, after: dict) -> int:
+    """How many keys of ``before`` (a :func:`plan_table`) run another candidate in
+    ``after``, or are no longer planned (a revision drops a key's plan until its next
+    call)."""
+    return sum(after.get(key) != cand for key, cand in before.items())
 
 
 def exploring_keys() -> int:

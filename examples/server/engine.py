@@ -350,16 +350,20 @@ class CausalLM:
     the powers of two meets every shape the load will (what servers that capture CUDA
     graphs per batch size do too).
 
-    With ``graphs`` (adaptive's modes), decode steps run over a static key/value cache
+    With ``graphs`` (any mode), decode steps run over a static key/value cache
     (``adaptive.integrations.static.StaticDecode``, one per rows and cache length):
     ``True`` captures one step in a CUDA graph on first use and replays it for every step
     (CUDA only), ``"eager"`` runs the same steps without capturing (a CPU dry run of the
     same path). A failed capture is logged as an error, said in :meth:`static_states`,
-    and that state's steps run uncaptured.
+    and that state's steps run uncaptured. A replayed step runs the kernels held at its
+    capture and the policy sees none of it; with ``recheck_every`` N, one batch in N of
+    a captured state decodes eagerly (routed and sampled), and a plan revised meanwhile
+    has the state captured again.
     """
 
     def __init__(self, model, name: str, pad_to: int = 16, buckets: bool = False,
-                 graphs: bool | str = False, max_new_tokens: int | None = None):
+                 graphs: bool | str = False, max_new_tokens: int | None = None,
+                 recheck_every: int = 0):
         import torch
         if graphs not in (False, True, "eager"):
             raise ValueError(f"graphs must be False, True or 'eager', got {graphs!r}")
@@ -370,6 +374,14 @@ class CausalLM:
         self.torch, self.model, self.name, self.pad_to = torch, model, name, pad_to
         self.buckets = buckets
         self.graphs = graphs
+        if recheck_every < 0:
+            raise ValueError(f"recheck_every must be >= 0 (0: never), got {recheck_every}")
+        # with graphs=True, every this many batches of a captured state one runs its decode
+        # steps eagerly (routed and sampled, the policy seeing decode again); a plan revised
+        # meanwhile has the state re-captured (0: never; the choices stay the warm-up's)
+        self.recheck_every = recheck_every
+        # (rows, length) -> [batches served, re-checks, re-captures]
+        self._rechecks: dict[tuple[int, int], list[int]] = {}
         # the most new tokens a request may ask (the server's limit): a static cache is
         # the width's power of two past it, so a warm-up over widths and rows meets every
         # static state (None: the batch's own most)
@@ -497,12 +509,19 @@ class CausalLM:
                 static = self.static_decode(len(prompts), ids.shape[1] + max(
                     max(max_new), self.max_new_tokens or 0))
                 static.load(cache, mask, positions, tokens)
+                recheck = self._recheck_due(static)
+                if recheck:
+                    from adaptive.integrations.static import plan_table
+                    before = plan_table()
                 # each step issued before the one before it is read back: the streaming
                 # of a step's tokens overlaps the next step on the device
-                for step, host in enumerate(static.run(tokens, max(max_new) - 1)):
+                for step, host in enumerate(static.run(tokens, max(max_new) - 1,
+                                                       eager=recheck)):
                     active = [i for i in active if emit(i, host[i]) and step + 1 < max_new[i]]
                     if not active:
-                        return
+                        break
+                if recheck:
+                    self._after_recheck(static, before)
                 return
             for step in range(max(max_new)):
                 tokens = out.logits[:, -1].argmax(-1)
@@ -522,6 +541,30 @@ class CausalLM:
                 else:
                     out = step_run()
 
+    def _recheck_due(self, static) -> bool:
+        """Whether this batch of ``static`` (captured) re-checks its plans: its steps run
+        eagerly, every :attr:`recheck_every` batches of the state."""
+        if self.graphs is not True or not self.recheck_every or not static.captured:
+            return False
+        counts = self._rechecks.setdefault((static.rows, static.length), [0, 0, 0])
+        counts[0] += 1
+        return counts[0] % self.recheck_every == 0
+
+    def _after_recheck(self, static, before: dict) -> None:
+        """After a re-check's eager steps: where the policy revised a plan meanwhile, the
+        state is captured again (its graph ran the kernels held before)."""
+        from adaptive.integrations.static import plan_table, revised_keys
+        counts = self._rechecks[(static.rows, static.length)]
+        counts[1] += 1
+        revised = revised_keys(before, plan_table())
+        if not revised:
+            return
+        counts[2] += 1
+        log.info("decode re-check of %dx%d: %d plan(s) revised; capturing it again",
+                 static.rows, static.length, revised)
+        static.graph = None
+        self._capture(static)
+
     def static_states(self) -> dict | None:
         """``graphs``' state (None without): the mode, and each static decode state's rows,
         cache length, whether captured, the seconds its capture took (warm steps
@@ -529,10 +572,15 @@ class CausalLM:
         uncaptured)."""
         if not self.graphs:
             return None
+        def rechecks(rows, length):
+            batches, checks, captures = self._rechecks.get((rows, length), (0, 0, 0))
+            return {"batches": batches, "rechecks": checks, "recaptures": captures}
         return {"mode": "capture" if self.graphs is True else "eager",
+                "recheck_every": self.recheck_every,
                 "states": [{"rows": rows, "length": length, "captured": s.captured,
                             "capture_s": s.capture_s,
-                            "capture_error": self._capture_errors.get((rows, length))}
+                            "capture_error": self._capture_errors.get((rows, length)),
+                            **rechecks(rows, length)}
                            for (rows, length), s in sorted(self._static.items())]}
 
     def static_decode(self, rows: int, length: int):
@@ -545,17 +593,24 @@ class CausalLM:
             from adaptive.integrations.static import StaticDecode   # graphs: adaptive's
             static = StaticDecode(self.model, rows, length, cache_kw=self._cache_kw)
             if self.graphs is True:
-                torch = self.torch
-                if self._graph_stream is None:
-                    self._graph_stream = torch.cuda.Stream(device=self.device)
-                    self._graph_pool = torch.cuda.graph_pool_handle()
-                try:
-                    static.capture(self._graph_stream, self._graph_pool)
-                except RuntimeError as exc:   # said loudly, kept in static_states(); the
-                    log.error("%s; its steps run uncaptured", exc)   # steps run eagerly
-                    self._capture_errors[(rows, length)] = str(exc)
+                self._capture(static)
             self._static[(rows, length)] = static
         return static
+
+    def _capture(self, static) -> None:
+        """Capture ``static``'s decode step (a failure is said loudly, kept in
+        static_states(), and the state's steps run eagerly)."""
+        torch = self.torch
+        if self._graph_stream is None:
+            self._graph_stream = torch.cuda.Stream(device=self.device)
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        key = (static.rows, static.length)
+        try:
+            static.capture(self._graph_stream, self._graph_pool)
+            self._capture_errors.pop(key, None)
+        except RuntimeError as exc:
+            log.error("%s; its steps run uncaptured", exc)
+            self._capture_errors[key] = str(exc)
 
 
 class BlockLM:

@@ -601,7 +601,8 @@ def build_model(args: argparse.Namespace, progress=None) -> tuple:
     lm = CausalLM(model, f"llama-{args.preset}", pad_to=args.pad_to,
                   buckets=args.shape_buckets == "pow2",
                   graphs={"off": False, "on": True, "eager": "eager"}[args.decode_graphs],
-                  max_new_tokens=args.max_tokens_limit)
+                  max_new_tokens=args.max_tokens_limit,
+                  recheck_every=args.graphs_recheck_every)
     lm.profile_prefill = set(args.profile_prefill)
     info = {"device": device, "dtype": str(next(model.parameters()).dtype),
             "preset": args.preset, "prune": args.prune,
@@ -718,6 +719,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "its first use (the warm-up's) and replayed (on: CUDA only; eager: the "
                    "same steps uncaptured, a CPU dry run); a plain mode with graphs is what "
                    "a PyTorch user gets from capturing decode steps themselves")
+    p.add_argument("--graphs-recheck-every", type=int, default=0,
+                   help="with decode graphs captured: one batch in this many of a state "
+                   "decodes eagerly, routed and sampled, so the policy sees decode steps "
+                   "under the current load; a plan it revises meanwhile has the state "
+                   "captured again (0: never, the warm-up's choices stay)")
     p.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond this get 503")
     p.add_argument("--batch-wait-ms", type=float, default=10.0,
@@ -751,6 +757,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.backlog < 2048:
         p.error(f"--backlog must be at least 2048, got {args.backlog}")
+    if args.graphs_recheck_every < 0:
+        p.error(f"--graphs-recheck-every must be >= 0 (0: never), got "
+                f"{args.graphs_recheck_every}")
     for name in ("pad_to", "max_batch", "max_queued", "max_tokens_limit", "max_body_bytes",
                  "max_connections"):
         if getattr(args, name) < 1:

@@ -1373,6 +1373,57 @@ def test_decode_graphs_are_refused_where_they_cannot_serve(capsys):
     lm = server.build_model(args)[0]
     assert args.decode_graphs == "off" and lm.graphs is False
     assert server.parse_args(["--model", "block"]).decode_graphs == "auto"
+    with pytest.raises(SystemExit):
+        server.parse_args(["--graphs-recheck-every", "-1"])
+    assert "--graphs-recheck-every must be >= 0 (0: never), got -1" in capsys.readouterr().err
+    assert server.parse_args(["--graphs-recheck-every", "64"]).graphs_recheck_every == 64
+
+
+def test_a_recheck_decodes_eagerly_and_captures_again_after_a_revision(reference_model,
+                                                                       monkeypatch):
+    """recheck_every=2: every second batch of a captured state decodes eagerly (no replay)
+    and, where the process's plan table changed meanwhile, the state is captured again;
+    tokens stay the float64 reference's throughout; static_states() counts batches,
+    re-checks and re-captures (the CUDA calls stood in for: no device here)."""
+    import types
+
+    import torch
+    import engine
+    from adaptive.integrations import static as static_mod
+    model = build_llama("tiny", "adaptive", "cpu", "float32")
+    model.load_state_dict(reference_model.state_dict())
+    with pytest.raises(ValueError, match="recheck_every must be >= 0"):
+        engine.CausalLM(model, "tiny", graphs="eager", recheck_every=-1)
+    lm = engine.CausalLM(model, "tiny", pad_to=64, buckets=True, graphs="eager",
+                         recheck_every=2)
+    lm.graphs = True                                  # capture, as on a GPU
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: object())
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    captures, replays = [], []
+
+    def capture(self, stream, pool):
+        captures.append((self.rows, self.length))
+        self.graph = types.SimpleNamespace(replay=lambda: (replays.append(1), self._step()))
+        self.capture_s = 0.0
+    monkeypatch.setattr(static_mod.StaticDecode, "capture", capture)
+    # the plan table before and after each re-check: revised in the first, not the second
+    tables = iter([{"k": "a"}, {"k": "b"}, {"k": "b"}, {"k": "b"}])
+    monkeypatch.setattr(static_mod, "plan_table", lambda: next(tables))
+    prompts, new = [[5, 9, 13], [7] * 20], [5, 4]
+    want = {i: greedy_reference(reference_model, p, n)
+            for i, (p, n) in enumerate(zip(prompts, new))}
+    replayed = []
+    for batch in range(4):
+        got = {0: [], 1: []}
+        before = len(replays)
+        lm.generate(prompts, new, lambda row, token: got[row].append(token) or True)
+        assert got == want, batch
+        replayed.append(len(replays) - before)
+    assert replayed == [4, 0, 4, 0]                   # batches 2 and 4 decoded eagerly
+    assert captures == [(2, 128)] * 2                 # again after the first re-check only
+    [state] = lm.static_states()["states"]
+    assert (state["batches"], state["rechecks"], state["recaptures"]) == (4, 2, 1)
+    assert lm.static_states()["recheck_every"] == 2
 
 
 def test_a_failed_capture_is_said_and_its_steps_run_uncaptured(reference_model,

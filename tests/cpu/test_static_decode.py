@@ -134,3 +134,13 @@ def test_run_reads_each_step_back_after_issuing_the_next_and_gives_steps_tokens(
             if k == 1:
                 break
     assert _static_tokens(model, decode, ids, mask, positions, 7).tolist() == want
+
+
+def test_revised_keys_counts_keys_running_another_candidate_or_dropped():
+    from adaptive.integrations.static import plan_table, revised_keys
+    before = {"a": "x", "b": "y", "c": "z"}
+    assert revised_keys(before, dict(before)) == 0
+    assert revised_keys(before, {"a": "x", "b": "w", "c": "z", "d": "new"}) == 1
+    assert revised_keys(before, {"a": "x"}) == 2          # b and c no longer planned
+    table = plan_table()                                  # the process's dispatchers now
+    assert isinstance(table, dict) and revised_keys(table, plan_table()) == 0
