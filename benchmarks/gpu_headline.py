@@ -156,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
                    "(run S88: adaptive+graphs 6.5-8.5x torch-nocudnn's tokens/s, a gap of "
                    "issuing that a plain-PyTorch user closes with graphs too: give "
                    "torch-nocudnn+graphs)")
+    p.add_argument("--adaptive-server-args", default="",
+                   help="more server arguments for the adaptive mode only, space-separated "
+                   "(e.g. '--graphs-recheck-every 8': the policy's re-checks of captured "
+                   "decode steps, which the plain modes have no use for)")
     args = p.parse_args(argv)
     prune, modes = CASES[args.case]
     left_out = ()
@@ -180,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out, device=args.device, modes=modes, duration_s=args.duration_s,
         per_client=args.per_client, windows=args.windows,
         quick=args.quick, max_tokens=MAX_TOKENS, server_args=("--prune", prune),
+        adaptive_args=tuple(args.adaptive_server_args.split()),
         prompt_max=PROMPT_MAX, min_tokens=MIN_TOKENS,
         json_name=f"headline_{args.case.replace(':', '')}.json")
     if any(gpu_server.split_mode(m)[1] for m in modes):

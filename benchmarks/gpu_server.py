@@ -222,6 +222,8 @@ class ModeRun:
                 "--warmup", "--warmup-limit-s", str(args.warmup_limit_s), "--max-queued",
                 "4096", "--pad-to", "64", "--shape-buckets", "pow2"]   # the same shapes
         argv += list(getattr(args, "server_args", ()))
+        if base == "adaptive":
+            argv += list(getattr(args, "adaptive_args", ()))
         # every mode says how it decodes (the server's default, auto, captures on CUDA)
         argv += ["--decode-graphs", ("eager" if args.in_process else "on") if graphs
                  else "off"]
@@ -362,6 +364,13 @@ class ModeRun:
             for line in self.result["prefill_profile"]:
                 print(f"  {self.mode} profile: {line}", flush=True)
             self.result["server"] = fetch_json(self.server.url + "/stats")
+            static = self.result["server"].get("decode_graphs") or {}
+            if static.get("recheck_every"):
+                states = static["states"]
+                print(f"  {self.mode}: decode re-checks every {static['recheck_every']} "
+                      f"batches of a state: {sum(g['rechecks'] for g in states)} re-checks, "
+                      f"{sum(g['recaptures'] for g in states)} re-captures over "
+                      f"{sum(g['batches'] for g in states)} captured batches", flush=True)
         finally:
             self.server.close()
         return self.result
@@ -651,12 +660,15 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         duration_s: float = 120.0, quick: bool = False, preset: str | None = None,
         max_tokens: int = 64, client_warmup_s: float = 6.0, warmup_limit_s: float = 90.0,
         max_batch: int = 32, requests: int = 20000, server_args: tuple = (),
+        adaptive_args: tuple = (),
         prompt_max: int = 2048, min_tokens: int | None = None,
         json_name: str = "gpu_server.json", per_client: int = 8, windows: int = 2) -> dict:
     """Every mode on one request stream; writes ``json_name``; returns the payload.
     Each load serves the stream's first ``per_client`` x clients requests (8: 8 batches
     at 8 clients) and is cut at ``duration_s`` (a cut load says so: ok < requests).
-    ``server_args``: more server arguments for every mode (``--prune 2:4``); ``prompt_max``
+    ``server_args``: more server arguments for every mode (``--prune 2:4``);
+    ``adaptive_args``: more for the adaptive modes only (``--graphs-recheck-every 8``);
+    ``prompt_max``
     and ``min_tokens``: the stream's longest prompt and fewest new tokens (None: every
     request ``max_tokens``). A mode named with ``+graphs`` (``adaptive+graphs``) decodes
     over static caches in CUDA graphs (:func:`split_mode`)."""
@@ -680,7 +692,7 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
         warmup_limit_s=min(warmup_limit_s, 1.0) if dry else warmup_limit_s,
         max_batch=4 if dry else max_batch,
         start_timeout_s=start_timeout_s(warmup_limit_s), in_process=dry,
-        server_args=tuple(server_args))
+        server_args=tuple(server_args), adaptive_args=tuple(adaptive_args))
     prompt_max = 64 if dry else prompt_max
     min_tokens = None if dry or min_tokens is None else min_tokens
     stream = make_stream(requests, seed=0, rate=0.0, prompt_median=16 if dry else 128,
@@ -694,7 +706,9 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
           f"{args.per_client} requests per client each load (cut at {args.duration_s:g} s) "
           f"in {1 if dry else windows} window(s) a mode, the modes taking turns, "
           f"{'' if min_tokens is None else f'{min_tokens}..'}{args.max_tokens} new tokens, "
-          f"{' '.join(args.server_args) or 'no server options'}, prompts up to {prompt_max}, "
+          f"{' '.join(args.server_args) or 'no server options'}"
+          f"{' (adaptive: ' + ' '.join(args.adaptive_args) + ')' if args.adaptive_args else ''}"
+          f", prompts up to {prompt_max}, "
           f"{percentiles([r.prompt_len for r in stream[:2000]])['p50']:.0f} median tokens; "
           f"sampler: {sampler.status}", flush=True)
     # servers in this process (the dry run) share one runtime: their policy counters would
@@ -709,6 +723,7 @@ def run(out_dir: str, device: str = "auto", modes=MODES, concurrency=CONCURRENCY
                "per_client": args.per_client, "windows": windows,
                "max_tokens": args.max_tokens, "min_tokens": min_tokens,
                "prompt_max": prompt_max, "server_args": list(args.server_args),
+               "adaptive_args": list(args.adaptive_args),
                "max_batch": args.max_batch, "sampler": sampler.status, "results": results,
                "greedy": greedy}
     tmp = out / f".{json_name}.{os.getpid()}"

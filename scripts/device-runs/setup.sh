@@ -54,7 +54,7 @@ headline() {
   [ "$3" = all ] || modes=(--modes "$3")
   timeout "$1" python3 benchmarks/gpu_headline.py --case "$2" "${modes[@]}" "${@:4}" --out "$OUT" > "$log" 2>&1
   echo "headline $2 rc=$? $((SECONDS-t0)) s"
-  grep -E "serving after|decode steps (capture|eager)|capture FAILED|pooled| misses: |    batch [0-9]+:|prefill stack:|profile: prefill: (batch|host|stack)" "$log" | cut -c1-300
+  grep -E "serving after|decode steps (capture|eager)|decode re-checks|capture FAILED|pooled| misses: |    batch [0-9]+:|prefill stack:|profile: prefill: (batch|host|stack)" "$log" | cut -c1-300
   tail -10 "$log" | cut -c1-300
 }
 
