@@ -142,16 +142,14 @@ class StaticDecode:
         cuda = self.ids.device.type == "cuda"
         host = torch.empty((self.rows,), dtype=torch.long, pin_memory=cuda)
         read = torch.cuda.Event() if cuda else None
+        advance = self._step if eager else self._issue
         source = first
         for k in range(steps + 1):
             host.copy_(source, non_blocking=cuda)   # step k's tokens, queued before k + 1
             if cuda:
                 read.record()
             if k < steps:
-                if eager:
-                    self._step()
-                else:
-                    self._issue()
+                advance()
             if cuda:
                 read.synchronize()                  # step k done; step k + 1 may run on
             yield host.tolist()
@@ -167,8 +165,10 @@ class StaticDecode:
         """Capture one step in a CUDA graph: eager steps first on ``stream`` (every
         shape's plan decided and held: at least three, then until no key of the process's
         dispatchers explores, at most ``warm_steps``; the stream's own workspaces made),
-        then one step recorded with adaptive's layers frozen. The state the steps leave is
-        garbage: :meth:`load` sets it before a batch's first step.
+        then one step recorded with adaptive's layers frozen. An earlier capture is let go
+        first (a failed capture leaves the state uncaptured, never on the old graph). The
+        state the steps leave is garbage: :meth:`load` sets it before a batch's first
+        step.
 
         Args:
             stream: the stream to capture on (a new one when None; never the default).
@@ -185,6 +185,7 @@ class StaticDecode:
             raise ValueError(f"capture() records CUDA graphs: the model is on "
                              f"{self.ids.device}; call step() uncaptured there")
         stream = stream or torch.cuda.Stream(device=self.ids.device)
+        self.graph = None
         t0 = time.perf_counter()
         with torch.inference_mode():
             self.ids.zero_()

@@ -339,6 +339,17 @@ class Engine:
                 log.exception("on_done failed")
 
 
+@dataclasses.dataclass
+class StateLog:
+    """What :class:`CausalLM` saw of one static decode state: why its last capture failed
+    (None: it did not), and with re-checks, its batches served captured, re-checks and
+    re-captures."""
+    capture_error: str | None = None
+    batches: int = 0
+    rechecks: int = 0
+    recaptures: int = 0
+
+
 class CausalLM:
     """A ``transformers`` causal LM decoded greedily in batches with a KV cache.
 
@@ -380,8 +391,6 @@ class CausalLM:
         # steps eagerly (routed and sampled, the policy seeing decode again); a plan revised
         # meanwhile has the state re-captured (0: never; the choices stay the warm-up's)
         self.recheck_every = recheck_every
-        # (rows, length) -> [batches served, re-checks, re-captures]
-        self._rechecks: dict[tuple[int, int], list[int]] = {}
         # the most new tokens a request may ask (the server's limit): a static cache is
         # the width's power of two past it, so a warm-up over widths and rows meets every
         # static state (None: the batch's own most)
@@ -390,7 +399,7 @@ class CausalLM:
         # of rows (to the batch limit) and of lengths (to the context plus the token limit)
         self._static: dict = {}
         self._graph_stream = self._graph_pool = None
-        self._capture_errors: dict[tuple[int, int], str] = {}   # (rows, length) -> why
+        self._logs: dict[tuple[int, int], StateLog] = {}   # (rows, length) -> its log
         config = model.config
         self.vocab_size = config.vocab_size
         self.max_context = config.max_position_embeddings
@@ -509,18 +518,15 @@ class CausalLM:
                 static = self.static_decode(len(prompts), ids.shape[1] + max(
                     max(max_new), self.max_new_tokens or 0))
                 static.load(cache, mask, positions, tokens)
-                recheck = self._recheck_due(static)
-                if recheck:
-                    from adaptive.integrations.static import plan_table
-                    before = plan_table()
+                before = self._recheck_start(static)   # None: replayed as captured
                 # each step issued before the one before it is read back: the streaming
                 # of a step's tokens overlaps the next step on the device
                 for step, host in enumerate(static.run(tokens, max(max_new) - 1,
-                                                       eager=recheck)):
+                                                       eager=before is not None)):
                     active = [i for i in active if emit(i, host[i]) and step + 1 < max_new[i]]
                     if not active:
                         break
-                if recheck:
+                if before is not None:
                     self._after_recheck(static, before)
                 return
             for step in range(max(max_new)):
@@ -541,29 +547,35 @@ class CausalLM:
                 else:
                     out = step_run()
 
-    def _recheck_due(self, static) -> bool:
-        """Whether this batch of ``static`` (captured) re-checks its plans: its steps run
-        eagerly, every :attr:`recheck_every` batches of the state."""
+    def _recheck_start(self, static) -> dict | None:
+        """Where this batch of ``static`` (captured) re-checks its plans (every
+        :attr:`recheck_every` batches of the state; its steps then run eagerly): the
+        process's plan table before its steps, else None."""
         if self.graphs is not True or not self.recheck_every or not static.captured:
-            return False
-        counts = self._rechecks.setdefault((static.rows, static.length), [0, 0, 0])
-        counts[0] += 1
-        return counts[0] % self.recheck_every == 0
+            return None
+        state = self._log_of(static)
+        state.batches += 1
+        if state.batches % self.recheck_every:
+            return None
+        from adaptive.integrations.static import plan_table
+        return plan_table()
 
     def _after_recheck(self, static, before: dict) -> None:
         """After a re-check's eager steps: where the policy revised a plan meanwhile, the
         state is captured again (its graph ran the kernels held before)."""
         from adaptive.integrations.static import plan_table, revised_keys
-        counts = self._rechecks[(static.rows, static.length)]
-        counts[1] += 1
+        state = self._log_of(static)
+        state.rechecks += 1
         revised = revised_keys(before, plan_table())
         if not revised:
             return
-        counts[2] += 1
+        state.recaptures += 1
         log.info("decode re-check of %dx%d: %d plan(s) revised; capturing it again",
                  static.rows, static.length, revised)
-        static.graph = None
         self._capture(static)
+
+    def _log_of(self, static) -> StateLog:
+        return self._logs.setdefault((static.rows, static.length), StateLog())
 
     def static_states(self) -> dict | None:
         """``graphs``' state (None without): the mode, and each static decode state's rows,
@@ -572,15 +584,11 @@ class CausalLM:
         uncaptured)."""
         if not self.graphs:
             return None
-        def rechecks(rows, length):
-            batches, checks, captures = self._rechecks.get((rows, length), (0, 0, 0))
-            return {"batches": batches, "rechecks": checks, "recaptures": captures}
         return {"mode": "capture" if self.graphs is True else "eager",
                 "recheck_every": self.recheck_every,
                 "states": [{"rows": rows, "length": length, "captured": s.captured,
                             "capture_s": s.capture_s,
-                            "capture_error": self._capture_errors.get((rows, length)),
-                            **rechecks(rows, length)}
+                            **dataclasses.asdict(self._logs.get((rows, length), StateLog()))}
                            for (rows, length), s in sorted(self._static.items())]}
 
     def static_decode(self, rows: int, length: int):
@@ -604,13 +612,13 @@ class CausalLM:
         if self._graph_stream is None:
             self._graph_stream = torch.cuda.Stream(device=self.device)
             self._graph_pool = torch.cuda.graph_pool_handle()
-        key = (static.rows, static.length)
+        state = self._log_of(static)
         try:
             static.capture(self._graph_stream, self._graph_pool)
-            self._capture_errors.pop(key, None)
+            state.capture_error = None
         except RuntimeError as exc:
             log.error("%s; its steps run uncaptured", exc)
-            self._capture_errors[key] = str(exc)
+            state.capture_error = str(exc)
 
 
 class BlockLM:
