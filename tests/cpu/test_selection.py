@@ -40,6 +40,11 @@ def test_every_stream_reports_every_policy_from_one_run(report):
                 assert f"{r.policy}: commits {r.policy_stats['commits']}," in str(report)
         oracle = report.result(s.stream, "oracle")
         assert oracle.steady_ms == pytest.approx(s.oracle_ms) and oracle.steady_ratio == 1.0
+        # the host runs each call whole: no pipelined regime to price, none printed
+        assert all(math.isnan(r.pipelined_ms) and math.isnan(r.pipelined_ratio)
+                   for r in s.results)
+        assert all(math.isnan(c[3]) for row in s.per_input.values()
+                   for c in row["choices"].values())
         for r in s.results:
             assert math.isfinite(r.total_ms) and math.isfinite(r.steady_ms)
             # steady is never below the oracle, and the ratio is the printed quotient
@@ -79,6 +84,7 @@ def test_every_stream_reports_every_policy_from_one_run(report):
                 assert line == ""
     text = str(report)
     assert "replayed" in text and "live" in text and "warm hit" in text
+    assert "pipelined, " not in text
     verdicts = report.verdicts()
     assert len(verdicts) == 3 and text.rstrip().endswith(verdicts[-1])
     assert all("best fixed choice" in v and ("BEAT" in v or "NOT" in v or "MATCHED" in v)
@@ -232,3 +238,54 @@ def test_shipped_pack_is_compared_with_no_pack_in_the_report(report):
     else:
         assert "none for this device (learned-shipped not run)" in text
         assert all(r.policy != "learned-shipped" for s in report.streams for r in s.results)
+
+
+def test_steady_state_is_priced_synchronised_and_pipelined_alike(rng):
+    """Each final choice re-timed in the live stream's regime (every call synchronised) and,
+    where asked (a device), pipelined: each regime's oracle is its own fastest candidate
+    per input, each ratio the quotient of the ms it prints, and the per-input rows carry
+    both times."""
+    from adaptive.backends import get_backend
+    from adaptive.bench.selection import (PIPELINED_BATCH, PolicyResult, StreamReport,
+                                          _dispatcher, _inputs, _per_input, _spec, _steady)
+    from adaptive.policy import MeasureEach
+    be = get_backend("host")
+    d = _dispatcher(be, MeasureEach())
+    specs = [_spec("softmax", R=37, C=53), _spec("softmax", R=5, C=301)]
+    inputs = {s: _inputs(s, rng, "host") for s in specs}
+    labels = {s: [c.label for c in d.candidates("softmax", *inputs[s][0])][:3] for s in specs}
+    stream = [specs[0]] * 3 + [specs[1]] * 2
+    nan = math.nan
+    results = [PolicyResult(p, "replayed", 0.0, nan, nan, 0.0, 0.0, 0.0)
+               for p in ("oracle", "first", "last")]
+    choices = {("oracle", "replayed"): {s: labels[s][0] for s in specs},
+               ("first", "replayed"): {s: labels[s][0] for s in specs},
+               ("last", "replayed"): {s: labels[s][-1] for s in specs}}
+    oracle, synced, piped = _steady(d, stream, inputs, results, choices, be.synchronize,
+                                    quick=True, pipelined=True)
+    pairs = {(s, lab) for ch in choices.values() for s, lab in ch.items()}
+    assert set(synced) == pairs == set(piped)
+    for t, regime in ((synced, "steady"), (piped, "pipelined")):
+        assert all(0 < ms < math.inf for ms in t.values())
+        best = sum(min(t[(s, lab)] for lab in {ch[s] for ch in choices.values()})
+                   for s in stream)
+        for r in results:
+            ms, ratio = getattr(r, f"{regime}_ms"), getattr(r, f"{regime}_ratio")
+            if r.policy == "oracle":
+                assert ms == pytest.approx(best) and ratio == 1.0
+            else:
+                mine = sum(t[(s, choices[(r.policy, "replayed")][s])] for s in stream)
+                assert ms == pytest.approx(mine) and ratio == pytest.approx(mine / best)
+                assert ratio >= 1 - 1e-12
+    assert oracle == pytest.approx(results[0].steady_ms)
+    rows = _per_input(stream, choices, synced, {s: {} for s in specs}, piped=piped)
+    for s in specs:
+        row = next(v for k, v in rows.items() if k.startswith(f"softmax:R={s[1][0][1]},"))
+        label, ms, _, piped_ms = row["choices"]["last/replayed"]
+        assert (ms, piped_ms) == (synced[(s, label)], piped[(s, label)])
+    line = next(x for x in StreamReport("mix", len(specs), len(stream), 6, oracle, results,
+                                        rows).lines() if "pipelined, " in x)
+    assert line == (f"  pipelined, {PIPELINED_BATCH} calls a synchronise (a caller that "
+                    "does not wait for each call), steady/oracle: "
+                    f"first (replayed) {results[1].pipelined_ratio:.3f}, "
+                    f"last (replayed) {results[2].pipelined_ratio:.3f}")
