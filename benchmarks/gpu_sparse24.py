@@ -48,7 +48,8 @@ TOKENS = [1, 16, 64, 256, 512, 2048, 4096]
 QUICK_SHAPES = [(256, 128), (96, 320)]
 QUICK_TOKENS = [1, 16, 64, 256]
 WARMUP_CALLS = 600       # at most, per input, before the dispatcher's decision is timed
-WARMUP_S = 4.0           # and at most this long (S98: 300 calls and 3 s left 4 of 21 exploring)
+WARMUP_S = 8.0           # and at most this long (S99: 600 calls or 4 s left every N <= 64
+                         # exploring)
 TARGET_SMALL_N = 1.4     # dispatcher / dense at N <= 64 (issue 13)
 KERNELS = ("sparse24_mma", "sparse24_stream")     # our variants, each config timed
 
@@ -150,11 +151,14 @@ class HostSide:
 def _warm(dispatcher, w, b) -> tuple[str, str]:
     """Launch until the dispatcher's decision for (w, b) is committed, as a server's
     warm-up does (no exploration budget): its label (with whether it is still exploring or
-    was deferred to the library unexplored) and the policy's account of it."""
+    was deferred to the library unexplored) and the policy's account of it: the calls and
+    seconds the warm-up took, and the input class's history (what it explored, each
+    candidate's samples, why it committed)."""
     import adaptive
-    decision, t0 = None, time.perf_counter()
+    from adaptive.ops import get_op
+    decision, t0, calls = None, time.perf_counter(), 0
     with adaptive.unbounded_exploration():
-        for _ in range(WARMUP_CALLS):
+        for calls in range(1, WARMUP_CALLS + 1):
             dispatcher.launch("spmm", w, b)
             decision = dispatcher.decision("spmm", w, b)
             if decision is not None and not decision.explore:
@@ -163,9 +167,14 @@ def _warm(dispatcher, w, b) -> tuple[str, str]:
                 break
     if decision is None:
         return "?", ""
+    seconds = time.perf_counter() - t0
+    plan = dispatcher.current_plan(get_op("spmm").key((w, b), {}))
+    state = dispatcher.policy.state(plan.class_key) if plan is not None else None
+    history = " | ".join(state.history) if state is not None else decision.reason
     return decision.candidate.label + (" (still exploring)" if decision.explore else
                                        " (deferred)" if "deferred" in decision.reason
-                                       else ""), decision.reason
+                                       else ""), \
+        f"{calls} calls in {seconds:.2f} s: {history}"
 
 
 def _time_kernel(side, w, b, name: str) -> list[tuple[float, dict]]:
@@ -225,7 +234,7 @@ def bench(side, shapes, tokens, budget_s: float) -> list[dict]:
             print(f"{m}x{k} N={n}: " + ", ".join(f"{name}={v:.4f}" for name, v in times.items())
                   + f" ms; chosen {chosen}" + "".join(f"; best {name} {c}"
                                                       for name, c in configs.items())
-                  + f"\n  why: {why[:600]}", flush=True)
+                  + f"\n  why: {why[:2000]}", flush=True)
     return rows
 
 
