@@ -153,7 +153,9 @@ def _warm(dispatcher, w, b) -> tuple[str, str]:
     warm-up does (no exploration budget): its label (with whether it is still exploring or
     was deferred to the library unexplored) and the policy's account of it: the calls and
     seconds the warm-up took, and the input class's history (what it explored, each
-    candidate's samples, why it committed)."""
+    candidate's samples, why it committed; still exploring, the samples so far: run S100
+    left every 2:4 input of N <= 64 exploring after 600 calls, its history the miss
+    alone)."""
     import adaptive
     from adaptive.ops import get_op
     decision, t0, calls = None, time.perf_counter(), 0
@@ -171,6 +173,14 @@ def _warm(dispatcher, w, b) -> tuple[str, str]:
     plan = dispatcher.current_plan(get_op("spmm").key((w, b), {}))
     state = dispatcher.policy.state(plan.class_key) if plan is not None else None
     history = " | ".join(state.history) if state is not None else decision.reason
+    if state is not None and decision.explore:   # still exploring: what has come back
+        history += " | samples so far: " + ", ".join(
+            f"{c.label} n={len(got)}" + (f" median {got.median():.4g}" if len(got) else "")
+            for c, got in state.observed.items())
+        timer = getattr(dispatcher, "_timer", None)   # the dispatcher's ring of event pairs
+        if timer is not None:
+            history += (f" | event pairs pending {timer.pending}, dropped {timer.dropped}, "
+                        f"status {timer.status}")
     return decision.candidate.label + (" (still exploring)" if decision.explore else
                                        " (deferred)" if "deferred" in decision.reason
                                        else ""), \

@@ -377,9 +377,14 @@ def _hold(table: dict, key, value) -> None:
 def _is_library(plan, op: str) -> bool:
     """Whether ``plan`` runs what ``F.linear`` on the layer's weight computes, with the
     library torch calls: torch's own matmul (gemm, a ``torch_library`` variant), or
-    spmm's baseline, the dense matmul on the pruned weight (what a plain program runs on
-    it: the manifest's ``baseline``; cuBLAS), on torch tensors."""
+    spmm's dense matmul on the pruned weight (its baseline that runs on any pruned
+    weight; cuBLAS), on torch tensors. spmm's other baseline, torch's cuSPARSELt path,
+    needs a 2:4 weight (``is_2to4`` among its requirements) and runs another kernel than
+    ``F.linear``: it is served through the dispatcher."""
     variant = plan.candidate.variant
     if plan.problem.kind != "torch":
         return False
-    return variant.torch_library if op == "gemm" else op == "spmm" and variant.baseline
+    if op == "gemm":
+        return variant.torch_library
+    return op == "spmm" and variant.baseline and not any(
+        "is_2to4" in r.text for r in variant.requires)

@@ -540,26 +540,37 @@ class Learned(BasePolicy):
                 notes.append(f"{pick.label}, the fastest on a near measured input "
                              f"(distance {dist:.2f})")
                 self.stats["neighbour_added"] += 1
-        # the baseline (what the plain program runs: the manifest's ``baseline``), else the
-        # best-ranked library candidate (cuBLAS, SDPA, a CuPy composition): the model
-        # ranks a library call by its name alone and can be far off (on the H200, run S7,
-        # a pruned weight's cuSPARSELt outranked the dense matmul it loses to 2.5x at
-        # 16 tokens, and was committed unseen against it). One, not one per
-        # library: spmm's cuBLAS-dense and cuSPARSE both ranked near last took 2 of its 8
-        # slots (on the H200 corpus, one: worst 1.17-1.79x -> 1.15-1.47x)
-        library = next((c for c in ranked if c.variant.baseline), None) or next(
-            (c for c in ranked if c.variant.language == "python"
-             and c.variant.backend != "host"), None)
-        if library is not None and library not in explore and library not in anchors:
-            anchors.append(library)
-            notes.append(f"{library.label}, a library's")
+        # the baselines (what the plain program runs: the manifest's ``baseline``; a 2:4
+        # weight has two, the dense matmul and torch's cuSPARSELt path), each variant's
+        # best-ranked config, else the best-ranked library candidate (cuBLAS, SDPA, a CuPy
+        # composition): the model ranks a library call by its name alone and can be far
+        # off (on the H200, run S7, a pruned weight's cuSPARSELt outranked the dense
+        # matmul it loses to 2.5x at 16 tokens, and was committed unseen against it; runs
+        # S99-S100, cuSPARSELt left unexplored at 2048 tokens, dense committed at 0.73x
+        # its speed). Not one per library: spmm's cuBLAS-dense and cuSPARSE both ranked
+        # near last took 2 of its 8 slots (on the H200 corpus, one: worst 1.17-1.79x ->
+        # 1.15-1.47x); cuSPARSE is no baseline
+        libraries = _firsts(c for c in ranked if c.variant.baseline) or [
+            c for c in ranked if c.variant.language == "python"
+            and c.variant.backend != "host"][:1]
+        for library in libraries:
+            if library not in explore and library not in anchors:
+                anchors.append(library)
+                notes.append(f"{library.label}, a library's")
         cap = self.max_explore if cap is None else cap
         room = max(0, cap - 1)
-        anchors = anchors[:room]
+        anchors, notes = anchors[:room], notes[:room]
         if not anchors:
             return explore, ""
-        keep = explore[: max(1, cap - len(anchors))]
-        return keep + tuple(anchors), "; plus " + " and ".join(notes)
+        # the anchors take the places of the model's last picks, but never of its first
+        # nor of a baseline it picked itself (two baselines: one picked, one anchored)
+        keep = list(explore)
+        for i in range(len(keep) - 1, 0, -1):
+            if len(keep) + len(anchors) <= cap:
+                break
+            if keep[i] not in libraries:
+                del keep[i]
+        return tuple(keep) + tuple(anchors), "; plus " + " and ".join(notes)
 
     # ---- feedback -----------------------------------------------------------------------
     def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> Decision | None:
@@ -664,8 +675,9 @@ class Learned(BasePolicy):
         fastest = {c: math.inf if state.observed[c].failed else state.observed[c].median()
                    for c in active}
         best = min(fastest, key=fastest.get)
-        base = next((c for c in fastest if c.variant.baseline
-                     and math.isfinite(fastest[c])), None)
+        # the fastest baseline (a 2:4 weight has two: the plain program's better way)
+        base = min((c for c in fastest if c.variant.baseline and math.isfinite(fastest[c])),
+                   key=fastest.get, default=None)
         kept = ""
         if base is not None and best is not base and \
                 fastest[best] > fastest[base] * (1 - self.baseline_margin):
