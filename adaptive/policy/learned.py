@@ -210,7 +210,8 @@ class Learned(BasePolicy):
             corpus, 4 left spmm at 1.063 committed/best, 8 at 1.027 (under 10 % of its ~105
             candidates); the regret bound explores fewer where the model is sure.
         anchors: explore also the fastest candidates of the nearest measured inputs
-            (:class:`Neighbours`) and the best-ranked library candidate, in place of the
+            (:class:`Neighbours`) and the baselines (each baseline variant's best-ranked
+            config; without one, the best-ranked library candidate), in place of the
             model's last picks (``adaptive pack replay`` measures what they buy).
         neighbours_k: how many nearest inputs' fastest candidates are anchors.
         per_variant: candidates of one variant among the model's first picks: four
@@ -262,12 +263,12 @@ class Learned(BasePolicy):
             process explores its first classes at once, a warmed-up server that meets a new
             class mid-load spends at most this on it before the fraction applies).
         baseline_margin: an explored candidate replaces the baseline (what the plain
-            program runs: the variant marked ``baseline``) only when its median is at
-            least this fraction faster than the baseline's: three in-stream samples read
-            a few percent apart (run S9 served a decode shape with a config 13% slower
-            than the best one, by its exploration's pick), and a patched model must never
-            be slower than the plain one for a margin inside that noise. 0: the fastest
-            median, whatever it is.
+            program runs: the variant marked ``baseline``; of two, the faster) only when
+            its median is at least this fraction faster than the baseline's: three
+            in-stream samples read a few percent apart (run S9 served a decode shape with
+            a config 13% slower than the best one, by its exploration's pick), and a
+            patched model must never be slower than the plain one for a margin inside
+            that noise. 0: the fastest median, whatever it is.
         race_ratio: an explored candidate whose fastest sample is more than this times
             the leader's median (the fastest median of a candidate timed at least twice)
             is explored no further in this exploration: more samples of it would not
@@ -526,9 +527,9 @@ class Learned(BasePolicy):
     def _anchored(self, op, dtype, features, candidates, ranked, explore,
                   cap: int | None = None):
         """Explore also the fastest candidates of the ``neighbours_k`` nearest measured
-        inputs and the best-ranked library candidate (cuBLAS, SDPA: a committed choice can
-        then not be slower than the library the model prefers on this input), in place of
-        the model's last picks; the model's best pick always stays."""
+        inputs and the baselines (cuBLAS, SDPA; on a 2:4 weight the dense matmul and
+        cuSPARSELt: a committed choice can then not be slower than what the plain program
+        runs), in place of the model's last picks; the model's best pick always stays."""
         if not self.anchors:
             return explore, ""
         anchors, notes = [], []
