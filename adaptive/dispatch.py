@@ -895,8 +895,7 @@ class Dispatcher:
         if not decision.explore:
             return plan
         cands = decision.explore
-        pool = [first if c == first.candidate else self._prepared.get((first.key, c))
-                for c in cands]
+        pool = [first if c == first.candidate else self._pooled(first, c) for c in cands]
         turn = turn if turn is not None else itertools.count()
         warmed = warmed if warmed is not None else set()
         issued = issued if issued is not None else collections.Counter()
@@ -949,6 +948,21 @@ class Dispatcher:
                 return first.run(args, out)
         return dataclasses.replace(plan, run=explore, provisional=True)
 
+    def _pooled(self, first: Plan, candidate: Candidate) -> Plan | None:
+        """``candidate``'s plan on ``first``'s key, bound to ``first``'s input class (its
+        samples are the class's), or None where it was never prepared there (it is then
+        prepared on its first turn). A plan prepared outside the class (a pinned launch's,
+        bound to its own key) was reused as it was, and its samples went to no class: a
+        class exploring candidates that had been timed pinned never committed (run S100,
+        2:4 weights whose kernels the benchmark had timed first: 600 calls)."""
+        pkey = (first.key, candidate)
+        plan = self._prepared.get(pkey)
+        if plan is not None and (plan.class_key != first.class_key
+                                 or plan.time_scale != first.time_scale):
+            plan = self._prepared[pkey] = dataclasses.replace(
+                plan, class_key=first.class_key, time_scale=first.time_scale)
+        return plan
+
     def _warm_turn(self, plan: Plan, args, out):
         """An explored candidate's first turn in its class: the call served, untimed, where
         the sampled calls are timed by events (a device: the first call loads modules and
@@ -995,10 +1009,16 @@ class Dispatcher:
                     cls.keys.discard(key)
                     continue
                 _dropped(old)
-                first = self._prepared.get((key, _first_of(decision)))
+                pkey = (key, _first_of(decision))
+                first = self._prepared.get(pkey)
                 if first is None:   # never prepared here: built from the class next call
                     cls.keys.discard(key)
                     continue
+                if first.class_key != old.class_key or first.time_scale != old.time_scale:
+                    # prepared outside the class (a pinned launch's): its samples are the
+                    # class's now (see _pooled)
+                    first = self._prepared[pkey] = dataclasses.replace(
+                        first, class_key=old.class_key, time_scale=old.time_scale)
                 self._plans[key] = self._plan_for(decision, first, cls.turn, cls.warmed,
                                                   cls.issued)
             log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,

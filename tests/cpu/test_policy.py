@@ -436,6 +436,46 @@ def test_gpu_timings_come_from_events_harvested_later_and_nothing_synchronises(r
     assert d.harvest() == 0                     # nothing pending: a flush is free
 
 
+@pytest.mark.parametrize("pinned_first", [False, True])
+def test_candidates_timed_pinned_first_are_sampled_for_the_class(rng, pinned_first):
+    """A candidate launched pinned (``variant=``, ``config=``) before its input class
+    explores has a plan bound to its own key; the class's rotation reuses that plan, and
+    its samples must reach the class: they went to no class, and the class never
+    committed (run S100: a benchmark timed the 2:4 kernels pinned, then every class of
+    N <= 64 explored 600 calls). The same calls commit either way; a pinned launch after
+    the commit still runs its own candidate."""
+    be = _EventHost()
+    x = rng.standard_normal((70, 45)).astype(np.float32)
+    ref = OPS["softmax"].reference(x)
+    policy = Learned(LiveModel(background=False))
+    d = Dispatcher(be, policy=policy)
+    cands = d.candidates("softmax", x)
+    if pinned_first:
+        for c in cands:
+            out = d.launch("softmax", x, variant=c.variant.name, config=c.config)
+            assert np.max(np.abs(out - ref)) < 1e-5
+    key = OPS["softmax"].key((x,), {})
+    for n in range(1, 40):
+        assert np.max(np.abs(d.launch("softmax", x) - ref)) < 1e-5
+        be.finish()
+        if not d._plans[key].provisional:
+            break
+    state = policy.state(d._plans[key].class_key)
+    assert state.committed is not None, "; ".join(state.history)
+    assert n <= 4 * len(state.explore) + 2, n
+    assert all(len(state.observed[c]) >= 1 for c in state.explore), state.observed
+    assert state.committed == min(state.explore, key=lambda c: be.cost[c.label])
+    d.sample_every = 1              # the commit's steady samples reach the class too
+    for _ in range(3):
+        d.launch("softmax", x)
+        be.finish()
+    d.harvest()
+    assert list(state.recent) or state.steady_ms > 0, "; ".join(state.history)
+    last = cands[-1]
+    out = d.launch("softmax", x, variant=last.variant.name, config=last.config)
+    assert np.max(np.abs(out - ref)) < 1e-5
+
+
 def _lagging_exploration(rng, drop=None):
     """A class explored on the fake event host with its events finished only every third
     call (a GPU behind the host: samples harvested calls after they are issued), 3
