@@ -487,26 +487,26 @@ def _steady(d, stream, inputs, results, choices, sync, quick: bool,
     pairs = {(s, lab) for ch in choices.values() for s, lab in ch.items()}
     rounds = 3 if quick else 5
     t = _retime(d, pairs, inputs, sync, rounds=rounds, batch=1)
-    oracle = _price(t, stream, results, choices, "steady")
+    oracle, priced = _price(t, stream, results, choices)
+    for r in results:
+        r.steady_ms, r.steady_ratio = priced[id(r)], priced[id(r)] / oracle
     piped = {}
     if pipelined:
         piped = _retime(d, pairs, inputs, sync, rounds=rounds, batch=PIPELINED_BATCH)
-        _price(piped, stream, results, choices, "pipelined")
+        piped_oracle, priced = _price(piped, stream, results, choices)
+        for r in results:
+            r.pipelined_ms, r.pipelined_ratio = priced[id(r)], priced[id(r)] / piped_oracle
     return oracle, t, piped
 
 
-def _price(t: dict, stream, results, choices, regime: str) -> float:
-    """Each result's ms and ratio in ``regime`` (its ``<regime>_ms`` and ``_ratio``) from
-    the re-timed ms ``t``; the oracle's is the fastest re-timed candidate per input.
-    Returns the oracle's ms."""
+def _price(t: dict, stream, results, choices) -> tuple[float, dict]:
+    """The stream's calls priced with the re-timed ms ``t``: the oracle's ms (the fastest
+    re-timed candidate per input) and each result's ms (by ``id``)."""
     fastest = {s: min(v for (s2, _), v in t.items() if s2 == s) for s in set(stream)}
     oracle = sum(fastest[s] for s in stream)
-    for r in results:
-        ch = choices[(r.policy, r.source)]
-        ms = oracle if r.policy == "oracle" else sum(t[(s, ch[s])] for s in stream)
-        setattr(r, f"{regime}_ms", ms)
-        setattr(r, f"{regime}_ratio", ms / oracle)
-    return oracle
+    return oracle, {id(r): oracle if r.policy == "oracle" else
+                    sum(t[(s, choices[(r.policy, r.source)][s])] for s in stream)
+                    for r in results}
 
 
 def _per_input(stream, choices, retimed, table, whys=None, piped=None) -> dict:
