@@ -584,9 +584,23 @@ class Dispatcher:
                 self._trim(self._prepared, 4 * self.plan_cache_size)
             if exploring:
                 self.policy.charge_exploration(time.perf_counter() - t0)
-        elif class_key and plan.class_key != class_key:   # prepared to be measured, first
-            plan = self._prepared[pkey] = dataclasses.replace(plan, class_key=class_key,
-                                                              time_scale=time_scale)
+        elif class_key:   # prepared to be measured or pinned, first
+            plan = self._in_class(pkey, class_key, time_scale)
+        return plan
+
+    def _in_class(self, pkey: tuple, class_key: tuple, time_scale: float) -> Plan | None:
+        """The prepared plan ``pkey`` (a key and a candidate) bound to the input class
+        ``class_key`` with its key's ``time_scale``, so that its samples are the class's;
+        None where it was never prepared. A plan prepared outside the class (a pinned
+        launch's is bound to its own key) and reused by the class as it was sent its
+        samples to no class, and a class exploring candidates timed pinned first never
+        committed (run S100: 2:4 weights whose kernels the benchmark had timed pinned,
+        600 calls)."""
+        plan = self._prepared.get(pkey)
+        if plan is not None and (plan.class_key != class_key
+                                 or plan.time_scale != time_scale):
+            plan = self._prepared[pkey] = dataclasses.replace(
+                plan, class_key=class_key, time_scale=time_scale)
         return plan
 
     @property
@@ -895,7 +909,9 @@ class Dispatcher:
         if not decision.explore:
             return plan
         cands = decision.explore
-        pool = [first if c == first.candidate else self._pooled(first, c) for c in cands]
+        pool = [first if c == first.candidate else
+                self._in_class((first.key, c), first.class_key, first.time_scale)
+                for c in cands]
         turn = turn if turn is not None else itertools.count()
         warmed = warmed if warmed is not None else set()
         issued = issued if issued is not None else collections.Counter()
@@ -948,21 +964,6 @@ class Dispatcher:
                 return first.run(args, out)
         return dataclasses.replace(plan, run=explore, provisional=True)
 
-    def _pooled(self, first: Plan, candidate: Candidate) -> Plan | None:
-        """``candidate``'s plan on ``first``'s key, bound to ``first``'s input class (its
-        samples are the class's), or None where it was never prepared there (it is then
-        prepared on its first turn). A plan prepared outside the class (a pinned launch's,
-        bound to its own key) was reused as it was, and its samples went to no class: a
-        class exploring candidates that had been timed pinned never committed (run S100,
-        2:4 weights whose kernels the benchmark had timed first: 600 calls)."""
-        pkey = (first.key, candidate)
-        plan = self._prepared.get(pkey)
-        if plan is not None and (plan.class_key != first.class_key
-                                 or plan.time_scale != first.time_scale):
-            plan = self._prepared[pkey] = dataclasses.replace(
-                plan, class_key=first.class_key, time_scale=first.time_scale)
-        return plan
-
     def _warm_turn(self, plan: Plan, args, out):
         """An explored candidate's first turn in its class: the call served, untimed, where
         the sampled calls are timed by events (a device: the first call loads modules and
@@ -1009,16 +1010,11 @@ class Dispatcher:
                     cls.keys.discard(key)
                     continue
                 _dropped(old)
-                pkey = (key, _first_of(decision))
-                first = self._prepared.get(pkey)
+                first = self._in_class((key, _first_of(decision)), old.class_key,
+                                       old.time_scale)
                 if first is None:   # never prepared here: built from the class next call
                     cls.keys.discard(key)
                     continue
-                if first.class_key != old.class_key or first.time_scale != old.time_scale:
-                    # prepared outside the class (a pinned launch's): its samples are the
-                    # class's now (see _pooled)
-                    first = self._prepared[pkey] = dataclasses.replace(
-                        first, class_key=old.class_key, time_scale=old.time_scale)
                 self._plans[key] = self._plan_for(decision, first, cls.turn, cls.warmed,
                                                   cls.issued)
             log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,
