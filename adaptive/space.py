@@ -19,6 +19,8 @@ from adaptive.errors import (ExpressionError, InputTypeError, InputValueError,
 from adaptive.expr import Expr, compile_expr
 
 Config = tuple  # a config is a tuple of (name, value) pairs, sorted by name: hashable
+_ADMITTED: dict[tuple, tuple[dict, ...]] = {}   # (space, limits) -> its configs (Space.configs)
+_ADMITTED_MAX = 4096
 
 
 def as_config(mapping: Mapping) -> Config:
@@ -68,8 +70,20 @@ class Space:
             yield dict(zip(names, values))
 
     def configs(self, limits: Mapping) -> list[dict]:
-        """Every config whose constraints hold under these device limits."""
-        return [c for c in self.all_configs() if self.admits(c, limits)]
+        """Every config whose constraints hold under these device limits (new dicts).
+        Enumerated once per process for a space and limits, whatever object holds the
+        space: each dispatcher has a registry of its own, and a new one's first miss of
+        an op enumerated its variants' spaces again (2.6-5.8 ms for gemm's, spmm's or
+        attention's on our CPU, of a first result whose bar is 5 ms)."""
+        key = (self.params, tuple(c.text for c in self.constraints),
+               tuple(sorted(limits.items())))
+        admitted = _ADMITTED.get(key)
+        if admitted is None:
+            admitted = tuple(c for c in self.all_configs() if self.admits(c, limits))
+            if len(_ADMITTED) >= _ADMITTED_MAX:   # spaces made at run time (regenerated
+                _ADMITTED.clear()                 # variants) keep coming: bounded
+            _ADMITTED[key] = admitted
+        return [dict(c) for c in admitted]
 
     def admits(self, config: Mapping, limits: Mapping) -> bool:
         scope = {**limits, **config}

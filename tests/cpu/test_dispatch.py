@@ -263,3 +263,29 @@ def test_a_miss_lists_the_candidates_of_the_variants_registered_now(rng):
     assert "host_blocked[rows=16]" in labels and "host_blocked[rows=8]" not in labels
     assert all(c.variant is new for c in d.candidates("softmax", x)
                if c.variant.name == "host_blocked")
+
+
+def test_a_space_admits_its_configs_once_per_process_and_hands_out_new_dicts(monkeypatch):
+    """Each dispatcher has a registry of its own, whose spaces are new objects: the configs
+    a device admits are enumerated once per space definition and limits, not once per
+    dispatcher; each caller gets dicts of its own; other limits or another definition
+    enumerate anew."""
+    from adaptive.space import Space
+    table = {"BM": [32, 64, 128], "W": [1, 2, 4],
+             "constraints": ["BM * W <= max_threads_per_block"]}
+    calls = []
+    admits = Space.admits
+    monkeypatch.setattr(Space, "admits", lambda self, c, limits: calls.append(c) or
+                        admits(self, c, limits))
+    limits = {"max_threads_per_block": 256, "sm_count": 7}
+    first = Space.from_dict(table).configs(limits)
+    assert len(calls) == 9 and first == [{"BM": bm, "W": w} for bm in (32, 64, 128)
+                                          for w in (1, 2, 4) if bm * w <= 256]
+    again = Space.from_dict(dict(table)).configs(dict(reversed(list(limits.items()))))
+    assert again == first and len(calls) == 9           # another object, the same space
+    again[0]["BM"] = 999                                 # a caller's dicts are its own
+    assert Space.from_dict(table).configs(limits) == first and len(calls) == 9
+    assert len(Space.from_dict(table).configs({**limits, "max_threads_per_block": 128})) \
+        == 6 and len(calls) == 18                        # other limits: enumerated anew
+    Space.from_dict({**table, "W": [1, 2]}).configs(limits)
+    assert len(calls) == 24                              # another definition: anew
