@@ -73,7 +73,7 @@ class Space:
         """Every config whose constraints hold under these device limits (new dicts).
         Enumerated once per process for a space and limits, whatever object holds the
         space: each dispatcher has a registry of its own, and a new one's first miss of
-        an op enumerated its variants' spaces again (2.6-5.8 ms for gemm's, spmm's or
+        an op enumerated its variants' spaces again (1.5-5.8 ms for gemm's, spmm's or
         attention's on our CPU, of a first result whose bar is 5 ms)."""
         key = (self.params, tuple(c.text for c in self.constraints),
                tuple(sorted(limits.items())))
