@@ -59,13 +59,19 @@ ISSUE_WINDOW = 32
 # still pay its heuristics. Run S72 (H200, CuPy arrays) issued cuBLAS's calls 2 to 8 of a
 # shape in 80-155, 23-32, then 16-23 us, against 17-19 us held: two runs seeded 23-32 us
 ISSUE_SEED_RUNS = 5
-# how a host-bound class's call is charged its issuing (Dispatcher.issue_charge): "sum", the
-# device time plus the issuing (a caller that waits for each call: the device then runs
-# after the host has issued), or "max", the larger of the two (a caller that issues call
-# after call: the host's issuing of one call overlaps the device's run of the one before).
-# Run S59 (H200, gemm 2048^3 from CuPy): "sum" charged cuBLAS 0.082 ms (0.027 of device
-# time) against tc_wide's 0.062 (0.048), and committed tc_wide at 1.75x cuBLAS's device time
-ISSUE_CHARGES = ("sum", "max")
+# how a host-bound class's call is charged its issuing (Dispatcher.issue_charge):
+# "measured" (the default): its exploring samples are timed on an idle stream by an ungated
+# event pair, which reads the host's latency up to the kernels' launch plus the device
+# time (what a caller that waits for each call pays), and charged the larger of that and
+# the whole issuing (a caller issuing call after call pays the issuing where it is
+# longer). "sum": gated samples (device time) plus the whole issuing; "max": the larger of
+# the two. "sum" charges a library call's work after its launch (views, a stream context's
+# exit, returning) as if the device waited for it: run S101 (H200) charged SDPA from CuPy
+# 103 us of issuing over its device time and committed flash2_mma at 0.1882 ms a
+# synchronised call against SDPA's 0.1515. Run S59 (gemm 2048^3 from CuPy): "sum" charged
+# cuBLAS 0.082 ms (0.027 of device time) against tc_wide's 0.062 (0.048), and committed
+# tc_wide at 1.75x cuBLAS's device time
+ISSUE_CHARGES = ("measured", "sum", "max")
 
 
 @dataclasses.dataclass(eq=False)
@@ -267,7 +273,7 @@ class Dispatcher:
                                  f"subclassing adaptive.policy.BasePolicy), got {policy!r}")
         self.policy = policy
         self.limits = self.backend.limits()
-        self._issue_charge = "sum"
+        self._issue_charge = "measured"
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
         self._prepared: dict[tuple, Plan] = {}
@@ -605,9 +611,10 @@ class Dispatcher:
 
     @property
     def issue_charge(self) -> str:
-        """How a host-bound class's call is charged its host issuing: ``"sum"`` (device
-        time plus issuing, the default) or ``"max"`` (the larger); see
-        :data:`ISSUE_CHARGES`."""
+        """How a host-bound class's call is charged its host issuing: ``"measured"`` (the
+        default: samples timed ungated on an idle stream, the host's latency to the launch
+        included, charged at least the issuing), ``"sum"`` (device time plus issuing) or
+        ``"max"`` (the larger); see :data:`ISSUE_CHARGES`."""
         return self._issue_charge
 
     @issue_charge.setter
@@ -616,12 +623,20 @@ class Dispatcher:
             raise InputValueError(f"issue_charge {rule!r}; expected one of {ISSUE_CHARGES}")
         self._issue_charge = rule
 
-    def _charged(self, time_ms: float, issue_ms: float) -> float:
+    def _charged(self, time_ms: float, issue_ms: float, ungated: bool = False) -> float:
         """What a call of ``time_ms`` on the device, issued in ``issue_ms`` by a host the
-        device waited for, costs the caller (``issue_charge``)."""
+        device waited for, costs the caller (``issue_charge``). ``ungated``: ``time_ms``
+        was read by an ungated pair on an idle stream, the host's latency to the launch
+        in it: the larger of the two."""
         if issue_ms <= 0:
             return time_ms
-        return time_ms + issue_ms if self._issue_charge == "sum" else max(time_ms, issue_ms)
+        if ungated or self._issue_charge == "max":
+            return max(time_ms, issue_ms)
+        return time_ms + issue_ms
+
+    def _ungated(self) -> bool:
+        """Whether host-bound samples are timed ungated on an idle stream (``"measured"``)."""
+        return self._issue_charge == "measured"
 
     def _measure(self, op: Op, problem: Problem, key: tuple, args, candidate: Candidate,
                  warmup: int = 0, charge_issue: bool = False) -> float:
@@ -637,7 +652,12 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 (failures are data inside search)
             error = f"{type(exc).__name__}: {exc}"
         else:
-            timer = self.backend.device_timer(self.backend.stream_ptr(problem.kind))
+            ungated = charge_issue and self._ungated()
+            stream = self.backend.stream_ptr(problem.kind)
+            # "measured": after the warm-up's synchronise the stream is idle, and an
+            # ungated pair reads the host's latency to the launch with the device time
+            timer = (self.backend.device_timer(stream, gated=False) if ungated
+                     else self.backend.device_timer(stream))
             call, issue_ms = functools.partial(plan.run, args, None), []
 
             def issued():   # the run, and how long the host took to issue it
@@ -648,7 +668,8 @@ class Dispatcher:
                         warmup=warmup, sync=self.backend.synchronize, timer=timer)
             if not m.error:   # the least issuing of the runs: one collection or page
                 # fault in the timed run would otherwise be charged to the candidate
-                return self._charged(m.samples_ms[0], min(issue_ms, default=0.0))
+                return self._charged(m.samples_ms[0], min(issue_ms, default=0.0),
+                                     ungated and timer is not None)
             error = m.error
         log.warning("candidate %s failed on %s: %s", candidate.label, problem.describe(), error)
         return math.inf
@@ -703,8 +724,8 @@ class Dispatcher:
             return plan.run(args, out)
         self._referenced.add(plan.key)   # the eviction clock's second chance
         timer = self._timer if self._timer_tried else self._event_timer()
-        slot, release, waits = (self._start_events(timer, plan, exploring)
-                                if timer is not None else (None, None, False))
+        slot, release, waits, ungated = (self._start_events(timer, plan, exploring)
+                                         if timer is not None else (None, None, False, False))
         if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
             t0 = time.perf_counter_ns() if exploring else 0
             try:
@@ -713,9 +734,10 @@ class Dispatcher:
                 timer.cancel(slot)
                 release()
                 raise
-            try:   # tagged (plan, its issuing in ms, whether the device waited): see harvest
-                timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6, waits)
-                           if exploring else (plan, 0.0, None))
+            try:   # tagged (plan, its issuing in ms, whether the device waited, whether
+                # the pair was ungated on an idle stream): see harvest
+                timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6, waits, ungated)
+                           if exploring else (plan, 0.0, None, False))
             except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                 self._events_failed(exc)
             release()
@@ -732,26 +754,43 @@ class Dispatcher:
         return result
 
     def _start_events(self, timer, plan: Plan, hold: bool = False):
-        """Harvest finished pairs and start one for ``plan``: ``(slot, release, waits)``,
-        release to be called once the pair's end is recorded, ``waits``: the device was
-        waiting for the host before the gate (``(None, None, False)``: the timer broke and
-        this call is timed on the host). ``hold``: behind a gate of the stream (the
-        backend's ``gate``: released once the call and its end event are issued, at most
-        ``HOLD_US``), else behind nothing (``waits`` is then False: an ungated pair on an
-        idle device already reads the host's issuing)."""
+        """Harvest finished pairs and start one for ``plan``: ``(slot, release, waits,
+        ungated)``, release to be called once the pair's end is recorded, ``waits``: the
+        device was waiting for the host before the gate (``(None, None, False, False)``:
+        the timer broke and this call is timed on the host). ``hold`` (an exploring
+        sample): behind a gate of the stream (the backend's ``gate``: released once the
+        call and its end event are issued, at most ``HOLD_US``), so the pair reads the
+        device time; or, in a host-bound class under ``issue_charge`` "measured", on the
+        stream made idle (waited for, if a call before it still runs) and ungated
+        (``ungated`` True), so the pair reads the host's latency to the launch with the
+        device time, what a caller waiting for the call pays. Else behind nothing
+        (``waits`` is then False)."""
         release = released
         try:
             self.harvest()
             stream = self.backend.stream_ptr(plan.problem.kind)
-            waits = False
+            waits = ungated = False
             if hold:
                 waits = self._device_waits(stream)   # before the gate queues work
-                release = self.backend.gate(stream, HOLD_US)
-            return timer.start(stream), release, waits
+                ungated = self._ungated() and self._bound_so_far(plan.class_key, waits)
+                if ungated:
+                    if not waits:   # a call before it still runs (a slower candidate's)
+                        self.backend.wait_stream(stream)
+                else:
+                    release = self.backend.gate(stream, HOLD_US)
+            return timer.start(stream), release, waits, ungated
         except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
             release()
             self._events_failed(exc)
-            return None, None, False
+            return None, None, False, False
+
+    def _bound_so_far(self, class_key: tuple, waits: bool) -> bool:
+        """Whether ``class_key``'s exploring samples so far mostly found the device
+        waiting (:meth:`_host_bound`, not counting this one); with none yet, ``waits``."""
+        cls = self._classes.get(class_key)
+        if cls is None or not cls.explored:
+            return waits
+        return 2 * cls.waited >= cls.explored
 
     def _device_waits(self, stream_ptr: int) -> bool:
         """Whether ``stream_ptr`` has no queued work: the device waits for the host, so the
@@ -791,12 +830,12 @@ class Dispatcher:
         if timer is None or not timer.pending:
             return 0
         done = timer.harvest()      # an error here reaches _sampled's guard, or the caller
-        for (plan, issue_ms, waited), time_ms in done:
-            self.feedback(plan, time_ms, issue_ms, waited)
+        for (plan, issue_ms, waited, ungated), time_ms in done:
+            self.feedback(plan, time_ms, issue_ms, waited, ungated)
         return len(done)
 
     def feedback(self, plan: Plan, time_ms: float, issue_ms: float = 0.0,
-                 waited: bool | None = None) -> None:
+                 waited: bool | None = None, ungated: bool = False) -> None:
         """Give a measured time of ``plan`` to the policy and to every listener.
 
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
@@ -812,15 +851,20 @@ class Dispatcher:
         ``three_pass``'s samples followed a slower candidate's kernels, were charged
         nothing, and it was committed at 2.4x the best). There, a class whose calls
         bring new keys is charged each candidate's preparation of a key per call too
-        (:meth:`_key_charge`).
+        (:meth:`_key_charge`). ``ungated``: ``time_ms`` was read by an ungated pair on an
+        idle stream (``issue_charge`` "measured"): it holds the host's latency to the
+        launch, and the call is charged the larger of it and the issuing; recorders see it
+        as read.
         """
-        charge = 0.0
+        charge, key_ms = 0.0, 0.0
         if issue_ms > 0:
             typical = self._typical_issue(plan, issue_ms)
-            if waited is None or self._host_bound(plan.class_key, waited):
-                charge = typical + self._key_charge(plan)
+            if waited is None or self._host_bound(plan.class_key, waited) or ungated:
+                charge, key_ms = typical, self._key_charge(plan)
+        charged = (self._charged(time_ms, charge, ungated) + key_ms if ungated
+                   else self._charged(time_ms, charge + key_ms))
         update = self.policy.observe(plan.class_key, plan.candidate,
-                                     self._charged(time_ms, charge) * plan.time_scale)
+                                     charged * plan.time_scale)
         if update is not None:
             self._revise(plan.class_key, update)
         for recorder in self._recorders:

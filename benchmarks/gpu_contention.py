@@ -64,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.contention_load import Load  # noqa: E402
+from adaptive.dispatch import ISSUE_CHARGES  # noqa: E402
 
 TARGET_RATIO = 1.10
 LIBRARIES = ("cublas", "sdpa_torch", "cublas_dense")   # issuing windows printed in full
@@ -643,9 +644,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="no load condition starts that would end (with the idle one "
                              "after it) past this many seconds")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--issue-charge", default="sum", choices=("sum", "max"),
+    parser.add_argument("--issue-charge", default="measured", choices=ISSUE_CHARGES,
                         help="how a host-bound class's call is charged its issuing "
-                             "(Dispatcher.issue_charge; default sum)")
+                             "(Dispatcher.issue_charge; default measured)")
     parser.add_argument("--no-device-state", dest="device_state", action="store_false",
                         help="the policy sees an idle device (ADAPTIVE_DEVICE_STATE=off)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."),

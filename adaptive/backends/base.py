@@ -56,9 +56,11 @@ class Backend(Protocol):
         """Run ``fn(args, out)`` ``repeats`` times, synchronously; one time per run in ms
         (on a device: the run's device time, not the host's issuing of it)."""
 
-    def device_timer(self, stream_ptr: int):
+    def device_timer(self, stream_ptr: int, gated: bool = True):
         """A :data:`~adaptive.timing.Timer` of one run's device time on that stream, or
-        None where the host's clock times a run (the host backend)."""
+        None where the host's clock times a run (the host backend). ``gated=False``: the
+        pair is not held behind a gate, so on an idle stream it reads the host's latency
+        to the run's launch too (what a caller waiting for the run pays)."""
 
     def fingerprint(self) -> dict:
         """Identity of the device, for packs and logs."""
@@ -84,6 +86,9 @@ class Backend(Protocol):
 
     def synchronize(self) -> None:
         """Wait for the device's queued work (a no-op on the host: its runs are synchronous)."""
+
+    def wait_stream(self, stream_ptr: int) -> None:
+        """Wait for that stream's queued work (a no-op on the host)."""
 
     def event_timer(self):
         """A device event timer for sampled calls (``start(stream)``, ``stop(slot, plan)``,

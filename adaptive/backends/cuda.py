@@ -292,6 +292,11 @@ class CudaBackend:
             if flag.value < ticket:    # t, and an earlier ticket's release takes none back
                 flag.value = ticket
 
+    def wait_stream(self, stream_ptr: int) -> None:
+        """Wait for ``stream_ptr``'s queued work (``cudaStreamSynchronize``)."""
+        with self._cp.cuda.Device(self.index):
+            self._cp.cuda.runtime.streamSynchronize(stream_ptr)
+
     def stream_idle(self, stream_ptr: int) -> bool | None:
         """Whether ``stream_ptr`` has finished all its queued work (``cudaStreamQuery``:
         success, or "not ready"); None for any other answer."""
@@ -455,11 +460,12 @@ class CudaBackend:
         return list(measure(lambda: fn(args, out), reps=repeats, timer=timer,
                             raise_errors=True).samples_ms)
 
-    def device_timer(self, stream_ptr: int):
+    def device_timer(self, stream_ptr: int, gated: bool = True):
         """A :data:`~adaptive.timing.Timer` of one run's device time on that stream: CUDA
         events behind a :meth:`gate` (at most :data:`TIME_GATE_US` while the host issues
-        the run)."""
-        return CudaEvents(self._cp, gate=self.gate, limit_us=TIME_GATE_US,
+        the run); ``gated=False``: a bare pair, which on an idle stream reads the host's
+        latency to the launch with the device time."""
+        return CudaEvents(self._cp, gate=self.gate if gated else None, limit_us=TIME_GATE_US,
                           stream_ptr=stream_ptr)
 
 

@@ -102,6 +102,9 @@ class HostBackend:
     def synchronize(self) -> None:
         """Host runs are synchronous: nothing to wait for."""
 
+    def wait_stream(self, stream_ptr: int) -> None:
+        """Host runs are synchronous: nothing to wait for."""
+
     def event_timer(self):
         """None: sampled host calls are timed with the perf counter."""
         return None
@@ -165,7 +168,7 @@ class HostBackend:
     def time_ms(self, fn, args, out, repeats: int = 1) -> list[float]:
         return list(measure(lambda: fn(args, out), reps=repeats, raise_errors=True).samples_ms)
 
-    def device_timer(self, stream_ptr: int):
+    def device_timer(self, stream_ptr: int, gated: bool = True):
         """None: a host run is timed by the host's clock."""
         return None
 

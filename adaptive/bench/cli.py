@@ -160,7 +160,8 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
                                 _tuning_ms(live.policy, chosen, explored_s), choices,
                                 sum(bool(d.explore) for d in chosen),
                                 _largest_excess(op_name, streams[op_name], table, chosen,
-                                                order), walls))
+                                                order, _samples_of(live, op_name, inputs)),
+                                walls))
     return reports
 
 
@@ -207,12 +208,25 @@ def _batch_of(d, op_name: str, args, cand, n: int):
     return run
 
 
+def _samples_of(live, op_name: str, inputs) -> list[dict[str, tuple]]:
+    """Per input, {label: the live policy's samples of it, ms} (what its medians came
+    from); empty where the policy keeps none."""
+    out = []
+    for args in inputs:
+        plan = live.current_plan(OPS[op_name].key(args, {}))
+        state_of = getattr(live.policy, "state", None)
+        state = state_of(plan.class_key) if plan is not None and state_of else None
+        out.append({c.label: tuple(got) for c, got in state.observed.items()}
+                   if state is not None else {})
+    return out
+
+
 def _largest_excess(op_name: str, stream: list, table: list[dict[str, float]], chosen,
-                    order: list[int]) -> str:
+                    order: list[int], samples: list[dict] | None = None) -> str:
     """The input whose adaptive choice cost the stream most over the oracle: its choice and
     the table's best with the table's ms and, where the live policy timed them, the median
-    it measured (what the live choice went by), and the stream's ms lost; "" when every
-    choice is the table's best."""
+    it measured (what the live choice went by) and its samples, and the stream's ms lost;
+    "" when every choice is the table's best."""
     calls = collections.Counter(order)
     lost = [(calls[i] * (table[i][d.candidate.label] - min(table[i].values())), i)
             for i, d in enumerate(chosen)]
@@ -223,10 +237,14 @@ def _largest_excess(op_name: str, stream: list, table: list[dict[str, float]], c
     best = min(row, key=row.get)
     observed = d.observed
 
+    got = samples[i] if samples else {}
+
     def priced(label: str) -> str:
         live = observed.get(label)
+        seen = got.get(label)
         return f"{label} table {row[label]:.4f} ms" + (
-            f", live {live:.4f} ms" if live is not None else ", not timed live")
+            f", live {live:.4f} ms" if live is not None else ", not timed live") + (
+            f" (samples {', '.join(f'{t:.4f}' for t in seen)})" if seen else "")
     dims, dtype, _ = stream[i]
     return (f"mixed {op_name}: largest excess {dims} {dtype}: chose {priced(d.candidate.label)}"
             f"; best {priced(best)}; x{calls[i]} calls = {ms:.3f} ms of the stream")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import gpu_sparse24
 
 
@@ -76,3 +78,26 @@ def test_kernel_reach_is_the_worst_ratio_at_small_n():
         r["times_ms"]["sparse24_stream"] = t
     assert gpu_sparse24.kernel_reach(rows) == [("4096x4096", "worst 1.25x (N=64)")]
     assert gpu_sparse24.kernel_reach(rows, "sparse24_mma") == []
+
+
+def test_the_eager_loop_times_each_way_interleaved_and_keeps_the_least_round(monkeypatch):
+    """loop_ms: every way called ``calls`` times a round, rounds interleaved across the
+    ways after one untimed warm-up round, each round between two synchronises; the least
+    round's wall per call is kept (a slow round, here the second timed one of ``slow``, is
+    not)."""
+    clock, order, syncs = [0.0], [], []
+    monkeypatch.setattr(gpu_sparse24.time, "perf_counter", lambda: clock[0])
+
+    def way(name, ms, slow_calls=range(0)):
+        def run():
+            made = order.count(name)        # this way's calls before this one
+            order.append(name)
+            clock[0] += ms * (10 if made in slow_calls else 1) / 1e3
+        return run
+
+    fns = {"fast": way("fast", 0.5), "slow": way("slow", 2.0, slow_calls=range(8, 12))}
+    got = gpu_sparse24.loop_ms(fns, lambda: syncs.append(len(order)), calls=4, rounds=3)
+    assert got == pytest.approx({"fast": 0.5, "slow": 2.0})
+    assert len(order) == 2 * 4 * 4                       # warm-up round + 3 rounds each
+    assert order[:12] == ["fast"] * 4 + ["slow"] * 4 + ["fast"] * 4   # interleaved
+    assert len(syncs) == 2 * 2 * 4 and syncs[:4] == [0, 4, 4, 8]   # around every round

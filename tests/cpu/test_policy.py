@@ -361,7 +361,10 @@ class _Event:
 
 class _EventHost:
     """The host backend with a fake GPU clock and fake CUDA events: each candidate's run
-    advances the clock by its own cost; events complete only when the test says so."""
+    advances the clock by its own cost; events complete only when the test says so. A run
+    on an idle stream (``idle``, or waited for by ``wait_stream``) outside a gate first
+    advances the clock by its ``pre`` ms: the host's latency up to its kernels' launch,
+    which an ungated event pair reads."""
 
     def __new__(cls):
         from adaptive.backends.host import HostBackend
@@ -371,6 +374,7 @@ class _EventHost:
                 super().__init__()
                 self.clock, self.recorded, self.synced, self.cost = 0.0, [], 0, {}
                 self.holds, self.issue_s, self.idle = [], {}, False
+                self.pre, self.gated, self.stream_waits, self._waited = {}, False, 0, False
 
             def prepare(self, candidate, problem, op):
                 fn = super().prepare(candidate, problem, op)
@@ -379,10 +383,17 @@ class _EventHost:
 
                 def run(args, out):
                     fn(args, out)
+                    if not self.gated and (self.idle or self._waited):
+                        self.clock += self.pre.get(label, 0.0)   # the device waits
+                    self._waited = False
                     issue = self.issue_s.get(label, 0.0)       # the host's issuing
                     time.sleep(issue() if callable(issue) else issue)
                     self.clock += self.cost[label]
                 return run
+
+            def wait_stream(self, stream_ptr):
+                self.stream_waits += 1
+                self._waited = True
 
             def stream_idle(self, stream_ptr):
                 return self.idle
@@ -399,7 +410,11 @@ class _EventHost:
 
             def gate(self, stream_ptr, limit_us):
                 self.holds.append(self.clock)
-                return lambda: None
+                self.gated = True
+
+                def release():
+                    self.gated = False
+                return release
 
             def finish(self):          # the GPU catches up
                 for e in self.recorded:
@@ -1161,12 +1176,13 @@ def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
         assert n == 1 and 1.0 <= least < 10.0, (c.label, least)
         assert d.issue_windows_ms()[f"{c.variant.id}/numpy"] == (least,)   # the window itself
 
-def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float):
+def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float,
+                   pre_ms: float = 0.0):
     """Two softmax candidates explored once each on the fake event host ``be``: the first
-    explored (``fast``) runs ``fast_ms`` on the device after ``issue_s`` of host issuing,
-    the other ``slow_ms``; the dispatcher charges issuing by ``rule``. Returns the
-    dispatcher, the input, the class's state, both candidates and the device times its
-    recorder saw."""
+    explored (``fast``) runs ``fast_ms`` on the device after ``issue_s`` of host issuing
+    (``pre_ms`` of it before its kernels' launch, on the fake clock), the other
+    ``slow_ms``; the dispatcher charges issuing by ``rule``. Returns the dispatcher, the
+    input, the class's state, both candidates and the times its recorder saw."""
     policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
     d = Dispatcher(be, policy=policy)
     d.issue_charge = rule
@@ -1179,6 +1195,7 @@ def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: 
     fast, slow = policy.state(plan.class_key).explore[:2]
     be.cost.update({fast.label: fast_ms, slow.label: slow_ms})   # device ms, fake clock
     be.issue_s[fast.label] = issue_s
+    be.pre[fast.label] = pre_ms
     for _ in range(4):
         d.launch("softmax", x)
         be.finish()
@@ -1202,12 +1219,15 @@ def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_
     assert min(timed) == pytest.approx(1.0) and max(timed) == pytest.approx(1.5)
 
 
-def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng):
+@pytest.mark.parametrize("rule", ["measured", "sum"])
+def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng, rule):
     """In a host-bound loop a candidate explored right after a slower one finds the device
     still busy with that one's kernels at each of its samples. It is charged its issuing
     all the same: where most exploring samples of the class found the device waiting, all
     its candidates are (run S32: three_pass, 28 us of kernels and 75 us of issuing, was
-    charged nothing behind a slower candidate and committed at 2.4x the best)."""
+    charged nothing behind a slower candidate and committed at 2.4x the best). Under
+    "measured" such a sample waits for the stream first, then is timed ungated: 6 ms of
+    issuing over 1 ms of kernels is charged 6 ms; under "sum", 7."""
     from adaptive.backends.host import HostBackend
     be = _EventHost()
     last = []
@@ -1226,6 +1246,7 @@ def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng):
     be.prepare = prepare
     policy = Learned(LiveModel(background=False), max_explore=2, samples=2)
     d = Dispatcher(be, policy=policy)
+    d.issue_charge = rule
     d.sample_every = 1
     x = rng.standard_normal((45, 21)).astype(np.float32)
     plan = d.plan("softmax", x)
@@ -1241,8 +1262,10 @@ def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng):
     state = policy.state(plan.class_key)
     assert not d.plan("softmax", x).provisional
     assert last.count(slow_kernels.label) >= 3 and last.count(slow_issue.label) >= 3
-    assert min(state.observed[slow_issue]) >= 7.0        # 1 ms of kernels + 6 ms issuing
+    # 1 ms of kernels and 6 ms of issuing: the larger, or the sum
+    assert min(state.observed[slow_issue]) >= (6.0 if rule == "measured" else 7.0)
     assert state.committed == slow_kernels, state.reason
+    assert (be.stream_waits >= 2) == (rule == "measured")   # the busy moments waited for
 
 
 @pytest.mark.parametrize("new_key_each_call", [True, False])
@@ -1328,11 +1351,16 @@ def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
 
 
 def _clock_timer(be):
-    """A device_timer for an _EventHost: a run's time on its fake GPU clock."""
-    def device_timer(stream_ptr):
+    """A device_timer for an _EventHost: a run's time on its fake GPU clock (gated: the
+    run's device time; ungated: its ``pre`` too where the stream is idle)."""
+    def device_timer(stream_ptr, gated=True):
         def timer(run):
+            be.gated = gated
             t0 = be.clock
-            run()
+            try:
+                run()
+            finally:
+                be.gated = False
             return be.clock - t0
         return timer
     return device_timer
@@ -1581,7 +1609,8 @@ def test_a_ranking_the_measurements_refute_widens_the_exploration_once(rng, refu
         Learned(LiveModel(background=False), widen_margin=-0.1)
 
 
-@pytest.mark.parametrize("rule,committed", [("sum", "slow"), ("max", "fast")])
+@pytest.mark.parametrize("rule,committed", [("sum", "slow"), ("max", "fast"),
+                                            ("measured", "fast")])
 def test_the_issuing_charge_rule_sums_or_takes_the_larger(rng, rule, committed):
     """A host-bound class: the candidate with faster kernels (20 ms) but 20 ms of issuing
     costs 40 ms charged as a sum (a caller that waits for each call), 20 ms as the larger
@@ -1597,8 +1626,37 @@ def test_the_issuing_charge_rule_sums_or_takes_the_larger(rng, rule, committed):
     assert charged >= 40.0 if rule == "sum" else 20.0 <= charged < 30.0, charged
     assert state.committed == {"fast": fast, "slow": slow}[committed], state.reason
     with pytest.raises(adaptive.InputValueError, match=r"issue_charge 'mean'; expected one "
-                                                       r"of \('sum', 'max'\)"):
+                                                       r"of \('measured', 'sum', 'max'\)"):
         d.issue_charge = "mean"
+
+
+@pytest.mark.parametrize("pre_ms,committed", [(5.0, "fast"), (15.0, "slow")])
+@pytest.mark.usefixtures("no_collections")
+def test_measured_charges_the_latency_to_the_launch_not_the_work_after_it(
+        rng, pre_ms, committed):
+    """A library call from another framework issues for 12 ms, of which only ``pre_ms``
+    come before its 20 ms of kernels; the rest (views, a stream context's exit) overlaps
+    them. A caller waiting for each call pays ``pre_ms`` + 20 ms: 25 ms beats the other
+    candidate's 30 ms of kernels, 35 ms does not. "measured" reads that from an ungated
+    pair on the idle stream and commits accordingly; "sum" charges 32 ms in both cases
+    and "max" 20 (run S101: "sum" charged SDPA from CuPy 103 us over its device time and
+    committed flash2_mma at 0.1882 ms a synchronised call against SDPA's 0.1515)."""
+    be = _EventHost()
+    be.idle = True
+    d, x, state, fast, slow, timed = _fast_and_slow(rng, be, "measured", 20.0, 30.0, 0.012,
+                                                    pre_ms=pre_ms)
+    assert not d.plan("softmax", x).provisional
+    charged = min(state.observed[fast])
+    assert 20.0 + pre_ms <= charged < 20.0 + pre_ms + 5.0, charged   # the pair's reading
+    assert state.committed == {"fast": fast, "slow": slow}[committed], state.reason
+    assert be.holds == []                          # no sample was gated
+    assert 20.0 + pre_ms in timed                  # recorders see the pair as read
+    for rule in ("sum", "max"):                    # the same loop under the old rules
+        be2 = _EventHost()
+        be2.idle = True
+        _, _, state2, fast2, slow2, _ = _fast_and_slow(rng, be2, rule, 20.0, 30.0, 0.012,
+                                                       pre_ms=pre_ms)
+        assert state2.committed == (slow2 if rule == "sum" else fast2), (rule, state2.reason)
 
 
 def test_a_key_with_few_candidates_explores_a_fraction_of_them(rng, monkeypatch):

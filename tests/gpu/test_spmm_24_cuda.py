@@ -180,8 +180,11 @@ def test_cusparselt_24_requires_its_shapes(dispatcher, cp, rng):
     assert not _fits(dispatcher, "cusparselt_24", {}, w, b)
 
 
-@pytest.mark.parametrize("name", ["sparse24_mma", "sparse24_stream", "cusparselt_24"])
+@pytest.mark.parametrize("name", ["sparse24_mma", "sparse24_stream", "cusparselt_24",
+                                  "cublas_dense"])
 def test_torch_tensors_in_and_out(dispatcher, cp, rng, name):
+    """Tensors in, tensors out, on torch's current stream (a side stream here); the dense
+    baseline through its torch entry (torch.matmul on a dense form built on that stream)."""
     torch = pytest.importorskip("torch")
     w, dense = _weight(cp, rng, 128, 256)
     b_host = (rng.standard_normal((256, 16)) / np.sqrt(128)).astype(np.float16)

@@ -1,6 +1,7 @@
 """spmm through NVIDIA's libraries on the weight's cached device forms.
 
-``spmm_cublas_dense``: cuBLAS GEMM on the dense form (wins at high density).
+``spmm_cublas_dense``: cuBLAS GEMM on the dense form (wins at high density);
+``spmm_cublas_dense_torch`` the same through ``torch.matmul`` for tensor callers.
 ``spmm_cusparse_csr``: cuSPARSE SpMM (generic API) on the CSR form, with row-major b and
 out described as such (no transposes or copies) and float32 accumulation for float16.
 """
@@ -23,6 +24,23 @@ _ZERO = np.zeros(1, np.float32)
 
 def spmm_cublas_dense(w, b, out):
     cupy.matmul(device_dense(w), b, out=out)
+
+
+def spmm_cublas_dense_torch(w, b, out=None):
+    """torch.matmul on the cached dense form, tensors as they are, on torch's current
+    stream: what a plain program's matmul on the pruned weight costs the host. Through
+    CuPy (DLPack views and a stream context a call) run S101 (H200) read its samples at
+    0.12-0.19 ms where its kernels take 0.010-0.036. Returns torch's own result where
+    ``out`` is None, as ``w @ b`` does."""
+    import torch   # the caller's tensors mean torch is imported: a sys.modules lookup
+    device = b.device.index
+
+    def build():   # w's dense form, made on torch's stream (or adopted), viewed by torch
+        with cupy.cuda.Device(device), \
+                cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
+            return torch.from_dlpack(device_dense(w))
+    dense = w.cached(f"cuda{device}_dense_torch", build)
+    return torch.matmul(dense, b) if out is None else torch.matmul(dense, b, out=out)
 
 
 def spmm_cusparse_csr(w, b, out):
