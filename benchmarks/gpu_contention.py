@@ -644,9 +644,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="no load condition starts that would end (with the idle one "
                              "after it) past this many seconds")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--issue-charge", default="measured", choices=ISSUE_CHARGES,
+    parser.add_argument("--issue-charge", default="sum", choices=ISSUE_CHARGES,
                         help="how a host-bound class's call is charged its issuing "
-                             "(Dispatcher.issue_charge; default measured)")
+                             "(Dispatcher.issue_charge; default sum)")
     parser.add_argument("--no-device-state", dest="device_state", action="store_false",
                         help="the policy sees an idle device (ADAPTIVE_DEVICE_STATE=off)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."),

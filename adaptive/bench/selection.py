@@ -32,10 +32,9 @@ each stream prints its policies' steady/oracle in that regime beside it. The two
 can rank one input's candidates oppositely where the host's issuing is as long as the
 device's run: on the H200 (run S89, gemm M=16 N=2048 K=2048 fp16) cuBLAS called from CuPy
 took 0.0372 ms synchronised against ``tc_wide``'s 0.0415, and 0.0406 against 0.0305 in
-batches of 3. The policies are charged in the live stream's regime (in a host-bound
-class the dispatcher times its samples on the idle stream, the host's latency to the
-launch included, and charges at least the issuing: ``Dispatcher.issue_charge``
-"measured"), so that is the regime their verdicts are read in.
+batches of 3. The policies are charged in the live stream's regime (the dispatcher adds
+a host-bound class's issuing to its samples' device times, ``Dispatcher.issue_charge``
+"sum"), so that is the regime their verdicts are read in.
 """
 
 from __future__ import annotations

@@ -1626,7 +1626,7 @@ def test_the_issuing_charge_rule_sums_or_takes_the_larger(rng, rule, committed):
     assert charged >= 40.0 if rule == "sum" else 20.0 <= charged < 30.0, charged
     assert state.committed == {"fast": fast, "slow": slow}[committed], state.reason
     with pytest.raises(adaptive.InputValueError, match=r"issue_charge 'mean'; expected one "
-                                                       r"of \('measured', 'sum', 'max'\)"):
+                                                       r"of \('sum', 'max', 'measured'\)"):
         d.issue_charge = "mean"
 
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# run S106 (at most about 330 s, a fresh machine): S104 again with the issuing charge back
+# to "sum" (S104's "measured" read ungated pairs at 0.3-6 ms for 0.03-0.1 ms kernels and
+# lost on every selection stream), spmm's dense baseline through torch.matmul kept; first
+# a probe of what an ungated pair reads after a synchronise (benchmarks/probe_ungated.py)
+source "$(dirname "$0")/setup.sh"
+t0=$SECONDS
+timeout 60 python3 benchmarks/probe_ungated.py > "$OUT/probe.log" 2>&1
+echo "probe rc=$? $((SECONDS-t0)) s"; cut -c1-200 "$OUT/probe.log" | tail -12
+t0=$SECONDS
+timeout 230 python3 benchmarks/gpu_sparse24.py --budget-s 190 --out "$OUT" > "$OUT/sparse24.log" 2>&1
+echo "sparse24 rc=$? $((SECONDS-t0)) s"; sed -n '/^spmm 2:4, float16/,$p' "$OUT/sparse24.log" | cut -c1-220
+selection 100
+t0=$SECONDS
+timeout 100 python3 -m adaptive.cli bench mixed --backend cuda > "$OUT/bench_mixed.log" 2>&1
+echo "bench mixed rc=$? $((SECONDS-t0)) s"
+grep -E "^mixed |^all ops|largest excess|^[a-z]+ +[0-9]+ +[0-9]+ " "$OUT/bench_mixed.log" | cut -c1-400
