@@ -54,6 +54,9 @@ class Config:
     cache_dir: str = dataclasses.field(default_factory=_cache_dir_default, metadata={
         "env": "ADAPTIVE_CACHE_DIR", "doc": "content-addressed cache of compiled kernels, and "
         "each GPU's measured roofline peaks"})
+    issue_charge: str = dataclasses.field(default="sum", metadata={
+        "env": "ADAPTIVE_ISSUE_CHARGE", "doc": "how exploring samples are charged the host's "
+        "issuing: sum, max, regime or measured (Dispatcher.issue_charge)"})
     sample_every: int = dataclasses.field(default=64, metadata={
         "env": "ADAPTIVE_SAMPLE_EVERY", "doc": "time one in N warm launches for feedback (0: never)"})
     plan_cache_size: int = dataclasses.field(default=4096, metadata={

@@ -214,8 +214,7 @@ def _samples_of(live, op_name: str, inputs) -> list[dict[str, tuple]]:
     out = []
     for args in inputs:
         plan = live.current_plan(OPS[op_name].key(args, {}))
-        state_of = getattr(live.policy, "state", None)
-        state = state_of(plan.class_key) if plan is not None and state_of else None
+        state = live.policy.state(plan.class_key) if plan is not None else None
         out.append({c.label: tuple(got) for c, got in state.observed.items()}
                    if state is not None else {})
     return out

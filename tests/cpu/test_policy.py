@@ -1625,9 +1625,66 @@ def test_the_issuing_charge_rule_sums_or_takes_the_larger(rng, rule, committed):
     charged = min(state.observed[fast])
     assert charged >= 40.0 if rule == "sum" else 20.0 <= charged < 30.0, charged
     assert state.committed == {"fast": fast, "slow": slow}[committed], state.reason
-    with pytest.raises(adaptive.InputValueError, match=r"issue_charge 'mean'; expected one "
-                                                       r"of \('sum', 'max', 'measured'\)"):
+    with pytest.raises(adaptive.InputValueError,
+                       match=r"issue_charge 'mean'; expected one of "
+                             r"\('sum', 'max', 'regime', 'measured'\)"):
         d.issue_charge = "mean"
+
+
+def test_no_collection_runs_inside_an_exploring_samples_window(rng):
+    """A collection of a large heap takes milliseconds: inside an exploring sample's window
+    it would be read as the candidate's time (runs S104, S106: single samples of 3-8 ms
+    among kernels of 0.02-0.4 ms). The window runs with the collector off, and it is on
+    again after each call; a caller that turned it off keeps it off."""
+    import gc
+    be = _EventHost()
+    seen = []
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=2)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    x = rng.standard_normal((31, 40)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    for c in policy.state(plan.class_key).explore[:2]:
+        be.issue_s[c.label] = lambda: seen.append(gc.isenabled()) or 0.0
+    for _ in range(6):                      # two warm-up turns, then two samples each
+        d.launch("softmax", x)
+        assert gc.isenabled()
+    # the warm-up turns (with the issuing seed's runs) outside any window, then 4 samples
+    assert len(seen) > 4 and all(seen[:-4]) and not any(seen[-4:]), seen
+    gc.disable()
+    try:
+        d.launch("softmax", x)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("device_waits", [False, True])
+def test_regime_charges_a_busy_devices_samples_the_larger_of_device_time_and_issuing(
+        rng, device_waits):
+    """"regime": where the class's device waited for the host (a caller waiting for each
+    call) the issuing is added, as "sum" does; where the device was busy (a caller issuing
+    call after call, a stream interleaving inputs) a call costs at least its issuing,
+    which "sum" does not charge there. A candidate with 1 ms of kernels and 6 ms of
+    issuing loses to 1.5 ms of kernels either way under "regime"; under "sum" it wins
+    where the device was busy. The setting comes from ADAPTIVE_ISSUE_CHARGE too."""
+    from adaptive import config
+    be = _EventHost()
+    be.idle = device_waits
+    with config.override(issue_charge="regime"):
+        d, x, state, fast, slow, timed = _fast_and_slow(rng, be, "regime", 1.0, 1.5, 0.006)
+        assert Dispatcher(be).issue_charge == "regime"
+    assert state.committed == slow, state.reason
+    charged = min(state.observed[fast])
+    assert charged >= (7.0 if device_waits else 6.0), charged
+    assert min(timed) == pytest.approx(1.0)                # recorders: the device time
+    be2 = _EventHost()
+    be2.idle = device_waits
+    _, _, state2, fast2, slow2, _ = _fast_and_slow(rng, be2, "sum", 1.0, 1.5, 0.006)
+    assert state2.committed == (slow2 if device_waits else fast2), state2.reason
+    with config.override(issue_charge="mean"), \
+            pytest.raises(adaptive.InputValueError, match="ADAPTIVE_ISSUE_CHARGE"):
+        Dispatcher(be)
 
 
 @pytest.mark.parametrize("pre_ms,committed", [(5.0, "fast"), (15.0, "slow")])
