@@ -1492,6 +1492,37 @@ def test_a_variant_outside_the_regret_reach_within_the_variant_reach_gets_one_sl
         Learned(model, variant_reach=-0.5)
 
 
+@pytest.mark.parametrize("shift,far", [(1.0, False), (5.0, True)])
+def test_far_from_every_measured_input_each_variants_best_competes_for_the_slots(shift, far):
+    """Where the nearest measured input lies beyond far_distance the model extrapolates
+    (run S107: softmax 32768x4096, 4.05 from the nearest, committed warp_row at 1.55x
+    reg_row, which was ranked out of reach and never explored): every variant's best-ranked
+    config competes for the variant slots, here multi_row at 1.7x beside reg_row at 1.4x.
+    Near a measured input the variant reach (1.5x) holds as before."""
+    from adaptive.policy.learned import Neighbours
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    features = dict(ctx.op.features(ctx.problem))
+    name = sorted(features)[0]
+    near = Neighbours()
+    near.add("softmax", "float16", {**features, name: features[name] + shift}, "block_row",
+             block[0].config, 1.0)
+    policy = Learned(_FixedRanking(mean, [0.0] * len(mean)), max_explore=4, anchors=False,
+                     explore_budget=None)
+    policy.neighbours = near
+    d = policy.decide(ctx, cands)
+    if far:
+        assert d.explore == (block[0], reg[0], multi[0], block[1]), d.reason
+        assert "the nearest measured input 5.00 away, beyond 3.5" in d.reason
+    else:
+        assert d.explore == (block[0], reg[0], block[1], warp[0]), d.reason
+    off = Learned(_FixedRanking(mean, [0.0] * len(mean)), max_explore=4, anchors=False,
+                  explore_budget=None, far_distance=None)
+    off.neighbours = near
+    assert off.decide(ctx, cands).explore == (block[0], reg[0], block[1], warp[0])
+    with pytest.raises(ValueError, match="far_distance must be > 0 or None"):
+        Learned(_FixedRanking(mean, [0.0] * len(mean)), far_distance=0)
+
+
 def test_a_sure_model_still_times_a_second_variant_beside_its_pick():
     """Run S24: the model put cuBLAS alone within the regret reach of gemm 4x1024x1024,
     nothing else within 1.5x, and it was committed unseen at 1.7x the best candidate. With
