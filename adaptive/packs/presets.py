@@ -179,6 +179,14 @@ def wide(seed: int = 2026) -> dict:
             c = int(round(np.exp(rows.uniform(np.log(128), np.log(8192)))))
         softmax.append({"dims": {"R": r, "C": c},
                         "dtype": str(rows.choice(["float16", "float16", "float32"]))})
+    # and a grid of them, not drawn: the 16 draws above put 2 float16 inputs at R*C >= 2^24
+    # with 2-8k columns, and on the H200 (runs S107, S108) the shipped pack's model then
+    # ranked reg_row out of reach on softmax 32768x4096 and committed warp_row at 1.55x
+    # its time
+    softmax += _softmax("float16", [(4096, 4096), (8192, 2048), (8192, 8192), (16384, 1024),
+                                    (16384, 4096), (24576, 2048), (49152, 1536),
+                                    (65536, 4096)])
+    softmax += _softmax("float32", [(16384, 2048), (32768, 1024)])
     # float32 projections and pruned weights, not drawn (every draw above is half
     # precision): the shipped pack of run S79 had no float32 spmm row and 168 float32 gemm
     # rows, and the main job's float32 stream (adaptive bench mixed, run S83) had its spmm

@@ -588,8 +588,11 @@ def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them():
     built = {tuple(sorted(r.dims.items())) for r in read_pack(h200).rows
              if r.op == "softmax"}
     drawn = [tuple(sorted(c["dims"].items())) for c in s]
-    assert len(s) == 46 and set(drawn[:30]) <= built <= set(drawn)
-    dims = [(c["dims"]["R"], c["dims"]["C"]) for c in s[30:]]
+    assert len(s) == 56 and set(drawn[:30]) <= built <= set(drawn)
+    assert set(drawn[46:]) <= built            # the grid of scores (runs S107-S109)
+    grid = [(c["dims"]["R"], c["dims"]["C"]) for c in s[46:]]
+    assert all(r * c >= 2 ** 24 and 1024 <= c <= 8192 for r, c in grid), grid
+    dims = [(c["dims"]["R"], c["dims"]["C"]) for c in s[30:46]]
     scores = [(r, c) for r, c in dims if r >= 4096 and 1024 <= c <= 8192]
     vocab = [(r, c) for r, c in dims if r <= 64 and c >= 32000]
     assert len(scores) >= 2 and len(vocab) == 4, dims
