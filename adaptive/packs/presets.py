@@ -196,6 +196,15 @@ def wide(seed: int = 2026) -> dict:
     spmm += _spmm("float32", [(4096, 64, 4096, 0.5, 0), (4096, 64, 4096, 0.05, 32),
                               (4096, 8, 4096, 0.005, 0), (1024, 256, 1024, 0.1, 0),
                               (1024, 16, 1024, 0.02, 16), (2048, 512, 2048, 0.002, 0)])
+    # and more of them, densities 0.002-0.5 at 8-256 tokens: with the 6 above, the main
+    # job's float32 spmm stream (adaptive bench mixed, runs S104-S108) committed cuSPARSE
+    # at 3.6x csr_rowsplit's time on M=2048 N=16 K=2048 density 0.5, csr_rowsplit never
+    # explored
+    spmm += _spmm("float32", [(1024, 32, 1024, 0.5, 0), (2048, 8, 2048, 0.3, 0),
+                              (2048, 64, 2048, 0.3, 0), (2048, 32, 2048, 0.05, 32),
+                              (4096, 16, 4096, 0.02, 0), (2048, 256, 2048, 0.005, 0),
+                              (1024, 128, 4096, 0.002, 0), (4096, 128, 1024, 0.2, 0),
+                              (3072, 48, 3072, 0.01, 0), (2048, 24, 1024, 0.1, 16)])
     # 2:4 pruned MLP weights from decode batches to prefills, not drawn: the draws above
     # put 2:4 weights at 37 tokens at most, and on the H200 (runs S99-S100) the model then
     # ranked block-sparse kernels within reach of dense at 256-2048 tokens, where
