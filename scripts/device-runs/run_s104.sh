@@ -12,11 +12,6 @@ source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spmm_24_cuda.py -k "torch_tensors" > "$OUT/tests.log" 2>&1
 echo "tests rc=$? $((SECONDS-t0)) s"; tail -3 "$OUT/tests.log" | cut -c1-300
-t0=$SECONDS
-timeout 230 python3 benchmarks/gpu_sparse24.py --budget-s 190 --out "$OUT" > "$OUT/sparse24.log" 2>&1
-echo "sparse24 rc=$? $((SECONDS-t0)) s"; sed -n '/^spmm 2:4, float16/,$p' "$OUT/sparse24.log" | cut -c1-220
+sparse24_bar 230 190
 selection 100
-t0=$SECONDS
-timeout 100 python3 -m adaptive.cli bench mixed --backend cuda > "$OUT/bench_mixed.log" 2>&1
-echo "bench mixed rc=$? $((SECONDS-t0)) s"
-grep -E "^mixed |^all ops|largest excess|^[a-z]+ +[0-9]+ +[0-9]+ " "$OUT/bench_mixed.log" | cut -c1-400
+mixed_table 100

@@ -68,3 +68,31 @@ generate() {
   cp /tmp/gen/gpu_generate.json "$OUT/" 2>/dev/null
   grep -E "ratio|ablation \(lockstep\)|lockstep request|profile batch|^    .* host +[+-][0-9.]+ ms \(calls" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
 }
+
+# the inputs of SHAPES (a .json of {op: [...]}) measured as the shipped pack's were, with
+# DEADLINE seconds for their cases, merged into the shipped pack (adaptive/packs/ and $OUT;
+# commit it from $OUT), from run S109 on: extend_pack SHAPES NAME DEADLINE
+extend_pack() {
+  local t0=$SECONDS
+  timeout $(($3 + 30)) python3 -m adaptive.cli pack build --shapes "$1" --backend cuda --warmup 2 --repeats 7 --seed 0 --cubins --deadline-s "$3" --no-progress -o "/tmp/$2.msgpack" > "$OUT/$2.log" 2>&1
+  echo "$2 build rc=$? $((SECONDS-t0)) s"; tail -3 "$OUT/$2.log" | cut -c1-200
+  python3 -m adaptive.cli pack merge -o /tmp/merged.msgpack adaptive/packs/h200.msgpack "/tmp/$2.msgpack" > "$OUT/merge.log" 2>&1
+  echo "merge rc=$?"; tail -2 "$OUT/merge.log" | cut -c1-200
+  cp /tmp/merged.msgpack adaptive/packs/h200.msgpack && cp /tmp/merged.msgpack "/tmp/$2.msgpack" "$OUT/"
+}
+
+# benchmarks/gpu_sparse24.py (the 2:4 dispatcher bar, every token count) into $OUT, its
+# table, eager loop and targets printed (from run S104 on): sparse24_bar TIMEOUT BUDGET
+sparse24_bar() {
+  local t0=$SECONDS
+  timeout "$1" python3 benchmarks/gpu_sparse24.py --budget-s "$2" --out "$OUT" > "$OUT/sparse24.log" 2>&1
+  echo "sparse24 rc=$? $((SECONDS-t0)) s"; sed -n '/^spmm 2:4, float16/,$p' "$OUT/sparse24.log" | cut -c1-220
+}
+
+# the main job's mixed table on the GPU into $OUT (from run S104 on): mixed_table TIMEOUT
+mixed_table() {
+  local t0=$SECONDS
+  timeout "$1" python3 -m adaptive.cli bench mixed --backend cuda > "$OUT/bench_mixed.log" 2>&1
+  echo "bench mixed rc=$? $((SECONDS-t0)) s"
+  grep -E "^mixed |^all ops|largest excess|^[a-z]+ +[0-9]+ +[0-9]+ " "$OUT/bench_mixed.log" | cut -c1-400
+}
