@@ -1523,6 +1523,22 @@ def test_far_from_every_measured_input_each_variants_best_competes_for_the_slots
         Learned(_FixedRanking(mean, [0.0] * len(mean)), far_distance=0)
 
 
+def test_the_nearest_measured_input_counts_flags_apart():
+    """Neighbours.nearest: Euclidean over the features, among the inputs whose named flags
+    equal the input's (a causal twin is no evidence for the non-causal input: run S109);
+    inf where none has them, None where nothing of the op was measured."""
+    from adaptive.policy.learned import Neighbours
+    near = Neighbours()
+    here = {"log2_L": 12.0, "param_causal": 0.0}
+    assert near.nearest("attention", "float16", here, ["param_causal"]) is None
+    near.add("attention", "float16", {"log2_L": 12.0, "param_causal": 1.0}, "a", (), 1.0)
+    assert near.nearest("attention", "float16", here) == pytest.approx(1.0)
+    assert near.nearest("attention", "float16", here, ["param_causal"]) == math.inf
+    near.add("attention", "float16", {"log2_L": 9.0, "param_causal": 0.0}, "b", (), 1.0)
+    assert near.nearest("attention", "float16", here, ["param_causal"]) == pytest.approx(3.0)
+    assert near.nearest("attention", "float32", here, ["param_causal"]) is None
+
+
 def test_a_sure_model_still_times_a_second_variant_beside_its_pick():
     """Run S24: the model put cuBLAS alone within the regret reach of gemm 4x1024x1024,
     nothing else within 1.5x, and it was committed unseen at 1.7x the best candidate. With
