@@ -148,6 +148,9 @@ class Neighbours:
 
     def __init__(self):
         self._by: dict[tuple, dict[tuple, tuple[np.ndarray, tuple, float]]] = {}
+        # per key, its inputs' points stacked and their fastest candidates, made on the
+        # first read after a change (a miss reads them twice: anchors and the far guard)
+        self._stacked: dict[tuple, tuple[np.ndarray, list]] = {}
         self._lock = threading.Lock()
         self.evicted = 0
 
@@ -159,6 +162,7 @@ class Neighbours:
         point = tuple(round(float(features[k]), 4) for k in names)
         with self._lock:
             inputs = self._by.setdefault((op, dtype, names), {})
+            self._stacked.pop((op, dtype, names), None)
             old = inputs.get(point)
             if old is None or time_ms < old[2]:
                 inputs[point] = (np.asarray(point), (variant, config_items), time_ms)
@@ -171,15 +175,15 @@ class Neighbours:
         """``[((variant, config_items), distance)]``: the fastest candidates of the nearest
         measured inputs, nearest first, ``k`` distinct candidates at most."""
         names = tuple(sorted(features))
-        with self._lock:
-            inputs = self._by.get((op, dtype, names))
-            if not inputs:
-                return []
-            here = np.asarray([float(features[n]) for n in names])
-            ranked = sorted((float(np.linalg.norm(point - here)), who)
-                            for point, who, _ in inputs.values())
+        got = self._stack((op, dtype, names))
+        if got is None:
+            return []
+        points, whos = got
+        here = np.asarray([float(features[n]) for n in names])
+        dists = np.linalg.norm(points - here, axis=1)
         out: list[tuple[tuple, float]] = []
-        for dist, who in ranked:
+        for i in np.argsort(dists, kind="stable"):
+            dist, who = float(dists[i]), whos[i]
             if all(who != w for w, _ in out):
                 out.append((who, dist))
                 if len(out) == k:
@@ -192,11 +196,10 @@ class Neighbours:
         (flags such as ``param_causal``) equal these: None with no input of this op,
         dtype and features measured, ``inf`` with none of these flags."""
         names = tuple(sorted(features))
-        with self._lock:
-            inputs = self._by.get((op, dtype, names))
-            if not inputs:
-                return None
-            points = np.stack([point for point, _, _ in inputs.values()])
+        got = self._stack((op, dtype, names))
+        if got is None:
+            return None
+        points = got[0]
         here = np.asarray([float(features[n]) for n in names])
         flags = [names.index(n) for n in same if n in names]
         if flags:
@@ -204,6 +207,19 @@ class Neighbours:
             if not len(points):
                 return math.inf
         return float(np.min(np.linalg.norm(points - here, axis=1)))
+
+    def _stack(self, key: tuple) -> tuple[np.ndarray, list] | None:
+        """(points, fastest candidates) of ``key``'s inputs; None with none."""
+        got = self._stacked.get(key)
+        if got is None:
+            with self._lock:
+                inputs = self._by.get(key)
+                if not inputs:
+                    return None
+                got = self._stacked[key] = (
+                    np.stack([point for point, _, _ in inputs.values()]),
+                    [who for _, who, _ in inputs.values()])
+        return got
 
     def copy(self) -> Neighbours:
         """An independent copy (the points are shared: they are never changed in place)."""
