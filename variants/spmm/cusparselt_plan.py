@@ -78,7 +78,10 @@ def _library() -> ctypes.CDLL:
 
 def _candidates() -> list[str]:
     names = ["libcusparseLt.so.0"]
-    spec = importlib.util.find_spec("nvidia.cusparselt")
+    try:
+        spec = importlib.util.find_spec("nvidia.cusparselt")
+    except ModuleNotFoundError:   # no nvidia.* wheels at all
+        spec = None
     for folder in (spec.submodule_search_locations or []) if spec else []:
         names.append(os.path.join(folder, "lib", "libcusparseLt.so.0"))
     return names
