@@ -467,7 +467,8 @@ class Dispatcher:
                 ctx = Context(op, problem, ckey, functools.partial(
                     self._measure, op, problem, key, args, charge_issue=waits),
                     self.backend.peaks,
-                    self.backend.device_state, self.limits, floor=floor)
+                    self.backend.device_state, self.limits, floor=floor,
+                    charge=self._charge_of(problem.kind) if waits else None)
                 t1 = time.perf_counter()
                 decision = self.policy.decide(ctx, candidates)
                 policy_ms = (time.perf_counter() - t1) * 1e3
@@ -933,6 +934,25 @@ class Dispatcher:
         if window is None or len(window) < 2:
             return 0.0
         return min(tuple(window)) * min(1.0, cls.new_keys / cls.explored)
+
+    def _charge_of(self, kind: str):
+        """``charge(candidate, device_ms)`` for a miss whose device waits for the host: the
+        device time charged with the least recent issuing known of the candidate's variant
+        on inputs of ``kind`` (as its samples will be; nothing where none is known yet,
+        or under "measured", whose samples read the issuing themselves)."""
+        if self._issue_charge == "measured":
+            return None
+
+        least: dict[str, float] = {}   # per variant, read once a miss (~100 candidates)
+
+        def charge(candidate, device_ms: float) -> float:
+            vid = candidate.variant.id
+            issue = least.get(vid)
+            if issue is None:
+                recent = self._issued.get((vid, kind))
+                issue = least[vid] = min(tuple(recent)) if recent else 0.0
+            return self._charged(device_ms, issue)
+        return charge
 
     def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
         """The least of the recent issuings of ``plan``'s variant on inputs of its kind,

@@ -145,6 +145,7 @@ class _Context:
         self._floor_ms = first.floor_ms
         self.limits = limits
         self.resources = None     # the variants' own resource tables (as in a pack)
+        self.charge = None        # a pack's rows are device times: no issuing charged
 
     def floor_ms(self) -> float:
         return self._floor_ms

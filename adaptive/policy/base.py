@@ -53,6 +53,11 @@ class Context:
     # resources(candidate): its ptxas resources from the kernel cache ({} or None: unknown)
     resources: Callable | None = None
     floor: float | None = None    # the roofline floor, when the dispatcher computed it
+    # charge(candidate, device_ms): what a call of that device time costs the caller, the
+    # host's issuing of the candidate included where the caller's device waits for the host
+    # (the dispatcher charges its samples so: a ranking by device time alone would rank
+    # what the samples are not); None: the device time
+    charge: Callable | None = None
 
     def floor_ms(self) -> float:
         """Roofline floor of this input on this device in ms (0 when peaks are unknown)."""

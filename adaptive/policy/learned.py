@@ -458,6 +458,9 @@ class Learned(BasePolicy):
                   f"{len(candidates)}"
         else:
             mean, sigma = dist
+            charged = ""
+            if ctx.charge is not None:   # rank what the samples will be charged
+                mean, charged = self._charged(ctx.charge, candidates, mean, floor)
             order = model_order(mean)
             ranked = [candidates[i] for i in order]
             predicted = {candidates[i]: (float(mean[i]), float(sigma[i])) for i in order}
@@ -471,8 +474,8 @@ class Learned(BasePolicy):
             explore = self._picks(within, _firsts(
                 candidates[i] for i in order if mean[i] - self.z * sigma[i] <= wide), cap)
             others = [c for c in explore if c not in within]
-            why = (f"model ranked {len(candidates)}; {len(explore) - len(others)} within "
-                   f"{self.regret_bound:.0%} of the best optimistically")
+            why = (f"model ranked {len(candidates)}{charged}; {len(explore) - len(others)} "
+                   f"within {self.regret_bound:.0%} of the best optimistically")
             if others:
                 why += (f" and {len(others)} other variants' best " + (
                     f"(the nearest measured input {far:.2f} away, beyond "
@@ -528,6 +531,18 @@ class Learned(BasePolicy):
             state.reason = why + f"; committed {explore[0].label} without exploring"
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
+
+    @staticmethod
+    def _charged(charge, candidates, mean, floor: float):
+        """The model's ``mean`` (log of time over the floor) of each candidate with the
+        host's issuing charged as the dispatcher charges its samples (``ctx.charge``), and
+        a note for the reason ("" where nothing was added)."""
+        unit = floor if floor > 0 else 1.0
+        device = np.exp(np.asarray(mean, float)) * unit
+        total = np.asarray([charge(c, float(t)) for c, t in zip(candidates, device)])
+        if not np.any(total > device):
+            return mean, ""
+        return np.log(total / unit), " (with the host's issuing, the device waiting)"
 
     def _far(self, op: str, dtype: str, features: dict) -> float | None:
         """The distance to the nearest measured input of the same flags (``param_*``,

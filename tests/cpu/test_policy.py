@@ -6,6 +6,7 @@ the end-to-end tests run real host variants through Dispatcher.launch.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -1521,6 +1522,64 @@ def test_far_from_every_measured_input_each_variants_best_competes_for_the_slots
     assert off.decide(ctx, cands).explore == (block[0], reg[0], block[1], warp[0])
     with pytest.raises(ValueError, match="far_distance must be > 0 or None"):
         Learned(_FixedRanking(mean, [0.0] * len(mean)), far_distance=0)
+
+
+def test_the_ranking_charges_the_hosts_issuing_where_the_device_waits():
+    """A miss whose device waits for the host ranks each candidate by its device time
+    plus its variant's known issuing, as its samples will be charged (run S109: SDPA from
+    CuPy ranked by device time alone beside flash kernels whose samples came to 0.8x it):
+    block_row ranked first by 1.1x on device time, but issued in 0.5 ms a call, goes
+    behind warp_row; nothing known, nothing added."""
+    import dataclasses
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    model = _FixedRanking(mean, [0.0] * len(mean))
+    plain = Learned(model, max_explore=4, anchors=False, explore_budget=None).decide(
+        ctx, cands)
+    assert plain.explore[0] == block[0] and "issuing" not in plain.reason
+
+    def charge(c, device_ms):
+        return device_ms + (0.5 if c.variant.name == "block_row" else 0.0)
+    charged = Learned(model, max_explore=4, anchors=False, explore_budget=None)
+    d = charged.decide(dataclasses.replace(ctx, charge=charge), cands)
+    assert d.explore[0] == warp[0], d.reason
+    assert "(with the host's issuing, the device waiting)" in d.reason
+    assert charged.state(ctx.key).predicted_ms(block[0]) == pytest.approx(1.5)
+    nothing = Learned(model, max_explore=4, anchors=False, explore_budget=None).decide(
+        dataclasses.replace(ctx, charge=lambda c, t: t), cands)
+    assert nothing.explore == plain.explore and "issuing" not in nothing.reason
+
+
+@pytest.mark.parametrize("device_waits", [False, True])
+def test_a_miss_hands_the_policy_the_issuing_charge_where_the_device_waits(
+        rng, device_waits):
+    """The dispatcher gives the miss's context a charge where the caller's device waits
+    (the variant's least recent issuing added, as its samples are charged), none where it
+    is busy; under "measured" none (its samples read the issuing themselves)."""
+    from adaptive.policy import MeasureEach
+    seen = []
+
+    class Recording(MeasureEach):
+        def decide(self, ctx, candidates):
+            seen.append(ctx.charge)
+            return super().decide(ctx, candidates)
+    be = _EventHost()
+    be.idle = device_waits
+    d = Dispatcher(be, policy=Recording())
+    x = rng.standard_normal((23, 41)).astype(np.float32)
+    c = d.candidates("softmax", x)[0]
+    d._issued[(c.variant.id, "numpy")] = collections.deque([0.3, 0.2, 0.4])
+    d.plan("softmax", x)
+    charge = seen[-1]
+    if not device_waits:
+        assert charge is None
+        return
+    assert charge(c, 1.0) == pytest.approx(1.2)              # the least issuing added
+    other = next(o for o in d.candidates("softmax", x) if o.variant.id != c.variant.id)
+    assert charge(other, 1.0) == 1.0                          # none known: none added
+    d.issue_charge = "max"
+    assert d._charge_of("numpy")(c, 0.1) == pytest.approx(0.2)
+    d.issue_charge = "measured"
+    assert d._charge_of("numpy") is None
 
 
 def test_the_nearest_measured_input_counts_flags_apart():
