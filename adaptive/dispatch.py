@@ -60,28 +60,23 @@ ISSUE_WINDOW = 32
 # still pay its heuristics. Run S72 (H200, CuPy arrays) issued cuBLAS's calls 2 to 8 of a
 # shape in 80-155, 23-32, then 16-23 us, against 17-19 us held: two runs seeded 23-32 us
 ISSUE_SEED_RUNS = 5
-# how a host-bound class's call is charged its issuing (Dispatcher.issue_charge): "sum"
-# (the default): its gated samples' device time plus the whole issuing (a caller that
-# waits for each call: the device then runs after the host has issued); "max", the larger
-# of the two (a caller that issues call after call: the host's issuing of one call overlaps
-# the device's run of the one before); "measured": its exploring samples timed on the idle
-# stream by an ungated event pair, which reads the host's latency up to the kernels' launch
-# with the device time, charged the larger of that and the whole issuing. Run S59 (H200,
-# gemm 2048^3 from CuPy): "sum" charged cuBLAS 0.082 ms (0.027 of device time) against
-# tc_wide's 0.062 (0.048), and committed tc_wide at 1.75x cuBLAS's device time. Run S101:
-# "sum" charged SDPA from CuPy 103 us over its device time and committed flash2_mma at
-# 0.1882 ms a synchronised call against SDPA's 0.1515. "regime": "sum" in a class whose
-# samples mostly found the device waiting (a caller waiting for each call), and where the
-# device was busy (a caller issuing call after call) the larger of device time and issuing,
-# not the device time alone: in a stream that interleaves inputs the device is busy with
-# the call before, yet the host's issuing of a small kernel is the longer. Run S106 (the
-# mixed table, spmm fp32 M=2048 N=16, pipelined): cuBLAS from CuPy was charged its 0.025 ms
-# of device time and committed; the stream's wall read 1.41x the oracle against the best
-# fixed choice's 0.995. Run S104 ("measured" the default):
-# the ungated pairs read cuBLAS from CuPy at 0.6-1.0 ms for kernels of 0.03 ms, and other
-# samples 0.3-6 ms at random, after each call's synchronise; learned-shipped's streams went
-# from 1.004 / 1.076 / 1.035 (S101, "sum") to 1.020 / 1.093 / 1.168. So "sum" stays the
-# default; "measured" is kept for the A/B (gpu_contention --issue-charge)
+# how a host-bound class's call is charged its issuing (Dispatcher.issue_charge):
+#  - "sum" (the default): its gated samples' device time plus the whole issuing (a caller
+#    that waits for each call: the device then runs after the host has issued);
+#  - "max": the larger of the two (a caller that issues call after call: the host's
+#    issuing of one call overlaps the device's run of the one before);
+#  - "regime": "sum" where the class's samples mostly found the device waiting, and the
+#    larger of the two where it was busy (a stream interleaving inputs keeps the device busy
+#    with the call before, yet a small kernel's issuing is the longer);
+#  - "measured": exploring samples timed by an ungated event pair on the idle stream (the
+#    host's latency to the launch with the device time), charged at least the issuing.
+# On the H200: run S59 (gemm 2048^3 from CuPy), "sum" charged cuBLAS 0.082 ms (0.027 of
+# device time) against tc_wide's 0.062 (0.048) and committed tc_wide at 1.75x cuBLAS's
+# device time; run S101, "sum" charged SDPA from CuPy 103 us over its device time and
+# committed flash2_mma at 0.1882 ms a synchronised call against SDPA's 0.1515. Yet
+# "measured" (S104: ungated pairs read 0.3-6 ms for kernels of 0.03 ms) and "regime" (S107,
+# S108: no better on the selection streams nor the mixed table, contention under a process
+# load 1.194) lost to it, and "max" did in S74-S75
 ISSUE_CHARGES = ("sum", "max", "regime", "measured")
 
 
