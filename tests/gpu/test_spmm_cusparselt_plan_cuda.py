@@ -50,7 +50,8 @@ def test_cupy_arrays(plan_mod, cp, m, k, n):
         cp.cuda.Device().synchronize()
         assert OP.error(out, ref) < OP.tolerance["float16"], (m, k, n, run)
     state = w.cached("cuda0_cslt_plan", lambda: None)
-    assert list(state.plans) == [n + (-n) % 8]
+    n8 = n + (-n) % 8       # one plan a padded token count, beside the compression's (8)
+    assert n8 in state.plans and set(state.plans) <= {8, n8}, list(state.plans)
 
 
 def test_large_magnitudes_and_tensors_on_a_side_stream(plan_mod, cp):
