@@ -463,7 +463,7 @@ class Dispatcher:
                     self._measure, op, problem, key, args, charge_issue=waits),
                     self.backend.peaks,
                     self.backend.device_state, self.limits, floor=floor,
-                    charge=self._charge_of(problem.kind) if waits else None)
+                    charge=self.miss_charge(problem, waits))
                 t1 = time.perf_counter()
                 decision = self.policy.decide(ctx, candidates)
                 policy_ms = (time.perf_counter() - t1) * 1e3
@@ -929,6 +929,15 @@ class Dispatcher:
         if window is None or len(window) < 2:
             return 0.0
         return min(tuple(window)) * min(1.0, cls.new_keys / cls.explored)
+
+    def miss_charge(self, problem: Problem, waits: bool | None = None):
+        """``charge(candidate, device_ms)`` for a miss on ``problem`` (``Context.charge``)
+        where the caller's device waits for the host (``waits``; None: asked of the
+        stream now), else None: what :meth:`feedback` will charge the candidates'
+        samples, for the policy's ranking and :func:`adaptive.explain`'s."""
+        if waits is None:
+            waits = self._device_waits(self.backend.stream_ptr(problem.kind))
+        return self._charge_of(problem.kind) if waits else None
 
     def _charge_of(self, kind: str):
         """``charge(candidate, device_ms)`` for a miss whose device waits for the host: the

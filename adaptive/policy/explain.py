@@ -89,7 +89,8 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     # the policy keeps its state per input class (keys differing only in token counts)
     state = policy.state(plan.class_key if plan is not None else key)
     ctx = Context(o, problem, key, _no_measure, dispatcher.backend.peaks,
-                  dispatcher.backend.device_state, dispatcher.limits)
+                  dispatcher.backend.device_state, dispatcher.limits,
+                  charge=dispatcher.miss_charge(problem))
     ranking = policy.rank(ctx, candidates) if state is None else None
     predicted: dict = {}
     observed: dict = {}
@@ -107,14 +108,17 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
                     for c, ts in state.observed.items() if len(ts)}
     elif ranking is not None:
         # the rows and ranking decide() would make now (one feature builder, one order)
-        from adaptive.policy.learned import model_order
+        from adaptive.policy.learned import charged_mean, model_order
         floor = ctx.floor_ms()
         _, dist, _, _, _ = ranking
         if dist is not None:
+            mean = dist[0]
+            if ctx.charge is not None:   # as decide() charges a waiting device's miss
+                mean, _ = charged_mean(ctx.charge, candidates, mean, floor)
             scale = floor if floor > 0 else 1.0
-            predicted = {candidates[i].label: (math.exp(dist[0][i]) * scale, dist[1][i])
-                         for i in model_order(dist[0])}
-            order = {candidates[i].label: n for n, i in enumerate(model_order(dist[0]))}
+            predicted = {candidates[i].label: (math.exp(mean[i]) * scale, dist[1][i])
+                         for i in model_order(mean)}
+            order = {candidates[i].label: n for n, i in enumerate(model_order(mean))}
     else:   # a policy without a model: the floor all the same
         floor = ctx.floor_ms()
     if decision is not None:

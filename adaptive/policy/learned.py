@@ -460,7 +460,7 @@ class Learned(BasePolicy):
             mean, sigma = dist
             charged = ""
             if ctx.charge is not None:   # rank what the samples will be charged
-                mean, charged = self._charged(ctx.charge, candidates, mean, floor)
+                mean, charged = charged_mean(ctx.charge, candidates, mean, floor)
             order = model_order(mean)
             ranked = [candidates[i] for i in order]
             predicted = {candidates[i]: (float(mean[i]), float(sigma[i])) for i in order}
@@ -531,18 +531,6 @@ class Learned(BasePolicy):
             state.reason = why + f"; committed {explore[0].label} without exploring"
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
-
-    @staticmethod
-    def _charged(charge, candidates, mean, floor: float):
-        """The model's ``mean`` (log of time over the floor) of each candidate with the
-        host's issuing charged as the dispatcher charges its samples (``ctx.charge``), and
-        a note for the reason ("" where nothing was added)."""
-        unit = floor if floor > 0 else 1.0
-        device = np.exp(np.asarray(mean, float)) * unit
-        total = np.asarray([charge(c, float(t)) for c, t in zip(candidates, device)])
-        if not np.any(total > device):
-            return mean, ""
-        return np.log(total / unit), " (with the host's issuing, the device waiting)"
 
     def _far(self, op: str, dtype: str, features: dict) -> float | None:
         """The distance to the nearest measured input of the same flags (``param_*``,
@@ -1020,6 +1008,19 @@ def library_candidate(problem, ranked: Sequence[Candidate]) -> Candidate | None:
                 return c
     return next((c for c in ranked if c.variant.language == "python"
                  and c.variant.backend != "host"), None)
+
+
+def charged_mean(charge, candidates, mean, floor: float):
+    """The model's ``mean`` (log of time over the floor) of each candidate with the host's
+    issuing charged as the dispatcher charges its samples (``Context.charge``), and a note
+    for a reason ("" where nothing was added): :meth:`Learned.decide` and
+    :func:`adaptive.explain` both rank with this."""
+    unit = floor if floor > 0 else 1.0
+    device = np.exp(np.asarray(mean, float)) * unit
+    total = np.asarray([charge(c, float(t)) for c, t in zip(candidates, device)])
+    if not np.any(total > device):
+        return mean, ""
+    return np.log(total / unit), " (with the host's issuing, the device waiting)"
 
 
 def model_order(mean) -> list[int]:

@@ -84,6 +84,33 @@ def test_explain_ranks_exactly_as_decide(rng):
     assert [r.label for r in after.rows] == [c.label for c in state.candidates]
 
 
+def test_explain_ranks_as_decide_with_the_issuing_charged_where_the_device_waits(rng):
+    """Where the caller's device waits for the host, a miss ranks by device time plus
+    each variant's known issuing (Context.charge); explain's ranking of an undecided input
+    charges it the same way, so both put the variant that issues slowly lower alike."""
+    import collections
+    pytest.importorskip("sklearn")
+    import adaptive
+    from adaptive.dispatch import Dispatcher
+    from adaptive.policy.learned import Learned
+    from test_policy import replayed_model
+    x = rng.standard_normal((300, 96)).astype(np.float32)
+    cands = Dispatcher("host").candidates("softmax", x)
+    policy = Learned(replayed_model(cands, "host_blocked[rows=32]", rng))
+    d = Dispatcher("host", policy=policy)
+    plain = adaptive.explain("softmax", x, dispatcher=d)
+    top = next(c for c in cands if c.label == plain.rows[0].label)
+    d._device_waits = lambda stream_ptr: True          # a host-bound caller
+    d._issued[(top.variant.id, "numpy")] = collections.deque([50.0])   # 50 ms to issue
+    before = adaptive.explain("softmax", x, dispatcher=d)
+    assert before.rows[0].label != top.label
+    assert before.rows[[r.label for r in before.rows].index(top.label)].predicted_ms > 50
+    d.launch("softmax", x)
+    state = next(iter(policy.keys.values()))
+    assert [r.label for r in before.rows] == [c.label for c in state.candidates]
+    assert "(with the host's issuing, the device waiting)" in state.reason
+
+
 def test_work_says_what_a_candidates_weight_form_reads_alike_for_packs_and_misses(rng):
     """A 16x16-structured weight: a BSR-16 kernel reads its non-zeros, a BSR-32 kernel the
     zeros of each 32x32 block too; CSR reads the non-zeros; a library call says nothing.
