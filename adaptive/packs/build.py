@@ -78,6 +78,9 @@ class Settings:
     seed: int = 0
     cubins: bool = False              # carry compiled kernels (cuda) ...
     cubin_within: float = 1.5         # ... of the candidates within this factor of the best
+    # only these variants measured (names; empty: every one): a variant added since a
+    # pack was built, measured on its inputs and merged into it (``adaptive pack merge``)
+    variants: tuple[str, ...] = ()
 
 
 def load_shapes(spec: str, ops: Iterable[str] | None = None) -> list[Case]:
@@ -120,6 +123,8 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
     state = backend.device_state   # clocks, utilisation (as live rows)
     rows, failures, cubins, timed = [], [], [], []
     for cand in dispatcher.candidates(case.op, *caller, **params):
+        if settings.variants and cand.variant.name not in settings.variants:
+            continue
         base = {"op": case.op, "dims": problem.dims_dict, "dtype": problem.dtype,
                 "variant": cand.variant.name, "config": cand.config}
         try:
@@ -261,8 +266,9 @@ class Journal:
 def plan_of(cases: list[Case], backend: str, fingerprint: Mapping, settings: Settings) -> dict:
     from adaptive.packs.format import describe_device
     h = hashlib.sha256(json.dumps([c.id for c in cases]).encode()).hexdigest()
+    plain = dataclasses.asdict(settings) | {"variants": list(settings.variants)}  # as read back
     return {"cases_sha256": h, "backend": backend, "device": describe_device(fingerprint),
-            "settings": dataclasses.asdict(settings)}
+            "settings": plain}
 
 
 # ---- progress -----------------------------------------------------------------------------------
@@ -300,19 +306,22 @@ def count_gpus() -> int:
         return 0
 
 
-def precompile(backend_name: str, arch: str, cases: Iterable[Case]) -> list[str]:
-    """Fill the kernel cache with every CUDA candidate of the cases' ops and dtypes, on all
-    cores (NVRTC needs no GPU); return the compile errors (those candidates fail later)."""
+def precompile(backend_name: str, arch: str, cases: Iterable[Case],
+               variants: Iterable[str] = ()) -> list[str]:
+    """Fill the kernel cache with every CUDA candidate of the cases' ops and dtypes (of
+    ``variants`` only, where given), on all cores (NVRTC needs no GPU); return the compile
+    errors (those candidates fail later)."""
     from adaptive import config, nvrtc
     from adaptive.variants import default_registry
     if backend_name != "cuda" or not nvrtc.available():
         return []
     wanted = {(c.op, c.dtype) for c in cases}
+    names = set(variants)
     cache_dir = config.get().cache_dir
     jobs = [(v.op, v.name, cfg, dtype, arch, cache_dir)
             for op in sorted({op for op, _ in wanted})
             for v, cfg, dtype in nvrtc.cuda_jobs(default_registry(), op)
-            if (op, dtype) in wanted]
+            if (op, dtype) in wanted and (not names or v.name in names)]
     if not jobs:
         return []
     import multiprocessing as mp
@@ -380,6 +389,14 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     if workers is None:
         workers = max(1, count_gpus()) if backend == "cuda" else 1
     d = make_dispatcher(backend, 0 if backend == "cuda" else None)
+    if settings.variants:
+        known = {v.name for op in {c.op for c in cases}
+                 for v in d.registry.variants(op, backend)}
+        unknown = sorted(set(settings.variants) - known)
+        if unknown:
+            raise ValueError(f"variants {', '.join(unknown)}: not {backend} variants of "
+                             f"{', '.join(sorted({c.op for c in cases}))}; known: "
+                             f"{', '.join(sorted(known))}")
     fp = d.backend.fingerprint()
     out = Path(out)
     journal_path = out.with_name(out.name + ".partial")
@@ -392,7 +409,7 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     t0 = time.monotonic()
     if todo:
         doing(f"compiling the CUDA kernels of {len(todo)} cases")
-        precompile(backend, d.backend.arch, todo)
+        precompile(backend, d.backend.arch, todo, settings.variants)
 
     def record(result: dict) -> None:
         journal.add(result)

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--deadline-s", type=float, default=None,
                    help="start no case after this many seconds (the pack says how many ran)")
     b.add_argument("--fresh", action="store_true", help="ignore a journal of an earlier run")
+    b.add_argument("--variants", default="",
+                   help="comma-separated variant names: only these measured (a variant added "
+                        "since a pack was built, measured on its inputs, then merged into it)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
                    help="build from counter logs instead of measuring")
@@ -60,6 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="keep the first pack as it is and fill only its failed (input, "
                         "variant, config) entries from the others (same device, same "
                         "variant code)")
+    a = sub.add_parser("adopt", help="take the registered records of variants whose file "
+                                     "changed around unchanged measured work; rows kept")
+    a.add_argument("pack")
+    a.add_argument("--variants", required=True,
+                   help="comma-separated ids (op/name) whose registered source replaces the "
+                        "pack's; only where what was measured did not change")
+    a.add_argument("-o", "--out", required=True)
     r = sub.add_parser("replay", help="the learned policy on the pack's own measurements, "
                                       "one input held out at a time (no GPU needed)")
     r.add_argument("pack")
@@ -73,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return {"build": _build, "show": _show, "diff": _diff, "merge": _merge,
-                "replay": _replay}[args.action](args)
+                "adopt": _adopt, "replay": _replay}[args.action](args)
     except (AdaptiveError, ValueError, FileNotFoundError) as exc:
         print(f"adaptive pack {args.action}: {exc}", file=sys.stderr)
         return 2
@@ -115,7 +125,8 @@ def _build(args) -> int:
                              f"and {args.warmup}")
         cases = load_shapes(args.shapes, ops)
         settings = Settings(warmup=args.warmup, repeats=args.repeats, seed=args.seed,
-                            cubins=args.cubins)
+                            cubins=args.cubins,
+                            variants=tuple(v for v in args.variants.split(",") if v))
         with Heartbeat("adaptive pack build") if not args.no_progress else nullcontext():
             pack = build_pack(cases, args.out, args.backend, args.workers, settings,
                               args.fresh, not args.no_progress, args.deadline_s,
@@ -215,6 +226,20 @@ def _diff(args) -> int:
     for (op, dims, dtype), ((la, ta), (lb, tb)) in d["best_changed"].items():
         shape = ",".join(f"{k}={v}" for k, v in dims)
         print(f"  best changed {op} {shape} {dtype}: {la} ({ta:.4f} ms) -> {lb} ({tb:.4f} ms)")
+    return 0
+
+
+def _adopt(args) -> int:
+    from adaptive.variants import default_registry
+    ids = [v for v in args.variants.split(",") if v]
+    reg = default_registry()
+    registered = [v for op in {i.partition("/")[0] for i in ids} for v in reg.variants(op)]
+    pack = compare.adopt(packs.read_pack(args.pack), registered, ids)
+    packs.write_pack(pack, args.out)
+    for a in pack.header["build"]["adopted"][-len(ids):]:
+        print(f"adopted {a['variant']}: source {a['from'][:12]} -> {a['to'][:12]}")
+    print(f"wrote {args.out}: {len(pack.variants)} variants, {len(pack.rows)} rows")
+    print(f"  file sha256 {packs.file_sha256(args.out)} (what sha256sum prints)")
     return 0
 
 

@@ -89,6 +89,29 @@ def fill_failures(pack: Pack, donors: Sequence[Pack]) -> tuple[Pack, list[Mappin
     return Pack(header, pack.variants, tuple(rows), pack.cubins, tuple(failures)), failures
 
 
+def adopt(pack: Pack, registered: Iterable[Variant], ids: Sequence[str]) -> Pack:
+    """``pack`` with the variants ``ids`` ("op/name") replaced by their ``registered``
+    records, rows kept: for a variant whose file changed around a function whose measured
+    work did not (a helper moved out, an entry added for another caller), so the pack's
+    rows of it are not dropped as another variant's. The header's ``build`` lists what was
+    adopted, from which source hash to which. Every id must be in the pack and registered."""
+    mine = {v.id: v for v in pack.variants}
+    theirs = {v.id: v for v in registered}
+    for vid in ids:
+        if vid not in mine:
+            raise ValueError(f"adopt: {vid} has no record in the pack; it has "
+                             f"{', '.join(sorted(mine))}")
+        if vid not in theirs:
+            raise ValueError(f"adopt: {vid} is not a registered variant")
+    adopted = [{"variant": vid, "from": mine[vid].source_hash, "to": theirs[vid].source_hash}
+               for vid in ids]
+    variants = [theirs[v.id] if v.id in ids else v for v in pack.variants]
+    build = dict(pack.header.get("build", {}))
+    build["adopted"] = list(build.get("adopted", [])) + adopted
+    return new_pack(variants, pack.rows, pack.fingerprint, pack.cubins, pack.failures, build,
+                    created_s=pack.header.get("created_s"))
+
+
 def row_key(r: Observation) -> tuple:
     """(op, dims, dtype, variant, config): rows with equal keys measure the same thing."""
     return (r.op, tuple(sorted(r.dims.items())), r.dtype, r.variant,

@@ -617,3 +617,49 @@ def test_the_wide_preset_measures_multi_head_prefills_causal_and_not():
              if r.op == "attention"}
     drawn = [tuple(sorted(c["dims"].items())) for c in a]
     assert built == set(drawn)
+
+
+def test_build_of_named_variants_measures_only_them_and_merges_into_a_pack(tmp_path,
+                                                                            quick_pack):
+    from adaptive.cli import main
+    path, full = quick_pack
+    out = tmp_path / "one.msgpack"
+    assert main(["pack", "build", "--shapes", "quick", "--ops", "softmax", "--backend", "host",
+                 "--repeats", "3", "--no-progress", "--variants", "host_blocked",
+                 "-o", str(out)]) == 0
+    one = packs.read_pack(out)
+    assert {r.variant for r in one.rows} == {"host_blocked"}
+    assert {v.name for v in one.variants} == {"host_blocked"}
+    inputs = {compare.row_key(r)[:3] for r in full.rows if r.variant == "host_blocked"}
+    assert {compare.row_key(r)[:3] for r in one.rows} == inputs
+    merged = compare.merge([full, one])
+    assert len(merged.rows) == len(full.rows) + len(one.rows)
+    with pytest.raises(ValueError, match=r"variants nope: not host variants of softmax; "
+                                         r"known: .*host_blocked"):
+        build_pack(load_shapes("quick", ["softmax"]), tmp_path / "x.msgpack", "host",
+                   settings=dataclasses.replace(FAST, variants=("host_blocked", "nope")),
+                   progress=False)
+
+
+def test_adopt_takes_the_registered_record_and_keeps_the_rows(tmp_path, capsys):
+    from adaptive.cli import main
+    old = _variant()
+    new = _variant(source=SOFTMAX_SRC + "\n# a comment around the function\n")
+    assert new.source_hash != old.source_hash
+    pack = packs.new_pack([old], [_row(), _row(time_ms=0.7, cfg={"rows": 2})], HOST_FP)
+    got = compare.adopt(pack, [new], ["softmax/pack_softmax"])
+    assert got.variants == (new,) and got.rows == pack.rows
+    assert got.header["build"]["adopted"] == [{"variant": "softmax/pack_softmax",
+                                               "from": old.source_hash,
+                                               "to": new.source_hash}]
+    with pytest.raises(ValueError, match=r"softmax/other has no record in the pack; it has "
+                                         r"softmax/pack_softmax"):
+        compare.adopt(pack, [new], ["softmax/other"])
+    with pytest.raises(ValueError, match="softmax/x is not a registered variant"):
+        compare.adopt(packs.new_pack([_variant("x")], [], HOST_FP), [new],
+                      ["softmax/x"])
+    path = tmp_path / "p.msgpack"
+    packs.write_pack(pack, path)
+    assert main(["pack", "adopt", str(path), "--variants", "softmax/nope",
+                 "-o", str(tmp_path / "o.msgpack")]) == 2
+    assert "softmax/nope has no record in the pack" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""spmm through cuSPARSELt's 2:4 matmul with its plans kept: staged, not in the manifest
-until run on a GPU (tests/gpu/test_spmm_cusparselt_plan_cuda.py).
+"""spmm through cuSPARSELt's 2:4 matmul with its plans kept (tests:
+tests/gpu/test_spmm_cusparselt_plan_cuda.py, run S111 on the H200).
 
 Why: torch's 2:4 path (``torch._cslt_sparse_mm``, our ``cusparselt_24``) builds its
 cuSPARSELt descriptors and plan on every call. On the H200 that costs 0.45-1.05 ms of host
