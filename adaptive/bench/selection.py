@@ -747,6 +747,12 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
                 result, choices[(label, "live")], whys[(label, "live")] = _live(
                     label, d, stream, inputs, table, sync)
                 results.append(result)
+                # a refit still running would share the interpreter with the next policy's
+                # misses (a decide beside a refit of the shipped pack's rows: mean 2.2 ->
+                # 4-6 ms on our CPU, single ones up to 120 ms): each policy runs alone
+                waited = _settle(d)
+                if waited > 0.05:
+                    say(f"{name}: {label}'s model refits ran {waited:.2f} s past its stream")
             oracle, retimed, piped = _steady(table_d, stream, inputs, results, choices,
                                              sync, quick, pipelined=be.name != "host")
             keys = set(stream)
@@ -758,6 +764,16 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
     doing("selection: hot-path timing")
     hot = _hot_path(be, rounds=21 if quick else 31, n=1000 if quick else 5000)
     return SelectionReport(be.name, quick, seed, reports, accuracy, hot, shipped=shipped or "")
+
+
+def _settle(dispatcher, timeout_s: float = 120.0) -> float:
+    """Wait for the dispatcher's model refits (a learned policy's); the seconds waited."""
+    model = getattr(dispatcher.policy, "model", None)
+    if model is None or not hasattr(model, "wait"):
+        return 0.0
+    t0 = time.perf_counter()
+    model.wait(timeout_s)
+    return time.perf_counter() - t0
 
 
 def _dispatcher(be, policy, pack: str | None = None):
