@@ -71,10 +71,12 @@ generate() {
 
 # the inputs of SHAPES (a .json of {op: [...]}) measured as the shipped pack's were, with
 # DEADLINE seconds for their cases, merged into the shipped pack (adaptive/packs/ and $OUT;
-# commit it from $OUT), from run S109 on: extend_pack SHAPES NAME DEADLINE
+# commit it from $OUT), from run S109 on; with VARIANTS (comma-separated names, from run
+# S113 on) only those measured: extend_pack SHAPES NAME DEADLINE [VARIANTS]
 extend_pack() {
-  local t0=$SECONDS
-  timeout $(($3 + 30)) python3 -m adaptive.cli pack build --shapes "$1" --backend cuda --warmup 2 --repeats 7 --seed 0 --cubins --deadline-s "$3" --no-progress -o "/tmp/$2.msgpack" > "$OUT/$2.log" 2>&1
+  local t0=$SECONDS only=()
+  [ -n "$4" ] && only=(--variants "$4")
+  timeout $(($3 + 30)) python3 -m adaptive.cli pack build --shapes "$1" --backend cuda --warmup 2 --repeats 7 --seed 0 --cubins --deadline-s "$3" --no-progress "${only[@]}" -o "/tmp/$2.msgpack" > "$OUT/$2.log" 2>&1
   echo "$2 build rc=$? $((SECONDS-t0)) s"; tail -3 "$OUT/$2.log" | cut -c1-200
   python3 -m adaptive.cli pack merge -o /tmp/merged.msgpack adaptive/packs/h200.msgpack "/tmp/$2.msgpack" > "$OUT/merge.log" 2>&1
   echo "merge rc=$?"; tail -2 "$OUT/merge.log" | cut -c1-200
