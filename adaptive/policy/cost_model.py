@@ -308,6 +308,11 @@ class LiveModel:
         if base is not None:
             self.extend_base(base)
 
+    @property
+    def base_size(self) -> int:
+        """Rows always kept (a pack's measurements)."""
+        return len(self._base_rows)
+
     def predict_dist(self, rows: list[dict]) -> tuple[np.ndarray, np.ndarray] | None:
         """(mean, sigma) from the current model, or None before the first fit."""
         model = self.model   # one read: a concurrent swap cannot mix two models
