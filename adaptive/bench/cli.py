@@ -98,11 +98,12 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
     ``launch`` (:func:`_stream_walls`; None: on a device only, where the table's rounds of
     calls from a drained device price a call's issuing as the stream may not pay it; the
     host's table times each call whole, and its walls would take minutes)."""
+    from adaptive import runtime
     from adaptive.dispatch import Dispatcher
+    from adaptive.policy import MeasureEach
     rng = np.random.default_rng(seed)
     streams = _QUICK if quick else _FULL
-    table_d = Dispatcher(backend)
-    _fitted(table_d, progress)
+    table_d = Dispatcher(backend, policy=MeasureEach())   # pinned calls only: no model
     sync = table_d.backend.synchronize
     if walls_too is None:
         walls_too = table_d.backend.name != "host"
@@ -141,7 +142,9 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         labels = set().union(*table)
         fixed = {lab: sum(table[i].get(lab, math.inf) for i in order) for lab in labels}
         best_label = min(fixed, key=fixed.get)
-        live = Dispatcher(table_d.backend)
+        # adaptive as ``adaptive.launch`` serves it: started, so with the packs for this
+        # device (until run S114 the stream ran without the shipped pack: learned cold)
+        live = runtime.start(Dispatcher(table_d.backend))
         _fitted(live, progress)
         explored_s = _explore_s(live.policy)
         doing(f"mixed: {op_name} stream of {len(order)} calls through launch")
@@ -179,10 +182,10 @@ def _fitted(dispatcher, progress) -> None:
     t0 = time.perf_counter()
     if not model.wait(300.0):
         raise RuntimeError("the policy's model did not finish its first fit in 300 s")
-    waited = time.perf_counter() - t0
-    if waited > 0.05:
-        progress(f"  (the policy's model fitted its {model.base_size} pack rows; "
-                 f"waited {waited:.1f} s)")
+    progress(f"  adaptive's model: {model.base_size} pack rows"
+             + (f", fitted in {time.perf_counter() - t0:.1f} s before the stream"
+                if model.base_size else " (no pack for this device: it learns from its "
+                                        "own samples)"))
 
 
 def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, listed,
