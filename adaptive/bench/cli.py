@@ -176,16 +176,14 @@ def _fitted(dispatcher, progress) -> None:
     seconds, as a server's first seconds), so the stream is decided and timed as a server
     up for that long serves it, not cold beside the fit (run S113's mixed table did neither:
     samples of 1-2.6 ms among 0.03-0.2 ms kernels, cuBLAS committed against on them)."""
-    model = getattr(dispatcher.policy, "model", None)
-    if model is None or not hasattr(model, "wait"):
-        return
+    rows = sum(len(batch) for batch, _ in dispatcher.registry.observations())
     t0 = time.perf_counter()
-    if not model.wait(300.0):
+    if not dispatcher.policy.settle(300.0):
         raise RuntimeError("the policy's model did not finish its first fit in 300 s")
-    progress(f"  adaptive's model: {model.base_size} pack rows"
-             + (f", fitted in {time.perf_counter() - t0:.1f} s before the stream"
-                if model.base_size else " (no pack for this device: it learns from its "
-                                        "own samples)"))
+    progress(f"  adaptive's policy: {rows} pack rows"
+             + (f", its model's fit of them done {time.perf_counter() - t0:.1f} s after "
+                "the stream's dispatcher started" if rows else
+                " (no pack for this device: it learns from its own samples)"))
 
 
 def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, listed,

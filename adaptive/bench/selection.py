@@ -767,12 +767,10 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
 
 
 def _settle(dispatcher, timeout_s: float = 120.0) -> float:
-    """Wait for the dispatcher's model refits (a learned policy's); the seconds waited."""
-    model = getattr(dispatcher.policy, "model", None)
-    if model is None or not hasattr(model, "wait"):
-        return 0.0
+    """Wait for the dispatcher's policy's background work (a learned policy's refits); the
+    seconds waited."""
     t0 = time.perf_counter()
-    model.wait(timeout_s)
+    dispatcher.policy.settle(timeout_s)
     return time.perf_counter() - t0
 
 

@@ -328,6 +328,12 @@ class Learned(BasePolicy):
             committed once every other candidate is left behind: the last of ``samples``
             is spent only where two candidates' samples overlap. The first explored
             candidate and the baseline are never left behind this way either. None: off.
+        noise_ratio: an explored candidate whose median is more than this times its own
+            fastest sample (most of its samples met interference) is timed again, a call
+            at a time, up to twice ``samples``, before the commit reads its median: run
+            S113's mixed table read cuBLAS at 0.19, 2.04 and 1.40 ms (median 1.40) and
+            committed a kernel 1.7x slower, and S114 read ``three_pass`` at 0.09, 0.82 and
+            1.35 ms against SDPA's 0.44. None: ``samples`` always.
         widen_margin: before a commit, candidates the model left out are explored too
             when the measurements refute its ranking (:meth:`_widen`): predicted, at the
             least wrong explored candidate's error, this fraction faster than the
@@ -345,7 +351,8 @@ class Learned(BasePolicy):
                  variant_slots: int = 2, min_explore: int = 2,
                  far_distance: float | None = 3.5,
                  race_ratio: float | None = 2.0, widen_margin: float | None = 0.1,
-                 explore_fraction: float | None = 0.4, clear_margin: float | None = 0.03):
+                 explore_fraction: float | None = 0.4, clear_margin: float | None = 0.03,
+                 noise_ratio: float | None = 2.0):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -414,6 +421,9 @@ class Learned(BasePolicy):
         self._credit_s = explore_burst_s          # exploring time left (a token bucket)
         self._credit_at = time.monotonic()
         self.samples = samples
+        if noise_ratio is not None and not noise_ratio > 1:
+            raise ValueError(f"noise_ratio must be > 1 or None, got {noise_ratio!r}")
+        self.noise_ratio = noise_ratio
         self.drift_ratio = drift_ratio
         self.drift_window = drift_window
         self.keys: dict[tuple, KeyState] = {}
@@ -727,7 +737,8 @@ class Learned(BasePolicy):
         # left behind by the leader)
         active = tuple(c for c in state.explore if not state.observed[c].raced)
         needed = self._needed(state, active)
-        rest = tuple(sorted((c for c in active if len(state.observed[c]) < needed
+        rest = tuple(sorted((c for c in active
+                             if len(state.observed[c]) < self._needed_for(state, c, needed)
                              and not state.observed[c].failed),
                             key=lambda c: -len(state.observed[c])))
         if rest:
@@ -876,6 +887,16 @@ class Learned(BasePolicy):
             return min(2, self.samples)
         return self.samples
 
+    def _needed_for(self, state: KeyState, c: Candidate, needed: int) -> int:
+        """Samples ``c`` needs: ``needed``, and one more while its median is over
+        ``noise_ratio`` times its fastest sample, up to twice ``needed``."""
+        obs = state.observed[c]
+        n = len(obs)
+        if self.noise_ratio is None or n < needed or n >= 2 * needed:
+            return needed
+        fastest = min(obs, default=math.inf)
+        return n + 1 if 0 < fastest and obs.median() > self.noise_ratio * fastest else needed
+
     def _check_drift(self, state: KeyState) -> Decision | None:
         if state.revalidate_in > 0:
             state.revalidate_in -= 1
@@ -986,6 +1007,10 @@ class Learned(BasePolicy):
     def cost_model(self):
         """The cost model (regeneration proposes where it predicts gains)."""
         return self.model
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait for the model's running fit (of pack rows given at start-up, or a refit)."""
+        return self.model.wait(timeout_s)
 
     def forget_key(self, key: tuple) -> None:
         """Drop what the policy keeps of ``key`` (the dispatcher calls this when it evicts

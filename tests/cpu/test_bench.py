@@ -183,21 +183,23 @@ def test_the_mixed_stream_starts_after_the_models_first_fit():
     from adaptive.dispatch import Dispatcher
     from adaptive.policy.cost_model import LiveModel, TrainingSet
     from adaptive.policy.learned import Learned
+    from adaptive.variants import Registry
     rng = np.random.default_rng(0)
     rows = [{"op.x": float(x), "cand.y": float(y)} for x, y in rng.random((400, 2))]
     base = TrainingSet(rows, rng.random(400), [("i", i // 8) for i in range(400)],
                        [f"c{i % 8}" for i in range(400)])
     live = LiveModel(base)                      # fits in a background thread
-    d = Dispatcher("host", policy=Learned(live))
+    packs = SimpleNamespace(observations=lambda: [((None,) * 400, 1.0)])   # a pack's rows
+    d = SimpleNamespace(registry=packs, policy=Learned(live))
     said = []
     bench._fitted(d, said.append)
     assert live.model is not None and live.wait(0.0)
-    assert len(said) == 1 and said[0].startswith("  adaptive's model: 400 pack rows, fitted in")
+    assert len(said) == 1 and said[0].startswith("  adaptive's policy: 400 pack rows, its ")
     gate = threading.Event()   # a first fit that never ends is an error, not a cold stream
-    stuck = SimpleNamespace(policy=SimpleNamespace(model=SimpleNamespace(
-        wait=lambda timeout_s: gate.wait(0.01), base_size=3)))
+    stuck = SimpleNamespace(registry=d.registry, policy=SimpleNamespace(
+        settle=lambda timeout_s: gate.wait(0.01)))
     with pytest.raises(RuntimeError, match="did not finish its first fit in 300 s"):
         bench._fitted(stuck, said.append)
     t0 = time.perf_counter()
-    bench._fitted(Dispatcher("host"), said.append)   # measure-each: nothing to wait for
-    assert time.perf_counter() - t0 < 1.0
+    bench._fitted(Dispatcher("host", registry=Registry(())), said.append)
+    assert time.perf_counter() - t0 < 1.0 and "no pack for this device" in said[-1]

@@ -586,7 +586,9 @@ def test_a_broken_event_timer_falls_back_to_host_timing_and_the_call_still_runs(
 
 def test_commit_is_on_medians_after_the_sample_count_not_one_lucky_sample(rng):
     ctx, cands, _ = softmax_context(rng)
-    policy = Learned(LiveModel(background=False), max_explore=2, samples=3)
+    # (noise_ratio off here: a's median over 2x its lucky sample would have it timed again,
+    # below)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=3, noise_ratio=None)
     d = policy.decide(ctx, cands)
     a, b = d.explore
     # a: one lucky sample, otherwise slow; b: steadily faster than a's median
@@ -599,6 +601,14 @@ def test_commit_is_on_medians_after_the_sample_count_not_one_lucky_sample(rng):
     assert dict(out.observed_ms)[a.label] == pytest.approx(0.3)   # the median, not 0.05
     history = list(policy.state(ctx.key).history)
     assert history[0].startswith("miss:") and "committed" in history[-1] and "n=3" in history[-1]
+    # with noise_ratio (2): a, whose median is 6x its lucky sample, is timed up to 6 times
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=3)
+    d = policy.decide(ctx, cands)
+    outs = [policy.observe(ctx.key, c, t) for c, t in feed + [(a, 0.31), (b, 0.19)]]
+    assert outs[-1] is not None and outs[-1].explore == (a,)
+    outs = [policy.observe(ctx.key, a, t) for t in (0.32, 0.29, 0.3)]
+    assert outs[:2] == [None, None] and outs[-1].candidate == b and not outs[-1].explore
+    assert dict(outs[-1].samples) == {a.label: 6, b.label: 3}
 
 
 def test_a_keys_timings_are_a_bounded_ring_with_a_full_count(rng):
@@ -996,6 +1006,38 @@ def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
     assert policy2.state(ctx.key).explored == {f0: 2, f1: 2, f2: 2, f3: 2}
     with pytest.raises(ValueError, match="clear_margin must be a fraction >= 0 or None"):
         Learned(LiveModel(background=False), clear_margin=-0.01)
+
+
+def test_a_candidate_whose_samples_disagree_is_timed_again_before_the_commit(rng):
+    """noise_ratio: a candidate whose median is over 2x its own fastest sample (two of its
+    three samples met interference, as cuBLAS's 0.19, 2.04 and 1.40 ms in run S113) is
+    timed again, a call at a time, up to twice ``samples``; its median then decides. A
+    candidate still noisy at twice ``samples`` is judged on what it has."""
+    ctx, cands, _ = softmax_context(rng)
+
+    def explored(noise_ratio, first, second_extra=()):
+        policy = Learned(LiveModel(background=False), max_explore=2, samples=3,
+                         race_ratio=None, clear_margin=None, noise_ratio=noise_ratio)
+        d = policy.decide(ctx, cands)
+        a, b = d.explore
+        out = None
+        for ta, tb in zip(first, (0.30, 0.30, 0.30)):
+            out = policy.observe(ctx.key, a, ta) or out
+            out = policy.observe(ctx.key, b, tb) or out
+        if second_extra:   # the class's calls now rotate over the noisy one alone
+            assert out is not None and out.explore == (a,) and not out.observed_ms
+        for t in second_extra:
+            out = policy.observe(ctx.key, a, t)
+        return policy.state(ctx.key), out, a, b
+    state, out, a, b = explored(None, (0.10, 2.00, 1.40))        # off: the median decides
+    assert state.committed == b and out.candidate == b
+    state, out, a, b = explored(2.0, (0.10, 2.00, 1.40), (0.10, 0.11))   # 5 samples
+    assert state.committed == a and out.candidate == a and state.explored[a] == 5
+    assert state.explored[b] == 3
+    state, out, a, b = explored(2.0, (0.10, 2.00, 1.40), (2.1, 1.9, 0.1))   # 6: the cap
+    assert state.committed == b and state.explored[a] == 6
+    with pytest.raises(ValueError, match="noise_ratio must be > 1 or None"):
+        Learned(LiveModel(background=False), noise_ratio=1.0)
 
 
 def _count_runs(be) -> dict:
