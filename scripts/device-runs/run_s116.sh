@@ -6,7 +6,7 @@
 # if time is left, selection once more with the noise rule (S114: 1.007 / 1.020 / 1.026)
 source "$(dirname "$0")/setup.sh"
 mixed_table 170
-grep -E "adaptive's model" "$OUT/bench_mixed.log" | head -2
+grep -E "adaptive's policy" "$OUT/bench_mixed.log" | head -2
 t0=$SECONDS
 timeout 110 python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
 echo "contention rc=$? $((SECONDS-t0)) s"; tail -12 "$OUT/contention.log" | cut -c1-300
