@@ -285,6 +285,13 @@ class Op:
         ``{}``: every candidate does the op's work (the default)."""
         return {}
 
+    def work_key(self, variant, config: Mapping):
+        """What :meth:`work` reads of a candidate, as a hashable: candidates with equal keys
+        get equal work on an input, so a miss computes it once per key (spmm: the weight
+        form; ~100 candidates, 5 forms). None (the default): not said; computed for each
+        candidate."""
+        return None
+
     def reference(self, *inputs: np.ndarray, **params) -> np.ndarray:
         """The float64 NumPy result (inputs upcast); the ground truth in every test."""
         raise NotImplementedError

@@ -100,6 +100,10 @@ class Spmm(Op):
         return {"log2_fill": math.log2(max(stored, density) / density),
                 "log2_row_entries": math.log2(max(per_row, 2.0 ** -20))}
 
+    def work_key(self, variant, config):
+        """:meth:`work` reads only the form a candidate reads (its block size)."""
+        return ("form", _form_block(variant, config))
+
     def reference(self, w, b):
         dense = w.csr().toarray() if isinstance(w, SparseWeight) else (
             w.toarray() if type(w).__module__.startswith("scipy.sparse") else w)

@@ -173,7 +173,17 @@ def candidate_rows(op: str, op_features: Mapping[str, float], candidates: Sequen
     op_part, device_part = _op_part(op_features), state.features()   # once, not per row
     from adaptive.ops import OPS
     known = OPS.get(op)
-    return Rows(op_part, [g | _work(known, c.variant, cfg, op_features) for c, cfg, g in
+    works: dict = {}   # the op's work_key -> the work it gives (equal keys, equal work)
+
+    def work_of(variant, cfg):
+        key = known.work_key(variant, cfg) if known is not None else None
+        if key is None:
+            return _work(known, variant, cfg, op_features)
+        got = works.get(key)
+        if got is None:
+            got = works[key] = _work(known, variant, cfg, op_features)
+        return got
+    return Rows(op_part, [g | work_of(c.variant, cfg) for c, cfg, g in
                           zip(candidates, configs, geo)],
                 [_part_of(op, c, cfg, resources) for c, cfg in zip(candidates, configs)],
                 device_part)

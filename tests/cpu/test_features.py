@@ -180,6 +180,31 @@ def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
     assert got[0]["dev.sm_clock_ratio"] == 0.5 and got[1]["res.known"] == 0.0
 
 
+def test_a_spmm_misses_work_made_once_per_form_is_each_candidates_own(rng):
+    """A miss computes spmm's ``work.*`` once per weight form (``Op.work_key``): every row
+    carries what ``work()`` gives its candidate alone, for every variant of both backends
+    (BSR 16/32/64, CSR, 2:4, library calls), on a weight with 32x32 structure."""
+    from adaptive.ops import OPS
+    from adaptive.policy.features import candidate_rows, geometries, work
+    from adaptive.variants import default_registry, make_candidate
+    spmm = OPS["spmm"]
+    w, b = spmm.make_inputs({"M": 320, "N": 24, "K": 640}, "float16", rng, density=0.07,
+                            block=32)
+    problem = spmm.problem((w, b), {})
+    feats, scope = spmm.features(problem), problem.scope()
+    cands = [make_candidate(v, c) for v in default_registry().variants("spmm")
+             for c in list(v.space.all_configs())[:3]]
+    assert len({spmm.work_key(c.variant, c.config) for c in cands}) >= 5
+    limits = {"max_threads_per_block": 1024, "max_shared_per_block": 48 * 1024,
+              "sm_count": 132, "max_regs_per_sm": 65536, "max_threads_per_sm": 2048}
+    got = candidate_rows("spmm", feats, cands, scope, limits)
+    geo = geometries([(c.variant, c.config) for c in cands], scope, limits)
+    for r, c, g in zip(got, cands, geo):
+        own = work("spmm", c.variant, c.config, feats)
+        assert {k: v for k, v in r.items() if k.startswith("work.")} == own, c.label
+        assert {k: v for k, v in r.items() if k.startswith("geo.")} == g, c.label
+
+
 def test_a_misses_matrix_from_the_rows_parts_is_the_dicts_matrix(rng):
     """The model's matrix of a miss's rows, made from their parts without building the
     dicts, is the one the dicts give, value for value, on a model fitted on rows of other
