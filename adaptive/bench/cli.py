@@ -178,7 +178,7 @@ def _fitted(dispatcher, progress) -> None:
     samples of 1-2.6 ms among 0.03-0.2 ms kernels, cuBLAS committed against on them)."""
     rows = sum(len(batch) for batch, _ in dispatcher.registry.observations())
     t0 = time.perf_counter()
-    if not dispatcher.policy.settle(300.0):
+    if not dispatcher.settle(300.0):
         raise RuntimeError("the policy's model did not finish its first fit in 300 s")
     progress(f"  adaptive's policy: {rows} pack rows"
              + (f", its model's fit of them done {time.perf_counter() - t0:.1f} s after "

@@ -770,7 +770,7 @@ def _settle(dispatcher, timeout_s: float = 120.0) -> float:
     """Wait for the dispatcher's policy's background work (a learned policy's refits); the
     seconds waited."""
     t0 = time.perf_counter()
-    dispatcher.policy.settle(timeout_s)
+    dispatcher.settle(timeout_s)
     return time.perf_counter() - t0
 
 

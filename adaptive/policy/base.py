@@ -116,10 +116,6 @@ class Policy(Protocol):
     def cost_model(self):
         """The policy's cost model (guides regeneration's search), or None."""
 
-    def settle(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the policy's background work (a model's fit of the
-        rows it was given); True when none is running afterwards."""
-
 
 class BasePolicy:
     """The optional parts of :class:`Policy` as no-ops: subclass and write ``decide``."""
@@ -154,9 +150,6 @@ class BasePolicy:
     @property
     def cost_model(self):
         return None
-
-    def settle(self, timeout_s: float) -> bool:
-        return True
 
 
 class MeasureEach(BasePolicy):

@@ -1008,10 +1008,6 @@ class Learned(BasePolicy):
         """The cost model (regeneration proposes where it predicts gains)."""
         return self.model
 
-    def settle(self, timeout_s: float) -> bool:
-        """Wait for the model's running fit (of pack rows given at start-up, or a refit)."""
-        return self.model.wait(timeout_s)
-
     def forget_key(self, key: tuple) -> None:
         """Drop what the policy keeps of ``key`` (the dispatcher calls this when it evicts
         an input class's last plan, so ``keys`` is bounded by the plan cache). What the

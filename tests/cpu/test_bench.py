@@ -190,14 +190,14 @@ def test_the_mixed_stream_starts_after_the_models_first_fit():
                        [f"c{i % 8}" for i in range(400)])
     live = LiveModel(base)                      # fits in a background thread
     packs = SimpleNamespace(observations=lambda: [((None,) * 400, 1.0)])   # a pack's rows
-    d = SimpleNamespace(registry=packs, policy=Learned(live))
+    d = SimpleNamespace(registry=packs, settle=Dispatcher("host", policy=Learned(live),
+                                                          registry=Registry(())).settle)
     said = []
     bench._fitted(d, said.append)
     assert live.model is not None and live.wait(0.0)
     assert len(said) == 1 and said[0].startswith("  adaptive's policy: 400 pack rows, its ")
     gate = threading.Event()   # a first fit that never ends is an error, not a cold stream
-    stuck = SimpleNamespace(registry=d.registry, policy=SimpleNamespace(
-        settle=lambda timeout_s: gate.wait(0.01)))
+    stuck = SimpleNamespace(registry=packs, settle=lambda timeout_s: gate.wait(0.01))
     with pytest.raises(RuntimeError, match="did not finish its first fit in 300 s"):
         bench._fitted(stuck, said.append)
     t0 = time.perf_counter()
