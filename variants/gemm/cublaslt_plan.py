@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import importlib.util
-import os
 import threading
 
 import cupy
 import numpy as np
+
+from adaptive.backends.cuda_libs import library
 
 PLANS = 256                # shapes kept per device
 WORKSPACE = 32 << 20       # bytes the heuristic may ask for (a plan holds what its algo needs)
@@ -42,62 +42,28 @@ _ONE = ctypes.c_float(1.0)
 _ZERO = ctypes.c_float(0.0)
 
 _lock = threading.Lock()
-_lib = None
 _handles: dict[int, ctypes.c_void_p] = {}
 _plans: dict[int, collections.OrderedDict] = {}
 
 
 def _library() -> ctypes.CDLL:
-    global _lib
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _lib is None:
-            tried = []
-            for name in _candidates():
-                try:
-                    _lib = ctypes.CDLL(name)
-                    break
-                except OSError as exc:
-                    tried.append(f"{name}: {exc}")
-            else:
-                raise RuntimeError("cublaslt_plan needs libcublasLt (CUDA's cuBLAS); tried "
-                                   + "; ".join(tried))
-            _declare(_lib)
-    return _lib
-
-
-def _candidates() -> list[str]:
-    names = ["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"]
-    for pkg in ("nvidia.cu13", "nvidia.cublas"):
-        try:
-            spec = importlib.util.find_spec(pkg)
-        except ModuleNotFoundError:   # no nvidia.* wheels at all
-            spec = None
-        for folder in (spec.submodule_search_locations or []) if spec else []:
-            for so in ("libcublasLt.so.13", "libcublasLt.so.12"):
-                names.append(os.path.join(folder, "lib", so))
-    return names
-
-
-def _declare(lib) -> None:
+    """libcublasLt: already in the process where CuPy's cuBLAS loaded it, else from the
+    ``nvidia`` wheels' folders."""
     p, u64, i64, i32, sz = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int,
                             ctypes.c_size_t)
-    sig = {
-        "cublasLtCreate": [p],
-        "cublasLtMatmulDescCreate": [p, i32, i32],
-        "cublasLtMatmulDescDestroy": [p],
-        "cublasLtMatrixLayoutCreate": [p, i32, u64, u64, i64],
-        "cublasLtMatrixLayoutDestroy": [p],
-        "cublasLtMatmulPreferenceCreate": [p],
-        "cublasLtMatmulPreferenceSetAttribute": [p, i32, p, sz],
-        "cublasLtMatmulPreferenceDestroy": [p],
-        "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i32, p, p],
-        "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, sz, p],
-    }
-    for name, args in sig.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, ctypes.c_int
+    return library(["libcublasLt.so.13", "libcublasLt.so.12"], ["nvidia.cu13", "nvidia.cublas"],
+                   "cublaslt_plan needs libcublasLt (CUDA's cuBLAS)", {
+                       "cublasLtCreate": [p],
+                       "cublasLtMatmulDescCreate": [p, i32, i32],
+                       "cublasLtMatmulDescDestroy": [p],
+                       "cublasLtMatrixLayoutCreate": [p, i32, u64, u64, i64],
+                       "cublasLtMatrixLayoutDestroy": [p],
+                       "cublasLtMatmulPreferenceCreate": [p],
+                       "cublasLtMatmulPreferenceSetAttribute": [p, i32, p, sz],
+                       "cublasLtMatmulPreferenceDestroy": [p],
+                       "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i32, p, p],
+                       "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, sz, p],
+                   })
 
 
 def _check(status: int, what: str) -> None:
@@ -185,9 +151,9 @@ def _run(device: int, a_ptr: int, b_ptr: int, out_ptr: int, m: int, n: int, k: i
          stream_ptr: int) -> None:
     p = _plan(device, m, n, k, dt)
     bt, at, ot = p.layouts
-    _check(_lib.cublasLtMatmul(_handles[device], p.desc, ctypes.byref(_ONE), b_ptr, bt,
-                               a_ptr, at, ctypes.byref(_ZERO), out_ptr, ot, out_ptr, ot,
-                               p.algo, p.workspace.data.ptr, p.workspace_size, stream_ptr),
+    _check(p.lib.cublasLtMatmul(_handles[device], p.desc, ctypes.byref(_ONE), b_ptr, bt,
+                                a_ptr, at, ctypes.byref(_ZERO), out_ptr, ot, out_ptr, ot,
+                                p.algo, p.workspace.data.ptr, p.workspace_size, stream_ptr),
            "matmul")
 
 

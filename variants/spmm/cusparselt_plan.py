@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import importlib.util
-import os
 import threading
 
 import cupy
 import numpy as np
+
+from adaptive.backends.cuda_libs import library
 
 PLANS = 16                 # plans (token counts) kept per weight and device
 _OPAQUE = 16384            # bytes of each opaque struct: 1024 in cuSPARSELt 0.6-0.8, 11024
@@ -45,7 +45,6 @@ _ONE = ctypes.c_float(1.0)
 _ZERO = ctypes.c_float(0.0)
 
 _lock = threading.Lock()
-_lib = None
 _handles: dict[int, ctypes.Array] = {}
 
 
@@ -54,59 +53,27 @@ def _opaque():
 
 
 def _library() -> ctypes.CDLL:
-    """libcusparseLt, loaded once: by soname (already in the process where torch loaded
-    it), else from the ``nvidia.cusparselt`` wheel's folder."""
-    global _lib
-    if _lib is not None:
-        return _lib
-    with _lock:
-        if _lib is None:
-            tried = []
-            for name in _candidates():
-                try:
-                    _lib = ctypes.CDLL(name)
-                    break
-                except OSError as exc:
-                    tried.append(f"{name}: {exc}")
-            else:
-                raise RuntimeError("cusparselt_plan needs libcusparseLt.so.0 (PyTorch's CUDA "
-                                   "wheels ship it as nvidia-cusparselt); tried "
-                                   + "; ".join(tried))
-            _declare(_lib)
-    return _lib
-
-
-def _candidates() -> list[str]:
-    names = ["libcusparseLt.so.0"]
-    try:
-        spec = importlib.util.find_spec("nvidia.cusparselt")
-    except ModuleNotFoundError:   # no nvidia.* wheels at all
-        spec = None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        names.append(os.path.join(folder, "lib", "libcusparseLt.so.0"))
-    return names
-
-
-def _declare(lib) -> None:
+    """libcusparseLt: already in the process where torch loaded it, else from the
+    ``nvidia.cusparselt`` wheel's folder."""
     p, i64, u32, i32, sz = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_int,
                             ctypes.POINTER(ctypes.c_size_t))
-    sig = {
-        "cusparseLtInit": [p],
-        "cusparseLtStructuredDescriptorInit": [p, p, i64, i64, i64, u32, i32, i32, i32],
-        "cusparseLtDenseDescriptorInit": [p, p, i64, i64, i64, u32, i32, i32],
-        "cusparseLtMatmulDescriptorInit": [p, p, i32, i32, p, p, p, p, i32],
-        "cusparseLtMatmulAlgSelectionInit": [p, p, p, i32],
-        "cusparseLtMatmulPlanInit": [p, p, p, p],
-        "cusparseLtMatmulGetWorkspace": [p, p, sz],
-        "cusparseLtSpMMACompressedSize": [p, p, sz, sz],
-        "cusparseLtSpMMACompress": [p, p, p, p, p, p],
-        "cusparseLtMatmul": [p, p, p, p, p, p, p, p, p, p, i32],
-        "cusparseLtMatmulPlanDestroy": [p],
-        "cusparseLtMatDescriptorDestroy": [p],
-    }
-    for name, args in sig.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, ctypes.c_int
+    return library(["libcusparseLt.so.0"], ["nvidia.cusparselt"],
+                   "cusparselt_plan needs libcusparseLt.so.0 (PyTorch's CUDA wheels ship it "
+                   "as nvidia-cusparselt)", {
+                       "cusparseLtInit": [p],
+                       "cusparseLtStructuredDescriptorInit": [p, p, i64, i64, i64, u32, i32,
+                                                              i32, i32],
+                       "cusparseLtDenseDescriptorInit": [p, p, i64, i64, i64, u32, i32, i32],
+                       "cusparseLtMatmulDescriptorInit": [p, p, i32, i32, p, p, p, p, i32],
+                       "cusparseLtMatmulAlgSelectionInit": [p, p, p, i32],
+                       "cusparseLtMatmulPlanInit": [p, p, p, p],
+                       "cusparseLtMatmulGetWorkspace": [p, p, sz],
+                       "cusparseLtSpMMACompressedSize": [p, p, sz, sz],
+                       "cusparseLtSpMMACompress": [p, p, p, p, p, p],
+                       "cusparseLtMatmul": [p, p, p, p, p, p, p, p, p, p, i32],
+                       "cusparseLtMatmulPlanDestroy": [p],
+                       "cusparseLtMatDescriptorDestroy": [p],
+                   })
 
 
 def _check(status: int, what: str) -> None:

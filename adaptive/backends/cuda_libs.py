@@ -1,0 +1,58 @@
+"""NVIDIA libraries the ctypes variants call (cuSPARSELt, cuBLASLt), loaded once a process.
+
+A library is looked up by its sonames first (one already in the process, loaded by PyTorch
+or CuPy, is found so), then in the ``lib`` folder of each of NVIDIA's wheels named; its
+functions get their argument types and an ``int`` status back. A library that cannot be
+loaded raises ``RuntimeError`` naming every path tried, and is tried again next time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import threading
+from collections.abc import Mapping, Sequence
+
+_lock = threading.Lock()
+_loaded: dict[tuple, ctypes.CDLL] = {}
+
+
+def library(sonames: Sequence[str], packages: Sequence[str], need: str,
+            signatures: Mapping[str, list]) -> ctypes.CDLL:
+    """The loaded library: the first of ``sonames`` that loads, in the process or from the
+    wheels ``packages`` (``nvidia.cusparselt``); ``need`` says who needs it and where it
+    comes from, for the error; ``signatures``: function name -> argument types."""
+    key = tuple(sonames)
+    lib = _loaded.get(key)
+    if lib is not None:
+        return lib
+    with _lock:
+        lib = _loaded.get(key)
+        if lib is None:
+            tried = []
+            for path in _paths(sonames, packages):
+                try:
+                    lib = ctypes.CDLL(path)
+                    break
+                except OSError as exc:
+                    tried.append(f"{path}: {exc}")
+            else:
+                raise RuntimeError(f"{need}; tried " + "; ".join(tried))
+            for name, args in signatures.items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, ctypes.c_int
+            _loaded[key] = lib
+    return lib
+
+
+def _paths(sonames: Sequence[str], packages: Sequence[str]) -> list[str]:
+    paths = list(sonames)
+    for pkg in packages:
+        try:
+            spec = importlib.util.find_spec(pkg)
+        except ModuleNotFoundError:   # no nvidia.* wheels at all: a missing library
+            spec = None
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            paths += [os.path.join(folder, "lib", so) for so in sonames]
+    return paths

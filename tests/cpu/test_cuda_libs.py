@@ -1,0 +1,42 @@
+"""The ctypes variants' library loader (adaptive.backends.cuda_libs) without a GPU: a
+library found by a path is loaded once with its functions declared; one found nowhere is
+an error naming every path tried, the wheels' folders included."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+import pytest
+
+from adaptive.backends import cuda_libs
+
+
+def test_a_library_loads_once_with_its_functions_declared(monkeypatch):
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        pytest.skip("no C library name to load on this machine")
+    monkeypatch.setattr(cuda_libs, "_loaded", {})
+    lib = cuda_libs.library(["libnope.so.9", libc], [], "test needs libc",
+                            {"abs": [ctypes.c_int]})
+    assert lib.abs.argtypes == [ctypes.c_int] and lib.abs.restype is ctypes.c_int
+    assert lib.abs(-7) == 7
+    assert cuda_libs.library(["libnope.so.9", libc], [], "x", {}) is lib
+
+
+def test_a_missing_library_names_every_path_tried(monkeypatch, tmp_path):
+    monkeypatch.setattr(cuda_libs, "_loaded", {})
+    wheel = tmp_path / "fakewheel"
+    wheel.mkdir()
+    (wheel / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("fakewheel", None)
+    with pytest.raises(RuntimeError) as err:
+        cuda_libs.library(["libnope.so.9"], ["fakewheel", "nvidia_absent_pkg.sub"],
+                          "cublaslt_plan needs libnope", {})
+    text = str(err.value)
+    assert text.startswith("cublaslt_plan needs libnope; tried libnope.so.9: ")
+    assert str(wheel / "lib" / "libnope.so.9") in text
+    assert "nvidia_absent_pkg" not in text        # no such wheel: nothing to try there
+    assert cuda_libs._loaded == {}                # tried again next time
