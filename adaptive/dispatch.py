@@ -23,7 +23,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from adaptive import arrays, config, optional
 from adaptive.backends import Backend, get_backend
@@ -552,12 +552,7 @@ class Dispatcher:
                 unavailable[v.name] = optional.missing(v.needs, f"variant {v.id}")
                 if unavailable[v.name] is not None:
                     continue
-            cached = self._configs.get(v.id)
-            if cached is None or cached[0] is not v:   # (a variant replaced under its id)
-                configs = v.space.configs(self.limits)
-                cached = self._configs[v.id] = (v, configs, {id(c): make_candidate(v, c)
-                                                             for c in configs})
-            _, configs, made = cached
+            _, configs, made = self._made(v)
             out += [made[id(c)] for c in v.fitting(scope, configs)]
         if not out:
             if variants is not None and len(pool) == 1 and unavailable.get(pool[0].name):
@@ -568,6 +563,34 @@ class Dispatcher:
             raise NoCandidateError(f"no {self.backend.name} variant of {op.name} fits "
                                    f"{dict(problem.dims)} {problem.dtype} ({why})")
         return out
+
+    def _made(self, v: Variant) -> tuple:
+        """(v, its configs on this device, its candidates by id(config)), made once."""
+        cached = self._configs.get(v.id)
+        if cached is None or cached[0] is not v:   # (a variant replaced under its id)
+            configs = v.space.configs(self.limits)
+            cached = self._configs[v.id] = (v, configs, {id(c): make_candidate(v, c)
+                                                         for c in configs})
+        return cached
+
+    def prepare_candidates(self, ops: Iterable[str] | None = None) -> int:
+        """Make every variant's candidates on this device now (``ops``: those ops' only),
+        with their labels, as the first miss of each op otherwise does: on the H200's host
+        1-3 ms of that op's first result (attention has 205 configs). Variants whose
+        optional modules are missing are left to their miss, which says so. Returns the
+        number of candidates made; :func:`adaptive.runtime.start` calls it."""
+        from adaptive.ops import OPS
+        names = list(OPS) if ops is None else list(ops)
+        n = 0
+        with self._lock:
+            for op in names:
+                for v in self.registry.variants(op, self.backend.name):
+                    if v.needs and optional.missing(v.needs, f"variant {v.id}") is not None:
+                        continue
+                    for c in self._made(v)[2].values():
+                        c.label          # noqa: B018 (computed once, kept on the candidate)
+                        n += 1
+        return n
 
     def _prepare(self, op: Op, problem: Problem, key: tuple, candidate: Candidate,
                  like, class_key: tuple = (), time_scale: float = 1.0,

@@ -44,7 +44,8 @@ _environment_started = False
 
 def start(dispatcher: Dispatcher) -> Dispatcher:
     """Give ``dispatcher`` the process's start: the start-up packs of its registry and
-    device (read once per registry and device), the device-state sampler where
+    device (read once per registry and device), its candidates made
+    (:meth:`Dispatcher.prepare_candidates`), the device-state sampler where
     ``ADAPTIVE_DEVICE_STATE=nvml`` asks for it, and the observers asked for by
     ``ADAPTIVE_COUNTER_LOG`` / ``ADAPTIVE_REGEN`` (started once per process, attached to
     every dispatcher of the shared registry). Returns ``dispatcher``.
@@ -55,6 +56,7 @@ def start(dispatcher: Dispatcher) -> Dispatcher:
     from adaptive.packs.install import load_startup_packs
     # once per registry and device; a refused ADAPTIVE_PACKS entry raises again next time
     load_startup_packs(dispatcher.backend, dispatcher.registry)
+    dispatcher.prepare_candidates()   # not on each op's first request
     state = config.get().device_state
     if state == "nvml":           # the device's state as the policy's features
         dispatcher.backend.watch_device()

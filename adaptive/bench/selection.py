@@ -776,12 +776,14 @@ def _settle(dispatcher, timeout_s: float = 120.0) -> float:
 
 def _dispatcher(be, policy, pack: str | None = None):
     """A dispatcher on its own registry of the built-in variants, so no pack reaches it
-    unless given here; with ``pack``, loaded the way a server loads one (``load_pack``),
-    the model's first fit done before the stream starts."""
+    unless given here, its candidates made as a started one's; with ``pack``, loaded the
+    way a server loads one (``load_pack``), the model's first fit done before the stream
+    starts."""
     from adaptive.dispatch import Dispatcher
     from adaptive.packs.install import load_pack
     from adaptive.variants import default_registry
     d = Dispatcher(be, policy=policy, registry=default_registry())
+    d.prepare_candidates()   # as adaptive.runtime.start does: not on each op's first miss
     if pack is not None:
         report = load_pack(pack, registry=d.registry, fingerprint=be.fingerprint())
         if not report.rows:

@@ -289,3 +289,23 @@ def test_a_space_admits_its_configs_once_per_process_and_hands_out_new_dicts(mon
         == 6 and len(calls) == 18                        # other limits: enumerated anew
     Space.from_dict({**table, "W": [1, 2]}).configs(limits)
     assert len(calls) == 24                              # another definition: anew
+
+
+def test_prepared_candidates_are_the_ones_a_miss_lists(rng):
+    """prepare_candidates makes every variant's candidates (labels too) up front, as
+    adaptive.runtime.start does; an op's first miss then lists those very objects, and a
+    variant whose optional module is missing is left to its miss."""
+    from adaptive import optional
+    d = adaptive.Dispatcher("host")
+    n = d.prepare_candidates(["softmax", "gemm"])
+    made = {id(c) for v in d.registry.variants("softmax", "host") + d.registry.variants(
+        "gemm", "host") if v.id in d._configs for c in d._configs[v.id][2].values()}
+    assert n == len(made) > 4
+    for v in d.registry.variants("gemm", "host"):
+        assert (v.id in d._configs) == (not v.needs or optional.missing(v.needs) is None)
+    x = rng.standard_normal((33, 70)).astype(np.float32)
+    listed = d.candidates("softmax", x)
+    assert listed and all(id(c) in made and "label" in vars(c) for c in listed)
+    assert "attention/" not in " ".join(d._configs)     # only the ops asked for
+    assert d.prepare_candidates() > n and all(
+        any(k.startswith(op + "/") for k in d._configs) for op in ("attention", "spmm"))
