@@ -62,7 +62,7 @@ def test_against_float64(lt, cp, dtype, m, n, k):
         assert np.isfinite(got).all()
         assert OP.error(got, ref) < OP.tolerance_for(dtype, {"M": m, "N": n, "K": k}), \
             (dtype, m, n, k, run)
-    assert (m, n, k, lt._CUDA_R[np.dtype(out_dtype)]) in lt._plans[0]
+    assert (m, n, k, lt._CUDA_R[np.dtype(out_dtype)], 256) in lt._plans[0]
 
 
 def test_a_side_stream_bounded_plans_and_refusals(lt, cp, monkeypatch):
@@ -76,6 +76,17 @@ def test_a_side_stream_bounded_plans_and_refusals(lt, cp, monkeypatch):
         lt.gemm_cublaslt_plan(a, b, out)
     side.synchronize()
     assert OP.error(cp.asnumpy(out), ref) < OP.tolerance["float16"]
+    # views at an offset (a row slice: 2 bytes past a 256-byte boundary here) get a plan of
+    # their own alignment, not one that reads them as aligned
+    big_a = cp.asarray(rng.standard_normal((65, 97)).astype(np.float16))
+    big_b = cp.asarray(rng.standard_normal((97 * 48 + 1,)).astype(np.float16))
+    a2, b2 = big_a.ravel()[1:1 + 64 * 96].reshape(64, 96), big_b[1:].reshape(97, 48)[:96]
+    assert a2.flags.c_contiguous and b2.flags.c_contiguous and a2.data.ptr % 4 == 2
+    out2 = cp.full((64, 48), np.nan, np.float16)
+    lt.gemm_cublaslt_plan(a2, b2, out2)
+    ref2 = cp.asnumpy(a2).astype(np.float64) @ cp.asnumpy(b2).astype(np.float64)
+    assert OP.error(cp.asnumpy(out2), ref2) < OP.tolerance["float16"]
+    assert (64, 48, 96, 2, 2) in lt._plans[0]
     monkeypatch.setattr(lt, "PLANS", 3)
     for n in range(1, 7):
         lt.gemm_cublaslt_plan(a, b[:, :n].copy(), cp.empty((64, n), np.float16))

@@ -12,7 +12,8 @@ and the heuristic's algorithm of each (device, M, N, K, dtype) are made once and
     out [M, N] = a [M, K] @ b [K, N], row-major, float32 accumulation
 
 float16, bfloat16 (int16 arrays: raw 16-bit memory, as the cuda backend hands it over) and
-float32, C-contiguous; anything else raises (the variant's ``requires`` keep it from other
+float32, C-contiguous, at any offset (a plan is made for the pointers' common alignment);
+anything else raises (the variant's ``requires`` keep it from other
 inputs). ``libcublasLt`` is the one CuPy's cuBLAS comes with (by soname, else from the
 ``nvidia`` wheels' folders).
 """
@@ -36,6 +37,8 @@ _COMPUTE_32F = 68                       # CUBLAS_COMPUTE_32F
 _CUDA_R = {np.dtype(np.float16): 2, np.dtype(np.float32): 0, np.dtype(np.int16): 14}
 _CUDA_R_32F = 0
 _PREF_MAX_WORKSPACE_BYTES = 1           # CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+_PREF_MIN_ALIGNMENT = (5, 6, 7, 8)      # CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES
+_ALIGN_MAX = 256                        # the heuristic's assumption unless told less
 _HEURISTIC_BYTES = 96                   # cublasLtMatmulHeuristicResult_t: algo (64), size_t
 _ALGO_BYTES = 64                        # workspaceSize, status, float waves, int[4]
 _ONE = ctypes.c_float(1.0)
@@ -90,7 +93,7 @@ class _Plan:
     the column-major product out^T [N, M] = b^T [N, K] a^T [K, M] (row-major arrays read
     as column-major ones, no transposes)."""
 
-    def __init__(self, lib, handle, m: int, n: int, k: int, dt: int):
+    def __init__(self, lib, handle, m: int, n: int, k: int, dt: int, align: int):
         self.lib = lib
         self.desc = ctypes.c_void_p()
         self.layouts = [ctypes.c_void_p() for _ in range(3)]   # b^T, a^T, out^T
@@ -105,6 +108,12 @@ class _Plan:
             limit = ctypes.c_uint64(WORKSPACE)
             _check(lib.cublasLtMatmulPreferenceSetAttribute(
                 pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(limit), 8), "workspace limit")
+            # the heuristic assumes 256-byte aligned pointers unless told less: a view at
+            # an offset (a row slice) gets an algorithm that reads it as aligned
+            aligned = ctypes.c_uint32(align)
+            for attr in _PREF_MIN_ALIGNMENT:
+                _check(lib.cublasLtMatmulPreferenceSetAttribute(
+                    pref, attr, ctypes.byref(aligned), 4), "alignment")
             result = (ctypes.c_uint8 * _HEURISTIC_BYTES)()
             found = ctypes.c_int(0)
             bt, at, ot = self.layouts
@@ -129,8 +138,8 @@ class _Plan:
             pass
 
 
-def _plan(device: int, m: int, n: int, k: int, dt: int) -> _Plan:
-    key = (m, n, k, dt)
+def _plan(device: int, m: int, n: int, k: int, dt: int, align: int) -> _Plan:
+    key = (m, n, k, dt, align)
     kept = _plans.get(device)
     p = kept.get(key) if kept is not None else None
     if p is not None:
@@ -141,7 +150,7 @@ def _plan(device: int, m: int, n: int, k: int, dt: int) -> _Plan:
         p = kept.get(key)
         if p is None:
             with cupy.cuda.Device(device):
-                p = kept[key] = _Plan(lib, handle, m, n, k, dt)
+                p = kept[key] = _Plan(lib, handle, m, n, k, dt, align)
             while len(kept) > PLANS:
                 kept.popitem(last=False)
     return p
@@ -149,7 +158,8 @@ def _plan(device: int, m: int, n: int, k: int, dt: int) -> _Plan:
 
 def _run(device: int, a_ptr: int, b_ptr: int, out_ptr: int, m: int, n: int, k: int, dt: int,
          stream_ptr: int) -> None:
-    p = _plan(device, m, n, k, dt)
+    low = a_ptr | b_ptr | out_ptr | _ALIGN_MAX   # the pointers' common alignment, <= 256
+    p = _plan(device, m, n, k, dt, low & -low)
     bt, at, ot = p.layouts
     _check(p.lib.cublasLtMatmul(_handles[device], p.desc, ctypes.byref(_ONE), b_ptr, bt,
                                 a_ptr, at, ctypes.byref(_ZERO), out_ptr, ot, out_ptr, ot,
