@@ -12,8 +12,9 @@ workspace of each token count N are made once and kept on the weight (at most
 
     out [M, N] = w [M, K] (2:4, float16) @ b [K, N], row-major, float32 sums
 
-N not a multiple of 8 (cuSPARSELt's float16 minimum) runs on b's columns padded with zeros
-into a buffer kept with the plan, and the result is copied out of a padded one.
+N not a multiple of 8 (cuSPARSELt's float16 minimum), or b or out not 16-byte aligned (a view
+at an offset), runs on b's columns padded with zeros into a buffer kept with the plan, and
+the result is copied out of a padded one.
 ``spmm_cusparselt_plan`` takes CuPy arrays, ``spmm_cusparselt_plan_torch`` tensors (on
 torch's current stream; given ``out=None`` the result comes from torch's allocator).
 """
@@ -173,10 +174,12 @@ class _Weight:
 
     def run(self, b_ptr: int, out_ptr: int, n: int, stream_ptr: int, b=None, out=None):
         """out = w @ b on ``stream_ptr``; b, out: CuPy views of the same memory, needed
-        where N is padded (copies into and out of the plan's padded buffers)."""
+        where N is padded or a pointer is not :data:`_ALIGN`-byte aligned (copies into and
+        out of the plan's own buffers: the descriptors promise aligned operands)."""
         n8 = n + (-n) % 8
         p = self.plan(n8)
-        if n8 != n:
+        staged = n8 != n or (b_ptr | out_ptr) % _ALIGN
+        if staged:
             if p.padded_b is None:
                 p.padded_b = cupy.zeros((self.k, n8), cupy.float16)
                 p.padded_out = cupy.empty((self.m, n8), cupy.float16)
@@ -189,7 +192,7 @@ class _Weight:
                                          self.compressed.data.ptr, b_ptr, ctypes.byref(_ZERO),
                                          target, target, p.workspace.data.ptr, streams, 1),
                "matmul")
-        if n8 != n:
+        if staged:
             out[...] = p.padded_out[:, :n]
 
 
@@ -213,9 +216,9 @@ def spmm_cusparselt_plan_torch(w, b, out=None):
     stream = torch.cuda.current_stream(device).cuda_stream
     with cupy.cuda.Device(device), cupy.cuda.ExternalStream(stream):
         n = b.shape[1]
-        padded = n % 8 != 0
-        cb = cupy.from_dlpack(b) if padded else None
-        co = cupy.from_dlpack(out) if padded else None
         bc = b if b.is_contiguous() else b.contiguous()
+        staged = n % 8 != 0 or (bc.data_ptr() | out.data_ptr()) % _ALIGN != 0
+        cb = cupy.from_dlpack(bc) if staged else None
+        co = cupy.from_dlpack(out) if staged else None
         _weight(w, device).run(bc.data_ptr(), out.data_ptr(), n, stream, cb, co)
     return out
