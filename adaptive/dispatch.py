@@ -1022,8 +1022,9 @@ class Dispatcher:
         S31's first samples read a module's loading and cuBLAS's first call of a shape,
         12-15 ms of device time for kernels of 10 us.
 
-        A turn goes to the next candidate whose samples (the policy's ``samples``) are
-        not all issued yet (``issued``: the class's count); where every one's are, the call
+        A turn goes to the next candidate whose samples (the policy's ``samples``, or its
+        ``samples_wanted`` where more) are not all issued yet (``issued``: the class's
+        count); where every one's are, the call
         is served by ``first``, untimed, until the policy has them. Event timings are
         harvested calls later, and run S72's long-burst stream gave each of its 81
         explored candidates a fourth sample of three (336 timed calls, not 255).
@@ -1041,11 +1042,15 @@ class Dispatcher:
         cap = self.policy.samples
         cap = cap if isinstance(cap, int) and cap > 0 else None
         sampled, warm_turn = self._sampled, self._warm_turn
+        wanted = self.policy.samples_wanted
 
         held = [0]   # calls served untimed in a row, every candidate's samples issued
 
         def due(c) -> bool:   # a turn of c would warm it up or time it short of its samples
-            return cap is None or c not in warmed or issued[c] < cap
+            if cap is None or c not in warmed or issued[c] < cap:
+                return True
+            more = wanted(first.class_key, c)   # a candidate whose samples disagree
+            return more is not None and issued[c] < more
 
         def explore(args, out):
             n = len(pool)

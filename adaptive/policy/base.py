@@ -96,6 +96,11 @@ class Policy(Protocol):
     def forget_key(self, key: tuple) -> None:
         """The dispatcher dropped ``key`` (its plan was evicted): drop its state too."""
 
+    def samples_wanted(self, key: tuple, candidate: Candidate) -> int | None:
+        """Timed calls ``candidate`` needs in ``key``'s exploration now, where the policy
+        asks for more than ``samples`` (a candidate whose samples disagree); None:
+        ``samples``. The dispatcher gives a candidate turns up to the larger."""
+
     def charge_exploration(self, seconds: float) -> None:
         """Host time the dispatcher spent preparing a candidate to explore (a compile, a
         module load): exploring's cost beyond the timed calls."""
@@ -133,6 +138,9 @@ class BasePolicy:
 
     def forget_key(self, key: tuple) -> None:
         pass
+
+    def samples_wanted(self, key: tuple, candidate: Candidate) -> int | None:
+        return None
 
     def charge_exploration(self, seconds: float) -> None:
         pass

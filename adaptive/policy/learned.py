@@ -887,6 +887,18 @@ class Learned(BasePolicy):
             return min(2, self.samples)
         return self.samples
 
+    def samples_wanted(self, key: tuple, candidate: Candidate) -> int | None:
+        """More than ``samples`` for an explored candidate whose samples disagree
+        (:meth:`_needed_for`), else None."""
+        state = self.keys.get(key)
+        if state is None or self.noise_ratio is None or state.committed is not None:
+            return None
+        with self._lock:
+            if candidate not in state.observed:
+                return None
+            wanted = self._needed_for(state, candidate, self.samples)
+        return wanted if wanted > self.samples else None
+
     def _needed_for(self, state: KeyState, c: Candidate, needed: int) -> int:
         """Samples ``c`` needs: ``needed``, and one more while its median is over
         ``noise_ratio`` times its fastest sample, up to twice ``needed``."""

@@ -65,6 +65,25 @@ def test_exploring_launches_are_logged_once(tmp_path, rng):
     assert {r["timer"] for r in recs[:2]} == {"sync"}   # exploring calls: timed for the policy
 
 
+def test_a_candidate_timed_again_for_its_noisy_samples_is_logged_call_by_call(tmp_path, rng):
+    """With the noise rule on a hair trigger (noise_ratio 1.01: nearly every candidate is
+    timed up to twice ``samples``) the extra exploring calls are turns like the others:
+    every call is one record, and the key commits within the calls it takes."""
+    from adaptive.policy.learned import Learned
+    d = Dispatcher("host", policy=Learned(noise_ratio=1.01))
+    d.sample_every = 0
+    path = tmp_path / "noisy.alog"
+    with counter_log(path) as clog:
+        for _ in range(40):
+            a, b = gemm_inputs(rng, 48, 40, 24)
+            check_gemm(d.launch("gemm", a, b), a, b)
+    assert clog.stats.written == 40 and clog.stats.dropped == 0
+    assert [r["seq"] for r in read_log(path).records] == list(range(1, 41))
+    state = next(iter(d.policy.keys.values()))
+    assert state.committed is not None
+    assert all(3 <= n <= 6 for n in state.explored.values()), state.explored
+
+
 def test_round_trip_records_every_launch(tmp_path, rng, host):
     path = tmp_path / "run.alog"
     shapes = [(37, 19, 5), (64, 33, 17)]

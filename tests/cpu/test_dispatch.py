@@ -309,3 +309,50 @@ def test_prepared_candidates_are_the_ones_a_miss_lists(rng):
     assert "attention/" not in " ".join(d._configs)     # only the ops asked for
     assert d.prepare_candidates() > n and all(
         any(k.startswith(op + "/") for k in d._configs) for op in ("attention", "spmm"))
+
+
+def test_a_candidate_the_policy_wants_timed_again_gets_its_turns(rng):
+    """Policy.samples_wanted: where the policy asks for more samples of an explored
+    candidate than ``samples`` (its samples disagree), the rotation gives it those turns;
+    the others stop at ``samples`` and the class commits once the policy has them."""
+    from adaptive.policy import BasePolicy, Decision
+
+    class Wanting(BasePolicy):
+        samples = 2
+
+        def __init__(self):
+            self.seen = {}
+
+        def decide(self, ctx, candidates):
+            self.pair = tuple(candidates[:2])
+            return Decision(self.pair[0], "explore two", explore=self.pair)
+
+        def samples_wanted(self, key, candidate):
+            return 4 if candidate == self.pair[1] else None
+
+        def observe(self, key, candidate, time_ms):
+            self.seen[candidate] = self.seen.get(candidate, 0) + 1
+            a, b = self.pair
+            if self.seen.get(a, 0) >= 2 and self.seen.get(b, 0) >= 4:
+                return Decision(a, "committed")
+            return None
+    x = rng.standard_normal((600, 24)).astype(np.float32)
+    key = OPS["softmax"].key((x,), {})
+
+    def served(policy):
+        d = adaptive.Dispatcher("host", policy=policy)
+        for _ in range(12):
+            np.testing.assert_allclose(d.launch("softmax", x), OPS["softmax"].reference(x),
+                                       rtol=1e-5)
+            if not d.current_plan(key).provisional:
+                break
+        return d.current_plan(key).provisional
+    policy = Wanting()
+    assert not served(policy)
+    a, b = policy.pair
+    # on the host a candidate's first turn is a sample too: a gets its 2 and that one
+    assert policy.seen == {a: 3, b: 4}
+    deaf = Wanting()
+    deaf.samples_wanted = lambda key, candidate: None   # samples alone: b is held at 3
+    assert served(deaf)
+    assert deaf.seen == {a: 3, b: 3}
