@@ -354,5 +354,12 @@ def test_a_candidate_the_policy_wants_timed_again_gets_its_turns(rng):
     assert policy.seen == {a: 3, b: 4}
     deaf = Wanting()
     deaf.samples_wanted = lambda key, candidate: None   # samples alone: b is held at 3
-    assert served(deaf)
+    from adaptive.counterlog import counter_log
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp, \
+            counter_log(f"{tmp}/held.alog", sample_every=1, govern=False) as clog:
+        assert served(deaf)
     assert deaf.seen == {a: 3, b: 3}
+    # the calls served untimed while the samples are held reach the log as plain ones:
+    # one record a call
+    assert clog.stats.written == 12 and clog.stats.dropped == 0
