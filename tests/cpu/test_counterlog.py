@@ -48,19 +48,24 @@ def check_gemm(c, a, b):
     assert get_op("gemm").error(c, ref) < 1e-4
 
 
+def _learned_gemm_log(path, rng, calls: int, **learned):
+    """``calls`` gemm launches of one key through a learned policy (``learned``: its
+    arguments), logged to ``path``: (the dispatcher, the log's stats, its records)."""
+    from adaptive.policy.learned import Learned
+    d = Dispatcher("host", policy=Learned(**learned))
+    d.sample_every = 0
+    with counter_log(path) as clog:
+        for _ in range(calls):
+            a, b = gemm_inputs(rng, 48, 40, 24)
+            check_gemm(d.launch("gemm", a, b), a, b)
+    return d, clog.stats, read_log(path).records
+
+
 def test_exploring_launches_are_logged_once(tmp_path, rng):
     """Under the learned policy the first calls of a key explore (and are timed for the
     policy); each call still becomes exactly one record."""
-    from adaptive.policy.learned import Learned
-    d = Dispatcher("host", policy=Learned())
-    d.sample_every = 0
-    path = tmp_path / "explore.alog"
-    with counter_log(path) as clog:
-        for _ in range(12):
-            a, b = gemm_inputs(rng, 48, 40, 24)
-            check_gemm(d.launch("gemm", a, b), a, b)
-    assert clog.stats.written == 12 and clog.stats.dropped == 0
-    recs = read_log(path).records
+    _, stats, recs = _learned_gemm_log(tmp_path / "explore.alog", rng, 12)
+    assert stats.written == 12 and stats.dropped == 0
     assert [r["seq"] for r in recs] == list(range(1, 13))
     assert {r["timer"] for r in recs[:2]} == {"sync"}   # exploring calls: timed for the policy
 
@@ -69,16 +74,9 @@ def test_a_candidate_timed_again_for_its_noisy_samples_is_logged_call_by_call(tm
     """With the noise rule on a hair trigger (noise_ratio 1.01: nearly every candidate is
     timed up to twice ``samples``) the extra exploring calls are turns like the others:
     every call is one record, and the key commits within the calls it takes."""
-    from adaptive.policy.learned import Learned
-    d = Dispatcher("host", policy=Learned(noise_ratio=1.01))
-    d.sample_every = 0
-    path = tmp_path / "noisy.alog"
-    with counter_log(path) as clog:
-        for _ in range(40):
-            a, b = gemm_inputs(rng, 48, 40, 24)
-            check_gemm(d.launch("gemm", a, b), a, b)
-    assert clog.stats.written == 40 and clog.stats.dropped == 0
-    assert [r["seq"] for r in read_log(path).records] == list(range(1, 41))
+    d, stats, recs = _learned_gemm_log(tmp_path / "noisy.alog", rng, 40, noise_ratio=1.01)
+    assert stats.written == 40 and stats.dropped == 0
+    assert [r["seq"] for r in recs] == list(range(1, 41))
     state = next(iter(d.policy.keys.values()))
     assert state.committed is not None
     assert all(3 <= n <= 6 for n in state.explored.values()), state.explored
