@@ -76,3 +76,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def cp():
     """The CuPy module (the probe has already checked a device is usable)."""
     return pytest.importorskip("cupy")
+

@@ -6,13 +6,10 @@ kept per device stay bounded, and a strided or mixed-dtype call is refused by na
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
 from adaptive.ops import get_op
-from adaptive.variants import builtin_folder
 
 pytestmark = pytest.mark.gpu
 
@@ -21,11 +18,8 @@ OP = get_op("gemm")
 
 @pytest.fixture(scope="module")
 def lt():
-    path = builtin_folder() / "gemm" / "cublaslt_plan.py"
-    spec = importlib.util.spec_from_file_location("cublaslt_plan_staged", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from variant_modules import variant_module
+    return variant_module("gemm", "cublaslt_plan.py")
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:

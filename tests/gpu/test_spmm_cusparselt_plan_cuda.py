@@ -1,19 +1,16 @@
-"""The staged cuSPARSELt variant with kept plans (variants/spmm/cusparselt_plan.py, not in
-the manifest until this passes on a GPU) against float64 references on fresh random 2:4
-weights: odd token counts (padded to 8 and copied out), an empty row, large magnitudes,
-CuPy arrays and tensors on a side stream, outputs poisoned with NaN; a token count met
-again reuses its plan, and the plans kept per weight stay bounded."""
+"""The cuSPARSELt variant with kept plans (variants/spmm/cusparselt_plan.py; the 2:4 baseline)
+against float64 references on fresh random 2:4 weights: odd token counts (padded to 8 and
+copied out), views at an offset, an empty row, large magnitudes, CuPy arrays and tensors on
+a side stream, outputs poisoned with NaN; a token count met again reuses its plan, and the
+plans kept per weight stay bounded."""
 
 from __future__ import annotations
-
-import importlib.util
 
 import numpy as np
 import pytest
 
 from adaptive.ops import get_op
 from adaptive.ops.spmm import prune_24
-from adaptive.variants import builtin_folder
 
 pytestmark = pytest.mark.gpu
 
@@ -22,12 +19,9 @@ OP = get_op("spmm")
 
 @pytest.fixture(scope="module")
 def plan_mod():
-    path = builtin_folder() / "spmm" / "cusparselt_plan.py"
-    spec = importlib.util.spec_from_file_location("cusparselt_plan_staged", path)
-    mod = importlib.util.module_from_spec(spec)
+    from variant_modules import variant_module
     pytest.importorskip("torch")   # the library comes with PyTorch's CUDA wheels
-    spec.loader.exec_module(mod)
-    return mod
+    return variant_module("spmm", "cusparselt_plan.py")
 
 
 def _weight(cp, rng, m, k, scale=1.0):
