@@ -1,4 +1,5 @@
-"""NVIDIA libraries the ctypes variants call (cuSPARSELt, cuBLASLt), loaded once a process.
+"""NVIDIA libraries the ctypes variants call (cuSPARSELt, cuBLASLt), loaded once a process,
+and their handles, made once a device (:func:`per_device`).
 
 A library is looked up by its sonames first (one already in the process, loaded by PyTorch
 or CuPy, is found so), then in the ``lib`` folder of each of NVIDIA's wheels named; its
@@ -12,9 +13,9 @@ import ctypes
 import importlib.util
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-_lock = threading.Lock()
+_lock = threading.RLock()   # a handle's make() may load its library
 _loaded: dict[tuple, ctypes.CDLL] = {}
 
 
@@ -56,3 +57,15 @@ def _paths(sonames: Sequence[str], packages: Sequence[str]) -> list[str]:
         for folder in (spec.submodule_search_locations or []) if spec else []:
             paths += [os.path.join(folder, "lib", so) for so in sonames]
     return paths
+
+
+def per_device(table: dict, device: int, make: Callable[[], object]):
+    """``table[device]``, made by ``make()`` the first time it is asked for (one thread
+    makes it: a library's handle on that device)."""
+    value = table.get(device)
+    if value is None:
+        with _lock:
+            value = table.get(device)
+            if value is None:
+                value = table[device] = make()
+    return value

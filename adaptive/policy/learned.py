@@ -129,8 +129,17 @@ class KeyState:
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
             return math.nan
-        mean = self.predicted[c][0]
-        return math.exp(mean) * (self.floor_ms if self.floor_ms > 0 else 1.0)
+        return math.exp(self.predicted[c][0]) * self._unit()
+
+    def predicted_table(self) -> tuple[tuple[str, float], ...]:
+        """(label, :meth:`predicted_ms`) of every predicted candidate, best-ranked first,
+        as one array (a miss ranks ~100)."""
+        ranked = [c for c in self.candidates if c in self.predicted]
+        ms = np.exp([self.predicted[c][0] for c in ranked]) * self._unit()
+        return tuple(zip((c.label for c in ranked), ms.tolist()))
+
+    def _unit(self) -> float:   # the predictions are in log units of the floor, if any
+        return self.floor_ms if self.floor_ms > 0 else 1.0
 
 
 class Neighbours:
@@ -531,9 +540,7 @@ class Learned(BasePolicy):
             deferred = safe is not None and self._credit() <= 0
             if deferred:
                 self.stats["deferred"] += 1
-        unit = floor if floor > 0 else 1.0   # KeyState.predicted_ms, a whole array at once
-        predicted_ms = tuple(zip((c.label for c in ranked), (np.exp(
-            [predicted[c][0] for c in ranked]) * unit).tolist())) if predicted else ()
+        predicted_ms = state.predicted_table()
         if deferred:
             state.committed, state.deferred = safe, True
             state.reason = (f"{why}; deferred: the exploration budget "

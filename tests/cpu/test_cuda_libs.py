@@ -40,3 +40,24 @@ def test_a_missing_library_names_every_path_tried(monkeypatch, tmp_path):
     assert str(wheel / "lib" / "libnope.so.9") in text
     assert "nvidia_absent_pkg" not in text        # no such wheel: nothing to try there
     assert cuda_libs._loaded == {}                # tried again next time
+
+
+def test_a_handle_is_made_once_a_device_by_one_thread():
+    import threading
+    table, made, gate = {}, [], threading.Barrier(8)
+
+    def make(device):
+        made.append(device)
+        return f"handle {device}"
+    got = []
+
+    def ask(device):
+        gate.wait()
+        got.append(cuda_libs.per_device(table, device, lambda: make(device)))
+    threads = [threading.Thread(target=ask, args=(i % 2,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(made) == [0, 1] and table == {0: "handle 0", 1: "handle 1"}
+    assert sorted(got) == ["handle 0"] * 4 + ["handle 1"] * 4

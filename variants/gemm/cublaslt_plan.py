@@ -27,7 +27,7 @@ import threading
 import cupy
 import numpy as np
 
-from adaptive.backends.cuda_libs import library
+from adaptive.backends.cuda_libs import library, per_device
 
 PLANS = 256                # shapes kept per device
 WORKSPACE = 32 << 20       # bytes the heuristic may ask for (a plan holds what its algo needs)
@@ -75,17 +75,12 @@ def _check(status: int, what: str) -> None:
 
 
 def _handle(device: int) -> ctypes.c_void_p:
-    h = _handles.get(device)
-    if h is None:
-        lib = _library()
-        with _lock:
-            h = _handles.get(device)
-            if h is None:
-                h = ctypes.c_void_p()
-                with cupy.cuda.Device(device):
-                    _check(lib.cublasLtCreate(ctypes.byref(h)), "create")
-                _handles[device] = h
-    return h
+    def create():
+        h = ctypes.c_void_p()
+        with cupy.cuda.Device(device):
+            _check(_library().cublasLtCreate(ctypes.byref(h)), "create")
+        return h
+    return per_device(_handles, device, create)
 
 
 class _Plan:

@@ -28,7 +28,7 @@ import threading
 import cupy
 import numpy as np
 
-from adaptive.backends.cuda_libs import library
+from adaptive.backends.cuda_libs import library, per_device
 
 PLANS = 16                 # plans (token counts) kept per weight and device
 _OPAQUE = 16384            # bytes of each opaque struct: 1024 in cuSPARSELt 0.6-0.8, 11024
@@ -45,7 +45,6 @@ _ALIGN = 16                    # bytes
 _ONE = ctypes.c_float(1.0)
 _ZERO = ctypes.c_float(0.0)
 
-_lock = threading.Lock()
 _handles: dict[int, ctypes.Array] = {}
 
 
@@ -84,17 +83,12 @@ def _check(status: int, what: str) -> None:
 
 
 def _handle(device: int):
-    h = _handles.get(device)
-    if h is None:
-        lib = _library()
-        with _lock:
-            h = _handles.get(device)
-            if h is None:
-                h = _opaque()
-                with cupy.cuda.Device(device):
-                    _check(lib.cusparseLtInit(h), "init")
-                _handles[device] = h
-    return h
+    def init():
+        h = _opaque()
+        with cupy.cuda.Device(device):
+            _check(_library().cusparseLtInit(h), "init")
+        return h
+    return per_device(_handles, device, init)
 
 
 class _Plan:
