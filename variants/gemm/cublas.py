@@ -1,6 +1,7 @@
-"""gemm through cuBLAS: one ``cublasGemmEx`` (fp32 accumulation) on the current stream for
-C-contiguous float16, float32 and bfloat16 arrays, ``cupy.matmul`` for other layouts
-(:func:`adaptive.backends.cuda_blas.gemm`: why not ``cupy.matmul`` always). Tensor callers
+"""gemm through cuBLAS: one ``cublasLtMatmul`` on the shape's kept plan (fp32 accumulation)
+on the current stream for C-contiguous float16, float32 and bfloat16 arrays,
+``cupy.matmul`` for other layouts (:func:`adaptive.backends.cuda_blas.gemm`: why not
+``cupy.matmul`` or ``cublasGemmEx``). Tensor callers
 go through torch (``gemm_torch``): the cuBLAS call torch itself makes.
 """
 

@@ -1,8 +1,9 @@
 """spmm through NVIDIA's libraries on the weight's cached device forms.
 
 ``spmm_cublas_dense``: cuBLAS GEMM on the dense form (wins at high density), one
-``cublasGemmEx`` as gemm's ``cublas`` makes it (:func:`adaptive.backends.cuda_blas.gemm`;
-through ``cupy.matmul`` run S112 priced it 0.103 ms a call where its kernel took 0.020);
+``cublasLtMatmul`` on a kept plan as gemm's ``cublas`` makes it
+(:func:`adaptive.backends.cuda_blas.gemm`; through ``cupy.matmul`` run S112 priced it
+0.103 ms a call where its kernel took 0.020);
 ``spmm_cublas_dense_torch`` the same through ``torch.matmul`` for tensor callers.
 ``spmm_cusparse_csr``: cuSPARSE SpMM (generic API) on the CSR form, with row-major b and
 out described as such (no transposes or copies) and float32 accumulation for float16.
