@@ -70,7 +70,7 @@ def _library() -> ctypes.CDLL:
                        "cublasLtMatmulPreferenceDestroy": [p],
                        "cublasLtMatmulAlgoGetHeuristic": [p, p, p, p, p, p, p, i32, p, p],
                        "cublasLtMatmul": [p, p, p, p, p, p, p, p, p, p, p, p, p, p, sz, p],
-                   })
+                   }, holding_gil=["cublasLtMatmul"])   # an enqueue: see cuda_libs
 
 
 def _check(status: int, what: str) -> None:

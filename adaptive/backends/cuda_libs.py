@@ -5,6 +5,16 @@ A library is looked up by its sonames first (one already in the process, loaded 
 or CuPy, is found so), then in the ``lib`` folder of each of NVIDIA's wheels named; its
 functions get their argument types and an ``int`` status back. A library that cannot be
 loaded raises ``RuntimeError`` naming every path tried, and is tried again next time.
+
+ctypes releases the GIL around every foreign call. For a call that only enqueues work on a
+stream (a matmul on a kept plan: microseconds) that is a loss: where another thread waits
+for the interpreter (the cost model's refit, a harvester) it takes it, and the caller waits
+to get it back, up to the interpreter's switch interval (5 ms). Run S120 read cuBLAS's
+issuing, through ctypes, at 35-38 us least and 75-250 us sampled in the dispatcher where
+the same call issues in 20 us pinned, and the policy committed a kernel of ours at 1.7x
+cuBLAS's device time on it. Such calls are named in ``holding_gil``: they are bound
+through a ``PyDLL`` of the same library, which keeps the GIL, as CuPy's kernel launches
+do.
 """
 
 from __future__ import annotations
@@ -20,10 +30,11 @@ _loaded: dict[tuple, ctypes.CDLL] = {}
 
 
 def library(sonames: Sequence[str], packages: Sequence[str], need: str,
-            signatures: Mapping[str, list]) -> ctypes.CDLL:
+            signatures: Mapping[str, list], holding_gil: Sequence[str] = ()) -> ctypes.CDLL:
     """The loaded library: the first of ``sonames`` that loads, in the process or from the
     wheels ``packages`` (``nvidia.cusparselt``); ``need`` says who needs it and where it
-    comes from, for the error; ``signatures``: function name -> argument types."""
+    comes from, for the error; ``signatures``: function name -> argument types;
+    ``holding_gil``: functions (of ``signatures``) called without releasing the GIL."""
     key = tuple(sonames)
     lib = _loaded.get(key)
     if lib is not None:
@@ -40,9 +51,11 @@ def library(sonames: Sequence[str], packages: Sequence[str], need: str,
                     tried.append(f"{path}: {exc}")
             else:
                 raise RuntimeError(f"{need}; tried " + "; ".join(tried))
+            held = ctypes.PyDLL(lib._name) if holding_gil else None   # the same handle
             for name, args in signatures.items():
-                fn = getattr(lib, name)
+                fn = getattr(held if name in holding_gil else lib, name)
                 fn.argtypes, fn.restype = args, ctypes.c_int
+                setattr(lib, name, fn)
             _loaded[key] = lib
     return lib
 

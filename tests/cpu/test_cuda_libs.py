@@ -61,3 +61,38 @@ def test_a_handle_is_made_once_a_device_by_one_thread():
         t.join()
     assert sorted(made) == [0, 1] and table == {0: "handle 0", 1: "handle 1"}
     assert sorted(got) == ["handle 0"] * 4 + ["handle 1"] * 4
+
+
+def test_a_function_named_holding_gil_keeps_the_interpreter_through_the_call(monkeypatch):
+    """``usleep`` bound holding the GIL: a Python thread spinning beside it does not run
+    during the call; bound plainly (ctypes releases the GIL) it does."""
+    import threading
+    import time
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        pytest.skip("no C library name to load on this machine")
+    monkeypatch.setattr(cuda_libs, "_loaded", {})
+    lib = cuda_libs.library([libc], [], "test needs libc", {
+        "usleep": [ctypes.c_uint], "abs": [ctypes.c_int]}, holding_gil=["usleep"])
+    assert lib.usleep._flags_ & ctypes._FUNCFLAG_PYTHONAPI
+    assert not lib.abs._flags_ & ctypes._FUNCFLAG_PYTHONAPI and lib.abs(-4) == 4
+    plain = ctypes.CDLL(libc).usleep
+    plain.argtypes, plain.restype = [ctypes.c_uint], ctypes.c_int
+    count, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            count[0] += 1
+    thread = threading.Thread(target=spin)
+    thread.start()
+    try:
+        time.sleep(0.01)
+        moved = {}
+        for name, fn in (("held", lib.usleep), ("plain", plain)):
+            before = count[0]
+            fn(200_000)   # the spinner may still take one switch interval (5 ms)
+            moved[name] = count[0] - before
+    finally:
+        stop.set()
+        thread.join()
+    assert moved["plain"] > 1000 and moved["held"] * 10 < moved["plain"], moved

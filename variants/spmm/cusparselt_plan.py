@@ -73,7 +73,7 @@ def _library() -> ctypes.CDLL:
                        "cusparseLtMatmul": [p, p, p, p, p, p, p, p, p, p, i32],
                        "cusparseLtMatmulPlanDestroy": [p],
                        "cusparseLtMatDescriptorDestroy": [p],
-                   })
+                   }, holding_gil=["cusparseLtMatmul"])   # an enqueue: see cuda_libs
 
 
 def _check(status: int, what: str) -> None:
