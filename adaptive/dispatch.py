@@ -48,7 +48,7 @@ MISS_LOG = 256    # misses of each kind ("decided", "class") kept for recent_mis
 HOLD_US = 1000.0
 # a call's host issuing, where the device waited for it, is charged as the least of the
 # last ISSUE_WINDOW issuings of its variant on inputs of its kind, the window seeded by the
-# least of ISSUE_SEED_RUNS back-to-back plain runs on the variant's first exploring turn:
+# least of ISSUE_SEED_RUNS back-to-back plain runs on its first exploring turns (ISSUE_SEEDS):
 # configs of one variant issue alike, and an exploring sample's issuing only ever reads
 # high (a collection, a page fault, the turn after another candidate's kernels): run S24's
 # split-KV samples read 0.025-0.054 ms for 0.025 of device time; run S31's cuBLAS issued
@@ -60,6 +60,13 @@ ISSUE_WINDOW = 32
 # still pay its heuristics. Run S72 (H200, CuPy arrays) issued cuBLAS's calls 2 to 8 of a
 # shape in 80-155, 23-32, then 16-23 us, against 17-19 us held: two runs seeded 23-32 us
 ISSUE_SEED_RUNS = 5
+# the window is seeded in the first ISSUE_SEEDS input classes of its kind where the variant
+# is explored (its first config's first turn in each), not in the first alone: one seed
+# read at a bad moment stays the least of the window, as the samples only ever read
+# higher. Runs S120 and S121 (H200, CuPy arrays) seeded cuBLAS at 16-32 us in selection's
+# streams against 20 us for a pinned call and 8.5-15 us for our kernels, and a 31.6 us
+# seed committed tc_wide at 1.34x cuBLAS's time on decode-heavy's gemm M=16 N=K=2048 (S121)
+ISSUE_SEEDS = 3
 # how a host-bound class's call is charged its issuing (Dispatcher.issue_charge):
 #  - "sum" (the default): its gated samples' device time plus the whole issuing (a caller
 #    that waits for each call: the device then runs after the host has issued);
@@ -300,6 +307,7 @@ class Dispatcher:
         self._timer = None                 # CUDA events for sampled calls (made on first use)
         self._timer_tried = False
         self._issued: dict[tuple, collections.deque] = {}   # see ISSUE_WINDOW
+        self._seeds: dict[tuple, set] = {}   # the classes that seeded each window
         self._preps: dict[tuple, collections.deque] = {}    # see _key_charge
         self.sample_every = config.get().sample_every
         self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
@@ -995,14 +1003,14 @@ class Dispatcher:
     def issue_charges(self) -> dict[str, tuple[int, float]]:
         """The host issuing known for exploring samples so far, per variant and input kind
         (``"attention/sdpa_torch/cupy"``): how many of the recent issuings are kept (at most
-        :data:`ISSUE_WINDOW`, the warm-up turn's seed among them) and the least of them in
+        :data:`ISSUE_WINDOW`, the warm-up turns' seeds among them) and the least of them in
         ms, what the policy adds to their device times in a host-bound input class. Empty
         where nothing was measured (the host backend times its calls whole)."""
         return {k: (len(q), min(q)) for k, q in self.issue_windows_ms().items()}
 
     def issue_windows_ms(self) -> dict[str, tuple[float, ...]]:
-        """Each variant's window of recent issuings in ms, oldest first (the seed, while
-        kept, first): what :meth:`issue_charges` takes the least of."""
+        """Each variant's window of recent issuings in ms, oldest first (the seeds among
+        them while kept): what :meth:`issue_charges` takes the least of."""
         return {f"{vid}/{kind}": tuple(q) for (vid, kind), q in list(self._issued.items())
                 if q}
 
@@ -1100,23 +1108,24 @@ class Dispatcher:
         """An explored candidate's first turn in its class: the call served, untimed, where
         the sampled calls are timed by events (a device: the first call loads modules and
         runs a library's heuristics for the shape); then, the first time a variant is
-        explored on inputs of its kind, :data:`ISSUE_SEED_RUNS` more runs back to back
-        whose least host issuing seeds the variant's window of issuings (see
-        :data:`ISSUE_WINDOW`). Elsewhere (the host, whose calls are timed whole) a sample
-        like any other."""
+        explored in an input class of its kind (in the first :data:`ISSUE_SEEDS` classes),
+        :data:`ISSUE_SEED_RUNS` more runs back to back whose least host issuing seeds the
+        variant's window of issuings (see :data:`ISSUE_WINDOW`). Elsewhere (the host,
+        whose calls are timed whole) a sample like any other."""
         timer = self._timer if self._timer_tried else self._event_timer()
         if timer is None:
             return self._sampled(plan, args, out, True)
         head = self._head   # untimed: the call reaches the recorders as a plain one
         result = plan.run(args, out) if head is None else head(plan, args, out)
-        recent = self._issue_window(plan)
-        if not recent:
+        seeded = self._seeds.setdefault((plan.candidate.variant.id, plan.problem.kind), set())
+        if len(seeded) < ISSUE_SEEDS and plan.class_key not in seeded:
+            seeded.add(plan.class_key)
             times = []
             for _ in range(ISSUE_SEED_RUNS):
                 t0 = time.perf_counter_ns()
                 plan.run(args, out)
                 times.append((time.perf_counter_ns() - t0) / 1e6)
-            recent.append(min(times))
+            self._issue_window(plan).append(min(times))
         return result
 
     def _prepare_like(self, plan: Plan, candidate: Candidate, args) -> Plan:

@@ -51,7 +51,7 @@ def library(sonames: Sequence[str], packages: Sequence[str], need: str,
                     tried.append(f"{path}: {exc}")
             else:
                 raise RuntimeError(f"{need}; tried " + "; ".join(tried))
-            held = ctypes.PyDLL(lib._name) if holding_gil else None   # the same handle
+            held = ctypes.PyDLL(path) if holding_gil else None   # the same handle
             for name, args in signatures.items():
                 fn = getattr(held if name in holding_gil else lib, name)
                 fn.argtypes, fn.restype = args, ctypes.c_int

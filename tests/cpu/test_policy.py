@@ -1223,6 +1223,45 @@ def test_the_issuing_seed_reads_past_a_librarys_first_calls_of_a_shape(rng):
         assert n == 1 and 1.0 <= least < 10.0, (c.label, least)
         assert d.issue_windows_ms()[f"{c.variant.id}/numpy"] == (least,)   # the window itself
 
+@pytest.mark.usefixtures("no_collections")
+def test_the_issuing_window_is_seeded_in_a_variants_first_three_input_classes(rng):
+    """One seed read at a bad moment would stay the least of the window (samples only read
+    higher): a variant's first turn in each of the first ISSUE_SEEDS input classes of its
+    kind where it is explored seeds it, later classes do not. ``host_numpy`` is explored
+    on four input classes; its runs issue in 6, 4, 2 and 1 ms within its first turn on
+    each (where the seed's runs are) and 12 ms elsewhere (its samples): the window's least
+    is the third class's seed."""
+    from adaptive import dispatch
+
+    class Issuing(dict):   # a label's runs within the launch of its first call in a class
+        launch, now, first = 0, 0.0, {}
+
+        def get(self, label, default=0.0):
+            first = self.first.setdefault(label, self.launch)
+            return self.now if first == self.launch else 0.012
+    be = _EventHost()
+    be.issue_s = Issuing()
+    policy = Learned(LiveModel(background=False), max_explore=64, samples=1)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    least = []
+    for now, shape in zip((0.006, 0.004, 0.002, 0.001), [(37, 29), (70, 3), (9, 9), (300, 29)]):
+        be.issue_s.now, be.issue_s.first = now, {}
+        x = rng.standard_normal(shape).astype(np.float32)
+        state = policy.state(d.plan("softmax", x).class_key)
+        assert "host_numpy" in [c.label for c in state.explore] and len(state.explore) > 1
+        for _ in range(len(state.explore) * 2):   # every candidate's first turn and more
+            be.issue_s.launch += 1
+            d.launch("softmax", x)
+            be.finish()
+        d.harvest()
+        least.append(d.issue_charges()["softmax/host_numpy/numpy"][1])
+    assert dispatch.ISSUE_SEEDS == 3
+    # each of the first three classes lowered the least to its seed; the fourth did not
+    assert 6.0 <= least[0] < 8 and 4.0 <= least[1] < 6 and 2.0 <= least[2] < 4, least
+    assert least[3] == least[2], least
+
+
 def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float,
                    pre_ms: float = 0.0):
     """Two softmax candidates explored once each on the fake event host ``be``: the first
