@@ -64,8 +64,9 @@ def test_a_handle_is_made_once_a_device_by_one_thread():
 
 
 def test_a_function_named_holding_gil_keeps_the_interpreter_through_the_call(monkeypatch):
-    """``usleep`` bound holding the GIL: a Python thread spinning beside it does not run
-    during the call; bound plainly (ctypes releases the GIL) it does."""
+    """``usleep`` bound holding the GIL: a Python thread spinning beside it runs no
+    bytecode during the call (none of its timestamps falls in its middle); bound plainly
+    (ctypes releases the GIL) it runs throughout."""
     import threading
     import time
     libc = ctypes.util.find_library("c")
@@ -78,21 +79,25 @@ def test_a_function_named_holding_gil_keeps_the_interpreter_through_the_call(mon
     assert not lib.abs._flags_ & ctypes._FUNCFLAG_PYTHONAPI and lib.abs(-4) == 4
     plain = ctypes.CDLL(libc).usleep
     plain.argtypes, plain.restype = [ctypes.c_uint], ctypes.c_int
-    count, stop = [0], threading.Event()
+    stamps, stop = [], threading.Event()
 
     def spin():
         while not stop.is_set():
-            count[0] += 1
+            stamps.append(time.perf_counter())
     thread = threading.Thread(target=spin)
     thread.start()
     try:
         time.sleep(0.01)
-        moved = {}
+        inside = {}
         for name, fn in (("held", lib.usleep), ("plain", plain)):
-            before = count[0]
-            fn(200_000)   # the spinner may still take one switch interval (5 ms)
-            moved[name] = count[0] - before
+            t0 = time.perf_counter()
+            fn(100_000)
+            t1 = time.perf_counter()
+            # the middle half: the spinner may take the GIL for a switch interval (5 ms)
+            # between a clock read and the call
+            inside[name] = (t0 + (t1 - t0) / 4, t1 - (t1 - t0) / 4)
     finally:
         stop.set()
         thread.join()
-    assert moved["plain"] > 1000 and moved["held"] * 10 < moved["plain"], moved
+    counts = {name: sum(lo < t < hi for t in stamps) for name, (lo, hi) in inside.items()}
+    assert counts["held"] == 0 and counts["plain"] > 1000, counts
