@@ -342,7 +342,10 @@ class Learned(BasePolicy):
             at a time, up to twice ``samples``, before the commit reads its median: run
             S113's mixed table read cuBLAS at 0.19, 2.04 and 1.40 ms (median 1.40) and
             committed a kernel 1.7x slower, and S114 read ``three_pass`` at 0.09, 0.82 and
-            1.35 ms against SDPA's 0.44. None: ``samples`` always.
+            1.35 ms against SDPA's 0.44. Not where its fastest sample is already slower
+            than another candidate's median (it cannot win: run S123's long-burst timed
+            four softmax candidates of a 12-call key 6 times each). None: ``samples``
+            always.
         widen_margin: before a commit, candidates the model left out are explored too
             when the measurements refute its ranking (:meth:`_widen`): predicted, at the
             least wrong explored candidate's error, this fraction faster than the
@@ -908,13 +911,19 @@ class Learned(BasePolicy):
 
     def _needed_for(self, state: KeyState, c: Candidate, needed: int) -> int:
         """Samples ``c`` needs: ``needed``, and one more while its median is over
-        ``noise_ratio`` times its fastest sample, up to twice ``needed``."""
+        ``noise_ratio`` times its fastest sample and that fastest sample is below every
+        other candidate's median (more samples can only lower its median to its fastest:
+        one slower than another's median cannot win), up to twice ``needed``."""
         obs = state.observed[c]
         n = len(obs)
         if self.noise_ratio is None or n < needed or n >= 2 * needed:
             return needed
         fastest = min(obs, default=math.inf)
-        return n + 1 if 0 < fastest and obs.median() > self.noise_ratio * fastest else needed
+        if not (0 < fastest and obs.median() > self.noise_ratio * fastest):
+            return needed
+        rival = min((o.median() for other, o in state.observed.items()
+                     if other != c and len(o)), default=math.inf)
+        return n + 1 if fastest < rival else needed
 
     def _check_drift(self, state: KeyState) -> Decision | None:
         if state.revalidate_in > 0:

@@ -1016,7 +1016,8 @@ def test_a_candidate_whose_samples_disagree_is_timed_again_before_the_commit(rng
     """noise_ratio: a candidate whose median is over 2x its own fastest sample (two of its
     three samples met interference, as cuBLAS's 0.19, 2.04 and 1.40 ms in run S113) is
     timed again, a call at a time, up to twice ``samples``; its median then decides. A
-    candidate still noisy at twice ``samples`` is judged on what it has."""
+    candidate still noisy at twice ``samples`` is judged on what it has, and one whose
+    fastest sample is slower than another's median is not timed again."""
     ctx, cands, _ = softmax_context(rng)
 
     def explored(noise_ratio, first, second_extra=()):
@@ -1040,6 +1041,10 @@ def test_a_candidate_whose_samples_disagree_is_timed_again_before_the_commit(rng
     assert state.explored[b] == 3
     state, out, a, b = explored(2.0, (0.10, 2.00, 1.40), (2.1, 1.9, 0.1))   # 6: the cap
     assert state.committed == b and state.explored[a] == 6
+    # noisy, but its fastest (0.40) is slower than b's median (0.30): more samples could
+    # only bring its median down to 0.40, so none is taken and b is committed at once
+    state, out, a, b = explored(2.0, (0.40, 2.00, 1.40))
+    assert state.committed == b and out.candidate == b and state.explored[a] == 3
     with pytest.raises(ValueError, match="noise_ratio must be > 1 or None"):
         Learned(LiveModel(background=False), noise_ratio=1.0)
 
