@@ -960,7 +960,10 @@ def test_decode_attention_classes_past_the_warm_up_are_decided_before_serving(mo
     # classes' plans, not every dispatcher's pending keys (a full test run has such)
     other = adaptive.Dispatcher("host")
     other.launch("softmax", np.ones((300, 96), np.float32))
-    assert pending_keys() > 0
+    # (failed once in seven full runs, not alone: what the other dispatcher then held)
+    assert pending_keys() > 0, (type(other.policy).__name__, runtime.live_dispatchers(),
+                                {k: (s.committed, s.reason) for k, s in
+                                 getattr(other.policy, "keys", {}).items()})
 
     def served_after(sweep: bool) -> dict:
         d = adaptive.Dispatcher("host")
