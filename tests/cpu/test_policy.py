@@ -1233,9 +1233,10 @@ def test_the_issuing_window_is_seeded_in_a_variants_first_three_input_classes(rn
     """One seed read at a bad moment would stay the least of the window (samples only read
     higher): a variant's first turn in each of the first ISSUE_SEEDS input classes of its
     kind where it is explored seeds it, later classes do not. ``host_numpy`` is explored
-    on four input classes; its runs issue in 6, 4, 2 and 1 ms within its first turn on
-    each (where the seed's runs are) and 12 ms elsewhere (its samples): the window's least
-    is the third class's seed."""
+    on four input classes; its runs issue in 18, 10, 4 and 1 ms within its first turn on
+    each (where the seed's runs are) and 24 ms elsewhere (its samples): the window's least
+    is the third class's seed. (The bounds leave a sleep's overshoot on a busy machine 6-8
+    ms: 4.2 ms was seen in a full suite.)"""
     from adaptive import dispatch
 
     class Issuing(dict):   # a label's runs within the launch of its first call in a class
@@ -1243,14 +1244,14 @@ def test_the_issuing_window_is_seeded_in_a_variants_first_three_input_classes(rn
 
         def get(self, label, default=0.0):
             first = self.first.setdefault(label, self.launch)
-            return self.now if first == self.launch else 0.012
+            return self.now if first == self.launch else 0.024
     be = _EventHost()
     be.issue_s = Issuing()
-    policy = Learned(LiveModel(background=False), max_explore=64, samples=1)
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
     d = Dispatcher(be, policy=policy)
     d.sample_every = 1
     least = []
-    for now, shape in zip((0.006, 0.004, 0.002, 0.001), [(37, 29), (70, 3), (9, 9), (300, 29)]):
+    for now, shape in zip((0.018, 0.010, 0.004, 0.001), [(37, 29), (70, 3), (9, 9), (300, 29)]):
         be.issue_s.now, be.issue_s.first = now, {}
         x = rng.standard_normal(shape).astype(np.float32)
         state = policy.state(d.plan("softmax", x).class_key)
@@ -1263,7 +1264,7 @@ def test_the_issuing_window_is_seeded_in_a_variants_first_three_input_classes(rn
         least.append(d.issue_charges()["softmax/host_numpy/numpy"][1])
     assert dispatch.ISSUE_SEEDS == 3
     # each of the first three classes lowered the least to its seed; the fourth did not
-    assert 6.0 <= least[0] < 8 and 4.0 <= least[1] < 6 and 2.0 <= least[2] < 4, least
+    assert 18.0 <= least[0] < 24 and 10.0 <= least[1] < 18 and 4.0 <= least[2] < 10, least
     assert least[3] == least[2], least
 
 
