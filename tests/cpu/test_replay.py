@@ -15,10 +15,25 @@ pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in th
 
 
 @pytest.fixture(scope="module")
-def attention():
+def small_pack(tmp_path_factory):
+    """The shipped pack's attention and softmax rows (their variants, no cubins) as a pack
+    of their own: a replay fits its model on every row of a pack, and these tests are
+    about the replay's bookkeeping, not the whole pack's model (test_replay_corpus.py
+    checks the model on the corpus)."""
+    from adaptive.packs.format import new_pack, read_pack, write_pack
+    pack = read_pack(H200)
+    ops = ("attention", "softmax")
+    path = tmp_path_factory.mktemp("pack") / "h200-attention-softmax.msgpack"
+    write_pack(new_pack([v for v in pack.variants if v.op in ops],
+                        [r for r in pack.rows if r.op in ops], pack.fingerprint), path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def attention(small_pack):
     """Two folds: every input is held out once, two fits (one a fold) instead of one an
     input; the dealing itself is checked by test_folds_hold_out_every_input_once."""
-    without, with_ = replay_setups(H200, (False, True), ops=["attention"], folds=2)
+    without, with_ = replay_setups(small_pack, (False, True), ops=["attention"], folds=2)
     return {True: with_, False: without}
 
 
@@ -33,10 +48,10 @@ def test_folds_hold_out_every_input_once():
     assert fold_of(keys, 3, seed=1) != three
 
 
-def test_every_held_out_input_is_priced_from_its_own_measurements(attention):
+def test_every_held_out_input_is_priced_from_its_own_measurements(attention, small_pack):
     from adaptive.packs.format import read_pack
     inputs = {(tuple(sorted(r.dims.items())), r.dtype, tuple(sorted(r.features.items())))
-              for r in read_pack(H200).rows if r.op == "attention"}
+              for r in read_pack(small_pack).rows if r.op == "attention"}
     cases = [{(c.op, tuple(sorted(c.dims.items()))) for c in r.cases} for r in attention.values()]
     assert cases[0] == cases[1] and len(cases[0]) >= len(inputs) // 2 > 1   # both price the same
     for report in attention.values():
@@ -111,7 +126,8 @@ def test_noisy_samples_are_seeded_per_input_and_drawn_as_asked():
     assert _sampler(times, None, ())("a") == 2.0
 
 
-def test_the_tuning_share_counts_every_timed_exploring_call(attention, monkeypatch):
+def test_the_tuning_share_counts_every_timed_exploring_call(attention, small_pack,
+                                                            monkeypatch):
     """Each explored candidate is timed at least once and the share is the timed calls over
     autotune's 4 runs a candidate (the fixture's exact replay); with noise, every timed
     call is one draw of the input's seeded sampler."""
@@ -130,6 +146,7 @@ def test_the_tuning_share_counts_every_timed_exploring_call(attention, monkeypat
         return lambda c: drawn.append(draw(c)) or drawn[-1]
     real = rp._sampler
     monkeypatch.setattr(rp, "_sampler", sampler)
-    noisy = rp.replay(H200, ops=["softmax"], folds=1, held_inputs=4, noise=(0.3, 0.3))
+    noisy = rp.replay(small_pack, ops=["softmax"], folds=1, held_inputs=4,
+                      noise=(0.3, 0.3))
     assert len(noisy.cases) == 4 and made == [(0.3, 0.3)] * 4
     assert len(drawn) == sum(c.samples for c in noisy.cases) > 0
