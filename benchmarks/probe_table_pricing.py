@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     args = p.parse_args(argv)
     from adaptive import arrays
-    from adaptive.bench.cli import BATCH
+    from adaptive.bench.cli import BATCH, _batch_of   # the table's own way
     from adaptive.dispatch import Dispatcher
     from adaptive.ops import OPS
     from adaptive.policy import MeasureEach
@@ -99,12 +99,6 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(priced[1:]) if ours else float('nan'):.4f} (median of "
               f"{len(ours)}), {min(priced[1:]) if ours else float('nan'):.4f} (best)")
     return 0
-
-
-def _batch_of(d, op_name: str, args, cand, n: int):
-    """``n`` pinned launches of ``cand`` back to back: a run of the mixed table."""
-    return _runs(lambda: d.launch(op_name, *args, variant=cand.variant.name,
-                                  config=cand.config), n)
 
 
 def _pinned_plan(backend: str, op_name: str, inputs, label: str):

@@ -46,6 +46,7 @@ _HEURISTIC_BYTES = 96                   # cublasLtMatmulHeuristicResult_t: algo 
 _ALGO_BYTES = 64                        # workspaceSize, status, float waves, int[4]
 _ONE = ctypes.c_float(1.0)
 _ZERO = ctypes.c_float(0.0)
+_ALPHA, _BETA = ctypes.byref(_ONE), ctypes.byref(_ZERO)   # made once, not a call
 
 _lock = threading.Lock()
 _handles: dict[int, ctypes.c_void_p] = {}
@@ -160,10 +161,9 @@ def _run(device: int, a_ptr: int, b_ptr: int, out_ptr: int, m: int, n: int, k: i
     p = _plan(device, m, n, k, dt, low & -low)
     bt, at, ot = p.layouts
     space = _workspace(device, stream_ptr) if p.workspace_size else 0
-    _check(p.lib.cublasLtMatmul(_handles[device], p.desc, ctypes.byref(_ONE), b_ptr, bt,
-                                a_ptr, at, ctypes.byref(_ZERO), out_ptr, ot, out_ptr, ot,
-                                p.algo, space, p.workspace_size, stream_ptr),
-           "matmul")
+    _check(p.lib.cublasLtMatmul(_handles[device], p.desc, _ALPHA, b_ptr, bt, a_ptr, at,
+                                _BETA, out_ptr, ot, out_ptr, ot, p.algo, space,
+                                p.workspace_size, stream_ptr), "matmul")
 
 
 def _workspace(device: int, stream_ptr: int) -> int:

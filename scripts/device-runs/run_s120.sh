@@ -15,7 +15,5 @@ timeout 40 python3 benchmarks/probe_cublaslt_plan.py > "$OUT/probe.log" 2>&1
 echo "probe rc=$? $((SECONDS-t0)) s"; cut -c1-220 "$OUT/probe.log" | tail -13
 mixed_table 170
 grep -E "adaptive's policy" "$OUT/bench_mixed.log" | head -2
-t0=$SECONDS
-timeout 110 python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
-echo "contention rc=$? $((SECONDS-t0)) s"; tail -12 "$OUT/contention.log" | cut -c1-300
+contention 110
 if [ "$SECONDS" -lt 400 ]; then selection 150; else echo "selection skipped at $SECONDS s"; fi

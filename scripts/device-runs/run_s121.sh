@@ -8,10 +8,7 @@ source "$(dirname "$0")/setup.sh"
 t0=$SECONDS
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_blas_cuda.py tests/gpu/test_spmm_cusparselt_plan_cuda.py > "$OUT/tests.log" 2>&1
 echo "tests rc=$? $((SECONDS-t0)) s"; tail -3 "$OUT/tests.log" | cut -c1-300
-t0=$SECONDS
-timeout 110 python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
-echo "contention rc=$? $((SECONDS-t0)) s"; tail -12 "$OUT/contention.log" | cut -c1-300
-grep -E "issuings of gemm/cublas|issuings of spmm/cublas_dense" "$OUT/contention.log" | head -4 | cut -c1-200
+contention 110
 selection 150
 mixed_table 120
 grep -E "adaptive's policy" "$OUT/bench_mixed.log" | head -2

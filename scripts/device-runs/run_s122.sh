@@ -8,9 +8,6 @@ source "$(dirname "$0")/setup.sh"
 selection 150
 mixed_table 120
 grep -E "adaptive's policy" "$OUT/bench_mixed.log" | head -2
-t0=$SECONDS
-timeout 110 python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
-echo "contention rc=$? $((SECONDS-t0)) s"; tail -12 "$OUT/contention.log" | cut -c1-300
-grep -E "issuings of gemm/cublas|issuings of spmm/cublas_dense" "$OUT/contention.log" | head -4 | cut -c1-200
+contention 110
 # the example server, dense, torch and adaptive on the same requests, if time is left
 if [ "$SECONDS" -lt 330 ]; then serve_both 200; else echo "server skipped at $SECONDS s"; fi

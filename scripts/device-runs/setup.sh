@@ -98,3 +98,28 @@ mixed_table() {
   echo "bench mixed rc=$? $((SECONDS-t0)) s"
   grep -E "^mixed |^all ops|largest excess|^[a-z]+ +[0-9]+ +[0-9]+ " "$OUT/bench_mixed.log" | cut -c1-400
 }
+
+# benchmarks/gpu_contention.py into $OUT, its targets and the cuBLAS entries' issuing windows
+# printed (from run S120 on): contention TIMEOUT
+contention() {
+  local t0=$SECONDS
+  timeout "$1" python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
+  echo "contention rc=$? $((SECONDS-t0)) s"; tail -12 "$OUT/contention.log" | cut -c1-300
+  grep -E "issuings of gemm/cublas|issuings of spmm/cublas_dense" "$OUT/contention.log" | head -4 | cut -c1-200
+}
+
+# GPU test files run into $OUT/tests.log, their last lines printed (from run S125 on):
+#   gpu_tests TIMEOUT FILE...
+gpu_tests() {
+  local t0=$SECONDS limit=$1; shift
+  timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
+  echo "tests rc=$? $((SECONDS-t0)) s"; tail -2 "$OUT/tests.log" | cut -c1-300
+}
+
+# a benchmark script run into $OUT/NAME.log, its last LINES lines printed (from run S125
+# on): probe TIMEOUT NAME LINES SCRIPT [ARGS]
+probe() {
+  local t0=$SECONDS limit=$1 name=$2 lines=$3; shift 3
+  timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1
+  echo "$name rc=$? $((SECONDS-t0)) s"; cut -c1-200 "$OUT/$name.log" | tail -"$lines"
+}
