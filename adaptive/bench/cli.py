@@ -19,6 +19,7 @@ import numpy as np
 
 from adaptive import arrays
 from adaptive.bench import verdict
+from adaptive.errors import InputValueError
 from adaptive.ops import OPS
 from adaptive.progress import Heartbeat, doing
 from adaptive.timing import measure_each
@@ -56,19 +57,25 @@ class OpReport:
     op: str
     inputs: int
     calls: int
+    # oracle, best fixed and adaptive steady ms: the stream priced with each input's
+    # finalists re-timed (run_mixed: the table's best, the best fixed, adaptive's choice);
+    # the oracle is the fastest finalist of each input
     oracle_ms: float
-    fixed_best: str
+    fixed_best: str             # picked by the table
     fixed_best_ms: float
     adaptive_ms: float          # live, tuning included
-    adaptive_steady_ms: float   # the adaptive choices, priced from the table
+    adaptive_steady_ms: float   # the adaptive choices
     tuning_ms: float
     choices: dict
     exploring: int = 0          # inputs whose key was still exploring when the stream ended
     excess: str = ""            # the input whose choice cost the stream most over the oracle
     # the stream's calls run again, each way as a whole, median wall ms over rounds
-    # (run_mixed's walls): the table's per-input best pinned, the best fixed pinned, and
-    # launch's own choices; None where not run
+    # (run_mixed's walls): each input's fastest finalist pinned, the best fixed pinned,
+    # and launch's own choices; None where not run
     walls: dict | None = None
+    # (fixed/oracle, adaptive/oracle) as the table alone prices them, before the finalists
+    # are re-timed (the table's best fixed and oracle picked and priced on the same samples)
+    table_ratios: tuple | None = None
 
     @property
     def fixed_ratio(self) -> float:
@@ -87,7 +94,7 @@ def _to_backend(args, backend_name: str):
 
 def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats: int = 5,
               calls_per_input: int = 40, ops: list[str] | None = None, progress=print,
-              walls_too: bool | None = None):
+              walls_too: bool | None = None, table_batch: int | None = None):
     """Time the workload; return one :class:`OpReport` per op. ``calls_per_input``: each
     input's calls in the stream (40: enough for the learned policy to time each of the 8
     candidates it explores at most 3 times after a warm-up turn, as on a GPU timed by
@@ -97,10 +104,15 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
     counted in the report). ``walls_too``: the stream also run whole, pinned and through
     ``launch`` (:func:`_stream_walls`; None: on a device only, where the table's rounds of
     calls from a drained device price a call's issuing as the stream may not pay it; the
-    host's table times each call whole, and its walls would take minutes)."""
+    host's table times each call whole, and its walls would take minutes). ``table_batch``:
+    a device table's calls back to back per timed round (None: :data:`BATCH`; the host's
+    table times one call a round)."""
     from adaptive import runtime
     from adaptive.dispatch import Dispatcher
     from adaptive.policy import MeasureEach
+    if table_batch is not None and not (type(table_batch) is int and table_batch >= 1):
+        raise InputValueError("table_batch: expected a whole number >= 1 of calls a timed "
+                              f"round, got {table_batch!r}")
     rng = np.random.default_rng(seed)
     streams = _QUICK if quick else _FULL
     table_d = Dispatcher(backend, policy=MeasureEach())   # pinned calls only: no model
@@ -120,7 +132,7 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         # BATCH calls back to back before its synchronise, as the stream runs them (a call
         # costs it its device time where the host issues ahead, its issuing where the
         # host is slower), not one call's latency to a synchronise
-        batch = 1 if table_d.backend.name == "host" else BATCH
+        batch = 1 if table_d.backend.name == "host" else table_batch or BATCH
         table: list[dict[str, float]] = []
         listed: list[dict] = []   # per input, its candidates by label
         for i, args in enumerate(inputs):
@@ -138,7 +150,6 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         # the stream: every input calls_per_input times, interleaved in a seeded order
         order = [i for i in range(len(inputs)) for _ in range(calls_per_input)]
         rng.shuffle(order)
-        oracle = sum(min(table[i].values()) for i in order)
         labels = set().union(*table)
         fixed = {lab: sum(table[i].get(lab, math.inf) for i in order) for lab in labels}
         best_label = min(fixed, key=fixed.get)
@@ -154,19 +165,37 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
         sync()
         adaptive_ms = (time.perf_counter_ns() - t0) / 1e6
         chosen = [live.decision(op_name, *args) for args in inputs]
-        steady = sum(table[i][chosen[i].candidate.label] for i in order)
-        walls = _stream_walls(table_d, live, op_name, inputs, order, table, listed,
+        picks = [d.candidate.label for d in chosen]
+        # the finalists re-timed: the table chose the oracle's and the best fixed
+        # candidate by its own samples, so their prices there are the least of many
+        # noisy medians (the best fixed of ~50 sums, the oracle of ~50 an input) where
+        # adaptive's choice gets one; priced with fresh samples, every way is read alike
+        # (run S126, 16 calls a round: rmsnorm's best fixed 1.028 against adaptive's 1.033
+        # in the table, kernels that differ by their noise where the host's issuing bounds
+        # them all)
+        doing(f"mixed: re-timing {op_name}'s finalists")
+        priced = _retime_finalists(table_d, op_name, inputs, listed, [
+            {min(row, key=row.get), pick} | ({best_label} & row.keys())
+            for row, pick in zip(table, picks)], batch, sync, rounds=2 * repeats + 1)
+        oracle = sum(min(priced[i].values()) for i in order)
+        steady = sum(priced[i][picks[i]] for i in order)
+        table_ratios = (fixed[best_label] / sum(min(table[i].values()) for i in order),
+                        sum(table[i][picks[i]] for i in order)
+                        / sum(min(table[i].values()) for i in order))
+        walls = _stream_walls(table_d, live, op_name, inputs, order, priced, listed,
                               best_label, sync, rounds=repeats) if walls_too else None
         choices: dict[str, int] = {}
         for d in chosen:
             choices[d.candidate.label] = choices.get(d.candidate.label, 0) + 1
         reports.append(OpReport(op_name, len(inputs), len(order), oracle, best_label,
-                                fixed[best_label], adaptive_ms, steady,
+                                sum(priced[i].get(best_label, math.inf) for i in order),
+                                adaptive_ms, steady,
                                 _tuning_ms(live.policy, chosen, explored_s), choices,
                                 sum(bool(d.explore) for d in chosen),
-                                _largest_excess(op_name, streams[op_name], table, chosen,
-                                                order, _samples_of(live, op_name, inputs)),
-                                walls))
+                                _largest_excess(op_name, streams[op_name], priced, chosen,
+                                                order, _samples_of(live, op_name, inputs),
+                                                table),
+                                walls, table_ratios))
     return reports
 
 
@@ -190,7 +219,7 @@ def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, 
                   best_label, sync, rounds: int) -> dict:
     """The stream's calls in its order, run whole three ways, interleaved round by round
     (:func:`measure_each`, after a warm-up round): ``oracle`` (each input pinned to the
-    table's best for it), ``fixed`` (the best fixed candidate pinned) and ``adaptive``
+    fastest in its ``table`` row), ``fixed`` (the best fixed candidate pinned) and ``adaptive``
     (``launch``'s committed choices, warm). Median wall ms of each: what the stream costs
     the caller, issuing included, where the table prices each input's candidates alone
     from a drained device (S83: cuBLAS from CuPy priced at 69 µs a call against 8 µs of
@@ -218,7 +247,31 @@ def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, 
     return {way: m.median_ms for way, m in zip(ways, ms)}
 
 
-BATCH = 3   # a device table's calls back to back per timed round (as selection's re-timing)
+# a device table's calls back to back per timed round. Three (until run S125) priced a
+# call with a third of a synchronise's round trip and of the drained device's first-launch
+# latency: a call issue-bound in the stream read 3-6x its cost there (run S123: cuBLAS on
+# float32 gemm M=64 N=256 K=1024 at 0.0545 ms in the table against 0.010-0.013 live, so a
+# split-K kernel at 0.0355 priced "best"), and the table's per-input best run as a stream
+# took 17.7 ms where cuBLAS pinned on every input took 11.0: an "oracle" 1.6x slower than
+# a fixed choice. Sixteen back to back price a call as a stream of them costs it: its
+# device time where the host issues ahead, its issuing where the host is the slower.
+BATCH = 16
+
+
+def _retime_finalists(d, op_name: str, inputs, listed, finalists, batch: int, sync,
+                      rounds: int) -> list[dict[str, float]]:
+    """Per input, {label: ms a call} of its ``finalists`` (labels of ``listed``, the
+    input's candidates by label) timed afresh as the table times them (``batch`` calls a
+    round, the input's finalists interleaved round by round, after one warm-up round),
+    the median over ``rounds``; a failing finalist is priced inf."""
+    out = []
+    for i, (args, names) in enumerate(zip(inputs, finalists)):
+        names = sorted(names)
+        ms = measure_each([_batch_of(d, op_name, args, listed[i][n], batch) for n in names],
+                          warmup=1, reps=rounds, sync=sync)
+        out.append({n: math.inf if m.error else m.median_ms / batch
+                    for n, m in zip(names, ms)})
+    return out
 
 
 def _batch_of(d, op_name: str, args, cand, n: int):
@@ -241,33 +294,35 @@ def _samples_of(live, op_name: str, inputs) -> list[dict[str, tuple]]:
     return out
 
 
-def _largest_excess(op_name: str, stream: list, table: list[dict[str, float]], chosen,
-                    order: list[int], samples: list[dict] | None = None) -> str:
+def _largest_excess(op_name: str, stream: list, priced: list[dict[str, float]], chosen,
+                    order: list[int], samples: list[dict] | None = None,
+                    table: list[dict[str, float]] | None = None) -> str:
     """The input whose adaptive choice cost the stream most over the oracle: its choice and
-    the table's best with the table's ms and, where the live policy timed them, the median
+    the best with their ``priced`` ms (the table's, or with ``table`` given the finalists'
+    re-timed ms, the table's beside them) and, where the live policy timed them, the median
     it measured (what the live choice went by) and its samples, and the stream's ms lost;
-    "" when every choice is the table's best."""
+    "" when every choice is the best."""
     calls = collections.Counter(order)
-    lost = [(calls[i] * (table[i][d.candidate.label] - min(table[i].values())), i)
+    lost = [(calls[i] * (priced[i][d.candidate.label] - min(priced[i].values())), i)
             for i, d in enumerate(chosen)]
     ms, i = max(lost)
     if not ms > 0:
         return ""
-    d, row = chosen[i], table[i]
+    d, row = chosen[i], priced[i]
     best = min(row, key=row.get)
     observed = d.observed
-
     got = samples[i] if samples else {}
 
-    def priced(label: str) -> str:
+    def price(label: str) -> str:
         live = observed.get(label)
         seen = got.get(label)
-        return f"{label} table {row[label]:.4f} ms" + (
+        return (f"{label} table {row[label]:.4f} ms" if table is None else
+                f"{label} re-timed {row[label]:.4f} ms (table {table[i][label]:.4f})") + (
             f", live {live:.4f} ms" if live is not None else ", not timed live") + (
             f" (samples {', '.join(f'{t:.4f}' for t in seen)})" if seen else "")
     dims, dtype, _ = stream[i]
-    return (f"mixed {op_name}: largest excess {dims} {dtype}: chose {priced(d.candidate.label)}"
-            f"; best {priced(best)}; x{calls[i]} calls = {ms:.3f} ms of the stream")
+    return (f"mixed {op_name}: largest excess {dims} {dtype}: chose {price(d.candidate.label)}"
+            f"; best {price(best)}; x{calls[i]} calls = {ms:.3f} ms of the stream")
 
 
 def _explore_s(policy) -> float:
@@ -329,7 +384,9 @@ def run_overhead(backend: str = "host", n: int = 20000, rounds: int = 7,
 def format_mixed(reports) -> str:
     """The mixed table. Every ratio is a quotient of printed columns: fixed/oracle = best
     fixed ms / oracle ms, adaptive/oracle = adaptive steady ms / oracle ms (all three
-    priced from the same up-front table, so neither can be below the oracle)."""
+    priced from the same re-timed finalists, the oracle the fastest of an input's, so
+    neither can be below it); then, per op, the two ratios as the table alone prices
+    them."""
     head = (f"{'op':<10} {'inputs':>6} {'calls':>5} {'oracle ms':>10} {'best fixed':<28} "
             f"{'fixed ms':>9} {'fixed/oracle':>12} {'adaptive steady ms':>18} "
             f"{'adaptive/oracle':>15} {'live ms':>9} {'tuning ms':>9}  choices")
@@ -348,10 +405,16 @@ def format_mixed(reports) -> str:
     lines.append(f"all ops: oracle {total_oracle:.3f} ms, best fixed {total_fixed:.3f} ms, "
                  f"adaptive steady {total_steady:.3f} ms: best-fixed/oracle "
                  f"{total_fixed / total_oracle:.3f}, adaptive-steady/oracle "
-                 f"{total_steady / total_oracle:.3f} (1.000 is optimal). oracle, fixed and "
-                 "steady are priced from the up-front table (median per pair); live ms is "
-                 "wall time through launch, tuning included; tuning ms is the measured time "
-                 "of the calls that timed candidates (exploring calls, miss-time sweeps)")
+                 f"{total_steady / total_oracle:.3f} (1.000 is optimal). The up-front table "
+                 "(every candidate, median per pair) picks the best fixed candidate and each "
+                 "input's best; oracle, fixed and steady are priced from each input's "
+                 "finalists (its table best, the best fixed, adaptive's choice) re-timed "
+                 "together, the oracle the fastest; live ms is wall time through launch, "
+                 "tuning included; tuning ms is the measured time of the calls that timed "
+                 "candidates (exploring calls, miss-time sweeps)")
+    lines += [f"{r.op}: the table alone prices fixed/oracle {r.table_ratios[0]:.3f}, "
+              f"adaptive/oracle {r.table_ratios[1]:.3f} (both picked and priced on its "
+              "samples)" for r in reports if r.table_ratios]
     return "\n".join(lines)
 
 
@@ -367,8 +430,8 @@ def mixed_verdicts(reports) -> list[str]:
 def format_walls(reports) -> str:
     """The stream run whole three ways (:func:`_stream_walls`), a row per op that ran it:
     wall ms each (median over rounds) and the quotients of those columns. The oracle here
-    is the table's per-input best pinned, so a way can run below it (1.000 is that
-    oracle, not a floor)."""
+    is each input's fastest re-timed finalist pinned, so a way can run below it (1.000 is
+    that oracle, not a floor)."""
     rows = [r for r in reports if r.walls]
     if not rows:
         return ""
@@ -415,13 +478,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", default="", help="comma-separated subset of "
                         f"{', '.join(sorted(OPS))} for the mixed workload and the overhead "
                         "(the selection benchmark's streams are fixed)")
+    parser.add_argument("--table-batch", type=int, default=None, metavar="N",
+                        help="the mixed table on a device: calls back to back per timed "
+                        f"round (default {BATCH})")
 
 
 def parse_ops(text: str) -> list[str] | None:
     """``--ops``: a comma-separated list of op names (None when empty); unknown names are
     refused with the valid ones."""
     import difflib
-    from adaptive.errors import InputValueError
     ops = [o.strip() for o in text.split(",") if o.strip()]
     for o in ops:
         if o not in OPS:
@@ -469,7 +534,8 @@ def _run(args, backend: str, ops: list[str] | None) -> int:
                   "at most +5 µs", flush=True)
     if args.mode in ("all", "mixed"):
         reports = run_mixed(backend, quick=args.quick, seed=args.seed, ops=ops,
-                            progress=lambda s: print(s, flush=True))
+                            progress=lambda s: print(s, flush=True),
+                            table_batch=args.table_batch)
         print("\nmixed workload through launch vs every fixed candidate and the oracle")
         print(format_mixed(reports))
         excesses = mixed_excesses(reports)

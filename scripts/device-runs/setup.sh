@@ -91,19 +91,21 @@ sparse24_bar() {
   echo "sparse24 rc=$? $((SECONDS-t0)) s"; sed -n '/^spmm 2:4, float16/,$p' "$OUT/sparse24.log" | cut -c1-220
 }
 
-# the main job's mixed table on the GPU into $OUT (from run S104 on): mixed_table TIMEOUT
+# the main job's mixed table on the GPU into $OUT/bench_mixed.log (from run S104 on; from
+# S126 on, a NAME for the log, bench_mixed_NAME.log, and more of bench's options):
+#   mixed_table TIMEOUT [NAME ARGS...]
 mixed_table() {
-  local t0=$SECONDS
-  timeout "$1" python3 -m adaptive.cli bench mixed --backend cuda > "$OUT/bench_mixed.log" 2>&1
-  echo "bench mixed rc=$? $((SECONDS-t0)) s"
-  grep -E "^mixed |^all ops|largest excess|^[a-z]+ +[0-9]+ +[0-9]+ " "$OUT/bench_mixed.log" | cut -c1-400
+  local t0=$SECONDS log="$OUT/bench_mixed${2:+_$2}.log"
+  timeout "$1" python3 -m adaptive.cli bench mixed --backend cuda "${@:3}" > "$log" 2>&1
+  echo "bench mixed ${*:2} rc=$? $((SECONDS-t0)) s"
+  grep -E "^mixed |^all ops|largest excess|the table alone|^[a-z]+ +[0-9]+ +[0-9]+ " "$log" | cut -c1-400
 }
 
 # benchmarks/gpu_contention.py into $OUT, its targets and the cuBLAS entries' issuing windows
-# printed (from run S120 on): contention TIMEOUT
+# printed (from run S120 on; from S129 on, more of its options): contention TIMEOUT [ARGS]
 contention() {
   local t0=$SECONDS
-  timeout "$1" python3 benchmarks/gpu_contention.py --out "$OUT" > "$OUT/contention.log" 2>&1
+  timeout "$1" python3 benchmarks/gpu_contention.py --out "$OUT" "${@:2}" > "$OUT/contention.log" 2>&1
   echo "contention rc=$? $((SECONDS-t0)) s"; tail -12 "$OUT/contention.log" | cut -c1-300
   grep -E "issuings of gemm/cublas|issuings of spmm/cublas_dense" "$OUT/contention.log" | head -4 | cut -c1-200
 }

@@ -75,6 +75,46 @@ def test_a_device_tables_round_is_its_calls_back_to_back():
     assert bench.BATCH > 1 and launched == [("gemm", ("a", "b"), "v", {"BM": 64})] * bench.BATCH
 
 
+def test_the_finalists_alone_are_re_timed_each_input_apart():
+    """The stream is priced from each input's finalists timed afresh: only they run, each
+    (1 warm-up + rounds) x batch times on its own input, and a failing one is priced inf,
+    not dropped (a choice that fails is the worst choice, not a missing one)."""
+    launched = []
+
+    class Spy:
+        def launch(self, op, *args, variant, config):
+            launched.append((args, variant))
+            if variant == "broken":
+                raise RuntimeError("launch failed")
+
+    def cand(name):
+        return SimpleNamespace(variant=SimpleNamespace(name=name), config={})
+    listed = [{n: cand(n) for n in ("a", "b", "c")}, {n: cand(n) for n in ("a", "broken")}]
+    priced = bench._retime_finalists(Spy(), "softmax", [("x",), ("y",)], listed,
+                                     [{"a", "c"}, {"a", "broken"}], batch=4, sync=None,
+                                     rounds=3)
+    assert [sorted(p) for p in priced] == [["a", "c"], ["a", "broken"]]
+    assert all(math.isfinite(v) and v >= 0 for v in (priced[0]["a"], priced[0]["c"],
+                                                       priced[1]["a"]))
+    assert priced[1]["broken"] == math.inf
+    counts = {}
+    for args, variant in launched:
+        counts[(args, variant)] = counts.get((args, variant), 0) + 1
+    # the failing finalist stops at its first call; "b" was not a finalist
+    assert counts == {(("x",), "a"): 16, (("x",), "c"): 16, (("y",), "a"): 16,
+                      (("y",), "broken"): 1}
+
+
+def test_a_table_batch_that_is_not_a_count_of_calls_is_refused_before_timing():
+    import pytest
+    from adaptive.errors import InputValueError
+    for bad in (0, -3, 2.5, True, "16"):
+        with pytest.raises(InputValueError, match=r"table_batch: expected a whole number "
+                           rf">= 1 of calls a timed round, got {bad!r}"):
+            bench.run_mixed("host", quick=True, ops=["softmax"], table_batch=bad,
+                            progress=lambda s: pytest.fail(f"timed before refusing: {s}"))
+
+
 def test_a_committed_streams_tuning_is_its_exploring_calls():
     """Once every input has committed, the decisions carry no tuning of their own: the
     tuning column is the learned policy's exploring calls (before, it read 0.0 for every
