@@ -183,7 +183,8 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
                         sum(table[i][picks[i]] for i in order)
                         / sum(min(table[i].values()) for i in order))
         walls = _stream_walls(table_d, live, op_name, inputs, order, priced, listed,
-                              best_label, sync, rounds=repeats) if walls_too else None
+                              best_label, sync, rounds=repeats, picks=picks) if walls_too \
+            else None
         choices: dict[str, int] = {}
         for d in chosen:
             choices[d.candidate.label] = choices.get(d.candidate.label, 0) + 1
@@ -216,7 +217,7 @@ def _fitted(dispatcher, progress) -> None:
 
 
 def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, listed,
-                  best_label, sync, rounds: int) -> dict:
+                  best_label, sync, rounds: int, picks: list[str] | None = None) -> dict:
     """The stream's calls in its order, run whole three ways, interleaved round by round
     (:func:`measure_each`, after a warm-up round): ``oracle`` (each input pinned to the
     fastest in its ``table`` row), ``fixed`` (the best fixed candidate pinned) and ``adaptive``
@@ -224,7 +225,11 @@ def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, 
     the caller, issuing included, where the table prices each input's candidates alone
     from a drained device (S83: cuBLAS from CuPy priced at 69 µs a call against 8 µs of
     device time). The pinned ways go through ``launch(..., variant=, config=)``, about
-    1.5 µs a call above a warm ``launch`` on the host backend. ``listed``: each input's
+    1.5-2.2 µs a call above a warm ``launch`` on the host backend: on calls of 15-25 µs
+    that alone put ``launch``'s stream 7-9% ahead of the fixed one (runs S126-S129,
+    rmsnorm). So with ``picks`` (adaptive's committed choices, by label) a fourth way,
+    ``chosen``, runs them pinned like the others: the choices compared alike, ``launch``'s
+    own cost the difference between it and ``adaptive``. ``listed``: each input's
     candidates by label, as the table timed them."""
     def pinned(labels):
         cands = [by[label] for by, label in zip(listed, labels)]
@@ -240,6 +245,8 @@ def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, 
             live.launch(op_name, *inputs[i])
     best = [min(row, key=row.get) for row in table]
     ways = {"oracle": pinned(best), "adaptive": adaptive}
+    if picks is not None:
+        ways["chosen"] = pinned(picks)
     if all(math.isfinite(row.get(best_label, math.inf)) for row in table):
         ways["fixed"] = pinned([best_label] * len(inputs))
     ms = measure_each(list(ways.values()), warmup=1, reps=rounds, sync=sync,
@@ -428,38 +435,44 @@ def mixed_verdicts(reports) -> list[str]:
 
 
 def format_walls(reports) -> str:
-    """The stream run whole three ways (:func:`_stream_walls`), a row per op that ran it:
-    wall ms each (median over rounds) and the quotients of those columns. The oracle here
-    is each input's fastest re-timed finalist pinned, so a way can run below it (1.000 is
-    that oracle, not a floor)."""
+    """The stream run whole (:func:`_stream_walls`), a row per op that ran it: wall ms of
+    each way (median over rounds) and the quotients of those columns. The oracle here is
+    each input's fastest re-timed finalist pinned, so a way can run below it (1.000 is
+    that oracle, not a floor). ``launch`` is adaptive through ``launch``; ``pinned`` its
+    committed choices pinned as the oracle and the fixed choice are."""
     rows = [r for r in reports if r.walls]
     if not rows:
         return ""
     head = (f"{'op':<10} {'oracle wall ms':>14} {'fixed wall ms':>13} {'fixed/oracle':>12} "
-            f"{'adaptive wall ms':>16} {'adaptive/oracle':>15} {'adaptive/fixed':>14}")
+            f"{'launch wall ms':>14} {'launch/oracle':>13} {'launch/fixed':>12} "
+            f"{'pinned wall ms':>14} {'pinned/oracle':>13} {'pinned/fixed':>12}")
     lines = [head, "-" * len(head)]
     for r in rows:
         w = r.walls
-        fixed = w.get("fixed", math.nan)
+        fixed, chosen = w.get("fixed", math.nan), w.get("chosen", math.nan)
         lines.append(f"{r.op:<10} {w['oracle']:>14.3f} {fixed:>13.3f} "
-                     f"{fixed / w['oracle']:>12.3f} {w['adaptive']:>16.3f} "
-                     f"{w['adaptive'] / w['oracle']:>15.3f} {w['adaptive'] / fixed:>14.3f}")
+                     f"{fixed / w['oracle']:>12.3f} {w['adaptive']:>14.3f} "
+                     f"{w['adaptive'] / w['oracle']:>13.3f} {w['adaptive'] / fixed:>12.3f} "
+                     f"{chosen:>14.3f} {chosen / w['oracle']:>13.3f} {chosen / fixed:>12.3f}")
     return "\n".join(lines)
 
 
 def wall_verdicts(reports) -> list[str]:
-    """One line per op that ran the stream whole: did launch's choices beat the best fixed
-    candidate pinned, on the stream's wall time?"""
+    """Per op that ran the stream whole: did adaptive's choices beat the best fixed
+    candidate on the stream's wall time, through ``launch`` and pinned alike?"""
     out = []
     for r in reports:
         if not r.walls or "fixed" not in r.walls:
             continue
         w = r.walls
-        out.append(f"mixed {r.op} (the stream's wall): adaptive "
-                   f"{verdict(w['adaptive'] / w['oracle'], w['fixed'] / w['oracle'])} the "
-                   f"best fixed choice ({r.fixed_best}): adaptive/oracle "
-                   f"{w['adaptive'] / w['oracle']:.3f} vs fixed/oracle "
-                   f"{w['fixed'] / w['oracle']:.3f}")
+        fixed = w["fixed"] / w["oracle"]
+        for way, what in (("adaptive", "through launch"), ("chosen", "its choices pinned")):
+            if way not in w:
+                continue
+            mine = w[way] / w["oracle"]
+            out.append(f"mixed {r.op} (the stream's wall, {what}): adaptive "
+                       f"{verdict(mine, fixed)} the best fixed choice ({r.fixed_best}): "
+                       f"adaptive/oracle {mine:.3f} vs fixed/oracle {fixed:.3f}")
     return out
 
 

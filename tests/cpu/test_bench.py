@@ -128,10 +128,11 @@ def test_a_committed_streams_tuning_is_its_exploring_calls():
 
 
 def test_the_stream_runs_whole_each_way_with_the_choices_it_names(monkeypatch):
-    """The stream's calls are run again, whole, three ways interleaved: each input pinned
-    to the table's best for it, the best fixed candidate pinned on every input, and
-    launch's own choices; each way calls exactly the stream's inputs in its order with the
-    candidates it names, and the walls and their printed quotients agree."""
+    """The stream's calls are run again, whole, four ways interleaved: each input pinned
+    to its fastest finalist, launch's own choices, those choices pinned, and the best
+    fixed candidate pinned on every input; each way calls exactly the stream's inputs in
+    its order with the candidates it names, and the walls and their printed quotients
+    agree."""
     launched = {"pinned": [], "live": []}
     from adaptive.dispatch import Dispatcher
     real_launch = Dispatcher.launch
@@ -145,14 +146,19 @@ def test_the_stream_runs_whole_each_way_with_the_choices_it_names(monkeypatch):
     captured = {}
     real_walls = bench._stream_walls
 
-    def walls(table_d, live, op_name, inputs, order, table, listed, best_label, sync, rounds):
+    def walls(table_d, live, op_name, inputs, order, table, listed, best_label, sync, rounds,
+              picks):
+        # launch's choices as the stream ended (a key still exploring changes its own
+        # during the walls): what the steady price and the pinned way take
+        captured["chosen"] = [live.decision(op_name, *args).candidate.label
+                              for args in inputs]
         monkeypatch.setattr(Dispatcher, "launch", spy)
         try:
             out = real_walls(table_d, live, op_name, inputs, order, table, listed,
-                             best_label, sync, rounds)
+                             best_label, sync, rounds, picks)
         finally:
             monkeypatch.setattr(Dispatcher, "launch", real_launch)
-        captured.update(inputs=inputs, order=order, table=table, best=best_label,
+        captured.update(inputs=inputs, order=order, table=table, best=best_label, picks=picks,
                         labels={c.label: (c.variant.name, dict(c.config)) for args in inputs
                                 for c in table_d.candidates(op_name, *args)})
         return out
@@ -166,22 +172,34 @@ def test_the_stream_runs_whole_each_way_with_the_choices_it_names(monkeypatch):
     oracle = [(id(inputs[i][0]), *captured["labels"][min(table[i], key=table[i].get)])
               for i in order]
     fixed = [(id(inputs[i][0]), *captured["labels"][captured["best"]]) for i in order]
+    # the choices pinned are launch's committed ones
+    assert captured["picks"] == captured["chosen"]
+    chosen = [(id(inputs[i][0]), *captured["labels"][captured["picks"][i]]) for i in order]
     n = len(order)
     pinned = launched["pinned"]
-    assert len(pinned) == 2 * n * rounds
-    for k in range(rounds):                         # interleaved: oracle, then fixed
-        assert pinned[2 * n * k:2 * n * k + n] == oracle
-        assert pinned[2 * n * k + n:2 * n * (k + 1)] == fixed
+    assert len(pinned) == 3 * n * rounds
+    for k in range(rounds):                         # interleaved: oracle, chosen, fixed
+        assert pinned[3 * n * k:3 * n * k + n] == oracle
+        assert pinned[3 * n * k + n:3 * n * k + 2 * n] == chosen
+        assert pinned[3 * n * k + 2 * n:3 * n * (k + 1)] == fixed
     w = r.walls
-    assert set(w) == {"oracle", "fixed", "adaptive"} and all(v > 0 for v in w.values())
+    assert set(w) == {"oracle", "fixed", "adaptive", "chosen"}
+    assert all(v > 0 for v in w.values())
     text = bench.format_walls([r])
     row = text.splitlines()[2].split()
     assert row[0] == "softmax" and float(row[1]) == round(w["oracle"], 3)
     assert float(row[3]) == round(w["fixed"] / w["oracle"], 3)
     assert float(row[5]) == round(w["adaptive"] / w["oracle"], 3)
     assert float(row[6]) == round(w["adaptive"] / w["fixed"], 3)
-    [line] = bench.wall_verdicts([r])
-    assert line.startswith("mixed softmax (the stream's wall): adaptive ")
+    assert float(row[7]) == round(w["chosen"], 3)
+    assert float(row[8]) == round(w["chosen"] / w["oracle"], 3)
+    assert float(row[9]) == round(w["chosen"] / w["fixed"], 3)
+    launch_line, pinned_line = bench.wall_verdicts([r])
+    assert launch_line.startswith("mixed softmax (the stream's wall, through launch): "
+                                  "adaptive ")
+    assert pinned_line.startswith("mixed softmax (the stream's wall, its choices pinned): "
+                                  "adaptive ")
+    assert f"adaptive/oracle {w['chosen'] / w['oracle']:.3f} vs" in pinned_line
     assert bench.format_walls([dataclasses.replace(r, walls=None)]) == ""
 
 
