@@ -576,16 +576,14 @@ def test_shipped_pack_matches_the_built_in_variants():
         assert report.rows == len(pack.rows) > 1000, report
 
 
-def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them():
+def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them(
+        shipped_pack_contents):
     """Attention-score rows (many rows of 1-8k keys) and vocabulary logits (few rows of
     32k-152k) besides the log-uniform draws, which kept their values: the shipped pack
     measured those (run S72: those alone; a rebuild measures all)."""
-    from adaptive.packs import shipped_packs
-    from adaptive.packs.format import read_pack
     from adaptive.packs.presets import wide
     s = wide()["softmax"]
-    (h200,) = [p for p in shipped_packs() if p.name == "h200.msgpack"]
-    built = {tuple(sorted(r.dims.items())) for r in read_pack(h200).rows
+    built = {tuple(sorted(r.dims.items())) for r in shipped_pack_contents["h200.msgpack"].rows
              if r.op == "softmax"}
     drawn = [tuple(sorted(c["dims"].items())) for c in s]
     assert len(s) == 56 and set(drawn[:30]) <= built <= set(drawn)
@@ -600,20 +598,17 @@ def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them():
                if (r, c) not in vocab)
 
 
-def test_the_wide_preset_measures_multi_head_prefills_causal_and_not():
+def test_the_wide_preset_measures_multi_head_prefills_causal_and_not(shipped_pack_contents):
     """The shipped pack's shapes: prefill attention with as many key/value heads as query
     heads (where the flash kernels run, not SDPA alone), both causal and not; the shipped
     pack (run S72) measured every attention input the preset draws, and only those."""
-    from adaptive.packs import shipped_packs
-    from adaptive.packs.format import read_pack
     from adaptive.packs.presets import wide
     a = wide()["attention"]
     mha = [c for c in a if c["dims"]["Lq"] == c["dims"]["Lk"] > 16
            and c["dims"]["Hkv"] == c["dims"]["H"]]
     assert len(mha) >= 10 and len(a) == 64
     assert {c["params"]["causal"] for c in mha} == {True, False}
-    (h200,) = [p for p in shipped_packs() if p.name == "h200.msgpack"]
-    built = {tuple(sorted(r.dims.items())) for r in read_pack(h200).rows
+    built = {tuple(sorted(r.dims.items())) for r in shipped_pack_contents["h200.msgpack"].rows
              if r.op == "attention"}
     drawn = [tuple(sorted(c["dims"].items())) for c in a]
     assert built == set(drawn)

@@ -41,20 +41,37 @@ PRELUDE = (f"#define ROWS {ROWS}\n"
            "inline float __expf(float v) { return std::exp(v); }\n")
 
 
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    if not cuda_emu.available():
-        pytest.skip("g++ is not installed")
-    names = [*BAD, *GOOD]
+SIGNATURE = [("ptr", "const T*"), "ptr", "i32", "i32"]
+
+
+def _entries() -> dict:
+    return {f"planted_{n}": SIGNATURE for n in [*BAD, *GOOD]}
+
+
+def emu_jobs(folder: Path) -> dict:
+    """Every planted kernel in one library (each entry renamed after its file):
+    library -> (source, g++ flags)."""
     source = PRELUDE
-    for n in names:
+    for n in [*BAD, *GOOD]:
         text = (PLANTED / f"{n}.cu").read_text()
         text = re.sub(r"\bplanted\s*\(", f"planted_{n}(", text)
         text = text.replace("rescale(", f"rescale_{n}(")
         source += f"\n// ---- {n}\n{text}"
-    sig = [("ptr", "const T*"), "ptr", "i32", "i32"]
-    return cuda_emu.build(source, {f"planted_{n}": sig for n in names},
-                          tmp_path_factory.mktemp("emu"))
+    return {folder / "emu.so": (cuda_emu.build_source(source, _entries()), [])}
+
+
+# g++ builds it in the background from the start of the session (tests/background.py)
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def kernels(background):
+    if not cuda_emu.available():
+        pytest.skip("g++ is not installed")
+    done = background(f"emu-{Path(__file__).stem}")
+    assert done.rc == 0, done.report()
+    (lib,) = emu_jobs(done.folder)
+    return cuda_emu.load(lib, _entries())
 
 
 def judge(kernels, name: str, regime: str, seed: int = 11) -> str:

@@ -145,14 +145,14 @@ def test_a_pack_carries_the_header_and_a_changed_one_turns_its_rows_away(tmp_pat
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="cuda.bindings is not installed")
-def test_sources_of_packs_compile_without_the_header_and_errors_name_both_files(tmp_path):
+def test_sources_of_packs_compile_without_the_header_and_errors_name_both_files(
+        tmp_path, shipped_pack_contents):
     from adaptive.errors import CompileError
     from adaptive.kcache import KernelCache
-    from adaptive.packs.format import read_pack
-    from adaptive.packs import shipped_packs
     cache = KernelCache(tmp_path)
-    for path in shipped_packs():        # written before or after the header: self-contained
-        v = next(v for v in read_pack(path).variants if v.id == "gemm/tc_mma")
+    # each shipped pack's copy, written before or after the header: self-contained
+    for pack in shipped_pack_contents.values():
+        v = next(v for v in pack.variants if v.id == "gemm/tc_mma")
         config = v.space.configs(SM90)[0]
         assert nvrtc.compile_candidate(v, config, "float16", cache=cache).resources[
             "registers"] > 0

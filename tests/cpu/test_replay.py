@@ -15,13 +15,15 @@ pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in th
 
 
 @pytest.fixture(scope="module")
-def small_pack(tmp_path_factory):
+def small_pack(tmp_path_factory, shipped_pack_contents):
     """The shipped pack's attention and softmax rows (their variants, no cubins) as a pack
     of their own: a replay fits its model on every row of a pack, and these tests are
     about the replay's bookkeeping, not the whole pack's model (test_replay_corpus.py
     checks the model on the corpus)."""
-    from adaptive.packs.format import new_pack, read_pack, write_pack
-    pack = read_pack(H200)
+    from pathlib import Path
+
+    from adaptive.packs.format import new_pack, write_pack
+    pack = shipped_pack_contents[Path(H200).name]
     ops = ("attention", "softmax")
     path = tmp_path_factory.mktemp("pack") / "h200-attention-softmax.msgpack"
     write_pack(new_pack([v for v in pack.variants if v.op in ops],

@@ -59,12 +59,24 @@ def test_fused_source_rejects_other_dtypes():
 
 
 # ---- emulated on the CPU -------------------------------------------------------------------
+def emu_jobs(folder: Path) -> dict:
+    """fused.cu with an entry point per kernel: library -> (source, g++ flags)."""
+    return {folder / "emu.so": (cuda_emu.build_source(fused.SOURCE_PATH.read_text(),
+                                                      SIGNATURES), [])}
+
+
+# g++ builds it in the background from the start of the session (tests/background.py)
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=1.0)
+
+
 @pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
+def kernels(background):
     if not cuda_emu.available():
         pytest.skip("g++ is not installed: cannot emulate the CUDA kernels")
-    return fused.Fused(np, cuda_emu.build(fused.SOURCE_PATH.read_text(), SIGNATURES,
-                                          tmp_path_factory.mktemp("emu")), "float32")
+    done = background(f"emu-{Path(__file__).stem}")
+    assert done.rc == 0, done.report()
+    (lib,) = emu_jobs(done.folder)
+    return fused.Fused(np, cuda_emu.load(lib, SIGNATURES), "float32")
 
 
 def _ln64(s):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -188,11 +187,8 @@ CONFIGS = [  # a sample: each NT, both MT, each warp split; (config, N values)
 ]
 
 
-@pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
-    """One g++ build holding the kernel once per config (a namespace each)."""
-    if not cuda_emu.available():
-        pytest.skip("g++ is not installed")
+def _emulated_source() -> str:
+    """One translation unit holding the kernel once per config (a namespace each)."""
     header = cuda_emu.HEADER.replace("typedef float T;", "typedef _Float16 T;")
     assert header != cuda_emu.HEADER
     parts = [header.replace('#line 1 "kernel.cu"', ""), cuda_emu.PTX]
@@ -207,12 +203,26 @@ def emulated(tmp_path_factory):
                      "int N, int K) {\n  emu_bad_meta = 0;\n"
                      f"  emu_launch(gx, gy, 1, bx, 1, 1, [=] {{ c{i}::spmm_24_mma(v, e, b, out, "
                      "M, N, K); });\n  return emu_bad_meta;\n}\n")
-    folder = tmp_path_factory.mktemp("sparse24_emu")
-    src, lib = folder / "k.cpp", folder / "k.so"
-    src.write_text("".join(parts))
-    proc = subprocess.run([*cuda_emu.GXX, *cuda_emu.pch_flags(build=False), "-o", str(lib),
-                           str(src)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    return "".join(parts)
+
+
+def emu_jobs(folder: Path) -> dict:
+    """The one library of every config: library -> (source, g++ flags)."""
+    return {folder / "k.so": (_emulated_source(), [])}
+
+
+# g++ builds it in the background from the start of the session (tests/background.py)
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=2.0)
+
+
+@pytest.fixture(scope="module")
+def emulated(background):
+    """The library of emu_jobs, built in the background: one emu_run{i} per config."""
+    if not cuda_emu.available():
+        pytest.skip("g++ is not installed")
+    done = background(f"emu-{Path(__file__).stem}")
+    assert done.rc == 0, done.report()
+    (lib,) = emu_jobs(done.folder)
     dll = ctypes.CDLL(str(lib))
     fns = []
     for i in range(len(CONFIGS)):
