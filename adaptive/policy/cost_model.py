@@ -415,13 +415,12 @@ REFIT_NICE = 19
 def lower_priority() -> bool:
     """The calling thread at nice :data:`REFIT_NICE` (Linux: each thread has its own nice
     value), so that a model's refit takes only the CPU the serving threads leave; False
-    where the system has no per-thread priority. On a host of few cores a refit beside the
-    live stream took a core from the calls being timed: a 2-thread host kernel read slower
-    than a 1-thread one while the policy explored, and was re-timed faster once the refit
-    was done (host ``adaptive bench selection``, decode attention 1x4096: the committed
-    candidate 0.789-0.889 ms against 0.749-0.753). Where a serving thread waits for the
-    interpreter the refit holds, that thread's core is idle, so the refit still runs and
-    lets it go."""
+    where the system has no per-thread priority. A refit beside the live stream otherwise
+    competes for the host's cores with the calls being served and timed (on a 2-core host,
+    for one core of two). On this project's 2-core CPU the host selection benchmark showed
+    no difference beyond its run-to-run noise (docs/benchmarks.md, twenty-sixth session).
+    Where a serving thread waits for the interpreter while the refit holds it, that
+    thread's core is idle, so the refit still runs and lets the interpreter go."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), REFIT_NICE)
     except (AttributeError, OSError):
