@@ -972,6 +972,42 @@ def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
         Learned(LiveModel(background=False), race_ratio=1.0)
 
 
+def test_the_baseline_is_left_behind_only_on_two_samples_over_twice_the_leaders_bar():
+    """The baseline (what the plain program runs; explored first) stops being explored
+    once two of its samples are over twice the race bar (2 x race_ratio x the leader's
+    median): SDPA from CuPy at 5x a flash kernel took all its samples before. One sample
+    is not enough (it may have met interference), nor two under twice the bar; another
+    first-explored candidate is never left behind, and any other goes on the bar itself."""
+    from collections import namedtuple
+    from types import SimpleNamespace as NS
+    from adaptive.policy.learned import Samples
+    Variant, Cand = namedtuple("Variant", "baseline"), namedtuple("Cand", "label variant")
+
+    def cand(name, baseline=False):
+        return Cand(name, Variant(baseline))
+
+    def raced(explore, times, race_ratio=2.0):
+        policy = Learned(LiveModel(background=False), samples=3, race_ratio=race_ratio,
+                         clear_margin=None)
+        state = NS(explore=explore, observed={c: Samples(times[c]) for c in explore})
+        return {c.label for c in policy._race(state)}
+    base, lead, other = cand("sdpa", baseline=True), cand("flash"), cand("flash2")
+    explore = (base, lead, other)
+    # leader 1.0 (timed twice): the bar 2.0, twice the bar 4.0
+    assert raced(explore, {base: (5.0,), lead: (1.0, 1.0), other: (2.5,)}) == {"flash2"}
+    assert raced(explore, {base: (5.0, 4.1), lead: (1.0, 1.0), other: (1.5,)}) == {"sdpa"}
+    assert raced(explore, {base: (5.0, 3.9), lead: (1.0, 1.0), other: (1.5,)}) == set()
+    assert raced(explore, {base: (3.0, 3.0), lead: (1.0, 1.0), other: (1.5,)}) == set()
+    # the baseline not first: the same rule
+    assert raced((lead, base), {base: (4.5, 4.5), lead: (1.0, 1.0)}) == {"sdpa"}
+    # a first-explored candidate that is no baseline: never
+    first = cand("reg_row")
+    assert raced((first, lead), {first: (9.0, 9.0), lead: (1.0, 1.0)}) == set()
+    # race_ratio None: nothing is left behind by the bar, the baseline included
+    assert raced(explore, {base: (50.0, 50.0), lead: (1.0, 1.0), other: (9.0,)},
+                 race_ratio=None) == set()
+
+
 def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
     """clear_margin: a candidate timed twice whose every sample is over (1 + margin) x the
     leader's slowest is timed no further, and the leader, timed twice, is committed once
