@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -364,7 +363,7 @@ class LiveModel:
             if due:
                 self._pending = 0
                 if self.background:
-                    self._thread = threading.Thread(target=self._refit_behind, daemon=True,
+                    self._thread = threading.Thread(target=self._refit, daemon=True,
                                                     name="adaptive-model-refit")
                     self._thread.start()
         if due and not self.background:
@@ -377,11 +376,6 @@ class LiveModel:
             thread.join(timeout_s)
             return not thread.is_alive()
         return True
-
-    def _refit_behind(self) -> None:
-        """:meth:`_refit` on the background thread, at the lowest CPU priority."""
-        lower_priority()
-        self._refit()
 
     def _refit(self) -> None:
         while True:
@@ -406,26 +400,6 @@ class LiveModel:
             with self._lock:
                 if not self._dirty:   # rows that arrived during the fit get their own refit
                     return
-
-
-# the nice value of a background refit's thread: the lowest priority
-REFIT_NICE = 19
-
-
-def lower_priority() -> bool:
-    """The calling thread at nice :data:`REFIT_NICE` (Linux: each thread has its own nice
-    value), so that a model's refit takes only the CPU the serving threads leave; False
-    where the system has no per-thread priority. A refit beside the live stream otherwise
-    competes for the host's cores with the calls being served and timed (on a 2-core host,
-    for one core of two). On this project's 2-core CPU the host selection benchmark showed
-    no difference beyond its run-to-run noise (docs/benchmarks.md, twenty-sixth session).
-    Where a serving thread waits for the interpreter while the refit holds it, that
-    thread's core is idle, so the refit still runs and lets the interpreter go."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), REFIT_NICE)
-    except (AttributeError, OSError):
-        return False
-    return True
 
 
 @dataclasses.dataclass(frozen=True)

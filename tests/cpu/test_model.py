@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 import threading
 
 import numpy as np
@@ -174,34 +172,6 @@ def test_background_refit_swaps_whole_models(rng):
     assert not errors
     assert live.generation >= 2 and len(seen) >= 2
     assert live.model.n_rows_ == 64
-
-
-@pytest.mark.skipif(not hasattr(os, "setpriority") or sys.platform != "linux",
-                    reason="per-thread nice values are Linux's")
-def test_a_background_refit_runs_at_the_lowest_cpu_priority_and_the_caller_keeps_its_own(rng):
-    """The refit's thread fits at nice 19, so that on a host of few cores it takes only
-    what the serving threads leave; the thread that queued the rows keeps its priority."""
-    from adaptive.policy.cost_model import REFIT_NICE
-    seen = []
-
-    class Noting(CostModel):
-        def fit(self, *args, **kwargs):
-            seen.append((threading.get_native_id(),
-                         os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-            return super().fit(*args, **kwargs)
-    ts = training_set(synthetic_rows(rng, 16))
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    live = LiveModel(refit_every=8, make=lambda: Noting(n_estimators=4))
-    live.add(ts.rows[:8], ts.y[:8])
-    assert live.wait() and live.generation == 1
-    [(tid, nice)] = seen
-    assert REFIT_NICE == 19 and tid != threading.get_native_id() and nice == 19
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
-    # refitting inline (background=False) changes nothing of the caller's
-    inline = LiveModel(refit_every=8, background=False,
-                       make=lambda: Noting(n_estimators=4))
-    inline.add(ts.rows[:8], ts.y[:8])
-    assert seen[-1] == (threading.get_native_id(), mine)
 
 
 def test_a_dispatcher_settles_when_its_models_background_refit_has_ended(rng):
