@@ -324,6 +324,18 @@ _BUILD = ("import importlib, sys; from pathlib import Path; sys.path[:0] = sys.a
           ".emu_jobs(Path(sys.argv[4])))")
 
 
+def built(background, test_file: str, emu_jobs) -> list[Path]:
+    """The libraries of a test module's ``emu_jobs``, as :func:`background_build`'s job
+    built them (in the order ``emu_jobs(folder)`` lists them); the test is skipped where
+    g++ is not installed. ``background``: the session's fixture of that name."""
+    import pytest
+    if not available():
+        pytest.skip("g++ is not installed: cannot emulate the CUDA kernels")
+    done = background(f"emu-{Path(test_file).stem}")
+    assert done.rc == 0, done.report()
+    return list(emu_jobs(done.folder))
+
+
 def background_build(test_file: str, cpu_s: float) -> dict:
     """The ``BACKGROUND`` entry of a test module whose ``emu_jobs(folder)`` gives the
     libraries to compile: g++ runs from the start of the session at nice 19; the module's

@@ -108,9 +108,8 @@ BACKGROUND = cuda_emu.background_build(__file__, cpu_s=40.0)
 def kernels(background):
     """Each (variant, config) the cases use, compiled once, side by side, in the
     background: key -> emu_run."""
-    done = background(f"emu-{Path(__file__).stem}")
-    assert done.rc == 0, done.report()
-    return {key: _load(lib) for key, lib in zip(_configs(), emu_jobs(done.folder))}
+    return {key: _load(lib) for key, lib in zip(_configs(),
+                                                 cuda_emu.built(background, __file__, emu_jobs))}
 
 
 def _launch(fn, variant, config, q, k, v, causal, scale, mask=None):

@@ -106,10 +106,8 @@ def kernels(background):
     (variant,) = [v for v in load_manifest(builtin_folder() / "rmsnorm" / "manifest.toml")
                   if v.name == "rms_rows"]
     assert all(c in variant.space.configs(SM90) for c in CONFIGS)
-    done = background(f"emu-{Path(__file__).stem}")
-    assert done.rc == 0, done.report()
     out = {}
-    for c, lib in zip(CONFIGS, emu_jobs(done.folder)):
+    for c, lib in zip(CONFIGS, cuda_emu.built(background, __file__, emu_jobs)):
         fn = ctypes.CDLL(str(lib)).emu_run
         fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + \
             [ctypes.c_float]

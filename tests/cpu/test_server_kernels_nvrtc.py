@@ -71,11 +71,7 @@ BACKGROUND = cuda_emu.background_build(__file__, cpu_s=1.0)
 
 @pytest.fixture(scope="module")
 def kernels(background):
-    if not cuda_emu.available():
-        pytest.skip("g++ is not installed: cannot emulate the CUDA kernels")
-    done = background(f"emu-{Path(__file__).stem}")
-    assert done.rc == 0, done.report()
-    (lib,) = emu_jobs(done.folder)
+    (lib,) = cuda_emu.built(background, __file__, emu_jobs)
     return fused.Fused(np, cuda_emu.load(lib, SIGNATURES), "float32")
 
 

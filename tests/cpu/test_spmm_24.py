@@ -218,11 +218,7 @@ BACKGROUND = cuda_emu.background_build(__file__, cpu_s=2.0)
 @pytest.fixture(scope="module")
 def emulated(background):
     """The library of emu_jobs, built in the background: one emu_run{i} per config."""
-    if not cuda_emu.available():
-        pytest.skip("g++ is not installed")
-    done = background(f"emu-{Path(__file__).stem}")
-    assert done.rc == 0, done.report()
-    (lib,) = emu_jobs(done.folder)
+    (lib,) = cuda_emu.built(background, __file__, emu_jobs)
     dll = ctypes.CDLL(str(lib))
     fns = []
     for i in range(len(CONFIGS)):

@@ -84,10 +84,8 @@ BACKGROUND = cuda_emu.background_build(__file__, cpu_s=10.0)
 @pytest.fixture(scope="module")
 def kernels(background):
     """The kernels of CONFIGS, compiled once, side by side, in the background."""
-    done = background(f"emu-{Path(__file__).stem}")
-    assert done.rc == 0, done.report()
     fns = []
-    for lib in emu_jobs(done.folder):
+    for lib in cuda_emu.built(background, __file__, emu_jobs):
         fn = ctypes.CDLL(str(lib)).emu_run
         fn.argtypes = [ctypes.c_uint] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 3 + \
             [ctypes.c_void_p]

@@ -93,9 +93,7 @@ BACKGROUND = cuda_emu.background_build(__file__, cpu_s=8.0)
 def libs(background):
     """The kernels of CONFIGS and spmm_bsr_mma.cu, compiled once, side by side, in the
     background: the name (or "mma") -> the shared library."""
-    done = background(f"emu-{Path(__file__).stem}")
-    assert done.rc == 0, done.report()
-    return {lib.stem: lib for lib in emu_jobs(done.folder)}
+    return {lib.stem: lib for lib in cuda_emu.built(background, __file__, emu_jobs)}
 
 
 @pytest.mark.parametrize("name,config", CONFIGS, ids=[n for n, _ in CONFIGS])
