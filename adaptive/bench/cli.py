@@ -179,9 +179,9 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
             for row, pick in zip(table, picks)], batch, sync, rounds=2 * repeats + 1)
         oracle = sum(min(priced[i].values()) for i in order)
         steady = sum(priced[i][picks[i]] for i in order)
-        table_ratios = (fixed[best_label] / sum(min(table[i].values()) for i in order),
-                        sum(table[i][picks[i]] for i in order)
-                        / sum(min(table[i].values()) for i in order))
+        table_oracle = sum(min(table[i].values()) for i in order)
+        table_ratios = (fixed[best_label] / table_oracle,
+                        sum(table[i][picks[i]] for i in order) / table_oracle)
         walls = _stream_walls(table_d, live, op_name, inputs, order, priced, listed,
                               best_label, sync, rounds=repeats, picks=picks) if walls_too \
             else None
@@ -217,8 +217,8 @@ def _fitted(dispatcher, progress) -> None:
 
 
 def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, listed,
-                  best_label, sync, rounds: int, picks: list[str] | None = None) -> dict:
-    """The stream's calls in its order, run whole three ways, interleaved round by round
+                  best_label, sync, rounds: int, picks: list[str]) -> dict:
+    """The stream's calls in its order, run whole four ways, interleaved round by round
     (:func:`measure_each`, after a warm-up round): ``oracle`` (each input pinned to the
     fastest in its ``table`` row), ``fixed`` (the best fixed candidate pinned) and ``adaptive``
     (``launch``'s committed choices, warm). Median wall ms of each: what the stream costs
@@ -227,8 +227,8 @@ def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, 
     device time). The pinned ways go through ``launch(..., variant=, config=)``, about
     1.5-2.2 µs a call above a warm ``launch`` on the host backend: on calls of 15-25 µs
     that alone put ``launch``'s stream 7-9% ahead of the fixed one (runs S126-S129,
-    rmsnorm). So with ``picks`` (adaptive's committed choices, by label) a fourth way,
-    ``chosen``, runs them pinned like the others: the choices compared alike, ``launch``'s
+    rmsnorm). So a fourth way, ``chosen``, runs ``picks`` (adaptive's committed choices,
+    by label) pinned like the others: the choices compared alike, ``launch``'s
     own cost the difference between it and ``adaptive``. ``listed``: each input's
     candidates by label, as the table timed them."""
     def pinned(labels):
@@ -244,9 +244,7 @@ def _stream_walls(table_d, live, op_name: str, inputs, order: list[int], table, 
         for i in order:
             live.launch(op_name, *inputs[i])
     best = [min(row, key=row.get) for row in table]
-    ways = {"oracle": pinned(best), "adaptive": adaptive}
-    if picks is not None:
-        ways["chosen"] = pinned(picks)
+    ways = {"oracle": pinned(best), "adaptive": adaptive, "chosen": pinned(picks)}
     if all(math.isfinite(row.get(best_label, math.inf)) for row in table):
         ways["fixed"] = pinned([best_label] * len(inputs))
     ms = measure_each(list(ways.values()), warmup=1, reps=rounds, sync=sync,

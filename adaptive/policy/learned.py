@@ -327,8 +327,8 @@ class Learned(BasePolicy):
             is explored no further in this exploration: more samples of it would not
             change the commit (None: every candidate timed ``samples`` times). The first
             explored candidate is never left behind unless it is the baseline, and the
-            baseline only once two of its samples are over the bar; a re-exploration times
-            every candidate again.
+            baseline only once two of its samples are over twice the bar; a re-exploration
+            times every candidate again.
         explore_fraction: on a key with few candidates, at most this fraction of them is
             explored (at least :data:`EXPLORE_FLOOR` and ``min_explore``; :meth:`_cap`).
             None: ``max_explore``.
