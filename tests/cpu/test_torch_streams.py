@@ -14,10 +14,16 @@ class _Torch:
     """What cupy_stream reads of torch: the device and stream contexts, the current
     stream's handle, ExternalStream."""
 
-    def __init__(self, current: int):
+    def __init__(self, current: int, raw: bool = False, device: int = 0):
         self.log = []
-        self.current = current
+        self.current, self.current_device = current, device
         torch = self
+        if raw:   # torch's raw accessors, as torch has them
+            def raw_stream(index):
+                torch.log.append(("raw stream", index))
+                return torch.current if index == torch.current_device else -1
+            self._C = types.SimpleNamespace(_cuda_getDevice=lambda: torch.current_device,
+                                            _cuda_getCurrentRawStream=raw_stream)
 
         class ExternalStream:
             def __init__(self, ptr, device=None):
@@ -27,7 +33,9 @@ class _Torch:
         @contextlib.contextmanager
         def device_ctx(index):
             torch.log.append(("device", index))
+            before, torch.current_device = torch.current_device, index
             yield
+            torch.current_device = before
 
         @contextlib.contextmanager
         def stream_ctx(stream):
@@ -107,3 +115,27 @@ def test_as_torch_takes_a_cuda_arrays_view_without_the_stream_exchange():
     view = torch_streams.as_torch(torch, CudaLike(host))
     assert asked == [-1] and view.data_ptr() == host.ctypes.data
     np.testing.assert_array_equal(view.numpy(), host)
+
+
+def test_nothing_is_entered_where_torch_is_on_cupys_device_and_stream(monkeypatch):
+    monkeypatch.setattr(torch_streams, "_streams", {})
+    torch = _Torch(current=5, raw=True, device=1)
+    _cupy(monkeypatch, 5)
+    for _ in range(2):
+        with torch_streams.cupy_stream(torch, 1):
+            assert (torch.current, torch.current_device) == (5, 1)
+    assert torch.log == [("raw stream", 1)] * 2   # read through the raw accessors only
+
+
+def test_another_device_or_stream_takes_the_contexts_with_the_raw_accessors_there(monkeypatch):
+    monkeypatch.setattr(torch_streams, "_streams", {})
+    torch = _Torch(current=5, raw=True, device=0)
+    _cupy(monkeypatch, 5)
+    with torch_streams.cupy_stream(torch, 1):     # the same stream handle, another device
+        assert torch.current_device == 1
+    assert ("device", 1) in torch.log and torch.current_device == 0
+    torch.log.clear()
+    _cupy(monkeypatch, 9)
+    with torch_streams.cupy_stream(torch, 0):     # this device, CuPy on another stream
+        assert torch.current == 9
+    assert torch.current == 5 and ("stream", 9) in torch.log
