@@ -169,3 +169,48 @@ def test_fitting_is_fits_for_each_config_on_every_builtin_variant():
                 seen += len(want)
         assert v.fitting({}, configs) == [c for c in configs if v.fits({}, c)]
     assert seen > 1000
+
+
+class _Counted:
+    """A requirement that counts its evaluations (Variant.fitting reads ``names``)."""
+
+    def __init__(self, text: str):
+        self.expr, self.names, self.calls = Expr(text), Expr(text).names, 0
+
+    def __call__(self, env):
+        self.calls += 1
+        return self.expr(env)
+
+
+def test_fitting_evaluates_a_requirement_once_per_distinct_value_of_its_config_names():
+    """Variant.fitting filters the configs one requirement at a time, each evaluated once
+    per distinct value of the config parameters it reads: HD == D twice over 48 configs.
+    Configs without a name a requirement reads take the input's value, a requirement that
+    fails to evaluate (a division by zero) rejects that config alone, and unhashable
+    config values are evaluated config by config; the kept configs and their order are
+    what ``fits`` keeps."""
+    import dataclasses
+    from adaptive.space import Space
+    reqs = (_Counted("HD == D"), _Counted("Lk // KPS >= 1"), _Counted("D // (4 - W) > 0"),
+            _Counted("Lq <= 16"))
+    configs = [{"HD": hd, "KPS": kps, "W": w, "S": s}
+               for hd in (64, 128) for kps in (64, 128, 256, 512) for w in (1, 2, 4)
+               for s in (2, 3)]
+    configs += [{"KPS": 64, "W": 1}, {"HD": 128, "KPS": [128], "W": 2}]   # no HD; a list
+    v = dataclasses.replace(load_folder(builtin_folder())[0], name="counted", space=Space(),
+                            requires=reqs)
+    scope = {"D": 128, "Lk": 200, "Lq": 1, "HD": 128}
+    got = v.fitting(scope, configs)
+    counts = [r.calls for r in reqs]
+    want = []
+    for c in configs:   # fits, one config at a time (W = 4 divides by zero: rejected)
+        env = {**scope, **c}
+        if c.get("W") != 4 and isinstance(env["KPS"], int) and env["HD"] == 128 \
+                and 200 // env["KPS"] >= 1:
+            want.append(c)
+    assert got == want and len(want) == 2 * 2 * 2 + 1   # KPS 64, 128; W 1, 2; S 2, 3
+    assert got == [c for c in configs if v.fits(scope, c)]
+    # HD: 64, 128 and the input's (one config has none); KPS: the ints kept after HD, and
+    # the list's config evaluated on its own (it fails: a list // int is an error)
+    assert counts[0] == 3 and counts[1] == 4 + 1, counts
+    assert counts[2] == 3 and counts[3] == 1, counts   # W: 1, 2, 4 left; Lq: once
