@@ -78,6 +78,14 @@ class Samples:
 
 # the fewest candidates a key with few of them explores under Learned.explore_fraction
 EXPLORE_FLOOR = 4
+# the baseline is left behind by the race once two of its samples are over this times the
+# race bar (see Learned.race_ratio). Never, before run S135: SDPA from CuPy at 0.12 ms took
+# its 3 samples beside flash kernels of 0.023 on long-burst's attention keys (S134, tuning
+# runs 10.2%). At 2 (S135-S140), SDPA at 3.3x the leader still took them (S138: 3 samples
+# on 10 of 11 keys; tuning runs 9.8-10.2% in six runs). On the H200 corpus with noisy
+# samples (benchmarks/cpu_replay_knobs.py --ops attention,spmm): 1 cost spmm 4 points
+# within 5%; 1.5 and 2 read the same (spmm 84% and 82%, attention 86% both)
+BASELINE_RACE_FACTOR = 1.5
 
 @dataclasses.dataclass
 class KeyState:
@@ -327,8 +335,8 @@ class Learned(BasePolicy):
             is explored no further in this exploration: more samples of it would not
             change the commit (None: every candidate timed ``samples`` times). The first
             explored candidate is never left behind unless it is the baseline, and the
-            baseline only once two of its samples are over twice the bar; a re-exploration
-            times every candidate again.
+            baseline only once two of its samples are over :data:`BASELINE_RACE_FACTOR`
+            times the bar; a re-exploration times every candidate again.
         explore_fraction: on a key with few candidates, at most this fraction of them is
             explored (at least :data:`EXPLORE_FLOOR` and ``min_explore``; :meth:`_cap`).
             None: ``max_explore``.
@@ -888,14 +896,11 @@ class Learned(BasePolicy):
                     or (i == 0 and not c.variant.baseline):
                 continue
             # the baseline (what the plain program runs; explored first where it is
-            # explored) only on two samples both over twice the bar: one may have met
-            # interference, and it is the candidate kept within ``baseline_margin``. It
-            # was never left behind before (run S134: SDPA at 0.12 ms took its 3 samples
-            # beside flash kernels of 0.023 on the long-burst attention keys, the
-            # tuning-runs bar at 10.2%); on the H200 corpus with noisy samples, the bar
-            # alone (2x) cost spmm 4 points within 5%, twice it none
+            # explored) only on two samples both over BASELINE_RACE_FACTOR x the bar: one
+            # may have met interference, and it is the candidate kept within
+            # ``baseline_margin``
             if c.variant.baseline:
-                if len(s) >= 2 and min(s) > 2 * bar:
+                if len(s) >= 2 and min(s) > BASELINE_RACE_FACTOR * bar:
                     s.raced = True
                     out.append(c)
                 continue
