@@ -6,11 +6,13 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from adaptive import cli  # noqa: E402
-from adaptive.packs import shipped_packs  # noqa: E402
-from adaptive.bench.replay import fold_of, replay_setups  # noqa: E402
+import replay_background  # noqa: E402
+from replay_background import BACKGROUND  # noqa: E402, F401 (the replays, in the background)
 
-H200 = next((str(p) for p in shipped_packs() if "h200" in p.name), None)
+from adaptive import cli  # noqa: E402
+from adaptive.bench.replay import fold_of  # noqa: E402
+
+H200 = replay_background.h200_pack()
 pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in this checkout")
 
 
@@ -21,21 +23,18 @@ def small_pack(tmp_path_factory, shipped_pack_contents):
     about the replay's bookkeeping, not the whole pack's model (test_replay_corpus.py
     checks the model on the corpus)."""
     from pathlib import Path
-
-    from adaptive.packs.format import new_pack, write_pack
-    pack = shipped_pack_contents[Path(H200).name]
-    ops = ("attention", "softmax")
-    path = tmp_path_factory.mktemp("pack") / "h200-attention-softmax.msgpack"
-    write_pack(new_pack([v for v in pack.variants if v.op in ops],
-                        [r for r in pack.rows if r.op in ops], pack.fingerprint), path)
-    return str(path)
+    return replay_background.write_small_pack(
+        shipped_pack_contents[Path(H200).name],
+        tmp_path_factory.mktemp("pack") / "h200-attention-softmax.msgpack")
 
 
 @pytest.fixture(scope="module")
-def attention(small_pack):
+def attention(background):
     """Two folds: every input is held out once, two fits (one a fold) instead of one an
-    input; the dealing itself is checked by test_folds_hold_out_every_input_once."""
-    without, with_ = replay_setups(small_pack, (False, True), ops=["attention"], folds=2)
+    input; the dealing itself is checked by test_folds_hold_out_every_input_once. The
+    replays of ``replay_setups(<small_pack's twin>, (False, True), ops=["attention"],
+    folds=2)``, run by the background job on a pack written as ``small_pack`` is."""
+    without, with_ = replay_background.reports(background, "small-attention")
     return {True: with_, False: without}
 
 
@@ -63,15 +62,15 @@ def test_every_held_out_input_is_priced_from_its_own_measurements(attention, sma
             assert c.ratio == 1.0 or c.committed != c.best     # ties: another can be 1.0
 
 
-def test_anchors_land_at_least_as_close_to_the_best():
+def test_anchors_land_at_least_as_close_to_the_best(background):
     """On the corpus's attention pack (the development set: 45 inputs measured on the
     H200). The shipped pack holds too few attention inputs per shape family for a
-    leave-one-out replay to say much (docs/benchmarks.md, run J)."""
-    from test_replay_corpus import CORPUS
-    if CORPUS is None:
+    leave-one-out replay to say much (docs/benchmarks.md, run J). The replays of
+    ``replay_setups(<corpus>/h200-wide-attention.msgpack, (False, True),
+    ops=["attention"], folds=10)``, run by the background job."""
+    if replay_background.corpus() is None:
         pytest.skip("no ../shared/data/h200-corpus here")
-    without, with_ = replay_setups(str(CORPUS / "h200-wide-attention.msgpack"), (False, True),
-                                   ops=["attention"], folds=10)
+    without, with_ = replay_background.reports(background, "anchors")
     assert with_.geomean_ratio() <= without.geomean_ratio()
     assert with_.geomean_ratio() <= 1.05, str(with_)
 

@@ -8,51 +8,31 @@ them, the explored candidates get their measured times, and the commit is priced
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("sklearn")
 
-from adaptive.bench.replay import replay_setups  # noqa: E402
+import replay_background  # noqa: E402
+from replay_background import BACKGROUND  # noqa: E402, F401 (the replays, in the background)
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _corpus() -> Path | None:
-    """``../shared/data/h200-corpus`` beside the clone; for a git worktree, beside the
-    main clone it belongs to."""
-    roots = [ROOT.parent]
-    dot_git = ROOT / ".git"
-    if dot_git.is_file():   # a worktree: "gitdir: <main>/.git/worktrees/<name>"
-        m = re.match(r"gitdir:\s*(.+)", dot_git.read_text())
-        if m:
-            roots.append(Path(m.group(1).strip()).parents[2].parent)
-    for root in roots:
-        here = root / "shared" / "data" / "h200-corpus"
-        if (here / "h200-wide-spmm.msgpack").is_file():
-            return here
-    return None
-
-
-CORPUS = _corpus()
+CORPUS = replay_background.corpus()
 pytestmark = pytest.mark.skipif(CORPUS is None, reason="no ../shared/data/h200-corpus here")
 
 
-def _replay(op: str):
-    return replay_setups(str(CORPUS / f"h200-wide-{op}.msgpack"), (True,), folds=2,
-                         held_inputs=16)[0]
+def _replay(background, op: str):
+    """``replay_setups(<the corpus's op pack>, (True,), folds=2, held_inputs=16)[0]``, run by
+    the background job."""
+    return replay_background.reports(background, f"corpus-{op}")[0]
 
 
 @pytest.mark.parametrize("op", ["gemm", "attention", "spmm"])
-def test_commits_within_the_targets(op):
+def test_commits_within_the_targets(op, background):
     """Whole-op replays of spmm (10 folds by input, fold seeds 0-5): geomean 1.014-1.020,
     86-92 % within 5 % (90 % with the command's seed), worst 1.29-1.47x; on this slice 15 of
     16 within 5 %. Its misses are mostly inputs of 12-16 us whose best candidate's own
     spread (IQR / median) is 5-12 %, and one whose best is a SIMT kernel no other input
     prefers."""
-    report = _replay(op)
+    report = _replay(background, op)
     assert len(report.cases) == 16 and all(c.op == op for c in report.cases)
     assert all(c.ratio >= 1.0 and c.explored <= 8 for c in report.cases)
     # the targets: geomean <= 1.03, >= 90 % of inputs within 5 %, worst <= 1.5x
@@ -65,11 +45,11 @@ def test_commits_within_the_targets(op):
 
 
 @pytest.mark.parametrize("op, within", [("softmax", 0.85)])
-def test_softmax_commits_close_to_the_best(op, within):
+def test_softmax_commits_close_to_the_best(op, within, background):
     """At the geomean and worst targets; within 5 % not on this slice. Whole-op replays
     (10 folds by input, fold seeds 0-5): softmax geomean 1.012-1.014, 91-95 % within 5 %,
     worst 1.11-1.13x (the targets). On this slice softmax has 14 of 16 within 5 %."""
-    report = _replay(op)
+    report = _replay(background, op)
     assert len(report.cases) == 16
     assert report.geomean_ratio(op) <= 1.03, str(report)
     assert report.within(1.05, op) >= within, str(report)
