@@ -49,8 +49,10 @@ def pytest_addoption(parser):
 
 
 # fixtures whose live timings (a policy's choices) would be disturbed by background work:
-# their tests run after the readers of every background job
-QUIET = ("quick_selection_report",)
+# their tests run after the readers of every background job. ``no_collections``: the
+# policy tests that time real sleeps (test_measured_charges_the_latency_to_the_launch_not_
+# the_work_after_it failed in 2 of 2 suites beside the replays' background job)
+QUIET = ("quick_selection_report", "no_collections")
 
 
 def pytest_itemcollected(item):
