@@ -8,8 +8,4 @@ export PYTHONFAULTHANDLER=1
 selection 170
 mixed_table 150 w6
 contention 110
-mkdir -p "$OUT/second"
-t0=$SECONDS
-timeout 170 python3 benchmarks/gpu_selection.py --out "$OUT/second" > "$OUT/selection2.log" 2>&1
-echo "selection (second) rc=$? $((SECONDS-t0)) s"
-grep -E "^steady/oracle over|BEAT|NOT|first result .* ms: the miss|model accuracy" "$OUT/selection2.log" | grep -E "learned-shipped|steady/oracle over|accuracy|BEAT|NOT met" | cut -c1-260
+selection_second 170

@@ -125,3 +125,14 @@ probe() {
   timeout "$limit" python3 "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $((SECONDS-t0)) s"; cut -c1-200 "$OUT/$name.log" | tail -"$lines"
 }
+
+# benchmarks/gpu_selection.py a second time in one run, into $OUT/second and
+# $OUT/selection2.log, its learned-shipped and unmet lines printed (from run S139 on):
+#   selection_second TIMEOUT
+selection_second() {
+  mkdir -p "$OUT/second"
+  local t0=$SECONDS
+  timeout "$1" python3 benchmarks/gpu_selection.py --out "$OUT/second" > "$OUT/selection2.log" 2>&1
+  echo "selection (second) rc=$? $((SECONDS-t0)) s"
+  grep -E "^steady/oracle over|BEAT|NOT|first result .* ms: the miss|model accuracy" "$OUT/selection2.log" | grep -E "learned-shipped|steady/oracle over|accuracy|BEAT|NOT met" | cut -c1-260
+}
