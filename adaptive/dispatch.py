@@ -805,23 +805,10 @@ class Dispatcher:
         def call():
             nonlocal result
             result = plan.run(args, out)
-        # a sample timed whole by the host's clock shares the machine with the cost model's
-        # refit in the background (a core, and the interpreter for its Python parts): one
-        # timed beside a refit is dropped, and the candidate timed again on a later call.
-        # The host bench's decode-heavy stream, on a 2-core machine, committed host_chunked
-        # at 1.30x host_materialised on a decode attention input (2026-12-04)
-        refitting = self._refitting()
         time_ms = measure(call, sync=self.backend.synchronize, raise_errors=True).samples_ms[0]
         self.stats["samples"] += 1
-        if refitting or self._refitting():
-            self.stats["samples_beside_refit"] = self.stats.get("samples_beside_refit", 0) + 1
-            return result
         self.feedback(plan, time_ms)
         return result
-
-    def _refitting(self) -> bool:
-        """Whether the policy's cost model is refitting in the background now."""
-        return bool(getattr(getattr(self.policy, "cost_model", None), "refitting", False))
 
     def _start_events(self, timer, plan: Plan, hold: bool = False):
         """Harvest finished pairs and start one for ``plan``: ``(slot, release, waits,
@@ -1102,11 +1089,7 @@ class Dispatcher:
                     warmed.add(cands[i])
                     return warm_turn(p, args, out)
                 issued[cands[i]] += 1
-                dropped = self.stats.get("samples_beside_refit", 0)
-                result = sampled(p, args, out, True)
-                if self.stats.get("samples_beside_refit", 0) != dropped:
-                    issued[cands[i]] -= 1   # timed beside a refit: its turn comes again
-                return result
+                return sampled(p, args, out, True)
             except Exception as exc:  # noqa: BLE001 (an explored candidate failing is data)
                 if p is first or isinstance(exc, (InputTypeError, InputValueError)):
                     raise   # the caller's out= is wrong (checked before the variant runs)

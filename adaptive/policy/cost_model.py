@@ -369,12 +369,6 @@ class LiveModel:
         if due and not self.background:
             self._refit()
 
-    @property
-    def refitting(self) -> bool:
-        """Whether a refit is running now, in the background."""
-        thread = self._thread
-        return thread is not None and thread.is_alive()
-
     def wait(self, timeout_s: float = 30.0) -> bool:
         """Wait for a running refit; True when none is running afterwards."""
         thread = self._thread

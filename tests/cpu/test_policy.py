@@ -215,47 +215,6 @@ def test_dispatcher_explores_on_real_calls_then_serves_a_plain_plan(rng):
     assert "history:" in text and "miss: " in text and "(medians)" in text
 
 
-class _Refitting(LiveModel):
-    """A cost model that reports a refit running for its first ``busy`` looks."""
-
-    def __init__(self, busy: int):
-        super().__init__(background=False)
-        self.busy = busy
-
-    @property
-    def refitting(self) -> bool:
-        self.busy -= 1
-        return self.busy >= 0
-
-
-def test_a_host_sample_timed_beside_a_refit_is_dropped_and_its_turn_comes_again(rng):
-    """On the host a sample is the call's wall time, which a refit of the cost model in the
-    background shares the machine with: a sample that began or ended while one ran is not
-    given to the policy (counted in ``samples_beside_refit``), and its candidate's turn
-    comes again, so every explored candidate still commits on ``samples`` clean samples
-    (here the first 4 timed calls met a refit: 4 + 3 x 2 timed calls in all)."""
-    x = rng.standard_normal((257, 301)).astype(np.float32)
-    ref = OPS["softmax"].reference(x)
-    policy = Learned(_Refitting(busy=4), max_explore=3, samples=2, race_ratio=None,
-                     clear_margin=None, noise_ratio=None)
-    fed = []
-    observe = policy.observe
-    policy.observe = lambda key, c, ms: fed.append(c) or observe(key, c, ms)
-    d = Dispatcher("host", policy=policy)
-    d.sample_every = 0
-    key = OPS["softmax"].key((x,), {})
-    calls = 0
-    while d._plans.get(key) is None or d._plans[key].provisional:
-        y = d.launch("softmax", x)
-        assert np.max(np.abs(y - ref)) < 1e-5
-        calls += 1
-        assert calls <= 12, "the exploration did not end"
-    assert d.stats["samples_beside_refit"] == 4
-    assert d.stats["samples"] == 10 and calls == 10 and len(fed) == 6
-    observed = policy.state(d._plans[key].class_key).observed
-    assert sorted(len(v) for v in observed.values()) == [2, 2, 2]
-
-
 def _explored_softmax(rng, rows, cols, max_explore):
     """A host dispatcher whose learned policy has just missed on a softmax input."""
     x = rng.standard_normal((rows, cols)).astype(np.float32)
