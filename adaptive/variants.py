@@ -142,15 +142,16 @@ class Variant:
 
     def _config_names(self, configs: Sequence[Mapping]) -> frozenset:
         """Every parameter name of ``configs``; kept for the last few lists asked about (a
-        dispatcher lists each variant's one list of configs, miss after miss)."""
+        dispatcher lists each variant's one list of configs, miss after miss), by identity
+        and length (a list grown since is read again)."""
         cache = self.__dict__.setdefault("_names", {})
         got = cache.get(id(configs))
-        if got is not None and got[0] is configs:
-            return got[1]
+        if got is not None and got[0] is configs and got[1] == len(configs):
+            return got[2]
         names = frozenset().union(*configs)
         if len(cache) >= 8:
             cache.clear()
-        cache[id(configs)] = (configs, names)
+        cache[id(configs)] = (configs, len(configs), names)
         return names
 
     def _requires_split(self, config_names: frozenset) -> tuple[tuple, tuple]:

@@ -214,3 +214,8 @@ def test_fitting_evaluates_a_requirement_once_per_distinct_value_of_its_config_n
     # the list's config evaluated on its own (it fails: a list // int is an error)
     assert counts[0] == 3 and counts[1] == 4 + 1, counts
     assert counts[2] == 3 and counts[3] == 1, counts   # W: 1, 2, 4 left; Lq: once
+    # the same list grown by a config with a name none had: its names are read again
+    configs.append({"HD": 128, "KPS": 64, "W": 1, "Lq": 99})
+    kept = v.fitting(scope, configs)     # Lq = 99 in the config: "Lq <= 16" rejects it
+    assert configs[-1] not in kept and len(kept) == 9
+    assert v.fitting(scope, configs) == [c for c in configs if v.fits(scope, c)]
