@@ -221,12 +221,15 @@ class Candidate:
     def __repr__(self) -> str:
         return f"Candidate({self.label})"
 
-    def __hash__(self) -> int:
-        return hash((self.variant.id, self.config_items))
+    def __hash__(self) -> int:   # made once: a miss hashes each of ~100 candidates ~4 times
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash((self.variant.id, self.config_items))
+        return h
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Candidate) and (self.variant.id, self.config_items) == (
-            other.variant.id, other.config_items)
+        return self is other or isinstance(other, Candidate) and (
+            self.variant.id, self.config_items) == (other.variant.id, other.config_items)
 
 
 def make_candidate(variant: Variant, config: Mapping) -> Candidate:

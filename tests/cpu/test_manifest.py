@@ -219,3 +219,19 @@ def test_fitting_evaluates_a_requirement_once_per_distinct_value_of_its_config_n
     kept = v.fitting(scope, configs)     # Lq = 99 in the config: "Lq <= 16" rejects it
     assert configs[-1] not in kept and len(kept) == 9
     assert v.fitting(scope, configs) == [c for c in configs if v.fits(scope, c)]
+
+
+def test_candidates_hash_and_compare_by_variant_and_config_with_the_hash_kept():
+    """A candidate's hash is made once (a miss hashes ~100 candidates several times) and is
+    the hash of its variant's id and config: two candidates made apart are one dict key,
+    and one replaced with another config is another."""
+    import dataclasses
+    from adaptive.variants import make_candidate
+    v, name, values = next((v, name, list(values)) for v in load_folder(builtin_folder())
+                           for name, values in v.space.params if len(values) > 1)
+    a, b = make_candidate(v, {name: values[0]}), make_candidate(v, {name: values[0]})
+    assert a is not b and a == b and hash(a) == hash(b) and len({a: 1, b: 2}) == 1
+    assert hash(a) == hash(a) == hash((v.id, a.config_items))
+    c = dataclasses.replace(a, config_items=((name, values[-1]),))
+    assert c != a and hash(c) == hash((v.id, c.config_items)) != hash(a)
+    assert a != "not a candidate" and a == a
