@@ -1138,10 +1138,19 @@ class Dispatcher:
     def _revise(self, class_key: tuple, decision: Decision) -> None:
         """The policy's new decision for an input class: each key served from it gets a
         plan for it (or decides again on its next call, if that candidate was never
-        prepared for it)."""
+        prepared for it). A decision with ``redecide`` set drops the class and its plans:
+        the next call of each of its keys is a miss the policy decides again."""
         with self._lock:
             cls = self._classes.get(class_key)
             if cls is None:
+                return
+            if decision.redecide:
+                del self._classes[class_key]
+                for key in cls.keys:
+                    plan = self._plans.pop(key, None)
+                    if plan is not None:
+                        _dropped(plan)
+                log.debug("re-deciding %s (%s)", class_key, decision.reason)
                 return
             cls.decision = decision
             if not decision.explore:     # committed: the next exploration counts anew

@@ -32,6 +32,9 @@ class Decision:
     # non-empty: a provisional decision; later calls of the key rotate through these
     # candidates (``candidate`` first), timed, until the policy's observe() commits
     explore: tuple[Candidate, ...] = ()
+    # from observe(): decide the class again on its next call (``candidate`` serves until
+    # then); a decision made before the policy's model could rank the input
+    redecide: bool = False
 
     @property
     def observed(self) -> dict:
@@ -90,7 +93,8 @@ class Policy(Protocol):
         """A timing of a later call of ``key`` that ran ``candidate``.
 
         Returns None to keep the key's plan, or a new :class:`Decision` for the key (commit
-        after exploring; re-explore after drift); the dispatcher swaps it in.
+        after exploring; re-explore after drift); the dispatcher swaps it in. A decision
+        with ``redecide`` set drops the class's plans instead: its next call is a miss.
         """
 
     def forget_key(self, key: tuple) -> None:

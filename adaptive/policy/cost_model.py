@@ -313,6 +313,12 @@ class LiveModel:
         """Rows always kept (a pack's measurements)."""
         return len(self._base_rows)
 
+    @property
+    def first_fit_pending(self) -> bool:
+        """Base rows given (a pack's) and no model yet, the fit not failed: a miss now
+        decides without the model those rows will give."""
+        return self.model is None and len(self._base_rows) >= 2 and not self.last_error
+
     def predict_dist(self, rows: list[dict]) -> tuple[np.ndarray, np.ndarray] | None:
         """(mean, sigma) from the current model, or None before the first fit."""
         model = self.model   # one read: a concurrent swap cannot mix two models

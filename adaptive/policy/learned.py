@@ -133,6 +133,9 @@ class KeyState:
     # the candidates the class's calls rotate over now (a subset of ``explore``: those
     # still short of their samples); empty: all of ``explore``
     rotation: tuple = ()
+    # decided before the model's first fit of rows it was given (a start-up pack's): the
+    # key is decided again on its first sampled call once the model is there
+    awaiting: bool = False
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -452,6 +455,7 @@ class Learned(BasePolicy):
         self.neighbours = Neighbours()
         self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
                       "drifts": 0, "explore_calls": 0, "deferred": 0, "reopened": 0,
+                      "redecided": 0,
                       "revalidations": 0, "drift_switches": 0, "explore_s": 0.0,
                       # a miss's ranking: building the candidates' rows, the model's
                       # prediction (seconds, all misses: where a decision's time goes)
@@ -482,12 +486,17 @@ class Learned(BasePolicy):
         rows, dist, device, scope, limits = self.rank(ctx, candidates)
         floor = ctx.floor_ms()
         cap = self._cap(len(candidates))
+        awaiting = dist is None and self._fit_pending()
         if dist is None:
             ranked = _diverse(candidates)
             predicted = {}
             explore = tuple(ranked[:cap])
             why = f"cold (no model yet): exploring {len(explore)} diverse candidates of " \
                   f"{len(candidates)}"
+            if awaiting:
+                why = (f"cold (the model's first fit of {self.model.base_size} pack rows is "
+                       f"still running): exploring {len(explore)} diverse candidates of "
+                       f"{len(candidates)}, deciding again once the model is there")
         else:
             mean, sigma = dist
             charged = ""
@@ -540,7 +549,22 @@ class Learned(BasePolicy):
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
                          {c: Samples() for c in explore}, reason=why, explorations=1, cap=cap,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,
-                         rows={c: rows[at[c]] for c in explore})
+                         rows={c: rows[at[c]] for c in explore}, awaiting=awaiting)
+        if awaiting and library is not None:
+            # what the plain program runs serves until the model ranks the candidates: a
+            # diverse cold pick is a guess the model would not make (run S142: a decode
+            # input decided so, before the shipped pack's fit, served splitkv2_mma at 1.14x
+            # the best config for the whole run), and its samples run candidates 10x slower
+            why = (f"cold (the model's first fit of {self.model.base_size} pack rows is "
+                   f"still running): serving {library.label} (what the plain program runs) "
+                   "unexplored, deciding again once the model is there")
+            state.committed, state.reason = library, why
+            state.history.append("miss: " + why)
+            with self._lock:
+                self.keys[ctx.key] = state
+                self.stats["decisions"] += 1
+                self.stats["cold"] += 1
+            return Decision(library, why, predicted_ms=state.predicted_table())
         state.history.append("miss: " + why)
         with self._lock:
             self.keys[ctx.key] = state
@@ -694,6 +718,10 @@ class Learned(BasePolicy):
             if candidate != state.committed:
                 return None
             self._learn(state, candidate, time_ms, refit=False)
+            if state.awaiting:
+                if self._fit_pending():
+                    return None
+                return self._redecide(state)
             if state.deferred:
                 return self._reopen(state)
             state.recent.append(time_ms)
@@ -720,6 +748,20 @@ class Learned(BasePolicy):
         """Preparing an explored candidate (a compile, a module load) is exploring too."""
         with self._lock:
             self._spend(seconds * 1e3)
+
+    def _fit_pending(self) -> bool:
+        """Whether the model has rows it was given (a pack's) but no fit of them yet (a
+        fit that failed is not pending: the policy then decides cold)."""
+        return self.model.first_fit_pending
+
+    def _redecide(self, state: KeyState) -> Decision:
+        """A key decided before the model's first fit: decide it again (its next call is a
+        miss, which the model ranks, with the cold samples among its rows)."""
+        state.awaiting = False
+        self.stats["redecided"] += 1
+        state.reason = "deciding again: the model's first fit is there"
+        state.history.append(state.reason)
+        return Decision(state.committed, state.reason, redecide=True)
 
     def _reopen(self, state: KeyState) -> Decision | None:
         """A deferred key's sampled call: explore it now if the budget allows."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import threading
 import time
 
 import numpy as np
@@ -1970,3 +1971,82 @@ def test_a_key_with_few_candidates_explores_a_fraction_of_them(rng, monkeypatch)
     with pytest.raises(ValueError, match=r"explore_fraction must be a fraction in \(0, 1\] "
                                          r"or None, got 0"):
         Learned(LiveModel(background=False), explore_fraction=0)
+
+
+def _pack_rows(d, rng) -> list:
+    """Softmax rows as a pack gives them: host_blocked[rows=32] 3x faster than the rest."""
+    rows, op = [], OPS["softmax"]
+    for r in (64, 128, 256, 512, 1024):
+        x = rng.standard_normal((r, 96)).astype(np.float32)
+        p = op.problem((x,), {})
+        for c in d.candidates("softmax", x):
+            t = (1.0 if c.label == "host_blocked[rows=32]" else 3.0) * r * 1e-3
+            rows.append(Observation("softmax", dict(p.dims), p.dtype, c.variant.name,
+                                    c.config, t, r * 1e-3, op.features(p)))
+    return rows
+
+
+@pytest.mark.parametrize("library", [False, True])
+def test_a_key_decided_before_the_packs_first_fit_is_decided_again_by_the_model(
+        rng, monkeypatch, library):
+    """A server's first requests may come while the start-up pack's rows are still being
+    fitted (run S142: a decode input decided cold so served a config 1.14x the best for
+    the whole run). Such a key serves what the plain program runs, unexplored (or, with
+    no library candidate, explores cold), and is decided again by the model once it is
+    there; the results are right throughout."""
+    from adaptive.policy import learned
+    from adaptive.policy.cost_model import CostModel
+    if library:   # the host has no library candidate: stand one in
+        monkeypatch.setattr(learned, "library_candidate", lambda problem, ranked: next(
+            c for c in ranked if c.variant.name == "host_numpy"))
+    gate = threading.Event()
+
+    def held():            # the pack's fit waits for the test
+        assert gate.wait(30), "the test never opened the gate"
+        return CostModel()
+    model = LiveModel(make=held)
+    policy = Learned(model, max_explore=3, samples=2, explore_budget=None)
+    d = Dispatcher("host", policy=policy)
+    d.sample_every = 1
+    d.add_observations(_pack_rows(d, rng))
+    x = rng.standard_normal((300, 96)).astype(np.float32) * 30.0   # large logits
+    x[::7, ::5] = -np.inf                                            # masked
+    ref = OPS["softmax"].reference(x)
+    key = OPS["softmax"].key((x,), {})
+    for _ in range(12):
+        assert np.max(np.abs(d.launch("softmax", x) - ref)) < 1e-5
+    (state,) = policy.keys.values()
+    assert "first fit of" in state.history[0] and "still running" in state.history[0]
+    assert state.awaiting and state.committed is not None and policy.stats["redecided"] == 0
+    if library:
+        assert state.committed.label == "host_numpy" and policy.stats["explore_calls"] == 0
+        assert "what the plain program runs" in state.reason
+    else:
+        assert len(state.explore) == 3 and policy.stats["explore_calls"] >= 3  # cold, diverse
+    gate.set()
+    assert model.wait(30) and model.model is not None
+    d.launch("softmax", x)                 # a sampled call of the committed candidate
+    assert policy.stats["redecided"] == 1 and key not in d._plans
+    assert state.history[-1].startswith("deciding again")
+    assert np.max(np.abs(d.launch("softmax", x) - ref)) < 1e-5   # the miss, the model's
+    (state,) = policy.keys.values()
+    assert state.history[0].startswith("miss: model ranked") and not state.awaiting
+    assert "host_blocked[rows=32]" in {c.label for c in state.explore}
+    for _ in range(12):
+        assert np.max(np.abs(d.launch("softmax", x) - ref)) < 1e-5
+    assert state.committed is not None and policy.stats["redecided"] == 1
+
+
+def test_a_failed_first_fit_leaves_no_key_waiting_for_it(rng):
+    """A pack fit that fails is not pending: the miss decides cold, as with no pack."""
+    def broken():
+        raise RuntimeError("no fit here")
+    model = LiveModel(make=broken)
+    policy = Learned(model, max_explore=3, samples=2, explore_budget=None)
+    d = Dispatcher("host", policy=policy)
+    d.add_observations(_pack_rows(d, rng))
+    assert model.wait(30) and model.last_error == "RuntimeError: no fit here"
+    x = rng.standard_normal((200, 50)).astype(np.float32)
+    d.launch("softmax", x)
+    (state,) = policy.keys.values()
+    assert not state.awaiting and state.history[0].startswith("miss: cold (no model yet)")
