@@ -136,3 +136,23 @@ selection_second() {
   echo "selection (second) rc=$? $((SECONDS-t0)) s"
   grep -E "^steady/oracle over|BEAT|NOT|first result .* ms: the miss|model accuracy" "$OUT/selection2.log" | grep -E "learned-shipped|steady/oracle over|accuracy|BEAT|NOT met" | cut -c1-260
 }
+
+# the first condition's history of each contention input (its miss, its first commit),
+# from $OUT/contention.json (from run S143 on): contention_history
+contention_history() {
+  python3 - "$OUT/contention.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("policy stats:", {k: v for k, v in d["policy_stats"].items() if not k.endswith("_s")})
+for r in d["conditions"][0]["rows"]:
+    print(" ", r["input"], "|", " | ".join(h[:150] for h in r["history"][:3]))
+PY
+}
+
+# a second contention run, its log to $OUT/contention2.log and its JSON to /tmp (from run
+# S143 on): contention_again TIMEOUT [ARGS]
+contention_again() {
+  local t0=$SECONDS
+  timeout "$1" python3 benchmarks/gpu_contention.py --out /tmp/contention2 "${@:2}" > "$OUT/contention2.log" 2>&1
+  echo "contention (again) rc=$? $((SECONDS-t0)) s"; tail -10 "$OUT/contention2.log" | cut -c1-300
+}
