@@ -1,0 +1,71 @@
+"""The learned policy on the GPU with the shipped pack: what a server's first requests get
+while the pack's rows are still being fitted."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from adaptive.ops import OPS
+
+pytestmark = pytest.mark.gpu
+
+
+def test_a_request_before_the_shipped_packs_fit_runs_sdpa_then_the_models_choice(cp, rng):
+    """A decode-attention miss while the shipped pack's fit runs is served by SDPA (what
+    the plain program runs) unexplored; once the fit is there, its next sampled call has
+    the class decided again by the model, which explores its own picks. Every result is
+    right throughout (float64 reference, a causal decode step, large logits)."""
+    pytest.importorskip("torch")
+    from adaptive.dispatch import Dispatcher
+    from adaptive.packs.install import load_pack, shipped_packs_for
+    from adaptive.policy.cost_model import CostModel, LiveModel
+    from adaptive.policy.learned import Learned
+    from adaptive.variants import default_registry
+    gate = threading.Event()
+
+    def held():            # the pack's fit waits for the test
+        assert gate.wait(120), "the test never opened the gate"
+        return CostModel()
+    model = LiveModel(make=held)
+    policy = Learned(model, explore_budget=None)
+    d = Dispatcher("cuda", policy=policy, registry=default_registry())
+    d.sample_every = 1
+    packs = shipped_packs_for(d.backend.fingerprint())
+    if not packs:
+        pytest.skip(f"no shipped pack for this GPU ({d.backend.fingerprint().get('name')})")
+    assert load_pack(packs[0], registry=d.registry,
+                     fingerprint=d.backend.fingerprint()).rows
+    q = (rng.standard_normal((1, 8, 1, 64)) * 4).astype(np.float16)
+    k, v = (rng.standard_normal((1, 8, 777, 64)).astype(np.float16) for _ in range(2))
+    want = OPS["attention"].reference(q, k, v, causal=True)
+    args = [cp.asarray(t) for t in (q, k, v)]
+
+    def call():
+        got = d.launch("attention", *args, causal=True)
+        np.testing.assert_allclose(got.get(), want, rtol=2e-2, atol=2e-2)
+    for _ in range(6):
+        call()
+    cp.cuda.get_current_stream().synchronize()
+    d.harvest()
+    (state,) = policy.keys.values()
+    assert state.awaiting and state.committed.variant.name == "sdpa_torch", state.history
+    assert policy.stats["explore_calls"] == 0 and "still running" in state.history[0]
+    gate.set()
+    assert model.wait(120) and model.model is not None
+    for _ in range(20):    # a sampled call's timing, harvested, re-decides the class
+        call()
+        cp.cuda.get_current_stream().synchronize()
+        d.harvest()
+        if policy.stats["redecided"]:
+            break
+    assert policy.stats["redecided"] == 1
+    for _ in range(40):    # the miss, ranked by the model, explores and commits
+        call()
+    cp.cuda.get_current_stream().synchronize()
+    d.harvest()
+    state = list(policy.keys.values())[-1]   # the class's new state
+    assert state.history[0].startswith("miss: model ranked"), state.history
+    assert not state.awaiting and policy.stats["explore_calls"] > 0
