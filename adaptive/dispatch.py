@@ -1039,7 +1039,7 @@ class Dispatcher:
         """
         plan = dataclasses.replace(first, decision=decision)
         if not decision.explore:
-            return plan
+            return plan if decision.expires is None else self._held_until(plan, decision)
         cands = decision.explore
         pool = [first if c == first.candidate else
                 self._in_class((first.key, c), first.class_key, first.time_scale)
@@ -1138,19 +1138,10 @@ class Dispatcher:
     def _revise(self, class_key: tuple, decision: Decision) -> None:
         """The policy's new decision for an input class: each key served from it gets a
         plan for it (or decides again on its next call, if that candidate was never
-        prepared for it). A decision with ``redecide`` set drops the class and its plans:
-        the next call of each of its keys is a miss the policy decides again."""
+        prepared for it)."""
         with self._lock:
             cls = self._classes.get(class_key)
             if cls is None:
-                return
-            if decision.redecide:
-                del self._classes[class_key]
-                for key in cls.keys:
-                    plan = self._plans.pop(key, None)
-                    if plan is not None:
-                        _dropped(plan)
-                log.debug("re-deciding %s (%s)", class_key, decision.reason)
                 return
             cls.decision = decision
             if not decision.explore:     # committed: the next exploration counts anew
@@ -1170,6 +1161,33 @@ class Dispatcher:
                                                   cls.issued)
             log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,
                       decision.reason)
+
+    def _held_until(self, plan: Plan, decision: Decision) -> Plan:
+        """``plan`` (committed) whose calls check ``decision.expires()`` first: once it is
+        true, the class is dropped (this call still runs the plan) and its next call is a
+        miss the policy decides again. Only such decisions pay the check (a decision made
+        before the policy's model could rank the input: a few seconds of a process)."""
+        inner, expires, class_key = plan.run, decision.expires, plan.class_key
+
+        def run(args, out):
+            if expires():
+                self._expire(class_key, decision)
+            return inner(args, out)
+        return dataclasses.replace(plan, run=run)
+
+    def _expire(self, class_key: tuple, decision: Decision) -> None:
+        """Drop the input class ``class_key`` and its plans while ``decision`` is still
+        the class's (a late call of a plan held elsewhere drops nothing newer)."""
+        with self._lock:
+            cls = self._classes.get(class_key)
+            if cls is None or cls.decision is not decision:
+                return
+            del self._classes[class_key]
+            for key in cls.keys:
+                plan = self._plans.pop(key, None)
+                if plan is not None:
+                    _dropped(plan)
+        log.debug("deciding %s again: %s", class_key, decision.reason)
 
     def forget_key(self, key: tuple) -> None:
         """Drop one key's decision: its next launch decides again."""

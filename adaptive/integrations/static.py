@@ -252,6 +252,10 @@ def revised_keys(before: dict, after: dict) -> int:
 
 def exploring_keys() -> int:
     """How many keys the process's dispatchers (the default ones and those on the shared
-    registry) still serve with an exploring plan."""
+    registry) still serve with an exploring plan, or with one held until the policy's model
+    can rank them (a decision whose ``expires`` is set: made before the start-up pack's
+    fit, it is made again, and explored, once the fit is there)."""
     from adaptive.runtime import process_dispatchers
-    return sum(plan.provisional for d in process_dispatchers() for plan in d.plans().values())
+    return sum(plan.provisional or (plan.decision is not None
+                                    and plan.decision.expires is not None)
+               for d in process_dispatchers() for plan in d.plans().values())

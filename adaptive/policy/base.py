@@ -32,9 +32,10 @@ class Decision:
     # non-empty: a provisional decision; later calls of the key rotate through these
     # candidates (``candidate`` first), timed, until the policy's observe() commits
     explore: tuple[Candidate, ...] = ()
-    # from observe(): decide the class again on its next call (``candidate`` serves until
-    # then); a decision made before the policy's model could rank the input
-    redecide: bool = False
+    # a decision held until ``expires()`` is true, checked at each call of its plans; the
+    # class is then decided again at its next call (one made before the policy's model
+    # could rank the input: ``candidate`` serves until it can). None: held for good
+    expires: Callable[[], bool] | None = None
 
     @property
     def observed(self) -> dict:
@@ -93,8 +94,7 @@ class Policy(Protocol):
         """A timing of a later call of ``key`` that ran ``candidate``.
 
         Returns None to keep the key's plan, or a new :class:`Decision` for the key (commit
-        after exploring; re-explore after drift); the dispatcher swaps it in. A decision
-        with ``redecide`` set drops the class's plans instead: its next call is a miss.
+        after exploring; re-explore after drift); the dispatcher swaps it in.
         """
 
     def forget_key(self, key: tuple) -> None:

@@ -486,7 +486,7 @@ class Learned(BasePolicy):
         rows, dist, device, scope, limits = self.rank(ctx, candidates)
         floor = ctx.floor_ms()
         cap = self._cap(len(candidates))
-        awaiting = dist is None and self._fit_pending()
+        awaiting = dist is None and self.model.first_fit_pending
         if dist is None:
             ranked = _diverse(candidates)
             predicted = {}
@@ -561,13 +561,14 @@ class Learned(BasePolicy):
             state.committed, state.reason = library, why
             state.history.append("miss: " + why)
             with self._lock:
-                self.keys[ctx.key] = state
+                self._replace_key(ctx.key, state)
                 self.stats["decisions"] += 1
                 self.stats["cold"] += 1
-            return Decision(library, why, predicted_ms=state.predicted_table())
+            return Decision(library, why, predicted_ms=state.predicted_table(),
+                            expires=self._model_arrived)
         state.history.append("miss: " + why)
         with self._lock:
-            self.keys[ctx.key] = state
+            self._replace_key(ctx.key, state)
             self.stats["decisions"] += 1
             self.stats["cold"] += dist is None
             # with the budget spent, a class with a library candidate (what the plain
@@ -588,8 +589,19 @@ class Learned(BasePolicy):
         if len(explore) == 1:
             state.committed = explore[0]
             state.reason = why + f"; committed {explore[0].label} without exploring"
-            return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
+            return Decision(explore[0], state.reason, predicted_ms=predicted_ms,
+                            expires=self._model_arrived if awaiting else None)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
+
+    def _replace_key(self, key: tuple, state: KeyState) -> None:
+        """``state`` for ``key`` (the caller holds the lock); a key decided before the
+        model's first fit and now decided again is counted, and its history kept."""
+        old = self.keys.get(key)
+        if old is not None and old.awaiting:
+            self.stats["redecided"] += 1
+            state.history.appendleft("decided before the model's first fit: "
+                                     + old.reason)
+        self.keys[key] = state
 
     def _far(self, op: str, dtype: str, features: dict) -> float | None:
         """The distance to the nearest measured input of the same flags (``param_*``,
@@ -718,10 +730,8 @@ class Learned(BasePolicy):
             if candidate != state.committed:
                 return None
             self._learn(state, candidate, time_ms, refit=False)
-            if state.awaiting:
-                if self._fit_pending():
-                    return None
-                return self._redecide(state)
+            if state.awaiting:    # decided again once the model is there (expires)
+                return None
             if state.deferred:
                 return self._reopen(state)
             state.recent.append(time_ms)
@@ -749,19 +759,9 @@ class Learned(BasePolicy):
         with self._lock:
             self._spend(seconds * 1e3)
 
-    def _fit_pending(self) -> bool:
-        """Whether the model has rows it was given (a pack's) but no fit of them yet (a
-        fit that failed is not pending: the policy then decides cold)."""
-        return self.model.first_fit_pending
-
-    def _redecide(self, state: KeyState) -> Decision:
-        """A key decided before the model's first fit: decide it again (its next call is a
-        miss, which the model ranks, with the cold samples among its rows)."""
-        state.awaiting = False
-        self.stats["redecided"] += 1
-        state.reason = "deciding again: the model's first fit is there"
-        state.history.append(state.reason)
-        return Decision(state.committed, state.reason, redecide=True)
+    def _model_arrived(self) -> bool:
+        """The ``expires`` of a decision made while the model's first fit was pending."""
+        return not self.model.first_fit_pending
 
     def _reopen(self, state: KeyState) -> Decision | None:
         """A deferred key's sampled call: explore it now if the budget allows."""
@@ -873,7 +873,8 @@ class Learned(BasePolicy):
         return Decision(best, state.reason, observed_ms=tuple(
             (c.label, t) for c, t in fastest.items()), samples=tuple(
             (c.label, len(state.observed[c])) for c in state.explore), predicted_ms=tuple(
-            (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
+            (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted),
+            expires=self._model_arrived if state.awaiting else None)
 
     def _widen(self, state: KeyState, fastest: dict, best: Candidate) -> Decision | None:
         """Explore further when the measurements refute the model's ranking: once per

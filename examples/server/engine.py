@@ -643,11 +643,12 @@ class BlockLM:
 
 # ---- adaptive's decisions: warm-up and pinning ------------------------------------------
 def pending_keys() -> int:
-    """How many keys the live dispatchers' learned policies are still exploring."""
+    """How many keys the live dispatchers' learned policies are still exploring, or serve
+    with the library until their model's first fit can rank them (decided again then)."""
     from adaptive.runtime import live_dispatchers
     return sum(1 for d in live_dispatchers()
                for state in getattr(d.policy, "keys", {}).values()
-               if getattr(state, "committed", True) is None)
+               if getattr(state, "committed", True) is None or getattr(state, "awaiting", False))
 
 
 @contextlib.contextmanager
