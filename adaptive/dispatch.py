@@ -108,6 +108,14 @@ class Plan:
     class_key: tuple = ()
     time_scale: float = 1.0
 
+    @property
+    def holdable(self) -> bool:
+        """Whether a caller may hold this plan and run what it runs without the
+        dispatcher: served now, and committed for good (not exploring, nor held until the
+        policy's model can rank the input: that decision's calls must reach its plan)."""
+        return not (self.provisional or self.stale or self.decision is not None
+                    and self.decision.expires is not None)
+
 
 # bumped whenever the dispatcher drops a plan (``Plan.stale``): a holder of many plans
 # (:mod:`adaptive.integrations.direct`) compares one number instead of every plan's flag
@@ -1234,9 +1242,10 @@ class Dispatcher:
         """The plan serving this input now (deciding it on a miss), for callers that run
         one input class many times: ``plan.run(args, out)`` is the launch without the key.
 
-        A held plan is only good while ``plan.stale`` is False and ``plan.provisional`` is
-        False (a provisional plan explores and should be called through :meth:`run`); the
-        dispatcher's sampling and counter log see only calls made through it.
+        Hold a plan only while ``plan.holdable`` (a provisional plan explores, and one made
+        before the policy's model could rank the input is made again once it can: call
+        those through :meth:`run`), and let it go once ``plan.stale``; the dispatcher's
+        sampling and counter log see only calls made through it.
         """
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)

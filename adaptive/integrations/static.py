@@ -256,6 +256,4 @@ def exploring_keys() -> int:
     can rank them (a decision whose ``expires`` is set: made before the start-up pack's
     fit, it is made again, and explored, once the fit is there)."""
     from adaptive.runtime import process_dispatchers
-    return sum(plan.provisional or (plan.decision is not None
-                                    and plan.decision.expires is not None)
-               for d in process_dispatchers() for plan in d.plans().values())
+    return sum(not plan.holdable for d in process_dispatchers() for plan in d.plans().values())

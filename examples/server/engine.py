@@ -885,7 +885,7 @@ def pin_dispatchers() -> dict:
         if not isinstance(d.policy, Pinned):
             d.policy = Pinned(d.policy)
         for key, plan in d.plans().items():   # the dispatcher's own plans, any policy
-            if plan.provisional:
+            if not plan.holdable:   # exploring, or until the model is there
                 d.forget_key(key)
                 reopened += 1
             else:
