@@ -108,14 +108,6 @@ class Plan:
     class_key: tuple = ()
     time_scale: float = 1.0
 
-    @property
-    def holdable(self) -> bool:
-        """Whether a caller may hold this plan and run what it runs without the
-        dispatcher: served now, and committed for good (not exploring, nor held until the
-        policy's model can rank the input: that decision's calls must reach its plan)."""
-        return not (self.provisional or self.stale or self.decision is not None
-                    and self.decision.expires is not None)
-
 
 # bumped whenever the dispatcher drops a plan (``Plan.stale``): a holder of many plans
 # (:mod:`adaptive.integrations.direct`) compares one number instead of every plan's flag
@@ -1047,7 +1039,7 @@ class Dispatcher:
         """
         plan = dataclasses.replace(first, decision=decision)
         if not decision.explore:
-            return plan if decision.expires is None else self._held_until(plan, decision)
+            return plan
         cands = decision.explore
         pool = [first if c == first.candidate else
                 self._in_class((first.key, c), first.class_key, first.time_scale)
@@ -1170,33 +1162,6 @@ class Dispatcher:
             log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,
                       decision.reason)
 
-    def _held_until(self, plan: Plan, decision: Decision) -> Plan:
-        """``plan`` (committed) whose calls check ``decision.expires()`` first: once it is
-        true, the class is dropped (this call still runs the plan) and its next call is a
-        miss the policy decides again. Only such decisions pay the check (a decision made
-        before the policy's model could rank the input: a few seconds of a process)."""
-        inner, expires, class_key = plan.run, decision.expires, plan.class_key
-
-        def run(args, out):
-            if expires():
-                self._expire(class_key, decision)
-            return inner(args, out)
-        return dataclasses.replace(plan, run=run)
-
-    def _expire(self, class_key: tuple, decision: Decision) -> None:
-        """Drop the input class ``class_key`` and its plans while ``decision`` is still
-        the class's (a late call of a plan held elsewhere drops nothing newer)."""
-        with self._lock:
-            cls = self._classes.get(class_key)
-            if cls is None or cls.decision is not decision:
-                return
-            del self._classes[class_key]
-            for key in cls.keys:
-                plan = self._plans.pop(key, None)
-                if plan is not None:
-                    _dropped(plan)
-        log.debug("deciding %s again: %s", class_key, decision.reason)
-
     def forget_key(self, key: tuple) -> None:
         """Drop one key's decision: its next launch decides again."""
         with self._lock:
@@ -1242,10 +1207,9 @@ class Dispatcher:
         """The plan serving this input now (deciding it on a miss), for callers that run
         one input class many times: ``plan.run(args, out)`` is the launch without the key.
 
-        Hold a plan only while ``plan.holdable`` (a provisional plan explores, and one made
-        before the policy's model could rank the input is made again once it can: call
-        those through :meth:`run`), and let it go once ``plan.stale``; the dispatcher's
-        sampling and counter log see only calls made through it.
+        A held plan is only good while ``plan.stale`` is False and ``plan.provisional`` is
+        False (a provisional plan explores and should be called through :meth:`run`); the
+        dispatcher's sampling and counter log see only calls made through it.
         """
         o = OPS.get(op) or get_op(op)
         key = o.key(args, params)

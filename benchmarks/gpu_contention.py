@@ -470,9 +470,10 @@ def print_report(report: dict) -> None:
         print(f"  policy: drifts {stats.get('drifts', 0)}, re-validations "
               f"{stats.get('revalidations', 0)}, choices changed by them "
               f"{stats.get('drift_switches', 0)}, commits {stats.get('commits', 0)}, "
-              f"deferred {stats.get('deferred', 0)}, decided before the model's first fit "
-              f"{stats.get('cold', 0)} (decided again after it {stats.get('redecided', 0)}), "
-              f"exploring {stats.get('explore_s', 0.0) * 1e3:.1f} ms")
+              f"deferred {stats.get('deferred', 0)}, decided without a model "
+              f"{stats.get('cold', 0)}, waited for its first fit "
+              f"{stats.get('first_fit_wait_s', 0.0):.2f} s, exploring "
+              f"{stats.get('explore_s', 0.0) * 1e3:.1f} ms")
         if c.get("issue_charges"):
             print("  issuing charged so far: " + ", ".join(
                 f"{k} {ms * 1e3:.1f} us (last {n})"

@@ -220,7 +220,7 @@ class AdaptiveLinear(nn.Linear):
     def _by_f_linear(self, plan, x: torch.Tensor) -> bool:
         """Whether ``plan`` for ``x`` is served by ``F.linear``: a committed plan of torch's
         own matmul on the layer's dtype."""
-        return (plan.holdable and _is_library(plan, self._op)
+        return (not plan.provisional and not plan.stale and _is_library(plan, self._op)
                 and x.dtype is self._dtype)
 
     def _held_key(self, x2: torch.Tensor) -> tuple:
@@ -259,8 +259,7 @@ class AdaptiveLinear(nn.Linear):
         if self._wt is None and self._by_f_linear(plan, x):
             return "F.linear (a new shape)"
         how = "rows as given" if self._wt is not None else "x and the output transposed"
-        state = ("exploring" if plan.provisional else "committed" if plan.holdable
-                 else "until the model is there")
+        state = "exploring" if plan.provisional else "committed"
         return f"dispatcher ({how}): {state} {plan.candidate.label}"
 
     def _launch(self, op: str, a, b, x, given, route: bool):
@@ -287,7 +286,7 @@ class AdaptiveLinear(nn.Linear):
         y = d.run(op, (a, b), None, {})
         plan = d.plan(op, a, b)
         shape = given.shape
-        if not plan.holdable:   # exploring (or until the model is there): every call goes through
+        if plan.provisional or plan.stale:   # still exploring: every call goes through
             self._held.pop(key, None)
             self._library.pop(shape, None)
             return y

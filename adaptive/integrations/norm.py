@@ -150,7 +150,7 @@ class AdaptiveRMSNorm(nn.Module):
         plan = d.plan("rmsnorm", x2, w, **params)
         self._held.pop(x.shape, None)
         self._own.pop(x.shape, None)
-        if not plan.holdable:
+        if plan.provisional or plan.stale:
             pass                            # exploring: every call through the dispatcher
         elif plan.candidate.variant.torch_library:
             if len(self._own) < MAX_HELD:   # the model's own ops, on x as given

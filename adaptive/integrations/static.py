@@ -252,8 +252,6 @@ def revised_keys(before: dict, after: dict) -> int:
 
 def exploring_keys() -> int:
     """How many keys the process's dispatchers (the default ones and those on the shared
-    registry) still serve with an exploring plan, or with one held until the policy's model
-    can rank them (a decision whose ``expires`` is set: made before the start-up pack's
-    fit, it is made again, and explored, once the fit is there)."""
+    registry) still serve with an exploring plan."""
     from adaptive.runtime import process_dispatchers
-    return sum(not plan.holdable for d in process_dispatchers() for plan in d.plans().values())
+    return sum(plan.provisional for d in process_dispatchers() for plan in d.plans().values())

@@ -283,7 +283,7 @@ def _attend(args: tuple, causal: bool, scale, mask_layout, route: bool = False):
     out = launch("attention", *args, causal=causal, scale=scale)
     plan = default_dispatcher(args).plan("attention", *args, causal=causal, scale=scale)
     with _lock:
-        if not plan.holdable:
+        if plan.provisional or plan.stale:
             _held.pop(hold, None)      # exploring: not held
             _exact.pop(exact, None)
         elif _any_key(plan):

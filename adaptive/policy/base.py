@@ -32,10 +32,6 @@ class Decision:
     # non-empty: a provisional decision; later calls of the key rotate through these
     # candidates (``candidate`` first), timed, until the policy's observe() commits
     explore: tuple[Candidate, ...] = ()
-    # a decision held until ``expires()`` is true, checked at each call of its plans; the
-    # class is then decided again at its next call (one made before the policy's model
-    # could rank the input: ``candidate`` serves until it can). None: held for good
-    expires: Callable[[], bool] | None = None
 
     @property
     def observed(self) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
 import statistics
 import threading
@@ -32,6 +33,8 @@ import numpy as np
 
 from adaptive.policy.base import BasePolicy, Context, Decision, exploring_unbounded
 from adaptive.variants import Candidate
+
+log = logging.getLogger(__name__)
 
 
 class Samples:
@@ -86,6 +89,15 @@ EXPLORE_FLOOR = 4
 # samples (benchmarks/cpu_replay_knobs.py --ops attention,spmm): 1 cost spmm 4 points
 # within 5%; 1.5 and 2 read the same (spmm 84% and 82%, attention 86% both)
 BASELINE_RACE_FACTOR = 1.5
+# the longest a miss waits for the model's first fit of the rows it was given (a start-up
+# pack's: 17,755 rows of the shipped H200 pack fit in 4.3 s on a 2-core machine, in the
+# background from the process's start). A miss decided without them explores diverse
+# candidates and keeps what it commits: run S142's first miss, a decode input, came before
+# the fit and served a config 1.14x the best for the whole run. Serving the library until
+# the fit and deciding again after it (S143-S146) left a server's warm-up holding keys
+# that still explored at its limit (37-46 of them). Waiting once, at the process's first
+# misses, is what a server's start can absorb; past this bound the miss decides cold
+FIRST_FIT_WAIT_S = 30.0
 
 @dataclasses.dataclass
 class KeyState:
@@ -133,9 +145,6 @@ class KeyState:
     # the candidates the class's calls rotate over now (a subset of ``explore``: those
     # still short of their samples); empty: all of ``explore``
     rotation: tuple = ()
-    # decided before the model's first fit of rows it was given (a start-up pack's): the
-    # key is decided again on its first sampled call once the model is there
-    awaiting: bool = False
 
     def predicted_ms(self, c: Candidate) -> float:
         if c not in self.predicted:
@@ -455,8 +464,9 @@ class Learned(BasePolicy):
         self.neighbours = Neighbours()
         self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
                       "drifts": 0, "explore_calls": 0, "deferred": 0, "reopened": 0,
-                      "redecided": 0,
                       "revalidations": 0, "drift_switches": 0, "explore_s": 0.0,
+                      # seconds misses waited for the model's first fit (FIRST_FIT_WAIT_S)
+                      "first_fit_wait_s": 0.0,
                       # a miss's ranking: building the candidates' rows, the model's
                       # prediction (seconds, all misses: where a decision's time goes)
                       "rows_s": 0.0, "predict_s": 0.0}
@@ -483,20 +493,16 @@ class Learned(BasePolicy):
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         op = ctx.op.name
         features = ctx.op.features(ctx.problem)
+        waited = self._first_fit() if self.model.first_fit_pending else ""
         rows, dist, device, scope, limits = self.rank(ctx, candidates)
         floor = ctx.floor_ms()
         cap = self._cap(len(candidates))
-        awaiting = dist is None and self.model.first_fit_pending
         if dist is None:
             ranked = _diverse(candidates)
             predicted = {}
             explore = tuple(ranked[:cap])
             why = f"cold (no model yet): exploring {len(explore)} diverse candidates of " \
                   f"{len(candidates)}"
-            if awaiting:
-                why = (f"cold (the model's first fit of {self.model.base_size} pack rows is "
-                       f"still running): exploring {len(explore)} diverse candidates of "
-                       f"{len(candidates)}, deciding again once the model is there")
         else:
             mean, sigma = dist
             charged = ""
@@ -528,7 +534,7 @@ class Learned(BasePolicy):
                         c.label for c in others) + ")")
         explore, also = self._anchored(op, ctx.problem.dtype, features, candidates, ranked,
                                        explore, cap)
-        why += also
+        why = waited + why + also
         if len(explore) < self.min_explore and dist is not None:
             # a sure model is not a right one: run S24 committed cuBLAS unseen on gemm
             # 4x1024x1024 at 1.7x the best, every other candidate ranked 1.2x slower
@@ -549,26 +555,10 @@ class Learned(BasePolicy):
         state = KeyState(op, features, floor, device, tuple(ranked), predicted, explore,
                          {c: Samples() for c in explore}, reason=why, explorations=1, cap=cap,
                          dtype=ctx.problem.dtype, scope=scope, limits=limits,
-                         rows={c: rows[at[c]] for c in explore}, awaiting=awaiting)
-        if awaiting and library is not None:
-            # what the plain program runs serves until the model ranks the candidates: a
-            # diverse cold pick is a guess the model would not make (run S142: a decode
-            # input decided so, before the shipped pack's fit, served splitkv2_mma at 1.14x
-            # the best config for the whole run), and its samples run candidates 10x slower
-            why = (f"cold (the model's first fit of {self.model.base_size} pack rows is "
-                   f"still running): serving {library.label} (what the plain program runs) "
-                   "unexplored, deciding again once the model is there")
-            state.committed, state.reason = library, why
-            state.history.append("miss: " + why)
-            with self._lock:
-                self._replace_key(ctx.key, state)
-                self.stats["decisions"] += 1
-                self.stats["cold"] += 1
-            return Decision(library, why, predicted_ms=state.predicted_table(),
-                            expires=self._model_arrived)
+                         rows={c: rows[at[c]] for c in explore})
         state.history.append("miss: " + why)
         with self._lock:
-            self._replace_key(ctx.key, state)
+            self.keys[ctx.key] = state
             self.stats["decisions"] += 1
             self.stats["cold"] += dist is None
             # with the budget spent, a class with a library candidate (what the plain
@@ -589,19 +579,8 @@ class Learned(BasePolicy):
         if len(explore) == 1:
             state.committed = explore[0]
             state.reason = why + f"; committed {explore[0].label} without exploring"
-            return Decision(explore[0], state.reason, predicted_ms=predicted_ms,
-                            expires=self._model_arrived if awaiting else None)
+            return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
-
-    def _replace_key(self, key: tuple, state: KeyState) -> None:
-        """``state`` for ``key`` (the caller holds the lock); a key decided before the
-        model's first fit and now decided again is counted, and its history kept."""
-        old = self.keys.get(key)
-        if old is not None and old.awaiting:
-            self.stats["redecided"] += 1
-            state.history.appendleft("decided before the model's first fit: "
-                                     + old.reason)
-        self.keys[key] = state
 
     def _far(self, op: str, dtype: str, features: dict) -> float | None:
         """The distance to the nearest measured input of the same flags (``param_*``,
@@ -717,6 +696,20 @@ class Learned(BasePolicy):
                 del keep[i]
         return tuple(keep) + tuple(anchors), "; plus " + " and ".join(notes)
 
+    def _first_fit(self) -> str:
+        """Wait (at most :data:`FIRST_FIT_WAIT_S`) for the model's first fit of the rows it
+        was given; a note for the miss's reason."""
+        t0 = time.perf_counter()
+        rows = self.model.base_size
+        done = self.model.wait(FIRST_FIT_WAIT_S)
+        s = time.perf_counter() - t0
+        self.stats["first_fit_wait_s"] += s
+        if not done:
+            log.warning("the cost model's first fit of %d pack rows is still running after "
+                        "%.0f s: this miss decides without it", rows, s)
+            return f"the model's first fit of {rows} pack rows not done after {s:.0f} s; "
+        return f"waited {s:.2f} s for the model's first fit of {rows} pack rows; "
+
     # ---- feedback -----------------------------------------------------------------------
     def observe(self, key: tuple, candidate: Candidate, time_ms: float) -> Decision | None:
         state = self.keys.get(key)
@@ -730,8 +723,6 @@ class Learned(BasePolicy):
             if candidate != state.committed:
                 return None
             self._learn(state, candidate, time_ms, refit=False)
-            if state.awaiting:    # decided again once the model is there (expires)
-                return None
             if state.deferred:
                 return self._reopen(state)
             state.recent.append(time_ms)
@@ -758,10 +749,6 @@ class Learned(BasePolicy):
         """Preparing an explored candidate (a compile, a module load) is exploring too."""
         with self._lock:
             self._spend(seconds * 1e3)
-
-    def _model_arrived(self) -> bool:
-        """The ``expires`` of a decision made while the model's first fit was pending."""
-        return not self.model.first_fit_pending
 
     def _reopen(self, state: KeyState) -> Decision | None:
         """A deferred key's sampled call: explore it now if the budget allows."""
@@ -873,8 +860,7 @@ class Learned(BasePolicy):
         return Decision(best, state.reason, observed_ms=tuple(
             (c.label, t) for c, t in fastest.items()), samples=tuple(
             (c.label, len(state.observed[c])) for c in state.explore), predicted_ms=tuple(
-            (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted),
-            expires=self._model_arrived if state.awaiting else None)
+            (c.label, state.predicted_ms(c)) for c in state.explore if c in state.predicted))
 
     def _widen(self, state: KeyState, fastest: dict, best: Candidate) -> Decision | None:
         """Explore further when the measurements refute the model's ranking: once per

@@ -643,12 +643,11 @@ class BlockLM:
 
 # ---- adaptive's decisions: warm-up and pinning ------------------------------------------
 def pending_keys() -> int:
-    """How many keys the live dispatchers' learned policies are still exploring, or serve
-    with the library until their model's first fit can rank them (decided again then)."""
+    """How many keys the live dispatchers' learned policies are still exploring."""
     from adaptive.runtime import live_dispatchers
     return sum(1 for d in live_dispatchers()
                for state in getattr(d.policy, "keys", {}).values()
-               if getattr(state, "committed", True) is None or getattr(state, "awaiting", False))
+               if getattr(state, "committed", True) is None)
 
 
 @contextlib.contextmanager
@@ -885,7 +884,7 @@ def pin_dispatchers() -> dict:
         if not isinstance(d.policy, Pinned):
             d.policy = Pinned(d.policy)
         for key, plan in d.plans().items():   # the dispatcher's own plans, any policy
-            if not plan.holdable:   # exploring, or until the model is there
+            if plan.provisional:
                 d.forget_key(key)
                 reopened += 1
             else:

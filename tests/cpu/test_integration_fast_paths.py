@@ -157,65 +157,6 @@ def test_a_stale_plan_goes_back_through_the_dispatcher(library):
     assert layer._level == 0                # the new plan watched at HOLD_EVERY again
 
 
-def test_a_plan_made_before_the_models_first_fit_is_not_held(monkeypatch):
-    """A layer's first calls while the start-up pack's rows are still being fitted are
-    served by torch's matmul as decided then, but that plan is not held (its calls go
-    through the dispatcher, whose plan checks the model's arrival); the first call after
-    the fit drops it, the next is decided by the model, and that plan is held."""
-    import threading
-
-    import numpy as np
-
-    from adaptive.observation import Observation
-    from adaptive.ops import OPS
-    from adaptive.policy.cost_model import CostModel, LiveModel
-    from adaptive.policy.learned import Learned
-    torch.set_num_threads(1)
-    like = torch.empty(1)
-    before = runtime.default_dispatcher(device="cpu")
-    gate = threading.Event()
-
-    def held():
-        assert gate.wait(30), "the test never opened the gate"
-        return CostModel()
-    model = LiveModel(make=held)
-    d = library_dispatcher()
-    d.policy = Learned(model, explore_budget=None)
-    rows = []
-    for m in (1, 4, 16, 64):
-        a, b = np.ones((m, 16), np.float32), np.ones((16, 8), np.float32)
-        p = OPS["gemm"].problem((a, b), {})
-        rows.append(Observation("gemm", dict(p.dims), p.dtype, "torch_mm", {}, 0.01 * m,
-                                0.001 * m, OPS["gemm"].features(p)))
-    d.add_observations(rows)
-    runtime.set_default(d, like)
-    at.forget_held()
-    try:
-        counted = _Counted(d)
-        layer = at.AdaptiveLinear(torch.nn.Linear(16, 8), "dense").eval()
-        for _ in range(3):
-            x = torch.randn(1, 1, 16) * 50
-            torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
-                                       atol=1e-3)
-        assert counted.calls == 3 and x.shape not in layer._library   # none held
-        (plan,) = d.plans().values()
-        assert not plan.holdable and plan.candidate.variant.name == "torch_mm"
-        assert layer.route_of(x).endswith("until the model is there torch_mm")
-        gate.set()
-        assert model.wait(30) and model.model is not None
-        # through the dispatcher: the plan drops its class, and the layer's ask for the
-        # plan it holds is the miss the model decides
-        torch.testing.assert_close(layer(x).double(), _reference(x, layer), rtol=1e-5,
-                                   atol=1e-3)
-        (new,) = d.plans().values()
-        assert plan.stale and new.holdable and layer._library[x.shape] is new
-        assert d.policy.stats["redecided"] == 1 and counted.calls == 4
-        layer(x)
-        assert counted.calls == 4          # held: F.linear
-    finally:
-        runtime.set_default(before, like)
-        at.forget_held()
-
 def test_a_norm_committed_to_the_models_own_ops_calls_its_forward(library):
     """A shape committed to rmsnorm's baseline (the model's eight ops) runs the replaced
     LlamaRMSNorm's forward itself, bit for bit the plain norm's output, one call in
