@@ -937,6 +937,59 @@ def test_the_warm_up_decodes_far_only_where_classes_are_decided(monkeypatch, mod
     assert all(tokens[(b, n)] == want[n] for b, n in tokens), tokens
 
 
+def test_a_warm_up_begun_before_the_packs_fit_decides_every_key_with_the_model():
+    """A server's first requests come while the start-up pack's rows are being fitted in
+    the background: the first miss waits for the fit (held 0.3 s here), so no key is
+    decided without the model, and the warm-up ends with none left exploring (S145 and
+    S146, with misses served by the library until the fit, ended the H200 server's
+    warm-up at its limit with 37-46 keys still being decided)."""
+    need("torch", "transformers")
+    import torch
+
+    import adaptive
+    import server
+    from adaptive import runtime
+    from adaptive.integrations import transformers as at
+    from adaptive.observation import Observation
+    from adaptive.ops import OPS
+    from adaptive.policy.cost_model import CostModel, LiveModel
+    from adaptive.policy.learned import Learned
+    from engine import warm_up
+    gate = threading.Event()
+
+    def held():
+        assert gate.wait(30), "the test never opened the gate"
+        return CostModel()
+    model = LiveModel(make=held)
+    d = adaptive.Dispatcher("host", policy=Learned(model))
+    rows = []
+    for m in (1, 4, 16, 64):
+        a, b = np.ones((m, 64), np.float32), np.ones((64, 64), np.float32)
+        p = OPS["gemm"].problem((a, b), {})
+        rows += [Observation("gemm", dict(p.dims), p.dtype, v.name, dict(cfg), 0.01 * m,
+                             0.001 * m, OPS["gemm"].features(p))
+                 for v in d.registry.variants("gemm", "host")
+                 for cfg in v.space.configs(d.limits)]
+    d.add_observations(rows)
+    assert model.first_fit_pending
+    like, before = torch.empty(1), runtime.default_dispatcher(device="cpu")
+    runtime.set_default(d, like)
+    at.forget_held()
+    try:
+        args = server.parse_args(["--mode", "adaptive", "--preset", "tiny", "--device", "cpu",
+                                  "--max-batch", "2", "--torch-threads", "1"])
+        lm, _, _, _ = server.build_model(args)
+        threading.Timer(0.3, gate.set).start()
+        info = warm_up(lm, [(2, 24, 8), (1, 40, 8)], settle=True, limit_s=60)
+        stats = d.policy.stats
+        assert info["pending_keys"] == 0 and stats["decisions"] > 5, (info, stats)
+        assert stats["cold"] == 0 and 0.2 < stats["first_fit_wait_s"] < 10, stats
+    finally:
+        gate.set()
+        runtime.set_default(before, like)
+        at.forget_held()
+
+
 def test_decode_attention_classes_past_the_warm_up_are_decided_before_serving(monkeypatch):
     """An adaptive server sweeps decode attention's classes up to the model's context
     before it listens (the warm-up's decodes reach 64 tokens past a width): a request
