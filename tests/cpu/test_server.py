@@ -937,7 +937,7 @@ def test_the_warm_up_decodes_far_only_where_classes_are_decided(monkeypatch, mod
     assert all(tokens[(b, n)] == want[n] for b, n in tokens), tokens
 
 
-def test_a_warm_up_begun_before_the_packs_fit_decides_every_key_with_the_model():
+def test_a_warm_up_begun_before_the_packs_fit_decides_every_key_with_the_model(monkeypatch):
     """A server's first requests come while the start-up pack's rows are being fitted in
     the background: the first miss waits for the fit (held 0.3 s here), so no key is
     decided without the model, and the warm-up ends with none left exploring (S145 and
@@ -954,6 +954,7 @@ def test_a_warm_up_begun_before_the_packs_fit_decides_every_key_with_the_model()
     from adaptive.ops import OPS
     from adaptive.policy.cost_model import CostModel, LiveModel
     from adaptive.policy.learned import Learned
+    import engine
     from engine import warm_up
     gate = threading.Event()
 
@@ -972,6 +973,9 @@ def test_a_warm_up_begun_before_the_packs_fit_decides_every_key_with_the_model()
                  for cfg in v.space.configs(d.limits)]
     d.add_observations(rows)
     assert model.first_fit_pending
+    # this dispatcher's keys (a full test run leaves other dispatchers with keys exploring)
+    monkeypatch.setattr(engine, "pending_keys", lambda: sum(
+        s.committed is None for s in d.policy.keys.values()))
     like, before = torch.empty(1), runtime.default_dispatcher(device="cpu")
     runtime.set_default(d, like)
     at.forget_held()
