@@ -266,7 +266,9 @@ class Learned(BasePolicy):
 
     Args:
         model: a :class:`~adaptive.policy.cost_model.LiveModel` (or None: a fresh one,
-            fitted from the observations this policy makes, refitted in the background).
+            fitted from the observations this policy makes, refitted in the background). A
+            miss while its first fit of the rows it was given (a start-up pack's) runs
+            waits for that fit, at most :data:`FIRST_FIT_WAIT_S`.
         regret_bound: explore candidates whose optimistic time is within this fraction of
             the best prediction (0.2: at most 20 % slower, optimistically).
         z: how optimistic: mean - z·sigma in log units.
