@@ -13,6 +13,7 @@ This module imports scikit-learn at the top; ``import adaptive`` never imports i
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import threading
 import time
@@ -27,6 +28,8 @@ from sklearn.utils.validation import check_is_fitted
 from adaptive.policy.features import FEATURE_VERSION, Rows, store_rows  # noqa: F401 (re-export)
 from adaptive.policy.features import row as features_row  # noqa: F401 (re-export)
 from adaptive.observation import Observation
+
+log = logging.getLogger(__name__)
 
 MIN_SIGMA = 0.03      # log units: below this, two predictions are indistinguishable anyway
 
@@ -315,8 +318,8 @@ class LiveModel:
 
     @property
     def first_fit_pending(self) -> bool:
-        """Base rows given (a pack's) and no model yet, the fit not failed: a miss now
-        decides without the model those rows will give."""
+        """Base rows given (a pack's), no model yet and the fit not failed: a learned
+        policy's miss waits for that fit (``Learned``'s ``FIRST_FIT_WAIT_S``)."""
         return self.model is None and len(self._base_rows) >= 2 and not self.last_error
 
     def predict_dist(self, rows: list[dict]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -398,6 +401,9 @@ class LiveModel:
                 fitted = self._make().fit(rows, y, sample_weight=w, groups=groups)
             except Exception as exc:  # noqa: BLE001 (a failed refit keeps the previous model)
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("the cost model's fit of %d rows failed (%s): %s", len(rows),
+                            self.last_error, "the previous model stays" if self.model
+                            is not None else "the policy decides without a model")
                 return
             finally:
                 self.refit_s += time.perf_counter() - t0

@@ -710,6 +710,9 @@ class Learned(BasePolicy):
             log.warning("the cost model's first fit of %d pack rows is still running after "
                         "%.0f s: this miss decides without it", rows, s)
             return f"the model's first fit of {rows} pack rows not done after {s:.0f} s; "
+        if self.model.last_error:   # (logged by the fit)
+            return f"the model's first fit of {rows} pack rows failed " \
+                   f"({self.model.last_error}); "
         return f"waited {s:.2f} s for the model's first fit of {rows} pack rows; "
 
     # ---- feedback -----------------------------------------------------------------------

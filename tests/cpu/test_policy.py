@@ -2048,15 +2048,26 @@ def test_a_first_fit_past_its_bound_or_failed_leaves_the_miss_cold(rng, monkeypa
                                    "not done after 0 s; cold (no model yet)"), state.reason
     assert "still running after 0 s: this miss decides without it" in caplog.text
 
+    gate = threading.Event()
+
     def broken():
+        assert gate.wait(30), "the test never opened the gate"
         raise RuntimeError("no fit here")
     model = LiveModel(make=broken)
     policy = Learned(model, max_explore=3, samples=2, explore_budget=None)
     d = Dispatcher("host", policy=policy)
     d.add_observations(_pack_rows(d, rng))
-    assert model.wait(30) and model.last_error == "RuntimeError: no fit here"
-    assert not model.first_fit_pending
-    d.launch("softmax", x)
+    threading.Timer(0.2, gate.set).start()
+    with caplog.at_level("WARNING", logger="adaptive.policy.cost_model"):
+        d.launch("softmax", x)            # waits for the fit, which fails
     (state,) = policy.keys.values()
-    assert state.reason.startswith("cold (no model yet)") and \
-        policy.stats["first_fit_wait_s"] == 0
+    assert state.reason.startswith(f"the model's first fit of {model.base_size} pack rows "
+                                   "failed (RuntimeError: no fit here); cold (no model "
+                                   "yet)"), state.reason
+    assert "the policy decides without a model" in caplog.text
+    assert not model.first_fit_pending
+    waited = policy.stats["first_fit_wait_s"]
+    y = rng.standard_normal((20, 50)).astype(np.float32)
+    d.launch("softmax", y)                # a failed fit is not waited for
+    assert policy.stats["first_fit_wait_s"] == waited
+    assert policy.keys[list(policy.keys)[-1]].reason.startswith("cold (no model yet)")
