@@ -2048,6 +2048,7 @@ def test_a_first_fit_past_its_bound_or_failed_leaves_the_miss_cold(rng, monkeypa
                                    "not done after 0 s; cold (no model yet)"), state.reason
     assert "still running after 0 s: this miss decides without it" in caplog.text
 
+    monkeypatch.setattr(learned, "FIRST_FIT_WAIT_S", 30.0)
     gate = threading.Event()
 
     def broken():
