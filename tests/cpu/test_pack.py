@@ -4,9 +4,11 @@ diff, building on the host backend, resuming an interrupted build, the CLI."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import warnings
 import zlib
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -24,6 +26,8 @@ from adaptive.ops import OPS
 from adaptive.packs.build import Journal, Settings, build_pack, load_shapes
 from adaptive.policy import MeasureEach
 from adaptive.variants import Registry, default_registry, make_candidate, variant_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SOFTMAX_SRC = '''
 import numpy as np
@@ -601,8 +605,11 @@ def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them(
 def test_the_wide_preset_measures_multi_head_prefills_causal_and_not(shipped_pack_contents):
     """The shipped pack's shapes: prefill attention with as many key/value heads as query
     heads (where the flash kernels run, not SDPA alone), both causal and not; the shipped
-    pack (run S72) measured every attention input the preset draws, and only those."""
+    pack (run S72) measured every attention input the preset draws, and run S148 the causal
+    multi-head prefills of scripts/device-runs/causal_prefill_mha.json, and only those."""
     from adaptive.packs.presets import wide
+    added = json.loads((ROOT / "scripts" / "device-runs" / "causal_prefill_mha.json")
+                       .read_text())["attention"]
     a = wide()["attention"]
     mha = [c for c in a if c["dims"]["Lq"] == c["dims"]["Lk"] > 16
            and c["dims"]["Hkv"] == c["dims"]["H"]]
@@ -610,7 +617,7 @@ def test_the_wide_preset_measures_multi_head_prefills_causal_and_not(shipped_pac
     assert {c["params"]["causal"] for c in mha} == {True, False}
     built = {tuple(sorted(r.dims.items())) for r in shipped_pack_contents["h200.msgpack"].rows
              if r.op == "attention"}
-    drawn = [tuple(sorted(c["dims"].items())) for c in a]
+    drawn = [tuple(sorted(c["dims"].items())) for c in a + added]
     assert built == set(drawn)
 
 

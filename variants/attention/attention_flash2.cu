@@ -10,8 +10,12 @@
 // m16n8 matches the A layout of m16k16). exp2 with scale·log2(e) folded in (ex2.approx).
 // Causal: the mask is bottom-right aligned (row i sees keys j <= i + Lk - Lq), key tiles
 // past a CTA's last diagonal are skipped and the heaviest row blocks are issued first.
+// PAIR = 1 balances the causal triangle: a CTA serves row block nb-1-x and then row block x
+// (nb row blocks, grid ceil(nb / 2)), so every CTA reads about nb + 1 key tiles where the
+// heaviest of the unpaired grid reads nb. With few heads the unpaired grid's time is its
+// heaviest CTA's (one wave): B=1 H=16 L=1024 ran 128 CTAs of which one read 16 tiles.
 // Keys past Lk read as zero and are masked; rows past Lq are computed but never stored.
-// Config macros: HD (head dim; must equal D), BC (keys per tile), NWARPS.
+// Config macros: HD (head dim; must equal D), BC (keys per tile), NWARPS, PAIR.
 // Dynamic shared memory: (BR + 2 * BC) * (HD + 8) * 2 bytes.
 
 #include "adaptive_ptx.cuh"
@@ -24,6 +28,9 @@
 #endif
 #ifndef NWARPS
 #define NWARPS 4
+#endif
+#ifndef PAIR
+#define PAIR 0
 #endif
 #define MT 2                    // m16 tiles per warp
 #define WR (16 * MT)            // query rows per warp
@@ -78,170 +85,184 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     const T* qb = q + bh * Lq * HD;
     const T* kb = k + bh * Lk * HD;
     const T* vb = v + bh * Lk * HD;
-    // causal: the row blocks with the most key tiles are issued first
-    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-    const int cta_row0 = mb * BR;
-    const int row0 = cta_row0 + warp * WR;                   // this warp's first query row
-    const int shift = Lk - Lq;                               // causal: row i sees j <= i + shift
-    // Scores stay unscaled: max over raw s, then p = 2^(s·c - m·c) with one FFMA, where
-    // c = |scale|·log2(e) > 0 (a negative scale negates the q tile instead, exactly; a zero
-    // scale becomes a tiny one, so masked -inf · c stays -inf and the softmax stays uniform).
-    const float c_log2 = fmaxf(fabsf(scale) * 1.4426950408889634f, 1e-30f);
+    T* ob = out + bh * Lq * HD;
+#if PAIR
+    const int nb = (Lq + BR - 1) / BR, heavy = nb - 1 - (int)blockIdx.x;
+    const int passes = heavy == (int)blockIdx.x ? 1 : 2;     // the middle block of an odd nb
+#else
+    const int passes = 1;
+#endif
+    for (int pass = 0; pass < passes; ++pass) {
+#if PAIR
+        const int mb = pass == 0 ? heavy : (int)blockIdx.x;
+        if (pass) __syncthreads();          // every warp is done with the first block's q and K
+#else
+        // causal: the row blocks with the most key tiles are issued first
+        const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+#endif
+        const int cta_row0 = mb * BR;
+        const int row0 = cta_row0 + warp * WR;                   // this warp's first query row
+        const int shift = Lk - Lq;                     // causal: row i sees j <= i + shift
+        // Scores stay unscaled: max over raw s, then p = 2^(s·c - m·c) with one FFMA, where
+        // c = |scale|·log2(e) > 0 (a negative scale negates the q tile instead, exactly; a zero
+        // scale becomes a tiny one, so masked -inf · c stays -inf and the softmax stays uniform).
+        const float c_log2 = fmaxf(fabsf(scale) * 1.4426950408889634f, 1e-30f);
 
-    // Keys this CTA needs: all, or (causal) up to its last row's diagonal.
-    int kv_end = Lk;
-    if (causal) kv_end = max(0, min(Lk, cta_row0 + BR + shift));
-    const int n_tiles = (kv_end + BC - 1) / BC;
+        // Keys this CTA needs: all, or (causal) up to its last row's diagonal.
+        int kv_end = Lk;
+        if (causal) kv_end = max(0, min(Lk, cta_row0 + BR + shift));
+        const int n_tiles = (kv_end + BC - 1) / BC;
 
-    load_rows<BR>(q_s, qb, cta_row0, Lq);
-    if (n_tiles > 0) load_rows<BC>(k_s, kb, 0, Lk);
-    cp_async_commit();
-    if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
-        cp_async_wait<0>();
-        negate_rows<BR>(q_s);   // the barrier at the top of the loop publishes them
-    }
-
-    float o[MT][HD / 8][4];
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-        #pragma unroll
-        for (int i = 0; i < HD / 8; ++i)
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) o[mt][i][e] = 0.f;
-    float m_run[MT][2], l_run[MT][2];
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-        #pragma unroll
-        for (int r = 0; r < 2; ++r) { m_run[mt][r] = NEG_INF; l_run[mt][r] = 0.f; }
-
-    // per-lane ldmatrix addresses (bytes); tiles advance by constant offsets
-    const unsigned q_warp = smem_u32(q_s + (warp * WR + (lane & 15)) * LDS + (lane >> 4) * 8);
-    const unsigned k_lane = smem_u32(k_s + ((lane & 7) + ((lane >> 4) << 3)) * LDS
-                                     + ((lane >> 3) & 1) * 8);
-    const unsigned v_lane = smem_u32(v_s + (lane & 15) * LDS + (lane >> 4) * 8);
-
-    for (int jt = 0; jt < n_tiles; ++jt) {
-        const int j0 = jt * BC;
-        cp_async_wait<0>();
-        __syncthreads();                       // K(j) (and q) visible; all done with V(j-1)
-        load_rows<BC>(v_s, vb, j0, Lk);
+        load_rows<BR>(q_s, qb, cta_row0, Lq);
+        if (n_tiles > 0) load_rows<BC>(k_s, kb, 0, Lk);
         cp_async_commit();
+        if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
+            cp_async_wait<0>();
+            negate_rows<BR>(q_s);   // the barrier at the top of the loop publishes them
+        }
 
-        float s[MT][BC / 8][4];
+        float o[MT][HD / 8][4];
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
             #pragma unroll
-            for (int i = 0; i < BC / 8; ++i)
+            for (int i = 0; i < HD / 8; ++i)
                 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[mt][i][e] = 0.f;
+                for (int e = 0; e < 4; ++e) o[mt][i][e] = 0.f;
+        float m_run[MT][2], l_run[MT][2];
         #pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-            unsigned qa[MT][4];
+        for (int mt = 0; mt < MT; ++mt)
             #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qa[mt], q_warp + (mt * 16 * LDS + ks * 16) * 2);
+            for (int r = 0; r < 2; ++r) { m_run[mt][r] = NEG_INF; l_run[mt][r] = 0.f; }
+
+        // per-lane ldmatrix addresses (bytes); tiles advance by constant offsets
+        const unsigned q_warp = smem_u32(q_s + (warp * WR + (lane & 15)) * LDS + (lane >> 4) * 8);
+        const unsigned k_lane = smem_u32(k_s + ((lane & 7) + ((lane >> 4) << 3)) * LDS
+                                         + ((lane >> 3) & 1) * 8);
+        const unsigned v_lane = smem_u32(v_s + (lane & 15) * LDS + (lane >> 4) * 8);
+
+        for (int jt = 0; jt < n_tiles; ++jt) {
+            const int j0 = jt * BC;
+            cp_async_wait<0>();
+            __syncthreads();                       // K(j) (and q) visible; all done with V(j-1)
+            load_rows<BC>(v_s, vb, j0, Lk);
+            cp_async_commit();
+
+            float s[MT][BC / 8][4];
             #pragma unroll
-            for (int np = 0; np < BC / 16; ++np) {
-                unsigned bf[4];
-                ldmatrix_x4(bf, k_lane + (np * 16 * LDS + ks * 16) * 2);
+            for (int mt = 0; mt < MT; ++mt)
                 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    mma16816(s[mt][2 * np], qa[mt], bf);
-                    mma16816(s[mt][2 * np + 1], qa[mt], bf + 2);
+                for (int i = 0; i < BC / 8; ++i)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][i][e] = 0.f;
+            #pragma unroll
+            for (int ks = 0; ks < HD / 16; ++ks) {
+                unsigned qa[MT][4];
+                #pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    ldmatrix_x4(qa[mt], q_warp + (mt * 16 * LDS + ks * 16) * 2);
+                #pragma unroll
+                for (int np = 0; np < BC / 16; ++np) {
+                    unsigned bf[4];
+                    ldmatrix_x4(bf, k_lane + (np * 16 * LDS + ks * 16) * 2);
+                    #pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma16816(s[mt][2 * np], qa[mt], bf);
+                        mma16816(s[mt][2 * np + 1], qa[mt], bf + 2);
+                    }
+                }
+            }
+
+            // mask, online softmax update, P to 16-bit A fragments (rows g and g + 8 per tile)
+            const bool edge = (j0 + BC > Lk) || (causal && j0 + BC - 1 > row0 + shift);
+            unsigned pk[MT][BC / 8][2];
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float mx[2] = {NEG_INF, NEG_INF};
+                #pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt) {
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        float x = s[mt][nt][e];
+                        if (edge) {
+                            const int key = j0 + nt * 8 + 2 * t + (e & 1);
+                            const int row = row0 + mt * 16 + g + (e >> 1) * 8;
+                            if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
+                        }
+                        s[mt][nt][e] = x;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+                    }
+                }
+                float alpha[2];
+                #pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                    const float m_new = fmaxf(m_run[mt][r], mx[r]);
+                    const float m_use = m_new == NEG_INF ? 0.f : m_new;   // row fully masked so far
+                    alpha[r] = ex2((m_run[mt][r] - m_use) * c_log2);
+                    m_run[mt][r] = m_new;
+                    mx[r] = -m_use * c_log2;            // p = 2^(s·c + mx)
+                    l_run[mt][r] *= alpha[r];
+                }
+                #pragma unroll
+                for (int nt = 0; nt < BC / 8; ++nt) {
+                    const float p0 = ex2(fmaf(s[mt][nt][0], c_log2, mx[0]));
+                    const float p1 = ex2(fmaf(s[mt][nt][1], c_log2, mx[0]));
+                    const float p2 = ex2(fmaf(s[mt][nt][2], c_log2, mx[1]));
+                    const float p3 = ex2(fmaf(s[mt][nt][3], c_log2, mx[1]));
+                    l_run[mt][0] += p0 + p1;
+                    l_run[mt][1] += p2 + p3;
+                    pk[mt][nt][0] = pack2(p0, p1);
+                    pk[mt][nt][1] = pack2(p2, p3);
+                }
+                // rescale the output only when some row's max moved (late tiles rarely move it)
+                if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+                    #pragma unroll
+                    for (int dt = 0; dt < HD / 8; ++dt) {
+                        o[mt][dt][0] *= alpha[0]; o[mt][dt][1] *= alpha[0];
+                        o[mt][dt][2] *= alpha[1]; o[mt][dt][3] *= alpha[1];
+                    }
+                }
+            }
+
+            cp_async_wait<0>();
+            __syncthreads();                       // V(j) visible; every warp is done with K(j)
+            if (jt + 1 < n_tiles) load_rows<BC>(k_s, kb, j0 + BC, Lk);
+            cp_async_commit();
+
+            #pragma unroll
+            for (int kk = 0; kk < BC / 16; ++kk) {
+                #pragma unroll
+                for (int dp = 0; dp < HD / 16; ++dp) {
+                    unsigned bf[4];
+                    ldmatrix_x4_trans(bf, v_lane + (kk * 16 * LDS + dp * 16) * 2);
+                    #pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        const unsigned pf[4] = {pk[mt][2 * kk][0], pk[mt][2 * kk][1],
+                                                pk[mt][2 * kk + 1][0], pk[mt][2 * kk + 1][1]};
+                        mma16816(o[mt][2 * dp], pf, bf);
+                        mma16816(o[mt][2 * dp + 1], pf, bf + 2);
+                    }
                 }
             }
         }
+        cp_async_wait<0>();
 
-        // mask, online softmax update, P to 16-bit A fragments (rows g and g + 8 per tile)
-        const bool edge = (j0 + BC > Lk) || (causal && j0 + BC - 1 > row0 + shift);
-        unsigned pk[MT][BC / 8][2];
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            float mx[2] = {NEG_INF, NEG_INF};
-            #pragma unroll
-            for (int nt = 0; nt < BC / 8; ++nt) {
-                #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float x = s[mt][nt][e];
-                    if (edge) {
-                        const int key = j0 + nt * 8 + 2 * t + (e & 1);
-                        const int row = row0 + mt * 16 + g + (e >> 1) * 8;
-                        if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
-                    }
-                    s[mt][nt][e] = x;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], x);
-                }
-            }
-            float alpha[2];
             #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float m_new = fmaxf(m_run[mt][r], mx[r]);
-                const float m_use = m_new == NEG_INF ? 0.f : m_new;   // row fully masked so far
-                alpha[r] = ex2((m_run[mt][r] - m_use) * c_log2);
-                m_run[mt][r] = m_new;
-                mx[r] = -m_use * c_log2;            // p = 2^(s·c + mx)
-                l_run[mt][r] *= alpha[r];
-            }
-            #pragma unroll
-            for (int nt = 0; nt < BC / 8; ++nt) {
-                const float p0 = ex2(fmaf(s[mt][nt][0], c_log2, mx[0]));
-                const float p1 = ex2(fmaf(s[mt][nt][1], c_log2, mx[0]));
-                const float p2 = ex2(fmaf(s[mt][nt][2], c_log2, mx[1]));
-                const float p3 = ex2(fmaf(s[mt][nt][3], c_log2, mx[1]));
-                l_run[mt][0] += p0 + p1;
-                l_run[mt][1] += p2 + p3;
-                pk[mt][nt][0] = pack2(p0, p1);
-                pk[mt][nt][1] = pack2(p2, p3);
-            }
-            // rescale the output only when some row's max moved (late tiles rarely move it)
-            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+                float l = l_run[mt][r];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                const float inv = l > 0.f ? 1.f / l : 0.f;
+                const int row = row0 + mt * 16 + g + r * 8;
+                if (row >= Lq) continue;
                 #pragma unroll
                 for (int dt = 0; dt < HD / 8; ++dt) {
-                    o[mt][dt][0] *= alpha[0]; o[mt][dt][1] *= alpha[0];
-                    o[mt][dt][2] *= alpha[1]; o[mt][dt][3] *= alpha[1];
+                    *reinterpret_cast<unsigned*>(ob + (size_t)row * HD + dt * 8 + 2 * t) =
+                        pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
                 }
-            }
-        }
-
-        cp_async_wait<0>();
-        __syncthreads();                       // V(j) visible; every warp is done with K(j)
-        if (jt + 1 < n_tiles) load_rows<BC>(k_s, kb, j0 + BC, Lk);
-        cp_async_commit();
-
-        #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) {
-            #pragma unroll
-            for (int dp = 0; dp < HD / 16; ++dp) {
-                unsigned bf[4];
-                ldmatrix_x4_trans(bf, v_lane + (kk * 16 * LDS + dp * 16) * 2);
-                #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    const unsigned pf[4] = {pk[mt][2 * kk][0], pk[mt][2 * kk][1],
-                                            pk[mt][2 * kk + 1][0], pk[mt][2 * kk + 1][1]};
-                    mma16816(o[mt][2 * dp], pf, bf);
-                    mma16816(o[mt][2 * dp + 1], pf, bf + 2);
-                }
-            }
-        }
-    }
-    cp_async_wait<0>();
-
-    T* ob = out + bh * Lq * HD;
-    #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = l_run[mt][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int row = row0 + mt * 16 + g + r * 8;
-            if (row >= Lq) continue;
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                *reinterpret_cast<unsigned*>(ob + (size_t)row * HD + dt * 8 + 2 * t) =
-                    pack2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
             }
         }
     }

@@ -1,0 +1,131 @@
+"""Probe: causal prefill attention, device time of SDPA, flash2_mma and flash2_pair_mma.
+
+Contention's attention prefill (B=1 H=16 1024² D=128 causal) ran 1.6-1.7x SDPA's device
+time on flash2_mma in every run (S142-S147): 128 CTAs of 128 query rows in one wave, so
+the kernel takes as long as its heaviest CTA, which reads all 16 key tiles while the
+lightest reads 1. flash2_pair_mma gives each CTA the heaviest row block and the lightest.
+Per input: SDPA as a torch program calls it (``F.scaled_dot_product_attention``, where its
+causal mask is ours: Lq == Lk) and through the dispatcher (``sdpa_torch``), and every
+config of the two flash kernels; the best of each and the ratios. Device time: CUDA events
+around ``--calls`` launches queued behind a sleep kernel (so the host's issuing is not
+timed), median over ``--reps``. Each flash result is checked against SDPA's.
+
+    PYTHONPATH=$PWD python3 benchmarks/probe_causal_prefill.py            # H200, ~30 s
+    PYTHONPATH=$PWD python3 benchmarks/probe_causal_prefill.py --dry-run  # the candidates
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (B, H, Lq, Lk, D, dtype): contention's input first
+CASES = [(1, 16, 1024, 1024, 128, "float16"), (1, 16, 1024, 1024, 128, "bfloat16"),
+         (2, 4, 1024, 1024, 64, "float16"), (1, 32, 2048, 2048, 128, "float16"),
+         (4, 32, 512, 512, 128, "float16"), (1, 8, 4096, 4096, 128, "float16"),
+         (8, 32, 256, 256, 64, "float16"), (1, 32, 512, 2048, 128, "float16"),
+         (1, 16, 998, 998, 64, "float16")]
+FLASH = ("flash2_mma", "flash2_pair_mma")
+
+
+def candidates(registry, case) -> dict[str, list[dict]]:
+    """variant name -> the configs of it that fit ``case`` (causal)."""
+    import numpy as np
+
+    from adaptive.limits import SM90
+    from adaptive.ops import get_op
+    b, h, lq, lk, d, dtype = case
+    args = (np.zeros((b, h, lq, d), dtype if dtype != "bfloat16" else "float16"),
+            *(np.zeros((b, h, lk, d), "float16"),) * 2)
+    scope = {**get_op("attention").problem(args, {"causal": True}).scope(), "dtype": dtype}
+    out = {}
+    for name in FLASH:
+        v = registry.get("attention", name)
+        out[name] = [c for c in v.space.configs(SM90) if v.fits(scope, c)]
+    return out
+
+
+def device_us(fn, calls: int, reps: int) -> float:
+    """Median device us a call: ``calls`` launches between two events, queued behind a
+    sleep kernel so the events time the device, not the host's issuing."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(3_000_000)                 # ~1.5 ms of queue ahead of the host
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--dry-run", action="store_true", help="list the candidates, time nothing")
+    args = p.parse_args(argv)
+    from adaptive.dispatch import Dispatcher
+    from adaptive.policy import MeasureEach
+    d = Dispatcher("host" if args.dry_run else "cuda", policy=MeasureEach())
+    for case in CASES:
+        cands = candidates(d.registry, case)
+        label = "B={} H={} Lq={} Lk={} D={} {}".format(*case)
+        if args.dry_run:
+            print(label, {n: len(c) for n, c in cands.items()})
+            continue
+        import torch
+        import torch.nn.functional as F
+        b, h, lq, lk, dim, dtype = case
+        tdt = getattr(torch, dtype)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q = torch.randn(b, h, lq, dim, device="cuda", dtype=tdt, generator=gen)
+        k, v = (torch.randn(b, h, lk, dim, device="cuda", dtype=tdt, generator=gen)
+                for _ in range(2))
+        out = torch.empty_like(q)
+        ref = d.launch("attention", q, k, v, variant="sdpa_torch", causal=True)
+        rows = [("sdpa_torch (dispatcher)", {}, device_us(
+            lambda: d.launch("attention", q, k, v, out=out, variant="sdpa_torch",
+                             causal=True), args.calls, args.reps))]
+        if lq == lk:
+            rows.append(("F.scaled_dot_product_attention", {}, device_us(
+                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                args.calls, args.reps)))
+        for name, configs in cands.items():
+            for c in configs:
+                def run(name=name, c=c):
+                    d.launch("attention", q, k, v, out=out, variant=name, config=c,
+                             causal=True)
+                t = device_us(run, args.calls, args.reps)
+                run()
+                err = float((out.float() - ref.float()).abs().max())
+                if err > 2e-2:
+                    raise SystemExit(f"{label} {name} {c}: max |diff| to SDPA {err:.3g}")
+                rows.append((name, c, t))
+        sdpa = min(t for n, _, t in rows if "sdpa" in n.lower() or "scaled" in n)
+        best = {n: min((r for r in rows if r[0] == n), key=lambda r: r[2], default=None)
+                for n in FLASH}
+        print(f"{label}: sdpa {sdpa:.1f} us", end="")
+        for n, r in best.items():
+            if r is not None:
+                print(f" | {n} {r[2]:.1f} us ({r[2] / sdpa:.3f}x sdpa) {r[1]}", end="")
+        if all(best.values()):
+            print(f" | pair/unpaired {best[FLASH[1]][2] / best[FLASH[0]][2]:.3f}", end="")
+        print(flush=True)
+        for n, c, t in rows:
+            print(f"    {n} {c} {t:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

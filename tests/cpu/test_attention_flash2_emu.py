@@ -1,0 +1,153 @@
+"""attention_flash2.cu itself, run on the CPU (as test_attention_splitkv_emu.py runs the
+split-KV kernels: the PTX helpers emulated by tests/cpu/ptx_emu.h, the rest compiled by g++
+as written, launched on the manifest's grid and block) against the float64 reference.
+
+flash2_pair_mma (PAIR = 1) serves two row blocks a CTA, the heaviest of the causal triangle
+first: an even count of row blocks, an odd one (the middle block alone), a partial last
+block, bottom-right causal limits with Lq < Lk, a negative scale (the q tile negated again
+in the second block), large logits. flash2_mma (PAIR = 0) is run beside it on the same
+inputs: the unpaired grid must give the same results as before. The memory model is not
+emulated (copies land at issue): a missing barrier between the two blocks can pass here."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cuda_emu  # noqa: E402
+from adaptive.expr import compile_expr  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
+from adaptive.ops import get_op  # noqa: E402
+from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
+
+FOLDER = builtin_folder() / "attention"
+
+EXTRA = r"""
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+static int emu_votes[1024];
+inline bool __any_sync(unsigned, bool p) {
+    const int t = emu_tid(), base = t & ~31;
+    emu_votes[t] = p;
+    emu_warp_sync();
+    bool any = false;
+    for (int i = 0; i < 32 && base + i < (int)(blockDim.x * blockDim.y * blockDim.z); ++i)
+        any = any || emu_votes[base + i];
+    emu_warp_sync();
+    return any;
+}
+#define T __half
+"""
+
+WRAPPER = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const __half* q, "
+           "const __half* k, const __half* v, __half* out, int Lq, int Lk, float scale, "
+           "int causal) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
+           "attention_flash2(q, k, v, out, Lq, Lk, scale, causal); });\n}\n")
+
+PAIRED = {"HD": 64, "BC": 32, "NWARPS": 2, "PAIR": 1}
+UNPAIRED = {"HD": 64, "BC": 32, "NWARPS": 4}
+CONFIGS = {"flash2_pair_mma": PAIRED, "flash2_mma": UNPAIRED}
+
+
+def _variant(name: str):
+    (v,) = [v for v in load_manifest(FOLDER / "manifest.toml") if v.name == name]
+    return v
+
+
+def emu_jobs(folder: Path) -> dict:
+    """Each variant's config the cases use: its library -> (source, g++ flags)."""
+    text = (cuda_emu.HEADER + cuda_emu.PTX + EXTRA
+            + cuda_emu.kernel_source(FOLDER / "attention_flash2.cu") + "\n" + WRAPPER)
+    return {folder / f"flash2_{i}.so": (text, [f"-D{k}={v}" for k, v in config.items()])
+            for i, config in enumerate(CONFIGS.values())}
+
+
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=20.0)
+
+
+@pytest.fixture(scope="module")
+def kernels(background):
+    """variant name -> emu_run, compiled once in the background."""
+    libs = cuda_emu.built(background, __file__, emu_jobs)
+    out = {}
+    for name, lib in zip(CONFIGS, libs):
+        fn = ctypes.CDLL(str(lib)).emu_run
+        fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 + \
+            [ctypes.c_float, ctypes.c_int]
+        out[name] = fn
+    return out
+
+
+def _scope(q, k, causal, scale=None, dtype=None):
+    args = (q, k, k)
+    scope = get_op("attention").problem(args, {"causal": causal, "scale": scale}).scope()
+    return {**scope, **({"dtype": dtype} if dtype else {})}
+
+
+def _launch(fn, name, q, k, v, causal, scale):
+    variant, config = _variant(name), CONFIGS[name]
+    assert config in variant.space.configs(SM90), config
+    scope = {**_scope(q, k, causal, scale), **config, **SM90}
+    assert variant.fits(scope, config), variant.why_not(scope, config)
+    ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
+    grid = [ev(e) for e in variant.launch["grid"]]
+    (block,) = [ev(e) for e in variant.launch["block"]]
+    assert ev(variant.launch["shared_bytes"]) <= 240 * 1024      # the emulator's arena
+    b, h, lq, d = q.shape
+    s = 1.0 / np.sqrt(d) if scale is None else scale
+    out = np.full(q.shape, np.nan, np.float16)
+    fn(grid[0], grid[1], block, q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
+       lq, k.shape[2], s, int(causal))
+    return out, grid
+
+
+CASES = [  # (B, H, Lq, Lk), causal, scale, magnitude of q and k; row blocks of 64 rows
+    ((1, 2, 256, 256), True, None, 1.0),     # 4 row blocks: CTAs serve (3, 0) and (2, 1)
+    ((2, 1, 150, 230), True, -0.2, 1.0),     # 3 blocks, the last partial: (2, 0), then 1
+    # alone; the causal limit shifted by Lk - Lq = 80; a negative scale in both blocks
+    ((1, 2, 130, 130), True, 0.3, 20.0),     # large logits (scores in the hundreds)
+]
+
+
+@pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
+@pytest.mark.parametrize("dims,causal,scale,magnitude", CASES,
+                         ids=["even-blocks", "odd-blocks-shifted-negative-scale",
+                              "large-logits"])
+def test_paired_kernel_emulated_against_float64(kernels, rng, dims, causal, scale, magnitude):
+    b, h, lq, lk = dims
+    d = PAIRED["HD"]
+    q = (rng.standard_normal((b, h, lq, d)) * magnitude).astype(np.float16)
+    k = (rng.standard_normal((b, h, lk, d)) * 1.5 * magnitude).astype(np.float16)
+    v = rng.standard_normal((b, h, lk, d)).astype(np.float16)
+    want = get_op("attention").reference(q, k, v, causal=causal, scale=scale)
+    scale_of = np.abs(want).max()
+    got, grid = _launch(kernels["flash2_pair_mma"], "flash2_pair_mma", q, k, v, causal, scale)
+    blocks = -(-lq // 64)
+    assert grid == [-(-blocks // 2), b * h], f"{blocks} row blocks in pairs: grid {grid}"
+    assert not np.isnan(got).any(), "elements left unwritten (or NaN)"
+    err = np.abs(got.astype(np.float64) - want).max() / scale_of
+    assert err < 4e-3, f"flash2_pair_mma {dims} causal={causal}: rel. error {err:.3g} " \
+        f"(grid {grid})"
+    plain, _ = _launch(kernels["flash2_mma"], "flash2_mma", q, k, v, causal, scale)
+    err_plain = np.abs(plain.astype(np.float64) - want).max() / scale_of
+    assert err_plain < 4e-3, f"flash2_mma {dims}: rel. error {err_plain:.3g}"
+
+
+def test_paired_variant_claims_causal_inputs_of_two_row_blocks_or_more():
+    """requires: causal, and more query rows than one row block (with one block the pairing
+    is the unpaired kernel: the same candidate twice); the unpaired variant serves both."""
+    pair, plain = _variant("flash2_pair_mma"), _variant("flash2_mma")
+    q = np.zeros((1, 2, 129, 64), np.float16)
+    k = np.zeros((1, 2, 300, 64), np.float16)
+    for config in ({**PAIRED, "NWARPS": 2}, {**PAIRED, "NWARPS": 4}):
+        assert pair.fits(_scope(q, k, True), config)
+        assert not pair.fits(_scope(q, k, False), config), "not causal: nothing to balance"
+    assert not pair.fits(_scope(q, k, True), {**PAIRED, "NWARPS": 8}), "129 rows: one block"
+    assert not pair.fits(_scope(q, k, True, dtype="float32"), PAIRED)
+    assert plain.fits(_scope(q, k, False), UNPAIRED) and plain.fits(_scope(q, k, True),
+                                                                   UNPAIRED)
