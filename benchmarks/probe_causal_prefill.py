@@ -1,9 +1,11 @@
-"""Probe: causal prefill attention, device time of SDPA, flash2_mma and flash2_pair_mma.
+"""Probe: causal prefill attention, device time of SDPA and the flash2 kernels.
 
 Contention's attention prefill (B=1 H=16 1024² D=128 causal) ran 1.6-1.7x SDPA's device
 time on flash2_mma in every run (S142-S147): 128 CTAs of 128 query rows in one wave, so
 the kernel takes as long as its heaviest CTA, which reads all 16 key tiles while the
-lightest reads 1. flash2_pair_mma gives each CTA the heaviest row block and the lightest.
+lightest reads 1. flash2_pair_mma gives each CTA the heaviest row block and the lightest
+(S148: pays on several waves, not on one); flash2_ksplit_mma splits a row block's keys
+between two warp groups (half the heaviest CTA's serial chain), paired or not.
 Per input: SDPA as a torch program calls it (``F.scaled_dot_product_attention``, where its
 causal mask is ours: Lq == Lk) and through the dispatcher (``sdpa_torch``), and every
 config of the two flash kernels; the best of each and the ratios. Device time: CUDA events
@@ -30,7 +32,7 @@ CASES = [(1, 16, 1024, 1024, 128, "float16"), (1, 16, 1024, 1024, 128, "bfloat16
          (4, 32, 512, 512, 128, "float16"), (1, 8, 4096, 4096, 128, "float16"),
          (8, 32, 256, 256, 64, "float16"), (1, 32, 512, 2048, 128, "float16"),
          (1, 16, 998, 998, 64, "float16")]
-FLASH = ("flash2_mma", "flash2_pair_mma")
+FLASH = ("flash2_mma", "flash2_pair_mma", "flash2_ksplit_mma")
 
 
 def candidates(registry, case) -> dict[str, list[dict]]:
@@ -119,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         for n, r in best.items():
             if r is not None:
                 print(f" | {n} {r[2]:.1f} us ({r[2] / sdpa:.3f}x sdpa) {r[1]}", end="")
-        if all(best.values()):
-            print(f" | pair/unpaired {best[FLASH[1]][2] / best[FLASH[0]][2]:.3f}", end="")
+        for n in FLASH[1:]:
+            if best[n] is not None and best[FLASH[0]] is not None:
+                print(f" | {n.split('_')[1]}/unpaired {best[n][2] / best[FLASH[0]][2]:.3f}",
+                      end="")
         print(flush=True)
         for n, c, t in rows:
             print(f"    {n} {c} {t:.1f} us")

@@ -92,9 +92,12 @@ def fill_failures(pack: Pack, donors: Sequence[Pack]) -> tuple[Pack, list[Mappin
 def adopt(pack: Pack, registered: Iterable[Variant], ids: Sequence[str]) -> Pack:
     """``pack`` with the variants ``ids`` ("op/name") replaced by their ``registered``
     records, rows kept: for a variant whose file changed around a function whose measured
-    work did not (a helper moved out, an entry added for another caller), so the pack's
-    rows of it are not dropped as another variant's. The header's ``build`` lists what was
-    adopted, from which source hash to which. Every id must be in the pack and registered."""
+    work did not (a helper moved out, an entry added for another caller, a space narrowed
+    to the configs that measured best), so the pack's rows of it are not dropped as another
+    variant's. Rows and cubins of a config the registered space no longer holds are
+    dropped (they would describe no candidate). The header's ``build`` lists what was
+    adopted, from which source hash to which, and how many rows were dropped. Every id must
+    be in the pack and registered."""
     mine = {v.id: v for v in pack.variants}
     theirs = {v.id: v for v in registered}
     for vid in ids:
@@ -103,12 +106,23 @@ def adopt(pack: Pack, registered: Iterable[Variant], ids: Sequence[str]) -> Pack
                              f"{', '.join(sorted(mine))}")
         if vid not in theirs:
             raise ValueError(f"adopt: {vid} is not a registered variant")
-    adopted = [{"variant": vid, "from": mine[vid].source_hash, "to": theirs[vid].source_hash}
+
+    def held(variant_id: str, config: Mapping) -> bool:
+        if variant_id not in ids:
+            return True
+        space = dict(theirs[variant_id].space.params)
+        return all(k in space and v in space[k] for k, v in config.items()) and \
+            set(space) <= set(config)
+    rows = [r for r in pack.rows if held(f"{r.op}/{r.variant}", r.config)]
+    cubins = [c for c in pack.cubins if held(c.variant, c.config)]
+    adopted = [{"variant": vid, "from": mine[vid].source_hash, "to": theirs[vid].source_hash,
+                "rows_dropped": sum(1 for r in pack.rows if f"{r.op}/{r.variant}" == vid
+                                    and not held(vid, r.config))}
                for vid in ids]
     variants = [theirs[v.id] if v.id in ids else v for v in pack.variants]
     build = dict(pack.header.get("build", {}))
     build["adopted"] = list(build.get("adopted", [])) + adopted
-    return new_pack(variants, pack.rows, pack.fingerprint, pack.cubins, pack.failures, build,
+    return new_pack(variants, rows, pack.fingerprint, cubins, pack.failures, build,
                     created_s=pack.header.get("created_s"))
 
 

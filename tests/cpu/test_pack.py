@@ -653,7 +653,16 @@ def test_adopt_takes_the_registered_record_and_keeps_the_rows(tmp_path, capsys):
     assert got.variants == (new,) and got.rows == pack.rows
     assert got.header["build"]["adopted"] == [{"variant": "softmax/pack_softmax",
                                                "from": old.source_hash,
-                                               "to": new.source_hash}]
+                                               "to": new.source_hash, "rows_dropped": 0}]
+    # a space narrowed to rows=2: the rows and cubins of rows=1 go, the others stay
+    narrowed = variant_from_dict({**new.to_dict(), "space": {"rows": [2]}}, "softmax")
+    pack1 = packs.new_pack([old], [_row(), _row(time_ms=0.7, cfg={"rows": 2})], HOST_FP,
+                           [_cubin(), dataclasses.replace(_cubin(), key="cd" * 32,
+                                                          config={"rows": 2})])
+    got = compare.adopt(pack1, [narrowed], ["softmax/pack_softmax"])
+    assert [r.config for r in got.rows] == [{"rows": 2}]
+    assert [c.config for c in got.cubins] == [{"rows": 2}]
+    assert got.header["build"]["adopted"][0]["rows_dropped"] == 1
     with pytest.raises(ValueError, match=r"softmax/other has no record in the pack; it has "
                                          r"softmax/pack_softmax"):
         compare.adopt(pack, [new], ["softmax/other"])

@@ -14,8 +14,15 @@
 // (nb row blocks, grid ceil(nb / 2)), so every CTA reads about nb + 1 key tiles where the
 // heaviest of the unpaired grid reads nb. With few heads the unpaired grid's time is its
 // heaviest CTA's (one wave): B=1 H=16 L=1024 ran 128 CTAs of which one read 16 tiles.
+// KSPLIT = 2 splits each row block's keys between two warp groups (NWARPS warps each over
+// the same BR rows): a step stages 2 * BC keys, group g takes tiles g, g + 2, ...; at the end
+// group 1 hands its (m, l, o) to group 0 through shared memory, which merges and stores.
+// It halves the serial chain of a row block (one wave of CTAs runs as long as its
+// heaviest: B=1 H=16 1024² causal, 128 CTAs, the last rows' 16 key tiles) and doubles the
+// warps an SM has to hide latency with.
 // Keys past Lk read as zero and are masked; rows past Lq are computed but never stored.
-// Config macros: HD (head dim; must equal D), BC (keys per tile), NWARPS, PAIR.
+// Config macros: HD (head dim; must equal D), BC (keys per tile), NWARPS (warps over the
+// rows), PAIR, KSPLIT.
 // Dynamic shared memory: (BR + 2 * BC) * (HD + 8) * 2 bytes.
 
 #include "adaptive_ptx.cuh"
@@ -32,10 +39,24 @@
 #ifndef PAIR
 #define PAIR 0
 #endif
+#ifndef KSPLIT
+#define KSPLIT 1
+#endif
 #define MT 2                    // m16 tiles per warp
 #define WR (16 * MT)            // query rows per warp
 #define BR (WR * NWARPS)        // query rows per CTA
-#define NTHREADS (NWARPS * 32)
+#define NTHREADS (NWARPS * KSPLIT * 32)
+#define KT (KSPLIT * BC)        // keys staged a step: BC for each warp group
+static_assert(KSPLIT == 1 || KSPLIT == 2, "one or two warp groups over the keys");
+// The first key of a warp group's BC keys in the step starting at key j0. A group whose
+// keys all lie past the CTA's last needed key computes them masked beside the other group
+// (no branch: the step lasts as long either way). (A macro: with KSPLIT = 1 the kernel's
+// text is flash2_mma's as measured; a variable naming j0 again changed ptxas' schedule.)
+#if KSPLIT > 1
+#define KEY0(j0) ((j0) + grp * BC)
+#else
+#define KEY0(j0) (j0)
+#endif
 #define LDS (HD + 8)            // padded rows: conflict-free ldmatrix and cp.async
 #define NEG_INF (-__int_as_float(0x7f800000))
 
@@ -78,8 +99,14 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
     extern __shared__ __align__(16) unsigned char smem_raw[];
     T* q_s = reinterpret_cast<T*>(smem_raw);
     T* k_s = q_s + BR * LDS;
-    T* v_s = k_s + BC * LDS;
+    T* v_s = k_s + KT * LDS;
+#if KSPLIT > 1
+    // warp: its rows (warp % NWARPS); grp: its half of each step's keys (warp / NWARPS)
+    const int warp = (threadIdx.x >> 5) % NWARPS, grp = (threadIdx.x >> 5) / NWARPS;
+    const int lane = threadIdx.x & 31;
+#else
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#endif
     const int g = lane >> 2, t = lane & 3;
     const size_t bh = blockIdx.y;
     const T* qb = q + bh * Lq * HD;
@@ -111,10 +138,10 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
         // Keys this CTA needs: all, or (causal) up to its last row's diagonal.
         int kv_end = Lk;
         if (causal) kv_end = max(0, min(Lk, cta_row0 + BR + shift));
-        const int n_tiles = (kv_end + BC - 1) / BC;
+        const int n_tiles = (kv_end + KT - 1) / KT;             // steps of KT keys
 
         load_rows<BR>(q_s, qb, cta_row0, Lq);
-        if (n_tiles > 0) load_rows<BC>(k_s, kb, 0, Lk);
+        if (n_tiles > 0) load_rows<KT>(k_s, kb, 0, Lk);
         cp_async_commit();
         if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
             cp_async_wait<0>();
@@ -136,15 +163,22 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
         // per-lane ldmatrix addresses (bytes); tiles advance by constant offsets
         const unsigned q_warp = smem_u32(q_s + (warp * WR + (lane & 15)) * LDS + (lane >> 4) * 8);
-        const unsigned k_lane = smem_u32(k_s + ((lane & 7) + ((lane >> 4) << 3)) * LDS
+#if KSPLIT > 1
+        T* const k_g = k_s + grp * BC * LDS;                     // this group's keys
+        T* const v_g = v_s + grp * BC * LDS;
+#else
+        T* const k_g = k_s;
+        T* const v_g = v_s;
+#endif
+        const unsigned k_lane = smem_u32(k_g + ((lane & 7) + ((lane >> 4) << 3)) * LDS
                                          + ((lane >> 3) & 1) * 8);
-        const unsigned v_lane = smem_u32(v_s + (lane & 15) * LDS + (lane >> 4) * 8);
+        const unsigned v_lane = smem_u32(v_g + (lane & 15) * LDS + (lane >> 4) * 8);
 
         for (int jt = 0; jt < n_tiles; ++jt) {
-            const int j0 = jt * BC;
+            const int j0 = jt * KT;
             cp_async_wait<0>();
             __syncthreads();                       // K(j) (and q) visible; all done with V(j-1)
-            load_rows<BC>(v_s, vb, j0, Lk);
+            load_rows<KT>(v_s, vb, j0, Lk);
             cp_async_commit();
 
             float s[MT][BC / 8][4];
@@ -173,7 +207,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             }
 
             // mask, online softmax update, P to 16-bit A fragments (rows g and g + 8 per tile)
-            const bool edge = (j0 + BC > Lk) || (causal && j0 + BC - 1 > row0 + shift);
+            const bool edge = (KEY0(j0) + BC > Lk) || (causal && KEY0(j0) + BC - 1 > row0 + shift);
             unsigned pk[MT][BC / 8][2];
             #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
@@ -184,7 +218,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
                     for (int e = 0; e < 4; ++e) {
                         float x = s[mt][nt][e];
                         if (edge) {
-                            const int key = j0 + nt * 8 + 2 * t + (e & 1);
+                            const int key = KEY0(j0) + nt * 8 + 2 * t + (e & 1);
                             const int row = row0 + mt * 16 + g + (e >> 1) * 8;
                             if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
                         }
@@ -227,7 +261,7 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
 
             cp_async_wait<0>();
             __syncthreads();                       // V(j) visible; every warp is done with K(j)
-            if (jt + 1 < n_tiles) load_rows<BC>(k_s, kb, j0 + BC, Lk);
+            if (jt + 1 < n_tiles) load_rows<KT>(k_s, kb, j0 + KT, Lk);
             cp_async_commit();
 
             #pragma unroll
@@ -247,6 +281,56 @@ attention_flash2(const T* __restrict__ q, const T* __restrict__ k, const T* __re
             }
         }
         cp_async_wait<0>();
+#if KSPLIT > 1
+        // Group 1 hands its (o, m, l) to group 0 lane for lane (a lane holds the same rows and
+        // columns in both groups), float i of a lane at x[i * XS]; q, K and V are done with,
+        // so their space holds it. Group 0 merges: m = max(m0, m1), each side scaled by
+        // 2^((m_g - m)·c) (0 for a side that saw no key), then stores as one group would.
+        {
+            constexpr int XO = MT * (HD / 8) * 4, XS = NWARPS * 32;
+            static_assert((XO + MT * 4) * XS * 4 <= (BR + 2 * KT) * LDS * 2,
+                          "the merge fits in the kernel's shared memory");
+            float* x = reinterpret_cast<float*>(smem_raw) + warp * 32 + lane;
+            __syncthreads();                   // every warp is done with q, K and V
+            if (grp == 1) {
+                #pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    #pragma unroll
+                    for (int dt = 0; dt < HD / 8; ++dt)
+                        #pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            x[((mt * (HD / 8) + dt) * 4 + e) * XS] = o[mt][dt][e];
+                    #pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        x[(XO + (mt * 2 + r) * 2) * XS] = m_run[mt][r];
+                        x[(XO + (mt * 2 + r) * 2 + 1) * XS] = l_run[mt][r];
+                    }
+                }
+            }
+            __syncthreads();
+            if (grp == 1) continue;            // group 0 stores
+            #pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                float a0[2], a1[2];
+                #pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const float m1 = x[(XO + (mt * 2 + r) * 2) * XS];
+                    const float l1 = x[(XO + (mt * 2 + r) * 2 + 1) * XS];
+                    const float m = fmaxf(m_run[mt][r], m1);
+                    const float mu = m == NEG_INF ? 0.f : m;
+                    a0[r] = ex2((m_run[mt][r] - mu) * c_log2);
+                    a1[r] = ex2((m1 - mu) * c_log2);
+                    l_run[mt][r] = l_run[mt][r] * a0[r] + l1 * a1[r];
+                }
+                #pragma unroll
+                for (int dt = 0; dt < HD / 8; ++dt)
+                    #pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        o[mt][dt][e] = o[mt][dt][e] * a0[e >> 1]
+                                       + x[((mt * (HD / 8) + dt) * 4 + e) * XS] * a1[e >> 1];
+            }
+        }
+#endif
 
         #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
