@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# run S152 (not run yet; about 330 s plus the start, a fresh machine): long-burst's tuning
+# runs (10.7-11.1% in S149 and S151, bar 10%) against a lower race ratio: selection with the
+# default policy, then with race_ratio=1.3 (a candidate whose one sample is over 1.3x the
+# leader's median timed no further; S151's samples put the saving at up to 27-30 timed calls
+# of long-burst's 267-277), in one run; contention again (S150 met four of five)
+source "$(dirname "$0")/setup.sh"
+export PYTHONFAULTHANDLER=1
+selection_second 170
+selection 170 --learned race_ratio=1.3
+contention 110
+rm -f "$OUT/contention.json"
