@@ -210,6 +210,26 @@ template <class F> void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsign
 """
 
 PTX = '#line 1 "ptx_emu.h"\n' + (Path(__file__).with_name("ptx_emu.h")).read_text()
+
+# After PTX, for the fp16 attention kernels (split-KV, flash2): ``__launch_bounds__``
+# dropped, ``__any_sync`` over the calling thread's warp, ``T`` as ``__half``.
+VOTE_HALF = r"""
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+static int emu_votes[1024];
+inline bool __any_sync(unsigned, bool p) {
+    const int t = emu_tid(), base = t & ~31;
+    emu_votes[t] = p;
+    emu_warp_sync();
+    bool any = false;
+    for (int i = 0; i < 32 && base + i < (int)(blockDim.x * blockDim.y * blockDim.z); ++i)
+        any = any || emu_votes[base + i];
+    emu_warp_sync();
+    return any;
+}
+#define T __half
+"""
+
 _INCLUDE = '#include "adaptive_ptx.cuh"'
 _SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
 

@@ -31,23 +31,6 @@ from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
 
 FOLDER = builtin_folder() / "attention"
 
-EXTRA = r"""
-#undef __launch_bounds__
-#define __launch_bounds__(...)
-static int emu_votes[1024];
-inline bool __any_sync(unsigned, bool p) {
-    const int t = emu_tid(), base = t & ~31;
-    emu_votes[t] = p;
-    emu_warp_sync();
-    bool any = false;
-    for (int i = 0; i < 32 && base + i < (int)(blockDim.x * blockDim.y * blockDim.z); ++i)
-        any = any || emu_votes[base + i];
-    emu_warp_sync();
-    return any;
-}
-#define T __half
-"""
-
 WRAPPER = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const __half* q, "
            "const __half* k, const __half* v, __half* out, int Lq, int Lk, float scale, "
            "int causal) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
@@ -69,7 +52,7 @@ def _variant(name: str):
 
 def emu_jobs(folder: Path) -> dict:
     """Each variant's config the cases use: its library -> (source, g++ flags)."""
-    text = (cuda_emu.HEADER + cuda_emu.PTX + EXTRA
+    text = (cuda_emu.HEADER + cuda_emu.PTX + cuda_emu.VOTE_HALF
             + cuda_emu.kernel_source(FOLDER / "attention_flash2.cu") + "\n" + WRAPPER)
     return {folder / f"flash2_{i}.so": (text, [f"-D{k}={v}" for k, v in config.items()])
             for i, config in enumerate(CONFIGS.values())}

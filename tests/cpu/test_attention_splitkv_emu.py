@@ -37,23 +37,6 @@ FOLDER = builtin_folder() / "attention"
 SOURCES = {"splitkv_mma": (FOLDER / "attention_splitkv.cu", "attention_splitkv"),
            "splitkv2_mma": (FOLDER / "attention_splitkv2.cu", "attention_splitkv2")}
 
-EXTRA = r"""
-#undef __launch_bounds__
-#define __launch_bounds__(...)
-static int emu_votes[1024];
-inline bool __any_sync(unsigned, bool p) {
-    const int t = emu_tid(), base = t & ~31;
-    emu_votes[t] = p;
-    emu_warp_sync();
-    bool any = false;
-    for (int i = 0; i < 32 && base + i < (int)(blockDim.x * blockDim.y * blockDim.z); ++i)
-        any = any || emu_votes[base + i];
-    emu_warp_sync();
-    return any;
-}
-#define T __half
-"""
-
 
 def _variant(name: str = "splitkv_mma"):
     (v,) = [v for v in load_manifest(FOLDER / "manifest.toml") if v.name == name]
@@ -68,8 +51,8 @@ def _wrapped_source(name: str) -> str:
                "int mbool) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
                f"{entry}(q, k, v, out, Lq, Lk, H, Hkv, scale, causal, ws, mask, msb, msh, "
                "mbool); });\n}\n")
-    return cuda_emu.HEADER + cuda_emu.PTX + EXTRA + cuda_emu.kernel_source(source) + "\n" + \
-        wrapper
+    return (cuda_emu.HEADER + cuda_emu.PTX + cuda_emu.VOTE_HALF
+            + cuda_emu.kernel_source(source) + "\n" + wrapper)
 
 
 def _load(lib):
