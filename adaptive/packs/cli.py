@@ -237,10 +237,11 @@ def _adopt(args) -> int:
     pack = compare.adopt(packs.read_pack(args.pack), registered, ids)
     packs.write_pack(pack, args.out)
     for a in pack.header["build"]["adopted"][-len(ids):]:
-        dropped = a.get("rows_dropped", 0)
+        rows, cubins = a.get("rows_dropped", 0), a.get("cubins_dropped", 0)
         print(f"adopted {a['variant']}: source {a['from'][:12]} -> {a['to'][:12]}"
-              + (f"; {dropped} rows of configs its space no longer holds dropped"
-                 if dropped else ""))
+              + (f"; {rows} rows of configs its space no longer holds dropped" if rows else "")
+              + (f"; {cubins} cubins dropped (compiled from other source or configs)"
+                 if cubins else ""))
     print(f"wrote {args.out}: {len(pack.variants)} variants, {len(pack.rows)} rows")
     print(f"  file sha256 {packs.file_sha256(args.out)} (what sha256sum prints)")
     return 0

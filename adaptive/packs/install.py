@@ -165,7 +165,7 @@ def runnable_archs() -> frozenset[str]:
         return frozenset()
 
 
-def _recomputed_key(c: Cubin, variants: Mapping[str, Variant], compiler: str) -> str | None:
+def recomputed_key(c: Cubin, variants: Mapping[str, Variant], compiler: str) -> str | None:
     """The kernel-cache key of ``c`` computed here from its variant's source and config
     for each dtype of its op; None when none of them is ``c.key``."""
     from adaptive import nvrtc
@@ -216,7 +216,7 @@ def install_cubins(pack: Pack, registry: Registry | None = None) -> int:
     cache = KernelCache(config.get().cache_dir)
     written = 0
     for c in usable:
-        key = _recomputed_key(c, variants, compiler)
+        key = recomputed_key(c, variants, compiler)
         if key is None:
             log.warning("pack cubin %s… of %s does not match its variant's source and config "
                         "here (or another NVRTC built it); not cached", c.key[:12], c.variant)

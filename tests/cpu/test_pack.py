@@ -653,16 +653,24 @@ def test_adopt_takes_the_registered_record_and_keeps_the_rows(tmp_path, capsys):
     assert got.variants == (new,) and got.rows == pack.rows
     assert got.header["build"]["adopted"] == [{"variant": "softmax/pack_softmax",
                                                "from": old.source_hash,
-                                               "to": new.source_hash, "rows_dropped": 0}]
-    # a space narrowed to rows=2: the rows and cubins of rows=1 go, the others stay
-    narrowed = variant_from_dict({**new.to_dict(), "space": {"rows": [2]}}, "softmax")
-    pack1 = packs.new_pack([old], [_row(), _row(time_ms=0.7, cfg={"rows": 2})], HOST_FP,
-                           [_cubin(), dataclasses.replace(_cubin(), key="cd" * 32,
-                                                          config={"rows": 2})])
-    got = compare.adopt(pack1, [narrowed], ["softmax/pack_softmax"])
+                                               "to": new.source_hash, "rows_dropped": 0,
+                                               "cubins_dropped": 0}]
+    # a space narrowed to rows=2: the rows and cubins of rows=1 go, the others stay while
+    # the source is the same; with the source changed every cubin goes (its key covers it)
+    cubins = [_cubin(), dataclasses.replace(_cubin(), key="cd" * 32, config={"rows": 2})]
+    rows = [_row(), _row(time_ms=0.7, cfg={"rows": 2})]
+    narrowed = variant_from_dict({**old.to_dict(), "space": {"rows": [2]}}, "softmax")
+    got = compare.adopt(packs.new_pack([old], rows, HOST_FP, cubins), [narrowed],
+                        ["softmax/pack_softmax"])
     assert [r.config for r in got.rows] == [{"rows": 2}]
     assert [c.config for c in got.cubins] == [{"rows": 2}]
     assert got.header["build"]["adopted"][0]["rows_dropped"] == 1
+    assert got.header["build"]["adopted"][0]["cubins_dropped"] == 1
+    narrowed_new = variant_from_dict({**new.to_dict(), "space": {"rows": [2]}}, "softmax")
+    got = compare.adopt(packs.new_pack([old], rows, HOST_FP, cubins), [narrowed_new],
+                        ["softmax/pack_softmax"])
+    assert [r.config for r in got.rows] == [{"rows": 2}] and got.cubins == ()
+    assert got.header["build"]["adopted"][0]["cubins_dropped"] == 2
     with pytest.raises(ValueError, match=r"softmax/other has no record in the pack; it has "
                                          r"softmax/pack_softmax"):
         compare.adopt(pack, [new], ["softmax/other"])
@@ -674,3 +682,28 @@ def test_adopt_takes_the_registered_record_and_keeps_the_rows(tmp_path, capsys):
     assert main(["pack", "adopt", str(path), "--variants", "softmax/nope",
                  "-o", str(tmp_path / "o.msgpack")]) == 2
     assert "softmax/nope has no record in the pack" in capsys.readouterr().err
+
+
+def test_adopt_keeps_the_cubins_whose_key_the_registered_source_still_gives():
+    """A CUDA variant's cubins are kept where their key recomputes from the registered
+    source with the NVRTC that built the pack, and dropped where the source's text changed
+    (a comment is enough: the key covers the text)."""
+    from adaptive import nvrtc
+    from adaptive.kcache import kernel_key
+    v = default_registry().get("softmax", "warp_row")
+    config = next(v.space.all_configs())
+    fp = {"backend": "cuda", "name": "NVIDIA H200", "nvrtc": "nvrtc-13.0"}
+
+    def cubin_of(variant):
+        source = nvrtc.full_source(variant.source, "float16",
+                                   variant.source_name or f"{variant.name}.cu")
+        key = kernel_key(source, nvrtc.macro_options(config) + tuple(variant.options),
+                         "sm_90", fp["nvrtc"])
+        return packs.Cubin(key, variant.id, config, "sm_90", b"\0" * 64, {})
+    pack = packs.new_pack([v], [], fp, [cubin_of(v)])
+    assert compare.adopt(pack, [v], [v.id]).cubins == pack.cubins
+    changed = dataclasses.replace(v, source=v.source + "\n// a comment\n")
+    got = compare.adopt(pack, [changed], [v.id])
+    assert got.cubins == () and got.header["build"]["adopted"][0]["cubins_dropped"] == 1
+    assert compare.adopt(packs.new_pack([v], [], fp, [cubin_of(changed)]), [changed],
+                         [v.id]).cubins != ()
