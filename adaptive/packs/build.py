@@ -20,6 +20,7 @@ import os
 import sys
 import time
 import tomllib
+import types
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -204,6 +205,66 @@ def _cubin(backend, cand, dtype: str) -> list[dict]:
     except Exception as exc:  # noqa: BLE001 (a pack without this cubin still works)
         log.warning("no cubin for %s: %s", cand.label, exc)
         return []
+
+
+def refresh_cubins(pack, variants: Iterable[str] = (), within: float | None = None,
+                   progress: Callable[[int, int], None] | None = None):
+    """``pack`` with the cubins a build would carry (each input's CUDA candidates within
+    ``within`` of its best row, :attr:`Settings.cubin_within` by default) compiled here
+    for the variants ``variants`` ("op/name"; all CUDA variants of the pack when empty),
+    from the pack's own records of them: for a pack whose cubins were dropped (``adopt``
+    after a source edit that left the compiled code as measured) or never built. Rows are
+    untouched; cubins already carried are kept. This machine's NVRTC must be the one that
+    built the pack: the key of a cubin covers the compiler, and a process on the pack's
+    device looks its kernels up by its own (raises :class:`PackError` naming both)."""
+    from adaptive import nvrtc
+    from adaptive.packs import format as packs
+    from adaptive.policy.cost_model import input_key
+    from adaptive.variants import make_candidate
+    fp = pack.fingerprint
+    if fp.get("backend") != "cuda" or "cc" not in fp:
+        raise PackError("<cubins>", f"the pack was built on {fp.get('backend')!r}, not a "
+                        "CUDA device: it has no kernels to compile")
+    if not nvrtc.available():
+        raise PackError("<cubins>", "NVRTC is not available here (cuda-python's nvrtc)")
+    here = nvrtc.compiler_version()
+    if fp.get("nvrtc") != here:
+        raise PackError("<cubins>", f"the pack was built with {fp.get('nvrtc')}, this "
+                        f"machine has {here}: cubins compiled here would never be looked "
+                        "up on the pack's device")
+    records = {v.id: v for v in pack.variants if v.language == "cuda"}
+    wanted = set(variants) or set(records)
+    unknown = sorted(wanted - set(records))
+    if unknown:
+        raise ValueError(f"cubins: {', '.join(unknown)} not CUDA variants of the pack; it "
+                         f"has {', '.join(sorted(records))}")
+    within = Settings.cubin_within if within is None else within
+    arch = f"sm_{fp['cc']}"
+    groups: dict = {}
+    for r in pack.rows:
+        if f"{r.op}/{r.variant}" in records:
+            groups.setdefault(input_key(r.op, r.features, r.dtype), []).append(r)
+    jobs = {}
+    for rows in groups.values():
+        best = min(r.time_ms for r in rows)
+        for r in rows:
+            vid = f"{r.op}/{r.variant}"
+            if vid in wanted and r.time_ms <= best * within:
+                jobs.setdefault((vid, tuple(sorted(r.config.items())), r.dtype), r)
+    have = {c.key for c in pack.cubins}
+    added = {}
+    for i, ((vid, _, dtype), row) in enumerate(jobs.items()):
+        cand = make_candidate(records[vid], dict(row.config))
+        for c in _cubin(types.SimpleNamespace(arch=arch), cand, dtype):
+            if c["key"] not in have:
+                added[c["key"]] = packs.Cubin(**c)
+        if progress is not None:
+            progress(i + 1, len(jobs))
+    build = dict(pack.header.get("build", {}))
+    build["cubins_refreshed"] = list(build.get("cubins_refreshed", [])) + [
+        {"variants": sorted(wanted), "compiler": here, "added": len(added)}]
+    return packs.new_pack(pack.variants, pack.rows, fp, (*pack.cubins, *added.values()),
+                          pack.failures, build, created_s=pack.header.get("created_s"))
 
 
 def _rng(seed: int, case_id: str):

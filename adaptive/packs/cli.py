@@ -70,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="comma-separated ids (op/name) whose registered source replaces the "
                         "pack's; only where what was measured did not change")
     a.add_argument("-o", "--out", required=True)
+    c = sub.add_parser("cubins", help="compile the kernels a build would carry (each input's "
+                                      "candidates near its best) into the pack, rows kept; "
+                                      "with the NVRTC that built it")
+    c.add_argument("pack")
+    c.add_argument("--variants", default="",
+                   help="comma-separated ids (op/name) (default: every CUDA variant of the pack)")
+    c.add_argument("-o", "--out", required=True)
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
     r = sub.add_parser("replay", help="the learned policy on the pack's own measurements, "
                                       "one input held out at a time (no GPU needed)")
     r.add_argument("pack")
@@ -83,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return {"build": _build, "show": _show, "diff": _diff, "merge": _merge,
-                "adopt": _adopt, "replay": _replay}[args.action](args)
+                "adopt": _adopt, "cubins": _cubins, "replay": _replay}[args.action](args)
     except (AdaptiveError, ValueError, FileNotFoundError) as exc:
         print(f"adaptive pack {args.action}: {exc}", file=sys.stderr)
         return 2
@@ -243,6 +251,27 @@ def _adopt(args) -> int:
               + (f"; {cubins} cubins dropped (compiled from other source or configs)"
                  if cubins else ""))
     print(f"wrote {args.out}: {len(pack.variants)} variants, {len(pack.rows)} rows")
+    print(f"  file sha256 {packs.file_sha256(args.out)} (what sha256sum prints)")
+    return 0
+
+
+def _cubins(args) -> int:
+    from adaptive.packs.build import Progress, refresh_cubins
+    ids = [v for v in args.variants.split(",") if v]
+    bar = None
+
+    def step(done: int, total: int) -> None:
+        nonlocal bar
+        bar = bar or Progress(total)
+        bar.update("compiling")
+    pack = packs.read_pack(args.pack)
+    got = refresh_cubins(pack, ids, progress=None if args.no_progress else step)
+    packs.write_pack(got, args.out)
+    r = got.header["build"]["cubins_refreshed"][-1]
+    print(f"compiled with {r['compiler']}: {r['added']} cubins added for "
+          f"{', '.join(r['variants'])} ({len(pack.cubins)} carried before)")
+    print(f"wrote {args.out}: {len(got.variants)} variants, {len(got.rows)} rows, "
+          f"{len(got.cubins)} cubins")
     print(f"  file sha256 {packs.file_sha256(args.out)} (what sha256sum prints)")
     return 0
 

@@ -707,3 +707,43 @@ def test_adopt_keeps_the_cubins_whose_key_the_registered_source_still_gives():
     assert got.cubins == () and got.header["build"]["adopted"][0]["cubins_dropped"] == 1
     assert compare.adopt(packs.new_pack([v], [], fp, [cubin_of(changed)]), [changed],
                          [v.id]).cubins != ()
+
+
+def test_cubins_refresh_compiles_what_a_build_carries_with_the_packs_compiler(tmp_path, capsys):
+    """``adaptive pack cubins``: each input's CUDA candidates within 1.5x of its best row
+    compiled for the pack's arch and added (rows untouched, a second run adds none), their
+    keys the ones a process with that NVRTC looks up; refused for another NVRTC, for a
+    variant the pack lacks, and for a host pack."""
+    from adaptive import nvrtc
+    from adaptive.cli import main
+    from adaptive.packs.build import refresh_cubins
+    from adaptive.packs.install import recomputed_key
+    if not nvrtc.available():
+        pytest.skip("NVRTC is not installed here")
+    v = default_registry().get("softmax", "warp_row")
+    configs = list(v.space.all_configs())[:3]
+    fp = {"backend": "cuda", "name": "NVIDIA H200", "cc": 90,
+          "nvrtc": nvrtc.compiler_version()}
+
+    def row(config, t):
+        return Observation("softmax", {"R": 64, "C": 1000}, "float16", v.name, config, t,
+                           features={"log2_R": 6.0, "log2_C": 9.97})
+    rows = [row(configs[0], 0.010), row(configs[1], 0.014), row(configs[2], 0.016)]
+    pack = packs.new_pack([v], rows, fp)
+    got = refresh_cubins(pack)
+    assert got.rows == pack.rows
+    assert sorted(c.config.items() for c in got.cubins) == sorted(
+        c.items() for c in configs[:2]), "the two within 1.5x of the best, not the third"
+    assert all(recomputed_key(c, {v.id: v}, fp["nvrtc"]) == c.key and c.arch == "sm_90"
+               and c.image for c in got.cubins)
+    assert refresh_cubins(got).cubins == got.cubins
+    assert got.header["build"]["cubins_refreshed"][-1]["added"] == 2
+    path, out = tmp_path / "p.msgpack", tmp_path / "o.msgpack"
+    packs.write_pack(packs.new_pack([v], rows, {**fp, "nvrtc": "nvrtc-0.1"}), path)
+    assert main(["pack", "cubins", str(path), "-o", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"built with nvrtc-0.1, this machine has {fp['nvrtc']}" in err and not out.exists()
+    with pytest.raises(ValueError, match="softmax/nope not CUDA variants of the pack"):
+        refresh_cubins(pack, ["softmax/nope"])
+    with pytest.raises(PackError, match="not a CUDA device"):
+        refresh_cubins(packs.new_pack([v], rows, HOST_FP))
