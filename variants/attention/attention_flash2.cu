@@ -11,9 +11,9 @@
 // Causal: the mask is bottom-right aligned (row i sees keys j <= i + Lk - Lq), key tiles
 // past a CTA's last diagonal are skipped and the heaviest row blocks are issued first.
 // PAIR = 1 balances the causal triangle: a CTA serves row block nb-1-x and then row block x
-// (nb row blocks, grid ceil(nb / 2)), so every CTA reads about nb + 1 key tiles where the
-// heaviest of the unpaired grid reads nb. With few heads the unpaired grid's time is its
-// heaviest CTA's (one wave): B=1 H=16 L=1024 ran 128 CTAs of which one read 16 tiles.
+// (nb row blocks, grid ceil(nb / 2)), so every CTA reads nb + 1 row blocks' width of keys
+// where the unpaired grid's read 1 to nb: half the CTAs, of equal work. That shortens a
+// grid of several waves (S148: 0.73-0.80x), not one wave, whose time is its heaviest CTA's.
 // KSPLIT = 2 splits each row block's keys between two warp groups (NWARPS warps each over
 // the same BR rows): a step stages 2 * BC keys, group g takes tiles g, g + 2, ...; at the end
 // group 1 hands its (m, l, o) to group 0 through shared memory, which merges and stores.
@@ -23,7 +23,7 @@
 // Keys past Lk read as zero and are masked; rows past Lq are computed but never stored.
 // Config macros: HD (head dim; must equal D), BC (keys per tile), NWARPS (warps over the
 // rows), PAIR, KSPLIT.
-// Dynamic shared memory: (BR + 2 * BC) * (HD + 8) * 2 bytes.
+// Dynamic shared memory: (BR + 2 * KSPLIT * BC) * (HD + 8) * 2 bytes (KSPLIT's merge reuses it).
 
 #include "adaptive_ptx.cuh"
 
