@@ -20,7 +20,6 @@ import os
 import sys
 import time
 import tomllib
-import types
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -154,7 +153,7 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
         best_ms = min(t for t, _ in timed)
         for t, cand in timed:
             if t <= best_ms * settings.cubin_within:
-                cubins += _cubin(backend, cand, problem.dtype)
+                cubins += _cubin(backend.arch, cand, problem.dtype)
     return {"case": case.id, "rows": rows, "failures": failures, "cubins": cubins}
 
 
@@ -195,12 +194,12 @@ def _host_float(x):
     return arrays.to_numpy(x)
 
 
-def _cubin(backend, cand, dtype: str) -> list[dict]:
+def _cubin(arch: str, cand, dtype: str) -> list[dict]:
     from adaptive import nvrtc
     try:
-        k = nvrtc.compile_candidate(cand.variant, cand.config, dtype, backend.arch)
+        k = nvrtc.compile_candidate(cand.variant, cand.config, dtype, arch)
         return [{"key": k.key, "variant": cand.variant.id, "config": cand.config,
-                 "arch": backend.arch, "image": k.path.read_bytes(),
+                 "arch": arch, "image": k.path.read_bytes(),
                  "resources": dict(k.resources)}]
     except Exception as exc:  # noqa: BLE001 (a pack without this cubin still works)
         log.warning("no cubin for %s: %s", cand.label, exc)
@@ -231,7 +230,7 @@ def refresh_cubins(pack, variants: Iterable[str] = (), within: float | None = No
     if fp.get("nvrtc") != here:
         raise PackError("<cubins>", f"the pack was built with {fp.get('nvrtc')}, this "
                         f"machine has {here}: cubins compiled here would never be looked "
-                        "up on the pack's device")
+                        "up on the pack's device; run this on a machine of the pack's kind")
     records = {v.id: v for v in pack.variants if v.language == "cuda"}
     wanted = set(variants) or set(records)
     unknown = sorted(wanted - set(records))
@@ -255,7 +254,7 @@ def refresh_cubins(pack, variants: Iterable[str] = (), within: float | None = No
     added = {}
     for i, ((vid, _, dtype), row) in enumerate(jobs.items()):
         cand = make_candidate(records[vid], dict(row.config))
-        for c in _cubin(types.SimpleNamespace(arch=arch), cand, dtype):
+        for c in _cubin(arch, cand, dtype):
             if c["key"] not in have:
                 added[c["key"]] = packs.Cubin(**c)
         if progress is not None:

@@ -477,11 +477,8 @@ def test_cubins_travel_into_the_kernel_cache(tmp_path, isolated, monkeypatch):
     from adaptive.packs.build import _cubin
     warp_row = default_registry().get("softmax", "warp_row")
     cand = make_candidate(warp_row, {"WARPS": 2, "VEC": 4})
-
-    class Sm90:
-        arch = "sm_90"
     with config.override(cache_dir=str(tmp_path / "build-cache")):
-        [c] = _cubin(Sm90(), cand, "float32")
+        [c] = _cubin("sm_90", cand, "float32")
     assert c["image"][:4] == b"\x7fELF" and c["resources"]["registers"] > 0
     path = tmp_path / "c.msgpack"
     packs.write_pack(packs.new_pack([], [], HOST_FP, cubins=[packs.Cubin(**c)]), path)
