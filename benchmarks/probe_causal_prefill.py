@@ -10,7 +10,8 @@ Per input: SDPA as a torch program calls it (``F.scaled_dot_product_attention``,
 causal mask is ours: Lq == Lk) and through the dispatcher (``sdpa_torch``), and every
 config of the two flash kernels; the best of each and the ratios. Device time: CUDA events
 around ``--calls`` launches queued behind a sleep kernel (so the host's issuing is not
-timed), median over ``--reps``. Each flash result is checked against SDPA's.
+timed), median over ``--reps``. Each flash result is checked against SDPA's. Every time
+goes to ``probe_causal_prefill.json`` in ``--out``.
 
     PYTHONPATH=$PWD python3 benchmarks/probe_causal_prefill.py            # H200, ~30 s
     PYTHONPATH=$PWD python3 benchmarks/probe_causal_prefill.py --dry-run  # the candidates
@@ -19,6 +20,8 @@ timed), median over ``--reps``. Each flash result is checked against SDPA's.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -76,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--dry-run", action="store_true", help="list the candidates, time nothing")
+    p.add_argument("--out", default=os.environ.get("OUT", "."),
+                   help="folder for probe_causal_prefill.json (default: $OUT or .)")
     args = p.parse_args(argv)
+    report = []
     from adaptive.dispatch import Dispatcher
     from adaptive.policy import MeasureEach
     d = Dispatcher("host" if args.dry_run else "cuda", policy=MeasureEach())
@@ -85,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         label = "B={} H={} Lq={} Lk={} D={} {}".format(*case)
         if args.dry_run:
             print(label, {n: len(c) for n, c in cands.items()})
+            report.append({"input": label, "configs": {n: len(c) for n, c in cands.items()}})
             continue
         import torch
         import torch.nn.functional as F
@@ -128,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         print(flush=True)
         for n, c, t in rows:
             print(f"    {n} {c} {t:.1f} us")
+        report.append({"input": label, "device_us": [
+            {"candidate": n, "config": c, "us": t} for n, c, t in rows]})
+    out = Path(args.out) / "probe_causal_prefill.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {out}")
     return 0
 
 

@@ -31,6 +31,7 @@ DRY_RUNS = {   # the fewest launches that still run every code path
     "gpu_contention": (["--device", "host", "--quick", "--oracle-rounds", "1"],
                        "contention targets"),
     "gpu_prefill": (["--quick"], "prefill, adaptive / torch (median of rounds)"),
+    "probe_causal_prefill": (["--dry-run"], "probe_causal_prefill.json"),
 }
 
 
