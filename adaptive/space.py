@@ -85,6 +85,12 @@ class Space:
             _ADMITTED[key] = admitted
         return [dict(c) for c in admitted]
 
+    def holds(self, config: Mapping) -> bool:
+        """True when ``config`` names exactly this space's parameters, each with one of its
+        listed values (constraints, which need a device's limits, not checked)."""
+        return len(config) == len(self.params) and all(
+            name in config and config[name] in values for name, values in self.params)
+
     def admits(self, config: Mapping, limits: Mapping) -> bool:
         scope = {**limits, **config}
         return all(bool(c(scope)) for c in self.constraints)

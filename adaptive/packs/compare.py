@@ -6,6 +6,7 @@ by the code that decides their behaviour (source, entry, space, launch), not the
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -14,7 +15,7 @@ import msgpack
 from adaptive.errors import PackError
 from adaptive.observation import Observation
 from adaptive.packs.format import Pack, describe_device, new_pack, same_device
-from adaptive.packs.install import recomputed_key, code_of
+from adaptive.packs.install import code_of, recomputed_key
 from adaptive.variants import Variant
 
 def merge(packs: Sequence[Pack], allow_other_devices: bool = False) -> Pack:
@@ -95,11 +96,11 @@ def adopt(pack: Pack, registered: Iterable[Variant], ids: Sequence[str]) -> Pack
     work did not (a helper moved out, an entry added for another caller, a space narrowed
     to the configs that measured best), so the pack's rows of it are not dropped as another
     variant's. Rows and cubins of a config the registered space no longer holds are
-    dropped (they would describe no candidate), and so are all its cubins where its source
-    changed (its key, recomputed from the registered source with the NVRTC that built the
-    pack, differs: install would refuse it, warning). The
-    header's ``build`` lists what was adopted, from which source hash to which, and how many
-    rows and cubins were dropped. Every id must be in the pack and registered."""
+    dropped (they would describe no candidate), and so are cubins whose key, recomputed
+    from the registered source with the NVRTC that built the pack, differs (install would
+    refuse them, warning). The header's ``build`` lists what was adopted, from which source
+    hash to which, and how many rows and cubins were dropped. Every id must be in the pack
+    and registered."""
     mine = {v.id: v for v in pack.variants}
     theirs = {v.id: v for v in registered}
     for vid in ids:
@@ -108,32 +109,31 @@ def adopt(pack: Pack, registered: Iterable[Variant], ids: Sequence[str]) -> Pack
                              f"{', '.join(sorted(mine))}")
         if vid not in theirs:
             raise ValueError(f"adopt: {vid} is not a registered variant")
-
-    def held(variant_id: str, config: Mapping) -> bool:
-        if variant_id not in ids:
-            return True
-        space = dict(theirs[variant_id].space.params)
-        return all(k in space and v in space[k] for k, v in config.items()) and \
-            set(space) <= set(config)
     compiler = pack.fingerprint.get("nvrtc")   # what built the pack's cubins
 
-    def compiled(c) -> bool:
-        """A cubin of an adopted variant is kept where its key recomputes from the
-        registered source and config (with the compiler that built the pack)."""
+    def kept_row(r: Observation) -> bool:
+        vid = f"{r.op}/{r.variant}"
+        return vid not in ids or theirs[vid].space.holds(r.config)
+
+    def kept_cubin(c) -> bool:
         if c.variant not in ids:
             return True
-        if not held(c.variant, c.config):
+        if not theirs[c.variant].space.holds(c.config):
             return False
         if compiler is None:
             return mine[c.variant].source == theirs[c.variant].source
         return recomputed_key(c, theirs, compiler) is not None
-    rows = [r for r in pack.rows if held(f"{r.op}/{r.variant}", r.config)]
-    cubins = [c for c in pack.cubins if compiled(c)]
+    rows = [r for r in pack.rows if kept_row(r)]
+    cubins = [c for c in pack.cubins if kept_cubin(c)]
+
+    def dropped(items, kept, variant_of) -> dict:
+        counts = collections.Counter(variant_of(x) for x in items)
+        counts.subtract(variant_of(x) for x in kept)
+        return counts
+    rows_dropped = dropped(pack.rows, rows, lambda r: f"{r.op}/{r.variant}")
+    cubins_dropped = dropped(pack.cubins, cubins, lambda c: c.variant)
     adopted = [{"variant": vid, "from": mine[vid].source_hash, "to": theirs[vid].source_hash,
-                "rows_dropped": sum(1 for r in pack.rows if f"{r.op}/{r.variant}" == vid
-                                    and not held(vid, r.config)),
-                "cubins_dropped": sum(1 for c in pack.cubins if c.variant == vid
-                                      and not compiled(c))}
+                "rows_dropped": rows_dropped[vid], "cubins_dropped": cubins_dropped[vid]}
                for vid in ids]
     variants = [theirs[v.id] if v.id in ids else v for v in pack.variants]
     build = dict(pack.header.get("build", {}))

@@ -235,3 +235,13 @@ def test_candidates_hash_and_compare_by_variant_and_config_with_the_hash_kept():
     c = dataclasses.replace(a, config_items=((name, values[-1]),))
     assert c != a and hash(c) == hash((v.id, c.config_items)) != hash(a)
     assert a != "not a candidate" and a == a
+
+
+def test_a_space_holds_exactly_its_parameters_with_listed_values():
+    from adaptive.space import Space
+    space = Space.from_dict({"BM": [64, 128], "NWARPS": [2, 4]})
+    assert space.holds({"BM": 64, "NWARPS": 4})
+    assert not space.holds({"BM": 64, "NWARPS": 8}), "a value the space does not list"
+    assert not space.holds({"BM": 64}), "a parameter missing"
+    assert not space.holds({"BM": 64, "NWARPS": 2, "PAIR": 1}), "a parameter it lacks"
+    assert Space.from_dict({}).holds({})
