@@ -62,6 +62,10 @@ class Config:
     plan_cache_size: int = dataclasses.field(default=4096, metadata={
         "env": "ADAPTIVE_PLAN_CACHE_SIZE", "doc": "decided plans one dispatcher keeps (oldest "
         "unsampled evicted first; pinned plans the same, prepared ones 4x)"})
+    decide_off_thread: bool = dataclasses.field(default=True, metadata={
+        "env": "ADAPTIVE_DECIDE_OFF_THREAD", "doc": "decide a new input class on a worker "
+        "thread, the library's candidate (cuBLAS, SDPA) serving its calls meanwhile (the "
+        "learned policy; 0: the miss decides, the calling thread waits)"})
     max_threads: int = dataclasses.field(default=0, metadata={
         "env": "ADAPTIVE_MAX_THREADS", "doc": "host backend: largest thread count tried (0: all cores)"})
     regen_generator: str = dataclasses.field(default="off", metadata={
@@ -94,6 +98,13 @@ def _parse(field: dataclasses.Field, text: str):
             return int(text)
         except ValueError:
             raise ValueError(f"{field.metadata['env']}={text!r}: expected an integer") from None
+    if field.type in ("bool", bool):
+        value = {"1": True, "true": True, "yes": True, "on": True,
+                 "0": False, "false": False, "no": False, "off": False}.get(text.lower())
+        if value is None:
+            raise ValueError(f"{field.metadata['env']}={text!r}: expected 1 or 0 (true/false, "
+                             f"yes/no, on/off)")
+        return value
     if field.type in ("float", float):
         try:
             return float(text)

@@ -9,6 +9,14 @@ The plan cache is bounded (``ADAPTIVE_PLAN_CACHE_SIZE`` plans): a miss that fill
 the bound evicts the oldest plan, except that a plan sampled since it was last passed
 over gets a second chance (a clock; hits record nothing, sampled calls set the bit).
 Evictions are counted in ``stats["plan_evictions"]``.
+
+A new input class is decided off the calling thread where the policy allows it
+(``decides_off_thread``: the learned policy, whose decide runs nothing) and a library
+candidate fits (what the plain program runs: cuBLAS, SDPA): the miss lists the
+candidates, prepares the library's and returns its result, and one worker thread decides
+the class meanwhile and hands the decision to its keys (:meth:`Dispatcher.settle` waits for
+it). A miss's first result then costs a listing and a library call, not the model's
+ranking of ~100 candidates (3-6 ms on the H200's host, run S152).
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ from adaptive.variants import Candidate, Registry, Variant, make_candidate, shar
 
 log = logging.getLogger("adaptive")
 
-MISS_LOG = 256    # misses of each kind ("decided", "class") kept for recent_misses()
+MISS_LOG = 256    # misses of each kind ("decided", "class") kept for recent_misses(), and
+#                   decides made off the calling thread kept for off_thread_decides()
 # the longest an exploring sample's stream is gated before its event pair (GPU: released
 # as soon as the call and its end event are issued, see CudaBackend.gate): longer than the
 # host takes to issue any candidate, a torch library call included. At 100 µs the learned
@@ -146,6 +155,9 @@ class _InputClass:
     # a candidate whose samples are all issued gets no further turn while they are
     # harvested (see Dispatcher._plan_for)
     issued: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # decided off the calling thread and not yet: ``decision`` serves the library's
+    # candidate, untimed (see Dispatcher._pending_plan)
+    pending: bool = False
 
 
 def _window(table: dict, key: tuple) -> collections.deque:
@@ -316,6 +328,15 @@ class Dispatcher:
         # does not push out the decisions
         self._miss_log = {how: collections.deque(maxlen=MISS_LOG)
                           for how in ("decided", "class")}
+        # input classes decided off the calling thread: the queue, its worker (None when
+        # idle: started by a submit, it ends when the queue is empty) and what it did
+        # True/False: this dispatcher's choice; None: ADAPTIVE_DECIDE_OFF_THREAD's, read on
+        # each miss
+        self.decide_off_thread: bool | None = None
+        self._decide_cv = threading.Condition(threading.Lock())
+        self._decide_jobs: collections.deque = collections.deque()
+        self._decider: threading.Thread | None = None
+        self._decide_log: collections.deque = collections.deque(maxlen=MISS_LOG)
         self.registry.join(self)   # the registry's rows and observers (in memory)
 
     # ---- hot path ---------------------------------------------------------------------------
@@ -472,13 +493,23 @@ class Dispatcher:
                     self.backend.peaks,
                     self.backend.device_state, self.limits, floor=floor,
                     charge=self.miss_charge(problem, waits))
-                t1 = time.perf_counter()
-                decision = self.policy.decide(ctx, candidates)
-                policy_ms = (time.perf_counter() - t1) * 1e3
-                decision = dataclasses.replace(
-                    decision, tuning_ms=decision.tuning_ms or (time.perf_counter() - t0) * 1e3)
-                cls = self._classes[ckey] = _InputClass(ckey, decision, floor)
-                self.stats["decisions"] = self.stats.get("decisions", 0) + 1
+                library = self._off_thread_library(problem, candidates)
+                if library is not None:
+                    decision = Decision(library, (
+                        f"deciding among {len(candidates)} candidates off the calling "
+                        f"thread; {library.label} (what the plain program runs) serves "
+                        f"meanwhile, untimed"), pending=True)
+                    cls = self._classes[ckey] = _InputClass(ckey, decision, floor,
+                                                            pending=True)
+                    self._submit_decide(cls, ctx, candidates, t0)
+                else:
+                    t1 = time.perf_counter()
+                    decision = self.policy.decide(ctx, candidates)
+                    policy_ms = (time.perf_counter() - t1) * 1e3
+                    decision = dataclasses.replace(decision, tuning_ms=decision.tuning_ms or (
+                        time.perf_counter() - t0) * 1e3)
+                    cls = self._classes[ckey] = _InputClass(ckey, decision, floor)
+                    self.stats["decisions"] = self.stats.get("decisions", 0) + 1
                 decide_ms = (time.perf_counter() - t0) * 1e3
             # only the candidate that runs now is prepared: the other explored ones are
             # prepared on their first turn, so the first result pays for one
@@ -487,7 +518,8 @@ class Dispatcher:
             first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
                                   ckey, scale, roofline, exploring=bool(cls.decision.explore))
             prepare_ms = (time.perf_counter() - t_prep) * 1e3
-            plan = self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued)
+            plan = (self._pending_plan(cls.decision, first) if cls.pending else
+                    self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued))
             self._plans[key] = plan
             if not decided and cls.decision.explore:
                 cls.new_keys += 1
@@ -502,6 +534,78 @@ class Dispatcher:
             log.debug("miss %s -> %s (%s)", key, cls.decision.candidate.label,
                       cls.decision.reason)
         return plan
+
+    def _off_thread_library(self, problem: Problem, candidates: Sequence[Candidate]
+                            ) -> Candidate | None:
+        """The library candidate that serves a new input class while it is decided off the
+        calling thread, or None where it is decided here: off-thread decides switched off,
+        a policy whose decide may run candidates (measure-each), a single candidate, or
+        no library candidate (the host's NumPy inputs)."""
+        off = self.decide_off_thread
+        if off is None:
+            off = config.get().decide_off_thread
+        if not (off and self.policy.decides_off_thread) or len(candidates) < 2:
+            return None   # (one candidate: nothing to decide)
+        from adaptive.policy.learned import library_candidate
+        return library_candidate(problem, candidates)
+
+    def _pending_plan(self, decision: Decision, first: Plan) -> Plan:
+        """The plan of a key whose class is being decided off the calling thread: the
+        library's candidate (``first``), untimed, reaching the recorders as a plain call;
+        provisional, so that callers holding plans (the integrations) keep coming back."""
+        def serve(args, out):
+            head = self._head
+            return first.run(args, out) if head is None else head(first, args, out)
+        return dataclasses.replace(first, decision=decision, run=serve, provisional=True)
+
+    def _submit_decide(self, cls: _InputClass, ctx: Context, candidates, t0: float) -> None:
+        """Queue ``cls``'s decide for the worker thread, starting it if idle."""
+        with self._decide_cv:
+            self._decide_jobs.append((cls, ctx, tuple(candidates), t0))
+            if self._decider is None:
+                self._decider = threading.Thread(target=self._decide_queued, daemon=True,
+                                                 name="adaptive-decide")
+                self._decider.start()
+
+    def _decide_queued(self) -> None:
+        """The worker: decide the queued classes in order, then end."""
+        while True:
+            with self._decide_cv:
+                if not self._decide_jobs:
+                    self._decider = None
+                    self._decide_cv.notify_all()
+                    return
+                cls, ctx, candidates, t0 = self._decide_jobs.popleft()
+            t1 = time.perf_counter()
+            try:
+                decision = self.policy.decide(ctx, candidates)
+            except Exception as exc:  # noqa: BLE001 (the class stays served, and says why)
+                log.exception("deciding %s off the calling thread failed; %s serves it",
+                              ctx.problem.describe(), cls.decision.candidate.label)
+                decision = Decision(cls.decision.candidate, (
+                    f"the policy's decide failed ({type(exc).__name__}: {exc}); "
+                    f"{cls.decision.candidate.label} (what the plain program runs) serves, "
+                    f"committed"))
+            done = time.perf_counter()
+            decision = dataclasses.replace(
+                decision, tuning_ms=decision.tuning_ms or (done - t1) * 1e3)
+            with self._lock:
+                if self._classes.get(cls.key) is not cls:   # forgotten meanwhile
+                    continue
+                cls.pending = False
+                self.stats["decisions"] = self.stats.get("decisions", 0) + 1
+                self._decide_log.append((time.time(), ctx.op.name, ctx.problem.describe(),
+                                         (done - t1) * 1e3, (done - t0) * 1e3))
+                self._revise(cls.key, decision)
+
+    def off_thread_decides(self, since: float = 0.0) -> list[dict]:
+        """The newest input classes decided off the calling thread (at most
+        :data:`MISS_LOG`), oldest first, since ``since`` (``time.time()`` at the end):
+        the op and input, the policy's decide (``policy_ms``) and the time from the miss
+        to the decision (``wait_ms``: the calls between were served by the library)."""
+        return [{"time_s": t, "op": op, "input": what, "policy_ms": round(policy_ms, 3),
+                 "wait_ms": round(wait_ms, 3)}
+                for t, op, what, policy_ms, wait_ms in list(self._decide_log) if t >= since]
 
     def _roofline(self, op: Op, problem: Problem) -> tuple[float, float, float]:
         """``(flops, bytes, floor_ms)`` of ``problem`` here, computed once per miss (the
@@ -1265,14 +1369,27 @@ class Dispatcher:
         plan = self._plans.get(o.key(args, params))
         return plan.decision if plan else None
 
+    def wait_for_decisions(self, timeout_s: float = 30.0) -> bool:
+        """Wait until no input class waits for its decide off the calling thread; True
+        when none does. A warm-up that calls each class until it is committed calls this
+        after a class's first call, so that the calls the library served meanwhile do not
+        count against its own limit."""
+        with self._decide_cv:
+            return self._decide_cv.wait_for(lambda: self._decider is None, timeout_s)
+
     def settle(self, timeout_s: float = 30.0) -> bool:
-        """Wait for what the policy does off the serving threads (its cost model's refit
-        in the background) to finish; True when nothing is left running. A server calls
-        it at the end of its warm-up: a refit shares the interpreter with the threads that
-        serve (run S37: a batch-1 decode 1.5x slower while one ran)."""
+        """Wait for what runs off the serving threads (input classes decided off the
+        calling thread, then the cost model's refit in the background) to finish; True
+        when nothing is left running. A server calls it at the end of its warm-up: a
+        refit shares the interpreter with the threads that serve (run S37: a batch-1
+        decode 1.5x slower while one ran)."""
         from adaptive.policy.cost_model import LiveModel
+        deadline = time.monotonic() + timeout_s
+        if not self.wait_for_decisions(timeout_s):
+            return False
         model = self.policy.cost_model
-        return model.wait(timeout_s) if isinstance(model, LiveModel) else True
+        return (model.wait(max(0.0, deadline - time.monotonic()))
+                if isinstance(model, LiveModel) else True)
 
     def forget(self, op: str | None = None) -> None:
         """Drop cached decisions (for one op, or all): the next launch re-decides."""

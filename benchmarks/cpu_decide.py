@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="instead of timing: for every corpus input of each op, whether the "
                    "miss's exploration list holds a candidate within 5%% of the input's "
                    "best (what the shipped pack's model leaves unexplored), the worst listed")
+    p.add_argument("--cold", action="store_true",
+                   help="before each decide, sweep 64 MiB of memory and 200,000 new Python "
+                   "objects through the caches (a live stream's miss meets caches that "
+                   "served other work, not its own previous decide)")
     p.add_argument("--against-dicts", action="store_true",
                    help="every other decide ranks the rows as a list of dicts (before "
                    "features.Rows), both printed")
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             dicts = args.against_dicts and i % 2 == 1
             policy = Learned(live, explore_budget=None)
             policy.neighbours = near.copy()
+            if args.cold:
+                _sweep_caches()
             t0 = time.perf_counter()
             with _rows_as_dicts(dicts):
                 policy.decide(R._Context(group[0], key, limits), cands)
@@ -138,6 +144,21 @@ def _coverage(op, groups, known, live, near, limits) -> None:
           f"{within} ({within / max(1, len(rows)):.0%}); worst:")
     for ratio, what, best, tried in sorted(rows, reverse=True)[:5]:
         print(f"  {ratio:.3f}x  {what}: best {best}, explored {', '.join(tried)}")
+
+
+_SWEEP = None
+
+
+def _sweep_caches() -> None:
+    """Push the decide's code and data out of the CPU caches: read 64 MiB, make and drop
+    200,000 small objects."""
+    global _SWEEP
+    import numpy as np
+    if _SWEEP is None:
+        _SWEEP = np.ones(8 << 20)
+    float(_SWEEP.sum())
+    junk = [(i, str(i)) for i in range(200_000)]
+    del junk
 
 
 @contextlib.contextmanager

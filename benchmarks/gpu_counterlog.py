@@ -111,7 +111,7 @@ def committed(d: Dispatcher, op: str, args, limit: int = 600) -> int:
     for i in range(limit):
         d.launch(op, *args)
         decision = d.decision(op, *args)
-        if decision is not None and not decision.explore:
+        if decision is not None and decision.settled:
             return i + 1
     raise RuntimeError(f"{op}: the policy still explores after {limit} launches")
 

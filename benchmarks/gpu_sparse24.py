@@ -190,7 +190,7 @@ def _warm(dispatcher, w, b) -> tuple[str, str]:
         for calls in range(1, WARMUP_CALLS + 1):
             dispatcher.launch("spmm", w, b)
             decision = dispatcher.decision("spmm", w, b)
-            if decision is not None and not decision.explore:
+            if decision is not None and decision.settled:
                 break
             if time.perf_counter() - t0 > WARMUP_S:
                 break
@@ -200,7 +200,7 @@ def _warm(dispatcher, w, b) -> tuple[str, str]:
     plan = dispatcher.current_plan(get_op("spmm").key((w, b), {}))
     state = dispatcher.policy.state(plan.class_key) if plan is not None else None
     history = " | ".join(state.history) if state is not None else decision.reason
-    if state is not None and decision.explore:   # still exploring: what has come back
+    if state is not None and not decision.settled:   # still exploring: what has come back
         history += " | samples so far: " + ", ".join(
             f"{c.label} n={len(got)}" + (f" median {got.median():.4g}" if len(got) else "")
             for c, got in state.observed.items())
@@ -208,7 +208,7 @@ def _warm(dispatcher, w, b) -> tuple[str, str]:
         if timer is not None:
             history += (f" | event pairs pending {timer.pending}, dropped {timer.dropped}, "
                         f"status {timer.status}")
-    return decision.candidate.label + (" (still exploring)" if decision.explore else
+    return decision.candidate.label + (" (still exploring)" if not decision.settled else
                                        " (deferred)" if "deferred" in decision.reason
                                        else ""), \
         f"{calls} calls in {seconds:.2f} s: {history}"

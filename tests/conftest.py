@@ -171,6 +171,17 @@ def background(request):
 
 
 @pytest.fixture
+def decided_on_the_miss():
+    """Misses decide on the calling thread (``ADAPTIVE_DECIDE_OFF_THREAD=0``): for tests that
+    script a key's calls one by one (which call explores what, which reach the
+    dispatcher). The default, a worker deciding while the library's candidate serves, has
+    its own tests (``tests/cpu/test_dispatch.py``)."""
+    from adaptive import config
+    with config.override(decide_off_thread=False):
+        yield
+
+
+@pytest.fixture
 def rng(request):
     """A fresh generator per test, seeded from the test's id so failures reproduce."""
     seed = zlib.crc32(request.node.nodeid.encode())

@@ -163,6 +163,10 @@ class PolicyResult:
     # per op: (new keys, mean first result ms, mean deciding ms) of a live policy
     first_by_op: dict = dataclasses.field(default_factory=dict)
     first_gc_ms: float = math.nan   # of a first result, Python's garbage collector (mean)
+    # input classes decided off the calling thread (Dispatcher.off_thread_decides): how
+    # many, and means of the policy's decide and of the time from the miss to the
+    # decision (the library served the class's calls meanwhile), ms
+    off_thread: tuple = (0, math.nan, math.nan)
     # the same choices re-timed pipelined (PIPELINED_BATCH calls a synchronise; a device
     # only, else NaN): ms, and over the oracle's ms in that regime (its fastest per input)
     pipelined_ms: float = math.nan
@@ -235,6 +239,10 @@ class StreamReport:
                 f"{r.first_result_ms - r.first_miss_ms:.2f}; garbage collection in it "
                 f"{r.first_gc_ms:.2f}"
                 for r in self.results if not math.isnan(r.first_miss_ms)]
+        out += [f"  {r.policy}: {r.off_thread[0]} input classes decided off the calling "
+                f"thread, the policy's decide {r.off_thread[1]:.2f} ms each, "
+                f"{r.off_thread[2]:.2f} ms from the miss to the decision (the library "
+                f"serving meanwhile)" for r in self.results if r.off_thread[0]]
         out += [f"  {r.policy} first result by op: " + ", ".join(
             f"{op} {ms:.2f} ms (deciding {dm:.2f}, {n} keys)"
             for op, (n, ms, dm) in r.first_by_op.items())
@@ -547,6 +555,7 @@ def _live(name, dispatcher, stream, inputs, table, sync
     by_op: dict = {}   # op -> ([first result ms], [deciding ms])
     collecting = GcClock()
     gc_firsts = []     # ms of garbage collection inside each first result
+    since = time.time()
     t_start = time.perf_counter_ns()
     try:
         for s in stream:
@@ -568,6 +577,7 @@ def _live(name, dispatcher, stream, inputs, table, sync
         total = (time.perf_counter_ns() - t_start) / 1e6
     finally:
         collecting.close()
+    dispatcher.wait_for_decisions()
     for _ in range(3):   # let exploring keys finish: steady state means every key decided
         for s in dict.fromkeys(stream):
             plan = dispatcher.current_plan(OPS[s[0]].key(inputs[s][0], inputs[s][1]))
@@ -600,6 +610,7 @@ def _live(name, dispatcher, stream, inputs, table, sync
             regret += dec.tuning_ms
             explored += 2 * len(table[s])
     from adaptive.policy.learned import Learned
+    off = dispatcher.off_thread_decides(since)
     stats = ({k: v for k, v in policy.stats.items()
               if k in ("commits", "drifts", "deferred", "reopened", "explore_s", "rows_s",
                        "predict_s")}
@@ -613,7 +624,9 @@ def _live(name, dispatcher, stream, inputs, table, sync
                         first_listing_ms=_mean([m["listing_ms"] for m in misses]),
                         first_by_op={op: (len(f), statistics.mean(f), _mean(dm))
                                      for op, (f, dm) in sorted(by_op.items())},
-                        first_gc_ms=_mean(gc_firsts)), \
+                        first_gc_ms=_mean(gc_firsts),
+                        off_thread=(len(off), _mean([o["policy_ms"] for o in off]),
+                                    _mean([o["wait_ms"] for o in off]))), \
         choice, why
 
 

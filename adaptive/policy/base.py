@@ -32,10 +32,18 @@ class Decision:
     # non-empty: a provisional decision; later calls of the key rotate through these
     # candidates (``candidate`` first), timed, until the policy's observe() commits
     explore: tuple[Candidate, ...] = ()
+    # set: the input class is being decided off the calling thread, ``candidate`` (the
+    # library's) serving its calls meanwhile, untimed
+    pending: bool = False
 
     @property
     def observed(self) -> dict:
         return dict(self.observed_ms)
+
+    @property
+    def settled(self) -> bool:
+        """Committed: neither exploring nor waiting for its decide."""
+        return not self.explore and not self.pending
 
 
 @dataclasses.dataclass
@@ -82,6 +90,10 @@ class Policy(Protocol):
     # timed calls each explored candidate gets at most in one exploration (None: no
     # bound): the dispatcher gives a candidate no further turn once they are issued
     samples: int | None
+    # decide() runs nothing (ctx.measure unused) and may run on a thread of its own while
+    # other classes' observe() runs: the dispatcher then decides a new input class off
+    # the calling thread, the library's candidate serving it meanwhile
+    decides_off_thread: bool
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         """Choose one of ``candidates`` (non-empty) for ``ctx.problem``."""
@@ -129,6 +141,7 @@ class BasePolicy:
     # the fraction of wall time exploring calls may take (None: unbounded; see Learned)
     explore_budget: float | None = None
     samples: int | None = None   # timed calls an explored candidate gets (None: no bound)
+    decides_off_thread = False   # see Policy
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         raise NotImplementedError

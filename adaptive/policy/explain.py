@@ -30,7 +30,8 @@ class Explanation:
     key: tuple
     input: str                       # dims, dtype and params, readable
     policy: str
-    state: str                       # committed | exploring | undecided
+    state: str                       # committed | exploring | deciding (off the calling
+    #                                  thread, the library serving) | undecided
     chosen: str
     reason: str
     floor_ms: float
@@ -140,7 +141,9 @@ def explain(op: str, *args, dispatcher=None, **params) -> Explanation:
     # the policy's own order where it ranked (exactly as decide() did), then by time
     rows.sort(key=lambda r: (order.get(r.label, len(order)), math.isnan(r.predicted_ms),
                              r.predicted_ms, math.isnan(r.observed_ms), r.observed_ms))
-    where = "undecided" if plan is None else "exploring" if exploring else "committed"
+    where = ("undecided" if plan is None else
+             "deciding" if decision is not None and decision.pending else
+             "exploring" if exploring else "committed")
     reason = state.reason if state is not None else (decision.reason if decision else "")
     shown = " ".join([", ".join(f"{k}={v}" for k, v in problem.dims), problem.dtype]
                      + [f"{k}={v}" for k, v in problem.params + problem.extra])

@@ -209,7 +209,7 @@ class AdaptiveBlock:
         finally:
             self._tracking = None
         return {k: ("no decision" if dec is None else dec.reason) for k, dec in seen.items()
-                if dec is None or dec.explore}
+                if dec is None or not dec.settled}
 
     def _static_choice(self, name, args, params) -> tuple[str, dict]:
         choice = self._static.get(name)

@@ -824,9 +824,11 @@ def sweep_decode_attention(model: CausalLM, batch_rows, least_keys: int,
                 mask = torch.ones((b, 1, 1, lk), dtype=torch.bool, device=model.device)
                 mask[:, :, :, : lk // 8] = False       # left padding, as a ragged batch has
                 dispatcher = default_dispatcher((q,))
-                for _ in range(max_calls):
+                for i in range(max_calls):
                     at.attention_forward(layer, q, k, v, mask, scaling=scale)
                     calls += 1
+                    if i == 0:   # a class decided off the calling thread: its decision
+                        dispatcher.wait_for_decisions()
                     plan = dispatcher.plan("attention", q, k, v, mask, causal=False,
                                            scale=scale)
                     if not plan.provisional:   # this class committed

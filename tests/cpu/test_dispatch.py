@@ -363,3 +363,143 @@ def test_a_candidate_the_policy_wants_timed_again_gets_its_turns(rng):
     # the calls served untimed while the samples are held reach the log as plain ones:
     # one record a call
     assert clog.stats.written == 12 and clog.stats.dropped == 0
+
+
+# ---- a new input class decided off the calling thread ----------------------------------------
+
+def _softmax_pair():
+    """Two host softmax variants, ``plain`` the baseline (what the plain program runs)."""
+    from adaptive.variants import Registry, default_registry, variant_from_dict
+    host = default_registry().get("softmax", "host_numpy")
+    return Registry([variant_from_dict({"name": name, "backend": "host", "language": "python",
+                                        "entry": host.entry, "source": host.source,
+                                        "baseline": name == "plain"}, "softmax")
+                     for name in ("plain", "quick")])
+
+
+class _Gated(adaptive.Learned):
+    """The learned policy whose decide waits for the test (``go``), counting its calls
+    and the threads they ran on."""
+
+    def __init__(self, fail: bool = False):
+        from adaptive.policy.cost_model import LiveModel
+        super().__init__(LiveModel(background=False), max_explore=2, samples=2)
+        self.go, self.entered, self.threads, self.fail = threading.Event(), 0, [], fail
+        self.inside = threading.Event()
+
+    def decide(self, ctx, candidates):
+        self.entered += 1
+        self.threads.append(threading.current_thread().name)
+        self.inside.set()
+        assert self.go.wait(10.0)
+        if self.fail:
+            raise RuntimeError("the model broke")
+        return super().decide(ctx, candidates)
+
+
+def _softmax64(x):
+    z = x.astype(np.float64)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_a_new_class_is_served_by_the_library_while_a_worker_decides_it(rng):
+    """The miss returns the baseline's result at once, untimed, while the worker thread
+    decides; a second key of the class meanwhile is served the same way; the decision then
+    reaches both keys, and the worker ends once the queue is empty."""
+    policy = _Gated()
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d.decide_off_thread = True
+    d.sample_every = 1
+    x = rng.standard_normal((48, 33)).astype(np.float32) * 30   # large logits
+    x[:, :5] = -np.inf                                           # masked
+    y = rng.standard_normal((49, 33)).astype(np.float32)          # same class, another key
+    for _ in range(3):
+        np.testing.assert_allclose(d.launch("softmax", x), _softmax64(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(d.launch("softmax", y), _softmax64(y), rtol=1e-5, atol=1e-6)
+    plan = d.current_plan(OPS["softmax"].key((x,), {}))
+    assert plan.provisional and plan.candidate.variant.name == "plain"
+    assert "off the calling thread" in plan.decision.reason and "plain" in plan.decision.reason
+    assert plan.decision.pending and not plan.decision.settled
+    assert adaptive.explain("softmax", x, dispatcher=d).state == "deciding"
+    assert policy.keys == {} and policy.stats["decisions"] == 0   # nothing decided yet
+    assert d.stats["samples"] == 0          # served untimed, though every call is sampled
+    assert policy.inside.wait(10.0) and policy.entered == 1
+    assert policy.threads == ["adaptive-decide"]
+    assert not d.wait_for_decisions(0.05)   # still deciding
+    policy.go.set()
+    assert d.wait_for_decisions(10.0) and d.settle(10.0)
+    assert not any(t.name == "adaptive-decide" for t in threading.enumerate())
+    assert policy.stats["decisions"] == 1 and d.stats["decisions"] == 1
+    for key in (OPS["softmax"].key((x,), {}), OPS["softmax"].key((y,), {})):
+        plan = d.current_plan(key)
+        assert plan is None or "off the calling thread" not in plan.decision.reason
+    decided = d.off_thread_decides()
+    assert len(decided) == 1 and decided[0]["op"] == "softmax"
+    assert decided[0]["wait_ms"] >= decided[0]["policy_ms"] > 0
+    for _ in range(12):   # the exploration, then the commit, served as decided
+        np.testing.assert_allclose(d.launch("softmax", x), _softmax64(x), rtol=1e-5, atol=1e-6)
+    plan = d.current_plan(OPS["softmax"].key((x,), {}))
+    assert not plan.provisional and plan.decision.settled and d.stats["samples"] > 0
+    assert adaptive.explain("softmax", x, dispatcher=d).state == "committed"
+    assert "explor" in " ".join(policy.state(plan.class_key).history)
+
+
+def test_a_decide_that_fails_off_the_thread_says_so_and_the_library_serves(rng, caplog):
+    policy = _Gated(fail=True)
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d.decide_off_thread = True
+    x = rng.standard_normal((20, 7)).astype(np.float32)
+    policy.go.set()
+    with caplog.at_level("ERROR", logger="adaptive"):
+        d.launch("softmax", x)
+        assert d.wait_for_decisions(10.0)
+    assert "deciding softmax" in caplog.text and "plain serves it" in caplog.text
+    np.testing.assert_allclose(d.launch("softmax", x), _softmax64(x), rtol=1e-5, atol=1e-6)
+    plan = d.current_plan(OPS["softmax"].key((x,), {}))
+    assert not plan.provisional and plan.candidate.variant.name == "plain"
+    assert "decide failed (RuntimeError: the model broke)" in plan.decision.reason
+
+
+def test_a_class_forgotten_while_it_is_decided_is_decided_again(rng):
+    policy = _Gated()
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d.decide_off_thread = True
+    x = rng.standard_normal((20, 7)).astype(np.float32)
+    d.launch("softmax", x)
+    d.forget()
+    policy.go.set()
+    assert d.wait_for_decisions(10.0)
+    assert d.current_plan(OPS["softmax"].key((x,), {})) is None and d.off_thread_decides() == []
+    d.launch("softmax", x)          # a new miss, a new decide
+    assert d.wait_for_decisions(10.0) and policy.entered == 2
+
+
+@pytest.mark.parametrize("how", ["dispatcher", "config", "policy"])
+def test_a_class_is_decided_on_the_miss_where_off_thread_decides_do_not_apply(rng, how):
+    """Switched off on the dispatcher or by ADAPTIVE_DECIDE_OFF_THREAD, or a policy whose
+    decide runs candidates (measure-each): the miss decides, on the calling thread."""
+    from adaptive import config
+    policy = adaptive.MeasureEach() if how == "policy" else _Gated()
+    if how != "policy":
+        policy.go.set()
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    if how == "dispatcher":
+        d.decide_off_thread = False
+    x = rng.standard_normal((20, 7)).astype(np.float32)
+    with config.override(decide_off_thread=how != "config"):
+        d.launch("softmax", x)
+    plan = d.current_plan(OPS["softmax"].key((x,), {}))
+    assert "off the calling thread" not in plan.decision.reason
+    assert d.off_thread_decides() == [] and d.stats["decisions"] == 1
+    if how != "policy":
+        assert policy.threads == [threading.current_thread().name] and plan.provisional
+
+
+def test_off_thread_decides_switch_reads_the_environment():
+    from adaptive import config
+    assert config.Config().decide_off_thread is True   # the default
+    assert config.from_env({"ADAPTIVE_DECIDE_OFF_THREAD": "0"}).decide_off_thread is False
+    assert config.from_env({"ADAPTIVE_DECIDE_OFF_THREAD": "on"}).decide_off_thread is True
+    with pytest.raises(ValueError, match="ADAPTIVE_DECIDE_OFF_THREAD='maybe': expected 1 or 0"):
+        config.from_env({"ADAPTIVE_DECIDE_OFF_THREAD": "maybe"})

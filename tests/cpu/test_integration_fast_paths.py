@@ -41,6 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "serve
 from engine import route_spy  # noqa: E402
 
 HOLD_EVERY = linear_mod.HOLD_EVERY
+# the calls here are scripted one by one (which reach the dispatcher, which are held): a
+# new class is decided on its miss, not off the calling thread
+pytestmark = pytest.mark.usefixtures("decided_on_the_miss")
 
 
 # a layer's warm calls from its first routed one to its fourth at the top level: the gaps

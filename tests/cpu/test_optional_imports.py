@@ -138,6 +138,7 @@ def test_tensor_callers_run_the_torch_entry_with_their_tensors():
     np.testing.assert_allclose(d.launch("gemm", x, y), x @ y)
 
 
+@pytest.mark.usefixtures("decided_on_the_miss")
 def test_a_held_plan_runs_without_the_key_and_goes_stale_when_replaced():
     torch = pytest.importorskip("torch", reason="torch is in the test extra")
     d = _torch_dispatcher()

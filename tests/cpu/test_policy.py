@@ -860,7 +860,7 @@ def test_a_drift_met_with_the_budget_spent_re_explores_later(rng, monkeypatch):
 
 
 
-def _contended(rng, idle_ms: dict, loaded_ms: dict):
+def _contended(rng, idle_ms: dict, loaded_ms: dict, race_ratio: float = 1.3):
     """A dispatcher on a fake GPU (:func:`_EventHost`) whose candidates' times follow a
     simulated co-running load (``be.loaded``), cold-exploring three candidates named
     a, b, c here; every call sampled and its events finished at once. Returns the fake,
@@ -871,9 +871,10 @@ def _contended(rng, idle_ms: dict, loaded_ms: dict):
     be.loaded = False
     x = rng.standard_normal((96, 64)).astype(np.float32)
     policy = Learned(LiveModel(background=False), max_explore=3, samples=3, drift_window=4,
-                     explore_budget=None, revalidate_every=8)
+                     explore_budget=None, revalidate_every=8, race_ratio=race_ratio)
     d = Dispatcher(be, policy=policy)
     d.sample_every = 1
+    d.decide_off_thread = False   # the calls are counted from the miss on
     a, b, c = _diverse(d.candidates("softmax", x))[:3]
     names = {a.label: "a", b.label: "b", c.label: "c"}
 
@@ -943,7 +944,8 @@ def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
     every candidate again."""
     ctx, cands, _ = softmax_context(rng)
     policy = Learned(LiveModel(background=False), max_explore=4, samples=3, drift_window=3,
-                     drift_ratio=1.5, clear_margin=None)
+                     drift_ratio=1.5, clear_margin=None,
+                     race_ratio=2.0)
     d = policy.decide(ctx, cands)
     e0, e1, e2, e3 = d.explore
     times = {e0: 5.0, e1: 0.5, e2: 3.0, e3: 0.55}   # e0 (first) slow too: kept all the same
@@ -1121,9 +1123,11 @@ def test_a_class_stops_running_a_candidate_clear_of_the_leader(rng):
     """Through the dispatcher (events harvested a call late, a warm-up turn each): c,
     every sample 1.5x a's, is clear of the leader after its second sample and runs no
     more; a and b, 2% apart, are timed fully and the commit is a, after no more calls
-    than three samples each would take."""
+    than three samples each would take. (The race bar at 2x: c under it, the clear margin
+    is what stops it.)"""
     be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.02, "c": 1.5},
-                                         loaded_ms={"a": 1.0, "b": 1.02, "c": 1.5})
+                                         loaded_ms={"a": 1.0, "b": 1.02, "c": 1.5},
+                                         race_ratio=2.0)
     runs = _count_runs(be)
     assert calls_until("a", 15) <= 3 + 3 * 3 + 1   # warm-ups, samples, the harvest's lag
     state = next(iter(policy.keys.values()))
@@ -1150,6 +1154,7 @@ def test_a_drift_that_keeps_the_choice_schedules_no_re_validation(rng):
 
 
 @pytest.mark.parametrize("quick_cost, kept", [(0.98, True), (0.90, False)])
+@pytest.mark.usefixtures("decided_on_the_miss")
 def test_a_candidate_replaces_the_baseline_only_when_clearly_faster(rng, quick_cost, kept):
     """Three in-stream medians read a few percent apart: a candidate within the baseline
     margin (3%) of the plain program's call does not replace it; one 10% faster does."""

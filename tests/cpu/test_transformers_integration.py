@@ -220,6 +220,7 @@ def test_a_patched_linear_returns_nn_linears_layout(layout):
                     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.usefixtures("decided_on_the_miss")
 def test_pruned_weights_run_as_sparse_weights_built_once(monkeypatch):
     plain, patched = _pair(seed=5)
     with torch.no_grad():

@@ -54,7 +54,7 @@ def _committed(d, op, *args, limit: int = 400) -> None:
     for _ in range(limit):
         d.launch(op, *args)
         decision = d.decision(op, *args)
-        if decision is not None and not decision.explore:
+        if decision is not None and decision.settled:
             return
     raise AssertionError(f"{op}: still exploring after {limit} launches")
 

@@ -11,7 +11,6 @@ import contextlib
 
 import pytest
 
-pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -26,6 +25,9 @@ from adaptive.ops.base import bucket  # noqa: E402
 from adaptive.variants import Registry, shared_registry  # noqa: E402
 
 DEV = "cuda"
+# the calls here are scripted (which reach the dispatcher, which are held): a new class is
+# decided on its miss, not off the calling thread
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("decided_on_the_miss")]
 
 
 @pytest.fixture

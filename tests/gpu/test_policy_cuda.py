@@ -14,10 +14,13 @@ from adaptive.ops import OPS
 pytestmark = pytest.mark.gpu
 
 
-def test_a_request_before_the_shipped_packs_fit_waits_for_it_and_is_ranked(cp, rng):
+@pytest.mark.parametrize("off_thread", [False, True])
+def test_a_request_before_the_shipped_packs_fit_waits_for_it_and_is_ranked(cp, rng,
+                                                                           off_thread):
     """A decode-attention miss while the shipped pack's fit runs (held here for 1 s) waits
     for the fit and is ranked by the model, which explores its own picks and commits;
-    every result is right (float64 reference, a causal decode step, large logits)."""
+    every result is right (float64 reference, a causal decode step, large logits). Decided
+    off the calling thread, the decide waits, not the request: SDPA serves it at once."""
     from adaptive.dispatch import Dispatcher
     from adaptive.packs.install import load_pack, shipped_packs_for
     from adaptive.policy.cost_model import CostModel, LiveModel
@@ -32,6 +35,7 @@ def test_a_request_before_the_shipped_packs_fit_waits_for_it_and_is_ranked(cp, r
     policy = Learned(model, explore_budget=None)
     d = Dispatcher("cuda", policy=policy, registry=default_registry())
     d.sample_every = 1
+    d.decide_off_thread = off_thread
     packs = shipped_packs_for(d.backend.fingerprint())
     if not packs:
         gate.set()
@@ -50,6 +54,12 @@ def test_a_request_before_the_shipped_packs_fit_waits_for_it_and_is_ranked(cp, r
     threading.Timer(1.0, gate.set).start()
     t0 = time.perf_counter()
     call()
+    if off_thread:
+        assert time.perf_counter() - t0 < 0.9 and not policy.keys
+        plan = d.current_plan(OPS["attention"].key(tuple(args), {"causal": True}))
+        assert plan.decision.pending and plan.candidate.variant.name == "sdpa_torch"
+        call()
+        assert d.wait_for_decisions(60.0)
     assert time.perf_counter() - t0 >= 0.9 and model.model is not None
     (state,) = policy.keys.values()
     assert state.reason.startswith("waited ") and "model ranked" in state.reason, \
