@@ -10,10 +10,10 @@ the bound evicts the oldest plan, except that a plan sampled since it was last p
 over gets a second chance (a clock; hits record nothing, sampled calls set the bit).
 Evictions are counted in ``stats["plan_evictions"]``.
 
-A new input class is decided off the calling thread where the policy allows it
-(``decides_off_thread``: the learned policy, whose decide runs nothing) and a library
-candidate fits (what the plain program runs: cuBLAS, SDPA): the miss lists the
-candidates, prepares the library's and returns its result, and one worker thread decides
+A new input class is decided off the calling thread where the policy names a stand-in
+(``Policy.stand_in``; the learned policy's: the library's candidate, what the plain program
+runs, else the fastest candidate of the nearest measured input): the miss lists the
+candidates, prepares the stand-in and returns its result, and one worker thread decides
 the class meanwhile and hands the decision to its keys (:meth:`Dispatcher.settle` waits for
 it). A miss's first result then costs a listing and a library call, not the model's
 ranking of ~100 candidates (3-6 ms on the H200's host, run S152).
@@ -155,7 +155,7 @@ class _InputClass:
     # a candidate whose samples are all issued gets no further turn while they are
     # harvested (see Dispatcher._plan_for)
     issued: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    # decided off the calling thread and not yet: ``decision`` serves the library's
+    # decided off the calling thread and not yet: ``decision`` serves the policy's stand-in
     # candidate, untimed (see Dispatcher._pending_plan)
     pending: bool = False
 
@@ -330,8 +330,9 @@ class Dispatcher:
                           for how in ("decided", "class")}
         # input classes decided off the calling thread: the queue, its worker (None when
         # idle: started by a submit, it ends when the queue is empty) and what it did
-        # True/False: this dispatcher's choice; None: ADAPTIVE_DECIDE_OFF_THREAD's, read on
-        # each miss
+        # True/False: this dispatcher's choice; None: ADAPTIVE_DECIDE_OFF_THREAD's (read on
+        # each miss) where calls are timed by device events (a GPU). On the host a call is
+        # CPU work timed by the wall clock, which a decide running beside it would disturb
         self.decide_off_thread: bool | None = None
         self._decide_cv = threading.Condition(threading.Lock())
         self._decide_jobs: collections.deque = collections.deque()
@@ -493,12 +494,12 @@ class Dispatcher:
                     self.backend.peaks,
                     self.backend.device_state, self.limits, floor=floor,
                     charge=self.miss_charge(problem, waits))
-                library = self._off_thread_library(problem, candidates)
-                if library is not None:
-                    decision = Decision(library, (
+                stand_in = self._stand_in(ctx, candidates)
+                if stand_in is not None:
+                    decision = Decision(stand_in[0], (
                         f"deciding among {len(candidates)} candidates off the calling "
-                        f"thread; {library.label} (what the plain program runs) serves "
-                        f"meanwhile, untimed"), pending=True)
+                        f"thread; {stand_in[0].label} ({stand_in[1]}) serves meanwhile, "
+                        f"untimed"), pending=True)
                     cls = self._classes[ckey] = _InputClass(ckey, decision, floor,
                                                             pending=True)
                     self._submit_decide(cls, ctx, candidates, t0)
@@ -535,23 +536,20 @@ class Dispatcher:
                       cls.decision.reason)
         return plan
 
-    def _off_thread_library(self, problem: Problem, candidates: Sequence[Candidate]
-                            ) -> Candidate | None:
-        """The library candidate that serves a new input class while it is decided off the
-        calling thread, or None where it is decided here: off-thread decides switched off,
-        a policy whose decide may run candidates (measure-each), a single candidate, or
-        no library candidate (the host's NumPy inputs)."""
+    def _stand_in(self, ctx: Context, candidates: Sequence[Candidate]
+                  ) -> tuple[Candidate, str] | None:
+        """The policy's stand-in for a new input class decided off the calling thread (see
+        ``Policy.stand_in``), or None where the miss decides it: off-thread decides
+        switched off (by default, on the host: see ``decide_off_thread``), or a policy
+        without one (measure-each runs every candidate)."""
         off = self.decide_off_thread
         if off is None:
-            off = config.get().decide_off_thread
-        if not (off and self.policy.decides_off_thread) or len(candidates) < 2:
-            return None   # (one candidate: nothing to decide)
-        from adaptive.policy.learned import library_candidate
-        return library_candidate(problem, candidates)
+            off = config.get().decide_off_thread and self._event_timer() is not None
+        return self.policy.stand_in(ctx, candidates) if off else None
 
     def _pending_plan(self, decision: Decision, first: Plan) -> Plan:
         """The plan of a key whose class is being decided off the calling thread: the
-        library's candidate (``first``), untimed, reaching the recorders as a plain call;
+        policy's stand-in (``first``), untimed, reaching the recorders as a plain call;
         provisional, so that callers holding plans (the integrations) keep coming back."""
         def serve(args, out):
             head = self._head
@@ -584,8 +582,7 @@ class Dispatcher:
                               ctx.problem.describe(), cls.decision.candidate.label)
                 decision = Decision(cls.decision.candidate, (
                     f"the policy's decide failed ({type(exc).__name__}: {exc}); "
-                    f"{cls.decision.candidate.label} (what the plain program runs) serves, "
-                    f"committed"))
+                    f"{cls.decision.candidate.label}, its stand-in, serves it, committed"))
             done = time.perf_counter()
             decision = dataclasses.replace(
                 decision, tuning_ms=decision.tuning_ms or (done - t1) * 1e3)

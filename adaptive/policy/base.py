@@ -90,11 +90,6 @@ class Policy(Protocol):
     # timed calls each explored candidate gets at most in one exploration (None: no
     # bound): the dispatcher gives a candidate no further turn once they are issued
     samples: int | None
-    # decide() runs nothing (ctx.measure unused) and may run on a thread of its own while
-    # other classes' observe() runs: the dispatcher then decides a new input class off
-    # the calling thread, the library's candidate serving it meanwhile
-    decides_off_thread: bool
-
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         """Choose one of ``candidates`` (non-empty) for ``ctx.problem``."""
 
@@ -107,6 +102,13 @@ class Policy(Protocol):
 
     def forget_key(self, key: tuple) -> None:
         """The dispatcher dropped ``key`` (its plan was evicted): drop its state too."""
+
+    def stand_in(self, ctx: Context, candidates: Sequence[Candidate]
+                 ) -> tuple[Candidate, str] | None:
+        """A candidate to serve a new input class's calls, untimed, while ``decide`` runs
+        on a worker thread, and why it (a note for the reason); None: the miss decides on
+        the calling thread. A policy that answers must decide without running anything
+        (``ctx.measure`` unused) while ``observe`` runs for other classes."""
 
     def samples_wanted(self, key: tuple, candidate: Candidate) -> int | None:
         """Timed calls ``candidate`` needs in ``key``'s exploration now, where the policy
@@ -141,7 +143,6 @@ class BasePolicy:
     # the fraction of wall time exploring calls may take (None: unbounded; see Learned)
     explore_budget: float | None = None
     samples: int | None = None   # timed calls an explored candidate gets (None: no bound)
-    decides_off_thread = False   # see Policy
 
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         raise NotImplementedError
@@ -151,6 +152,10 @@ class BasePolicy:
 
     def forget_key(self, key: tuple) -> None:
         pass
+
+    def stand_in(self, ctx: Context, candidates: Sequence[Candidate]
+                 ) -> tuple[Candidate, str] | None:
+        return None
 
     def samples_wanted(self, key: tuple, candidate: Candidate) -> int | None:
         return None

@@ -31,7 +31,7 @@ class Explanation:
     input: str                       # dims, dtype and params, readable
     policy: str
     state: str                       # committed | exploring | deciding (off the calling
-    #                                  thread, the library serving) | undecided
+    #                                  thread, a stand-in serving) | undecided
     chosen: str
     reason: str
     floor_ms: float

@@ -380,7 +380,6 @@ class Learned(BasePolicy):
     """
 
     name = "learned"
-    decides_off_thread = True   # decide() ranks by the model, runs nothing
 
     def __init__(self, model=None, regret_bound: float = 0.2, z: float = 1.0,
                  max_explore: int = 8, samples: int = 3, drift_ratio: float = 1.5,
@@ -587,6 +586,30 @@ class Learned(BasePolicy):
             state.reason = why + f"; committed {explore[0].label} without exploring"
             return Decision(explore[0], state.reason, predicted_ms=predicted_ms)
         return Decision(explore[0], why, predicted_ms=predicted_ms, explore=explore)
+
+    def stand_in(self, ctx: Context, candidates: Sequence[Candidate]
+                 ) -> tuple[Candidate, str] | None:
+        """What serves a new input class while :meth:`decide` runs off the calling thread
+        (it ranks by the model and runs nothing): the library's candidate (what the plain
+        program runs), else the fastest candidate of the nearest measured input within
+        ``far_distance`` (softmax on CuPy arrays has no library candidate; the shipped
+        pack's inputs and this process's commits are the measured ones); None without
+        either, or with one candidate (nothing to decide)."""
+        if len(candidates) < 2:
+            return None
+        library = library_candidate(ctx.problem, candidates)
+        if library is not None:
+            return library, "what the plain program runs"
+        if self.far_distance is None:
+            return None
+        features = ctx.op.features(ctx.problem)
+        by_id = {(c.variant.name, c.config_items): c for c in candidates}
+        for who, dist in self.neighbours.fastest_near(ctx.op.name, ctx.problem.dtype,
+                                                      features, 1):
+            pick = by_id.get(who)
+            if pick is not None and dist <= self.far_distance:
+                return pick, f"the fastest on the nearest measured input, {dist:.2f} away"
+        return None
 
     def _far(self, op: str, dtype: str, features: dict) -> float | None:
         """The distance to the nearest measured input of the same flags (``param_*``,

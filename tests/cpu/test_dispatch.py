@@ -419,7 +419,8 @@ def test_a_new_class_is_served_by_the_library_while_a_worker_decides_it(rng):
     np.testing.assert_allclose(d.launch("softmax", y), _softmax64(y), rtol=1e-5, atol=1e-6)
     plan = d.current_plan(OPS["softmax"].key((x,), {}))
     assert plan.provisional and plan.candidate.variant.name == "plain"
-    assert "off the calling thread" in plan.decision.reason and "plain" in plan.decision.reason
+    assert "off the calling thread; plain (what the plain program runs) serves" \
+        in plan.decision.reason
     assert plan.decision.pending and not plan.decision.settled
     assert adaptive.explain("softmax", x, dispatcher=d).state == "deciding"
     assert policy.keys == {} and policy.stats["decisions"] == 0   # nothing decided yet
@@ -458,7 +459,8 @@ def test_a_decide_that_fails_off_the_thread_says_so_and_the_library_serves(rng, 
     np.testing.assert_allclose(d.launch("softmax", x), _softmax64(x), rtol=1e-5, atol=1e-6)
     plan = d.current_plan(OPS["softmax"].key((x,), {}))
     assert not plan.provisional and plan.candidate.variant.name == "plain"
-    assert "decide failed (RuntimeError: the model broke)" in plan.decision.reason
+    assert "decide failed (RuntimeError: the model broke); plain, its stand-in, serves it, " \
+        "committed" in plan.decision.reason
 
 
 def test_a_class_forgotten_while_it_is_decided_is_decided_again(rng):
@@ -475,17 +477,19 @@ def test_a_class_forgotten_while_it_is_decided_is_decided_again(rng):
     assert d.wait_for_decisions(10.0) and policy.entered == 2
 
 
-@pytest.mark.parametrize("how", ["dispatcher", "config", "policy"])
+@pytest.mark.parametrize("how", ["dispatcher", "config", "policy", "host"])
 def test_a_class_is_decided_on_the_miss_where_off_thread_decides_do_not_apply(rng, how):
-    """Switched off on the dispatcher or by ADAPTIVE_DECIDE_OFF_THREAD, or a policy whose
-    decide runs candidates (measure-each): the miss decides, on the calling thread."""
+    """Switched off on the dispatcher or by ADAPTIVE_DECIDE_OFF_THREAD, a policy without a
+    stand-in (measure-each runs every candidate), or by default on the host (its calls are
+    CPU work timed by the wall clock): the miss decides, on the calling thread."""
     from adaptive import config
     policy = adaptive.MeasureEach() if how == "policy" else _Gated()
     if how != "policy":
         policy.go.set()
     d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
-    if how == "dispatcher":
-        d.decide_off_thread = False
+    d.decide_off_thread = {"dispatcher": False, "policy": True}.get(how)
+    if how == "config":   # timed as on a GPU: the config's choice
+        d._event_timer = lambda: object()
     x = rng.standard_normal((20, 7)).astype(np.float32)
     with config.override(decide_off_thread=how != "config"):
         d.launch("softmax", x)
@@ -496,6 +500,20 @@ def test_a_class_is_decided_on_the_miss_where_off_thread_decides_do_not_apply(rn
         assert policy.threads == [threading.current_thread().name] and plan.provisional
 
 
+def test_by_default_a_class_is_decided_off_the_thread_where_calls_are_timed_by_events(rng):
+    policy = _Gated()
+    policy.go.set()
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d._event_timer = lambda: None   # the host: decided on the miss
+    x = rng.standard_normal((20, 7)).astype(np.float32)
+    d.launch("softmax", x)
+    assert not d.decision("softmax", x).pending
+    d._event_timer = lambda: object()   # timed as on a GPU: off the calling thread
+    y = rng.standard_normal((300, 70)).astype(np.float32)
+    d.launch("softmax", y)
+    assert d.wait_for_decisions(10.0) and policy.threads[-1] == "adaptive-decide"
+
+
 def test_off_thread_decides_switch_reads_the_environment():
     from adaptive import config
     assert config.Config().decide_off_thread is True   # the default
@@ -503,3 +521,32 @@ def test_off_thread_decides_switch_reads_the_environment():
     assert config.from_env({"ADAPTIVE_DECIDE_OFF_THREAD": "on"}).decide_off_thread is True
     with pytest.raises(ValueError, match="ADAPTIVE_DECIDE_OFF_THREAD='maybe': expected 1 or 0"):
         config.from_env({"ADAPTIVE_DECIDE_OFF_THREAD": "maybe"})
+
+
+def test_without_a_library_candidate_the_nearest_measured_inputs_fastest_stands_in(rng):
+    """Host softmax on NumPy arrays has no library candidate: the fastest candidate of the
+    nearest measured input (within far_distance) serves the new class while it is decided;
+    with no measured input near, the miss decides on the calling thread."""
+    from adaptive.ops import get_op
+    policy = _Gated()
+    d = adaptive.Dispatcher("host", policy=policy)
+    d.decide_off_thread = True
+    seen = rng.standard_normal((64, 40)).astype(np.float32)
+    o = get_op("softmax")
+    pick = next(c for c in d.candidates("softmax", seen) if c.variant.name == "host_blocked"
+                and c != d.candidates("softmax", seen)[0])
+    policy.neighbours.add("softmax", "float32", o.features(o.problem((seen,), {})),
+                          pick.variant.name, pick.config_items, 0.01)
+    near = rng.standard_normal((70, 40)).astype(np.float32)
+    np.testing.assert_allclose(d.launch("softmax", near), _softmax64(near), rtol=1e-5,
+                               atol=1e-6)
+    plan = d.current_plan(o.key((near,), {}))
+    assert plan.decision.pending and plan.candidate == pick
+    assert f"{pick.label} (the fastest on the nearest measured input, 0." in plan.decision.reason
+    policy.go.set()
+    assert d.wait_for_decisions(10.0) and policy.stats["decisions"] == 1
+    far = rng.standard_normal((2048, 1000)).astype(np.float32)
+    np.testing.assert_allclose(d.launch("softmax", far), _softmax64(far), rtol=1e-5, atol=1e-6)
+    plan = d.current_plan(o.key((far,), {}))
+    assert not plan.decision.pending and policy.stats["decisions"] == 2
+    assert policy.threads[-1] == threading.current_thread().name

@@ -2004,15 +2004,19 @@ def _held_fit(gate):
     return held
 
 
-def test_a_miss_before_the_packs_first_fit_waits_for_it_once(rng):
+@pytest.mark.parametrize("off_thread", [False, True])
+def test_a_miss_before_the_packs_first_fit_waits_for_it_once(rng, off_thread):
     """A server's first requests may come while the start-up pack's rows are still being
     fitted in the background (run S142: a decode input decided then explored diverse
-    candidates and served a config 1.14x the best for the whole run). The miss waits for
-    the fit and is ranked by the model; later misses do not wait; results are right."""
+    candidates and served a config 1.14x the best for the whole run). The decide waits for
+    the fit and is ranked by the model; later misses do not wait; results are right.
+    Decided on the miss, the caller waits; off the calling thread, the worker does, and
+    the nearest pack input's fastest candidate serves the call at once."""
     gate = threading.Event()
     model = LiveModel(make=_held_fit(gate))
     policy = Learned(model, max_explore=3, samples=2, explore_budget=None)
     d = Dispatcher("host", policy=policy)
+    d.decide_off_thread = off_thread
     d.add_observations(_pack_rows(d, rng))
     assert model.first_fit_pending
     threading.Timer(0.3, gate.set).start()
@@ -2020,6 +2024,10 @@ def test_a_miss_before_the_packs_first_fit_waits_for_it_once(rng):
     x[::7, ::5] = -np.inf                                            # masked
     t0 = time.perf_counter()
     assert np.max(np.abs(d.launch("softmax", x) - OPS["softmax"].reference(x))) < 1e-5
+    if off_thread:
+        assert time.perf_counter() - t0 < 0.25 and model.first_fit_pending
+        assert d.decision("softmax", x).pending and not policy.keys
+        assert d.wait_for_decisions(10.0)
     assert time.perf_counter() - t0 >= 0.25 and not model.first_fit_pending
     (state,) = policy.keys.values()
     assert re.match(r"waited 0\.[2-9]\d s for the model's first fit of \d+ pack rows; "
@@ -2041,6 +2049,7 @@ def test_a_first_fit_past_its_bound_or_failed_leaves_the_miss_cold(rng, monkeypa
     model = LiveModel(make=_held_fit(gate))
     policy = Learned(model, max_explore=3, samples=2, explore_budget=None)
     d = Dispatcher("host", policy=policy)
+    d.decide_off_thread = False   # the miss decides: its warning and its reason
     d.add_observations(_pack_rows(d, rng))
     x = rng.standard_normal((200, 50)).astype(np.float32)
     try:
@@ -2062,6 +2071,7 @@ def test_a_first_fit_past_its_bound_or_failed_leaves_the_miss_cold(rng, monkeypa
     model = LiveModel(make=broken)
     policy = Learned(model, max_explore=3, samples=2, explore_budget=None)
     d = Dispatcher("host", policy=policy)
+    d.decide_off_thread = False
     d.add_observations(_pack_rows(d, rng))
     threading.Timer(0.2, gate.set).start()
     with caplog.at_level("WARNING", logger="adaptive.policy.cost_model"):
