@@ -566,7 +566,9 @@ class Dispatcher:
                 self._decider.start()
 
     def _decide_queued(self) -> None:
-        """The worker: decide the queued classes in order, then end."""
+        """The worker: decide the queued classes in order, then end. A failure past the
+        policy's decide (handing the decision to the keys) commits the class to its
+        stand-in, says why, and the worker goes on: no class stays pending."""
         while True:
             with self._decide_cv:
                 if not self._decide_jobs:
@@ -574,32 +576,52 @@ class Dispatcher:
                     self._decide_cv.notify_all()
                     return
                 cls, ctx, candidates, t0 = self._decide_jobs.popleft()
-            t1 = time.perf_counter()
             try:
-                decision = self.policy.decide(ctx, candidates)
-            except Exception as exc:  # noqa: BLE001 (the class stays served, and says why)
-                log.exception("deciding %s off the calling thread failed; %s serves it",
+                self._decide_one(cls, ctx, candidates, t0)
+            except Exception as exc:  # noqa: BLE001 (a bug here must not leave it pending)
+                log.exception("handing %s its decision failed; %s, its stand-in, serves it",
                               ctx.problem.describe(), cls.decision.candidate.label)
-                decision = Decision(cls.decision.candidate, (
-                    f"the policy's decide failed ({type(exc).__name__}: {exc}); "
-                    f"{cls.decision.candidate.label}, its stand-in, serves it, committed"))
-            done = time.perf_counter()
-            decision = dataclasses.replace(
-                decision, tuning_ms=decision.tuning_ms or (done - t1) * 1e3)
-            with self._lock:
-                if self._classes.get(cls.key) is not cls:   # forgotten meanwhile
-                    continue
-                cls.pending = False
-                self.stats["decisions"] = self.stats.get("decisions", 0) + 1
-                self._decide_log.append((time.time(), ctx.op.name, ctx.problem.describe(),
-                                         (done - t1) * 1e3, (done - t0) * 1e3))
-                self._revise(cls.key, decision)
+                with self._lock:
+                    if self._classes.get(cls.key) is cls:
+                        cls.pending = False
+                        cls.decision = Decision(cls.decision.candidate, (
+                            f"handing the decision to its keys failed ({type(exc).__name__}:"
+                            f" {exc}); {cls.decision.candidate.label}, its stand-in, serves "
+                            f"it, committed"))
+                        for key in cls.keys:   # their next calls plan from that decision
+                            plan = self._plans.pop(key, None)
+                            if plan is not None:
+                                _dropped(plan)
+                        cls.keys.clear()
+
+    def _decide_one(self, cls: _InputClass, ctx: Context, candidates, t0: float) -> None:
+        """Decide ``cls`` (queued at ``t0``) and hand the decision to its keys."""
+        t1 = time.perf_counter()
+        try:
+            decision = self.policy.decide(ctx, candidates)
+        except Exception as exc:  # noqa: BLE001 (the class stays served, and says why)
+            log.exception("deciding %s off the calling thread failed; %s serves it",
+                          ctx.problem.describe(), cls.decision.candidate.label)
+            decision = Decision(cls.decision.candidate, (
+                f"the policy's decide failed ({type(exc).__name__}: {exc}); "
+                f"{cls.decision.candidate.label}, its stand-in, serves it, committed"))
+        done = time.perf_counter()
+        decision = dataclasses.replace(
+            decision, tuning_ms=decision.tuning_ms or (done - t1) * 1e3)
+        with self._lock:
+            if self._classes.get(cls.key) is not cls:   # forgotten meanwhile
+                return
+            cls.pending = False
+            self.stats["decisions"] = self.stats.get("decisions", 0) + 1
+            self._decide_log.append((time.time(), ctx.op.name, ctx.problem.describe(),
+                                     (done - t1) * 1e3, (done - t0) * 1e3))
+            self._revise(cls.key, decision)
 
     def off_thread_decides(self, since: float = 0.0) -> list[dict]:
         """The newest input classes decided off the calling thread (at most
         :data:`MISS_LOG`), oldest first, since ``since`` (``time.time()`` at the end):
         the op and input, the policy's decide (``policy_ms``) and the time from the miss
-        to the decision (``wait_ms``: the calls between were served by the library)."""
+        to the decision (``wait_ms``: the calls between were served by the stand-in)."""
         return [{"time_s": t, "op": op, "input": what, "policy_ms": round(policy_ms, 3),
                  "wait_ms": round(wait_ms, 3)}
                 for t, op, what, policy_ms, wait_ms in list(self._decide_log) if t >= since]

@@ -463,6 +463,33 @@ def test_a_decide_that_fails_off_the_thread_says_so_and_the_library_serves(rng, 
         "committed" in plan.decision.reason
 
 
+def test_a_failure_handing_over_the_decision_commits_the_stand_in_and_the_worker_goes_on(
+        rng, caplog):
+    """Past the policy's decide (a bug handing the decision to the keys): each class is
+    committed to its stand-in and says why, the worker decides the next queued class and
+    ends; no class stays pending."""
+    policy = _Gated()
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d.decide_off_thread = True
+
+    def broken(class_key, decision):
+        raise KeyError("a bug")
+    d._revise = broken
+    xs = [rng.standard_normal(shape).astype(np.float32) for shape in ((20, 7), (20, 9))]
+    for x in xs:   # two classes queued
+        d.launch("softmax", x)
+    with caplog.at_level("ERROR", logger="adaptive"):
+        policy.go.set()
+        assert d.wait_for_decisions(10.0)
+    assert caplog.text.count("its decision failed; plain, its stand-in, serves it") == 2
+    assert not any(t.name == "adaptive-decide" for t in threading.enumerate())
+    for x in xs:
+        np.testing.assert_allclose(d.launch("softmax", x), _softmax64(x), rtol=1e-5, atol=1e-6)
+        decision = d.decision("softmax", x)
+        assert decision.settled and decision.candidate.variant.name == "plain"
+        assert "handing the decision to its keys failed (KeyError: 'a bug')" in decision.reason
+
+
 def test_a_class_forgotten_while_it_is_decided_is_decided_again(rng):
     policy = _Gated()
     d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
