@@ -165,7 +165,7 @@ class PolicyResult:
     first_gc_ms: float = math.nan   # of a first result, Python's garbage collector (mean)
     # input classes decided off the calling thread (Dispatcher.off_thread_decides): how
     # many, and means of the policy's decide and of the time from the miss to the
-    # decision (the library served the class's calls meanwhile), ms
+    # decision (the stand-in served the class's calls meanwhile), ms
     off_thread: tuple = (0, math.nan, math.nan)
     # the same choices re-timed pipelined (PIPELINED_BATCH calls a synchronise; a device
     # only, else NaN): ms, and over the oracle's ms in that regime (its fastest per input)
@@ -241,7 +241,7 @@ class StreamReport:
                 for r in self.results if not math.isnan(r.first_miss_ms)]
         out += [f"  {r.policy}: {r.off_thread[0]} input classes decided off the calling "
                 f"thread, the policy's decide {r.off_thread[1]:.2f} ms each, "
-                f"{r.off_thread[2]:.2f} ms from the miss to the decision (the library "
+                f"{r.off_thread[2]:.2f} ms from the miss to the decision (the stand-in "
                 f"serving meanwhile)" for r in self.results if r.off_thread[0]]
         out += [f"  {r.policy} first result by op: " + ", ".join(
             f"{op} {ms:.2f} ms (deciding {dm:.2f}, {n} keys)"

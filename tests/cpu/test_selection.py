@@ -62,6 +62,8 @@ def test_every_stream_reports_every_policy_from_one_run(report):
                 assert sum(n for n, _, _ in r.first_by_op.values()) == s.keys
                 assert f"{r.policy} first result by op: " in str(report)
                 assert 0 <= r.first_gc_ms <= r.first_result_ms
+                # the host decides on the miss (its calls are timed by the wall clock)
+                assert r.off_thread[0] == 0 and "off the calling thread" not in str(report)
                 assert f"garbage collection in it {r.first_gc_ms:.2f}" in str(report)
                 assert (f"{r.policy} first result {r.first_result_ms:.2f} ms: the miss "
                         f"{r.first_miss_ms:.2f} (deciding {r.first_decide_ms:.2f}: the "
@@ -289,3 +291,15 @@ def test_steady_state_is_priced_synchronised_and_pipelined_alike(rng):
                     "does not wait for each call), steady/oracle: "
                     f"first (replayed) {results[1].pipelined_ratio:.3f}, "
                     f"last (replayed) {results[2].pipelined_ratio:.3f}")
+
+
+def test_the_report_names_the_classes_decided_off_the_calling_thread():
+    from adaptive.bench.selection import PolicyResult, StreamReport
+    live = PolicyResult("learned-shipped", "live", 10.0, 1.0, 1.0, 0.8, 1.5, 0.1,
+                        off_thread=(3, 2.5, 4.25))
+    quiet = PolicyResult("learned-cold", "live", 10.0, 1.0, 1.0, 0.8, 1.5, 0.1)
+    text = "\n".join(StreamReport("decode-heavy", 3, 30, 9, 1.0, [live, quiet]).lines())
+    assert ("learned-shipped: 3 input classes decided off the calling thread, the policy's "
+            "decide 2.50 ms each, 4.25 ms from the miss to the decision (the stand-in "
+            "serving meanwhile)") in text
+    assert "learned-cold: 0 input" not in text
