@@ -164,7 +164,8 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
             live.launch(op_name, *inputs[i])
         sync()
         adaptive_ms = (time.perf_counter_ns() - t0) / 1e6
-        chosen = [live.decision(op_name, *args) for args in inputs]
+        live.wait_for_decisions()   # a class decided off the thread: its decision, not
+        chosen = [live.decision(op_name, *args) for args in inputs]   # its stand-in
         picks = [d.candidate.label for d in chosen]
         # the finalists re-timed: the table chose the oracle's and the best fixed
         # candidate by its own samples, so their prices there are the least of many
@@ -192,7 +193,7 @@ def run_mixed(backend: str = "auto", quick: bool = False, seed: int = 0, repeats
                                 sum(priced[i].get(best_label, math.inf) for i in order),
                                 adaptive_ms, steady,
                                 _tuning_ms(live.policy, chosen, explored_s), choices,
-                                sum(bool(d.explore) for d in chosen),
+                                sum(not d.settled for d in chosen),
                                 _largest_excess(op_name, streams[op_name], priced, chosen,
                                                 order, _samples_of(live, op_name, inputs),
                                                 table),
