@@ -15,8 +15,8 @@ A new input class is decided off the calling thread where the policy names a sta
 runs, else the fastest candidate of the nearest measured input): the miss lists the
 candidates, prepares the stand-in and returns its result, and one worker thread decides
 the class meanwhile and hands the decision to its keys (:meth:`Dispatcher.settle` waits for
-it). A miss's first result then costs a listing and a library call, not the model's
-ranking of ~100 candidates (3-6 ms on the H200's host, run S152).
+it). A miss's first result then costs a listing and the stand-in's call, not the
+model's ranking of ~100 candidates (3-6 ms on the H200's host, run S152).
 """
 
 from __future__ import annotations
@@ -328,12 +328,13 @@ class Dispatcher:
         # does not push out the decisions
         self._miss_log = {how: collections.deque(maxlen=MISS_LOG)
                           for how in ("decided", "class")}
-        # input classes decided off the calling thread: the queue, its worker (None when
-        # idle: started by a submit, it ends when the queue is empty) and what it did
-        # True/False: this dispatcher's choice; None: ADAPTIVE_DECIDE_OFF_THREAD's (read on
-        # each miss) where calls are timed by device events (a GPU). On the host a call is
-        # CPU work timed by the wall clock, which a decide running beside it would disturb
+        # whether a new input class is decided off the calling thread. True/False: this
+        # dispatcher's choice; None: ADAPTIVE_DECIDE_OFF_THREAD's (read on each miss) where
+        # calls are timed by device events (a GPU). On the host a call is CPU work timed by
+        # the wall clock, which a decide running beside it would disturb
         self.decide_off_thread: bool | None = None
+        # such decides: the queue, its worker (None when idle: started by a submit, it
+        # ends when the queue is empty) and what it did
         self._decide_cv = threading.Condition(threading.Lock())
         self._decide_jobs: collections.deque = collections.deque()
         self._decider: threading.Thread | None = None
@@ -1391,7 +1392,7 @@ class Dispatcher:
     def wait_for_decisions(self, timeout_s: float = 30.0) -> bool:
         """Wait until no input class waits for its decide off the calling thread; True
         when none does. A warm-up that calls each class until it is committed calls this
-        after a class's first call, so that the calls the library served meanwhile do not
+        after a class's first call, so that the calls its stand-in served meanwhile do not
         count against its own limit."""
         with self._decide_cv:
             return self._decide_cv.wait_for(lambda: self._decider is None, timeout_s)
