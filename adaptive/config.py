@@ -65,7 +65,7 @@ class Config:
     decide_off_thread: bool = dataclasses.field(default=True, metadata={
         "env": "ADAPTIVE_DECIDE_OFF_THREAD", "doc": "on a GPU, decide a new input class on a "
         "worker thread, a stand-in serving its calls meanwhile (the learned policy's: the "
-        "library's candidate, else the nearest measured input's fastest; 0: the miss "
+        "library's candidate, else a near measured input's fastest; 0: the miss "
         "decides, the calling thread waits)"})
     max_threads: int = dataclasses.field(default=0, metadata={
         "env": "ADAPTIVE_MAX_THREADS", "doc": "host backend: largest thread count tried (0: all cores)"})

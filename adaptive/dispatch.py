@@ -12,7 +12,7 @@ Evictions are counted in ``stats["plan_evictions"]``.
 
 A new input class is decided off the calling thread where the policy names a stand-in
 (``Policy.stand_in``; the learned policy's: the library's candidate, what the plain program
-runs, else the fastest candidate of the nearest measured input): the miss lists the
+runs, else a near measured input's fastest candidate): the miss lists the
 candidates, prepares the stand-in and returns its result, and one worker thread decides
 the class meanwhile and hands the decision to its keys (:meth:`Dispatcher.settle` waits for
 it). A miss's first result then costs a listing and the stand-in's call, not the

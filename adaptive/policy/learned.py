@@ -89,6 +89,10 @@ EXPLORE_FLOOR = 4
 # samples (benchmarks/cpu_replay_knobs.py --ops attention,spmm): 1 cost spmm 4 points
 # within 5%; 1.5 and 2 read the same (spmm 84% and 82%, attention 86% both)
 BASELINE_RACE_FACTOR = 1.5
+# a stand-in (Learned.stand_in) is looked for among the fastest candidates of this many
+# nearest measured inputs (distinct candidates): the nearest's may not fit (a softmax
+# kernel holding a row in registers on a wider row)
+STAND_IN_NEAREST = 4
 # the longest a miss waits for the model's first fit of the rows it was given (a start-up
 # pack's: 17,755 rows of the shipped H200 pack fit in 4.3 s on a 2-core machine, in the
 # background from the process's start). A miss decided without them explores diverse
@@ -592,9 +596,10 @@ class Learned(BasePolicy):
         """What serves a new input class while :meth:`decide` runs off the calling thread
         (it ranks by the model and runs nothing): the library's candidate (what the plain
         program runs), else the fastest candidate of the nearest measured input within
-        ``far_distance`` (softmax on CuPy arrays has no library candidate; the shipped
-        pack's inputs and this process's commits are the measured ones); None without
-        either, or with one candidate (nothing to decide)."""
+        ``far_distance`` whose fastest fits this input (of the :data:`STAND_IN_NEAREST`
+        nearest distinct ones; softmax on CuPy arrays has no library candidate; the
+        shipped pack's inputs and this process's commits are the measured ones); None
+        without either, or with one candidate (nothing to decide)."""
         if len(candidates) < 2:
             return None
         library = library_candidate(ctx.problem, candidates)
@@ -605,10 +610,12 @@ class Learned(BasePolicy):
         features = ctx.op.features(ctx.problem)
         by_id = {(c.variant.name, c.config_items): c for c in candidates}
         for who, dist in self.neighbours.fastest_near(ctx.op.name, ctx.problem.dtype,
-                                                      features, 1):
-            pick = by_id.get(who)
-            if pick is not None and dist <= self.far_distance:
-                return pick, f"the fastest on the nearest measured input, {dist:.2f} away"
+                                                      features, STAND_IN_NEAREST):
+            if dist > self.far_distance:
+                break
+            pick = by_id.get(who)   # None: that input's fastest does not fit this one
+            if pick is not None:
+                return pick, f"the fastest on a near measured input, {dist:.2f} away"
         return None
 
     def _far(self, op: str, dtype: str, features: dict) -> float | None:

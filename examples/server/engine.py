@@ -113,7 +113,16 @@ class StackSampler:
                 if not self._on.is_set():
                     continue
                 now = time.perf_counter()
-                frame = sys._current_frames().get(self._target)
+                # no collection inside: CPython 3.11's _current_frames() holds the runtime's
+                # lock while it makes frame objects, and a collection there that frees a
+                # threading.local takes that lock again (a test run hung so, 2026-12-04)
+                collecting = gc.isenabled()
+                gc.disable()
+                try:
+                    frame = sys._current_frames().get(self._target)
+                finally:
+                    if collecting:
+                        gc.enable()
                 if frame is not None:
                     self._seen[_stack(frame, self.depth)] += now - self._last
                 self._last = now

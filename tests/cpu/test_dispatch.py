@@ -552,8 +552,9 @@ def test_off_thread_decides_switch_reads_the_environment():
 
 def test_without_a_library_candidate_the_nearest_measured_inputs_fastest_stands_in(rng):
     """Host softmax on NumPy arrays has no library candidate: the fastest candidate of the
-    nearest measured input (within far_distance) serves the new class while it is decided;
-    with no measured input near, the miss decides on the calling thread."""
+    nearest measured input (within far_distance) whose fastest fits serves the new class
+    while it is decided; with no measured input near, the miss decides on the calling
+    thread."""
     from adaptive.ops import get_op
     policy = _Gated()
     d = adaptive.Dispatcher("host", policy=policy)
@@ -565,11 +566,14 @@ def test_without_a_library_candidate_the_nearest_measured_inputs_fastest_stands_
     policy.neighbours.add("softmax", "float32", o.features(o.problem((seen,), {})),
                           pick.variant.name, pick.config_items, 0.01)
     near = rng.standard_normal((70, 40)).astype(np.float32)
+    # nearer still, an input whose fastest does not fit here (a retired variant): passed over
+    policy.neighbours.add("softmax", "float32", o.features(o.problem((near,), {})),
+                          "retired", (), 0.005)
     np.testing.assert_allclose(d.launch("softmax", near), _softmax64(near), rtol=1e-5,
                                atol=1e-6)
     plan = d.current_plan(o.key((near,), {}))
     assert plan.decision.pending and plan.candidate == pick
-    assert f"{pick.label} (the fastest on the nearest measured input, 0." in plan.decision.reason
+    assert f"{pick.label} (the fastest on a near measured input, 0." in plan.decision.reason
     policy.go.set()
     assert d.wait_for_decisions(10.0) and policy.stats["decisions"] == 1
     far = rng.standard_normal((2048, 1000)).astype(np.float32)

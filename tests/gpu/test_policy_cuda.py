@@ -70,3 +70,40 @@ def test_a_request_before_the_shipped_packs_fit_waits_for_it_and_is_ranked(cp, r
     d.harvest()
     assert state.committed is not None and policy.stats["explore_calls"] > 0, state.history
     assert policy.stats["cold"] == 0
+
+
+def test_a_softmax_class_is_served_by_the_nearest_pack_inputs_fastest_while_decided(cp, rng):
+    """Softmax on CuPy arrays has no library candidate: with the shipped pack, a new class
+    is served at once by the fastest candidate of the nearest pack input, decided off the
+    calling thread, then explored and committed; every result is right (float64
+    reference, large logits, a masked column)."""
+    from adaptive.dispatch import Dispatcher
+    from adaptive.packs.install import load_pack, shipped_packs_for
+    from adaptive.policy.cost_model import LiveModel
+    from adaptive.policy.learned import Learned
+    from adaptive.variants import default_registry
+    policy = Learned(LiveModel(), explore_budget=None)
+    d = Dispatcher("cuda", policy=policy, registry=default_registry())
+    d.sample_every = 1
+    packs = shipped_packs_for(d.backend.fingerprint())
+    if not packs:
+        pytest.skip(f"no shipped pack for this GPU ({d.backend.fingerprint().get('name')})")
+    load_pack(packs[0], registry=d.registry, fingerprint=d.backend.fingerprint())
+    assert policy.cost_model.wait(120.0)
+    # float16 2048 x 4096: the pack's nearest input (1.03 away) ran warp_row fastest
+    x = (rng.standard_normal((2048, 4096)) * 30).astype(np.float16)
+    x[:, 5] = -np.inf
+    want = OPS["softmax"].reference(x.astype(np.float64))
+    arg = cp.asarray(x)
+    got = d.launch("softmax", arg)
+    np.testing.assert_allclose(got.get().astype(np.float64), want, rtol=1e-2, atol=1e-3)
+    decision = d.decision("softmax", arg)
+    assert decision.pending and "the fastest on a near measured input" in \
+        decision.reason, decision.reason
+    assert d.wait_for_decisions(30.0)
+    for _ in range(80):
+        np.testing.assert_allclose(d.launch("softmax", arg).get().astype(np.float64), want,
+                                   rtol=1e-2, atol=1e-3)
+    d.harvest()
+    assert d.decision("softmax", arg).settled, d.decision("softmax", arg).reason
+    assert d.off_thread_decides()[-1]["op"] == "softmax"
