@@ -581,3 +581,48 @@ def test_without_a_library_candidate_the_nearest_measured_inputs_fastest_stands_
     plan = d.current_plan(o.key((far,), {}))
     assert not plan.decision.pending and policy.stats["decisions"] == 2
     assert policy.threads[-1] == threading.current_thread().name
+
+
+def test_off_thread_decides_under_threads_launching_and_forgetting_at_once(rng):
+    """Eight threads launch 12 input classes each (results checked against float64) while
+    another forgets the softmax decisions twice: every call is right, no class is left
+    pending, and each class, called again, settles."""
+    from adaptive.policy.cost_model import LiveModel
+    policy = adaptive.Learned(LiveModel(background=False), max_explore=2, samples=2)
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d.decide_off_thread = True
+    d.sample_every = 1
+    shapes = [(int(r), int(c)) for r, c in zip(rng.integers(1, 300, 12),
+                                               rng.integers(2, 200, 12))]
+    inputs = [rng.standard_normal(s).astype(np.float32) * 20 for s in shapes]
+    errors = []
+
+    def serve(seed):
+        order = np.random.default_rng(seed).permutation(len(inputs))
+        try:
+            for i in np.concatenate([order, order, order]):
+                np.testing.assert_allclose(d.launch("softmax", inputs[i]),
+                                           _softmax64(inputs[i]), rtol=1e-5, atol=1e-6)
+        except Exception as exc:  # noqa: BLE001 (reported by the test below)
+            errors.append(exc)
+
+    def forget():
+        for _ in range(2):
+            threading.Event().wait(0.005)
+            d.forget("softmax")
+    threads = [threading.Thread(target=serve, args=(s,)) for s in range(8)]
+    threads.append(threading.Thread(target=forget))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60.0)
+    assert not errors, errors[:3]
+    assert d.wait_for_decisions(30.0)
+    for x in inputs:   # each class served to its commit
+        for _ in range(40):
+            d.launch("softmax", x)
+            if d.decision("softmax", x).settled:
+                break
+        assert d.decision("softmax", x).settled, d.decision("softmax", x).reason
+    classes = {d.current_plan(OPS["softmax"].key((x,), {})).class_key for x in inputs}
+    assert d.wait_for_decisions(1.0) and len(d.off_thread_decides()) >= len(classes)
