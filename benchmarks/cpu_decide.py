@@ -4,6 +4,7 @@ first call runs).
 
     PYTHONPATH=$PWD python benchmarks/cpu_decide.py
     PYTHONPATH=$PWD python benchmarks/cpu_decide.py --corpus ../shared/data/h200-corpus
+    PYTHONPATH=$PWD python benchmarks/cpu_decide.py --cold --off-thread
 
 For each op, the 4th input of the corpus pack (its rows name the candidates, as a replay
 does) is decided ``--repeats`` times by a fresh policy sharing one fitted model; prints the
@@ -41,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="before each decide, sweep 64 MiB of memory and 200,000 new Python "
                    "objects through the caches (a live stream's miss meets caches that "
                    "served other work, not its own previous decide)")
+    p.add_argument("--off-thread", action="store_true",
+                   help="instead of timing: each decide on a thread of its own (as off the "
+                   "calling thread) while this one wakes every 50 us: the longest wait for "
+                   "the interpreter per decide, median and worst (with --cold: what a "
+                   "serving thread waits out beside a miss's decide)")
     p.add_argument("--against-dicts", action="store_true",
                    help="every other decide ranks the rows as a list of dicts (before "
                    "features.Rows), both printed")
@@ -79,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         key, group = sorted(groups.items())[3]
         cands = [make_candidate(known[(r.op, r.variant)], r.config) for r in group]
+        if args.off_thread:
+            _waits(op, lambda: _decide_fresh(live, near, group, key, limits, cands), args)
+            continue
         times, as_dicts = [], []
         for i in range(args.repeats):
             # every other decide (with --against-dicts) ranks the rows as a list of dicts,
@@ -147,6 +156,38 @@ def _coverage(op, groups, known, live, near, limits) -> None:
 
 
 _SWEEP = None
+
+
+def _decide_fresh(live, near, group, key, limits, cands) -> None:
+    from adaptive.bench import replay as R
+    from adaptive.policy.learned import Learned
+    policy = Learned(live, explore_budget=None)
+    policy.neighbours = near.copy()
+    policy.decide(R._Context(group[0], key, limits), cands)
+
+
+def _waits(op: str, decide, args) -> None:
+    """Each decide on a thread of its own while this thread sleeps 50 us at a time: the
+    longest gap between its wake-ups (the interpreter held by the decide), per decide."""
+    import threading
+    longest, took = [], []
+    for _ in range(args.repeats):
+        if args.cold:
+            _sweep_caches()
+        worker = threading.Thread(target=decide)
+        t0 = time.perf_counter()
+        gap = 0.0
+        worker.start()
+        last = time.perf_counter()   # (start() returns once the thread runs)
+        while worker.is_alive():
+            time.sleep(50e-6)
+            now = time.perf_counter()
+            gap, last = max(gap, now - last), now
+        took.append((time.perf_counter() - t0) * 1e3)
+        longest.append(gap * 1e3)
+    print(f"{op:<10} decide off the thread {statistics.median(took):.2f} ms (median); the "
+          f"longest wait for the interpreter beside it: median {statistics.median(longest):.2f}"
+          f" ms, worst {max(longest):.2f} ms")
 
 
 def _sweep_caches() -> None:
