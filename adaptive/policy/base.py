@@ -33,7 +33,7 @@ class Decision:
     # candidates (``candidate`` first), timed, until the policy's observe() commits
     explore: tuple[Candidate, ...] = ()
     # set: the input class is being decided off the calling thread, ``candidate`` (the
-    # library's) serving its calls meanwhile, untimed
+    # policy's stand-in, see Policy.stand_in) serving its calls meanwhile, untimed
     pending: bool = False
 
     @property
@@ -90,6 +90,7 @@ class Policy(Protocol):
     # timed calls each explored candidate gets at most in one exploration (None: no
     # bound): the dispatcher gives a candidate no further turn once they are issued
     samples: int | None
+
     def decide(self, ctx: Context, candidates: Sequence[Candidate]) -> Decision:
         """Choose one of ``candidates`` (non-empty) for ``ctx.problem``."""
 
