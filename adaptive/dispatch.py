@@ -116,6 +116,9 @@ class Plan:
     # turns this key's times into the time of the input the class was decided on
     class_key: tuple = ()
     time_scale: float = 1.0
+    # the dispatcher's forgets of this plan's op when it was made (Dispatcher._epoch; None:
+    # not made by a dispatcher): a sample of a plan made before a forget reaches no policy
+    epoch: tuple | None = None
 
 
 # bumped whenever the dispatcher drops a plan (``Plan.stale``): a holder of many plans
@@ -339,6 +342,8 @@ class Dispatcher:
         self._decide_jobs: collections.deque = collections.deque()
         self._decider: threading.Thread | None = None
         self._decide_log: collections.deque = collections.deque(maxlen=MISS_LOG)
+        self._forgotten: dict = {}   # op (None: all) -> forget() calls (see _epoch)
+        self._feedback_lock = threading.Lock()   # see feedback; taken before self._lock
         self.registry.join(self)   # the registry's rows and observers (in memory)
 
     # ---- hot path ---------------------------------------------------------------------------
@@ -745,7 +750,8 @@ class Dispatcher:
             flops, nbytes, floor = roofline or self._roofline(op, problem)
             run = _plan_runner(fn, alloc, adapter, out_sig, op.name, io.returns)
             plan = Plan(candidate, problem, key, run, flops=flops, bytes=nbytes,
-                        floor_ms=floor, class_key=class_key or key, time_scale=time_scale)
+                        floor_ms=floor, class_key=class_key or key, time_scale=time_scale,
+                        epoch=self._epoch(problem.op))
             self._prepared[pkey] = plan
             _window(self._preps, (candidate.variant.id, problem.kind)).append(
                 (time.perf_counter() - t0) * 1e3)   # see _key_charge
@@ -1046,10 +1052,17 @@ class Dispatcher:
                            else self._charged(time_ms, typical + key_ms))
             elif self._issue_charge == "regime":   # the device was busy: a pipelined caller
                 charged = max(time_ms, typical)
-        update = self.policy.observe(plan.class_key, plan.candidate,
-                                     charged * plan.time_scale)
-        if update is not None:
-            self._revise(plan.class_key, update)
+        # a plan made before a forget of its op: its sample would land on the state of a
+        # class decided since (see forget); the recorders see it all the same
+        if plan.epoch is None or plan.epoch == self._epoch(plan.problem.op):
+            # one sample at a time from observe to revise: two threads' samples of a class
+            # otherwise revise it in the other order, the class then rotating over what an
+            # older decision asked while the policy waits for what the newer one did
+            with self._feedback_lock:
+                update = self.policy.observe(plan.class_key, plan.candidate,
+                                             charged * plan.time_scale)
+                if update is not None:
+                    self._revise(plan.class_key, update)
         for recorder in self._recorders:
             try:
                 recorder.timed(plan, time_ms)
@@ -1411,9 +1424,18 @@ class Dispatcher:
         return (model.wait(max(0.0, deadline - time.monotonic()))
                 if isinstance(model, LiveModel) else True)
 
+    def _epoch(self, op: str) -> tuple:
+        """How many times ``op``'s decisions were forgotten (all ops', then its own)."""
+        return self._forgotten.get(None, 0), self._forgotten.get(op, 0)
+
     def forget(self, op: str | None = None) -> None:
-        """Drop cached decisions (for one op, or all): the next launch re-decides."""
+        """Drop cached decisions (for one op, or all): the next launch re-decides. Samples
+        of calls in flight meanwhile reach no policy state: the policy keeps its state of
+        a class until it decides the class again, and a forgotten plan's late sample, and
+        the revision it brought, would land on that new decision (a class's rotation then
+        timed candidates its new exploration did not wait for, and never committed)."""
         with self._lock:
+            self._forgotten[op] = self._forgotten.get(op, 0) + 1
             for table, op_of in ((self._plans, lambda k: k[0]), (self._pinned, lambda k: k[0][0]),
                                  (self._prepared, lambda k: k[0][0])):
                 for k in [k for k in table if op is None or op_of(k) == op]:

@@ -652,11 +652,14 @@ class BlockLM:
 
 # ---- adaptive's decisions: warm-up and pinning ------------------------------------------
 def pending_keys() -> int:
-    """How many keys the live dispatchers' learned policies are still exploring."""
+    """How many keys the live dispatchers' learned policies are still exploring, and how
+    many keys wait for their class's decide off the calling thread (a stand-in serving)."""
     from adaptive.runtime import live_dispatchers
     return sum(1 for d in live_dispatchers()
                for state in getattr(d.policy, "keys", {}).values()
-               if getattr(state, "committed", True) is None)
+               if getattr(state, "committed", True) is None) + sum(
+        1 for d in live_dispatchers() for plan in d.plans().values()
+        if plan.decision is not None and plan.decision.pending)
 
 
 @contextlib.contextmanager

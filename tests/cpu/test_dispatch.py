@@ -618,11 +618,48 @@ def test_off_thread_decides_under_threads_launching_and_forgetting_at_once(rng):
         t.join(60.0)
     assert not errors, errors[:3]
     assert d.wait_for_decisions(30.0)
-    for x in inputs:   # each class served to its commit
-        for _ in range(40):
+    for x in inputs:   # each class served to its commit (a class forgotten and not met
+        for _ in range(40):   # since is decided anew: its decide waited for)
             d.launch("softmax", x)
+            assert d.wait_for_decisions(10.0)
             if d.decision("softmax", x).settled:
                 break
         assert d.decision("softmax", x).settled, d.decision("softmax", x).reason
     classes = {d.current_plan(OPS["softmax"].key((x,), {})).class_key for x in inputs}
     assert d.wait_for_decisions(1.0) and len(d.off_thread_decides()) >= len(classes)
+
+
+def test_a_sample_of_a_plan_made_before_a_forget_reaches_no_policy_state(rng):
+    """A call in flight across forget(): its sample would land on the state of the class
+    decided since, whose exploration then never commits; it goes to the recorders only.
+    Another op's plans are not touched by forgetting this one's."""
+    from adaptive.policy.cost_model import LiveModel
+    policy = adaptive.Learned(LiveModel(background=False), max_explore=2, samples=2)
+    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d.decide_off_thread = False
+    timed = []
+
+    from adaptive.dispatch import Recorder
+
+    class Listening(Recorder):
+        wraps_launches = False
+
+        def timed(self, plan, time_ms):
+            timed.append(plan.candidate.label)
+    d.add_recorder(Listening())
+    x = rng.standard_normal((20, 7)).astype(np.float32)
+    d.launch("softmax", x)
+    old = d.current_plan(OPS["softmax"].key((x,), {}))
+    d.forget()
+    d.launch("softmax", x)   # decided again: a fresh exploration
+    (state,) = policy.keys.values()
+    seen = {c.label: len(s) for c, s in state.observed.items()}
+    d.feedback(old, 1.0)
+    assert {c.label: len(s) for c, s in state.observed.items()} == seen
+    assert timed[-1] == old.candidate.label          # the recorders saw it
+    new = d.current_plan(OPS["softmax"].key((x,), {}))
+    d.feedback(new, 1.0)                               # a sample of the new plan counts
+    assert sum(len(s) for s in state.observed.values()) == sum(seen.values()) + 1
+    d.forget("gemm")                                   # another op: this one's plans stand
+    d.feedback(new, 1.0)
+    assert sum(len(s) for s in state.observed.values()) == sum(seen.values()) + 2

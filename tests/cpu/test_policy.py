@@ -26,6 +26,10 @@ from adaptive.observation import Observation  # noqa: E402
 from adaptive.ops import OPS  # noqa: E402
 from adaptive.policy import Context  # noqa: E402
 
+# the dispatcher tests here script their calls one by one on a fake GPU (events timed): a
+# new class is decided on its miss unless a test says otherwise
+pytestmark = pytest.mark.usefixtures("decided_on_the_miss")
+
 
 def softmax_context(rng, rows=300, cols=96):
     x = rng.standard_normal((rows, cols)).astype(np.float32)

@@ -1515,3 +1515,41 @@ def test_a_failed_capture_is_said_and_its_steps_run_uncaptured(reference_model,
     [state] = lm.static_states()["states"]
     assert state["captured"] is False and "2 rows failed (stand-in)" in state["capture_error"]
     assert any("its steps run uncaptured" in r.getMessage() for r in caplog.records)
+
+
+def test_pending_keys_counts_classes_waiting_for_their_decide_off_the_thread(rng,
+                                                                             monkeypatch):
+    """A warm-up ends when nothing is left to decide: a key whose class waits for its
+    decide off the calling thread counts, as one exploring does, until it commits."""
+    import adaptive
+    from adaptive.policy.cost_model import LiveModel
+    from adaptive.variants import Registry, default_registry, variant_from_dict
+    go = threading.Event()
+
+    class Gated(adaptive.Learned):
+        def decide(self, ctx, candidates):
+            assert go.wait(10.0)
+            return super().decide(ctx, candidates)
+    host = default_registry().get("softmax", "host_numpy")
+    registry = Registry([variant_from_dict({"name": name, "backend": "host",
+                                            "language": "python", "entry": host.entry,
+                                            "source": host.source,
+                                            "baseline": name == "plain"}, "softmax")
+                         for name in ("plain", "quick")])
+    d = adaptive.Dispatcher("host", policy=Gated(LiveModel(background=False), max_explore=2,
+                                                 samples=2), registry=registry)
+    d.decide_off_thread = True
+    d.sample_every = 1
+    monkeypatch.setattr("adaptive.runtime.live_dispatchers", lambda: [d])
+    x = rng.standard_normal((30, 20)).astype(np.float32)
+    assert engine_mod.pending_keys() == 0
+    d.launch("softmax", x)
+    assert d.decision("softmax", x).pending and engine_mod.pending_keys() == 1
+    go.set()
+    assert d.wait_for_decisions(10.0)
+    assert engine_mod.pending_keys() == 1   # now exploring
+    for _ in range(20):
+        d.launch("softmax", x)
+        if d.decision("softmax", x).settled:
+            break
+    assert d.decision("softmax", x).settled and engine_mod.pending_keys() == 0
