@@ -663,3 +663,39 @@ def test_a_sample_of_a_plan_made_before_a_forget_reaches_no_policy_state(rng):
     d.forget("gemm")                                   # another op: this one's plans stand
     d.feedback(new, 1.0)
     assert sum(len(s) for s in state.observed.values()) == sum(seen.values()) + 2
+
+
+def test_two_threads_samples_of_a_class_revise_it_in_the_order_the_policy_answered(rng):
+    """The policy answers thread A's sample first (an older decision) but A is slow to
+    hand it over; thread B's sample, answered after, must be the class's decision at the
+    end: a sample's observe and revise are not interleaved with another's."""
+    from adaptive.policy import BasePolicy
+
+    class Slow(BasePolicy):
+        name = "slow"
+
+        def decide(self, ctx, candidates):
+            self.cands = tuple(candidates)
+            return Decision(candidates[0], "explore both", explore=self.cands)
+
+        def observe(self, key, candidate, time_ms):
+            if time_ms == 1.0:            # A: answered first, handed over late
+                answer = Decision(self.cands[0], "older: narrowed", explore=self.cands[:1])
+                threading.Event().wait(0.3)
+                return answer
+            if time_ms == 2.0:            # B: answered after A
+                return Decision(self.cands[0], "newer: committed")
+            return None                   # the launch's own samples
+    d = adaptive.Dispatcher("host", policy=Slow(), registry=_softmax_pair())
+    d.sample_every = 0
+    x = rng.standard_normal((20, 7)).astype(np.float32)
+    d.launch("softmax", x)
+    plan = d.current_plan(OPS["softmax"].key((x,), {}))
+    a = threading.Thread(target=d.feedback, args=(plan, 1.0))
+    b = threading.Thread(target=d.feedback, args=(plan, 2.0))
+    a.start()
+    threading.Event().wait(0.05)
+    b.start()
+    a.join()
+    b.join()
+    assert d.decision("softmax", x).reason == "newer: committed"
