@@ -116,9 +116,10 @@ class Plan:
     # turns this key's times into the time of the input the class was decided on
     class_key: tuple = ()
     time_scale: float = 1.0
-    # the dispatcher's forgets of this plan's op when it was made (Dispatcher._epoch; None:
-    # not made by a dispatcher): a sample of a plan made before a forget reaches no policy
-    epoch: tuple | None = None
+    # the serial of the input class this plan was bound to (None: none, a pinned launch's):
+    # a sample of a plan whose class was dropped since (forget, forget_key, eviction)
+    # reaches no policy state (see Dispatcher.feedback)
+    epoch: int | None = None
 
 
 # bumped whenever the dispatcher drops a plan (``Plan.stale``): a holder of many plans
@@ -161,6 +162,11 @@ class _InputClass:
     # decided off the calling thread and not yet: ``decision`` serves the policy's stand-in
     # candidate, untimed (see Dispatcher._pending_plan)
     pending: bool = False
+    # this class among every class made in the process (its plans carry it: Plan.epoch)
+    serial: int = dataclasses.field(default_factory=lambda: next(_CLASS_SERIALS))
+
+
+_CLASS_SERIALS = itertools.count(1)
 
 
 def _window(table: dict, key: tuple) -> collections.deque:
@@ -342,7 +348,6 @@ class Dispatcher:
         self._decide_jobs: collections.deque = collections.deque()
         self._decider: threading.Thread | None = None
         self._decide_log: collections.deque = collections.deque(maxlen=MISS_LOG)
-        self._forgotten: dict = {}   # op (None: all) -> forget() calls (see _epoch)
         self._feedback_lock = threading.Lock()   # see feedback; taken before self._lock
         self.registry.join(self)   # the registry's rows and observers (in memory)
 
@@ -523,7 +528,8 @@ class Dispatcher:
             scale = cls.floor_ms / floor if floor > 0 and cls.floor_ms > 0 else 1.0
             t_prep = time.perf_counter()
             first = self._prepare(op, problem, key, _first_of(cls.decision), args[-1],
-                                  ckey, scale, roofline, exploring=bool(cls.decision.explore))
+                                  ckey, scale, roofline, exploring=bool(cls.decision.explore),
+                                  epoch=cls.serial)
             prepare_ms = (time.perf_counter() - t_prep) * 1e3
             plan = (self._pending_plan(cls.decision, first) if cls.pending else
                     self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued))
@@ -732,10 +738,11 @@ class Dispatcher:
     def _prepare(self, op: Op, problem: Problem, key: tuple, candidate: Candidate,
                  like, class_key: tuple = (), time_scale: float = 1.0,
                  roofline: tuple[float, float, float] | None = None,
-                 exploring: bool = False) -> Plan:
+                 exploring: bool = False, epoch: int | None = None) -> Plan:
         """The plan of ``candidate`` on ``key`` (prepared once: compiled, loaded, its
         output allocation set). ``exploring``: a candidate prepared to be explored, whose
-        preparation time (a compile, a module load) the policy charges to exploring."""
+        preparation time (a compile, a module load) the policy charges to exploring.
+        ``epoch``: the serial of the class ``class_key`` names (see ``Plan.epoch``)."""
         pkey = (key, candidate)
         plan = self._prepared.get(pkey)
         if plan is None:
@@ -751,7 +758,7 @@ class Dispatcher:
             run = _plan_runner(fn, alloc, adapter, out_sig, op.name, io.returns)
             plan = Plan(candidate, problem, key, run, flops=flops, bytes=nbytes,
                         floor_ms=floor, class_key=class_key or key, time_scale=time_scale,
-                        epoch=self._epoch(problem.op))
+                        epoch=epoch)
             self._prepared[pkey] = plan
             _window(self._preps, (candidate.variant.id, problem.kind)).append(
                 (time.perf_counter() - t0) * 1e3)   # see _key_charge
@@ -760,22 +767,24 @@ class Dispatcher:
             if exploring:
                 self.policy.charge_exploration(time.perf_counter() - t0)
         elif class_key:   # prepared to be measured or pinned, first
-            plan = self._in_class(pkey, class_key, time_scale)
+            plan = self._in_class(pkey, class_key, time_scale, epoch)
         return plan
 
-    def _in_class(self, pkey: tuple, class_key: tuple, time_scale: float) -> Plan | None:
+    def _in_class(self, pkey: tuple, class_key: tuple, time_scale: float,
+                  epoch: int | None) -> Plan | None:
         """The prepared plan ``pkey`` (a key and a candidate) bound to the input class
         ``class_key`` with its key's ``time_scale``, so that its samples are the class's;
         None where it was never prepared. A plan prepared outside the class (a pinned
         launch's is bound to its own key) and reused by the class as it was sent its
         samples to no class, and a class exploring candidates timed pinned first never
         committed (run S100: 2:4 weights whose kernels the benchmark had timed pinned,
-        600 calls)."""
+        600 calls). ``epoch``: the class's serial (a class made again for the key after its
+        eviction binds the key's prepared plans anew)."""
         plan = self._prepared.get(pkey)
-        if plan is not None and (plan.class_key != class_key
+        if plan is not None and (plan.class_key != class_key or plan.epoch != epoch
                                  or plan.time_scale != time_scale):
             plan = self._prepared[pkey] = dataclasses.replace(
-                plan, class_key=class_key, time_scale=time_scale)
+                plan, class_key=class_key, time_scale=time_scale, epoch=epoch)
         return plan
 
     @property
@@ -1052,9 +1061,11 @@ class Dispatcher:
                            else self._charged(time_ms, typical + key_ms))
             elif self._issue_charge == "regime":   # the device was busy: a pipelined caller
                 charged = max(time_ms, typical)
-        # a plan made before a forget of its op: its sample would land on the state of a
-        # class decided since (see forget); the recorders see it all the same
-        if plan.epoch is None or plan.epoch == self._epoch(plan.problem.op):
+        # a plan whose class was dropped since (forget, forget_key, eviction): its sample
+        # would land on the state of the class decided next; the recorders see it all the
+        # same
+        cls = self._classes.get(plan.class_key) if plan.epoch is not None else None
+        if plan.epoch is None or (cls is not None and cls.serial == plan.epoch):
             # one sample at a time from observe to revise: two threads' samples of a class
             # otherwise revise it in the other order, the class then rotating over what an
             # older decision asked while the policy waits for what the newer one did
@@ -1179,7 +1190,7 @@ class Dispatcher:
             return plan
         cands = decision.explore
         pool = [first if c == first.candidate else
-                self._in_class((first.key, c), first.class_key, first.time_scale)
+                self._in_class((first.key, c), first.class_key, first.time_scale, first.epoch)
                 for c in cands]
         turn = turn if turn is not None else itertools.count()
         warmed = warmed if warmed is not None else set()
@@ -1270,7 +1281,8 @@ class Dispatcher:
         with self._lock:
             return self._prepare(get_op(plan.problem.op), plan.problem, plan.key, candidate,
                                  args[-1], plan.class_key, plan.time_scale,
-                                 (plan.flops, plan.bytes, plan.floor_ms), exploring=True)
+                                 (plan.flops, plan.bytes, plan.floor_ms), exploring=True,
+                                 epoch=plan.epoch)
 
     def _revise(self, class_key: tuple, decision: Decision) -> None:
         """The policy's new decision for an input class: each key served from it gets a
@@ -1290,7 +1302,7 @@ class Dispatcher:
                     continue
                 _dropped(old)
                 first = self._in_class((key, _first_of(decision)), old.class_key,
-                                       old.time_scale)
+                                       old.time_scale, cls.serial)
                 if first is None:   # never prepared here: built from the class next call
                     cls.keys.discard(key)
                     continue
@@ -1424,18 +1436,14 @@ class Dispatcher:
         return (model.wait(max(0.0, deadline - time.monotonic()))
                 if isinstance(model, LiveModel) else True)
 
-    def _epoch(self, op: str) -> tuple:
-        """How many times ``op``'s decisions were forgotten (all ops', then its own)."""
-        return self._forgotten.get(None, 0), self._forgotten.get(op, 0)
-
     def forget(self, op: str | None = None) -> None:
         """Drop cached decisions (for one op, or all): the next launch re-decides. Samples
-        of calls in flight meanwhile reach no policy state: the policy keeps its state of
-        a class until it decides the class again, and a forgotten plan's late sample, and
-        the revision it brought, would land on that new decision (a class's rotation then
-        timed candidates its new exploration did not wait for, and never committed)."""
+        of calls in flight meanwhile reach no policy state (``Plan.epoch``): the policy
+        keeps its state of a class until it decides the class again, and a forgotten
+        plan's late sample, and the revision it brought, would land on that new decision
+        (a class's rotation then timed candidates its new exploration did not wait for,
+        and never committed)."""
         with self._lock:
-            self._forgotten[op] = self._forgotten.get(op, 0) + 1
             for table, op_of in ((self._plans, lambda k: k[0]), (self._pinned, lambda k: k[0][0]),
                                  (self._prepared, lambda k: k[0][0])):
                 for k in [k for k in table if op is None or op_of(k) == op]:

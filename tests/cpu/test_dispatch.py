@@ -630,9 +630,9 @@ def test_off_thread_decides_under_threads_launching_and_forgetting_at_once(rng):
 
 
 def test_a_sample_of_a_plan_made_before_a_forget_reaches_no_policy_state(rng):
-    """A call in flight across forget(): its sample would land on the state of the class
-    decided since, whose exploration then never commits; it goes to the recorders only.
-    Another op's plans are not touched by forgetting this one's."""
+    """A call in flight across forget() or forget_key(): its sample would land on the state
+    of the class decided since, whose exploration then never commits; it goes to the
+    recorders only. Another op's plans are not touched by forgetting this one's."""
     from adaptive.policy.cost_model import LiveModel
     policy = adaptive.Learned(LiveModel(background=False), max_explore=2, samples=2)
     d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
@@ -663,6 +663,15 @@ def test_a_sample_of_a_plan_made_before_a_forget_reaches_no_policy_state(rng):
     d.forget("gemm")                                   # another op: this one's plans stand
     d.feedback(new, 1.0)
     assert sum(len(s) for s in state.observed.values()) == sum(seen.values()) + 2
+    key = OPS["softmax"].key((x,), {})
+    d.forget_key(key)                                  # one key's class (pinning, eviction)
+    d.launch("softmax", x)
+    (state,) = policy.keys.values()
+    seen = sum(len(s) for s in state.observed.values())
+    d.feedback(new, 1.0)
+    assert sum(len(s) for s in state.observed.values()) == seen
+    d.feedback(d.current_plan(key), 1.0)
+    assert sum(len(s) for s in state.observed.values()) == seen + 1
 
 
 def test_two_threads_samples_of_a_class_revise_it_in_the_order_the_policy_answered(rng):
