@@ -159,9 +159,6 @@ class _InputClass:
     # a candidate whose samples are all issued gets no further turn while they are
     # harvested (see Dispatcher._plan_for)
     issued: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    # decided off the calling thread and not yet: ``decision`` serves the policy's stand-in
-    # candidate, untimed (see Dispatcher._pending_plan)
-    pending: bool = False
     # this class among every class made in the process (its plans carry it: Plan.epoch)
     serial: int = dataclasses.field(default_factory=lambda: next(_CLASS_SERIALS))
 
@@ -511,8 +508,7 @@ class Dispatcher:
                         f"deciding among {len(candidates)} candidates off the calling "
                         f"thread; {stand_in[0].label} ({stand_in[1]}) serves meanwhile, "
                         f"untimed"), pending=True)
-                    cls = self._classes[ckey] = _InputClass(ckey, decision, floor,
-                                                            pending=True)
+                    cls = self._classes[ckey] = _InputClass(ckey, decision, floor)
                     self._submit_decide(cls, ctx, candidates, t0)
                 else:
                     t1 = time.perf_counter()
@@ -531,7 +527,7 @@ class Dispatcher:
                                   ckey, scale, roofline, exploring=bool(cls.decision.explore),
                                   epoch=cls.serial)
             prepare_ms = (time.perf_counter() - t_prep) * 1e3
-            plan = (self._pending_plan(cls.decision, first) if cls.pending else
+            plan = (self._pending_plan(cls.decision, first) if cls.decision.pending else
                     self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued))
             self._plans[key] = plan
             if not decided and cls.decision.explore:
@@ -595,11 +591,8 @@ class Dispatcher:
                               ctx.problem.describe(), cls.decision.candidate.label)
                 with self._lock:
                     if self._classes.get(cls.key) is cls:
-                        cls.pending = False
-                        cls.decision = Decision(cls.decision.candidate, (
-                            f"handing the decision to its keys failed ({type(exc).__name__}:"
-                            f" {exc}); {cls.decision.candidate.label}, its stand-in, serves "
-                            f"it, committed"))
+                        cls.decision = _stand_in_kept(cls, "handing the decision to its "
+                                                      "keys failed", exc)
                         for key in cls.keys:   # their next calls plan from that decision
                             plan = self._plans.pop(key, None)
                             if plan is not None:
@@ -614,16 +607,13 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 (the class stays served, and says why)
             log.exception("deciding %s off the calling thread failed; %s serves it",
                           ctx.problem.describe(), cls.decision.candidate.label)
-            decision = Decision(cls.decision.candidate, (
-                f"the policy's decide failed ({type(exc).__name__}: {exc}); "
-                f"{cls.decision.candidate.label}, its stand-in, serves it, committed"))
+            decision = _stand_in_kept(cls, "the policy's decide failed", exc)
         done = time.perf_counter()
         decision = dataclasses.replace(
             decision, tuning_ms=decision.tuning_ms or (done - t1) * 1e3)
         with self._lock:
             if self._classes.get(cls.key) is not cls:   # forgotten meanwhile
                 return
-            cls.pending = False
             self.stats["decisions"] = self.stats.get("decisions", 0) + 1
             self._decide_log.append((time.time(), ctx.op.name, ctx.problem.describe(),
                                      (done - t1) * 1e3, (done - t0) * 1e3))
@@ -1464,6 +1454,14 @@ def _serves(decision: Decision, problem: Problem) -> bool:
     scope = problem.scope()
     return all(c.variant.fits(scope, c.config)
                for c in (decision.candidate, *decision.explore))
+
+
+def _stand_in_kept(cls: _InputClass, what: str, exc: Exception) -> Decision:
+    """A class decided off the calling thread whose decide or hand-over failed: its
+    stand-in committed, the failure in the reason."""
+    label = cls.decision.candidate.label
+    return Decision(cls.decision.candidate, f"{what} ({type(exc).__name__}: {exc}); {label}, "
+                    f"its stand-in, serves it, committed")
 
 
 def _first_of(decision: Decision) -> Candidate:

@@ -1,4 +1,4 @@
-"""Helpers for tests that read a variant's own module."""
+"""Helpers for tests that read a variant's own module, or make variants of their own."""
 
 from __future__ import annotations
 
@@ -14,3 +14,14 @@ def variant_module(op: str, filename: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def softmax_pair():
+    """A registry of two host softmax variants computing as ``host_numpy`` does: ``plain``
+    the baseline (what the plain program runs) and ``quick`` (a test gives them costs)."""
+    from adaptive.variants import Registry, default_registry, variant_from_dict
+    host = default_registry().get("softmax", "host_numpy")
+    return Registry([variant_from_dict({"name": name, "backend": "host", "language": "python",
+                                        "entry": host.entry, "source": host.source,
+                                        "baseline": name == "plain"}, "softmax")
+                     for name in ("plain", "quick")])

@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 from background import Job
+from variant_modules import softmax_pair
 
 import adaptive
 from adaptive.ops import OPS
@@ -367,16 +368,6 @@ def test_a_candidate_the_policy_wants_timed_again_gets_its_turns(rng):
 
 # ---- a new input class decided off the calling thread ----------------------------------------
 
-def _softmax_pair():
-    """Two host softmax variants, ``plain`` the baseline (what the plain program runs)."""
-    from adaptive.variants import Registry, default_registry, variant_from_dict
-    host = default_registry().get("softmax", "host_numpy")
-    return Registry([variant_from_dict({"name": name, "backend": "host", "language": "python",
-                                        "entry": host.entry, "source": host.source,
-                                        "baseline": name == "plain"}, "softmax")
-                     for name in ("plain", "quick")])
-
-
 class _Gated(adaptive.Learned):
     """The learned policy whose decide waits for the test (``go``), counting its calls
     and the threads they ran on."""
@@ -408,7 +399,7 @@ def test_a_new_class_is_served_by_the_library_while_a_worker_decides_it(rng):
     decides; a second key of the class meanwhile is served the same way; the decision then
     reaches both keys, and the worker ends once the queue is empty."""
     policy = _Gated()
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d.decide_off_thread = True
     d.sample_every = 1
     x = rng.standard_normal((48, 33)).astype(np.float32) * 30   # large logits
@@ -448,7 +439,7 @@ def test_a_new_class_is_served_by_the_library_while_a_worker_decides_it(rng):
 
 def test_a_decide_that_fails_off_the_thread_says_so_and_the_library_serves(rng, caplog):
     policy = _Gated(fail=True)
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d.decide_off_thread = True
     x = rng.standard_normal((20, 7)).astype(np.float32)
     policy.go.set()
@@ -469,7 +460,7 @@ def test_a_failure_handing_over_the_decision_commits_the_stand_in_and_the_worker
     committed to its stand-in and says why, the worker decides the next queued class and
     ends; no class stays pending."""
     policy = _Gated()
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d.decide_off_thread = True
 
     def broken(class_key, decision):
@@ -492,7 +483,7 @@ def test_a_failure_handing_over_the_decision_commits_the_stand_in_and_the_worker
 
 def test_a_class_forgotten_while_it_is_decided_is_decided_again(rng):
     policy = _Gated()
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d.decide_off_thread = True
     x = rng.standard_normal((20, 7)).astype(np.float32)
     d.launch("softmax", x)
@@ -513,7 +504,7 @@ def test_a_class_is_decided_on_the_miss_where_off_thread_decides_do_not_apply(rn
     policy = adaptive.MeasureEach() if how == "policy" else _Gated()
     if how != "policy":
         policy.go.set()
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d.decide_off_thread = {"dispatcher": False, "policy": True}.get(how)
     if how == "config":   # timed as on a GPU: the config's choice
         d._event_timer = lambda: object()
@@ -530,7 +521,7 @@ def test_a_class_is_decided_on_the_miss_where_off_thread_decides_do_not_apply(rn
 def test_by_default_a_class_is_decided_off_the_thread_where_calls_are_timed_by_events(rng):
     policy = _Gated()
     policy.go.set()
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d._event_timer = lambda: None   # the host: decided on the miss
     x = rng.standard_normal((20, 7)).astype(np.float32)
     d.launch("softmax", x)
@@ -589,7 +580,7 @@ def test_off_thread_decides_under_threads_launching_and_forgetting_at_once(rng):
     pending, and each class, called again, settles."""
     from adaptive.policy.cost_model import LiveModel
     policy = adaptive.Learned(LiveModel(background=False), max_explore=2, samples=2)
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d.decide_off_thread = True
     d.sample_every = 1
     shapes = [(int(r), int(c)) for r, c in zip(rng.integers(1, 300, 12),
@@ -635,7 +626,7 @@ def test_a_sample_of_a_plan_made_before_a_forget_reaches_no_policy_state(rng):
     recorders only. Another op's plans are not touched by forgetting this one's."""
     from adaptive.policy.cost_model import LiveModel
     policy = adaptive.Learned(LiveModel(background=False), max_explore=2, samples=2)
-    d = adaptive.Dispatcher("host", policy=policy, registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=policy, registry=softmax_pair())
     d.decide_off_thread = False
     timed = []
 
@@ -695,7 +686,7 @@ def test_two_threads_samples_of_a_class_revise_it_in_the_order_the_policy_answer
             if time_ms == 2.0:            # B: answered after A
                 return Decision(self.cands[0], "newer: committed")
             return None                   # the launch's own samples
-    d = adaptive.Dispatcher("host", policy=Slow(), registry=_softmax_pair())
+    d = adaptive.Dispatcher("host", policy=Slow(), registry=softmax_pair())
     d.sample_every = 0
     x = rng.standard_normal((20, 7)).astype(np.float32)
     d.launch("softmax", x)

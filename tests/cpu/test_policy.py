@@ -1162,16 +1162,11 @@ def test_a_drift_that_keeps_the_choice_schedules_no_re_validation(rng):
 def test_a_candidate_replaces_the_baseline_only_when_clearly_faster(rng, quick_cost, kept):
     """Three in-stream medians read a few percent apart: a candidate within the baseline
     margin (3%) of the plain program's call does not replace it; one 10% faster does."""
-    from adaptive.variants import Registry, default_registry, variant_from_dict
-    host = default_registry().get("softmax", "host_numpy")
-    plain, quick = (variant_from_dict({"name": name, "backend": "host", "language": "python",
-                                       "entry": host.entry, "source": host.source,
-                                       "baseline": name == "plain"}, "softmax")
-                    for name in ("plain", "quick"))
+    from variant_modules import softmax_pair
     be = _EventHost()
     be.cost.update({"plain": 1.0, "quick": quick_cost})
     policy = Learned(LiveModel(background=False), max_explore=2, samples=2)
-    d = Dispatcher(be, policy=policy, registry=Registry([plain, quick]))
+    d = Dispatcher(be, policy=policy, registry=softmax_pair())
     d.sample_every = 1
     x = rng.standard_normal((64, 33)).astype(np.float32)
     for _ in range(12):

@@ -1523,21 +1523,15 @@ def test_pending_keys_counts_classes_waiting_for_their_decide_off_the_thread(rng
     decide off the calling thread counts, as one exploring does, until it commits."""
     import adaptive
     from adaptive.policy.cost_model import LiveModel
-    from adaptive.variants import Registry, default_registry, variant_from_dict
+    from variant_modules import softmax_pair
     go = threading.Event()
 
     class Gated(adaptive.Learned):
         def decide(self, ctx, candidates):
             assert go.wait(10.0)
             return super().decide(ctx, candidates)
-    host = default_registry().get("softmax", "host_numpy")
-    registry = Registry([variant_from_dict({"name": name, "backend": "host",
-                                            "language": "python", "entry": host.entry,
-                                            "source": host.source,
-                                            "baseline": name == "plain"}, "softmax")
-                         for name in ("plain", "quick")])
     d = adaptive.Dispatcher("host", policy=Gated(LiveModel(background=False), max_explore=2,
-                                                 samples=2), registry=registry)
+                                                 samples=2), registry=softmax_pair())
     d.decide_off_thread = True
     d.sample_every = 1
     monkeypatch.setattr("adaptive.runtime.live_dispatchers", lambda: [d])
