@@ -4,7 +4,8 @@ A CUDA variant writes ``#include "adaptive_ptx.cuh"`` (the inline-PTX helpers: c
 ldmatrix, mma.sync, ...; the file is ``adaptive/include/adaptive_ptx.cuh``), or the name of
 another header of :data:`HEADERS` (``adaptive_splitkv.cuh``: the device code the two split-KV
 decode attention kernels share, included after adaptive_ptx.cuh and their config macros;
-headers include no other header). :func:`expand` replaces that line by the header's text
+``adaptive_wgmma.cuh``: Hopper's warpgroup tensor-core helpers, for variants compiled for
+sm_90a; headers include no other header). :func:`expand` replaces that line by the header's text
 between ``#line`` markers, so compiler messages name the header's and the variant's own
 lines. Every compile goes through
 :func:`adaptive.nvrtc.full_source`, which expands, so the header's bytes are part of every
@@ -21,7 +22,7 @@ import re
 from pathlib import Path
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
-HEADERS = ("adaptive_ptx.cuh", "adaptive_splitkv.cuh")
+HEADERS = ("adaptive_ptx.cuh", "adaptive_splitkv.cuh", "adaptive_wgmma.cuh")
 _INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([\w.]+)[>"][ \t]*(//.*)?$', re.MULTILINE)
 
 

@@ -234,7 +234,7 @@ def cuda_jobs(registry, op: str | None = None,
     sm_90 GPU unless ``limits`` says otherwise)."""
     ops = [op] if op else registry.ops()
     for name in ops:
-        for v in registry.variants(name, "cuda"):
+        for v in registry.variants(name, "cuda", experimental=True):
             if v.language != "cuda":
                 continue
             for config in v.space.configs(limits):

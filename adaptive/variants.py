@@ -34,7 +34,7 @@ LANGUAGES = ("python", "cuda")
 _REQUIRED = ("name", "backend", "language", "entry")
 _KNOWN_FIELDS = {"name", "backend", "language", "entry", "source", "space", "requires",
                  "launch", "doc", "provenance", "options", "resources", "torch_entry",
-                 "torch_library", "needs", "baseline"}
+                 "torch_library", "needs", "baseline", "experimental"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,6 +67,9 @@ class Variant:
     # weight for spmm, SDPA for attention): always explored, and served while exploring
     # is deferred, so a committed choice is never one the plain call beats unseen
     baseline: bool = False
+    # not yet verified on a device: never listed as a candidate (Registry.variants), run
+    # only where a caller names it (``launch(..., variant=...)``, a pack build's --variants)
+    experimental: bool = False
 
     @functools.cached_property
     def code(self) -> str:
@@ -198,6 +201,7 @@ class Variant:
             **({"torch_library": True} if self.torch_library else {}),
             **({"needs": list(self.needs)} if self.needs else {}),
             **({"baseline": True} if self.baseline else {}),
+            **({"experimental": True} if self.experimental else {}),
         }
 
 
@@ -282,6 +286,9 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
     if not isinstance(baseline, bool) or (baseline and entry["language"] != "python"):
         _fail(where, f"{prefix}.baseline", f"expected true or false, and true only for a "
               f"library (python) variant, got {baseline!r} ({entry['language']} variant)")
+    experimental = entry.get("experimental", False)
+    if not isinstance(experimental, bool):
+        _fail(where, f"{prefix}.experimental", f"expected true or false, got {experimental!r}")
     needs = entry.get("needs", [])
     if not isinstance(needs, list) or not all(n in OPTIONAL_MODULES for n in needs):
         _fail(where, f"{prefix}.needs", f"expected a list of optional modules from "
@@ -307,7 +314,7 @@ def variant_from_dict(entry: Mapping, op: str, folder: Path | None = None,
         doc=entry.get("doc", ""), provenance=dict(entry.get("provenance", {})),
         resources=dict(entry.get("resources", {})), origin=str(where),
         torch_entry=torch_entry, torch_library=torch_library, needs=tuple(needs),
-        baseline=baseline)
+        baseline=baseline, experimental=experimental)
 
 
 def load_manifest(path: str | Path) -> list[Variant]:
@@ -460,9 +467,14 @@ class Registry:
             self._by_op[op] = table
         self._changed(op)
 
-    def variants(self, op: str, backend: str | None = None) -> list[Variant]:
+    def variants(self, op: str, backend: str | None = None,
+                 experimental: bool = False) -> list[Variant]:
+        """The variants of ``op`` (on ``backend``): the candidates a miss lists. An
+        experimental variant (not yet verified on a device) only with ``experimental``;
+        :meth:`get` finds it by name either way."""
         table = self._by_op.get(op, {})
-        return [v for v in table.values() if backend is None or v.backend == backend]
+        return [v for v in table.values() if (backend is None or v.backend == backend)
+                and (experimental or not v.experimental)]
 
     def get(self, op: str, name: str) -> Variant:
         table = self._by_op.get(op, {})

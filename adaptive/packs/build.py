@@ -21,7 +21,7 @@ import sys
 import time
 import tomllib
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import msgpack
@@ -122,9 +122,7 @@ def measure_case(dispatcher, case: Case, settings: Settings) -> dict:
     features = op.features(problem)
     state = backend.device_state   # clocks, utilisation (as live rows)
     rows, failures, cubins, timed = [], [], [], []
-    for cand in dispatcher.candidates(case.op, *caller, **params):
-        if settings.variants and cand.variant.name not in settings.variants:
-            continue
+    for cand in _candidates(dispatcher, op, problem, settings.variants):
         base = {"op": case.op, "dims": problem.dims_dict, "dtype": problem.dtype,
                 "variant": cand.variant.name, "config": cand.config}
         try:
@@ -366,6 +364,20 @@ def count_gpus() -> int:
         return 0
 
 
+def _candidates(dispatcher, op, problem, names: Sequence[str]) -> list:
+    """The candidates a case measures: every one listed for its input, or those of the
+    variants ``names`` (an experimental one included: a build measures it where named)."""
+    if not names:
+        return dispatcher._candidates(op, problem)
+    from adaptive.errors import NoCandidateError
+    pool = [v for v in dispatcher.registry.variants(op.name, dispatcher.backend.name,
+                                                    experimental=True) if v.name in names]
+    try:
+        return dispatcher._candidates(op, problem, pool) if pool else []
+    except NoCandidateError:   # the named variants serve none of this input
+        return []
+
+
 def precompile(backend_name: str, arch: str, cases: Iterable[Case],
                variants: Iterable[str] = ()) -> list[str]:
     """Fill the kernel cache with every CUDA candidate of the cases' ops and dtypes (of
@@ -451,7 +463,7 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     d = make_dispatcher(backend, 0 if backend == "cuda" else None)
     if settings.variants:
         known = {v.name for op in {c.op for c in cases}
-                 for v in d.registry.variants(op, backend)}
+                 for v in d.registry.variants(op, backend, experimental=True)}
         unknown = sorted(set(settings.variants) - known)
         if unknown:
             raise ValueError(f"variants {', '.join(unknown)}: not {backend} variants of "
@@ -493,7 +505,8 @@ def build_pack(cases: list[Case], out: str | os.PathLike, backend: str = "auto",
     done = [journal.done[c.id] for c in cases if c.id in journal.done]
     rows = [Observation.from_dict(r) for res in done for r in res["rows"]]
     used = {(r.op, r.variant) for r in rows}
-    variants = [v for op in sorted({c.op for c in cases}) for v in d.registry.variants(op)
+    variants = [v for op in sorted({c.op for c in cases})
+                for v in d.registry.variants(op, experimental=True)
                 if (v.op, v.name) in used]
     cubins = {c["key"]: packs.Cubin(**c) for res in done for c in res.get("cubins", [])}
     failures = [f for res in done for f in res["failures"]]

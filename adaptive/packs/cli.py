@@ -159,7 +159,8 @@ def build_from_logs(logs: list[str], out: str, ops: list[str] | None = None) -> 
     if ops:
         rows = [r for r in rows if r.op in ops]
     registry = shared_registry()
-    known = {(v.op, v.name): v for op in registry.ops() for v in registry.variants(op)}
+    known = {(v.op, v.name): v for op in registry.ops()
+             for v in registry.variants(op, experimental=True)}
     kept = [r for r in rows if (r.op, r.variant) in known]
     if not kept:
         raise ValueError(f"no usable rows in {', '.join(logs)} ({len(rows)} rows, none of a "
@@ -241,7 +242,8 @@ def _adopt(args) -> int:
     from adaptive.variants import default_registry
     ids = [v for v in args.variants.split(",") if v]
     reg = default_registry()
-    registered = [v for op in {i.partition("/")[0] for i in ids} for v in reg.variants(op)]
+    registered = [v for op in {i.partition("/")[0] for i in ids}
+                  for v in reg.variants(op, experimental=True)]
     pack = compare.adopt(packs.read_pack(args.pack), registered, ids)
     packs.write_pack(pack, args.out)
     for a in pack.header["build"]["adopted"][-len(ids):]:

@@ -127,7 +127,7 @@ def _plan_variants(pack: Pack, registry: Registry, where: str):
             skipped.append(v.id)
             log.warning("pack %s: variant %s is of unknown op %r; skipped", where, v.id, v.op)
             continue
-        known = {x.name: x for x in registry.variants(v.op)}.get(v.name)
+        known = {x.name: x for x in registry.variants(v.op, experimental=True)}.get(v.name)
         if known is None:
             add.append(v)
         elif code_of(known) == code_of(v):
@@ -209,8 +209,8 @@ def install_cubins(pack: Pack, registry: Registry | None = None) -> int:
     variants = {v.id: v for v in pack.variants}
     for v in {c.variant for c in usable}:
         op, _, name = v.partition("/")
-        known = {x.name: x for x in registry.variants(op)}.get(name) if op in \
-            registry.ops() else None
+        known = ({x.name: x for x in registry.variants(op, experimental=True)}.get(name)
+                 if op in registry.ops() else None)
         if known is not None:
             variants[v] = known
     cache = KernelCache(config.get().cache_dir)

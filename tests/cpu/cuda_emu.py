@@ -231,14 +231,15 @@ inline bool __any_sync(unsigned, bool p) {
 """
 
 _INCLUDE = '#include "adaptive_ptx.cuh"'
+_INCLUDE_WGMMA = '#include "adaptive_wgmma.cuh"'
 _SMEM = "extern __shared__ __align__(16) unsigned char smem_raw[];"
 
 
 def kernel_source(path: Path) -> str:
-    """A variant's .cu text for g++ after HEADER + PTX: its include of adaptive_ptx.cuh
-    dropped (PTX emulates the header), the other shipped headers it includes put in place
-    as the library does (:func:`adaptive.headers.expand`), its dynamic shared memory on
-    ``emu_smem``."""
+    """A variant's .cu text for g++ after HEADER + PTX: its includes of adaptive_ptx.cuh
+    and adaptive_wgmma.cuh dropped (PTX emulates both), the other shipped headers it
+    includes put in place as the library does (:func:`adaptive.headers.expand`), its
+    dynamic shared memory on ``emu_smem``."""
     src = Path(path).read_text()
     for text, what in ((_INCLUDE, "include of adaptive_ptx.cuh"),
                        (_SMEM, "dynamic shared memory declaration")):
@@ -246,6 +247,9 @@ def kernel_source(path: Path) -> str:
             raise ValueError(f"{path.name}: expected one {what} ({text!r}), found "
                              f"{src.count(text)}")
     src = src.replace(_INCLUDE, "// adaptive_ptx.cuh: emulated by ptx_emu.h")
+    if src.count(_INCLUDE_WGMMA) > 1:
+        raise ValueError(f"{path.name}: includes adaptive_wgmma.cuh more than once")
+    src = src.replace(_INCLUDE_WGMMA, "// adaptive_wgmma.cuh: emulated by ptx_emu.h")
     src = headers.expand(src, path.name)
     return f'#line 1 "{path.name}"\n' + src.replace(_SMEM, "unsigned char* smem_raw = emu_smem;")
 

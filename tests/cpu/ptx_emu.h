@@ -93,7 +93,7 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // ---- shared memory and warp exchanges ------------------------------------------------------
-alignas(16) static unsigned char emu_smem[240 * 1024];   // a kernel's dynamic shared memory
+alignas(1024) static unsigned char emu_smem[240 * 1024];   // a kernel's dynamic shared memory
 static const void* emu_ptrs[1024];
 static unsigned emu_regs[1024][10];
 static void emu_warp_sync() { emu_warp_barriers[emu_tid() / 32]->arrive_and_wait(); }
@@ -255,4 +255,85 @@ template <typename ELEM = __half>
 inline unsigned pack2(float a, float b) {
     static_assert(sizeof(ELEM) == 2, "fp16 only");
     return emu_pack((__half)a, (__half)b);
+}
+
+// ---- adaptive_wgmma.cuh --------------------------------------------------------------------
+// The wgmma runs at issue (fences, commits and waits do nothing): a missing wait or fence is
+// not caught. Operands are read through their descriptors as the PTX ISA lays out the
+// 128-byte swizzle (see the header); a descriptor of another swizzle, or whose start is not
+// at row 0 of a swizzle atom (bits 7-9 of the address: the ISA's base offset 0), is a fault.
+inline void fence_proxy_async() {}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int PENDING> inline void wgmma_wait() {}
+template <int N> inline void wgmma_hold(float*) {}
+template <int N> inline void wgmma_hold(unsigned*) {}
+inline unsigned long long wgmma_desc(unsigned start, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((start & 0x3FFFFu) >> 4)
+           | (unsigned long long)((lbo >> 4) & 0x3FFFu) << 16
+           | (unsigned long long)((sbo >> 4) & 0x3FFFu) << 32
+           | 1ull << 62;
+}
+struct emu_desc {
+    unsigned start, lbo, sbo;
+    explicit emu_desc(unsigned long long d)
+        : start(unsigned(d & 0x3FFF) << 4), lbo(unsigned((d >> 16) & 0x3FFF) << 4),
+          sbo(unsigned((d >> 32) & 0x3FFF) << 4) {
+        if ((d >> 62) != 1) emu_fault("wgmma descriptor without the 128-byte swizzle",
+                                      emu_smem + start, 1024);
+        if ((start >> 7) & 7) emu_fault("wgmma descriptor start inside a swizzle atom",
+                                        emu_smem + start, 1024);
+    }
+    float at(unsigned a) const {   // the 16-bit element at unswizzled shared address a
+        a ^= ((a >> 7) & 7) << 4;
+        __half h;
+        std::memcpy(&h, emu_smem + a, 2);
+        return (float)h;
+    }
+    float k_major(int r, int k) const { return at(start + (r / 8) * sbo + (r % 8) * 128 + 2 * k); }
+    float mn_major(int k, int n) const {
+        return at(start + (n / 64) * lbo + 2 * (n % 64) + (k % 8) * 128 + (k / 8) * sbo);
+    }
+};
+// d (m64nN) += a (64 x 16, K-major) * b (N x 16, K-major): each thread its own elements
+template <int N>
+inline void wgmma_ss(float* d, unsigned long long a_desc, unsigned long long b_desc) {
+    static_assert(N == 64 || N == 128, "wgmma_ss: N is 64 or 128");
+    const emu_desc A(a_desc), B(b_desc);
+    const int l = emu_tid() & 31, w = (emu_tid() / 32) & 3, g = l / 4, tq = l % 4;
+    for (int j = 0; j < N / 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * tq + (e & 1);
+            float s = 0.f;
+            for (int k = 0; k < 16; ++k) s += A.k_major(row, k) * B.k_major(col, k);
+            d[4 * j + e] += s;
+        }
+}
+// d (m64nN) += a (each warp's 16 x 16 in the m16n8k16 A layout) * b (16 x N, MN-major)
+template <int N>
+inline void wgmma_rs_tn(float* d, const unsigned* a, unsigned long long b_desc) {
+    static_assert(N == 64 || N == 128, "wgmma_rs_tn: N is 64 or 128");
+    const emu_desc B(b_desc);
+    const int t = emu_tid(), base = t & ~31, l = t & 31, g = l / 4, tq = l % 4;
+    for (int i = 0; i < 4; ++i) emu_regs[t][i] = a[i];
+    emu_warp_sync();
+    float A[16][16];
+    for (int q = 0; q < 32; ++q) {
+        const int qg = q / 4, qt = q % 4;
+        const unsigned* R = emu_regs[base + q];
+        for (int h = 0; h < 2; ++h) {
+            A[qg][2 * qt + h] = (float)emu_half(R[0], h);
+            A[qg + 8][2 * qt + h] = (float)emu_half(R[1], h);
+            A[qg][2 * qt + 8 + h] = (float)emu_half(R[2], h);
+            A[qg + 8][2 * qt + 8 + h] = (float)emu_half(R[3], h);
+        }
+    }
+    emu_warp_sync();
+    for (int j = 0; j < N / 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = g + 8 * (e >> 1), col = 8 * j + 2 * tq + (e & 1);
+            float s = 0.f;
+            for (int k = 0; k < 16; ++k) s += A[row][k] * B.mn_major(k, col);
+            d[4 * j + e] += s;
+        }
 }

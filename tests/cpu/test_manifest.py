@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
 import pytest
 
 from adaptive import ManifestError
@@ -67,6 +68,8 @@ def test_good_manifest_loads(tmp_path):
     (('constraints = ["rows <= cpu_count * 4"]', 'constraints = ["rows <= zzz"]'),
      "variant[0] (mine)", "neither parameters nor device limits"),
     (('entry = "run"', 'entry = "run"\nlaunchh = 1'), "variant[0] (mine).launchh", "unknown"),
+    (('entry = "run"', 'entry = "run"\nexperimental = "yes"'), "variant[0] (mine).experimental",
+     "expected true or false, got 'yes'"),
 ])
 def test_bad_manifest_names_file_and_field(tmp_path, edit, field, problem):
     path = write(tmp_path, GOOD.replace(*edit))
@@ -76,6 +79,37 @@ def test_bad_manifest_names_file_and_field(tmp_path, edit, field, problem):
     assert err.path == str(path) and err.field == field, str(err)
     assert problem in str(err)
     assert str(path) in str(err)
+
+
+def test_an_experimental_variant_is_run_only_where_named(tmp_path, rng):
+    """Not listed as a candidate (a miss never explores it, a pack build measures it only
+    where named), found by name, run when pinned; the flag travels in packs."""
+    from adaptive.dispatch import Dispatcher
+    from adaptive.variants import variant_from_dict
+    (v,) = load_manifest(write(tmp_path, GOOD.replace('entry = "run"',
+                                                       'entry = "run"\nexperimental = true')))
+    assert v.experimental and v.to_dict()["experimental"] is True
+    assert variant_from_dict(v.to_dict(), "softmax").experimental
+    (plain,) = load_manifest(write(tmp_path, GOOD))
+    assert "experimental" not in plain.to_dict()   # packs of other variants are unchanged
+    builtin = Registry(load_folder(builtin_folder()))
+    registry = Registry([*(x for op in builtin.ops() for x in builtin.variants(op)), v])
+    assert v not in registry.variants("softmax") and v not in registry.variants("softmax",
+                                                                                "host")
+    assert v in registry.variants("softmax", "host", experimental=True)
+    assert registry.get("softmax", "mine") is v
+    d = Dispatcher("host", registry=registry)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    assert "mine" not in {c.variant.name for c in d.candidates("softmax", x)}
+    out = d.launch("softmax", x, variant="mine", config={"rows": 2})
+    np.testing.assert_array_equal(out, x)     # mine copies: the pinned call ran it
+    from adaptive.packs.build import _candidates
+    problem = OPS["softmax"].problem((x,), {})
+    named = _candidates(d, OPS["softmax"], problem, ("mine",))
+    assert {c.variant.name for c in named} == {"mine"} and len(named) == 3
+    assert "mine" not in {c.variant.name for c in _candidates(d, OPS["softmax"], problem, ())}
+    assert _candidates(d, OPS["softmax"], OPS["softmax"].problem((x[:, :1].copy(),), {}),
+                       ("mine",)) == [], "C = 1: mine serves none (requires C > 1)"
 
 
 def test_toml_syntax_error(tmp_path):

@@ -21,10 +21,12 @@ from adaptive.limits import SM90
 from adaptive.variants import Registry, builtin_folder, load_folder
 
 HEADER = headers.INCLUDE_DIR / "adaptive_ptx.cuh"
+WGMMA = headers.INCLUDE_DIR / "adaptive_wgmma.cuh"   # its sm_90a helpers, the same rules
 EMULATION = Path(__file__).with_name("ptx_emu.h")
-# the PTX instructions the header wraps: a variant's own asm must not issue them
-WRAPPED = ("cp.async", "ldmatrix", "mma.sync", "mma.sp", "ex2.approx",
-           "ld.global.nc.L1::no_allocate")
+# the PTX instructions each header wraps: a variant's own asm must not issue them
+WRAPPED = {HEADER: ("cp.async", "ldmatrix", "mma.sync", "mma.sp", "ex2.approx",
+                    "ld.global.nc.L1::no_allocate"),
+           WGMMA: ("wgmma.", "fence.proxy.async")}
 _DEFINITION = re.compile(r"^(?:template\s*<[^>]*>\s*)?"
                          r"(?:(?:static|inline|__device__|__forceinline__|__noinline__)\s+)+"
                          r"[\w:<>&*\s]*?\b(\w+)\s*(?:<[^>()]*>)?\s*\(", re.MULTILINE)
@@ -56,20 +58,28 @@ def test_the_parser_finds_the_header_functions():
         '"cp.async.commit_group;\\n" ::']
 
 
+def test_the_parser_finds_the_wgmma_header_functions():
+    assert _functions(WGMMA.read_text()) == {
+        "fence_proxy_async", "wgmma_fence", "wgmma_commit", "wgmma_wait", "wgmma_hold",
+        "wgmma_desc", "wgmma_ss", "wgmma_rs_tn"}
+
+
+@pytest.mark.parametrize("header", [HEADER, WGMMA], ids=lambda p: p.name)
 @pytest.mark.parametrize("path", _cuda_files(), ids=lambda p: p.name)
-def test_no_variant_copies_a_helper_of_the_header(path):
+def test_no_variant_copies_a_helper_of_the_header(path, header):
     text = path.read_text()
-    copied = _functions(text) & _functions(HEADER.read_text())
-    assert not copied, (f"{path.name} defines {sorted(copied)}, which adaptive_ptx.cuh "
-                        "defines: #include \"adaptive_ptx.cuh\" and use those")
-    issued = sorted({w for s in _asm_strings(text) for w in WRAPPED if w in s})
+    copied = _functions(text) & _functions(header.read_text())
+    assert not copied, (f"{path.name} defines {sorted(copied)}, which {header.name} "
+                        f"defines: #include \"{header.name}\" and use those")
+    issued = sorted({w for s in _asm_strings(text) for w in WRAPPED[header] if w in s})
     assert not issued, (f"{path.name} issues {issued} in its own asm: use the helpers of "
-                        "adaptive_ptx.cuh (add one there if a form is missing)")
+                        f"{header.name} (add one there if a form is missing)")
 
 
-def test_the_cpu_emulation_defines_every_function_of_the_header():
-    missing = _functions(HEADER.read_text()) - _functions(EMULATION.read_text())
-    assert not missing, f"tests/cpu/ptx_emu.h lacks {sorted(missing)}"
+@pytest.mark.parametrize("header", [HEADER, WGMMA], ids=lambda p: p.name)
+def test_the_cpu_emulation_defines_every_function_of_the_header(header):
+    missing = _functions(header.read_text()) - _functions(EMULATION.read_text())
+    assert not missing, f"tests/cpu/ptx_emu.h lacks {sorted(missing)} of {header.name}"
 
 
 def test_expand_puts_the_header_in_place_with_line_markers():

@@ -1,0 +1,138 @@
+"""attention_wgmma.cu itself (flash_wgmma), run on the CPU against the float64 reference: the
+wgmma helpers of adaptive/include/adaptive_wgmma.cuh emulated by tests/cpu/ptx_emu.h (the
+operands read through their descriptors in the PTX ISA's 128-byte swizzle, the accumulator
+and register-A layouts of the ISA), the rest compiled by g++ as written and launched on the
+manifest's grid, block and shared memory.
+
+What the emulation checks: the swizzled tile stores against the descriptors that read them
+(q and k K-major, v MN-major with its two 64-column halves LBO apart at HD = 128), the k16
+steps within a row, the double buffer, P's registers as the A fragment, the masks and the
+online softmax; one and two warpgroups a CTA; partial and wholly masked tiles, a single query row,
+a negative scale, large logits. What it cannot: the asynchrony (a wgmma runs at
+issue here, so a missing wait or fence passes) and whether the H200 reads the descriptors as
+the ISA says: tests/gpu/test_attention_wgmma_cuda.py runs the kernel there."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cuda_emu  # noqa: E402
+from adaptive.expr import compile_expr  # noqa: E402
+from adaptive.limits import SM90  # noqa: E402
+from adaptive.ops import get_op  # noqa: E402
+from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
+
+FOLDER = builtin_folder() / "attention"
+
+WRAPPER = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const __half* q, "
+           "const __half* k, const __half* v, __half* out, int Lq, int Lk, float scale, "
+           "int causal) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
+           "attention_wgmma(q, k, v, out, Lq, Lk, scale, causal); });\n}\n")
+
+CONFIGS = {  # name -> config: the head dims, tile widths and warpgroup counts of the space
+    "d64-bn64-wg1": {"HD": 64, "BN": 64, "NWG": 1},
+    "d64-bn128-wg2": {"HD": 64, "BN": 128, "NWG": 2},
+    "d128-bn64-wg2": {"HD": 128, "BN": 64, "NWG": 2},
+    "d128-bn128-wg1": {"HD": 128, "BN": 128, "NWG": 1},
+}
+
+
+def _variant():
+    (v,) = [v for v in load_manifest(FOLDER / "manifest.toml") if v.name == "flash_wgmma"]
+    return v
+
+
+def emu_jobs(folder: Path) -> dict:
+    """Each config the cases use: its library -> (source, g++ flags)."""
+    text = (cuda_emu.HEADER + cuda_emu.PTX + cuda_emu.VOTE_HALF
+            + cuda_emu.kernel_source(FOLDER / "attention_wgmma.cu") + "\n" + WRAPPER)
+    return {folder / f"wgmma_{i}.so": (text, [f"-D{k}={v}" for k, v in config.items()])
+            for i, config in enumerate(CONFIGS.values())}
+
+
+BACKGROUND = cuda_emu.background_build(__file__, cpu_s=20.0)
+
+
+@pytest.fixture(scope="module")
+def kernels(background):
+    """config name -> emu_run, compiled once in the background."""
+    libs = cuda_emu.built(background, __file__, emu_jobs)
+    out = {}
+    for name, lib in zip(CONFIGS, libs):   # CONFIGS' order: emu_jobs lists them so
+        fn = ctypes.CDLL(str(lib)).emu_run
+        fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 + \
+            [ctypes.c_float, ctypes.c_int]
+        out[name] = fn
+    return out
+
+
+def _scope(q, k, causal, scale=None):
+    return get_op("attention").problem((q, k, k), {"causal": causal, "scale": scale}).scope()
+
+
+def _launch(fn, config, q, k, v, causal, scale):
+    variant = _variant()
+    assert config in variant.space.configs(SM90), config
+    scope = {**_scope(q, k, causal, scale), **config, **SM90}
+    assert variant.fits(scope, config), variant.why_not(scope, config)
+    ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
+    grid = [ev(e) for e in variant.launch["grid"]]
+    (block,) = [ev(e) for e in variant.launch["block"]]
+    assert ev(variant.launch["shared_bytes"]) <= 240 * 1024      # the emulator's arena
+    b, h, lq, d = q.shape
+    s = 1.0 / np.sqrt(d) if scale is None else scale
+    out = np.full(q.shape, np.nan, np.float16)
+    fn(grid[0], grid[1], block, q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
+       lq, k.shape[2], s, int(causal))
+    return out
+
+
+CASES = [  # (B, H, Lq, Lk), causal, scale, magnitude of q and k
+    ((1, 2, 150, 230), True, -0.2, 1.0),     # partial last row block and key tile, the
+    # causal limit shifted by Lk - Lq = 80, a negative scale (q negated in shared memory)
+    ((2, 1, 130, 130), True, 0.3, 20.0),     # large logits (scores in the hundreds)
+    ((1, 1, 100, 300), False, None, 1.0),    # not causal: 3-5 key tiles through both buffers
+    ((2, 2, 1, 200), True, None, 1.0),       # one query row (decode): 63 rows of the block
+    # computed on zeros and never stored
+]
+
+
+@pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("dims,causal,scale,magnitude", CASES,
+                         ids=["shifted-negative-scale", "large-logits", "full-long-keys",
+                              "one-row"])
+def test_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, scale,
+                                              magnitude):
+    b, h, lq, lk = dims
+    d = CONFIGS[name]["HD"]
+    q = (rng.standard_normal((b, h, lq, d)) * magnitude).astype(np.float16)
+    k = (rng.standard_normal((b, h, lk, d)) * 1.5 * magnitude).astype(np.float16)
+    v = rng.standard_normal((b, h, lk, d)).astype(np.float16)
+    want = get_op("attention").reference(q, k, v, causal=causal, scale=scale)
+    got = _launch(kernels[name], CONFIGS[name], q, k, v, causal, scale)
+    assert not np.isnan(got).any(), f"{name}: elements left unwritten (or NaN)"
+    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert err < 4e-3, f"{name} {dims} causal={causal}: rel. error {err:.3g}"
+
+
+def test_flash_wgmma_claims_hopper_only():
+    """The sm_90a cubins run on compute capability 9.0 only: no config exists elsewhere (a
+    Blackwell has no wgmma); float32 and masked inputs are not claimed."""
+    v = _variant()
+    assert len(v.space.configs(SM90)) == 8
+    assert v.space.configs({**SM90, "cc": 100}) == []
+    assert v.space.configs({**SM90, "cc": 80}) == []
+    assert "--gpu-architecture=sm_90a" in v.options
+    q = np.zeros((1, 2, 129, 64), np.float16)
+    config = CONFIGS["d64-bn64-wg1"]
+    assert v.fits({**_scope(q, q, True), **SM90}, config)
+    assert not v.fits({**_scope(q.astype(np.float32), q.astype(np.float32), True), **SM90},
+                      config)
+    assert not v.fits({**_scope(q, q, True), **SM90}, CONFIGS["d128-bn64-wg2"]), "HD != D"

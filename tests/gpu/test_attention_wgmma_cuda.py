@@ -1,0 +1,122 @@
+"""attention's wgmma kernel (flash_wgmma, sm_90a) against the float64 reference on the GPU:
+whether the H200 reads the swizzled tiles through the descriptors as the CPU emulation of
+the PTX ISA does (tests/cpu/test_attention_wgmma_emu.py runs the same kernel there).
+
+Fresh random inputs per test; outputs poisoned with NaN before every run (an unwritten
+element fails); every case runs twice on the same input and must give the same bits.
+Covered: every config on causal and full inputs; odd lengths (1, 63, 65, 200, 1000, 4097
+keys; 1 to 1000 query rows), bottom-right causal with Lq < Lk, fp16 (CuPy) and bf16
+(PyTorch), D 64 and 128, logits x20, a negative scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adaptive.limits import SM90
+from adaptive.ops import get_op
+from adaptive.variants import builtin_folder, load_manifest
+
+pytestmark = pytest.mark.gpu
+
+NAME = "flash_wgmma"
+(VARIANT,) = [v for v in load_manifest(builtin_folder() / "attention" / "manifest.toml")
+              if v.name == NAME]
+CONFIGS = VARIANT.space.configs(SM90)
+
+
+def _label(config: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+@pytest.fixture(scope="module")
+def dispatcher():
+    from adaptive.dispatch import Dispatcher
+    return Dispatcher(backend="cuda")
+
+
+def _inputs(cp, rng, dtype, b, h, lq, lk, d, magnitude=1.0):
+    q = rng.standard_normal((b, h, lq, d)) * magnitude
+    k = rng.standard_normal((b, h, lk, d)) * magnitude
+    v = rng.standard_normal((b, h, lk, d))
+    if dtype == "bfloat16":
+        import torch
+        dev = [torch.from_numpy(x.astype(np.float32)).cuda().to(torch.bfloat16)
+               for x in (q, k, v)]
+        host = [t.double().cpu().numpy() for t in dev]
+    else:
+        dev = [cp.asarray(x.astype(dtype)) for x in (q, k, v)]
+        host = [x.astype(dtype).astype(np.float64) for x in (q, k, v)]
+    return dev, host
+
+
+def _run(dispatcher, cp, config, dtype, dev, causal, scale):
+    shape = tuple(dev[0].shape)
+    if dtype == "bfloat16":
+        import torch
+        out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        dispatcher.launch("attention", *dev, out=out, variant=NAME, config=config,
+                          causal=causal, scale=scale)
+        torch.cuda.synchronize()
+        return out.double().cpu().numpy()
+    out = cp.full(shape, np.nan, dtype)
+    dispatcher.launch("attention", *dev, out=out, variant=NAME, config=config, causal=causal,
+                      scale=scale)
+    cp.cuda.Device().synchronize()
+    return cp.asnumpy(out).astype(np.float64)
+
+
+def _check(dispatcher, cp, config, dtype, dev, host, causal, scale=None, what=""):
+    op = get_op("attention")
+    ref = op.reference(*host, causal=causal, scale=scale)
+    first = _run(dispatcher, cp, config, dtype, dev, causal, scale)
+    label = f"{NAME}[{_label(config)}] {dtype} causal={causal} {what}"
+    assert np.isfinite(first).all(), f"{label}: NaN/Inf in the output (unwritten or 0/0)"
+    err = op.error(first, ref)
+    assert err < op.tolerance[dtype], f"{label}: rel. error {err:.3g}"
+    worst = np.abs(first - ref).max() / max(np.abs(ref).max(), 1e-30)
+    assert worst < 8 * op.tolerance[dtype], f"{label}: worst element off by {worst:.3g}"
+    second = _run(dispatcher, cp, config, dtype, dev, causal, scale)
+    assert np.array_equal(first, second), f"{label}: a second run on the same input differs"
+
+
+def test_the_device_is_the_variants():
+    """On this device (an H200: compute capability 9.0) every config of the space exists."""
+    from adaptive.backends import device_limits
+    assert device_limits(0)["cc"] == 90
+    assert len(CONFIGS) == 8
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[_label(c) for c in CONFIGS])
+def test_every_config(dispatcher, cp, rng, config):
+    d = config["HD"]
+    for (b, h, lq, lk, causal) in ((1, 4, 1000, 1000, True), (2, 3, 200, 777, True),
+                                   (1, 2, 333, 4097, False), (2, 2, 1, 65, True)):
+        dev, host = _inputs(cp, rng, "float16", b, h, lq, lk, d)
+        _check(dispatcher, cp, config, "float16", dev, host, causal,
+               what=f"B={b} H={h} Lq={lq} Lk={lk}")
+
+
+SHAPES = [(lq, lk) for lk in (1, 63, 65, 200, 1000) for lq in (1, 17, 64, 129, 1000) if lq <= lk]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("lq,lk", SHAPES, ids=[f"Lq{a}-Lk{b}" for a, b in SHAPES])
+def test_shapes(dispatcher, cp, rng, lq, lk, causal):
+    i = SHAPES.index((lq, lk))
+    dtype = ("float16", "bfloat16")[(i + causal) % 2]
+    d = (64, 128)[i % 2]
+    dev, host = _inputs(cp, rng, dtype, 2, 2, lq, lk, d)
+    fitting = [c for c in CONFIGS if c["HD"] == d]
+    config = fitting[(i + causal) % len(fitting)]
+    _check(dispatcher, cp, config, dtype, dev, host, causal, what=f"Lq={lq} Lk={lk}")
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c["BN"] == 128 and c["NWG"] == 2],
+                         ids=lambda c: _label(c))
+def test_large_logits_and_a_negative_scale(dispatcher, cp, rng, config):
+    dev, host = _inputs(cp, rng, "float16", 1, 2, 300, 300, config["HD"], magnitude=20.0)
+    _check(dispatcher, cp, config, "float16", dev, host, True, scale=0.05, what="logits x20")
+    _check(dispatcher, cp, config, "float16", dev, host, True, scale=-0.05,
+           what="a negative scale")

@@ -1,0 +1,229 @@
+// attention on Hopper's warpgroup tensor cores (wgmma; float16 / bfloat16, sm_90a):
+// out[b, h] = softmax(q kᵀ · scale [+ causal mask]) v for q [B, H, Lq, D], k and v [B, H, Lk, D].
+// A CTA owns BM = 64 * NWG query rows of one (b, h); each warpgroup (128 threads) owns 64 of
+// them and issues S = q kᵀ as one m64nBN wgmma chain with both operands in shared memory,
+// then O += P v as one m64nHD chain with P from registers (the S accumulators packed to
+// 16 bits: the accumulator layout is the A-fragment layout) and v read transposed (MN-major)
+// from its tile as stored. q, k and v tiles are stored 128-byte swizzled (adaptive_wgmma.cuh),
+// 1024-byte aligned; K/V tiles of BN keys are double-buffered by cp.async: tile j + 1 loads
+// while tile j is computed. Online softmax in fp32 in the log2 domain (ex2.approx), scale
+// folded in as in attention_flash2.cu (a negative scale negates the q tile).
+// Causal: the mask is bottom-right aligned (row i sees keys j <= i + Lk - Lq), key tiles past
+// a CTA's last diagonal are skipped and the heaviest row blocks are issued first.
+// Keys past Lk read as zero and are masked; rows past Lq are computed but never stored; a row
+// that sees no key gives zeros.
+// Config macros: HD (head dim; must equal D), BN (keys per tile), NWG (warpgroups a CTA).
+// Dynamic shared memory: (BM + 4 * BN) * HD * 2 + 1024 bytes (the 1024: alignment slack).
+
+#include "adaptive_ptx.cuh"
+#include "adaptive_wgmma.cuh"
+
+#ifndef HD
+#define HD 128
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef NWG
+#define NWG 1
+#endif
+#define BM (64 * NWG)               // query rows per CTA
+#define NTHREADS (128 * NWG)
+#define Q_BYTES (BM * HD * 2)
+#define KV_BYTES (BN * HD * 2)      // one K or V tile
+#define NEG_INF (-__int_as_float(0x7f800000))
+static_assert(HD == 64 || HD == 128, "head dim 64 or 128");
+static_assert(BN == 64 || BN == 128, "64 or 128 keys a tile");
+
+// The byte offset of 16-byte chunk c (0 .. HD / 8 - 1) of row r in a swizzled tile of ROWS
+// rows: the row's 64-element half c / 8 is a block of ROWS 128-byte rows of its own.
+template <int ROWS>
+__device__ __forceinline__ unsigned swizzled(int r, int c) {
+    return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+// ROWS rows of a [n, HD] matrix starting at row r0 into the swizzled tile at shared address
+// dst; rows past n are zero-filled. 16-byte cp.async, NTHREADS threads.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(unsigned dst, const T* __restrict__ src, int r0,
+                                          int n) {
+    static_assert(sizeof(T) == 2, "16-bit elements (offsets below are in bytes)");
+    constexpr int CHUNKS = ROWS * HD / 8;
+    static_assert(CHUNKS % NTHREADS == 0, "tile chunks must divide among the threads");
+    #pragma unroll
+    for (int i = 0; i < CHUNKS / NTHREADS; ++i) {
+        const int idx = i * NTHREADS + (int)threadIdx.x;
+        const int r = idx / (HD / 8), c = idx % (HD / 8);
+        const bool in = r0 + r < n;
+        cp_async16(dst + swizzled<ROWS>(r, c),
+                   in ? (const void*)(src + (size_t)(r0 + r) * HD + c * 8) : (const void*)src,
+                   in ? 16 : 0);
+    }
+}
+
+// The sign bit of every element of the ROWS x HD tile that this thread's load_tile wrote.
+template <int ROWS>
+__device__ __forceinline__ void negate_tile(unsigned char* tile) {
+    constexpr int CHUNKS = ROWS * HD / 8;
+    #pragma unroll
+    for (int i = 0; i < CHUNKS / NTHREADS; ++i) {
+        const int idx = i * NTHREADS + (int)threadIdx.x;
+        uint4* p = reinterpret_cast<uint4*>(tile + swizzled<ROWS>(idx / (HD / 8), idx % (HD / 8)));
+        uint4 x = *p;
+        x.x ^= 0x80008000u; x.y ^= 0x80008000u; x.z ^= 0x80008000u; x.w ^= 0x80008000u;
+        *p = x;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                T* __restrict__ out, int Lq, int Lk, float scale, int causal)
+{
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // the swizzle repeats every 8 rows of 128 bytes: tiles start 1024-byte aligned
+    const unsigned raw = smem_u32(smem_raw);
+    const unsigned base = (raw + 1023u) & ~1023u;
+    const unsigned q_s = base, k_s = base + Q_BYTES, v_s = k_s + 2 * KV_BYTES;
+    const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3;
+    const int lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const size_t bh = blockIdx.y;
+    const T* qb = q + bh * Lq * HD;
+    const T* kb = k + bh * Lk * HD;
+    const T* vb = v + bh * Lk * HD;
+    T* ob = out + bh * Lq * HD;
+    // causal: the row blocks with the most key tiles are issued first
+    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    const int cta_row0 = mb * BM;
+    const int row0 = cta_row0 + wg * 64 + warp * 16;   // this warp's rows: row0 + g, + 8
+    const int shift = Lk - Lq;                         // causal: row i sees j <= i + shift
+    // scores stay unscaled: p = 2^(s·c - m·c), c = |scale|·log2(e) (attention_flash2.cu)
+    const float c_log2 = fmaxf(fabsf(scale) * 1.4426950408889634f, 1e-30f);
+
+    int kv_end = Lk;
+    if (causal) kv_end = max(0, min(Lk, cta_row0 + BM + shift));
+    const int n_tiles = (kv_end + BN - 1) / BN;
+
+    load_tile<BM>(q_s, qb, cta_row0, Lq);
+    if (n_tiles > 0) {
+        load_tile<BN>(k_s, kb, 0, Lk);
+        load_tile<BN>(v_s, vb, 0, Lk);
+    }
+    cp_async_commit();
+    if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
+        cp_async_wait<0>();
+        negate_tile<BM>(smem_raw + (q_s - raw));   // the loop's first barrier publishes them
+    }
+
+    float o[HD / 2];
+    #pragma unroll
+    for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+    float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
+    const unsigned q_wg = q_s + wg * 64 * 128;         // this warpgroup's 64 rows of q
+
+    for (int jt = 0; jt < n_tiles; ++jt) {
+        const int j0 = jt * BN, buf = jt & 1;
+        const unsigned k_b = k_s + buf * KV_BYTES, v_b = v_s + buf * KV_BYTES;
+        cp_async_wait<0>();
+        fence_proxy_async();   // this thread's copies (and q's negation) seen by the wgmma
+        __syncthreads();       // everyone's; every warpgroup is done with tile jt - 1
+        if (jt + 1 < n_tiles) {
+            load_tile<BN>(k_s + (buf ^ 1) * KV_BYTES, kb, j0 + BN, Lk);
+            load_tile<BN>(v_s + (buf ^ 1) * KV_BYTES, vb, j0 + BN, Lk);
+        }
+        cp_async_commit();
+
+        // S = q kᵀ: HD / 16 k-steps, each 32 bytes further along a 128-byte row of the half
+        float s[BN / 2];
+        #pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+        wgmma_hold<BN / 2>(s);
+        wgmma_fence();
+        #pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            const unsigned step = (ks >> 2), col = (ks & 3) * 32;
+            wgmma_ss<BN>(s, wgmma_desc(q_wg + step * (BM * 128) + col, 16, 1024),
+                         wgmma_desc(k_b + step * (BN * 128) + col, 16, 1024));
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<BN / 2>(s);
+
+        // mask, online softmax update, P to 16-bit A fragments (rows g and g + 8)
+        const bool edge = (j0 + BN > Lk) || (causal && j0 + BN - 1 > row0 + shift);
+        float mx[2] = {NEG_INF, NEG_INF};
+        #pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[nt * 4 + e];
+                if (edge) {
+                    const int key = j0 + nt * 8 + 2 * t + (e & 1);
+                    const int row = row0 + g + (e >> 1) * 8;
+                    if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
+                }
+                s[nt * 4 + e] = x;
+                mx[e >> 1] = fmaxf(mx[e >> 1], x);
+            }
+        }
+        float alpha[2];
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float m_new = fmaxf(m_run[r], mx[r]);
+            const float m_use = m_new == NEG_INF ? 0.f : m_new;   // row fully masked so far
+            alpha[r] = ex2((m_run[r] - m_use) * c_log2);
+            m_run[r] = m_new;
+            mx[r] = -m_use * c_log2;            // p = 2^(s·c + mx)
+            l_run[r] *= alpha[r];
+        }
+        unsigned pk[BN / 16][4];
+        #pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+            const float p0 = ex2(fmaf(s[nt * 4 + 0], c_log2, mx[0]));
+            const float p1 = ex2(fmaf(s[nt * 4 + 1], c_log2, mx[0]));
+            const float p2 = ex2(fmaf(s[nt * 4 + 2], c_log2, mx[1]));
+            const float p3 = ex2(fmaf(s[nt * 4 + 3], c_log2, mx[1]));
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            pk[nt >> 1][(nt & 1) * 2 + 0] = pack2(p0, p1);
+            pk[nt >> 1][(nt & 1) * 2 + 1] = pack2(p2, p3);
+        }
+        // rescale the output only when some row's max moved (late tiles rarely move it)
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+            #pragma unroll
+            for (int dt = 0; dt < HD / 8; ++dt) {
+                o[dt * 4 + 0] *= alpha[0]; o[dt * 4 + 1] *= alpha[0];
+                o[dt * 4 + 2] *= alpha[1]; o[dt * 4 + 3] *= alpha[1];
+            }
+        }
+
+        // O += P v: BN / 16 k-steps of 16 keys (2048 bytes of the tile); v's two 64-column
+        // halves (HD = 128) are LBO = BN * 128 bytes apart, its 8-key groups 1024
+        wgmma_hold<HD / 2>(o);
+        wgmma_hold<BN / 4>(&pk[0][0]);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_rs_tn<HD>(o, pk[kk], wgmma_desc(v_b + kk * 2048, BN * 128, 1024));
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_hold<HD / 2>(o);
+        wgmma_hold<BN / 4>(&pk[0][0]);   // P's registers stay P's until the wgmma read them
+    }
+
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_run[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int row = row0 + g + r * 8;
+        if (row >= Lq) continue;
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            *reinterpret_cast<unsigned*>(ob + (size_t)row * HD + dt * 8 + 2 * t) =
+                pack2(o[dt * 4 + 2 * r] * inv, o[dt * 4 + 2 * r + 1] * inv);
+        }
+    }
+}
