@@ -6,8 +6,9 @@ manifest's grid, block and shared memory.
 
 What the emulation checks: the swizzled tile stores against the descriptors that read them
 (q and k K-major, v MN-major with its two 64-column halves LBO apart at HD = 128), the k16
-steps within a row, the double buffer, P's registers as the A fragment, the masks and the
-online softmax; one and two warpgroups a CTA; partial and wholly masked tiles, a single query row,
+steps within a row, the double buffers (PIPE = 1: K a tile ahead of V, P in two halves),
+P's registers as the A fragment, the masks and the online softmax; one and two warpgroups
+a CTA; partial and wholly masked tiles, a single query row,
 a negative scale, large logits. What it cannot: the asynchrony (a wgmma runs at
 issue here, so a missing wait or fence passes) and whether the H200 reads the descriptors as
 the ISA says: tests/gpu/test_attention_wgmma_cuda.py runs the kernel there."""
@@ -35,11 +36,13 @@ WRAPPER = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, con
            "int causal) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
            "attention_wgmma(q, k, v, out, Lq, Lk, scale, causal); });\n}\n")
 
-CONFIGS = {  # name -> config: the head dims, tile widths and warpgroup counts of the space
-    "d64-bn64-wg1": {"HD": 64, "BN": 64, "NWG": 1},
-    "d64-bn128-wg2": {"HD": 64, "BN": 128, "NWG": 2},
-    "d128-bn64-wg2": {"HD": 128, "BN": 64, "NWG": 2},
-    "d128-bn128-wg1": {"HD": 128, "BN": 128, "NWG": 1},
+CONFIGS = {  # name -> config: head dims, tile widths, warpgroup counts, with and without PIPE
+    "d64-bn64-wg1": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 0},
+    "d64-bn64-wg1-pipe": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 1},
+    "d64-bn128-wg2-pipe": {"HD": 64, "BN": 128, "NWG": 2, "PIPE": 1},
+    "d128-bn64-wg2": {"HD": 128, "BN": 64, "NWG": 2, "PIPE": 0},
+    "d128-bn64-wg2-pipe": {"HD": 128, "BN": 64, "NWG": 2, "PIPE": 1},
+    "d128-bn128-wg1": {"HD": 128, "BN": 128, "NWG": 1, "PIPE": 0},
 }
 
 
@@ -126,7 +129,7 @@ def test_flash_wgmma_claims_hopper_only():
     """The sm_90a cubins run on compute capability 9.0 only: no config exists elsewhere (a
     Blackwell has no wgmma); float32 and masked inputs are not claimed."""
     v = _variant()
-    assert len(v.space.configs(SM90)) == 8
+    assert len(v.space.configs(SM90)) == 14     # PIPE = 1 at HD = BN = 128 would spill
     assert v.space.configs({**SM90, "cc": 100}) == []
     assert v.space.configs({**SM90, "cc": 80}) == []
     assert "--gpu-architecture=sm_90a" in v.options
@@ -136,3 +139,4 @@ def test_flash_wgmma_claims_hopper_only():
     assert not v.fits({**_scope(q.astype(np.float32), q.astype(np.float32), True), **SM90},
                       config)
     assert not v.fits({**_scope(q, q, True), **SM90}, CONFIGS["d128-bn64-wg2"]), "HD != D"
+    assert {**CONFIGS["d128-bn128-wg1"], "PIPE": 1} not in v.space.configs(SM90)

@@ -8,11 +8,15 @@
 // 1024-byte aligned; K/V tiles of BN keys are double-buffered by cp.async: tile j + 1 loads
 // while tile j is computed. Online softmax in fp32 in the log2 domain (ex2.approx), scale
 // folded in as in attention_flash2.cu (a negative scale negates the q tile).
+// PIPE = 1 overlaps a warpgroup's softmax with its tensor cores as FlashAttention-3 does:
+// S(j) and P(j - 1) v(j - 1) are issued together, and the softmax of S(j) runs while the
+// second product does (P in two register halves; K loaded a tile ahead of V).
 // Causal: the mask is bottom-right aligned (row i sees keys j <= i + Lk - Lq), key tiles past
 // a CTA's last diagonal are skipped and the heaviest row blocks are issued first.
 // Keys past Lk read as zero and are masked; rows past Lq are computed but never stored; a row
 // that sees no key gives zeros.
-// Config macros: HD (head dim; must equal D), BN (keys per tile), NWG (warpgroups a CTA).
+// Config macros: HD (head dim; must equal D), BN (keys per tile), NWG (warpgroups a CTA),
+// PIPE.
 // Dynamic shared memory: (BM + 4 * BN) * HD * 2 + 1024 bytes (the 1024: alignment slack).
 
 #include "adaptive_ptx.cuh"
@@ -26,6 +30,9 @@
 #endif
 #ifndef NWG
 #define NWG 1
+#endif
+#ifndef PIPE
+#define PIPE 0
 #endif
 #define BM (64 * NWG)               // query rows per CTA
 #define NTHREADS (128 * NWG)
@@ -75,6 +82,66 @@ __device__ __forceinline__ void negate_tile(unsigned char* tile) {
     }
 }
 
+// The online softmax of one tile's scores s (this thread's BN / 2 of rows g and g + 8 of its
+// warp's 16, keys from j0): masked, m and l updated, P packed to 16-bit A fragments (the
+// accumulator layout is the A layout: keys 16 kk .. 16 kk + 15 are pk[kk]); alpha: the
+// factors the output's rows are to be rescaled by (rescale_rows).
+__device__ __forceinline__ void online_softmax(float* s, unsigned (*pk)[4], float* alpha,
+                                               float* m_run, float* l_run, int j0, int row0,
+                                               int g, int t, int Lk, int causal, int shift,
+                                               float c_log2) {
+    const bool edge = (j0 + BN > Lk) || (causal && j0 + BN - 1 > row0 + shift);
+    float mx[2] = {NEG_INF, NEG_INF};
+    #pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float x = s[nt * 4 + e];
+            if (edge) {
+                const int key = j0 + nt * 8 + 2 * t + (e & 1);
+                const int row = row0 + g + (e >> 1) * 8;
+                if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
+            }
+            s[nt * 4 + e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        const float m_use = m_new == NEG_INF ? 0.f : m_new;   // row fully masked so far
+        alpha[r] = ex2((m_run[r] - m_use) * c_log2);
+        m_run[r] = m_new;
+        mx[r] = -m_use * c_log2;            // p = 2^(s·c + mx)
+        l_run[r] *= alpha[r];
+    }
+    #pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+        const float p0 = ex2(fmaf(s[nt * 4 + 0], c_log2, mx[0]));
+        const float p1 = ex2(fmaf(s[nt * 4 + 1], c_log2, mx[0]));
+        const float p2 = ex2(fmaf(s[nt * 4 + 2], c_log2, mx[1]));
+        const float p3 = ex2(fmaf(s[nt * 4 + 3], c_log2, mx[1]));
+        l_run[0] += p0 + p1;
+        l_run[1] += p2 + p3;
+        pk[nt >> 1][(nt & 1) * 2 + 0] = pack2(p0, p1);
+        pk[nt >> 1][(nt & 1) * 2 + 1] = pack2(p2, p3);
+    }
+}
+
+// The output's rows g and g + 8 times alpha, skipped where no row's max moved in the warp
+// (late tiles rarely move it).
+__device__ __forceinline__ void rescale_rows(float* o, const float* alpha) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        #pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            o[dt * 4 + 0] *= alpha[0]; o[dt * 4 + 1] *= alpha[0];
+            o[dt * 4 + 2] *= alpha[1]; o[dt * 4 + 3] *= alpha[1];
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                 T* __restrict__ out, int Lq, int Lk, float scale, int causal)
@@ -108,6 +175,9 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
         load_tile<BN>(k_s, kb, 0, Lk);
         load_tile<BN>(v_s, vb, 0, Lk);
     }
+#if PIPE
+    if (n_tiles > 1) load_tile<BN>(k_s + KV_BYTES, kb, BN, Lk);   // K runs a tile ahead
+#endif
     cp_async_commit();
     if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
         cp_async_wait<0>();
@@ -119,10 +189,90 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
     float m_run[2] = {NEG_INF, NEG_INF}, l_run[2] = {0.f, 0.f};
     const unsigned q_wg = q_s + wg * 64 * 128;         // this warpgroup's 64 rows of q
+    // the pieces of a step: S(j) = q K(j)ᵀ issued into acc; O += P V(j) issued with P in p
+    auto issue_s = [&](float* acc, int j) {
+        const unsigned k_b = k_s + (j & 1) * KV_BYTES;
+        #pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        wgmma_hold<BN / 2>(acc);
+        wgmma_fence();
+        // HD / 16 k-steps, each 32 bytes further along a 128-byte row of its 64-column half
+        #pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            const unsigned half = ks >> 2, col = (ks & 3) * 32;
+            wgmma_ss<BN>(acc, wgmma_desc(q_wg + half * (BM * 128) + col, 16, 1024),
+                         wgmma_desc(k_b + half * (BN * 128) + col, 16, 1024));
+        }
+        wgmma_commit();
+    };
+    auto issue_pv = [&](unsigned (*p)[4], int j) {
+        // BN / 16 k-steps of 16 keys (2048 bytes of the tile); v's two 64-column halves
+        // (HD = 128) are LBO = BN * 128 bytes apart, its 8-key groups 1024
+        const unsigned v_b = v_s + (j & 1) * KV_BYTES;
+        wgmma_hold<HD / 2>(o);
+        wgmma_hold<BN / 4>(&p[0][0]);
+        wgmma_fence();
+        #pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_rs_tn<HD>(o, p[kk], wgmma_desc(v_b + kk * 2048, BN * 128, 1024));
+        wgmma_commit();
+    };
+    float s[BN / 2], alpha[2];
+    auto softmax = [&](unsigned (*p)[4], int j0) {
+        online_softmax(s, p, alpha, m_run, l_run, j0, row0, g, t, Lk, causal, shift, c_log2);
+    };
 
+#if PIPE
+    // FlashAttention-3's overlap within a warpgroup: step j issues S(j) and O += P(j - 1) V(j - 1)
+    // together, waits for S(j) alone and computes its softmax (P(j) into the other half of pk:
+    // P(j - 1)'s registers are still being read) while the tensor cores run P(j - 1) V(j - 1),
+    // then waits for that and rescales the output. K runs a tile ahead of V: step j loads
+    // K(j + 1) and V(j), into the buffers S(j - 1) and P(j - 2) V(j - 2) are done with.
+    unsigned pk[2][BN / 16][4];
+    if (n_tiles > 0) {
+        cp_async_wait<0>();
+        fence_proxy_async();   // this thread's copies (and q's negation) seen by the wgmma
+        __syncthreads();       // everyone's: q, K(0), K(1) and V(0)
+        issue_s(s, 0);
+        wgmma_wait<0>();
+        wgmma_hold<BN / 2>(s);
+        softmax(pk[0], 0);     // o is zero: nothing to rescale
+    }
+    // one step; P(j - 1) in prev, P(j) into next (each pk half named at compile time: an
+    // index computed at run time would put pk in local memory)
+    auto step = [&](int jt, unsigned (*prev)[4], unsigned (*next)[4]) {
+        if (jt + 1 < n_tiles) load_tile<BN>(k_s + ((jt + 1) & 1) * KV_BYTES, kb, (jt + 1) * BN, Lk);
+        load_tile<BN>(v_s + (jt & 1) * KV_BYTES, vb, jt * BN, Lk);
+        cp_async_commit();
+        issue_s(s, jt);
+        issue_pv(prev, jt - 1);
+        wgmma_wait<1>();                     // S(j)
+        wgmma_hold<BN / 2>(s);
+        softmax(next, jt * BN);
+        wgmma_wait<0>();                     // P(j - 1) V(j - 1)
+        wgmma_hold<HD / 2>(o);
+        wgmma_hold<BN / 4>(&prev[0][0]);     // P(j - 1)'s registers read by then
+        rescale_rows(o, alpha);
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();       // K(j + 1), V(j) landed; everyone done with K(j), V(j - 1)
+    };
+    for (int jt = 1; jt < n_tiles; jt += 2) {
+        step(jt, pk[0], pk[1]);
+        if (jt + 1 < n_tiles) step(jt + 1, pk[1], pk[0]);
+    }
+    if (n_tiles > 0) {         // the last tile's P v
+        if ((n_tiles - 1) & 1) issue_pv(pk[1], n_tiles - 1);
+        else issue_pv(pk[0], n_tiles - 1);
+        wgmma_wait<0>();
+        wgmma_hold<HD / 2>(o);
+        wgmma_hold<BN / 4>(&pk[0][0][0]);
+        wgmma_hold<BN / 4>(&pk[1][0][0]);
+    }
+#else
+    unsigned pk[BN / 16][4];
     for (int jt = 0; jt < n_tiles; ++jt) {
         const int j0 = jt * BN, buf = jt & 1;
-        const unsigned k_b = k_s + buf * KV_BYTES, v_b = v_s + buf * KV_BYTES;
         cp_async_wait<0>();
         fence_proxy_async();   // this thread's copies (and q's negation) seen by the wgmma
         __syncthreads();       // everyone's; every warpgroup is done with tile jt - 1
@@ -131,86 +281,17 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
             load_tile<BN>(v_s + (buf ^ 1) * KV_BYTES, vb, j0 + BN, Lk);
         }
         cp_async_commit();
-
-        // S = q kᵀ: HD / 16 k-steps, each 32 bytes further along a 128-byte row of the half
-        float s[BN / 2];
-        #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
-        wgmma_hold<BN / 2>(s);
-        wgmma_fence();
-        #pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-            const unsigned step = (ks >> 2), col = (ks & 3) * 32;
-            wgmma_ss<BN>(s, wgmma_desc(q_wg + step * (BM * 128) + col, 16, 1024),
-                         wgmma_desc(k_b + step * (BN * 128) + col, 16, 1024));
-        }
-        wgmma_commit();
+        issue_s(s, jt);
         wgmma_wait<0>();
         wgmma_hold<BN / 2>(s);
-
-        // mask, online softmax update, P to 16-bit A fragments (rows g and g + 8)
-        const bool edge = (j0 + BN > Lk) || (causal && j0 + BN - 1 > row0 + shift);
-        float mx[2] = {NEG_INF, NEG_INF};
-        #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-            #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt * 4 + e];
-                if (edge) {
-                    const int key = j0 + nt * 8 + 2 * t + (e & 1);
-                    const int row = row0 + g + (e >> 1) * 8;
-                    if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
-                }
-                s[nt * 4 + e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
-            }
-        }
-        float alpha[2];
-        #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float m_new = fmaxf(m_run[r], mx[r]);
-            const float m_use = m_new == NEG_INF ? 0.f : m_new;   // row fully masked so far
-            alpha[r] = ex2((m_run[r] - m_use) * c_log2);
-            m_run[r] = m_new;
-            mx[r] = -m_use * c_log2;            // p = 2^(s·c + mx)
-            l_run[r] *= alpha[r];
-        }
-        unsigned pk[BN / 16][4];
-        #pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-            const float p0 = ex2(fmaf(s[nt * 4 + 0], c_log2, mx[0]));
-            const float p1 = ex2(fmaf(s[nt * 4 + 1], c_log2, mx[0]));
-            const float p2 = ex2(fmaf(s[nt * 4 + 2], c_log2, mx[1]));
-            const float p3 = ex2(fmaf(s[nt * 4 + 3], c_log2, mx[1]));
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            pk[nt >> 1][(nt & 1) * 2 + 0] = pack2(p0, p1);
-            pk[nt >> 1][(nt & 1) * 2 + 1] = pack2(p2, p3);
-        }
-        // rescale the output only when some row's max moved (late tiles rarely move it)
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-            #pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                o[dt * 4 + 0] *= alpha[0]; o[dt * 4 + 1] *= alpha[0];
-                o[dt * 4 + 2] *= alpha[1]; o[dt * 4 + 3] *= alpha[1];
-            }
-        }
-
-        // O += P v: BN / 16 k-steps of 16 keys (2048 bytes of the tile); v's two 64-column
-        // halves (HD = 128) are LBO = BN * 128 bytes apart, its 8-key groups 1024
-        wgmma_hold<HD / 2>(o);
-        wgmma_hold<BN / 4>(&pk[0][0]);
-        wgmma_fence();
-        #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            wgmma_rs_tn<HD>(o, pk[kk], wgmma_desc(v_b + kk * 2048, BN * 128, 1024));
-        wgmma_commit();
+        softmax(pk, j0);
+        rescale_rows(o, alpha);
+        issue_pv(pk, jt);
         wgmma_wait<0>();
         wgmma_hold<HD / 2>(o);
         wgmma_hold<BN / 4>(&pk[0][0]);   // P's registers stay P's until the wgmma read them
     }
+#endif
 
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
