@@ -11,7 +11,8 @@ Per input: SDPA as a torch program calls it (``F.scaled_dot_product_attention``,
 causal mask is ours: Lq == Lk) and through the dispatcher (``sdpa_torch``), and every
 config of the two flash kernels; the best of each and the ratios. Device time: CUDA events
 around ``--calls`` launches queued behind a sleep kernel (so the host's issuing is not
-timed), median over ``--reps``. Each flash result is checked against SDPA's: a config off
+timed), median over ``--reps``. ``--full``: the same inputs without the mask (the JSON
+``probe_causal_prefill_full.json``). Each flash result is checked against SDPA's: a config off
 by more than 2e-2 is reported (``wrong`` in the JSON), left out of the bests, and the probe
 exits 1 after the last input. Every time goes to ``probe_causal_prefill.json`` in ``--out``.
 
@@ -36,12 +37,12 @@ CASES = [(1, 16, 1024, 1024, 128, "float16"), (1, 16, 1024, 1024, 128, "bfloat16
          (2, 4, 1024, 1024, 64, "float16"), (1, 32, 2048, 2048, 128, "float16"),
          (4, 32, 512, 512, 128, "float16"), (1, 8, 4096, 4096, 128, "float16"),
          (8, 32, 256, 256, 64, "float16"), (1, 32, 512, 2048, 128, "float16"),
-         (1, 16, 998, 998, 64, "float16")]
+         (1, 16, 998, 998, 64, "float16"), (1, 8, 4096, 4096, 64, "float16")]
 FLASH = ("flash2_mma", "flash2_pair_mma", "flash2_ksplit_mma", "flash_wgmma")
 
 
-def candidates(registry, case) -> dict[str, list[dict]]:
-    """variant name -> the configs of it that fit ``case`` (causal)."""
+def candidates(registry, case, causal: bool = True) -> dict[str, list[dict]]:
+    """variant name -> the configs of it that fit ``case`` (causal or not)."""
     import numpy as np
 
     from adaptive.limits import SM90
@@ -49,7 +50,7 @@ def candidates(registry, case) -> dict[str, list[dict]]:
     b, h, lq, lk, d, dtype = case
     args = (np.zeros((b, h, lq, d), dtype if dtype != "bfloat16" else "float16"),
             *(np.zeros((b, h, lk, d), "float16"),) * 2)
-    scope = {**get_op("attention").problem(args, {"causal": True}).scope(), "dtype": dtype}
+    scope = {**get_op("attention").problem(args, {"causal": causal}).scope(), "dtype": dtype}
     out = {}
     for name in FLASH:
         v = registry.get("attention", name)
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--dry-run", action="store_true", help="list the candidates, time nothing")
+    p.add_argument("--full", action="store_true",
+                   help="the same inputs without the causal mask (flash2_pair_mma: none)")
     p.add_argument("--out", default=os.environ.get("OUT", "."),
                    help="folder for probe_causal_prefill.json (default: $OUT or .)")
     args = p.parse_args(argv)
@@ -89,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     from adaptive.policy import MeasureEach
     d = Dispatcher("host" if args.dry_run else "cuda", policy=MeasureEach())
     for case in CASES:
-        cands = candidates(d.registry, case)
-        label = "B={} H={} Lq={} Lk={} D={} {}".format(*case)
+        causal = not args.full
+        cands = candidates(d.registry, case, causal)
+        label = "B={} H={} Lq={} Lk={} D={} {}".format(*case) + ("" if causal else " full")
         if args.dry_run:
             print(label, {n: len(c) for n, c in cands.items()})
             report.append({"input": label, "configs": {n: len(c) for n, c in cands.items()}})
@@ -104,19 +108,19 @@ def main(argv: list[str] | None = None) -> int:
         k, v = (torch.randn(b, h, lk, dim, device="cuda", dtype=tdt, generator=gen)
                 for _ in range(2))
         out = torch.empty_like(q)
-        ref = d.launch("attention", q, k, v, variant="sdpa_torch", causal=True)
+        ref = d.launch("attention", q, k, v, variant="sdpa_torch", causal=causal)
         rows = [("sdpa_torch (dispatcher)", {}, device_us(
             lambda: d.launch("attention", q, k, v, out=out, variant="sdpa_torch",
-                             causal=True), args.calls, args.reps))]
-        if lq == lk:
+                             causal=causal), args.calls, args.reps))]
+        if lq == lk or not causal:   # torch's causal mask is top-left aligned
             rows.append(("F.scaled_dot_product_attention", {}, device_us(
-                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
                 args.calls, args.reps)))
         for name, configs in cands.items():
             for c in configs:
                 def run(name=name, c=c):
                     d.launch("attention", q, k, v, out=out, variant=name, config=c,
-                             causal=True)
+                             causal=causal)
                 t = device_us(run, args.calls, args.reps)
                 out.fill_(float("nan"))
                 run()
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {n} {c} {t:.1f} us")
         report.append({"input": label, "device_us": [
             {"candidate": n, "config": c, "us": t} for n, c, t in rows]})
-    out = Path(args.out) / "probe_causal_prefill.json"
+    out = Path(args.out) / f"probe_causal_prefill{'_full' if args.full else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"inputs": report, "wrong": wrong}, indent=1))
     print(f"wrote {out}")
