@@ -32,12 +32,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (B, H, Lq, Lk, D, dtype): contention's input first
+# (B, H, Lq, Lk, D, dtype[, Hkv]): contention's input first; the last, a 1B Llama's prefill
+# (32 query heads on 8 key/value heads, D = 64)
 CASES = [(1, 16, 1024, 1024, 128, "float16"), (1, 16, 1024, 1024, 128, "bfloat16"),
          (2, 4, 1024, 1024, 64, "float16"), (1, 32, 2048, 2048, 128, "float16"),
          (4, 32, 512, 512, 128, "float16"), (1, 8, 4096, 4096, 128, "float16"),
          (8, 32, 256, 256, 64, "float16"), (1, 32, 512, 2048, 128, "float16"),
-         (1, 16, 998, 998, 64, "float16"), (1, 8, 4096, 4096, 64, "float16")]
+         (1, 16, 998, 998, 64, "float16"), (1, 8, 4096, 4096, 64, "float16"),
+         (1, 32, 1536, 1536, 64, "float16", 8)]
 FLASH = ("flash2_mma", "flash2_pair_mma", "flash2_ksplit_mma", "flash_wgmma")
 
 
@@ -47,9 +49,9 @@ def candidates(registry, case, causal: bool = True) -> dict[str, list[dict]]:
 
     from adaptive.limits import SM90
     from adaptive.ops import get_op
-    b, h, lq, lk, d, dtype = case
+    b, h, lq, lk, d, dtype, hkv = (*case, case[1])[:7]
     args = (np.zeros((b, h, lq, d), dtype if dtype != "bfloat16" else "float16"),
-            *(np.zeros((b, h, lk, d), "float16"),) * 2)
+            *(np.zeros((b, hkv, lk, d), "float16"),) * 2)
     scope = {**get_op("attention").problem(args, {"causal": causal}).scope(), "dtype": dtype}
     out = {}
     for name in FLASH:
@@ -94,18 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     for case in CASES:
         causal = not args.full
         cands = candidates(d.registry, case, causal)
-        label = "B={} H={} Lq={} Lk={} D={} {}".format(*case) + ("" if causal else " full")
+        label = "B={} H={} Lq={} Lk={} D={} {}".format(*case[:6]) + (
+            f" Hkv={case[6]}" if len(case) > 6 else "") + ("" if causal else " full")
         if args.dry_run:
             print(label, {n: len(c) for n, c in cands.items()})
             report.append({"input": label, "configs": {n: len(c) for n, c in cands.items()}})
             continue
         import torch
         import torch.nn.functional as F
-        b, h, lq, lk, dim, dtype = case
+        b, h, lq, lk, dim, dtype, hkv = (*case, case[1])[:7]
         tdt = getattr(torch, dtype)
         gen = torch.Generator(device="cuda").manual_seed(0)
         q = torch.randn(b, h, lq, dim, device="cuda", dtype=tdt, generator=gen)
-        k, v = (torch.randn(b, h, lk, dim, device="cuda", dtype=tdt, generator=gen)
+        k, v = (torch.randn(b, hkv, lk, dim, device="cuda", dtype=tdt, generator=gen)
                 for _ in range(2))
         out = torch.empty_like(q)
         ref = d.launch("attention", q, k, v, variant="sdpa_torch", causal=causal)
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                              causal=causal), args.calls, args.reps))]
         if lq == lk or not causal:   # torch's causal mask is top-left aligned
             rows.append(("F.scaled_dot_product_attention", {}, device_us(
-                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                       enable_gqa=hkv != h),
                 args.calls, args.reps)))
         for name, configs in cands.items():
             for c in configs:

@@ -8,10 +8,11 @@ What the emulation checks: the swizzled tile stores against the descriptors that
 (q and k K-major, v MN-major with its two 64-column halves LBO apart at HD = 128), the k16
 steps within a row, the double buffers (PIPE = 1: K a tile ahead of V, P in two halves),
 P's registers as the A fragment, the masks and the online softmax; one and two warpgroups
-a CTA; partial and wholly masked tiles, a single query row,
-a negative scale, large logits. What it cannot: the asynchrony (a wgmma runs at
-issue here, so a missing wait or fence passes) and whether the H200 reads the descriptors as
-the ISA says: tests/gpu/test_attention_wgmma_cuda.py runs the kernel there."""
+a CTA; partial and wholly masked tiles, a single query row, a negative scale, large logits,
+grouped-query heads (a key/value head read for each of its query heads). What it cannot:
+the asynchrony (a wgmma runs at issue here, so a missing wait or fence passes) and whether
+the H200 reads the descriptors as the ISA says: tests/gpu/test_attention_wgmma_cuda.py runs
+the kernel there."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
 FOLDER = builtin_folder() / "attention"
 
 WRAPPER = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const __half* q, "
-           "const __half* k, const __half* v, __half* out, int Lq, int Lk, float scale, "
-           "int causal) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
-           "attention_wgmma(q, k, v, out, Lq, Lk, scale, causal); });\n}\n")
+           "const __half* k, const __half* v, __half* out, int Lq, int Lk, int H, int Hkv, "
+           "float scale, int causal) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
+           "attention_wgmma(q, k, v, out, Lq, Lk, H, Hkv, scale, causal); });\n}\n")
 
 CONFIGS = {  # name -> config: head dims, tile widths, warpgroup counts, with and without PIPE
     "d64-bn64-wg1": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 0},
@@ -69,7 +70,7 @@ def kernels(background):
     out = {}
     for name, lib in zip(CONFIGS, libs):   # CONFIGS' order: emu_jobs lists them so
         fn = ctypes.CDLL(str(lib)).emu_run
-        fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 + \
+        fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + \
             [ctypes.c_float, ctypes.c_int]
         out[name] = fn
     return out
@@ -92,17 +93,18 @@ def _launch(fn, config, q, k, v, causal, scale):
     s = 1.0 / np.sqrt(d) if scale is None else scale
     out = np.full(q.shape, np.nan, np.float16)
     fn(grid[0], grid[1], block, q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
-       lq, k.shape[2], s, int(causal))
+       lq, k.shape[2], h, k.shape[1], s, int(causal))
     return out
 
 
-CASES = [  # (B, H, Lq, Lk), causal, scale, magnitude of q and k
-    ((1, 2, 150, 230), True, -0.2, 1.0),     # partial last row block and key tile, the
+CASES = [  # (B, H, Hkv, Lq, Lk), causal, scale, magnitude of q and k
+    ((1, 2, 2, 150, 230), True, -0.2, 1.0),  # partial last row block and key tile, the
     # causal limit shifted by Lk - Lq = 80, a negative scale (q negated in shared memory)
-    ((2, 1, 130, 130), True, 0.3, 20.0),     # large logits (scores in the hundreds)
-    ((1, 1, 100, 300), False, None, 1.0),    # not causal: 3-5 key tiles through both buffers
-    ((2, 2, 1, 200), True, None, 1.0),       # one query row (decode): 63 rows of the block
+    ((2, 1, 1, 130, 130), True, 0.3, 20.0),  # large logits (scores in the hundreds)
+    ((1, 1, 1, 100, 300), False, None, 1.0),  # not causal: 3-5 key tiles through both buffers
+    ((2, 2, 2, 1, 200), True, None, 1.0),    # one query row (decode): 63 rows of the block
     # computed on zeros and never stored
+    ((2, 6, 2, 70, 150), True, None, 1.0),   # grouped-query heads: 3 query heads a kv head
 ]
 
 
@@ -110,14 +112,14 @@ CASES = [  # (B, H, Lq, Lk), causal, scale, magnitude of q and k
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("dims,causal,scale,magnitude", CASES,
                          ids=["shifted-negative-scale", "large-logits", "full-long-keys",
-                              "one-row"])
+                              "one-row", "grouped-query"])
 def test_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, scale,
                                               magnitude):
-    b, h, lq, lk = dims
+    b, h, hkv, lq, lk = dims
     d = CONFIGS[name]["HD"]
     q = (rng.standard_normal((b, h, lq, d)) * magnitude).astype(np.float16)
-    k = (rng.standard_normal((b, h, lk, d)) * 1.5 * magnitude).astype(np.float16)
-    v = rng.standard_normal((b, h, lk, d)).astype(np.float16)
+    k = (rng.standard_normal((b, hkv, lk, d)) * 1.5 * magnitude).astype(np.float16)
+    v = rng.standard_normal((b, hkv, lk, d)).astype(np.float16)
     want = get_op("attention").reference(q, k, v, causal=causal, scale=scale)
     got = _launch(kernels[name], CONFIGS[name], q, k, v, causal, scale)
     assert not np.isnan(got).any(), f"{name}: elements left unwritten (or NaN)"
@@ -139,4 +141,5 @@ def test_flash_wgmma_claims_hopper_only():
     assert not v.fits({**_scope(q.astype(np.float32), q.astype(np.float32), True), **SM90},
                       config)
     assert not v.fits({**_scope(q, q, True), **SM90}, CONFIGS["d128-bn64-wg2"]), "HD != D"
+    assert v.fits({**_scope(q, q[:, :1].copy(), True), **SM90}, config), "grouped-query heads"
     assert {**CONFIGS["d128-bn128-wg1"], "PIPE": 1} not in v.space.configs(SM90)

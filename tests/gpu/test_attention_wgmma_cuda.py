@@ -5,8 +5,9 @@ the PTX ISA does (tests/cpu/test_attention_wgmma_emu.py runs the same kernel the
 Fresh random inputs per test; outputs poisoned with NaN before every run (an unwritten
 element fails); every case runs twice on the same input and must give the same bits.
 Covered: every config on causal and full inputs; odd lengths (1, 63, 65, 200, 1000, 4097
-keys; 1 to 1000 query rows), bottom-right causal with Lq < Lk, fp16 (CuPy) and bf16
-(PyTorch), D 64 and 128, logits x20, a negative scale.
+keys; 1 to 1000 query rows), bottom-right causal with Lq < Lk, grouped-query heads (4 query
+heads a key/value head), fp16 (CuPy) and bf16 (PyTorch), D 64 and 128, logits x20, a
+negative scale.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ def dispatcher():
     return Dispatcher(backend="cuda")
 
 
-def _inputs(cp, rng, dtype, b, h, lq, lk, d, magnitude=1.0):
+def _inputs(cp, rng, dtype, b, h, lq, lk, d, magnitude=1.0, hkv=None):
+    hkv = h if hkv is None else hkv
     q = rng.standard_normal((b, h, lq, d)) * magnitude
-    k = rng.standard_normal((b, h, lk, d)) * magnitude
-    v = rng.standard_normal((b, h, lk, d))
+    k = rng.standard_normal((b, hkv, lk, d)) * magnitude
+    v = rng.standard_normal((b, hkv, lk, d))
     if dtype == "bfloat16":
         import torch
         dev = [torch.from_numpy(x.astype(np.float32)).cuda().to(torch.bfloat16)
@@ -91,11 +93,12 @@ def test_the_device_is_the_variants():
 @pytest.mark.parametrize("config", CONFIGS, ids=[_label(c) for c in CONFIGS])
 def test_every_config(dispatcher, cp, rng, config):
     d = config["HD"]
-    for (b, h, lq, lk, causal) in ((1, 4, 1000, 1000, True), (2, 3, 200, 777, True),
-                                   (1, 2, 333, 4097, False), (2, 2, 1, 65, True)):
-        dev, host = _inputs(cp, rng, "float16", b, h, lq, lk, d)
+    for (b, h, hkv, lq, lk, causal) in ((1, 4, 4, 1000, 1000, True), (2, 3, 3, 200, 777, True),
+                                        (1, 2, 2, 333, 4097, False), (2, 2, 2, 1, 65, True),
+                                        (2, 8, 2, 300, 300, True)):
+        dev, host = _inputs(cp, rng, "float16", b, h, lq, lk, d, hkv=hkv)
         _check(dispatcher, cp, config, "float16", dev, host, causal,
-               what=f"B={b} H={h} Lq={lq} Lk={lk}")
+               what=f"B={b} H={h} Hkv={hkv} Lq={lq} Lk={lk}")
 
 
 SHAPES = [(lq, lk) for lk in (1, 63, 65, 200, 1000) for lq in (1, 17, 64, 129, 1000) if lq <= lk]

@@ -1,5 +1,7 @@
 // attention on Hopper's warpgroup tensor cores (wgmma; float16 / bfloat16, sm_90a):
-// out[b, h] = softmax(q kᵀ · scale [+ causal mask]) v for q [B, H, Lq, D], k and v [B, H, Lk, D].
+// out[b, h] = softmax(q kᵀ · scale [+ causal mask]) v for q [B, H, Lq, D], k and v
+// [B, Hkv, Lk, D]: query head h reads key/value head h / (H / Hkv) (grouped-query attention
+// as it arrives, no repeated copy of k and v).
 // A CTA owns BM = 64 * NWG query rows of one (b, h); each warpgroup (128 threads) owns 64 of
 // them and issues S = q kᵀ as one m64nBN wgmma chain with both operands in shared memory,
 // then O += P v as one m64nHD chain with P from registers (the S accumulators packed to
@@ -144,7 +146,7 @@ __device__ __forceinline__ void rescale_rows(float* o, const float* alpha) {
 
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                T* __restrict__ out, int Lq, int Lk, float scale, int causal)
+                T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale, int causal)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // the swizzle repeats every 8 rows of 128 bytes: tiles start 1024-byte aligned
@@ -153,10 +155,11 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     const unsigned q_s = base, k_s = base + Q_BYTES, v_s = k_s + 2 * KV_BYTES;
     const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3;
     const int lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const size_t bh = blockIdx.y;
+    const size_t bh = blockIdx.y;                      // b * H + h
+    const size_t bkv = bh / H * Hkv + bh % H / (H / Hkv);   // b * Hkv + its kv head
     const T* qb = q + bh * Lq * HD;
-    const T* kb = k + bh * Lk * HD;
-    const T* vb = v + bh * Lk * HD;
+    const T* kb = k + bkv * Lk * HD;
+    const T* vb = v + bkv * Lk * HD;
     T* ob = out + bh * Lq * HD;
     // causal: the row blocks with the most key tiles are issued first
     const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
