@@ -143,3 +143,21 @@ def test_flash_wgmma_claims_hopper_only():
     assert not v.fits({**_scope(q, q, True), **SM90}, CONFIGS["d128-bn64-wg2"]), "HD != D"
     assert v.fits({**_scope(q, q[:, :1].copy(), True), **SM90}, config), "grouped-query heads"
     assert {**CONFIGS["d128-bn128-wg1"], "PIPE": 1} not in v.space.configs(SM90)
+
+
+@pytest.mark.skipif(not __import__("adaptive.nvrtc").nvrtc.available(),
+                    reason="cuda.bindings is not installed")
+def test_every_config_compiles_for_sm90a_without_spills_or_serialized_wgmma():
+    """ptxas' own verdicts, read on the CPU: no config spills registers, and none has its
+    wgmma chains serialized (C7510-C7515: a non-wgmma instruction touching an in-flight
+    accumulator, too few registers for the pipeline; the kernel would run, slowly). S zeroed
+    before its chain rather than the first k-step's scale-d 0 avoids C7511 under PIPE = 1."""
+    from adaptive import nvrtc
+    v = _variant()
+    source = nvrtc.full_source(v.source, "float16", "attention_wgmma.cu")
+    for config in v.space.configs(SM90):
+        _, log = nvrtc.compile_source(source, nvrtc.macro_options(config) + v.options)
+        used = nvrtc.parse_ptxas(log, v.entry)
+        assert used["spill_store_bytes"] == used["spill_load_bytes"] == 0, (config, log)
+        assert used["stack_bytes"] == 0, (config, "local memory (an indexed register array?)")
+        assert "C751" not in log and "serialized" not in log, (config, log)
