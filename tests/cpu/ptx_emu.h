@@ -80,6 +80,7 @@ inline unsigned short __half_as_ushort(__half h) {
     return s;
 }
 template <> inline __half from_f32<__half>(float x) { return (__half)x; }
+inline float to_f32(__half x) { return (float)x; }
 template <class V> inline V __ldg(const V* p) { return *p; }
 template <class V> inline V __ldcg(const V* p) { return *p; }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }

@@ -52,12 +52,27 @@ def _variant():
     return v
 
 
+PRODUCTS = Path(__file__).resolve().parents[1] / "gpu" / "wgmma_products.cu"
+PRODUCT_SIZES = [(64, 64), (128, 128), (64, 128), (128, 64)]   # (PN, PK)
+PRODUCT_WRAPPER = (
+    "extern \"C\" void emu_ss(const __half* a, const __half* b, float* out) {\n"
+    "  emu_launch(1, 1, 1, 128, 1, 1, [=] { wgmma_ss_product(a, b, out); });\n}\n"
+    "extern \"C\" void emu_rs(const __half* p, const __half* v, float* out) {\n"
+    "  emu_launch(1, 1, 1, 128, 1, 1, [=] { wgmma_rs_product(p, v, out); });\n}\n")
+
+
 def emu_jobs(folder: Path) -> dict:
-    """Each config the cases use: its library -> (source, g++ flags)."""
+    """Each config the cases use, then each size of the two products alone: its library ->
+    (source, g++ flags)."""
     text = (cuda_emu.HEADER + cuda_emu.PTX + cuda_emu.VOTE_HALF
             + cuda_emu.kernel_source(FOLDER / "attention_wgmma.cu") + "\n" + WRAPPER)
-    return {folder / f"wgmma_{i}.so": (text, [f"-D{k}={v}" for k, v in config.items()])
+    jobs = {folder / f"wgmma_{i}.so": (text, [f"-D{k}={v}" for k, v in config.items()])
             for i, config in enumerate(CONFIGS.values())}
+    products = (cuda_emu.HEADER + cuda_emu.PTX + cuda_emu.VOTE_HALF
+                + cuda_emu.kernel_source(PRODUCTS) + "\n" + PRODUCT_WRAPPER)
+    jobs.update({folder / f"products_{n}_{k}.so": (products, [f"-DPN={n}", f"-DPK={k}"])
+                 for n, k in PRODUCT_SIZES})
+    return jobs
 
 
 BACKGROUND = cuda_emu.background_build(__file__, cpu_s=20.0)
@@ -66,7 +81,7 @@ BACKGROUND = cuda_emu.background_build(__file__, cpu_s=20.0)
 @pytest.fixture(scope="module")
 def kernels(background):
     """config name -> emu_run, compiled once in the background."""
-    libs = cuda_emu.built(background, __file__, emu_jobs)
+    libs = cuda_emu.built(background, __file__, emu_jobs)[:len(CONFIGS)]
     out = {}
     for name, lib in zip(CONFIGS, libs):   # CONFIGS' order: emu_jobs lists them so
         fn = ctypes.CDLL(str(lib)).emu_run
@@ -125,6 +140,38 @@ def test_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, 
     assert not np.isnan(got).any(), f"{name}: elements left unwritten (or NaN)"
     err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
     assert err < 4e-3, f"{name} {dims} causal={causal}: rel. error {err:.3g}"
+
+
+@pytest.fixture(scope="module")
+def products(background):
+    """(PN, PK) -> (ss, rs): the two products alone (tests/gpu/wgmma_products.cu)."""
+    libs = cuda_emu.built(background, __file__, emu_jobs)[len(CONFIGS):]
+    out = {}
+    for size, lib in zip(PRODUCT_SIZES, libs):
+        dll = ctypes.CDLL(str(lib))
+        for fn in (dll.emu_ss, dll.emu_rs):
+            fn.argtypes = [ctypes.c_void_p] * 3
+        out[size] = (dll.emu_ss, dll.emu_rs)
+    return out
+
+
+@pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
+@pytest.mark.parametrize("pn,pk", PRODUCT_SIZES, ids=[f"N{n}-K{k}" for n, k in PRODUCT_SIZES])
+def test_the_products_alone_emulated_against_float64(products, rng, pn, pk):
+    """The GPU test runs the same kernels on the device: emulated, they are the PTX ISA's
+    products, so a disagreement there is the device reading a layout otherwise."""
+    ss, rs = products[(pn, pk)]
+    a = rng.standard_normal((64, pk)).astype(np.float16)
+    b = rng.standard_normal((pn, pk)).astype(np.float16)
+    out = np.full((64, pn), np.nan, np.float32)
+    ss(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64).T,
+                               rtol=1e-5, atol=1e-4)
+    v = rng.standard_normal((pk, pn)).astype(np.float16)
+    out = np.full((64, pn), np.nan, np.float32)
+    rs(a.ctypes.data, v.ctypes.data, out.ctypes.data)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ v.astype(np.float64),
+                               rtol=1e-5, atol=1e-4)
 
 
 def test_flash_wgmma_claims_hopper_only():

@@ -7,10 +7,14 @@ element fails); every case runs twice on the same input and must give the same b
 Covered: every config on causal and full inputs; odd lengths (1, 63, 65, 200, 1000, 4097
 keys; 1 to 1000 query rows), bottom-right causal with Lq < Lk, grouped-query heads (4 query
 heads a key/value head), fp16 (CuPy) and bf16 (PyTorch), D 64 and 128, logits x20, a
-negative scale.
+negative scale. And the two wgmma products alone (wgmma_products.cu, emulated on the CPU
+too): where the kernel is wrong on the device, which product and layout path is, and how
+(the share of rows, their phases mod 8, the columns).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,3 +128,50 @@ def test_large_logits_and_a_negative_scale(dispatcher, cp, rng, config):
     _check(dispatcher, cp, config, "float16", dev, host, True, scale=0.05, what="logits x20")
     _check(dispatcher, cp, config, "float16", dev, host, True, scale=-0.05,
            what="a negative scale")
+
+
+PRODUCTS = Path(__file__).with_name("wgmma_products.cu")
+
+
+def _diagnosis(got, want) -> str:
+    """Where a product went wrong: the share of rows and columns with a wrong element, the
+    first wrong element (a swizzle or a descriptor offset read otherwise shows as a
+    pattern: every row but those of one phase, a column block, all of it)."""
+    bad = ~np.isclose(got, want, rtol=1e-3, atol=1e-2)
+    if not bad.any():
+        return "right"
+    r, c = np.argwhere(bad)[0]
+    phases = sorted({int(x) % 8 for x in np.where(bad.any(1))[0]})
+    return (f"{bad.mean():.0%} of elements wrong; rows with one: {bad.any(1).sum()} of "
+            f"{bad.shape[0]} (those mod 8: {phases}), "
+            f"columns: {bad.any(0).sum()} of {bad.shape[1]}; first at ({r}, {c}): "
+            f"{got[r, c]:.4g} for {want[r, c]:.4g}")
+
+
+@pytest.mark.parametrize("pn,pk", [(64, 64), (128, 128), (64, 128), (128, 64)],
+                         ids=lambda x: str(x))
+def test_the_wgmma_products_alone(cp, rng, tmp_path, pn, pk):
+    """The two products of adaptive_wgmma.cuh on one warpgroup with the attention kernel's
+    layouts (q, k K-major; v MN-major, its halves LBO apart): which one, if any, the device
+    reads otherwise than the PTX ISA as the CPU emulates it."""
+    from adaptive import nvrtc
+    source = nvrtc.full_source(PRODUCTS.read_text(), "float16", PRODUCTS.name)
+    cubin, _ = nvrtc.compile_source(source, (f"-DPN={pn}", f"-DPK={pk}",
+                                             "--gpu-architecture=sm_90a"))
+    (tmp_path / "p.cubin").write_bytes(cubin)
+    module = cp.RawModule(path=str(tmp_path / "p.cubin"))
+    a = rng.standard_normal((64, pk)).astype(np.float16)
+    b = rng.standard_normal((pn, pk)).astype(np.float16)
+    v = rng.standard_normal((pk, pn)).astype(np.float16)
+    for name, second, want, smem in (
+            ("wgmma_ss_product", b, a.astype(np.float64) @ b.astype(np.float64).T,
+             1024 + (64 + pn) * pk * 2),
+            ("wgmma_rs_product", v, a.astype(np.float64) @ v.astype(np.float64),
+             1024 + pk * pn * 2)):
+        fn = module.get_function(name)
+        fn.max_dynamic_shared_size_bytes = smem
+        out = cp.full((64, pn), cp.nan, cp.float32)
+        fn((1,), (128,), (cp.asarray(a), cp.asarray(second), out), shared_mem=smem)
+        got = cp.asnumpy(out).astype(np.float64)
+        assert np.allclose(got, want, rtol=1e-3, atol=1e-2), \
+            f"{name} N={pn} K={pk}: {_diagnosis(got, want)}"
