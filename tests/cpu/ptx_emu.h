@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 #define __align__(n)
 
 // ---- fp16 and vector built-ins -------------------------------------------------------------
@@ -259,14 +260,17 @@ inline unsigned pack2(float a, float b) {
 }
 
 // ---- adaptive_wgmma.cuh --------------------------------------------------------------------
-// The wgmma runs at issue (fences, commits and waits do nothing): a missing wait or fence is
-// not caught. Operands are read through their descriptors as the PTX ISA lays out the
-// 128-byte swizzle (see the header); a descriptor of another swizzle, or whose start is not
-// at row 0 of a swizzle atom (bits 7-9 of the address: the ISA's base offset 0), is a fault.
+// A wgmma runs when its group is waited for (wgmma_wait), not at issue: its operands (the
+// shared tiles, the A registers through the pointer given) are read then and its
+// accumulators written then, the latest the ISA allows. So a kernel that reads an
+// accumulator before the wait, or overwrites a tile or an A register of a product still in
+// flight, computes wrong results here as it might on the device. (Fences do nothing: a
+// missing fence is not caught; nor is the device reading earlier than the wait.)
+// Operands are read through their descriptors as the PTX ISA lays out the 128-byte swizzle
+// (see the header); a descriptor of another swizzle, or whose start is not at row 0 of a
+// swizzle atom (bits 7-9 of the address: the ISA's base offset 0), is a fault.
 inline void fence_proxy_async() {}
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
-template <int PENDING> inline void wgmma_wait() {}
 template <int N> inline void wgmma_hold(float*) {}
 template <int N> inline void wgmma_hold(unsigned*) {}
 inline unsigned long long wgmma_desc(unsigned start, unsigned lbo, unsigned sbo) {
@@ -296,45 +300,70 @@ struct emu_desc {
         return at(start + (n / 64) * lbo + 2 * (n % 64) + (k % 8) * 128 + (k / 8) * sbo);
     }
 };
-// d (m64nN) += a (64 x 16, K-major) * b (N x 16, K-major): each thread its own elements
-template <int N>
-inline void wgmma_ss(float* d, unsigned long long a_desc, unsigned long long b_desc) {
-    static_assert(N == 64 || N == 128, "wgmma_ss: N is 64 or 128");
-    const emu_desc A(a_desc), B(b_desc);
-    const int l = emu_tid() & 31, w = (emu_tid() / 32) & 3, g = l / 4, tq = l % 4;
-    for (int j = 0; j < N / 8; ++j)
-        for (int e = 0; e < 4; ++e) {
-            const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * tq + (e & 1);
-            float s = 0.f;
-            for (int k = 0; k < 16; ++k) s += A.k_major(row, k) * B.k_major(col, k);
-            d[4 * j + e] += s;
-        }
-}
-// d (m64nN) += a (each warp's 16 x 16 in the m16n8k16 A layout) * b (16 x N, MN-major)
-template <int N>
-inline void wgmma_rs_tn(float* d, const unsigned* a, unsigned long long b_desc) {
-    static_assert(N == 64 || N == 128, "wgmma_rs_tn: N is 64 or 128");
-    const emu_desc B(b_desc);
-    const int t = emu_tid(), base = t & ~31, l = t & 31, g = l / 4, tq = l % 4;
-    for (int i = 0; i < 4; ++i) emu_regs[t][i] = a[i];
-    emu_warp_sync();
+// one issued product of a thread: d (m64nN) += a * b; a from shared memory (ss: a_desc,
+// K-major) or from the registers at a (rs: each warp's 16 x 16, b MN-major)
+struct emu_wgmma_op {
+    int n;
+    float* d;
+    const unsigned* a;
+    unsigned long long a_desc, b_desc;
+};
+static std::vector<emu_wgmma_op> emu_wg_open[1024];                 // issued, not committed
+static std::vector<std::vector<emu_wgmma_op>> emu_wg_groups[1024];  // committed, oldest first
+static void emu_wgmma_run(const emu_wgmma_op& op) {
+    const int t = emu_tid(), base = t & ~31, l = t & 31, w = (t / 32) & 3, g = l / 4, tq = l % 4;
+    const emu_desc B(op.b_desc);
     float A[16][16];
-    for (int q = 0; q < 32; ++q) {
-        const int qg = q / 4, qt = q % 4;
-        const unsigned* R = emu_regs[base + q];
-        for (int h = 0; h < 2; ++h) {
-            A[qg][2 * qt + h] = (float)emu_half(R[0], h);
-            A[qg + 8][2 * qt + h] = (float)emu_half(R[1], h);
-            A[qg][2 * qt + 8 + h] = (float)emu_half(R[2], h);
-            A[qg + 8][2 * qt + 8 + h] = (float)emu_half(R[3], h);
+    if (op.a) {      // rs: the warp's A fragments, as they are now
+        for (int i = 0; i < 4; ++i) emu_regs[t][i] = op.a[i];
+        emu_warp_sync();
+        for (int q = 0; q < 32; ++q) {
+            const int qg = q / 4, qt = q % 4;
+            const unsigned* R = emu_regs[base + q];
+            for (int h = 0; h < 2; ++h) {
+                A[qg][2 * qt + h] = (float)emu_half(R[0], h);
+                A[qg + 8][2 * qt + h] = (float)emu_half(R[1], h);
+                A[qg][2 * qt + 8 + h] = (float)emu_half(R[2], h);
+                A[qg + 8][2 * qt + 8 + h] = (float)emu_half(R[3], h);
+            }
         }
+        emu_warp_sync();
+    } else {         // ss: the warp's 16 rows of the shared tile
+        const emu_desc Ad(op.a_desc);
+        for (int r = 0; r < 16; ++r)
+            for (int k = 0; k < 16; ++k) A[r][k] = Ad.k_major(16 * w + r, k);
     }
-    emu_warp_sync();
-    for (int j = 0; j < N / 8; ++j)
+    for (int j = 0; j < op.n / 8; ++j)
         for (int e = 0; e < 4; ++e) {
             const int row = g + 8 * (e >> 1), col = 8 * j + 2 * tq + (e & 1);
             float s = 0.f;
-            for (int k = 0; k < 16; ++k) s += A[row][k] * B.mn_major(k, col);
-            d[4 * j + e] += s;
+            for (int k = 0; k < 16; ++k)
+                s += A[row][k] * (op.a ? B.mn_major(k, col) : B.k_major(col, k));
+            op.d[4 * j + e] += s;
         }
+}
+inline void wgmma_commit() {
+    const int t = emu_tid();
+    emu_wg_groups[t].push_back(std::move(emu_wg_open[t]));
+    emu_wg_open[t].clear();
+}
+template <int PENDING> inline void wgmma_wait() {
+    auto& groups = emu_wg_groups[emu_tid()];
+    while (groups.size() > PENDING) {
+        for (const emu_wgmma_op& op : groups.front()) emu_wgmma_run(op);
+        groups.erase(groups.begin());
+    }
+}
+// d (m64nN) += a (64 x 16, K-major) * b (N x 16, K-major), when waited for
+template <int N>
+inline void wgmma_ss(float* d, unsigned long long a_desc, unsigned long long b_desc) {
+    static_assert(N == 64 || N == 128, "wgmma_ss: N is 64 or 128");
+    emu_wg_open[emu_tid()].push_back({N, d, nullptr, a_desc, b_desc});
+}
+// d (m64nN) += a (each warp's 16 x 16 in the m16n8k16 A layout) * b (16 x N, MN-major), when
+// waited for (a read then)
+template <int N>
+inline void wgmma_rs_tn(float* d, const unsigned* a, unsigned long long b_desc) {
+    static_assert(N == 64 || N == 128, "wgmma_rs_tn: N is 64 or 128");
+    emu_wg_open[emu_tid()].push_back({N, d, a, 0, b_desc});
 }

@@ -9,10 +9,13 @@ What the emulation checks: the swizzled tile stores against the descriptors that
 steps within a row, the double buffers (PIPE = 1: K a tile ahead of V, P in two halves),
 P's registers as the A fragment, the masks and the online softmax; one and two warpgroups
 a CTA; partial and wholly masked tiles, a single query row, a negative scale, large logits,
-grouped-query heads (a key/value head read for each of its query heads). What it cannot:
-the asynchrony (a wgmma runs at issue here, so a missing wait or fence passes) and whether
-the H200 reads the descriptors as the ISA says: tests/gpu/test_attention_wgmma_cuda.py runs
-the kernel there."""
+grouped-query heads (a key/value head read for each of its query heads); and the
+asynchrony as far as the latest reading allows: an emulated wgmma runs when its group is
+waited for (its tiles and A registers read then, its accumulators written then), so an
+accumulator read before its wait, or a tile or P register overwritten while its product is
+in flight, gives wrong results here (PIPE = 1 lives on both). What it cannot: a missing
+proxy fence, and whether the H200 reads the descriptors as the ISA says:
+tests/gpu/test_attention_wgmma_cuda.py runs the kernel there."""
 
 from __future__ import annotations
 
