@@ -67,6 +67,28 @@ __device__ __forceinline__ unsigned long long wgmma_desc(unsigned start, unsigne
            | 1ull << 62;                                  // 128-byte swizzle
 }
 
+// The accumulator operands of m64n64 (32 registers a thread) and m64n128 (64), and their
+// places in the instruction's text: the same for both products.
+#define ADAPTIVE_WGMMA_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
+    "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define ADAPTIVE_WGMMA_D32 ADAPTIVE_WGMMA_D8(0), ADAPTIVE_WGMMA_D8(8), ADAPTIVE_WGMMA_D8(16), \
+    ADAPTIVE_WGMMA_D8(24)
+#define ADAPTIVE_WGMMA_D64 ADAPTIVE_WGMMA_D32, ADAPTIVE_WGMMA_D8(32), ADAPTIVE_WGMMA_D8(40), \
+    ADAPTIVE_WGMMA_D8(48), ADAPTIVE_WGMMA_D8(56)
+#define ADAPTIVE_WGMMA_L32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, " \
+    "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31"
+#define ADAPTIVE_WGMMA_L64 ADAPTIVE_WGMMA_L32 ", %32, %33, %34, %35, %36, %37, %38, %39, " \
+    "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define ADAPTIVE_WGMMA_R32 "{" ADAPTIVE_WGMMA_L32 "}"
+#define ADAPTIVE_WGMMA_R64 "{" ADAPTIVE_WGMMA_L64 "}"
+// one wgmma with the accumulators always added to (scale-d 1, a predicate the instruction
+// takes in a register), SHAPE "m64nNk16", then its operands after the accumulators
+#define ADAPTIVE_WGMMA(SHAPE, D_REGS, OPERANDS) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned." SHAPE ".f32" \
+    ADAPTIVE_WGMMA_AB " " D_REGS ", " OPERANDS ";\n}\n"
+
 // d (m64nN fp32) += a (64 x 16, K-major in shared memory) * b (N x 16, K-major): S = q kᵀ.
 // (Always accumulating: with the first k-step's scale-d 0 in place of zeroed accumulators,
 // ptxas serialized attention_wgmma's PIPE = 1 chains, C7511.)
@@ -74,44 +96,12 @@ template <int N>
 __device__ __forceinline__ void wgmma_ss(float* d, unsigned long long a_desc,
                                          unsigned long long b_desc) {
     static_assert(N == 64 || N == 128, "wgmma_ss: N is 64 or 128");
-    if constexpr (N == 64) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32" ADAPTIVE_WGMMA_AB " {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
-                     "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-                     "%28, %29, %30, %31}, "
-                     "%32, %33, p, 1, 1, 0, 0;\n"
-                     "}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                       "+f"(d[30]), "+f"(d[31])
-                     : "l"(a_desc), "l"(b_desc));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32" ADAPTIVE_WGMMA_AB " {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
-                     "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-                     "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
-                     "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
-                     "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                     "%64, %65, p, 1, 1, 0, 0;\n"
-                     "}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                       "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                       "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                       "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                       "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                     : "l"(a_desc), "l"(b_desc));
-    }
+    if constexpr (N == 64)
+        asm volatile(ADAPTIVE_WGMMA("m64n64k16", ADAPTIVE_WGMMA_R32, "%32, %33, p, 1, 1, 0, 0")
+                     : ADAPTIVE_WGMMA_D32 : "l"(a_desc), "l"(b_desc));
+    else
+        asm volatile(ADAPTIVE_WGMMA("m64n128k16", ADAPTIVE_WGMMA_R64, "%64, %65, p, 1, 1, 0, 0")
+                     : ADAPTIVE_WGMMA_D64 : "l"(a_desc), "l"(b_desc));
 }
 
 // d (m64nN fp32) += a (64 x 16 from registers) * b (16 x N, MN-major in shared memory):
@@ -120,44 +110,16 @@ template <int N>
 __device__ __forceinline__ void wgmma_rs_tn(float* d, const unsigned* a,
                                             unsigned long long b_desc) {
     static_assert(N == 64 || N == 128, "wgmma_rs_tn: N is 64 or 128");
-    if constexpr (N == 64) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32" ADAPTIVE_WGMMA_AB " {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
-                     "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-                     "%28, %29, %30, %31}, "
-                     "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-                     "}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                       "+f"(d[30]), "+f"(d[31])
+    if constexpr (N == 64)
+        asm volatile(ADAPTIVE_WGMMA("m64n64k16", ADAPTIVE_WGMMA_R32,
+                                    "{%32, %33, %34, %35}, %36, p, 1, 1, 1")
+                     : ADAPTIVE_WGMMA_D32
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
-    } else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32" ADAPTIVE_WGMMA_AB " {"
-                     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, "
-                     "%15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
-                     "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
-                     "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
-                     "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                     "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
-                     "}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                       "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                       "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                       "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                       "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                       "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                       "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                       "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                       "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+    else
+        asm volatile(ADAPTIVE_WGMMA("m64n128k16", ADAPTIVE_WGMMA_R64,
+                                    "{%64, %65, %66, %67}, %68, p, 1, 1, 1")
+                     : ADAPTIVE_WGMMA_D64
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc));
-    }
 }
 
 #endif  // ADAPTIVE_WGMMA_CUH

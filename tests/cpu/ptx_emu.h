@@ -171,6 +171,21 @@ inline void ldmatrix_x4_trans(unsigned* r, unsigned addr) {
 inline void ldmatrix_x4(unsigned* r, const void* p) { ldmatrix_x4(r, smem_u32(p)); }
 inline void ldmatrix_x4_trans(unsigned* r, const void* p) { ldmatrix_x4_trans(r, smem_u32(p)); }
 
+// The warp's 16 x 16 fp16 matrix in the m16n8k16 A-fragment layout, from registers 0-3 of
+// each lane's emu_regs (lane 4g + t: rows g, g + 8; columns 2t, +1 and 2t + 8, +1).
+static void emu_a_fragment(int base, float (*A)[16]) {
+    for (int q = 0; q < 32; ++q) {
+        const int g = q / 4, tq = q % 4;
+        const unsigned* R = emu_regs[base + q];
+        for (int h = 0; h < 2; ++h) {
+            A[g][2 * tq + h] = (float)emu_half(R[0], h);
+            A[g + 8][2 * tq + h] = (float)emu_half(R[1], h);
+            A[g][2 * tq + 8 + h] = (float)emu_half(R[2], h);
+            A[g + 8][2 * tq + 8 + h] = (float)emu_half(R[3], h);
+        }
+    }
+}
+
 // m16n8k16, A row-major fragments, B column fragments, fp32 C (PTX ISA fragment layouts)
 template <typename ELEM = __half>
 inline void mma16816(float* c, const unsigned* a, const unsigned* b) {
@@ -180,14 +195,11 @@ inline void mma16816(float* c, const unsigned* a, const unsigned* b) {
     for (int i = 0; i < 2; ++i) emu_regs[t][4 + i] = b[i];
     emu_warp_sync();
     float A[16][16], B[16][8];
+    emu_a_fragment(base, A);
     for (int q = 0; q < 32; ++q) {
         const int g = q / 4, tq = q % 4;
         const unsigned* R = emu_regs[base + q];
         for (int h = 0; h < 2; ++h) {
-            A[g][2 * tq + h] = (float)emu_half(R[0], h);
-            A[g + 8][2 * tq + h] = (float)emu_half(R[1], h);
-            A[g][2 * tq + 8 + h] = (float)emu_half(R[2], h);
-            A[g + 8][2 * tq + 8 + h] = (float)emu_half(R[3], h);
             B[2 * tq + h][g] = (float)emu_half(R[4], h);
             B[2 * tq + 8 + h][g] = (float)emu_half(R[5], h);
         }
@@ -213,16 +225,12 @@ inline void mma_sp16832(float* c, const uint4& a, const unsigned* b, unsigned e)
     for (int i = 0; i < 9; ++i) emu_regs[t][i] = in[i];
     emu_warp_sync();
     float C[16][16] = {}, A[16][32] = {}, B[32][8];
+    emu_a_fragment(base, C);
     for (int q = 0; q < 32; ++q) {
         const int g = q / 4, tq = q % 4;
         const unsigned* R = emu_regs[base + q];
-        for (int h = 0; h < 2; ++h) {
-            C[g][2 * tq + h] = (float)emu_half(R[0], h);
-            C[g + 8][2 * tq + h] = (float)emu_half(R[1], h);
-            C[g][2 * tq + 8 + h] = (float)emu_half(R[2], h);
-            C[g + 8][2 * tq + 8 + h] = (float)emu_half(R[3], h);
+        for (int h = 0; h < 2; ++h)
             for (int j = 0; j < 4; ++j) B[8 * j + 2 * tq + h][g] = (float)emu_half(R[4 + j], h);
-        }
     }
     for (int q = 0; q < 32; ++q) {
         const int g = q / 4, tq = q % 4;
@@ -317,16 +325,7 @@ static void emu_wgmma_run(const emu_wgmma_op& op) {
     if (op.a) {      // rs: the warp's A fragments, as they are now
         for (int i = 0; i < 4; ++i) emu_regs[t][i] = op.a[i];
         emu_warp_sync();
-        for (int q = 0; q < 32; ++q) {
-            const int qg = q / 4, qt = q % 4;
-            const unsigned* R = emu_regs[base + q];
-            for (int h = 0; h < 2; ++h) {
-                A[qg][2 * qt + h] = (float)emu_half(R[0], h);
-                A[qg + 8][2 * qt + h] = (float)emu_half(R[1], h);
-                A[qg][2 * qt + 8 + h] = (float)emu_half(R[2], h);
-                A[qg + 8][2 * qt + 8 + h] = (float)emu_half(R[3], h);
-            }
-        }
+        emu_a_fragment(base, A);
         emu_warp_sync();
     } else {         // ss: the warp's 16 rows of the shared tile
         const emu_desc Ad(op.a_desc);
