@@ -16,7 +16,9 @@ def collect() -> dict:
                        getattr(config.get(), k)) for k in config.Config.__dataclass_fields__},
         "gpu_available": gpu_available(),
         "default_backend": resolve_name(config.get().backend),
-        "variants": {op: sorted(f"{v.name} ({v.backend})" for v in registry.variants(op))
+        # experimental variants (never candidates; run where named) marked as such
+        "variants": {op: sorted(f"{v.name} ({v.backend}{', experimental' * v.experimental})"
+                                for v in registry.variants(op, experimental=True))
                      for op in registry.ops()},
     }
     return info

@@ -279,3 +279,10 @@ def test_a_space_holds_exactly_its_parameters_with_listed_values():
     assert not space.holds({"BM": 64}), "a parameter missing"
     assert not space.holds({"BM": 64, "NWARPS": 2, "PAIR": 1}), "a parameter it lacks"
     assert Space.from_dict({}).holds({})
+
+
+def test_adaptive_env_names_the_experimental_variants_as_such():
+    from adaptive import envinfo
+    listed = envinfo.collect()["variants"]["attention"]
+    assert "flash_wgmma (cuda, experimental)" in listed
+    assert "flash2_mma (cuda)" in listed and "sdpa_torch (cuda)" in listed
