@@ -67,6 +67,10 @@ class Config:
         "worker thread, a stand-in serving its calls meanwhile (the learned policy's: the "
         "library's candidate, else a near measured input's fastest; 0: the miss "
         "decides, the calling thread waits)"})
+    experimental_variants: bool = dataclasses.field(default=False, metadata={
+        "env": "ADAPTIVE_EXPERIMENTAL_VARIANTS", "doc": "list experimental variants (not yet "
+        "verified on a device; adaptive env marks them) as candidates too, on dispatchers "
+        "made after it is set (1: opt in; 0: they run only where named)"})
     max_threads: int = dataclasses.field(default=0, metadata={
         "env": "ADAPTIVE_MAX_THREADS", "doc": "host backend: largest thread count tried (0: all cores)"})
     regen_generator: str = dataclasses.field(default="off", metadata={

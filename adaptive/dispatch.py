@@ -339,6 +339,9 @@ class Dispatcher:
         # calls are timed by device events (a GPU). On the host a call is CPU work timed by
         # the wall clock, which a decide running beside it would disturb
         self.decide_off_thread: bool | None = None
+        # experimental variants among the candidates (ADAPTIVE_EXPERIMENTAL_VARIANTS): by
+        # default they run only where named (a pinned launch)
+        self.experimental_variants = config.get().experimental_variants
         # such decides: the queue, its worker (None when idle: started by a submit, it
         # ends when the queue is empty) and what it did
         self._decide_cv = threading.Condition(threading.Lock())
@@ -677,8 +680,8 @@ class Dispatcher:
     def _candidates(self, op: Op, problem: Problem, variants: list[Variant] | None = None):
         scope = problem.scope()
         out = []
-        pool = variants if variants is not None else self.registry.variants(op.name,
-                                                                            self.backend.name)
+        pool = variants if variants is not None else self.registry.variants(
+            op.name, self.backend.name, self.experimental_variants)
         unavailable = {}
         for v in pool:
             if v.needs:
@@ -717,7 +720,8 @@ class Dispatcher:
         n = 0
         with self._lock:
             for op in names:
-                for v in self.registry.variants(op, self.backend.name):
+                for v in self.registry.variants(op, self.backend.name,
+                                                self.experimental_variants):
                     if v.needs and optional.missing(v.needs, f"variant {v.id}") is not None:
                         continue
                     for c in self._made(v)[2].values():

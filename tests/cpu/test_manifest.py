@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from adaptive import ManifestError
+from adaptive import ManifestError, config
 from adaptive.errors import ExpressionError
 from adaptive.expr import Expr
 from adaptive.ops import OPS
@@ -108,6 +108,10 @@ def test_an_experimental_variant_is_run_only_where_named(tmp_path, rng):
     named = _candidates(d, OPS["softmax"], problem, ("mine",))
     assert {c.variant.name for c in named} == {"mine"} and len(named) == 3
     assert "mine" not in {c.variant.name for c in _candidates(d, OPS["softmax"], problem, ())}
+    with config.override(experimental_variants=True):   # ADAPTIVE_EXPERIMENTAL_VARIANTS=1
+        opted = Dispatcher("host", registry=registry)
+    assert "mine" in {c.variant.name for c in opted.candidates("softmax", x)}
+    assert "mine" not in {c.variant.name for c in d.candidates("softmax", x)}
     assert _candidates(d, OPS["softmax"], OPS["softmax"].problem((x[:, :1].copy(),), {}),
                        ("mine",)) == [], "C = 1: mine serves none (requires C > 1)"
 
