@@ -12,7 +12,10 @@ causal mask is ours: Lq == Lk) and through the dispatcher (``sdpa_torch``), and 
 config of the two flash kernels; the best of each and the ratios. Device time: CUDA events
 around ``--calls`` launches queued behind a sleep kernel (so the host's issuing is not
 timed), median over ``--reps``. ``--full``: the same inputs without the mask (the JSON
-``probe_causal_prefill_full.json``). Each flash result is checked against SDPA's: a config off
+``probe_causal_prefill_full.json``); ``--padded``: as a left-padded batch, the causal
+triangle and the padding in one boolean mask as transformers passes SDPA (SDPA's flash
+kernel takes no mask: torch runs another), against flash_wgmma's masked configs
+(``probe_causal_prefill_padded.json``). Each flash result is checked against SDPA's: a config off
 by more than 2e-2 is reported (``wrong`` in the JSON), left out of the bests, and the probe
 exits 1 after the last input. Every time goes to ``probe_causal_prefill.json`` in ``--out``.
 
@@ -43,8 +46,22 @@ CASES = [(1, 16, 1024, 1024, 128, "float16"), (1, 16, 1024, 1024, 128, "bfloat16
 FLASH = ("flash2_mma", "flash2_pair_mma", "flash2_ksplit_mma", "flash_wgmma")
 
 
-def candidates(registry, case, causal: bool = True) -> dict[str, list[dict]]:
-    """variant name -> the configs of it that fit ``case`` (causal or not)."""
+def padded_mask(b: int, lq: int, lk: int):
+    """A left-padded batch's boolean mask [B, 1, Lq, Lk] as transformers builds one (the
+    causal triangle, bottom-right, and entry i's first i * Lk // (4 B) keys hidden), where a
+    padding row sees the keys up to itself (transformers un-masks rows that would see none:
+    SDPA gives NaN there)."""
+    import numpy as np
+    i = np.arange(lq)[:, None] + (lk - lq)
+    j = np.arange(lk)[None, :]
+    pads = [e * lk // (4 * b) for e in range(b)]
+    return np.stack([((j <= i) & ((j >= pad) | (i < pad)))[None] for pad in pads])
+
+
+def candidates(registry, case, causal: bool = True, padded: bool = False
+               ) -> dict[str, list[dict]]:
+    """variant name -> the configs of it that fit ``case`` (causal or not; ``padded``: with
+    :func:`padded_mask`, not causal: the mask holds the triangle)."""
     import numpy as np
 
     from adaptive.limits import SM90
@@ -52,6 +69,8 @@ def candidates(registry, case, causal: bool = True) -> dict[str, list[dict]]:
     b, h, lq, lk, d, dtype, hkv = (*case, case[1])[:7]
     args = (np.zeros((b, h, lq, d), dtype if dtype != "bfloat16" else "float16"),
             *(np.zeros((b, hkv, lk, d), "float16"),) * 2)
+    if padded:
+        args = (*args, padded_mask(b, lq, lk))
     scope = {**get_op("attention").problem(args, {"causal": causal}).scope(), "dtype": dtype}
     out = {}
     for name in FLASH:
@@ -86,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="list the candidates, time nothing")
     p.add_argument("--full", action="store_true",
                    help="the same inputs without the causal mask (flash2_pair_mma: none)")
+    p.add_argument("--padded", action="store_true",
+                   help="the same inputs as a left-padded batch: a boolean mask holding the "
+                   "causal triangle and the padding, as transformers passes SDPA (only the "
+                   "masked kernels: flash_wgmma's MASKED = 1)")
     p.add_argument("--out", default=os.environ.get("OUT", "."),
                    help="folder for probe_causal_prefill.json (default: $OUT or .)")
     args = p.parse_args(argv)
@@ -94,10 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     from adaptive.policy import MeasureEach
     d = Dispatcher("host" if args.dry_run else "cuda", policy=MeasureEach())
     for case in CASES:
-        causal = not args.full
-        cands = candidates(d.registry, case, causal)
+        causal = not (args.full or args.padded)
+        cands = candidates(d.registry, case, causal, args.padded)
         label = "B={} H={} Lq={} Lk={} D={} {}".format(*case[:6]) + (
-            f" Hkv={case[6]}" if len(case) > 6 else "") + ("" if causal else " full")
+            f" Hkv={case[6]}" if len(case) > 6 else "") + (
+            " padded" if args.padded else "" if causal else " full")
         if args.dry_run:
             print(label, {n: len(c) for n, c in cands.items()})
             report.append({"input": label, "configs": {n: len(c) for n, c in cands.items()}})
@@ -111,19 +135,20 @@ def main(argv: list[str] | None = None) -> int:
         k, v = (torch.randn(b, hkv, lk, dim, device="cuda", dtype=tdt, generator=gen)
                 for _ in range(2))
         out = torch.empty_like(q)
-        ref = d.launch("attention", q, k, v, variant="sdpa_torch", causal=causal)
+        masks = (torch.from_numpy(padded_mask(b, lq, lk)).cuda(),) if args.padded else ()
+        ref = d.launch("attention", q, k, v, *masks, variant="sdpa_torch", causal=causal)
         rows = [("sdpa_torch (dispatcher)", {}, device_us(
-            lambda: d.launch("attention", q, k, v, out=out, variant="sdpa_torch",
+            lambda: d.launch("attention", q, k, v, *masks, out=out, variant="sdpa_torch",
                              causal=causal), args.calls, args.reps))]
         if lq == lk or not causal:   # torch's causal mask is top-left aligned
             rows.append(("F.scaled_dot_product_attention", {}, device_us(
-                lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                       enable_gqa=hkv != h),
-                args.calls, args.reps)))
+                lambda: F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=masks[0] if masks else None, is_causal=causal,
+                    enable_gqa=hkv != h), args.calls, args.reps)))
         for name, configs in cands.items():
             for c in configs:
                 def run(name=name, c=c):
-                    d.launch("attention", q, k, v, out=out, variant=name, config=c,
+                    d.launch("attention", q, k, v, *masks, out=out, variant=name, config=c,
                              causal=causal)
                 t = device_us(run, args.calls, args.reps)
                 out.fill_(float("nan"))
@@ -152,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {n} {c} {t:.1f} us")
         report.append({"input": label, "device_us": [
             {"candidate": n, "config": c, "us": t} for n, c, t in rows]})
-    out = Path(args.out) / f"probe_causal_prefill{'_full' if args.full else ''}.json"
+    mode = "_padded" if args.padded else "_full" if args.full else ""
+    out = Path(args.out) / f"probe_causal_prefill{mode}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"inputs": report, "wrong": wrong}, indent=1))
     print(f"wrote {out}")

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# run S155 (about 300 s plus the start, a fresh machine): flash_wgmma (attention on wgmma,
+# run S155 (about 400 s plus the start, a fresh machine): flash_wgmma (attention on wgmma,
 # sm_90a; experimental until this passes): its GPU tests (whether the H200 reads the
 # 128-byte-swizzled tiles through the descriptors as the CPU emulation of the PTX ISA does),
-# then its device time beside SDPA and the flash2 kernels on prefills, causal and full
-# (benchmarks/probe_causal_prefill.py: a config that disagrees with SDPA is reported, not
-# fatal). Each flash variant's best config against SDPA is the line per input.
+# then its device time beside SDPA and the flash2 kernels on prefills, causal and full, and
+# as left-padded batches (a boolean mask as transformers passes SDPA, against its MASKED
+# configs) (benchmarks/probe_causal_prefill.py: a config that disagrees with SDPA is
+# reported, not fatal). Each flash variant's best config against SDPA is the line per input.
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 gpu_tests 170 tests/gpu/test_attention_wgmma_cuda.py
@@ -13,3 +14,5 @@ probe 100 causal 0 benchmarks/probe_causal_prefill.py --reps 9
 grep -E "^B=|WRONG|configs gave wrong" "$OUT/causal.log" | cut -c1-420
 probe 90 full 0 benchmarks/probe_causal_prefill.py --reps 9 --full
 grep -E "^B=|WRONG|configs gave wrong" "$OUT/full.log" | cut -c1-420
+probe 100 padded 0 benchmarks/probe_causal_prefill.py --reps 9 --padded
+grep -E "^B=|WRONG|configs gave wrong" "$OUT/padded.log" | cut -c1-420

@@ -31,23 +31,32 @@ import cuda_emu  # noqa: E402
 from adaptive.expr import compile_expr  # noqa: E402
 from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
+from adaptive.backends.cuda_args import PROVIDERS  # noqa: E402
+from adaptive.ops.attention import padding_mask  # noqa: E402
 from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
 
 FOLDER = builtin_folder() / "attention"
 
 WRAPPER = ("extern \"C\" void emu_run(unsigned gx, unsigned gy, unsigned bx, const __half* q, "
            "const __half* k, const __half* v, __half* out, int Lq, int Lk, int H, int Hkv, "
-           "float scale, int causal) {\n  emu_launch(gx, gy, 1, bx, 1, 1, [=] { "
-           "attention_wgmma(q, k, v, out, Lq, Lk, H, Hkv, scale, causal); });\n}\n")
+           "float scale, int causal, const void* mask, int msb, int msh, int mbool) {\n"
+           "  emu_launch(gx, gy, 1, bx, 1, 1, [=] { attention_wgmma(q, k, v, out, Lq, Lk, H, "
+           "Hkv, scale, causal, mask, msb, msh, mbool); });\n}\n")
 
 CONFIGS = {  # name -> config: head dims, tile widths, warpgroup counts, with and without PIPE
-    "d64-bn64-wg1": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 0},
-    "d64-bn64-wg1-pipe": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 1},
-    "d64-bn128-wg2-pipe": {"HD": 64, "BN": 128, "NWG": 2, "PIPE": 1},
-    "d128-bn64-wg2": {"HD": 128, "BN": 64, "NWG": 2, "PIPE": 0},
-    "d128-bn64-wg2-pipe": {"HD": 128, "BN": 64, "NWG": 2, "PIPE": 1},
-    "d128-bn128-wg1": {"HD": 128, "BN": 128, "NWG": 1, "PIPE": 0},
+    "d64-bn64-wg1": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 0, "MASKED": 0},
+    "d64-bn64-wg1-pipe": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 1, "MASKED": 0},
+    "d64-bn128-wg2-pipe": {"HD": 64, "BN": 128, "NWG": 2, "PIPE": 1, "MASKED": 0},
+    "d128-bn64-wg2": {"HD": 128, "BN": 64, "NWG": 2, "PIPE": 0, "MASKED": 0},
+    "d128-bn64-wg2-pipe": {"HD": 128, "BN": 64, "NWG": 2, "PIPE": 1, "MASKED": 0},
+    "d128-bn128-wg1": {"HD": 128, "BN": 128, "NWG": 1, "PIPE": 0, "MASKED": 0},
+    # with a padding mask
+    "d64-bn64-wg1-masked": {"HD": 64, "BN": 64, "NWG": 1, "PIPE": 0, "MASKED": 1},
+    "d64-bn128-wg2-pipe-masked": {"HD": 64, "BN": 128, "NWG": 2, "PIPE": 1, "MASKED": 1},
+    "d128-bn128-wg2-masked": {"HD": 128, "BN": 128, "NWG": 2, "PIPE": 0, "MASKED": 1},
 }
+UNMASKED = [n for n, c in CONFIGS.items() if not c["MASKED"]]
+MASKED = [n for n, c in CONFIGS.items() if c["MASKED"]]
 
 
 def _variant():
@@ -89,20 +98,27 @@ def kernels(background):
     for name, lib in zip(CONFIGS, libs):   # CONFIGS' order: emu_jobs lists them so
         fn = ctypes.CDLL(str(lib)).emu_run
         fn.argtypes = [ctypes.c_uint] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + \
-            [ctypes.c_float, ctypes.c_int]
+            [ctypes.c_float, ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 3
         out[name] = fn
     return out
 
 
-def _scope(q, k, causal, scale=None):
-    return get_op("attention").problem((q, k, k), {"causal": causal, "scale": scale}).scope()
+def _scope(q, k, causal, scale=None, mask=None):
+    args = (q, k, k) if mask is None else (q, k, k, mask)
+    return get_op("attention").problem(args, {"causal": causal, "scale": scale}).scope()
 
 
-def _launch(fn, config, q, k, v, causal, scale):
+def _launch(fn, config, q, k, v, causal, scale, mask=None):
     variant = _variant()
     assert config in variant.space.configs(SM90), config
-    scope = {**_scope(q, k, causal, scale), **config, **SM90}
+    args = (q, k, v) if mask is None else (q, k, v, mask)
+    problem = get_op("attention").problem(args, {"causal": causal, "scale": scale})
+    scope = {**problem.scope(), **config, **SM90}
     assert variant.fits(scope, config), variant.why_not(scope, config)
+    # the mask's strides and kind as the CUDA backend binds them (cuda_args' providers)
+    mask_args = [None if mask is None else mask.ctypes.data] + [
+        int(PROVIDERS["attention"][name].plan(problem, scope))
+        for name in ("mask_sb", "mask_sh", "mask_bool")]
     ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
     grid = [ev(e) for e in variant.launch["grid"]]
     (block,) = [ev(e) for e in variant.launch["block"]]
@@ -111,7 +127,7 @@ def _launch(fn, config, q, k, v, causal, scale):
     s = 1.0 / np.sqrt(d) if scale is None else scale
     out = np.full(q.shape, np.nan, np.float16)
     fn(grid[0], grid[1], block, q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
-       lq, k.shape[2], h, k.shape[1], s, int(causal))
+       lq, k.shape[2], h, k.shape[1], s, int(causal), *mask_args)
     return out
 
 
@@ -127,7 +143,7 @@ CASES = [  # (B, H, Hkv, Lq, Lk), causal, scale, magnitude of q and k
 
 
 @pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", UNMASKED)
 @pytest.mark.parametrize("dims,causal,scale,magnitude", CASES,
                          ids=["shifted-negative-scale", "large-logits", "full-long-keys",
                               "one-row", "grouped-query"])
@@ -143,6 +159,56 @@ def test_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, 
     assert not np.isnan(got).any(), f"{name}: elements left unwritten (or NaN)"
     err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
     assert err < 4e-3, f"{name} {dims} causal={causal}: rel. error {err:.3g}"
+
+
+MASKED_CASES = [  # (B, H, Hkv, Lq, Lk), causal, mask kind, layout (per batch, per head),
+    # magnitude; kind: bool, add (0 / -inf in fp16), min (0 / finfo(fp16).min); the last
+    # mask row set's query row 0 sees no key (bool, add)
+    ((2, 4, 2, 150, 150), True, "bool", (1, 0), 1.0),    # a batch left-padded, as
+    # transformers masks a padded prefill (its causal triangle in the mask and the flag)
+    ((2, 2, 2, 70, 200), False, "add", (1, 1), 1.0),     # per head, additive -inf, 4 tiles
+    ((1, 2, 1, 100, 130), True, "min", (0, 0), 20.0),    # one mask for all, finite minima,
+    # logits x20
+]
+
+
+def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
+    """A left-padding mask [B or 1, 1 or H, Lq, Lk] (random pads up to a quarter of Lk plus
+    a few) of ``kind``; with ``hide_row``, query row 0 of the last mask row set sees nothing
+    (as test_attention_splitkv_emu.py's)."""
+    shape = (b if layout[0] else 1, h if layout[1] else 1, lq, lk)
+    seen = padding_mask(rng, shape, lk // 4 + 3)
+    if hide_row:
+        seen[-1, :, 0, :] = False
+    if kind == "bool":
+        return seen
+    hidden = -np.inf if kind == "add" else np.finfo(np.float16).min
+    return np.where(seen, 0.0, hidden).astype(np.float16)
+
+
+@pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
+@pytest.mark.parametrize("name", MASKED)
+@pytest.mark.parametrize("dims,causal,kind,layout,magnitude", MASKED_CASES,
+                         ids=["padded-prefill-bool", "per-head-add", "broadcast-min-x20"])
+def test_masked_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, kind,
+                                                     layout, magnitude):
+    """MASKED = 1: each key's mask term in its log2-domain logit (hidden keys -inf, a row
+    hidden everywhere gives 0), against the op's float64 reference with the same mask."""
+    b, h, hkv, lq, lk = dims
+    d = CONFIGS[name]["HD"]
+    q = (rng.standard_normal((b, h, lq, d)) * magnitude).astype(np.float16)
+    k = (rng.standard_normal((b, hkv, lk, d)) * 1.5 * magnitude).astype(np.float16)
+    v = rng.standard_normal((b, hkv, lk, d)).astype(np.float16)
+    hide = kind != "min"
+    mask = _padding_mask(rng, b, h, lq, lk, kind, layout, hide)
+    want = get_op("attention").reference(q, k, v, mask, causal=causal, scale=None)
+    got = _launch(kernels[name], CONFIGS[name], q, k, v, causal, None, mask)
+    assert not np.isnan(got).any(), f"{name}: elements left unwritten (or NaN)"
+    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert err < 4e-3, f"{name} {dims} {kind}: rel. error {err:.3g}"
+    if hide:
+        rows = got[-1 if layout[0] else slice(None), :, 0]
+        assert not rows.any(), f"a row that sees no key gave {rows[rows != 0][:4]}"
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +247,9 @@ def test_flash_wgmma_claims_hopper_only():
     """The sm_90a cubins run on compute capability 9.0 only: no config exists elsewhere (a
     Blackwell has no wgmma); float32 and masked inputs are not claimed."""
     v = _variant()
-    assert len(v.space.configs(SM90)) == 14     # PIPE = 1 at HD = BN = 128 would spill
+    # 32 combinations: PIPE at HD = BN = 128 would spill (2 with a mask, 2 without), and
+    # the mask's loads in one warpgroup at HD = BN = 128 (1)
+    assert len(v.space.configs(SM90)) == 27
     assert v.space.configs({**SM90, "cc": 100}) == []
     assert v.space.configs({**SM90, "cc": 80}) == []
     assert "--gpu-architecture=sm_90a" in v.options
@@ -193,6 +261,10 @@ def test_flash_wgmma_claims_hopper_only():
     assert not v.fits({**_scope(q, q, True), **SM90}, CONFIGS["d128-bn64-wg2"]), "HD != D"
     assert v.fits({**_scope(q, q[:, :1].copy(), True), **SM90}, config), "grouped-query heads"
     assert {**CONFIGS["d128-bn128-wg1"], "PIPE": 1} not in v.space.configs(SM90)
+    assert {**CONFIGS["d128-bn128-wg1"], "MASKED": 1} not in v.space.configs(SM90)
+    mask = np.ones((1, 1, 129, 129), bool)
+    assert not v.fits({**_scope(q, q, True, mask=mask), **SM90}, config), "MASKED == masked"
+    assert v.fits({**_scope(q, q, True, mask=mask), **SM90}, CONFIGS["d64-bn64-wg1-masked"])
 
 
 @pytest.mark.skipif(not __import__("adaptive.nvrtc").nvrtc.available(),

@@ -7,9 +7,11 @@ element fails); every case runs twice on the same input and must give the same b
 Covered: every config on causal and full inputs; odd lengths (1, 63, 65, 200, 1000, 4097
 keys; 1 to 1000 query rows), bottom-right causal with Lq < Lk, grouped-query heads (4 query
 heads a key/value head), fp16 (CuPy) and bf16 (PyTorch), D 64 and 128, logits x20, a
-negative scale. And the two wgmma products alone (wgmma_products.cu, emulated on the CPU
-too): where the kernel is wrong on the device, which product and layout path is, and how
-(the share of rows, their phases mod 8, the columns).
+negative scale; padding masks (MASKED = 1: boolean per batch entry, additive per head, one
+of finite minima for the batch, a row hidden everywhere). And the two wgmma products alone
+(wgmma_products.cu, emulated on the CPU too): where the kernel is wrong on the device,
+which product and layout path is, and how (the share of rows, their phases mod 8, the
+columns).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ NAME = "flash_wgmma"
 (VARIANT,) = [v for v in load_manifest(builtin_folder() / "attention" / "manifest.toml")
               if v.name == NAME]
 CONFIGS = VARIANT.space.configs(SM90)
+PLAIN = [c for c in CONFIGS if not c["MASKED"]]     # the configs of inputs without a mask
+MASKED = [c for c in CONFIGS if c["MASKED"]]
 
 
 def _label(config: dict) -> str:
@@ -58,7 +62,7 @@ def _inputs(cp, rng, dtype, b, h, lq, lk, d, magnitude=1.0, hkv=None):
 
 
 def _run(dispatcher, cp, config, dtype, dev, causal, scale):
-    shape = tuple(dev[0].shape)
+    shape = tuple(dev[0].shape)     # dev: q, k, v[, mask]
     if dtype == "bfloat16":
         import torch
         out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -74,7 +78,7 @@ def _run(dispatcher, cp, config, dtype, dev, causal, scale):
 
 
 def _check(dispatcher, cp, config, dtype, dev, host, causal, scale=None, what=""):
-    op = get_op("attention")
+    op = get_op("attention")     # host: q, k, v[, mask] as float64 (the mask as given)
     ref = op.reference(*host, causal=causal, scale=scale)
     first = _run(dispatcher, cp, config, dtype, dev, causal, scale)
     label = f"{NAME}[{_label(config)}] {dtype} causal={causal} {what}"
@@ -91,10 +95,10 @@ def test_the_device_is_the_variants():
     """On this device (an H200: compute capability 9.0) every config of the space exists."""
     from adaptive.backends import device_limits
     assert device_limits(0)["cc"] == 90
-    assert len(CONFIGS) == 14
+    assert len(CONFIGS) == 27 and len(PLAIN) == 14
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[_label(c) for c in CONFIGS])
+@pytest.mark.parametrize("config", PLAIN, ids=[_label(c) for c in PLAIN])
 def test_every_config(dispatcher, cp, rng, config):
     d = config["HD"]
     for (b, h, hkv, lq, lk, causal) in ((1, 4, 4, 1000, 1000, True), (2, 3, 3, 200, 777, True),
@@ -115,12 +119,12 @@ def test_shapes(dispatcher, cp, rng, lq, lk, causal):
     dtype = ("float16", "bfloat16")[(i + causal) % 2]
     d = (64, 128)[i % 2]
     dev, host = _inputs(cp, rng, dtype, 2, 2, lq, lk, d)
-    fitting = [c for c in CONFIGS if c["HD"] == d]
+    fitting = [c for c in PLAIN if c["HD"] == d]
     config = fitting[(i + causal) % len(fitting)]
     _check(dispatcher, cp, config, dtype, dev, host, causal, what=f"Lq={lq} Lk={lk}")
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c["NWG"] == 2 and c["BN"] * c["HD"]
+@pytest.mark.parametrize("config", [c for c in PLAIN if c["NWG"] == 2 and c["BN"] * c["HD"]
                                     + c["PIPE"] * 8192 == 16384],
                          ids=lambda c: _label(c))
 def test_large_logits_and_a_negative_scale(dispatcher, cp, rng, config):
@@ -128,6 +132,39 @@ def test_large_logits_and_a_negative_scale(dispatcher, cp, rng, config):
     _check(dispatcher, cp, config, "float16", dev, host, True, scale=0.05, what="logits x20")
     _check(dispatcher, cp, config, "float16", dev, host, True, scale=-0.05,
            what="a negative scale")
+
+
+@pytest.mark.parametrize("config", MASKED, ids=[_label(c) for c in MASKED])
+def test_every_masked_config(dispatcher, cp, rng, config):
+    """MASKED = 1 on padding masks as transformers builds them: a left-padded batch's
+    boolean mask per batch entry (causal), an additive -inf mask per head, one mask of
+    finite minima for the batch with logits x20; bf16 with a boolean mask; a row hidden
+    everywhere gives zeros."""
+    from adaptive.ops.attention import padding_mask
+    d = config["HD"]
+    for i, (b, h, hkv, lq, lk, causal, kind, per_batch, per_head, dtype) in enumerate((
+            (2, 4, 2, 300, 300, True, "bool", 1, 0, "float16"),
+            (2, 2, 2, 77, 400, False, "add", 1, 1, "float16"),
+            (1, 2, 1, 129, 200, True, "min", 0, 0, "float16"),
+            (2, 2, 2, 256, 256, True, "bool", 1, 0, "bfloat16"))):
+        dev, host = _inputs(cp, rng, dtype, b, h, lq, lk, d, hkv=hkv,
+                            magnitude=20.0 if kind == "min" else 1.0)
+        seen = padding_mask(rng, (b if per_batch else 1, h if per_head else 1, lq, lk),
+                            lk // 4 + 3)
+        if kind != "min":
+            seen[-1, :, 0, :] = False          # this row sees no key: zeros
+        if kind == "bool":
+            mask = seen
+        else:
+            hidden = -np.inf if kind == "add" else float(np.finfo(np.float16).min)
+            mask = np.where(seen, 0.0, hidden).astype(np.float16)
+        if dtype == "bfloat16":
+            import torch
+            dev_mask = torch.from_numpy(mask).cuda()
+        else:
+            dev_mask = cp.asarray(mask)
+        _check(dispatcher, cp, config, dtype, [*dev, dev_mask], [*host, mask], causal,
+               what=f"case {i}: {kind} mask, B={b} H={h} Hkv={hkv} Lq={lq} Lk={lk}")
 
 
 PRODUCTS = Path(__file__).with_name("wgmma_products.cu")

@@ -17,8 +17,11 @@
 // a CTA's last diagonal are skipped and the heaviest row blocks are issued first.
 // Keys past Lk read as zero and are masked; rows past Lq are computed but never stored; a row
 // that sees no key gives zeros.
+// MASKED = 1 reads a padding mask as the split-KV kernels do (boolean or additive,
+// [B or 1, 1 or H, Lq, Lk]: mask, mask_sb, mask_sh, mask_bool), each key's term added to its
+// log2-domain logit; 0: the mask arguments are not read.
 // Config macros: HD (head dim; must equal D), BN (keys per tile), NWG (warpgroups a CTA),
-// PIPE.
+// PIPE, MASKED.
 // Dynamic shared memory: (BM + 4 * BN) * HD * 2 + 1024 bytes (the 1024: alignment slack).
 
 #include "adaptive_ptx.cuh"
@@ -35,6 +38,9 @@
 #endif
 #ifndef PIPE
 #define PIPE 0
+#endif
+#ifndef MASKED
+#define MASKED 0
 #endif
 #define BM (64 * NWG)               // query rows per CTA
 #define NTHREADS (128 * NWG)
@@ -84,6 +90,16 @@ __device__ __forceinline__ void negate_tile(unsigned char* tile) {
     }
 }
 
+#if MASKED
+// The padding mask's term for element e of the mask, in the log2 domain: boolean (1 byte,
+// nonzero: seen) 0 or -inf; additive (T) the value times log2(e) (as the split-KV kernels'
+// mask_logit, adaptive_splitkv.cuh).
+__device__ __forceinline__ float mask_term(const void* mask, size_t e, int is_bool) {
+    if (is_bool) return static_cast<const unsigned char*>(mask)[e] ? 0.f : NEG_INF;
+    return to_f32(static_cast<const T*>(mask)[e]) * 1.4426950408889634f;
+}
+#endif
+
 // The online softmax of one tile's scores s (this thread's BN / 2 of rows g and g + 8 of its
 // warp's 16, keys from j0): masked, m and l updated, P packed to 16-bit A fragments (the
 // accumulator layout is the A layout: keys 16 kk .. 16 kk + 15 are pk[kk]); alpha: the
@@ -91,8 +107,15 @@ __device__ __forceinline__ void negate_tile(unsigned char* tile) {
 __device__ __forceinline__ void online_softmax(float* s, unsigned (*pk)[4], float* alpha,
                                                float* m_run, float* l_run, int j0, int row0,
                                                int g, int t, int Lk, int causal, int shift,
-                                               float c_log2) {
+                                               float c_log2, const void* mask,
+                                               const size_t* mrow, int mask_bool) {
+#if MASKED
+    // every key's mask term is added to its logit: the scores go to the log2 domain here
+    // (x = s·c + term) and the max and exponents below read them with c = 1
+    const bool edge = true;
+#else
     const bool edge = (j0 + BN > Lk) || (causal && j0 + BN - 1 > row0 + shift);
+#endif
     float mx[2] = {NEG_INF, NEG_INF};
     #pragma unroll
     for (int nt = 0; nt < BN / 8; ++nt) {
@@ -103,11 +126,17 @@ __device__ __forceinline__ void online_softmax(float* s, unsigned (*pk)[4], floa
                 const int key = j0 + nt * 8 + 2 * t + (e & 1);
                 const int row = row0 + g + (e >> 1) * 8;
                 if (key >= Lk || (causal && key > row + shift)) x = NEG_INF;
+#if MASKED
+                else x = x * c_log2 + mask_term(mask, mrow[e >> 1] + key, mask_bool);
+#endif
             }
             s[nt * 4 + e] = x;
             mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
     }
+#if MASKED
+    c_log2 = 1.f;              // x is in the log2 domain already
+#endif
     #pragma unroll
     for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -146,7 +175,8 @@ __device__ __forceinline__ void rescale_rows(float* o, const float* alpha) {
 
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale, int causal)
+                T* __restrict__ out, int Lq, int Lk, int H, int Hkv, float scale, int causal,
+                const void* __restrict__ mask, int mask_sb, int mask_sh, int mask_bool)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     // the swizzle repeats every 8 rows of 128 bytes: tiles start 1024-byte aligned
@@ -168,6 +198,14 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     const int shift = Lk - Lq;                         // causal: row i sees j <= i + shift
     // scores stay unscaled: p = 2^(s·c - m·c), c = |scale|·log2(e) (attention_flash2.cu)
     const float c_log2 = fmaxf(fabsf(scale) * 1.4426950408889634f, 1e-30f);
+    // the mask rows of this thread's two query rows (rows past Lq, computed and never
+    // stored, read the last row's: the mask has Lq rows)
+    size_t mrow[2] = {0, 0};
+#if MASKED
+    for (int r = 0; r < 2; ++r)
+        mrow[r] = (size_t)(bh / H) * mask_sb + (size_t)(bh % H) * mask_sh
+                  + (size_t)min(row0 + g + 8 * r, Lq - 1) * Lk;
+#endif
 
     int kv_end = Lk;
     if (causal) kv_end = max(0, min(Lk, cta_row0 + BM + shift));
@@ -222,7 +260,8 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     };
     float s[BN / 2], alpha[2];
     auto softmax = [&](unsigned (*p)[4], int j0) {
-        online_softmax(s, p, alpha, m_run, l_run, j0, row0, g, t, Lk, causal, shift, c_log2);
+        online_softmax(s, p, alpha, m_run, l_run, j0, row0, g, t, Lk, causal, shift, c_log2,
+                       mask, mrow, mask_bool);
     };
 
 #if PIPE
