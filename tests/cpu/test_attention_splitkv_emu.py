@@ -335,10 +335,11 @@ def _scope(b, h, hkv, lq, lk, d, dtype="float16", mask=None, causal=False):
 def test_masked_claims():
     """Every mask the op takes (boolean or additive, per batch entry or one for the batch,
     over heads or per head) is claimed by the MASKED = 1 configs of both split-KV variants and
-    by none of their MASKED = 0 configs (and the reverse without a mask); a masked input the
-    kernels do not serve otherwise (Lq = 17, D = 96) is left to SDPA, the one other CUDA
-    variant that reads masks; a mask of 2^31 elements is refused (int offsets). The MASKED
-    configs are fewer (the spilling ones left out: manifest constraints)."""
+    of flash_wgmma, and by none of their MASKED = 0 configs (and the reverse without a mask);
+    a masked input the split-KV kernels do not serve (Lq = 17) is left to SDPA and
+    flash_wgmma, one of a head dim none of ours has (D = 96) to SDPA; a mask of 2^31
+    elements is refused (int offsets). The MASKED configs are fewer (the spilling ones left
+    out: manifest constraints)."""
     variants = [v for v in load_manifest(FOLDER / "manifest.toml") if v.backend == "cuda"]
     b, h, hkv, lq, lk, d = 2, 8, 2, 4, 40, 64
 
@@ -349,14 +350,17 @@ def test_masked_claims():
         for dtype in ("bool", "float16"):
             mask = np.ones((mb, mh, lq, lk), dtype)
             fit = fitting(_scope(b, h, hkv, lq, lk, d, mask=mask))
-            assert set(fit) == {"sdpa_torch", "splitkv_mma", "splitkv2_mma"}, (mb, mh, dtype)
-            assert all(c["MASKED"] == 1 for n in ("splitkv_mma", "splitkv2_mma")
-                       for c in fit[n])
+            assert set(fit) == {"sdpa_torch", "splitkv_mma", "splitkv2_mma",
+                                "flash_wgmma"}, (mb, mh, dtype)
+            assert all(c["MASKED"] == 1 for n in ("splitkv_mma", "splitkv2_mma",
+                                                  "flash_wgmma") for c in fit[n])
     plain = fitting(_scope(b, h, hkv, lq, lk, d))
-    assert all(c["MASKED"] == 0 for c in plain["splitkv2_mma"] + plain["splitkv_mma"])
-    for past in ((b, h, hkv, 17, lk, d), (b, h, hkv, lq, lk, 96)):
+    assert all(c["MASKED"] == 0 for c in plain["splitkv2_mma"] + plain["splitkv_mma"]
+               + plain["flash_wgmma"])
+    for past, claim in (((b, h, hkv, 17, lk, d), {"sdpa_torch", "flash_wgmma"}),
+                        ((b, h, hkv, lq, lk, 96), {"sdpa_torch"})):
         mask = np.ones((b, 1, past[3], lk), bool)
-        assert set(fitting(_scope(*past, mask=mask))) == {"sdpa_torch"}, past
+        assert set(fitting(_scope(*past, mask=mask))) == claim, past
     # 256 rows (16 warps at HD = 128): a mask of 256 * Lk elements, at 2^31 past int offsets
     v, configs = _variant("splitkv2_mma"), _variant("splitkv2_mma").space.configs(SM90)
     big = {**_scope(1, 16, 1, 16, lk, 128, mask=np.ones((1, 1, 16, lk), bool)),
