@@ -1321,14 +1321,15 @@ class Dispatcher:
     def add_observations(self, rows: Sequence[Observation], weight: float = 1.0) -> None:
         """Measurements made elsewhere (a pack, a counter log) for this dispatcher's policy.
 
-        Rows of variants this dispatcher cannot run are dropped; the rest go to the
-        policy's ``add_observations`` (with this device's launch geometry), and the cached
-        decisions of their ops are dropped so the next launch re-decides. ``weight`` < 1 marks rows
-        measured on another device.
+        Rows of variants this dispatcher cannot run, or does not list (experimental ones,
+        unless it opted in), are dropped; the rest go to the policy's ``add_observations``
+        (with this device's launch geometry), and the cached decisions of their ops are
+        dropped so the next launch re-decides. ``weight`` < 1 marks rows measured on
+        another device.
         """
         ops = {r.op for r in rows}
-        mine = {(v.op, v.name) for op in ops for v in self.registry.variants(op,
-                                                                             self.backend.name)}
+        mine = {(v.op, v.name) for op in ops for v in self.registry.variants(
+            op, self.backend.name, self.experimental_variants)}
         rows = [r for r in rows if (r.op, r.variant) in mine]
         if not rows:
             return

@@ -112,6 +112,12 @@ def test_an_experimental_variant_is_run_only_where_named(tmp_path, rng):
         opted = Dispatcher("host", registry=registry)
     assert "mine" in {c.variant.name for c in opted.candidates("softmax", x)}
     assert "mine" not in {c.variant.name for c in d.candidates("softmax", x)}
+    from adaptive.observation import Observation   # its measured rows: for the opted only
+    row = Observation("softmax", {"R": 8, "C": 16}, "float32", "mine", {"rows": 2}, 0.01,
+                      0.001, OPS["softmax"].features(OPS["softmax"].problem((x,), {})))
+    for dispatcher, kept in ((d, 0), (opted, 1)):
+        dispatcher.add_observations([row])
+        assert dispatcher.stats.get("prior_rows", 0) == kept
     assert _candidates(d, OPS["softmax"], OPS["softmax"].problem((x[:, :1].copy(),), {}),
                        ("mine",)) == [], "C = 1: mine serves none (requires C > 1)"
 
