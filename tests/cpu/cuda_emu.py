@@ -112,6 +112,15 @@ static std::vector<std::unique_ptr<emu_barrier_t>> emu_warp_barriers;
 using std::min; using std::max;
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline void __syncthreads() { emu_block_barrier->arrive_and_wait(); }
+inline int __syncthreads_or(int p) {   // the block's OR of p, a barrier
+    static int votes[1024];
+    votes[threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)] = p;
+    emu_block_barrier->arrive_and_wait();
+    int any = 0;
+    for (unsigned i = 0; i < blockDim.x * blockDim.y * blockDim.z; ++i) any |= votes[i] != 0;
+    emu_block_barrier->arrive_and_wait();
+    return any;
+}
 inline int emu_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 template <class V> V __shfl_xor_sync(unsigned, V v, int offset) {
     static V slots[1024];

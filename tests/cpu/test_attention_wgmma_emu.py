@@ -169,6 +169,11 @@ MASKED_CASES = [  # (B, H, Hkv, Lq, Lk), causal, mask kind, layout (per batch, p
     ((2, 2, 2, 70, 200), False, "add", (1, 1), 1.0),     # per head, additive -inf, 4 tiles
     ((1, 2, 1, 100, 130), True, "min", (0, 0), 20.0),    # one mask for all, finite minima,
     # logits x20
+    ((2, 4, 2, 160, 176), False, "triangle", (1, 0), 1.0),   # as transformers passes a
+    # padded prefill: not causal, the bottom-right triangle and the padding in a boolean mask
+    # of Lk % 16 == 0 (the kernel leaves out each CTA's key tiles no row of it sees)
+    ((2, 4, 2, 160, 176), False, "triangle+", (1, 0), 1.0),  # the same with query row 0
+    # seeing the last key too: the tiles up to it stay in
 ]
 
 
@@ -178,6 +183,13 @@ def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
     (as test_attention_splitkv_emu.py's)."""
     shape = (b if layout[0] else 1, h if layout[1] else 1, lq, lk)
     seen = padding_mask(rng, shape, lk // 4 + 3)
+    if kind.startswith("triangle"):   # causal, bottom-right; a row in the padding sees
+        i = np.arange(lq)[:, None] + (lk - lq)     # itself (transformers un-masks such rows)
+        j = np.arange(lk)[None, :]
+        seen = (seen & (j <= i)) | (j == i)
+        if kind == "triangle+":
+            seen[..., 0, -1] = True
+        return seen
     if hide_row:
         seen[-1, :, 0, :] = False
     if kind == "bool":
@@ -189,7 +201,8 @@ def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
 @pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")
 @pytest.mark.parametrize("name", MASKED)
 @pytest.mark.parametrize("dims,causal,kind,layout,magnitude", MASKED_CASES,
-                         ids=["padded-prefill-bool", "per-head-add", "broadcast-min-x20"])
+                         ids=["padded-prefill-bool", "per-head-add", "broadcast-min-x20",
+                              "triangle-in-the-mask", "triangle-and-a-future-key"])
 def test_masked_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, kind,
                                                      layout, magnitude):
     """MASKED = 1: each key's mask term in its log2-domain logit (hidden keys -inf, a row
@@ -199,7 +212,7 @@ def test_masked_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, c
     q = (rng.standard_normal((b, h, lq, d)) * magnitude).astype(np.float16)
     k = (rng.standard_normal((b, hkv, lk, d)) * 1.5 * magnitude).astype(np.float16)
     v = rng.standard_normal((b, hkv, lk, d)).astype(np.float16)
-    hide = kind != "min"
+    hide = kind in ("bool", "add")
     mask = _padding_mask(rng, b, h, lq, lk, kind, layout, hide)
     want = get_op("attention").reference(q, k, v, mask, causal=causal, scale=None)
     got = _launch(kernels[name], CONFIGS[name], q, k, v, causal, None, mask)

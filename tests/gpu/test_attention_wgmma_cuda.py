@@ -139,19 +139,26 @@ def test_every_masked_config(dispatcher, cp, rng, config):
     """MASKED = 1 on padding masks as transformers builds them: a left-padded batch's
     boolean mask per batch entry (causal), an additive -inf mask per head, one mask of
     finite minima for the batch with logits x20; bf16 with a boolean mask; a row hidden
-    everywhere gives zeros."""
+    everywhere gives zeros; the causal triangle in the mask itself, not causal (the tiles
+    past a CTA's last seen key left out)."""
     from adaptive.ops.attention import padding_mask
     d = config["HD"]
     for i, (b, h, hkv, lq, lk, causal, kind, per_batch, per_head, dtype) in enumerate((
             (2, 4, 2, 300, 300, True, "bool", 1, 0, "float16"),
             (2, 2, 2, 77, 400, False, "add", 1, 1, "float16"),
             (1, 2, 1, 129, 200, True, "min", 0, 0, "float16"),
-            (2, 2, 2, 256, 256, True, "bool", 1, 0, "bfloat16"))):
+            (2, 2, 2, 256, 256, True, "bool", 1, 0, "bfloat16"),
+            (2, 8, 2, 400, 400, False, "triangle", 1, 0, "float16"))):
         dev, host = _inputs(cp, rng, dtype, b, h, lq, lk, d, hkv=hkv,
                             magnitude=20.0 if kind == "min" else 1.0)
         seen = padding_mask(rng, (b if per_batch else 1, h if per_head else 1, lq, lk),
                             lk // 4 + 3)
-        if kind != "min":
+        if kind == "triangle":   # transformers' padded prefill: not causal, the triangle in
+            i = np.arange(lq)[:, None] + (lk - lq)   # the mask (the kernel leaves out the
+            j = np.arange(lk)[None, :]               # tiles a CTA's rows do not see)
+            seen = (seen & (j <= i)) | (j == i)
+            kind = "bool"
+        elif kind != "min":
             seen[-1, :, 0, :] = False          # this row sees no key: zeros
         if kind == "bool":
             mask = seen

@@ -19,7 +19,9 @@
 // that sees no key gives zeros.
 // MASKED = 1 reads a padding mask as the split-KV kernels do (boolean or additive,
 // [B or 1, 1 or H, Lq, Lk]: mask, mask_sb, mask_sh, mask_bool), each key's term added to its
-// log2-domain logit; 0: the mask arguments are not read.
+// log2-domain logit, and leaves out the key tiles past the last one a CTA's rows see in a
+// boolean mask (a mask holding the causal triangle, as transformers passes a padded
+// prefill, then costs what causal does); 0: the mask arguments are not read.
 // Config macros: HD (head dim; must equal D), BN (keys per tile), NWG (warpgroups a CTA),
 // PIPE, MASKED.
 // Dynamic shared memory: (BM + 4 * BN) * HD * 2 + 1024 bytes (the 1024: alignment slack).
@@ -191,8 +193,9 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     const T* kb = k + bkv * Lk * HD;
     const T* vb = v + bkv * Lk * HD;
     T* ob = out + bh * Lq * HD;
-    // causal: the row blocks with the most key tiles are issued first
-    const int mb = causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    // causal (or masked: a mask holding the causal triangle, below): the row blocks with the
+    // most key tiles are issued first
+    const int mb = (causal || MASKED) ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     const int cta_row0 = mb * BM;
     const int row0 = cta_row0 + wg * 64 + warp * 16;   // this warp's rows: row0 + g, + 8
     const int shift = Lk - Lq;                         // causal: row i sees j <= i + shift
@@ -209,7 +212,30 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 
     int kv_end = Lk;
     if (causal) kv_end = max(0, min(Lk, cta_row0 + BM + shift));
-    const int n_tiles = (kv_end + BN - 1) / BN;
+    int n_tiles = (kv_end + BN - 1) / BN;
+#if MASKED
+    // A masked prefill arrives not causal (transformers' mask holds the triangle): the key
+    // tiles past the last one any of this CTA's rows sees are left out, found from the end
+    // with 16-byte loads of a boolean mask (rows of Lk % 16 == 0 bytes, as a padded batch's;
+    // other masks: every tile). Exact: a left-out tile is hidden from every stored row.
+    if (mask_bool && (Lk & 15) == 0 && (reinterpret_cast<size_t>(mask) & 15) == 0) {
+        const unsigned char* mb_rows = static_cast<const unsigned char*>(mask)
+            + (size_t)(bh / H) * mask_sb + (size_t)(bh % H) * mask_sh;
+        for (; n_tiles > 0; --n_tiles) {
+            const int j0 = (n_tiles - 1) * BN;
+            int seen = 0;
+            for (int idx = threadIdx.x; idx < BM * (BN / 16); idx += NTHREADS) {
+                const int row = cta_row0 + idx / (BN / 16), key = j0 + idx % (BN / 16) * 16;
+                if (row < Lq && key < Lk) {
+                    const uint4 m = *reinterpret_cast<const uint4*>(
+                        mb_rows + (size_t)row * Lk + key);
+                    seen |= (m.x | m.y | m.z | m.w) != 0u;
+                }
+            }
+            if (__syncthreads_or(seen)) break;
+        }
+    }
+#endif
 
     load_tile<BM>(q_s, qb, cta_row0, Lq);
     if (n_tiles > 0) {
