@@ -174,6 +174,8 @@ MASKED_CASES = [  # (B, H, Hkv, Lq, Lk), causal, mask kind, layout (per batch, p
     # of Lk % 16 == 0 (the kernel leaves out each CTA's key tiles no row of it sees)
     ((2, 4, 2, 160, 176), False, "triangle+", (1, 0), 1.0),  # the same with query row 0
     # seeing the last key too: the tiles up to it stay in
+    ((1, 2, 2, 129, 129), False, "triangle", (1, 1), 1.0),   # Lk % 16 != 0: byte loads;
+    # the last row's block sees one key of its last tile, the tile's first
 ]
 
 
@@ -202,7 +204,8 @@ def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
 @pytest.mark.parametrize("name", MASKED)
 @pytest.mark.parametrize("dims,causal,kind,layout,magnitude", MASKED_CASES,
                          ids=["padded-prefill-bool", "per-head-add", "broadcast-min-x20",
-                              "triangle-in-the-mask", "triangle-and-a-future-key"])
+                              "triangle-in-the-mask", "triangle-and-a-future-key",
+                              "triangle-odd-lk-per-head"])
 def test_masked_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, kind,
                                                      layout, magnitude):
     """MASKED = 1: each key's mask term in its log2-domain logit (hidden keys -inf, a row

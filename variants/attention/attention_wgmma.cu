@@ -215,21 +215,31 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     int n_tiles = (kv_end + BN - 1) / BN;
 #if MASKED
     // A masked prefill arrives not causal (transformers' mask holds the triangle): the key
-    // tiles past the last one any of this CTA's rows sees are left out, found from the end
-    // with 16-byte loads of a boolean mask (rows of Lk % 16 == 0 bytes, as a padded batch's;
-    // other masks: every tile). Exact: a left-out tile is hidden from every stored row.
-    if (mask_bool && (Lk & 15) == 0 && (reinterpret_cast<size_t>(mask) & 15) == 0) {
+    // tiles past the last one any of this CTA's rows sees in a boolean mask are left out,
+    // found from the end (16-byte loads where the mask's rows are Lk % 16 == 0 bytes, as a
+    // padded batch's, else byte loads; an additive mask: every tile). Exact: a left-out tile
+    // is hidden from every stored row.
+    if (mask_bool) {
         const unsigned char* mb_rows = static_cast<const unsigned char*>(mask)
             + (size_t)(bh / H) * mask_sb + (size_t)(bh % H) * mask_sh;
+        const bool wide = (Lk & 15) == 0 && (reinterpret_cast<size_t>(mask) & 15) == 0;
         for (; n_tiles > 0; --n_tiles) {
             const int j0 = (n_tiles - 1) * BN;
             int seen = 0;
-            for (int idx = threadIdx.x; idx < BM * (BN / 16); idx += NTHREADS) {
-                const int row = cta_row0 + idx / (BN / 16), key = j0 + idx % (BN / 16) * 16;
-                if (row < Lq && key < Lk) {
-                    const uint4 m = *reinterpret_cast<const uint4*>(
-                        mb_rows + (size_t)row * Lk + key);
-                    seen |= (m.x | m.y | m.z | m.w) != 0u;
+            if (wide) {
+                for (int idx = threadIdx.x; idx < BM * (BN / 16); idx += NTHREADS) {
+                    const int row = cta_row0 + idx / (BN / 16);
+                    const int key = j0 + idx % (BN / 16) * 16;
+                    if (row < Lq && key < Lk) {
+                        const uint4 m = *reinterpret_cast<const uint4*>(
+                            mb_rows + (size_t)row * Lk + key);
+                        seen |= (m.x | m.y | m.z | m.w) != 0u;
+                    }
+                }
+            } else {
+                for (int idx = threadIdx.x; idx < BM * BN; idx += NTHREADS) {
+                    const int row = cta_row0 + idx / BN, key = j0 + idx % BN;
+                    if (row < Lq && key < Lk) seen |= mb_rows[(size_t)row * Lk + key];
                 }
             }
             if (__syncthreads_or(seen)) break;
