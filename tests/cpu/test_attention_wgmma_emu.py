@@ -176,6 +176,9 @@ MASKED_CASES = [  # (B, H, Hkv, Lq, Lk), causal, mask kind, layout (per batch, p
     # seeing the last key too: the tiles up to it stay in
     ((1, 2, 2, 129, 129), False, "triangle", (1, 1), 1.0),   # Lk % 16 != 0: byte loads;
     # the last row's block sees one key of its last tile, the tile's first
+    ((2, 2, 2, 320, 320), False, "triangle-pad", (1, 0), 1.0),   # the second entry padded
+    # by 150: the row blocks past its padding leave out their first key tiles too (one of
+    # 128 keys, two of 64: the first tile computed of either parity)
 ]
 
 
@@ -188,6 +191,8 @@ def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
     if kind.startswith("triangle"):   # causal, bottom-right; a row in the padding sees
         i = np.arange(lq)[:, None] + (lk - lq)     # itself (transformers un-masks such rows)
         j = np.arange(lk)[None, :]
+        if kind == "triangle-pad":      # entry b padded by 150 b keys
+            seen = np.stack([(j >= 150 * e)[None] for e in range(shape[0])])
         seen = (seen & (j <= i)) | (j == i)
         if kind == "triangle+":
             seen[..., 0, -1] = True
@@ -205,7 +210,7 @@ def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
 @pytest.mark.parametrize("dims,causal,kind,layout,magnitude", MASKED_CASES,
                          ids=["padded-prefill-bool", "per-head-add", "broadcast-min-x20",
                               "triangle-in-the-mask", "triangle-and-a-future-key",
-                              "triangle-odd-lk-per-head"])
+                              "triangle-odd-lk-per-head", "triangle-left-padding"])
 def test_masked_flash_wgmma_emulated_against_float64(kernels, rng, name, dims, causal, kind,
                                                      layout, magnitude):
     """MASKED = 1: each key's mask term in its log2-domain logit (hidden keys -inf, a row

@@ -213,18 +213,20 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     int kv_end = Lk;
     if (causal) kv_end = max(0, min(Lk, cta_row0 + BM + shift));
     int n_tiles = (kv_end + BN - 1) / BN;
+    int t0 = 0;                // the first key tile computed
 #if MASKED
-    // A masked prefill arrives not causal (transformers' mask holds the triangle): the key
-    // tiles past the last one any of this CTA's rows sees in a boolean mask are left out,
-    // found from the end (16-byte loads where the mask's rows are Lk % 16 == 0 bytes, as a
-    // padded batch's, else byte loads; an additive mask: every tile). Exact: a left-out tile
-    // is hidden from every stored row.
+    // A masked prefill arrives not causal (transformers' mask holds the triangle, and a
+    // left-padded batch's hides its padding): the key tiles before the first and past the
+    // last one any of this CTA's rows sees in a boolean mask are left out, found from the
+    // ends (16-byte loads where the mask's rows are Lk % 16 == 0 bytes, as a padded batch's,
+    // else byte loads; an additive mask: every tile). Exact: a left-out tile is hidden from
+    // every stored row.
     if (mask_bool) {
         const unsigned char* mb_rows = static_cast<const unsigned char*>(mask)
             + (size_t)(bh / H) * mask_sb + (size_t)(bh % H) * mask_sh;
         const bool wide = (Lk & 15) == 0 && (reinterpret_cast<size_t>(mask) & 15) == 0;
-        for (; n_tiles > 0; --n_tiles) {
-            const int j0 = (n_tiles - 1) * BN;
+        auto seen_in = [&](int tile) {   // whether any stored row of the CTA sees a key of it
+            const int j0 = tile * BN;
             int seen = 0;
             if (wide) {
                 for (int idx = threadIdx.x; idx < BM * (BN / 16); idx += NTHREADS) {
@@ -242,18 +244,22 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
                     if (row < Lq && key < Lk) seen |= mb_rows[(size_t)row * Lk + key];
                 }
             }
-            if (__syncthreads_or(seen)) break;
-        }
+            return __syncthreads_or(seen) != 0;
+        };
+        while (n_tiles > 0 && !seen_in(n_tiles - 1)) --n_tiles;
+        while (t0 < n_tiles && !seen_in(t0)) ++t0;
     }
 #endif
 
+    // a tile's K and V buffers are those of its index's parity
     load_tile<BM>(q_s, qb, cta_row0, Lq);
-    if (n_tiles > 0) {
-        load_tile<BN>(k_s, kb, 0, Lk);
-        load_tile<BN>(v_s, vb, 0, Lk);
+    if (t0 < n_tiles) {
+        load_tile<BN>(k_s + (t0 & 1) * KV_BYTES, kb, t0 * BN, Lk);
+        load_tile<BN>(v_s + (t0 & 1) * KV_BYTES, vb, t0 * BN, Lk);
     }
 #if PIPE
-    if (n_tiles > 1) load_tile<BN>(k_s + KV_BYTES, kb, BN, Lk);   // K runs a tile ahead
+    if (t0 + 1 < n_tiles)      // K runs a tile ahead
+        load_tile<BN>(k_s + ((t0 + 1) & 1) * KV_BYTES, kb, (t0 + 1) * BN, Lk);
 #endif
     cp_async_commit();
     if (scale < 0.f) {          // each thread flips the sign bit of the q chunks it loaded
@@ -307,14 +313,14 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     // then waits for that and rescales the output. K runs a tile ahead of V: step j loads
     // K(j + 1) and V(j), into the buffers S(j - 1) and P(j - 2) V(j - 2) are done with.
     unsigned pk[2][BN / 16][4];
-    if (n_tiles > 0) {
+    if (t0 < n_tiles) {
         cp_async_wait<0>();
         fence_proxy_async();   // this thread's copies (and q's negation) seen by the wgmma
-        __syncthreads();       // everyone's: q, K(0), K(1) and V(0)
-        issue_s(s, 0);
+        __syncthreads();       // everyone's: q, K(t0), K(t0 + 1) and V(t0)
+        issue_s(s, t0);
         wgmma_wait<0>();
         wgmma_hold<BN / 2>(s);
-        softmax(pk[0], 0);     // o is zero: nothing to rescale
+        softmax(pk[0], t0 * BN);   // o is zero: nothing to rescale
     }
     // one step; P(j - 1) in prev, P(j) into next (each pk half named at compile time: an
     // index computed at run time would put pk in local memory)
@@ -335,12 +341,12 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
         fence_proxy_async();
         __syncthreads();       // K(j + 1), V(j) landed; everyone done with K(j), V(j - 1)
     };
-    for (int jt = 1; jt < n_tiles; jt += 2) {
+    for (int jt = t0 + 1; jt < n_tiles; jt += 2) {   // P(t0) in pk[0]
         step(jt, pk[0], pk[1]);
         if (jt + 1 < n_tiles) step(jt + 1, pk[1], pk[0]);
     }
-    if (n_tiles > 0) {         // the last tile's P v
-        if ((n_tiles - 1) & 1) issue_pv(pk[1], n_tiles - 1);
+    if (t0 < n_tiles) {        // the last tile's P v
+        if ((n_tiles - 1 - t0) & 1) issue_pv(pk[1], n_tiles - 1);
         else issue_pv(pk[0], n_tiles - 1);
         wgmma_wait<0>();
         wgmma_hold<HD / 2>(o);
@@ -349,7 +355,7 @@ attention_wgmma(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     }
 #else
     unsigned pk[BN / 16][4];
-    for (int jt = 0; jt < n_tiles; ++jt) {
+    for (int jt = t0; jt < n_tiles; ++jt) {
         const int j0 = jt * BN, buf = jt & 1;
         cp_async_wait<0>();
         fence_proxy_async();   // this thread's copies (and q's negation) seen by the wgmma
