@@ -19,9 +19,10 @@
 // that sees no key gives zeros.
 // MASKED = 1 reads a padding mask as the split-KV kernels do (boolean or additive,
 // [B or 1, 1 or H, Lq, Lk]: mask, mask_sb, mask_sh, mask_bool), each key's term added to its
-// log2-domain logit, and leaves out the key tiles past the last one a CTA's rows see in a
-// boolean mask (a mask holding the causal triangle, as transformers passes a padded
-// prefill, then costs what causal does); 0: the mask arguments are not read.
+// log2-domain logit, and leaves out the key tiles before the first and past the last one a
+// CTA's rows see in a boolean mask (a mask holding the causal triangle and a batch's left
+// padding, as transformers passes a padded prefill, then costs what causal does; the
+// heaviest row blocks go first here too); 0: the mask arguments are not read.
 // Config macros: HD (head dim; must equal D), BN (keys per tile), NWG (warpgroups a CTA),
 // PIPE, MASKED.
 // Dynamic shared memory: (BM + 4 * BN) * HD * 2 + 1024 bytes (the 1024: alignment slack).
