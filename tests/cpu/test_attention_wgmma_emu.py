@@ -67,10 +67,12 @@ def _variant():
 PRODUCTS = Path(__file__).resolve().parents[1] / "gpu" / "wgmma_products.cu"
 PRODUCT_SIZES = [(64, 64), (128, 128), (64, 128), (128, 64)]   # (PN, PK)
 PRODUCT_WRAPPER = (
-    "extern \"C\" void emu_ss(const __half* a, const __half* b, float* out) {\n"
-    "  emu_launch(1, 1, 1, 128, 1, 1, [=] { wgmma_ss_product(a, b, out); });\n}\n"
-    "extern \"C\" void emu_rs(const __half* p, const __half* v, float* out) {\n"
-    "  emu_launch(1, 1, 1, 128, 1, 1, [=] { wgmma_rs_product(p, v, out); });\n}\n")
+    "extern \"C\" void emu_ss(const __half* a, const __half* b, float* out, int lbo, "
+    "int sbo) {\n  emu_launch(1, 1, 1, 128, 1, 1, [=] { wgmma_ss_product(a, b, out, lbo, "
+    "sbo); });\n}\n"
+    "extern \"C\" void emu_rs(const __half* p, const __half* v, float* out, int lbo, "
+    "int sbo) {\n  emu_launch(1, 1, 1, 128, 1, 1, [=] { wgmma_rs_product(p, v, out, lbo, "
+    "sbo); });\n}\n")
 
 
 def emu_jobs(folder: Path) -> dict:
@@ -240,7 +242,7 @@ def products(background):
     for size, lib in zip(PRODUCT_SIZES, libs):
         dll = ctypes.CDLL(str(lib))
         for fn in (dll.emu_ss, dll.emu_rs):
-            fn.argtypes = [ctypes.c_void_p] * 3
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2
         out[size] = (dll.emu_ss, dll.emu_rs)
     return out
 
@@ -254,12 +256,12 @@ def test_the_products_alone_emulated_against_float64(products, rng, pn, pk):
     a = rng.standard_normal((64, pk)).astype(np.float16)
     b = rng.standard_normal((pn, pk)).astype(np.float16)
     out = np.full((64, pn), np.nan, np.float32)
-    ss(a.ctypes.data, b.ctypes.data, out.ctypes.data)
+    ss(a.ctypes.data, b.ctypes.data, out.ctypes.data, 16, 1024)
     np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64).T,
                                rtol=1e-5, atol=1e-4)
     v = rng.standard_normal((pk, pn)).astype(np.float16)
     out = np.full((64, pn), np.nan, np.float32)
-    rs(a.ctypes.data, v.ctypes.data, out.ctypes.data)
+    rs(a.ctypes.data, v.ctypes.data, out.ctypes.data, pk * 128, 1024)
     np.testing.assert_allclose(out, a.astype(np.float64) @ v.astype(np.float64),
                                rtol=1e-5, atol=1e-4)
 

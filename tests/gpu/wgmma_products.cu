@@ -6,6 +6,9 @@
 //   wgmma_rs_product: d [64 x PN] = p [64 x PK] v [PK x PN], p from registers (the m16n8k16 A
 //     layout, a warp's 16 rows), v stored swizzled MN-major (PN = 128: its halves LBO apart).
 // d is written row-major from the accumulator layout. Config macros: PN, PK (64 or 128).
+// The descriptors' byte offsets are arguments (a_lbo, a_sbo: q and k's; b_lbo, b_sbo: v's),
+// the PTX ISA's reading (16, 1024; PK * 128, 1024) by default, so that where the device
+// disagrees a test can try other readings without another compile.
 // tests/cpu/test_attention_wgmma_emu.py runs them emulated, tests/gpu/test_attention_wgmma_cuda.py
 // on the device.
 
@@ -44,7 +47,7 @@ __device__ __forceinline__ void write_d(float* out, const float* d) {
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-wgmma_ss_product(const T* a, const T* b, float* out) {
+wgmma_ss_product(const T* a, const T* b, float* out, int a_lbo, int a_sbo) {
     const unsigned raw = smem_u32(smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;
     unsigned char* p = smem_raw - raw;               // shared address -> generic pointer
@@ -60,8 +63,8 @@ wgmma_ss_product(const T* a, const T* b, float* out) {
     #pragma unroll
     for (int ks = 0; ks < PK / 16; ++ks) {
         const unsigned half = ks >> 2, col = (ks & 3) * 32;
-        wgmma_ss<PN>(d, wgmma_desc(a_s + half * (64 * 128) + col, 16, 1024),
-                     wgmma_desc(b_s + half * (PN * 128) + col, 16, 1024));
+        wgmma_ss<PN>(d, wgmma_desc(a_s + half * (64 * 128) + col, a_lbo, a_sbo),
+                     wgmma_desc(b_s + half * (PN * 128) + col, a_lbo, a_sbo));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -70,7 +73,7 @@ wgmma_ss_product(const T* a, const T* b, float* out) {
 }
 
 extern "C" __global__ void __launch_bounds__(128)
-wgmma_rs_product(const T* pm, const T* v, float* out) {
+wgmma_rs_product(const T* pm, const T* v, float* out, int b_lbo, int b_sbo) {
     const unsigned raw = smem_u32(smem_raw);
     const unsigned base = (raw + 1023u) & ~1023u;
     unsigned char* p = smem_raw - raw;
@@ -94,7 +97,7 @@ wgmma_rs_product(const T* pm, const T* v, float* out) {
     wgmma_fence();
     #pragma unroll
     for (int kk = 0; kk < PK / 16; ++kk)
-        wgmma_rs_tn<PN>(d, a[kk], wgmma_desc(base + kk * 2048, PK * 128, 1024));
+        wgmma_rs_tn<PN>(d, a[kk], wgmma_desc(base + kk * 2048, b_lbo, b_sbo));
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_hold<PN / 2>(d);
