@@ -267,6 +267,49 @@ _C_TYPES = {"ptr": ("void*", ctypes.c_void_p), "i32": ("int", ctypes.c_int),
             "i64": ("long long", ctypes.c_longlong), "f32": ("float", ctypes.c_float)}
 
 
+ARENA_BYTES = 240 * 1024   # ptx_emu.h's emu_smem: a kernel's dynamic shared memory
+
+
+def launch_geometry(variant, scope) -> tuple[list[int], int, object]:
+    """``variant``'s manifest launch at ``scope`` (an input's scope with the config and the
+    device limits): (grid, block, ev), ``ev`` evaluating its other expressions (a
+    workspace); its shared memory checked to fit the emulator's arena."""
+    from adaptive.expr import compile_expr
+
+    def ev(expr) -> int:
+        return int(compile_expr(str(expr))(scope))
+    grid = [ev(e) for e in variant.launch["grid"]]
+    (block,) = [ev(e) for e in variant.launch["block"]]
+    shared = ev(variant.launch.get("shared_bytes", 0))
+    assert shared <= ARENA_BYTES, f"{variant.name}: {shared} bytes of shared memory"
+    return grid, block, ev
+
+
+def attention_mask_args(problem, scope, mask) -> list:
+    """An attention kernel's mask arguments as the CUDA backend binds them (cuda_args'
+    providers): the mask's address (None without one), mask_sb, mask_sh, mask_bool."""
+    from adaptive.backends.cuda_args import PROVIDERS
+    return [None if mask is None else mask.ctypes.data] + [
+        int(PROVIDERS["attention"][name].plan(problem, scope))
+        for name in ("mask_sb", "mask_sh", "mask_bool")]
+
+
+def attention_padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool) -> np.ndarray:
+    """A left-padding mask [B or 1, 1 or H, Lq, Lk] as transformers builds one (random pad
+    lengths up to a quarter of Lk plus a few, each row seeing keys from its pad on), of
+    ``kind`` (bool; add: 0 / -inf in fp16; min: 0 / finfo(fp16).min), ``layout`` (per batch
+    entry, per head); with ``hide_row``, query row 0 of the last mask row set sees nothing."""
+    from adaptive.ops.attention import padding_mask
+    shape = (b if layout[0] else 1, h if layout[1] else 1, lq, lk)
+    seen = padding_mask(rng, shape, lk // 4 + 3)
+    if hide_row:
+        seen[-1, :, 0, :] = False
+    if kind == "bool":
+        return seen
+    hidden = -np.inf if kind == "add" else np.finfo(np.float16).min
+    return np.where(seen, 0.0, hidden).astype(np.float16)
+
+
 def available() -> bool:
     """True when g++ is on PATH."""
     return shutil.which("g++") is not None

@@ -24,7 +24,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_emu  # noqa: E402
-from adaptive.expr import compile_expr  # noqa: E402
 from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
 from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
@@ -85,10 +84,7 @@ def _launch(fn, name, q, k, v, causal, scale):
     assert config in variant.space.configs(SM90), config
     scope = {**_scope(q, k, causal, scale), **config, **SM90}
     assert variant.fits(scope, config), variant.why_not(scope, config)
-    ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
-    grid = [ev(e) for e in variant.launch["grid"]]
-    (block,) = [ev(e) for e in variant.launch["block"]]
-    assert ev(variant.launch["shared_bytes"]) <= 240 * 1024      # the emulator's arena
+    grid, block, _ = cuda_emu.launch_geometry(variant, scope)
     b, h, lq, d = q.shape
     s = 1.0 / np.sqrt(d) if scale is None else scale
     out = np.full(q.shape, np.nan, np.float16)

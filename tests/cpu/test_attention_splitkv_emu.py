@@ -26,11 +26,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cuda_emu  # noqa: E402
-from adaptive.backends.cuda_args import PROVIDERS  # noqa: E402
-from adaptive.expr import compile_expr  # noqa: E402
 from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
-from adaptive.ops.attention import padding_mask  # noqa: E402
 from adaptive.variants import builtin_folder, load_manifest  # noqa: E402
 
 FOLDER = builtin_folder() / "attention"
@@ -102,14 +99,8 @@ def _launch(fn, variant, config, q, k, v, causal, scale, mask=None):
     problem = get_op("attention").problem(args, {"causal": causal, "scale": scale})
     scope = {**problem.scope(), **config, **SM90}
     assert variant.fits(scope, config), variant.why_not(scope, config)
-    # the mask's strides and kind as the CUDA backend binds them (cuda_args' providers)
-    mask_args = [None if mask is None else mask.ctypes.data] + [
-        int(PROVIDERS["attention"][name].plan(problem, scope))
-        for name in ("mask_sb", "mask_sh", "mask_bool")]
-    ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
-    grid = [ev(e) for e in variant.launch["grid"]]
-    (block,) = [ev(e) for e in variant.launch["block"]]
-    assert ev(variant.launch["shared_bytes"]) <= 240 * 1024      # the emulator's arena
+    mask_args = cuda_emu.attention_mask_args(problem, scope, mask)
+    grid, block, ev = cuda_emu.launch_geometry(variant, scope)
     ws = np.zeros(ev(variant.launch["workspace_bytes"]) // 4, np.float32)
     s = 1.0 / np.sqrt(d) if scale is None else scale
     outs = []
@@ -291,18 +282,7 @@ MASKED_CASES = [  # variant, config, (B, H, Hkv, Lq, Lk), causal, mask kind, lay
 ]
 
 
-def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
-    """A left-padding mask [B or 1, 1 or H, Lq, Lk] as transformers builds one (random pad
-    lengths up to a quarter of Lk plus a few, each row seeing keys from its pad on), of
-    ``kind``; with ``hide_row``, query row 0 of the last mask row set sees nothing."""
-    shape = (b if layout[0] else 1, h if layout[1] else 1, lq, lk)
-    seen = padding_mask(rng, shape, lk // 4 + 3)
-    if hide_row:
-        seen[-1, :, 0, :] = False
-    if kind == "bool":
-        return seen
-    hidden = -np.inf if kind == "add" else np.finfo(np.float16).min
-    return np.where(seen, 0.0, hidden).astype(np.float16)
+_padding_mask = cuda_emu.attention_padding_mask
 
 
 @pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")

@@ -32,8 +32,6 @@ import cuda_emu  # noqa: E402
 from background import Job  # noqa: E402
 
 from adaptive import nvrtc  # noqa: E402
-from adaptive.backends.cuda_args import PROVIDERS  # noqa: E402
-from adaptive.expr import compile_expr  # noqa: E402
 from adaptive.limits import SM90  # noqa: E402
 from adaptive.ops import get_op  # noqa: E402
 from adaptive.ops.attention import padding_mask  # noqa: E402
@@ -142,14 +140,8 @@ def _launch(fn, config, q, k, v, causal, scale, mask=None):
     problem = get_op("attention").problem(args, {"causal": causal, "scale": scale})
     scope = {**problem.scope(), **config, **SM90}
     assert variant.fits(scope, config), variant.why_not(scope, config)
-    # the mask's strides and kind as the CUDA backend binds them (cuda_args' providers)
-    mask_args = [None if mask is None else mask.ctypes.data] + [
-        int(PROVIDERS["attention"][name].plan(problem, scope))
-        for name in ("mask_sb", "mask_sh", "mask_bool")]
-    ev = lambda e: int(compile_expr(str(e))(scope))  # noqa: E731
-    grid = [ev(e) for e in variant.launch["grid"]]
-    (block,) = [ev(e) for e in variant.launch["block"]]
-    assert ev(variant.launch["shared_bytes"]) <= 240 * 1024      # the emulator's arena
+    mask_args = cuda_emu.attention_mask_args(problem, scope, mask)
+    grid, block, _ = cuda_emu.launch_geometry(variant, scope)
     b, h, lq, d = q.shape
     s = 1.0 / np.sqrt(d) if scale is None else scale
     out = np.full(q.shape, np.nan, np.float16)
@@ -210,26 +202,22 @@ MASKED_CASES = [  # (B, H, Hkv, Lq, Lk), causal, mask kind, layout (per batch, p
 
 
 def _padding_mask(rng, b, h, lq, lk, kind, layout, hide_row: bool):
-    """A left-padding mask [B or 1, 1 or H, Lq, Lk] (random pads up to a quarter of Lk plus
-    a few) of ``kind``; with ``hide_row``, query row 0 of the last mask row set sees nothing
-    (as test_attention_splitkv_emu.py's)."""
+    """cuda_emu.attention_padding_mask, and the triangle kinds: the causal triangle
+    (bottom-right) in a boolean padding mask, a row in the padding seeing itself
+    (transformers un-masks such rows); triangle+: query row 0 sees the last key too;
+    triangle-pad: entry e padded by 150 e keys."""
+    if not kind.startswith("triangle"):
+        return cuda_emu.attention_padding_mask(rng, b, h, lq, lk, kind, layout, hide_row)
     shape = (b if layout[0] else 1, h if layout[1] else 1, lq, lk)
     seen = padding_mask(rng, shape, lk // 4 + 3)
-    if kind.startswith("triangle"):   # causal, bottom-right; a row in the padding sees
-        i = np.arange(lq)[:, None] + (lk - lq)     # itself (transformers un-masks such rows)
-        j = np.arange(lk)[None, :]
-        if kind == "triangle-pad":      # entry b padded by 150 b keys
-            seen = np.stack([(j >= 150 * e)[None] for e in range(shape[0])])
-        seen = (seen & (j <= i)) | (j == i)
-        if kind == "triangle+":
-            seen[..., 0, -1] = True
-        return seen
-    if hide_row:
-        seen[-1, :, 0, :] = False
-    if kind == "bool":
-        return seen
-    hidden = -np.inf if kind == "add" else np.finfo(np.float16).min
-    return np.where(seen, 0.0, hidden).astype(np.float16)
+    i = np.arange(lq)[:, None] + (lk - lq)
+    j = np.arange(lk)[None, :]
+    if kind == "triangle-pad":
+        seen = np.stack([(j >= 150 * e)[None] for e in range(shape[0])])
+    seen = (seen & (j <= i)) | (j == i)
+    if kind == "triangle+":
+        seen[..., 0, -1] = True
+    return seen
 
 
 @pytest.mark.skipif(not cuda_emu.available(), reason="g++ is not installed")

@@ -19,6 +19,10 @@ tests/cpu/test_attention_splitkv_emu.py.)
 
 from __future__ import annotations
 
+import functools
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -27,6 +31,9 @@ from adaptive.ops import get_op
 from adaptive.ops.attention import padding_mask
 from adaptive.variants import builtin_folder, load_manifest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attention_checks  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 NAME = "splitkv_mma"
@@ -34,10 +41,9 @@ NAMES = (NAME, "splitkv2_mma")
 VARIANTS = {v.name: v for v in load_manifest(builtin_folder() / "attention" / "manifest.toml")
             if v.name in NAMES}
 ALL_CONFIGS = [(name, c) for name in NAMES for c in VARIANTS[name].space.configs(SM90)]
-
-
-def _label(config: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in config.items())
+_label, _inputs = attention_checks.label, attention_checks.inputs
+_run = functools.partial(attention_checks.run, name=NAME)       # name=: another variant
+_check = functools.partial(attention_checks.check, name=NAME)
 
 
 @pytest.fixture(scope="module")
@@ -46,57 +52,11 @@ def dispatcher():
     return Dispatcher(backend="cuda")
 
 
-def _inputs(cp, rng, dtype, b, h, hkv, lq, lk, d, magnitude=1.0):
-    q = rng.standard_normal((b, h, lq, d)) * magnitude
-    k = rng.standard_normal((b, hkv, lk, d)) * magnitude
-    v = rng.standard_normal((b, hkv, lk, d))
-    if dtype == "bfloat16":
-        import torch
-        dev = [torch.from_numpy(x.astype(np.float32)).cuda().to(torch.bfloat16)
-               for x in (q, k, v)]
-        host = [t.double().cpu().numpy() for t in dev]
-    else:
-        dev = [cp.asarray(x.astype(dtype)) for x in (q, k, v)]
-        host = [x.astype(dtype).astype(np.float64) for x in (q, k, v)]
-    return dev, host
-
-
 def _fitting(dev, causal, scale=None, name=NAME):
     problem = get_op("attention").problem(tuple(dev), {"causal": causal, "scale": scale})
     scope = problem.scope()
     variant = VARIANTS[name]
     return [c for c in variant.space.configs(SM90) if variant.fits(scope, c)]
-
-
-def _run(dispatcher, cp, config, dtype, dev, causal, scale=None, name=NAME):
-    """The result of one run (float64 NumPy), NaN-poisoned out."""
-    shape = tuple(dev[0].shape)
-    if dtype == "bfloat16":
-        import torch
-        out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-        dispatcher.launch("attention", *dev, out=out, variant=name, config=config,
-                          causal=causal, scale=scale)
-        torch.cuda.synchronize()
-        return out.double().cpu().numpy()
-    out = cp.full(shape, np.nan, dtype)
-    dispatcher.launch("attention", *dev, out=out, variant=name, config=config, causal=causal,
-                      scale=scale)
-    cp.cuda.Device().synchronize()
-    return cp.asnumpy(out).astype(np.float64)
-
-
-def _check(dispatcher, cp, config, dtype, dev, host, causal, scale=None, what="", name=NAME):
-    op = get_op("attention")
-    ref = op.reference(*host, causal=causal, scale=scale)
-    first = _run(dispatcher, cp, config, dtype, dev, causal, scale, name)
-    label = f"{name}[{_label(config)}] {dtype} causal={causal} {what}"
-    assert np.isfinite(first).all(), f"{label}: NaN/Inf in the output (unwritten or 0/0)"
-    err = op.error(first, ref)
-    assert err < op.tolerance[dtype], f"{label}: rel. error {err:.3g}"
-    worst = np.abs(first - ref).max() / max(np.abs(ref).max(), 1e-30)
-    assert worst < 8 * op.tolerance[dtype], f"{label}: worst element off by {worst:.3g}"
-    second = _run(dispatcher, cp, config, dtype, dev, causal, scale, name)
-    assert np.array_equal(first, second), f"{label}: a second run on the same input differs"
 
 
 @pytest.mark.parametrize("name,config", ALL_CONFIGS,

@@ -16,14 +16,18 @@ columns).
 
 from __future__ import annotations
 
+import functools
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from adaptive.limits import SM90
-from adaptive.ops import get_op
 from adaptive.variants import builtin_folder, load_manifest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attention_checks  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -33,62 +37,14 @@ NAME = "flash_wgmma"
 CONFIGS = VARIANT.space.configs(SM90)
 PLAIN = [c for c in CONFIGS if not c["MASKED"]]     # the configs of inputs without a mask
 MASKED = [c for c in CONFIGS if c["MASKED"]]
-
-
-def _label(config: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in config.items())
+_label, _inputs = attention_checks.label, attention_checks.inputs
+_check = functools.partial(attention_checks.check, name=NAME)
 
 
 @pytest.fixture(scope="module")
 def dispatcher():
     from adaptive.dispatch import Dispatcher
     return Dispatcher(backend="cuda")
-
-
-def _inputs(cp, rng, dtype, b, h, lq, lk, d, magnitude=1.0, hkv=None):
-    hkv = h if hkv is None else hkv
-    q = rng.standard_normal((b, h, lq, d)) * magnitude
-    k = rng.standard_normal((b, hkv, lk, d)) * magnitude
-    v = rng.standard_normal((b, hkv, lk, d))
-    if dtype == "bfloat16":
-        import torch
-        dev = [torch.from_numpy(x.astype(np.float32)).cuda().to(torch.bfloat16)
-               for x in (q, k, v)]
-        host = [t.double().cpu().numpy() for t in dev]
-    else:
-        dev = [cp.asarray(x.astype(dtype)) for x in (q, k, v)]
-        host = [x.astype(dtype).astype(np.float64) for x in (q, k, v)]
-    return dev, host
-
-
-def _run(dispatcher, cp, config, dtype, dev, causal, scale):
-    shape = tuple(dev[0].shape)     # dev: q, k, v[, mask]
-    if dtype == "bfloat16":
-        import torch
-        out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
-        dispatcher.launch("attention", *dev, out=out, variant=NAME, config=config,
-                          causal=causal, scale=scale)
-        torch.cuda.synchronize()
-        return out.double().cpu().numpy()
-    out = cp.full(shape, np.nan, dtype)
-    dispatcher.launch("attention", *dev, out=out, variant=NAME, config=config, causal=causal,
-                      scale=scale)
-    cp.cuda.Device().synchronize()
-    return cp.asnumpy(out).astype(np.float64)
-
-
-def _check(dispatcher, cp, config, dtype, dev, host, causal, scale=None, what=""):
-    op = get_op("attention")     # host: q, k, v[, mask] as float64 (the mask as given)
-    ref = op.reference(*host, causal=causal, scale=scale)
-    first = _run(dispatcher, cp, config, dtype, dev, causal, scale)
-    label = f"{NAME}[{_label(config)}] {dtype} causal={causal} {what}"
-    assert np.isfinite(first).all(), f"{label}: NaN/Inf in the output (unwritten or 0/0)"
-    err = op.error(first, ref)
-    assert err < op.tolerance[dtype], f"{label}: rel. error {err:.3g}"
-    worst = np.abs(first - ref).max() / max(np.abs(ref).max(), 1e-30)
-    assert worst < 8 * op.tolerance[dtype], f"{label}: worst element off by {worst:.3g}"
-    second = _run(dispatcher, cp, config, dtype, dev, causal, scale)
-    assert np.array_equal(first, second), f"{label}: a second run on the same input differs"
 
 
 def test_the_device_is_the_variants():
@@ -104,7 +60,7 @@ def test_every_config(dispatcher, cp, rng, config):
     for (b, h, hkv, lq, lk, causal) in ((1, 4, 4, 1000, 1000, True), (2, 3, 3, 200, 777, True),
                                         (1, 2, 2, 333, 4097, False), (2, 2, 2, 1, 65, True),
                                         (2, 8, 2, 300, 300, True)):
-        dev, host = _inputs(cp, rng, "float16", b, h, lq, lk, d, hkv=hkv)
+        dev, host = _inputs(cp, rng, "float16", b, h, hkv, lq, lk, d)
         _check(dispatcher, cp, config, "float16", dev, host, causal,
                what=f"B={b} H={h} Hkv={hkv} Lq={lq} Lk={lk}")
 
@@ -118,7 +74,7 @@ def test_shapes(dispatcher, cp, rng, lq, lk, causal):
     i = SHAPES.index((lq, lk))
     dtype = ("float16", "bfloat16")[(i + causal) % 2]
     d = (64, 128)[i % 2]
-    dev, host = _inputs(cp, rng, dtype, 2, 2, lq, lk, d)
+    dev, host = _inputs(cp, rng, dtype, 2, 2, 2, lq, lk, d)
     fitting = [c for c in PLAIN if c["HD"] == d]
     config = fitting[(i + causal) % len(fitting)]
     _check(dispatcher, cp, config, dtype, dev, host, causal, what=f"Lq={lq} Lk={lk}")
@@ -128,7 +84,7 @@ def test_shapes(dispatcher, cp, rng, lq, lk, causal):
                                     + c["PIPE"] * 8192 == 16384],
                          ids=lambda c: _label(c))
 def test_large_logits_and_a_negative_scale(dispatcher, cp, rng, config):
-    dev, host = _inputs(cp, rng, "float16", 1, 2, 300, 300, config["HD"], magnitude=20.0)
+    dev, host = _inputs(cp, rng, "float16", 1, 2, 2, 300, 300, config["HD"], magnitude=20.0)
     _check(dispatcher, cp, config, "float16", dev, host, True, scale=0.05, what="logits x20")
     _check(dispatcher, cp, config, "float16", dev, host, True, scale=-0.05,
            what="a negative scale")
@@ -149,7 +105,7 @@ def test_every_masked_config(dispatcher, cp, rng, config):
             (1, 2, 1, 129, 200, True, "min", 0, 0, "float16"),
             (2, 2, 2, 256, 256, True, "bool", 1, 0, "bfloat16"),
             (2, 8, 2, 400, 400, False, "triangle", 1, 0, "float16"))):
-        dev, host = _inputs(cp, rng, dtype, b, h, lq, lk, d, hkv=hkv,
+        dev, host = _inputs(cp, rng, dtype, b, h, hkv, lq, lk, d,
                             magnitude=20.0 if kind == "min" else 1.0)
         seen = padding_mask(rng, (b if per_batch else 1, h if per_head else 1, lq, lk),
                             lk // 4 + 3)
