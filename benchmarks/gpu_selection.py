@@ -35,7 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learned", action="append", default=[], metavar="NAME=VALUE",
                         help="a keyword argument of every live learned policy (a number "
                              "or None), e.g. --learned race_ratio=1.5; repeatable")
+    parser.add_argument("--plot", default=None, metavar="IMAGE",
+                        help="also draw steady/oracle, tuning runs and first result per "
+                             "stream into IMAGE (needs matplotlib)")
+    parser.add_argument("--from-json", default=None, metavar="FILE",
+                        help="run nothing: print and draw (--plot) the run saved in FILE, "
+                             "a gpu_selection.json (on any machine)")
     args = parser.parse_args(argv)
+    if args.plot is not None:
+        from adaptive import plots
+        plots.check_output(args.plot)       # before the run, not after it
+    if args.from_json is not None:
+        from adaptive.bench.selection import SelectionReport
+        report = SelectionReport.from_dict(json.loads(Path(args.from_json).read_text()))
+        print(report)
+        if args.plot is not None:
+            plots.save(plots.bench_figure(selection=report)[0], args.plot)
+            print(f"wrote {args.plot}")
+        return 0
     from adaptive.bench import policy_argument
     learned = {}
     for item in args.learned:
@@ -72,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     os.replace(tmp, out / "gpu_selection.json")
     print("\nselection targets (issues 5 and 7), this run:")
     print(report.targets_table())
+    if args.plot is not None:
+        plots.save(plots.bench_figure(selection=report)[0], args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -493,6 +493,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--table-batch", type=int, default=None, metavar="N",
                         help="the mixed table on a device: calls back to back per timed "
                         f"round (default {BATCH})")
+    parser.add_argument("--plot", default=None, metavar="IMAGE",
+                        help="also draw the results (selection: steady/oracle, tuning runs, "
+                        "first result per stream; the mixed table) into IMAGE (.png, .svg, "
+                        "...; needs matplotlib, the [plot] extra)")
 
 
 def parse_ops(text: str) -> list[str] | None:
@@ -512,6 +516,12 @@ def parse_ops(text: str) -> list[str] | None:
 def run(args) -> int:
     from adaptive.backends import get_backend, resolve_name
     ops = parse_ops(args.ops)
+    if args.plot is not None:
+        if args.mode == "overhead":
+            raise InputValueError("--plot: the overhead benchmark draws no figure; plot "
+                                  "'all', 'selection' or 'mixed'")
+        from adaptive import plots
+        plots.check_output(args.plot)   # a name it cannot write is said now, not after the run
     backend = resolve_name(args.backend)
     get_backend(backend)   # an unavailable backend is said now, in one line, not mid-run
     print(f"adaptive bench: backend={backend} quick={args.quick} seed={args.seed}", flush=True)
@@ -521,6 +531,7 @@ def run(args) -> int:
 
 def _run(args, backend: str, ops: list[str] | None) -> int:
     verdicts: list[str] = []
+    report = reports = None
     if args.mode in ("all", "selection"):
         doing("selection benchmark")
         try:
@@ -559,6 +570,10 @@ def _run(args, backend: str, ops: list[str] | None) -> int:
                   " issuing included; median over rounds, the ways interleaved)")
             print(walls)
         verdicts += mixed_verdicts(reports) + wall_verdicts(reports)
+    if args.plot is not None:
+        from adaptive import plots
+        plots.save(plots.bench_figure(selection=report, mixed=reports)[0], args.plot)
+        print(f"\nwrote {args.plot}")
     if verdicts:
         print("\ndid adaptive beat the best fixed choice? (steady state, per stream)")
         print("\n".join(verdicts))

@@ -273,6 +273,27 @@ class SelectionReport:
     shipped: str = ""            # the shipped pack for this device ("" where none)
     learned: dict = dataclasses.field(default_factory=dict)   # the live Learned's arguments
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SelectionReport:
+        """The report ``dataclasses.asdict`` wrote (``gpu_selection.json``), read back: its
+        tables, verdicts, targets and figure come out as the run's did."""
+        from adaptive.policy.cost_model import Accuracy
+        def known(klass, d):
+            names = {f.name for f in dataclasses.fields(klass)}
+            return {k: v for k, v in d.items() if k in names}
+
+        def result(d):
+            r = PolicyResult(**known(PolicyResult, d))
+            r.off_thread = tuple(r.off_thread)
+            return r
+        streams = [StreamReport(**{**known(StreamReport, s),
+                                   "results": [result(r) for r in s["results"]]})
+                   for s in data["streams"]]
+        accuracy = data["accuracy"]
+        if isinstance(accuracy, dict):
+            accuracy = Accuracy(**known(Accuracy, accuracy))
+        return cls(**{**known(cls, data), "streams": streams, "accuracy": accuracy})
+
     def result(self, stream: str, policy: str) -> PolicyResult:
         """The live result of ``policy`` on ``stream`` where there is one, else the replayed."""
         s = next(s for s in self.streams if s.stream == stream)

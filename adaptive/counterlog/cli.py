@@ -16,13 +16,12 @@ import os
 import sys
 from collections.abc import Iterable
 
+from adaptive import plots
 from adaptive.counterlog import CounterLogError, LogContents, ReadStats, iter_log, read_log
 from adaptive.counterlog.export import (DEVICE_COLUMNS, FORMATS, write_csv, write_parquet,
                                         write_trace)
 
 CSV_DEVICE_FIELDS = DEVICE_COLUMNS
-# what matplotlib's Agg canvas writes (checked before any work)
-PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plot = sub.add_parser("plot", help="plot times against size and device state over time")
     plot.add_argument("file")
     plot.add_argument("-o", "--output", required=True,
-                      help=f"image file ({', '.join('.' + e for e in PLOT_FORMATS)})")
+                      help=f"image file ({', '.join('.' + e for e in plots.FORMATS)})")
     export = sub.add_parser("export", help="export records as CSV, Parquet or a Perfetto trace")
     export.add_argument("file")
     export.add_argument("--format", choices=FORMATS, default=None,
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     name = f"adaptive log {args.action}"
     try:
         if args.action == "plot":
-            check_plot_output(args.output)
+            plots.check_output(args.output)
         if args.action == "export":
             return _export(args, name)
         if args.action == "show":                  # streamed: any size of log
@@ -172,27 +171,11 @@ def _summary_text(rows: list[dict], stats: ReadStats) -> str:
 
 # ---- plot ---------------------------------------------------------------------------------
 
-def check_plot_output(path: str) -> None:
-    """Refuse an image name matplotlib cannot write, and a missing matplotlib, in one line."""
-    ext = os.path.splitext(path)[1].lower().lstrip(".")
-    if ext not in PLOT_FORMATS:
-        raise ValueError(f"cannot write a plot to {path!r}: the extension "
-                         f"{'.' + ext if ext else '(none)'} is not a supported image format; "
-                         f"use one of {', '.join('.' + e for e in PLOT_FORMATS)}")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise ImportError("plotting needs matplotlib: pip install 'adaptive-dispatch[plot]'"
-                          ) from None
-
-
 def plot(contents: LogContents, path: str) -> None:
     """Time against problem size (bytes moved) coloured by variant, one panel per op; and
     SM clock, power and utilisation over time when the log has device state."""
-    check_plot_output(path)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plots.check_output(path)
+    plt = plots.pyplot()
 
     records = contents.records
     if not records:

@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--folds", type=int, default=10,
                    help="held-out folds of inputs, one model fitted per fold (0: one input "
                         "held out at a time, a fit per input; slow)")
+    r.add_argument("--plot", default=None, metavar="IMAGE",
+                   help="also draw each held-out input's committed/best per op into IMAGE "
+                        "(.png, .svg, ...; needs matplotlib, the [plot] extra)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,15 +110,23 @@ def _replay(args) -> int:
     from adaptive.packs.build import Progress
     from adaptive.bench.replay import replay_setups
     ops = [o for o in args.ops.split(",") if o] or None
+    if args.plot is not None:
+        from adaptive import plots
+        plots.check_output(args.plot)   # a name it cannot write is said before the replay
     bar = None
 
     def step(done: int, total: int) -> None:
         nonlocal bar
         bar = bar or Progress(total)
         bar.update("replay, held out by input")
+    reports = []
     for report in replay_setups(args.pack, (False, True), ops=ops, folds=args.folds,
                                 progress=None if args.no_progress else step):
         print(report)
+        reports.append(report)
+    if args.plot is not None:
+        plots.save(plots.replay_figure(reports)[0], args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

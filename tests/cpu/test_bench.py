@@ -219,10 +219,14 @@ def test_overhead_is_measured():
     assert o["variant"].startswith("host_blas")
 
 
-def test_cli_runs(capsys):
-    assert cli.main(["bench", "mixed", "--quick", "--backend", "host", "--ops", "softmax"]) == 0
+def test_cli_runs(capsys, tmp_path):
+    figure = tmp_path / "mixed.svg"
+    assert cli.main(["bench", "mixed", "--quick", "--backend", "host", "--ops", "softmax",
+                     "--plot", str(figure)]) == 0
     out = capsys.readouterr().out
     assert "mixed workload" in out and "softmax" in out
+    assert f"wrote {figure}" in out     # drawn after the table (tests/cpu/test_plots.py)
+    assert figure.read_text().lstrip().startswith("<?xml") and "softmax" in figure.read_text()
     # the job ends with the verdict per op (on the host, the table's prices only: the
     # stream is run whole on a device)
     last = out.rstrip().splitlines()[-1]

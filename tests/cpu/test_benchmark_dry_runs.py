@@ -165,6 +165,16 @@ def test_gpu_selection_dry_run_writes_its_report(tmp_path, monkeypatch, capsys,
     with pytest.raises(SystemExit):
         gpu_selection.main(["--learned", "race_ratio"])
     assert "expected NAME=VALUE, e.g. race_ratio=1.5" in capsys.readouterr().err
+    # the saved run, read back on any machine: the same report, verdicts and figure
+    pytest.importorskip("matplotlib")
+    figure = tmp_path / "selection.png"
+    assert gpu_selection.main(["--from-json", str(tmp_path / "gpu_selection.json"),
+                               "--plot", str(figure)]) == 0
+    assert len(asked) == 2                                   # nothing run again
+    again = capsys.readouterr().out
+    assert again.splitlines()[:-1] == str(quick_selection_report).splitlines()
+    assert again.splitlines()[-1] == f"wrote {figure}"
+    assert figure.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_gpu_spmm_attention_targets_are_computed_from_a_result():

@@ -188,6 +188,8 @@ def test_plot_errors_are_one_line(big_log, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ".xyz is not a supported image format" in err
     assert ".png" in err and ".svg" in err and ".pdf" in err
+    from adaptive import optional
+    monkeypatch.setattr(optional, "_failed", {})   # the failed import it remembers, undone after
     monkeypatch.setitem(sys.modules, "matplotlib", None)      # the [plot] extra absent
     assert main(["log", "plot", str(big_log), "-o", str(tmp_path / "run.png")]) == 1
     err = capsys.readouterr().err

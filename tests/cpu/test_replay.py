@@ -75,8 +75,9 @@ def test_anchors_land_at_least_as_close_to_the_best(background):
     assert with_.geomean_ratio() <= 1.05, str(with_)
 
 
-def test_cli_prints_both_set_ups(attention, monkeypatch, capsys):
-    """On the fixture's reports: the same replay (attention, two folds), not fitted twice."""
+def test_cli_prints_both_set_ups(attention, monkeypatch, capsys, tmp_path):
+    """On the fixture's reports: the same replay (attention, two folds), not fitted twice;
+    and drawn (--plot: each held-out input's committed/best, both set-ups)."""
     import adaptive.bench.replay
     asked = []
 
@@ -84,12 +85,17 @@ def test_cli_prints_both_set_ups(attention, monkeypatch, capsys):
         asked.append((pack, tuple(setups), ops, folds, progress))
         return [attention[s] for s in setups]
     monkeypatch.setattr(adaptive.bench.replay, "replay_setups", replay_setups)
+    figure = tmp_path / "replay.png"
     assert cli.main(["pack", "replay", H200, "--ops", "attention", "--no-progress",
-                     "--folds", "2"]) == 0
+                     "--folds", "2", "--plot", str(figure)]) == 0
     assert asked == [(H200, (False, True), ["attention"], 2, None)]
     out = capsys.readouterr().out
     assert "2 folds by input" in out
     assert "model picks only (no anchors)" in out and "\nlearned: committed/best" in out
+    assert f"wrote {figure}" in out and figure.read_bytes()[:4] == b"\x89PNG"
+    asked.clear()
+    assert cli.main(["pack", "replay", H200, "--plot", str(tmp_path / "replay.csv")]) == 2
+    assert asked == [] and ".csv is not a supported image format" in capsys.readouterr().err
 
 
 def test_a_packs_variants_decide_with_the_registered_baseline():
