@@ -49,6 +49,7 @@ class ReplayReport:
     variant: str            # which policy set-up (with or without anchors)
     cases: tuple[Case, ...]
     folds: int = 0          # inputs split into this many folds (0: one input held out at a time)
+    fold_seed: int = 0      # the seed that dealt them (fold_of)
 
     def _of(self, op: str | None) -> list[Case]:
         return [c for c in self.cases if op is None or c.op == op]
@@ -98,6 +99,8 @@ class ReplayReport:
         explored = statistics.fmean(c.explored for c in self.cases) if self.cases else 0
         worst = max(self.cases, key=lambda c: c.ratio, default=None)
         held = f"{self.folds} folds by input" if self.folds else "one input held out at a time"
+        if self.folds and self.fold_seed:
+            held += f", dealt with seed {self.fold_seed}"
         text = (f"{self.variant}: committed/best geomean {self.geomean_ratio():.3f}; within 5% "
                 f"on {self.within():.0%} of {len(self.cases)} inputs ({held}); "
                 f"{explored:.1f} candidates explored per input")
@@ -191,7 +194,7 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
                   ops: Sequence[str] | None = None,
                   progress: Callable[[int, int], None] | None = None, folds: int = 10,
                   held_inputs: int | None = None, noise: tuple[float, float] | None = None,
-                  **policy_args) -> list[ReplayReport]:
+                  fold_seed: int = 0, **policy_args) -> list[ReplayReport]:
     """Replay the learned policy on a pack's rows, held out by input, for each set-up
     (``True``: with anchors; ``False``: the model's picks only).
 
@@ -200,7 +203,9 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     by every set-up and every input of the fold, so a whole op replays in seconds. An input
     never trains the model that decides it; the rows of an input are never split.
     ``held_inputs``: hold out only this many inputs (a seeded draw; a quick check), the
-    rest always train.
+    rest always train. ``fold_seed``: how the inputs are dealt into the folds
+    (:func:`fold_of`); another seed deals them otherwise, and the spread over seeds is
+    how much a figure owes to the dealing.
 
     ``noise``: ``(sigma, outliers)``: each explored sample is the pack's time times a
     log-normal factor of ``sigma``, and with probability ``outliers`` times a further 1.5-3x
@@ -224,7 +229,7 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
         held = sorted(held)
         random.Random(1).shuffle(held)
         held = held[:held_inputs]
-    fold = fold_of(held, folds)
+    fold = fold_of(held, folds, fold_seed)
     ts = training_set(rows, geometry=lambda r: row_geometry(variants[(r.op, r.variant)], r,
                                                              limits))
     cases: dict[bool, list[Case]] = {s: [] for s in setups}
@@ -253,7 +258,8 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
                 progress(done, len(held))
     names = {True: "learned", False: "learned, model picks only (no anchors)"}
     n_folds = 0 if len(set(fold.values())) == len(held) else folds
-    return [ReplayReport(str(pack_path), names[s], tuple(cases[s]), n_folds) for s in setups]
+    return [ReplayReport(str(pack_path), names[s], tuple(cases[s]), n_folds, fold_seed)
+            for s in setups]
 
 
 def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveModel,

@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--folds", type=int, default=10,
                    help="held-out folds of inputs, one model fitted per fold (0: one input "
                         "held out at a time, a fit per input; slow)")
+    r.add_argument("--fold-seed", type=int, default=0, metavar="S",
+                   help="deal the inputs into the folds with this seed (default 0): the "
+                        "spread over seeds is what a figure owes to the dealing")
     r.add_argument("--plot", default=None, metavar="IMAGE",
                    help="also draw each held-out input's committed/best per op into IMAGE "
                         "(.png, .svg, ...; needs matplotlib, the [plot] extra)")
@@ -121,7 +124,8 @@ def _replay(args) -> int:
         bar.update("replay, held out by input")
     reports = []
     for report in replay_setups(args.pack, (False, True), ops=ops, folds=args.folds,
-                                progress=None if args.no_progress else step):
+                                progress=None if args.no_progress else step,
+                                fold_seed=args.fold_seed):
         print(report)
         reports.append(report)
     if args.plot is not None:

@@ -361,3 +361,35 @@ def test_the_headline_compares_adaptive_with_the_better_plain_pytorch_way():
                                         "static+graphs", "adaptive+graphs"])) == [
         ("adaptive", "torch"), ("static+graphs", "torch+graphs"),
         ("adaptive+graphs", "torch+graphs")]
+
+
+def test_the_knobs_replay_sums_each_setting_over_the_dealings_it_is_given(monkeypatch, capsys):
+    """cpu_replay_knobs --fold-seeds: one replay per seed and setting, each row the mean
+    over the dealings with the least within 5% beside it and the largest worst."""
+    sys.path.insert(0, str(ROOT))
+    import adaptive.bench.replay as replay
+    from adaptive.bench.replay import Case, ReplayReport
+    from benchmarks import cpu_replay_knobs
+    asked = []
+
+    def fake(pack, ops=None, folds=10, noise=None, fold_seed=0, **knobs):
+        asked.append((ops, folds, noise, fold_seed, knobs))
+        ratios = {0: (1.0, 1.0, 1.2, 1.0), 1: (1.0, 1.1, 1.06, 1.0)}[fold_seed]
+        return ReplayReport(pack, "learned", tuple(
+            Case("spmm", "float16", {"N": i}, 10, 3, "a", "b", r, samples=4)
+            for i, r in enumerate(ratios)), folds, fold_seed)
+    monkeypatch.setattr(replay, "replay", fake)
+    assert cpu_replay_knobs.main(["--pack", "p", "--ops", "spmm", "--noise", "none",
+                                  "--fold-seeds", "0,1", "--set", "w:samples=2"]) == 0
+    assert asked == [(["spmm"], 10, None, 0, {}), (["spmm"], 10, None, 1, {}),
+                     (["spmm"], 10, None, 0, {"samples": 2}),
+                     (["spmm"], 10, None, 1, {"samples": 2})]
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()
+            if line.split()[:2] in (["default", "spmm"], ["w", "spmm"])]
+    geo = (1.2 ** 0.25 + (1.1 * 1.06) ** 0.25) / 2
+    for row in rows:        # within 5%: 75% and 50%; worst 1.20x; tuning 4 x 4 / (4 x 40)
+        assert row[2:] == ["4", f"{geo:.3f}", "62.5%", "(50%)", "1.20x", "10.0%"], row
+    assert len(rows) == 2
+    with pytest.raises(SystemExit):
+        cpu_replay_knobs.main(["--fold-seeds", "0,x"])
+    assert "expected whole numbers" in capsys.readouterr().err

@@ -1980,6 +1980,27 @@ def test_a_key_with_few_candidates_explores_a_fraction_of_them(rng, monkeypatch)
         Learned(LiveModel(background=False), explore_fraction=0)
 
 
+def test_a_key_with_many_candidates_explores_a_share_of_them(rng):
+    """explore_share: past max_explore on a key with many candidates (spmm's 116: 12 at
+    0.1), never fewer than the other rules give (max_explore 3 on 2 candidates: the cap
+    is 3, the share asks no more than the 2 there are); a cold decision explores that
+    many."""
+    share = Learned(LiveModel(background=False), explore_share=0.1)
+    assert [share._cap(n) for n in (2, 5, 12, 20, 84, 100, 116)] == [4, 4, 5, 8, 9, 10, 12]
+    tiny = Learned(LiveModel(background=False), explore_share=1.0, max_explore=3,
+                   explore_fraction=None)
+    assert [tiny._cap(n) for n in (2, 3, 7)] == [3, 3, 7]
+    ctx, cands, _ = softmax_context(rng)
+    wide = Learned(LiveModel(background=False), max_explore=2, min_explore=1,
+                   explore_fraction=None, explore_share=1.0)
+    d = wide.decide(ctx, cands)
+    assert len(d.explore) == len(cands) == wide.state(ctx.key).cap
+    for bad in (0, 1.5, "0.1"):
+        with pytest.raises(ValueError, match=r"explore_share must be a fraction in \(0, 1\] "
+                                             rf"or None, got {bad!r}"):
+            Learned(LiveModel(background=False), explore_share=bad)
+
+
 def _pack_rows(d, rng) -> list:
     """Softmax rows as a pack gives them: host_blocked[rows=32] 3x faster than the rest."""
     rows, op = [], OPS["softmax"]

@@ -49,6 +49,27 @@ def test_folds_hold_out_every_input_once():
     assert fold_of(keys, 3, seed=1) != three
 
 
+def test_the_fold_seed_deals_the_folds_and_the_report_names_it(small_pack, monkeypatch):
+    import adaptive.bench.replay as replay
+    from adaptive.bench.replay import Case, ReplayReport
+    dealt = []
+
+    class Dealt(Exception):
+        pass
+
+    def fold_of(keys, folds, seed=0):
+        dealt.append((folds, seed))
+        raise Dealt
+    monkeypatch.setattr(replay, "fold_of", fold_of)
+    with pytest.raises(Dealt):
+        replay.replay_setups(small_pack, (True,), ops=["attention"], folds=4, fold_seed=5)
+    assert dealt == [(4, 5)]
+    case = Case("gemm", "float16", {"M": 1}, 3, 2, "a", "a", 1.0)
+    assert "10 folds by input, dealt with seed 5" in str(ReplayReport("p", "learned", (case,),
+                                                                       10, 5))
+    assert "(10 folds by input)" in str(ReplayReport("p", "learned", (case,), 10, 0))
+
+
 def test_every_held_out_input_is_priced_from_its_own_measurements(attention, small_pack):
     from adaptive.packs.format import read_pack
     inputs = {(tuple(sorted(r.dims.items())), r.dtype, tuple(sorted(r.features.items())))
@@ -81,18 +102,21 @@ def test_cli_prints_both_set_ups(attention, monkeypatch, capsys, tmp_path):
     import adaptive.bench.replay
     asked = []
 
-    def replay_setups(pack, setups, ops=None, folds=10, progress=None):
-        asked.append((pack, tuple(setups), ops, folds, progress))
+    def replay_setups(pack, setups, ops=None, folds=10, progress=None, fold_seed=0):
+        asked.append((pack, tuple(setups), ops, folds, progress, fold_seed))
         return [attention[s] for s in setups]
     monkeypatch.setattr(adaptive.bench.replay, "replay_setups", replay_setups)
     figure = tmp_path / "replay.png"
     assert cli.main(["pack", "replay", H200, "--ops", "attention", "--no-progress",
                      "--folds", "2", "--plot", str(figure)]) == 0
-    assert asked == [(H200, (False, True), ["attention"], 2, None)]
+    assert asked == [(H200, (False, True), ["attention"], 2, None, 0)]
     out = capsys.readouterr().out
     assert "2 folds by input" in out
     assert "model picks only (no anchors)" in out and "\nlearned: committed/best" in out
     assert f"wrote {figure}" in out and figure.read_bytes()[:4] == b"\x89PNG"
+    asked.clear()
+    assert cli.main(["pack", "replay", H200, "--no-progress", "--fold-seed", "3"]) == 0
+    assert asked == [(H200, (False, True), None, 10, None, 3)]
     asked.clear()
     assert cli.main(["pack", "replay", H200, "--plot", str(tmp_path / "replay.csv")]) == 2
     assert asked == [] and ".csv is not a supported image format" in capsys.readouterr().err
