@@ -65,15 +65,13 @@ def selection_series(report) -> dict:
     policies = [p for p in SELECTION_POLICIES if p in ran]
     learned = [p for p in LEARNED if p in ran]
 
-    def each(policy, value):
-        return [value(report.result(s, policy), s) for s in streams]
-
     return {
         "streams": streams,
-        "steady/oracle": {p: each(p, lambda r, s: r.steady_ratio) for p in policies},
-        "tuning share": {p: each(p, lambda r, s: r.explored / max(
-            1, report.result(s, "autotune").explored)) for p in learned},
-        "first result ms": {p: each(p, lambda r, s: r.first_result_ms) for p in learned},
+        "steady/oracle": {p: [report.result(s, p).steady_ratio for s in streams]
+                          for p in policies},
+        "tuning share": {p: [report.tuning_share(s, p) for s in streams] for p in learned},
+        "first result ms": {p: [report.result(s, p).first_result_ms for s in streams]
+                            for p in learned},
     }
 
 

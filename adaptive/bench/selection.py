@@ -300,6 +300,12 @@ class SelectionReport:
         found = [r for r in s.results if r.policy == policy]
         return next((r for r in found if r.source == "live"), found[0])
 
+    def tuning_share(self, stream: str, policy: str) -> float:
+        """``policy``'s exploring runs on ``stream`` over exhaustive autotune's (its
+        "tuning runs", the bar: under 10%)."""
+        return (self.result(stream, policy).explored
+                / max(1, self.result(stream, "autotune").explored))
+
     def steady_ratio(self, policy: str) -> float:
         """Steady-state time of ``policy``'s choices over the oracle's, all streams together."""
         num = sum(self.result(s.stream, policy).steady_ratio * s.oracle_ms for s in self.streams)
@@ -323,9 +329,7 @@ class SelectionReport:
             firsts = [self.result(s.stream, p).first_result_ms for s in self.streams]
             out.append((f"{p}: first result of a new key under 5 ms (mean per stream)",
                         ", ".join(f"{t:.2f} ms" for t in firsts), max(firsts) < 5.0))
-            shares = [self.result(s.stream, p).explored
-                      / max(1, self.result(s.stream, "autotune").explored)
-                      for s in self.streams]
+            shares = [self.tuning_share(s.stream, p) for s in self.streams]
             out.append((f"{p}: tuning runs under 10% of exhaustive autotune's",
                         ", ".join(f"{x:.1%}" for x in shares), max(shares) < 0.10))
         if self.shipped:
