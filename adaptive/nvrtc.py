@@ -21,12 +21,12 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from adaptive import headers
-from adaptive.errors import CompileError
+from adaptive.errors import CompileError, UnknownNameError
 from adaptive.kcache import CachedKernel, KernelCache, kernel_key
 from adaptive.limits import SM90
 
@@ -323,13 +323,19 @@ def _job(args) -> tuple[bool, dict, str, float]:
 def check_all(registry, op: str | None = None, arch: str = DEFAULT_ARCH,
               cache_dir: str | None = None, workers: int = 2,
               on_result: Callable[[int, int], None] | None = None,
-              cover: bool = False) -> list[dict]:
-    """Compile every CUDA candidate (``cover``: only :func:`covering_jobs`); one result dict
-    per (variant, config, dtype). ``on_result(done, total)`` is called as each compile
-    finishes."""
+              cover: bool = False, variants: Sequence[str] = ()) -> list[dict]:
+    """Compile every CUDA candidate (``cover``: only :func:`covering_jobs`; ``variants``:
+    only these, named "op/name"); one result dict per (variant, config, dtype).
+    ``on_result(done, total)`` is called as each compile finishes."""
     from adaptive import config as cfg
     cache_dir = cache_dir or cfg.get().cache_dir
     jobs = covering_jobs(registry, op) if cover else list(cuda_jobs(registry, op))
+    if variants:
+        known = {f"{v.op}/{v.name}" for v, _, _ in cuda_jobs(registry)}
+        unknown = [n for n in variants if n not in known]
+        if unknown:
+            raise UnknownNameError("CUDA-language variant", unknown[0], sorted(known))
+        jobs = [j for j in jobs if f"{j[0].op}/{j[0].name}" in variants]
     payload = []
     for v, config, dtype in jobs:
         source = full_source(v.source, dtype, v.source_name or f"{v.name}.cu")
@@ -357,6 +363,10 @@ def check_all(registry, op: str | None = None, arch: str = DEFAULT_ARCH,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default=DEFAULT_ARCH, help="GPU arch (default sm_90)")
     parser.add_argument("--op", default=None, help="only this op's variants")
+    parser.add_argument("--variants", default="", metavar="OP/NAME,...",
+                        help="only these variants (comma-separated), e.g. "
+                             "attention/flash2_mma,attention/flash_wgmma: a kernel cache "
+                             "filled for a benchmark that runs them")
     parser.add_argument("--workers", type=int, default=2, help="compile processes")
     parser.add_argument("--verbose", "-v", action="store_true",
                         help="a line per compiled kernel (registers, shared memory, spills)")
@@ -378,9 +388,14 @@ def run(args: argparse.Namespace) -> int:
     from adaptive.progress import Heartbeat, doing
     with Heartbeat("adaptive nvrtc-check") if not args.quiet else contextlib.nullcontext():
         doing("finding the kernels")
-        results = check_all(shared_registry(), args.op, args.arch, workers=args.workers,
-                            on_result=lambda i, n: doing(f"compiled {i}/{n} kernels"),
-                            cover=args.cover)
+        names = tuple(n.strip() for n in args.variants.split(",") if n.strip())
+        try:
+            results = check_all(shared_registry(), args.op, args.arch, workers=args.workers,
+                                on_result=lambda i, n: doing(f"compiled {i}/{n} kernels"),
+                                cover=args.cover, variants=names)
+        except UnknownNameError as exc:
+            print(f"adaptive nvrtc-check: --variants: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         from adaptive.fileio import atomic_write
         atomic_write(args.json, json.dumps(results).encode(), durable=False)

@@ -8,6 +8,9 @@
 # reported, not fatal). Each flash variant's best config against SDPA is the line per input.
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
+# the probed kernels compiled first, 15 at a time (the probe compiles on its first launch of
+# each, one after another: the flash2 family's 48 would take much of its limit)
+nvrtc_variants 60 attention/flash2_mma,attention/flash2_pair_mma,attention/flash2_ksplit_mma,attention/flash_wgmma
 gpu_tests 170 tests/gpu/test_attention_wgmma_cuda.py
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12 | cut -c1-300
 probe 100 causal 0 benchmarks/probe_causal_prefill.py --reps 9

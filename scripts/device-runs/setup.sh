@@ -12,6 +12,14 @@ nvrtc_check() {
   echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
 }
 
+# the kernel cache filled for the named variants alone (comma-separated op/name; 15
+# workers), its last line printed (from run S155 on): nvrtc_variants TIMEOUT NAMES
+nvrtc_variants() {
+  local t0=$SECONDS
+  timeout "$1" python3 -m adaptive.cli nvrtc-check --workers 15 --quiet --variants "$2" > "$OUT/nvrtc.log" 2>&1
+  echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
+}
+
 # the kernel cache filled (nvrtc_check), then the shipped pack built into /tmp/packout with
 # DEADLINE seconds for its cases and copied to $OUT and adaptive/packs/:
 #   build_pack DEADLINE

@@ -234,3 +234,30 @@ def test_a_plan_has_one_workspace_per_stream():
     assert made == [(0, 64), (1234, 64), (99, 64)] and len(ws) == 3
     assert calls[0] is calls[1] is calls[3] and calls[2] is calls[4]
     assert calls[0] is not calls[2] and all(calls[5] is not c for c in (calls[0], calls[2]))
+
+
+def test_nvrtc_check_compiles_only_the_variants_named(monkeypatch, capsys, tmp_path):
+    """--variants: the kernel cache filled for a benchmark's variants alone (run S155's
+    probe: the flash kernels, not the decode kernels' 342); an unknown name is refused with
+    the nearest known one."""
+    from adaptive.cli import main
+    compiled = []
+
+    def job(payload):
+        compiled.append(payload[4])                 # the variant's name
+        return True, {}, "", 0.0
+    monkeypatch.setattr(nvrtc, "_job", job)
+    out = tmp_path / "r.json"
+    assert main(["nvrtc-check", "--quiet", "--workers", "1", "--json", str(out),
+                 "--variants", "spmm/bsr64_simt, spmm/bsr32_grouped_splitk_mma"]) == 0
+    expected = [j for j in nvrtc.cuda_jobs(_registry())
+                if j[0].name in ("bsr64_simt", "bsr32_grouped_splitk_mma")]
+    assert sorted(compiled) == sorted(v.name for v, _, _ in expected) and len(compiled) > 4
+    assert f"{len(expected)}/{len(expected)} compiled" in capsys.readouterr().out
+    assert {(r["variant"], r["dtype"]) for r in json.loads(out.read_text())} == {
+        (v.name, d) for v, _, d in expected}
+    compiled.clear()
+    assert main(["nvrtc-check", "--workers", "1", "--variants", "spmm/bsr64_simd"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown CUDA-language variant 'spmm/bsr64_simd'; did you mean 'spmm/bsr64_simt'" \
+        in err and compiled == []
