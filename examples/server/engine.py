@@ -79,7 +79,9 @@ class StackSampler:
     waits as its top entries.
 
     :meth:`start` on the thread to watch (or give its ident); :meth:`stop` returns the
-    busiest stacks, most first, as "ms (share%) innermost < caller < ..."."""
+    busiest stacks, most first, as "ms (share%) innermost < caller < ...", charged no time
+    past ``until`` (samples taken between that moment and the stop, as a loaded host lets
+    in, are trimmed back to it)."""
 
     def __init__(self, interval_s: float = 0.002, depth: int = 4):
         self.interval_s, self.depth = interval_s, depth
@@ -88,20 +90,31 @@ class StackSampler:
         self._seen: collections.Counter = collections.Counter()   # stack -> seconds
         self._target = 0
         self._last = 0.0
+        # the latest samples' (stack, charged from, to): what stop(until=) trims back (64:
+        # over 100 ms of samples at the default interval; a loaded host let 2 ms in, CI)
+        self._recent: collections.deque = collections.deque(maxlen=64)
         threading.Thread(target=self._run, name="stack-sampler", daemon=True).start()
 
     def start(self, thread_id: int | None = None) -> None:
         with self._lock:
             self._seen = collections.Counter()
+            self._recent.clear()
             self._target = thread_id or threading.get_ident()
             self._last = time.perf_counter()
         self._on.set()
 
-    def stop(self, n: int = 5) -> list[str]:
+    def stop(self, n: int = 5, until: float | None = None) -> list[str]:
+        """The ``n`` busiest stacks; ``until``: a ``time.perf_counter()`` reading the
+        samples are charged no time past."""
         self._on.clear()
         with self._lock:
             seen, self._seen = self._seen, collections.Counter()
-        total = sum(seen.values())
+            if until is not None:
+                for stack, t_from, t_to in self._recent:
+                    if t_to > until:
+                        seen[stack] -= t_to - max(t_from, until)
+        seen = +seen                          # a stack trimmed to nothing is left out
+        total = sum(seen.values()) or 1.0
         return [f"{s * 1e3:.1f} ms ({100 * s / total:.0f}%) {stack}"
                 for stack, s in seen.most_common(n)]
 
@@ -124,7 +137,9 @@ class StackSampler:
                     if collecting:
                         gc.enable()
                 if frame is not None:
-                    self._seen[_stack(frame, self.depth)] += now - self._last
+                    stack = _stack(frame, self.depth)
+                    self._seen[stack] += now - self._last
+                    self._recent.append((stack, self._last, now))
                 self._last = now
 
 
@@ -306,7 +321,7 @@ class Engine:
                 if len(marks) == 1:
                     cpu_first[:] = [time.thread_time() - cpu0, time.process_time() - proc0,
                                     GC_CLOCK.total_s - gc0]
-                    stacks[:] = self._sampler.stop()
+                    stacks[:] = self._sampler.stop(until=marks[0])
             counts[row] += 1
             try:
                 live[row] = bool(batch[row].on_token(token))

@@ -760,6 +760,26 @@ def test_the_engine_logs_each_batchs_wait_first_tokens_and_steps():
     assert before <= b["start_s"] <= b["end_s"] and engine.batches(since=b["end_s"] + 1) == []
 
 
+def test_a_stopped_sampler_charges_no_time_past_the_moment_given():
+    """StackSampler.stop(until=): the samples taken after ``until`` (here 60 ms of them,
+    as a loaded host lets in between the first token and the stop) are trimmed back, so
+    the stacks account for no more than the window; without ``until`` they are kept."""
+    sampler = engine_mod.StackSampler(interval_s=0.002)
+    for trim in (True, False):
+        sampler.start()
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        until = time.perf_counter()
+        time.sleep(0.06)
+        stacks = sampler.stop(until=until if trim else None)
+        charged_ms = sum(float(line.split(" ms ")[0]) for line in stacks)
+        window_ms = (until - t0) * 1e3
+        if trim:
+            assert 0.5 * window_ms <= charged_ms <= window_ms + 0.5, (charged_ms, stacks)
+        else:
+            assert charged_ms >= window_ms + 5, (charged_ms, stacks)   # the 60 ms after
+
+
 def test_engine_call_runs_on_the_serving_thread_between_batches():
     """``Engine.call`` runs a function on the worker thread (where torch keeps its
     per-thread cuDNN graphs) and returns its result or raises its error; a call queued
