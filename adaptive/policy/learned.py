@@ -265,6 +265,13 @@ class Neighbours:
         return sum(len(v) for v in self._by.values())
 
 
+def _fraction_or_none(name: str, value):
+    """``value`` if it is None or a fraction in (0, 1], else a ValueError naming ``name``."""
+    if value is not None and not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise ValueError(f"{name} must be a fraction in (0, 1] or None, got {value!r}")
+    return value
+
+
 class Learned(BasePolicy):
     """Choose with a learned cost model; explore only where the model is unsure.
 
@@ -438,16 +445,8 @@ class Learned(BasePolicy):
             raise ValueError(f"widen_margin must be a fraction >= 0 or None, got "
                              f"{widen_margin!r}")
         self.widen_margin = widen_margin
-        if explore_share is not None and not (isinstance(explore_share, (int, float))
-                                              and 0 < explore_share <= 1):
-            raise ValueError(f"explore_share must be a fraction in (0, 1] or None, got "
-                             f"{explore_share!r}")
-        self.explore_share = explore_share
-        if explore_fraction is not None and not (isinstance(explore_fraction, (int, float))
-                                                 and 0 < explore_fraction <= 1):
-            raise ValueError(f"explore_fraction must be a fraction in (0, 1] or None, got "
-                             f"{explore_fraction!r}")
-        self.explore_fraction = explore_fraction
+        self.explore_share = _fraction_or_none("explore_share", explore_share)
+        self.explore_fraction = _fraction_or_none("explore_fraction", explore_fraction)
         if clear_margin is not None and not (isinstance(clear_margin, (int, float))
                                              and clear_margin >= 0):
             raise ValueError(f"clear_margin must be a fraction >= 0 or None, got "
