@@ -143,12 +143,14 @@ def _plan_variants(pack: Pack, registry: Registry, where: str):
 def code_of(v: Variant) -> dict:
     """What decides a variant's behaviour (not its doc, provenance or measured resources,
     nor ``torch_library`` and ``baseline``, hints to callers and to the policy about what
-    it runs)."""
+    it runs, nor ``experimental``, which decides where it is listed: a pack measured while
+    a variant was experimental serves it once its flag is dropped; run S156's 246 rows of
+    ``flash_wgmma`` were ignored as of another variant when it was)."""
     d = v.to_dict()
     for k in ("doc", "provenance", "resources", "source_name"):
         d.pop(k)
-    d.pop("torch_library", None)
-    d.pop("baseline", None)
+    for k in ("torch_library", "baseline", "experimental"):
+        d.pop(k, None)
     return d
 
 

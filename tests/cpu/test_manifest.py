@@ -122,6 +122,27 @@ def test_an_experimental_variant_is_run_only_where_named(tmp_path, rng):
                        ("mine",)) == [], "C = 1: mine serves none (requires C > 1)"
 
 
+def test_a_pack_measured_while_a_variant_was_experimental_serves_it_once_promoted(tmp_path):
+    """The flag decides where a variant is listed, not what it runs: a pack's rows of it,
+    measured while it was experimental, are kept once the registered one drops the flag
+    (and the registry's flag rules); another source is still another variant."""
+    import types
+    from adaptive.packs.install import _plan_variants
+    (flagged,) = load_manifest(write(tmp_path, GOOD.replace(
+        'entry = "run"', 'entry = "run"\nexperimental = true')))
+    (plain,) = load_manifest(write(tmp_path, GOOD))
+    builtin = Registry(load_folder(builtin_folder()))
+    others = [x for op in builtin.ops() for x in builtin.variants(op)]
+    add, present, skipped = _plan_variants(types.SimpleNamespace(variants=[flagged]),
+                                           Registry([*others, plain]), "pack.msgpack")
+    assert (add, present, skipped) == ([], [flagged], [])
+    (changed,) = load_manifest(write(tmp_path, GOOD.replace('"C > 1"', '"C > 2"')))
+    assert changed.to_dict() != plain.to_dict()
+    add, present, skipped = _plan_variants(types.SimpleNamespace(variants=[flagged]),
+                                           Registry([*others, changed]), "pack.msgpack")
+    assert (add, present, skipped) == ([], [], ["softmax/mine"])
+
+
 def test_toml_syntax_error(tmp_path):
     path = write(tmp_path, GOOD + "\n[[variant]\n")
     with pytest.raises(ManifestError, match="<toml>"):
@@ -291,8 +312,19 @@ def test_a_space_holds_exactly_its_parameters_with_listed_values():
     assert Space.from_dict({}).holds({})
 
 
-def test_adaptive_env_names_the_experimental_variants_as_such():
+def test_adaptive_env_names_the_experimental_variants_as_such(tmp_path):
+    """(No shipped variant is experimental since run S156 measured flash_wgmma: one from
+    ``ADAPTIVE_VARIANT_PATH``.)"""
     from adaptive import envinfo
-    listed = envinfo.collect()["variants"]["attention"]
-    assert "flash_wgmma (cuda, experimental)" in listed
-    assert "flash2_mma (cuda)" in listed and "sdpa_torch (cuda)" in listed
+    from adaptive.variants import reset_shared_registry
+    write(tmp_path, GOOD.replace('entry = "run"', 'entry = "run"\nexperimental = true'))
+    reset_shared_registry()
+    try:
+        with config.override(variant_path=str(tmp_path)):
+            listed = envinfo.collect()["variants"]
+    finally:
+        reset_shared_registry()
+    assert "mine (host, experimental)" in listed["softmax"]
+    assert "flash_wgmma (cuda)" in listed["attention"]
+    assert "flash2_mma (cuda)" in listed["attention"] and "sdpa_torch (cuda)" in \
+        listed["attention"]
