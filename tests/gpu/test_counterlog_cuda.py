@@ -50,13 +50,22 @@ def _committed(d, op, *args, limit: int = 400) -> None:
     """Launch until the policy has committed for this input. Exploring calls rotate
     through candidates (each compiled on its first turn), so an event pair around them
     times other kernels and compilation gaps: the cause of a 3.87 ms "reference" against
-    a 0.0245 ms logged kernel in an earlier version of this test."""
-    for _ in range(limit):
+    a 0.0245 ms logged kernel in an earlier version of this test.
+
+    A new input class may be decided off the calling thread (its stand-in serving
+    meanwhile): after the first launch this waits for that decide, as a server's warm-up
+    does. Without the wait, 400 launches of a few-microsecond softmax were over before
+    the decide (run S153), and its decision was still pending."""
+    decision = None
+    for i in range(limit):
         d.launch(op, *args)
+        if i == 0:
+            assert d.wait_for_decisions(60.0), f"{op}: its decide took over 60 s"
         decision = d.decision(op, *args)
         if decision is not None and decision.settled:
             return
-    raise AssertionError(f"{op}: still exploring after {limit} launches")
+    raise AssertionError(f"{op}: still exploring after {limit} launches: "
+                         f"{decision and decision.reason}")
 
 
 def _timing_or_skip(timing: str) -> None:
