@@ -13,6 +13,6 @@ gpu_tests 130 tests/gpu/test_policy_cuda.py tests/gpu/test_counterlog_cuda.py
 grep -E "^(FAILED|ERROR)|^E  .*(Assertion|still exploring)" "$OUT/tests.log" | head -12 | cut -c1-300
 mixed_table 120 w11
 extend_pack scripts/device-runs/gqa_prefills.json gqa 60 flash_wgmma
-rm -f "$OUT/gqa.msgpack"
+rm -f "$OUT/gqa.msgpack" "$OUT/merge.log"
 selection 150
 selection_second 150
