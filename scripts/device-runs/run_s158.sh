@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# run S158 (about 440 s plus the start): flash_wgmma measured on the shipped pack's 32
+# attention inputs it has no rows on (all decodes, Lq <= 16: in the CPU replay of the
+# shipped pack, a held-out decode B=32 H=32 Lk=80 D=128 explored two flash_wgmma configs in
+# place of decode_global's and committed splitkv_mma at 1.98x its best, in 3 dealings of 4;
+# 1.11-1.28x before flash_wgmma was listed), merged into the pack (commit $OUT's); then the
+# example server in both modes (flash_wgmma listed, with its grouped-query prefill rows of
+# S157), selection and contention on that pack
+source "$(dirname "$0")/setup.sh"
+export PYTHONFAULTHANDLER=1
+extend_pack scripts/device-runs/wgmma_rest.json wgmma_rest 80 flash_wgmma
+rm -f "$OUT/wgmma_rest.msgpack" "$OUT/merge.log"
+serve_both 290
+selection 150
+contention 110
+rm -f "$OUT/contention.json"
