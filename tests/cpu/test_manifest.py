@@ -29,6 +29,9 @@ rows = [1, 2, 4]
 constraints = ["rows <= cpu_count * 4"]
 """
 
+# the same variant marked experimental
+FLAGGED = GOOD.replace('entry = "run"', 'entry = "run"\nexperimental = true')
+
 
 def write(tmp_path, text, source=True):
     folder = tmp_path / "softmax"
@@ -86,8 +89,7 @@ def test_an_experimental_variant_is_run_only_where_named(tmp_path, rng):
     where named), found by name, run when pinned; the flag travels in packs."""
     from adaptive.dispatch import Dispatcher
     from adaptive.variants import variant_from_dict
-    (v,) = load_manifest(write(tmp_path, GOOD.replace('entry = "run"',
-                                                       'entry = "run"\nexperimental = true')))
+    (v,) = load_manifest(write(tmp_path, FLAGGED))
     assert v.experimental and v.to_dict()["experimental"] is True
     assert variant_from_dict(v.to_dict(), "softmax").experimental
     (plain,) = load_manifest(write(tmp_path, GOOD))
@@ -128,8 +130,7 @@ def test_a_pack_measured_while_a_variant_was_experimental_serves_it_once_promote
     (and the registry's flag rules); another source is still another variant."""
     import types
     from adaptive.packs.install import _plan_variants
-    (flagged,) = load_manifest(write(tmp_path, GOOD.replace(
-        'entry = "run"', 'entry = "run"\nexperimental = true')))
+    (flagged,) = load_manifest(write(tmp_path, FLAGGED))
     (plain,) = load_manifest(write(tmp_path, GOOD))
     builtin = Registry(load_folder(builtin_folder()))
     others = [x for op in builtin.ops() for x in builtin.variants(op)]
@@ -317,7 +318,7 @@ def test_adaptive_env_names_the_experimental_variants_as_such(tmp_path):
     ``ADAPTIVE_VARIANT_PATH``.)"""
     from adaptive import envinfo
     from adaptive.variants import reset_shared_registry
-    write(tmp_path, GOOD.replace('entry = "run"', 'entry = "run"\nexperimental = true'))
+    write(tmp_path, FLAGGED)
     reset_shared_registry()
     try:
         with config.override(variant_path=str(tmp_path)):
