@@ -396,6 +396,14 @@ class Learned(BasePolicy):
             a tuning share of 4.9% (exhaustive autotune times 4 runs a candidate: a cap
             of a tenth of them, 3 samples each, stays under 7.5% of its runs). None:
             ``max_explore`` bounds every key.
+        settle_margin: the commit is made before every candidate has its ``samples`` once
+            it is decided to within this fraction (:meth:`_settled`): every candidate still
+            explored timed at least twice, and no further sample could bring another's
+            median within this fraction of the leader's (with ``samples`` 3, a third sample
+            can only move a median between the first two). Where two candidates' samples
+            interleave, the last samples are still spent. 0.02: in the shipped H200 pack's
+            replay (10 folds by input, 5% noise and outliers) prefills' tuning share 11.2%
+            -> 10.5% of exhaustive autotune's, within 5% 91.2% -> 93.0%. None: off.
     """
 
     name = "learned"
@@ -410,7 +418,8 @@ class Learned(BasePolicy):
                  far_distance: float | None = 3.5,
                  race_ratio: float | None = 1.3, widen_margin: float | None = 0.1,
                  explore_fraction: float | None = 0.4, clear_margin: float | None = 0.03,
-                 noise_ratio: float | None = 2.0, explore_share: float | None = None):
+                 noise_ratio: float | None = 2.0, explore_share: float | None = None,
+                 settle_margin: float | None = 0.02):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -452,6 +461,11 @@ class Learned(BasePolicy):
             raise ValueError(f"clear_margin must be a fraction >= 0 or None, got "
                              f"{clear_margin!r}")
         self.clear_margin = clear_margin
+        if settle_margin is not None and not (isinstance(settle_margin, (int, float))
+                                              and settle_margin >= 0):
+            raise ValueError(f"settle_margin must be a fraction >= 0 or None, got "
+                             f"{settle_margin!r}")
+        self.settle_margin = settle_margin
         self.variant_reach = variant_reach
         self.variant_slots = variant_slots
         self.baseline_margin = baseline_margin
@@ -484,7 +498,7 @@ class Learned(BasePolicy):
         self.keys: dict[tuple, KeyState] = {}
         self.neighbours = Neighbours()
         self.stats = {"neighbour_added": 0, "decisions": 0, "cold": 0, "commits": 0,
-                      "drifts": 0, "explore_calls": 0, "deferred": 0, "reopened": 0,
+                      "drifts": 0, "explore_calls": 0, "deferred": 0, "reopened": 0, "settled": 0,
                       "revalidations": 0, "drift_switches": 0, "explore_s": 0.0,
                       # seconds misses waited for the model's first fit (FIRST_FIT_WAIT_S)
                       "first_fit_wait_s": 0.0,
@@ -902,10 +916,16 @@ class Learned(BasePolicy):
         state.recent.clear()
         others = sorted((t, c.label) for c, t in fastest.items() if c != best)
         runner = f"; next {others[0][1]} {others[0][0]:.4g} ms" if others else ""
+        settled = ""
+        if any(len(state.observed[c]) < self.samples for c in active) \
+                and self._settled(state, active):
+            self.stats["settled"] += 1
+            settled = (f"; settled: no further sample could bring another median within "
+                       f"{self.settle_margin:.0%} of the leader's")
         state.reason = (f"committed after timing {len(fastest)} candidates up to "
                         f"{self.samples}x on "
                         f"real calls (medians): {best.label} {fastest[best]:.4g} ms{runner}"
-                        f"{kept}")
+                        f"{kept}{settled}")
         state.history.append(state.reason + "; samples " + ", ".join(
             f"{c.label} n={len(state.observed[c])} median "
             f"{state.observed[c].median():.4g} min "
@@ -999,7 +1019,29 @@ class Learned(BasePolicy):
         2 where ``clear_margin`` has left every other candidate behind (the leader's)."""
         if self.clear_margin is not None and len(active) == 1 and len(state.explore) > 1:
             return min(2, self.samples)
+        if self._settled(state, active):
+            return 0
         return self.samples
+
+    def _settled(self, state: KeyState, active: tuple) -> bool:
+        """Whether the commit is already decided to within ``settle_margin``: every active
+        candidate timed at least twice, and the leader's median, however its remaining
+        samples fall, at most ``1 + settle_margin`` times the least median any other
+        candidate could still reach (:func:`_median_bounds`). With ``samples`` 3 a third
+        sample can only move a median between the first two, so two that agree decide it."""
+        if self.settle_margin is None or len(active) < 2:
+            return False
+        obs = state.observed
+        if any(obs[c].failed or len(obs[c]) < 2 for c in active):
+            return False
+
+        def bounds(c):   # up to the samples it would get (more where they disagree)
+            return _median_bounds(list(obs[c]), len(obs[c]),
+                                  self._needed_for(state, c, self.samples))
+        leader = min(active, key=lambda c: obs[c].median())
+        high = bounds(leader)[1]
+        return all(high <= (1 + self.settle_margin) * bounds(c)[0]
+                   for c in active if c is not leader)
 
     def samples_wanted(self, key: tuple, candidate: Candidate) -> int | None:
         """More than ``samples`` for an explored candidate whose samples disagree
@@ -1196,6 +1238,18 @@ def _firsts(ranked) -> list[Candidate]:
             seen.add(c.variant.id)
             out.append(c)
     return out
+
+
+def _median_bounds(times: list[float], count: int, total: int) -> tuple[float, float]:
+    """The least and the most the median of ``total`` timings can be, ``count`` of them
+    known (``times``, the kept ones) and the rest still to come: the rest all 0, or all
+    inf, moves every order statistic as far as it can go (exact once all are known)."""
+    known = [t for t in times if math.isfinite(t)]
+    missing = max(0, total - count) if len(known) == count else 0
+    if not known:
+        return math.inf, math.inf
+    return (statistics.median(known + [0.0] * missing),
+            statistics.median(known + [math.inf] * missing))
 
 
 def _median(times: list[float]) -> float:

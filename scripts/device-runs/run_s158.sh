@@ -5,7 +5,8 @@
 # place of decode_global's and committed splitkv_mma at 1.98x its best, in 3 dealings of 4;
 # 1.11-1.28x before flash_wgmma was listed), merged into the pack (commit $OUT's); then the
 # example server in both modes (flash_wgmma listed, with its grouped-query prefill rows of
-# S157), selection and contention on that pack
+# S157), selection and contention on that pack; the learned policy commits once settled
+# within 2% (settle_margin 0.02, new default: fewer tuning runs)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 extend_pack scripts/device-runs/wgmma_rest.json wgmma_rest 80 flash_wgmma

@@ -508,7 +508,8 @@ def _lagging_exploration(rng, drop=None):
     x = rng.standard_normal((70, 45)).astype(np.float32)
     ref = OPS["softmax"].reference(x)
     policy = Learned(LiveModel(background=False), max_explore=3, samples=3,
-                     clear_margin=None, race_ratio=None, explore_budget=None)
+                     clear_margin=None, race_ratio=None, explore_budget=None,
+                     settle_margin=None)
     d = Dispatcher(be, policy=policy)
     d.sample_every = 1
     timer = d._event_timer()
@@ -594,7 +595,8 @@ def test_commit_is_on_medians_after_the_sample_count_not_one_lucky_sample(rng):
     ctx, cands, _ = softmax_context(rng)
     # (noise_ratio off here: a's median over 2x its lucky sample would have it timed again,
     # below)
-    policy = Learned(LiveModel(background=False), max_explore=2, samples=3, noise_ratio=None)
+    policy = Learned(LiveModel(background=False), settle_margin=None, max_explore=2,
+                     samples=3, noise_ratio=None)
     d = policy.decide(ctx, cands)
     a, b = d.explore
     # a: one lucky sample, otherwise slow; b: steadily faster than a's median
@@ -608,7 +610,7 @@ def test_commit_is_on_medians_after_the_sample_count_not_one_lucky_sample(rng):
     history = list(policy.state(ctx.key).history)
     assert history[0].startswith("miss:") and "committed" in history[-1] and "n=3" in history[-1]
     # with noise_ratio (2): a, whose median is 6x its lucky sample, is timed up to 6 times
-    policy = Learned(LiveModel(background=False), max_explore=2, samples=3)
+    policy = Learned(LiveModel(background=False), settle_margin=None, max_explore=2, samples=3)
     d = policy.decide(ctx, cands)
     outs = [policy.observe(ctx.key, c, t) for c, t in feed + [(a, 0.31), (b, 0.19)]]
     assert outs[-1] is not None and outs[-1].explore == (a,)
@@ -864,7 +866,8 @@ def test_a_drift_met_with_the_budget_spent_re_explores_later(rng, monkeypatch):
 
 
 
-def _contended(rng, idle_ms: dict, loaded_ms: dict, race_ratio: float = 1.3):
+def _contended(rng, idle_ms: dict, loaded_ms: dict, race_ratio: float = 1.3,
+               settle_margin: float | None = 0.02):
     """A dispatcher on a fake GPU (:func:`_EventHost`) whose candidates' times follow a
     simulated co-running load (``be.loaded``), cold-exploring three candidates named
     a, b, c here; every call sampled and its events finished at once. Returns the fake,
@@ -875,7 +878,8 @@ def _contended(rng, idle_ms: dict, loaded_ms: dict, race_ratio: float = 1.3):
     be.loaded = False
     x = rng.standard_normal((96, 64)).astype(np.float32)
     policy = Learned(LiveModel(background=False), max_explore=3, samples=3, drift_window=4,
-                     explore_budget=None, revalidate_every=8, race_ratio=race_ratio)
+                     explore_budget=None, revalidate_every=8, race_ratio=race_ratio,
+                     settle_margin=settle_margin)
     d = Dispatcher(be, policy=policy)
     d.sample_every = 1
     d.decide_off_thread = False   # the calls are counted from the miss on
@@ -947,8 +951,8 @@ def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
     explored candidate is never left behind, whatever its time; a re-exploration times
     every candidate again."""
     ctx, cands, _ = softmax_context(rng)
-    policy = Learned(LiveModel(background=False), max_explore=4, samples=3, drift_window=3,
-                     drift_ratio=1.5, clear_margin=None,
+    policy = Learned(LiveModel(background=False), settle_margin=None, max_explore=4,
+                     samples=3, drift_window=3, drift_ratio=1.5, clear_margin=None,
                      race_ratio=2.0)
     d = policy.decide(ctx, cands)
     e0, e1, e2, e3 = d.explore
@@ -977,7 +981,7 @@ def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
     assert out is not None and set(out.explore) == {e0, e1, e2, e3}
     assert not any(state.observed[c].raced for c in out.explore)
     with pytest.raises(ValueError, match="race_ratio must be > 1 or None"):
-        Learned(LiveModel(background=False), race_ratio=1.0)
+        Learned(LiveModel(background=False), settle_margin=None, race_ratio=1.0)
 
 
 def test_the_baseline_is_left_behind_only_on_two_samples_over_one_and_a_half_bars():
@@ -1024,8 +1028,8 @@ def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
     the others are; candidates whose samples overlap the leader's get all their samples.
     The first explored candidate and the baseline are never left behind this way."""
     ctx, cands, _ = softmax_context(rng)
-    policy = Learned(LiveModel(background=False), max_explore=4, samples=3, race_ratio=None,
-                     clear_margin=0.05)
+    policy = Learned(LiveModel(background=False), settle_margin=None, max_explore=4,
+                     samples=3, race_ratio=None, clear_margin=0.05)
     d = policy.decide(ctx, cands)
     e0, e1, e2, e3 = d.explore
     assert not any(c.variant.baseline for c in (e1, e2, e3))
@@ -1046,8 +1050,8 @@ def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
     assert commit.candidate == e1 and not commit.explore
     assert state.explored == {e0: 3, e1: 3, e2: 3, e3: 2}
     # all clear of the leader: its two samples are enough
-    policy2 = Learned(LiveModel(background=False), max_explore=4, samples=3, race_ratio=None,
-                      clear_margin=0.05)
+    policy2 = Learned(LiveModel(background=False), settle_margin=None, max_explore=4,
+                      samples=3, race_ratio=None, clear_margin=0.05)
     d2 = policy2.decide(ctx, cands)
     f0, f1, f2, f3 = d2.explore
     far = {f0: 1.0, f1: 2.0, f2: 2.1, f3: 1.9}
@@ -1055,7 +1059,70 @@ def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
     assert outs[-1] is not None and outs[-1].candidate == f0 and not outs[-1].explore
     assert policy2.state(ctx.key).explored == {f0: 2, f1: 2, f2: 2, f3: 2}
     with pytest.raises(ValueError, match="clear_margin must be a fraction >= 0 or None"):
-        Learned(LiveModel(background=False), clear_margin=-0.01)
+        Learned(LiveModel(background=False), settle_margin=None, clear_margin=-0.01)
+
+
+def test_median_bounds_enclose_every_completion_of_the_samples(rng):
+    """The least and most a median of ``total`` timings can reach with ``count`` known:
+    attained by the rest all tiny or all huge, and every other completion lies between."""
+    from adaptive.policy.learned import _median_bounds
+    for _ in range(300):
+        total = int(rng.integers(1, 8))
+        count = int(rng.integers(1, total + 1))
+        known = list(rng.uniform(0.5, 2.0, count))
+        low, high = _median_bounds(known, count, total)
+        for fill in [1e-9, 1e9, *rng.uniform(0.1, 3.0, 5)]:
+            m = float(np.median(known + [fill] * (total - count)))
+            assert low - 1e-12 <= m <= high + 1e-12, (known, total, low, high, m)
+        rest = total - count   # attained: the rest all tiny reaches low, all huge high
+        assert float(np.median(known + [1e-9] * rest)) == pytest.approx(low, abs=1e-8)
+        huge = float(np.median(known + [1e9] * rest))
+        assert huge == pytest.approx(high) if high < 1e8 else huge >= 5e8
+    assert _median_bounds([1.0, 1.1], 2, 3) == (1.0, 1.1)   # a third sample: between them
+    assert _median_bounds([1.0], 1, 3) == (0.0, math.inf)
+    assert _median_bounds([1.0, 1.1, 5.0], 3, 3) == (1.1, 1.1)
+
+
+def test_a_commit_decided_within_the_settle_margin_skips_the_last_samples(rng):
+    """settle_margin: once every explored candidate is timed twice and no third sample
+    could bring another's median within 2% of the leader's, the leader is committed on two
+    samples each; where their samples interleave, or a noisy candidate's extra samples
+    could still undercut the leader, every sample is taken."""
+    ctx, cands, _ = softmax_context(rng)
+
+    def explore(feed, **kwargs):
+        policy = Learned(LiveModel(background=False), max_explore=2, samples=3,
+                         race_ratio=None, clear_margin=None, **kwargs)
+        a, b = policy.decide(ctx, cands).explore
+        out = None
+        for name, t in feed:
+            out = policy.observe(ctx.key, {"a": a, "b": b}[name], t) or out
+            if out is not None and not out.explore:
+                break
+        state = policy.state(ctx.key)
+        return out, {"ab"[i]: state.explored[c] for i, c in enumerate((a, b))}, policy
+    apart = [("a", 1.0), ("b", 1.20), ("a", 1.01), ("b", 1.25), ("a", 1.0), ("b", 1.2)]
+    out, explored, policy = explore(apart)
+    assert explored == {"a": 2, "b": 2} and policy.stats["settled"] == 1
+    assert dict(out.observed_ms)[out.candidate.label] == pytest.approx(1.005)
+    assert "settled" in out.reason and "2%" in out.reason
+    # off: every candidate its three samples
+    out, explored, policy = explore(apart, settle_margin=None)
+    assert explored == {"a": 3, "b": 3} and policy.stats["settled"] == 0
+    # interleaved: a (1.0, 1.08) median 1.04, b (1.03, 1.04) median 1.035 leads, and a's
+    # third sample could still bring its median to 1.0; b's third (1.035) does not settle
+    # it either: a's third sample is taken, and the medians decide
+    out, explored, _ = explore([("a", 1.0), ("b", 1.03), ("a", 1.08), ("b", 1.04),
+                                ("b", 1.035), ("a", 1.01)])
+    assert explored == {"a": 3, "b": 3} and "settled" not in out.reason
+    assert dict(out.observed_ms)[out.candidate.label] == pytest.approx(1.01)
+    # a noisy candidate (median 6x its fastest, noise_ratio 2) may be timed again, and its
+    # fastest sample is under b's: not settled while more samples could undercut b
+    out, explored, _ = explore([("a", 0.05), ("b", 0.2), ("a", 0.3), ("b", 0.21),
+                                ("a", 0.31), ("b", 0.19), ("a", 0.3)])
+    assert explored["a"] >= 4 and explored["b"] == 3
+    with pytest.raises(ValueError, match="settle_margin must be a fraction >= 0 or None"):
+        Learned(LiveModel(background=False), settle_margin=-0.01)
 
 
 def test_a_candidate_whose_samples_disagree_is_timed_again_before_the_commit(rng):
@@ -1067,7 +1134,7 @@ def test_a_candidate_whose_samples_disagree_is_timed_again_before_the_commit(rng
     ctx, cands, _ = softmax_context(rng)
 
     def explored(noise_ratio, first, second_extra=()):
-        policy = Learned(LiveModel(background=False), max_explore=2, samples=3,
+        policy = Learned(LiveModel(background=False), settle_margin=None, max_explore=2, samples=3,
                          race_ratio=None, clear_margin=None, noise_ratio=noise_ratio)
         d = policy.decide(ctx, cands)
         a, b = d.explore
@@ -1092,7 +1159,7 @@ def test_a_candidate_whose_samples_disagree_is_timed_again_before_the_commit(rng
     state, out, a, b = explored(2.0, (0.40, 2.00, 1.40))
     assert state.committed == b and out.candidate == b and state.explored[a] == 3
     with pytest.raises(ValueError, match="noise_ratio must be > 1 or None"):
-        Learned(LiveModel(background=False), noise_ratio=1.0)
+        Learned(LiveModel(background=False), settle_margin=None, noise_ratio=1.0)
 
 
 def _count_runs(be) -> dict:
@@ -1131,7 +1198,7 @@ def test_a_class_stops_running_a_candidate_clear_of_the_leader(rng):
     is what stops it.)"""
     be, calls_until, policy = _contended(rng, idle_ms={"a": 1.0, "b": 1.02, "c": 1.5},
                                          loaded_ms={"a": 1.0, "b": 1.02, "c": 1.5},
-                                         race_ratio=2.0)
+                                         race_ratio=2.0, settle_margin=None)
     runs = _count_runs(be)
     assert calls_until("a", 15) <= 3 + 3 * 3 + 1   # warm-ups, samples, the harvest's lag
     state = next(iter(policy.keys.values()))
@@ -1747,9 +1814,10 @@ def test_a_sure_model_still_times_a_second_variant_beside_its_pick():
     d = policy.decide(ctx, cands)
     assert d.explore == (block[0], reg[0]), d.reason        # reg_row: the next variant
     assert f"plus {reg[0].label} (at least 2 explored)" in d.reason
+    done = None
     for _ in range(policy.samples):                          # the model was wrong
         policy.observe(ctx.key, block[0], 0.030)
-        done = policy.observe(ctx.key, reg[0], 0.012)
+        done = policy.observe(ctx.key, reg[0], 0.012) or done
     assert done.candidate == reg[0] and policy.state(ctx.key).committed == reg[0]
     d = Learned(model, anchors=False, explore_budget=None, min_explore=1).decide(ctx, cands)
     assert d.explore == () and d.candidate == block[0]

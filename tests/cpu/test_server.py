@@ -327,17 +327,26 @@ def test_stream_client_leaving_stops_its_generation(server):
     cancelled = server.app.counts["cancelled"]
     tokens = server.app.engine.stats["tokens"]
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 64, "stream": True})
-    with socket.create_connection((host, port), timeout=10) as s:
-        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
-                  f"\r\n\r\n{body}".encode())
-        seen = b""
-        while b"data: " not in seen:
-            chunk = s.recv(4096)
-            assert chunk, f"the stream ended before its first token: {seen!r}"
-            seen += chunk
-    deadline = time.monotonic() + 20
-    while server.app.counts["cancelled"] == cancelled and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # each step held 20 ms in its first layer (GIL released): the 64 tokens take over a
+    # second, so the client's leaving is seen mid-stream however loaded the host is (at a
+    # load average of 19 the tiny model once wrote all 64 before the close was seen)
+    layer = next(m for m in server.app.engine.model.model.modules()
+                 if type(m).__name__.endswith("DecoderLayer"))
+    hook = layer.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
+    try:
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+            seen = b""
+            while b"data: " not in seen:
+                chunk = s.recv(4096)
+                assert chunk, f"the stream ended before its first token: {seen!r}"
+                seen += chunk
+        deadline = time.monotonic() + 20
+        while server.app.counts["cancelled"] == cancelled and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        hook.remove()
     assert server.app.counts["cancelled"] == cancelled + 1
     deadline = time.monotonic() + 20
     while server.app.engine.stats["running"] and time.monotonic() < deadline:
