@@ -147,8 +147,9 @@ class PolicyResult:
     first_result_max_ms: float
     regret_ms: float             # exploration/tuning work beyond the oracle's time
     explored: int = 0            # candidate runs spent on exploring/tuning
-    # a live learned policy's own counts at the end of the stream (commits, drifts,
-    # classes deferred to the library for want of exploration budget, reopened, explore_s)
+    # a live learned policy's own counts at the end of the stream (commits, those of them
+    # settled before their last samples, drifts, classes deferred to the library for want
+    # of exploration budget, reopened, explore_s)
     policy_stats: dict = dataclasses.field(default_factory=dict)
     # a live policy's host issuing charged to exploring samples, per variant and input kind:
     # [kept issuings, the least of them in ms] (Dispatcher.issue_charges: what a
@@ -637,8 +638,8 @@ def _live(name, dispatcher, stream, inputs, table, sync
     from adaptive.policy.learned import Learned
     off = dispatcher.off_thread_decides(since)
     stats = ({k: v for k, v in policy.stats.items()
-              if k in ("commits", "drifts", "deferred", "reopened", "explore_s", "rows_s",
-                       "predict_s")}
+              if k in ("commits", "settled", "drifts", "deferred", "reopened", "explore_s",
+                       "rows_s", "predict_s")}
              if isinstance(policy, Learned) else {})
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
                         max(firsts), regret, explored, stats,
