@@ -314,7 +314,10 @@ class Learned(BasePolicy):
         far_distance: where the nearest measured input (pack rows and live samples, in
             feature space) is farther than this, the model extrapolates: every variant's
             best-ranked config competes for the ``variant_slots``, not only those within
-            ``variant_reach`` (None: never). On the shipped H200 pack an input's nearest
+            ``variant_reach``, and the picks within the regret bound take each variant's
+            best-ranked config before any variant's second (:meth:`_per_variant`; shipped
+            H200 pack's replay, four dealings of 10 folds: decodes' worst 1.98x -> 1.18x)
+            (None: never). On the shipped H200 pack an input's nearest
             other input is 1.3-3.0 away at the median, 1.7-4.5 at the 90th percentile. Run
             S107 (H200): softmax 32768x4096 fp16, 4.05 from the nearest, was ranked 8
             configs of warp_row, multi_row and block_row within 20%, committed warp_row at
@@ -557,7 +560,7 @@ class Learned(BasePolicy):
                 wide = math.inf
             within = [candidates[i] for i in order if bounds[i] <= reach]
             explore = self._picks(within, _firsts(
-                candidates[i] for i in order if bounds[i] <= wide), cap)
+                candidates[i] for i in order if bounds[i] <= wide), cap, far is not None)
             others = [c for c in explore if c not in within]
             why = (f"model ranked {len(candidates)}{charged}; {len(explore) - len(others)} "
                    f"within {self.regret_bound:.0%} of the best optimistically")
@@ -681,7 +684,7 @@ class Learned(BasePolicy):
         return cap
 
     def _picks(self, ranked: Sequence[Candidate], variants_best: Sequence[Candidate] = (),
-               cap: int | None = None) -> tuple[Candidate, ...]:
+               cap: int | None = None, spread: bool = False) -> tuple[Candidate, ...]:
         """The first ``max_explore`` of ``ranked`` with at most ``per_variant`` per variant
         first; room left (few variants within reach) goes to the next of ``ranked`` in
         order, whatever their variant: the cap spreads the budget, it does not shrink it.
@@ -689,19 +692,42 @@ class Learned(BasePolicy):
         ``variants_best``: the best-ranked candidate of each variant within the wider
         ``variant_reach``; those of variants with none in ``ranked`` take the place of the
         last of these picks, one slot each (the model's first pick always stays), and come
-        right after the first pick, so anchors displace the other picks before them."""
+        right after the first pick, so anchors displace the other picks before them.
+        ``spread``: see :meth:`_per_variant`."""
         cap = self.max_explore if cap is None else cap
         present = {c.variant.id for c in ranked}
         others = [c for c in variants_best if c.variant.id not in present]
         others = others[: min(self.variant_slots, max(0, cap - 1))]
         room = cap - len(others)
-        out, rest = self._per_variant(ranked, room)
+        out, rest = self._per_variant(ranked, room, spread)
         picks = (out + rest)[:room]
         return tuple(picks[:1] + others + picks[1:])
 
-    def _per_variant(self, ranked: Sequence[Candidate], room: int) -> tuple[list, list]:
+    def _per_variant(self, ranked: Sequence[Candidate], room: int, spread: bool = False
+                     ) -> tuple[list, list]:
         """Up to ``room`` of ``ranked`` in order with at most ``per_variant`` of each
-        variant, and, up to ``room`` too, the ones the cap passed over before the last."""
+        variant, and, up to ``room`` too, the ones the cap passed over before the last.
+
+        ``spread`` (the model extrapolating, :meth:`_far`): the best-ranked config of each
+        variant first, then the next configs, the picks in model order. Far from every
+        measured input the model's order across variants is the least sure thing it has:
+        in the shipped H200 pack's replay a decode B=32 H=32 Lk=80 D=128, 4.8 from the
+        nearest measured input, was given two configs of each of four variants and none of
+        ``decode_global`` (the best, ranked 7th of the ones within reach), and committed
+        ``splitkv_mma`` at 1.98x it."""
+        if spread:
+            firsts = _firsts(ranked)[:room]
+            count = {c.variant.id: 1 for c in firsts}
+            chosen, rest = set(firsts), []
+            for c in ranked:
+                if c in chosen:
+                    continue
+                if count.get(c.variant.id, 0) < self.per_variant and len(chosen) < room:
+                    count[c.variant.id] += 1
+                    chosen.add(c)
+                elif len(rest) < room:
+                    rest.append(c)
+            return [c for c in ranked if c in chosen], rest
         count: dict[str, int] = {}
         out, rest = [], []
         for c in ranked:

@@ -1702,8 +1702,10 @@ def test_far_from_every_measured_input_each_variants_best_competes_for_the_slots
     """Where the nearest measured input lies beyond far_distance the model extrapolates
     (run S107: softmax 32768x4096, 4.05 from the nearest, committed warp_row at 1.55x
     reg_row, which was ranked out of reach and never explored): every variant's best-ranked
-    config competes for the variant slots, here multi_row at 1.7x beside reg_row at 1.4x.
-    Near a measured input the variant reach (1.5x) holds as before."""
+    config competes for the variant slots, here multi_row at 1.7x beside reg_row at 1.4x,
+    and the picks within the regret reach take warp_row's best config before block_row's
+    second. Near a measured input the variant reach (1.5x) and the model's order hold as
+    before."""
     from adaptive.policy.learned import Neighbours
     ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
     features = dict(ctx.op.features(ctx.problem))
@@ -1716,7 +1718,7 @@ def test_far_from_every_measured_input_each_variants_best_competes_for_the_slots
     policy.neighbours = near
     d = policy.decide(ctx, cands)
     if far:
-        assert d.explore == (block[0], reg[0], multi[0], block[1]), d.reason
+        assert d.explore == (block[0], reg[0], multi[0], warp[0]), d.reason
         assert "the nearest measured input 5.00 away, beyond 3.5" in d.reason
     else:
         assert d.explore == (block[0], reg[0], block[1], warp[0]), d.reason
@@ -1726,6 +1728,22 @@ def test_far_from_every_measured_input_each_variants_best_competes_for_the_slots
     assert off.decide(ctx, cands).explore == (block[0], reg[0], block[1], warp[0])
     with pytest.raises(ValueError, match="far_distance must be > 0 or None"):
         Learned(_FixedRanking(mean, [0.0] * len(mean)), far_distance=0)
+
+
+def test_spread_picks_take_each_variants_best_config_before_any_second():
+    """_per_variant's spread (the model extrapolating): each variant's best-ranked config
+    first, then second configs up to per_variant, the picks in model order; the ones passed
+    over follow in order. Without it, the model's order with the per-variant cap."""
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    ranked = [c for _, c in sorted(zip(mean, cands), key=lambda t: t[0])]
+    policy = Learned(_FixedRanking(mean, [0.0] * len(mean)), per_variant=2)
+    assert policy._per_variant(ranked, 3, spread=True) == (
+        [block[0], warp[0], reg[0]], [block[1], block[2], block[3]])
+    assert policy._per_variant(ranked, 6, spread=True) == (
+        [block[0], block[1], warp[0], warp[1], reg[0], multi[0]],
+        [block[2], block[3], reg[1]])
+    assert policy._per_variant(ranked, 3) == ([block[0], block[1], warp[0]], [block[2],
+                                                                              block[3]])
 
 
 def test_the_ranking_charges_the_hosts_issuing_where_the_device_waits():
