@@ -6,7 +6,9 @@
 # 1.11-1.28x before flash_wgmma was listed), merged into the pack (commit $OUT's); then the
 # example server in both modes (flash_wgmma listed, with its grouped-query prefill rows of
 # S157), selection and contention on that pack; the learned policy commits once settled
-# within 2% (settle_margin 0.02, new default: fewer tuning runs)
+# within 2% (settle_margin 0.02, new default: fewer tuning runs) and, far from every
+# measured input, explores each variant's best config before any variant's second (both
+# from the thirty-fourth session, unmeasured on the GPU until this run)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 extend_pack scripts/device-runs/wgmma_rest.json wgmma_rest 80 flash_wgmma
