@@ -981,7 +981,7 @@ def test_a_candidate_the_leader_leaves_behind_is_explored_no_further(rng):
     assert out is not None and set(out.explore) == {e0, e1, e2, e3}
     assert not any(state.observed[c].raced for c in out.explore)
     with pytest.raises(ValueError, match="race_ratio must be > 1 or None"):
-        Learned(LiveModel(background=False), settle_margin=None, race_ratio=1.0)
+        Learned(LiveModel(background=False), race_ratio=1.0)
 
 
 def test_the_baseline_is_left_behind_only_on_two_samples_over_one_and_a_half_bars():
@@ -1059,7 +1059,7 @@ def test_samples_clear_of_the_leader_end_a_candidates_exploration(rng):
     assert outs[-1] is not None and outs[-1].candidate == f0 and not outs[-1].explore
     assert policy2.state(ctx.key).explored == {f0: 2, f1: 2, f2: 2, f3: 2}
     with pytest.raises(ValueError, match="clear_margin must be a fraction >= 0 or None"):
-        Learned(LiveModel(background=False), settle_margin=None, clear_margin=-0.01)
+        Learned(LiveModel(background=False), clear_margin=-0.01)
 
 
 def test_median_bounds_enclose_every_completion_of_the_samples(rng):
@@ -1159,7 +1159,7 @@ def test_a_candidate_whose_samples_disagree_is_timed_again_before_the_commit(rng
     state, out, a, b = explored(2.0, (0.40, 2.00, 1.40))
     assert state.committed == b and out.candidate == b and state.explored[a] == 3
     with pytest.raises(ValueError, match="noise_ratio must be > 1 or None"):
-        Learned(LiveModel(background=False), settle_margin=None, noise_ratio=1.0)
+        Learned(LiveModel(background=False), noise_ratio=1.0)
 
 
 def _count_runs(be) -> dict:
