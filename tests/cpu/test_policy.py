@@ -498,7 +498,7 @@ def test_candidates_timed_pinned_first_are_sampled_for_the_class(rng, pinned_fir
     assert np.max(np.abs(out - ref)) < 1e-5
 
 
-def _lagging_exploration(rng, drop=None):
+def _lagging_exploration(rng, drop=None, settle_margin=None):
     """A class explored on the fake event host with its events finished only every third
     call (a GPU behind the host: samples harvested calls after they are issued), 3
     candidates of 3 samples each; ``drop``: the sampled calls (counted from 1) whose event
@@ -509,7 +509,7 @@ def _lagging_exploration(rng, drop=None):
     ref = OPS["softmax"].reference(x)
     policy = Learned(LiveModel(background=False), max_explore=3, samples=3,
                      clear_margin=None, race_ratio=None, explore_budget=None,
-                     settle_margin=None)
+                     settle_margin=settle_margin)
     d = Dispatcher(be, policy=policy)
     d.sample_every = 1
     timer = d._event_timer()
@@ -539,6 +539,18 @@ def test_a_candidate_gets_no_sample_past_its_count_while_samples_are_harvested(r
     state, calls, sampled, untimed = _lagging_exploration(rng)
     assert dict(state.explored) == {c: 3 for c in state.explore}
     assert sampled == 9 and untimed >= 1 and calls == 3 + 9 + untimed
+
+
+def test_a_settled_exploration_commits_on_two_samples_while_samples_are_harvested(rng):
+    """settle_margin with samples harvested calls late: candidates 1.0, 1.25 and 1.5 ms
+    apart settle on two samples each; the commit comes once those are in (a third issued
+    before it is wasted, not counted), in fewer calls than three samples each take."""
+    state, calls, sampled, untimed = _lagging_exploration(rng, settle_margin=0.02)
+    assert dict(state.explored) == {c: 2 for c in state.explore}
+    assert "settled" in state.history[-1]
+    assert 6 <= sampled <= 6 + 2 and calls < 3 + 9
+    off = _lagging_exploration(np.random.default_rng(0))
+    assert calls < off[1]
 
 
 def test_a_lost_sample_does_not_hold_the_exploration(rng):
