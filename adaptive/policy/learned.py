@@ -315,10 +315,10 @@ class Learned(BasePolicy):
             feature space) is farther than this, the model extrapolates: every variant's
             best-ranked config competes for the ``variant_slots``, not only those within
             ``variant_reach``, and the picks within the regret bound take each variant's
-            best-ranked config before any variant's second (:meth:`_per_variant`; shipped
-            H200 pack's replay, four dealings of 10 folds: decodes' worst 1.98x -> 1.18x)
-            (None: never). On the shipped H200 pack an input's nearest
-            other input is 1.3-3.0 away at the median, 1.7-4.5 at the 90th percentile. Run
+            best-ranked config before any variant's second, and its second configs unlike
+            its first (:meth:`_per_variant`) (None: never). On the shipped H200 pack an
+            input's nearest other input is 1.3-3.0 away at the median, 1.7-4.5 at the 90th
+            percentile. Run
             S107 (H200): softmax 32768x4096 fp16, 4.05 from the nearest, was ranked 8
             configs of warp_row, multi_row and block_row within 20%, committed warp_row at
             0.2234 ms against reg_row's 0.1445 (never explored): 1.5 ms of long-burst's
@@ -709,13 +709,17 @@ class Learned(BasePolicy):
         variant, and, up to ``room`` too, the ones the cap passed over before the last.
 
         ``spread`` (the model extrapolating, :meth:`_far`): the best-ranked config of each
-        variant first, then the next configs, the picks in model order. Far from every
+        variant first, then the next configs, those most unlike their variant's first
+        before the others (:func:`_config_spread`), the picks in model order. Far from every
         measured input the model's order across variants is the least sure thing it has:
         in the shipped H200 pack's replay a decode B=32 H=32 Lk=80 D=128, 4.8 from the
         nearest measured input, was given two configs of each of four variants and none of
         ``decode_global`` (the best, ranked 7th of the ones within reach), and committed
-        ``splitkv_mma`` at 1.98x it."""
+        ``splitkv_mma`` at 1.98x it. Over four dealings of the pack's replay, exact
+        timings, decodes 1.060 -> 1.027 committed/best, within 5% 72.1 -> 82.4%, worst
+        1.98 -> 1.42x; softmax's worst 1.50 -> 1.20x; prefills unchanged."""
         if spread:
+            ranked = _config_spread(ranked)
             firsts = _firsts(ranked)[:room]
             count = {c.variant.id: 1 for c in firsts}
             chosen, rest = set(firsts), []
@@ -1253,6 +1257,24 @@ def model_order(mean) -> list[int]:
     """Candidate indices best-predicted first (stable: ties keep the candidates' order);
     :meth:`Learned.decide` and :func:`adaptive.explain` both rank with this."""
     return np.argsort(np.asarray(mean, dtype=float), kind="stable").tolist()
+
+
+def _config_spread(ranked: Sequence[Candidate]) -> list[Candidate]:
+    """``ranked`` with each variant's configs after its best-ranked one reordered: those
+    differing from it in the most config values first, model order among equals. Each
+    variant keeps its places in the list, so the order across variants is the model's.
+    An extrapolating model's first pick within a variant sets the values it is least sure
+    of; its next picks mostly vary one of them (softmax R=18607 C=31 in the shipped H200
+    pack: three reg_warp configs explored, all G=32, the best G=8)."""
+    by_variant: dict[str, list] = {}
+    for c in ranked:
+        by_variant.setdefault(c.variant.id, []).append(c)
+    for cs in by_variant.values():
+        first = dict(cs[0].config_items)
+        cs[1:] = sorted(cs[1:], key=lambda c: -sum(first.get(k) != v
+                                                   for k, v in c.config_items))
+    turns = {v: iter(cs) for v, cs in by_variant.items()}
+    return [next(turns[c.variant.id]) for c in ranked]
 
 
 def _firsts(ranked) -> list[Candidate]:

@@ -1744,18 +1744,37 @@ def test_far_from_every_measured_input_each_variants_best_competes_for_the_slots
 
 def test_spread_picks_take_each_variants_best_config_before_any_second():
     """_per_variant's spread (the model extrapolating): each variant's best-ranked config
-    first, then second configs up to per_variant, the picks in model order; the ones passed
-    over follow in order. Without it, the model's order with the per-variant cap."""
+    first, then second configs up to per_variant, a variant's configs most unlike its
+    first before the others; the picks keep the model's order across variants, and the
+    ones passed over follow. Without it, the model's order with the per-variant cap."""
     ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    # block_row: [0] CACHE=0 VEC=1, [1] CACHE=1 VEC=1, [2] CACHE=0 VEC=2, [3] CACHE=1 VEC=2
+    assert [dict(c.config_items)["CACHE"] for c in block] == [0, 1, 0, 1]
+    assert [dict(c.config_items)["VEC"] for c in block] == [1, 1, 2, 2]
     ranked = [c for _, c in sorted(zip(mean, cands), key=lambda t: t[0])]
     policy = Learned(_FixedRanking(mean, [0.0] * len(mean)), per_variant=2)
     assert policy._per_variant(ranked, 3, spread=True) == (
-        [block[0], warp[0], reg[0]], [block[1], block[2], block[3]])
+        [block[0], warp[0], reg[0]], [block[3], block[1], block[2]])
     assert policy._per_variant(ranked, 6, spread=True) == (
-        [block[0], block[1], warp[0], warp[1], reg[0], multi[0]],
-        [block[2], block[3], reg[1]])
+        [block[0], block[3], warp[0], warp[1], reg[0], multi[0]],
+        [block[1], block[2], reg[1]])
     assert policy._per_variant(ranked, 3) == ([block[0], block[1], warp[0]], [block[2],
                                                                               block[3]])
+
+
+def test_config_spread_puts_a_variants_most_unlike_configs_after_its_first():
+    """_config_spread: within each variant, after its best-ranked config, the configs that
+    differ from it in the most values, model order among equals; each variant keeps its
+    places, so a list of one config per variant is unchanged."""
+    from adaptive.policy.learned import _config_spread
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    order = [block[1], warp[0], block[0], block[2], reg[0], block[3], warp[1]]
+    # block[1] (CACHE=1 VEC=1) first: block[2] (CACHE=0 VEC=2) differs in both values
+    assert _config_spread(order) == [block[1], warp[0], block[2], block[0], reg[0],
+                                     block[3], warp[1]]
+    assert _config_spread([block[0], warp[0], reg[0], multi[0]]) == [
+        block[0], warp[0], reg[0], multi[0]]
+    assert _config_spread([]) == []
 
 
 def test_the_ranking_charges_the_hosts_issuing_where_the_device_waits():
