@@ -713,9 +713,9 @@ class Learned(BasePolicy):
         before the others (:func:`_config_spread`), the picks in model order. Far from every
         measured input the model's order across variants is the least sure thing it has:
         in the shipped H200 pack's replay a decode B=32 H=32 Lk=80 D=128, 4.8 from the
-        nearest measured input, was given two configs of each of four variants and none of
-        ``decode_global`` (the best, ranked 7th of the ones within reach), and committed
-        ``splitkv_mma`` at 1.98x it. Over four dealings of the pack's replay, exact
+        nearest measured input, was given two configs each of three variants and none of
+        ``decode_global`` (the best: within reach, ranked after those second configs), and
+        committed ``splitkv_mma`` at 1.98x it. Over four dealings of the pack's replay, exact
         timings, decodes 1.060 -> 1.027 committed/best, within 5% 72.1 -> 82.4%, worst
         1.98 -> 1.42x; softmax's worst 1.50 -> 1.20x; prefills unchanged."""
         if spread:

@@ -7,7 +7,8 @@
 # example server in both modes (flash_wgmma listed, with its grouped-query prefill rows of
 # S157), selection and contention on that pack; the learned policy commits once settled
 # within 2% (settle_margin 0.02, new default: fewer tuning runs) and, far from every
-# measured input, explores each variant's best config before any variant's second (both
+# measured input, explores each variant's best config before any variant's second and
+# its next configs unlike its first (both
 # from the thirty-fourth session, unmeasured on the GPU until this run)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
