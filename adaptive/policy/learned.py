@@ -318,11 +318,10 @@ class Learned(BasePolicy):
             best-ranked config before any variant's second, and its second configs unlike
             its first (:meth:`_per_variant`) (None: never). On the shipped H200 pack an
             input's nearest other input is 1.3-3.0 away at the median, 1.7-4.5 at the 90th
-            percentile. Run
-            S107 (H200): softmax 32768x4096 fp16, 4.05 from the nearest, was ranked 8
-            configs of warp_row, multi_row and block_row within 20%, committed warp_row at
-            0.2234 ms against reg_row's 0.1445 (never explored): 1.5 ms of long-burst's
-            excess.
+            percentile. Run S107 (H200): softmax 32768x4096 fp16, 4.05 from the nearest,
+            was ranked 8 configs of warp_row, multi_row and block_row within 20%,
+            committed warp_row at 0.2234 ms against reg_row's 0.1445 (never explored): 1.5
+            ms of long-burst's excess.
         min_explore: fewest candidates explored where there are that many (2: where the
             model puts one candidate alone within the regret bound and no anchor adds
             another, the best-ranked config of the next variant is timed beside it; run

@@ -9,6 +9,7 @@ wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import http.client
 import gc
@@ -322,18 +323,28 @@ def _slow_clients(server):
     assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
 
 
+@contextlib.contextmanager
+def _held_forward(server, seconds: float):
+    """Every forward of the server's model held ``seconds`` in its first decoder layer
+    (a sleep: the GIL released, the host free to serve meanwhile)."""
+    layer = next(m for m in server.app.engine.model.model.modules()
+                 if type(m).__name__.endswith("DecoderLayer"))
+    hook = layer.register_forward_pre_hook(lambda module, args: time.sleep(seconds))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 def test_stream_client_leaving_stops_its_generation(server):
     host, port = check_loopback(server.url)
     cancelled = server.app.counts["cancelled"]
     tokens = server.app.engine.stats["tokens"]
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 64, "stream": True})
-    # each step held 20 ms in its first layer (GIL released): the 64 tokens take over a
-    # second, so the client's leaving is seen mid-stream however loaded the host is (at a
-    # load average of 19 the tiny model once wrote all 64 before the close was seen)
-    layer = next(m for m in server.app.engine.model.model.modules()
-                 if type(m).__name__.endswith("DecoderLayer"))
-    hook = layer.register_forward_pre_hook(lambda module, args: time.sleep(0.02))
-    try:
+    # each step held 20 ms: the 64 tokens take over a second, so the client's leaving is
+    # seen mid-stream however loaded the host is (at a load average of 19 the tiny model
+    # once wrote all 64 before the close was seen)
+    with _held_forward(server, 0.02):
         with socket.create_connection((host, port), timeout=10) as s:
             s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                       f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
@@ -345,8 +356,6 @@ def test_stream_client_leaving_stops_its_generation(server):
         deadline = time.monotonic() + 20
         while server.app.counts["cancelled"] == cancelled and time.monotonic() < deadline:
             time.sleep(0.05)
-    finally:
-        hook.remove()
     assert server.app.counts["cancelled"] == cancelled + 1
     deadline = time.monotonic() + 20
     while server.app.engine.stats["running"] and time.monotonic() < deadline:
@@ -386,19 +395,12 @@ def test_prefill_profile_on_request(server):
     status, out, _ = post(server.url, {"batches": 1}, path=path)
     assert status == 200 and len(out["profiling"]) == 1
 
-    # the profiled forward held 30 ms in its first layer, the GIL released, so that the
-    # sampler sees it even where a loaded host starves it (CI at a load average of 12: the
-    # tiny forward went unsampled, its one sample in the wait for the tokens)
-    def held(module, args):
-        time.sleep(0.03)
-    layer = next(m for m in server.app.engine.model.model.modules()
-                 if type(m).__name__.endswith("DecoderLayer"))
-    hook = layer.register_forward_pre_hook(held)
-    try:
+    # the profiled forward held 30 ms, so that the sampler sees it even where a loaded host
+    # starves it (CI at a load average of 12: the tiny forward went unsampled, its one
+    # sample in the wait for the tokens)
+    with _held_forward(server, 0.03):
         assert post(server.url, {"model": MODEL, "prompt": [3, 5, 7],
                                  "max_tokens": 2})[0] == 200
-    finally:
-        hook.remove()
     profiles = json.loads(get(server.url, "/stats")[1])["prefill_profiles"]
     assert len(profiles) == before + 1
     p = profiles[-1]
