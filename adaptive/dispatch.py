@@ -1333,13 +1333,14 @@ class Dispatcher:
         rows = [r for r in rows if (r.op, r.variant) in mine]
         if not rows:
             return
-        self.policy.add_observations(rows, weight, geometry=self._row_geometry)
+        self.policy.add_observations(rows, weight, geometry=self.row_geometry)
         self.stats["prior_rows"] = self.stats.get("prior_rows", 0) + len(rows)
         for op in {r.op for r in rows}:
             self.forget(op)
 
-    def _row_geometry(self, row: Observation) -> dict:
-        """Launch-geometry features of a measurement row's candidate on this device."""
+    def row_geometry(self, row: Observation) -> dict:
+        """Launch-geometry (and work) features of a measurement row's candidate on this
+        device: what the policy's model reads of the row beyond the row itself."""
         from adaptive.policy.features import row_geometry
         try:
             variant = self.registry.get(row.op, row.variant)

@@ -766,7 +766,9 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
     pack_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s not in stream_specs]
     test_rows = [r for r, s in zip(rows, _row_specs(table, specs)) if s in stream_specs]
     doing("selection: the model's accuracy on held-out inputs")
-    accuracy = held_out_accuracy(training_set(pack_rows), test=training_set(test_rows))
+    # the rows as the policy's model reads them (with the candidates' launch geometry)
+    accuracy = held_out_accuracy(training_set(pack_rows, geometry=table_d.row_geometry),
+                                 test=training_set(test_rows, geometry=table_d.row_geometry))
     say(f"shipped pack for this device: {shipped or 'none'}")
     reports = []
     with tempfile.TemporaryDirectory(prefix="adaptive-selection-") as tmp:

@@ -9,8 +9,9 @@ wherever it was made. A row is a dict of named floats in six groups:
 ``variant=``/``cfg.*``  which candidate: a one-hot of the variant, its config values (and
             their log2).
 ``geo.*``   launch geometry on this device (CTAs, waves, the last wave's fill, threads
-            per CTA), from the variant's launch expressions and the device's limits;
-            absent for library and host variants and when the limits are unknown.
+            per CTA, the input's flops per launched thread), from the variant's launch
+            expressions and the device's limits; absent for library and host variants and
+            when the limits are unknown.
 ``work.*``  what the candidate does on this input beyond the op's features, from
             :meth:`adaptive.ops.base.Op.work` (spmm: the entries its weight form reads per
             non-zero, and per row); absent where the op does not say.
@@ -38,7 +39,7 @@ from adaptive.expr import compile_expr
 from adaptive.observation import Observation
 from adaptive.ops.base import DTYPE_BYTES
 
-FEATURE_VERSION = 4   # bump when row names or meanings change: older fitted state is refused
+FEATURE_VERSION = 5   # bump when row names or meanings change: older fitted state is refused
 
 # ptxas resources of a kernel; absent (not compiled here, a library call): these values
 RESOURCE_DEFAULTS = {"registers": 0.0, "shared_bytes": 0.0, "spill_store_bytes": 0.0,
@@ -169,7 +170,8 @@ def candidate_rows(op: str, op_features: Mapping[str, float], candidates: Sequen
     backend's lookup of a candidate's ptxas resources (None: the variants' own tables)."""
     state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
     configs = [c.config for c in candidates]
-    geo = geometries([(c.variant, cfg) for c, cfg in zip(candidates, configs)], scope, limits)
+    geo = geometries([(c.variant, cfg) for c, cfg in zip(candidates, configs)], scope, limits,
+                     op_features)
     op_part, device_part = _op_part(op_features), state.features()   # once, not per row
     from adaptive.ops import OPS
     known = OPS.get(op)
@@ -325,18 +327,25 @@ def resources_of(candidate) -> dict:
     return {k: v for k, v in res.items() if isinstance(v, (int, float))}
 
 
-def geometry(variant, config: Mapping, scope: Mapping, limits: Mapping | None
-             ) -> dict[str, float]:
+def geometry(variant, config: Mapping, scope: Mapping, limits: Mapping | None,
+             op_features: Mapping[str, float] | None = None) -> dict[str, float]:
     """Launch-geometry features of a kernel candidate on an input: log2 of the CTAs and of
-    the waves (CTAs / SMs), the last wave's fill, log2 threads per CTA. ``{}`` for library
-    and host variants, or when the device's limits are unknown. For many candidates of
-    one input, :func:`geometries` is cheaper."""
-    return geometries([(variant, config)], scope, limits)[0]
+    the waves (CTAs / SMs), the last wave's fill, log2 threads per CTA; with the input's
+    ``op_features``, log2 of its flops per launched thread (the op's ``log2_flops`` less
+    log2 of CTAs x threads). A tree splits on one feature at a time, and the work each
+    thread does, which tells a split-KV decode's configs apart, is a difference of three
+    features: the shipped H200 pack's replay (10 folds by input) put decodes within 5% of
+    the best 82% -> 93% of the time with exact timings (four dealings), 82% -> 96% with
+    noisy ones (three); the bytes per thread beside it gained nothing there. ``{}`` for
+    library and host variants, or when the device's limits are unknown. For many
+    candidates of one input, :func:`geometries` is cheaper."""
+    return geometries([(variant, config)], scope, limits, op_features)[0]
 
 
-def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | None
-               ) -> list[dict[str, float]]:
+def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | None,
+               op_features: Mapping[str, float] | None = None) -> list[dict[str, float]]:
     """:func:`geometry` of each (variant, config) on one input (a miss: one call)."""
+    flops = (op_features or {}).get("log2_flops")
     sms = (limits or {}).get("sm_count")
     if not sms:
         return [{} for _ in candidates]
@@ -376,7 +385,9 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
             waves = ctas / sms
             geo = shapes[(ctas, threads)] = {
                 "geo.log2_ctas": math.log2(ctas), "geo.log2_waves": math.log2(waves),
-                "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads)}
+                "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads),
+                **({} if flops is None else
+                   {"geo.log2_flops_per_thread": float(flops) - math.log2(ctas * threads)})}
         out.append(geo)
     return out
 
@@ -395,5 +406,5 @@ def row_geometry(variant, row: Observation, limits: Mapping | None) -> dict[str,
     candidate's :func:`work` (from the row's stored op features): what a row needs from
     its variant beyond the row itself."""
     scope = {**row.dims, "dtype": row.dtype, "itemsize": DTYPE_BYTES.get(row.dtype, 4)}
-    return geometry(variant, row.config, scope, limits) | work(row.op, variant, row.config,
-                                                               row.features)
+    return geometry(variant, row.config, scope, limits, row.features) | work(
+        row.op, variant, row.config, row.features)

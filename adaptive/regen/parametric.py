@@ -82,7 +82,8 @@ class Parametric:
         catalogue: more families to search (e.g. the built-in registry when ``registry``
             serves a subset); their manifest points are proposals too.
         model: a cost model with ``predict_dist(rows) -> (mean, sigma) | None`` over
-            :func:`adaptive.policy.cost_model.candidate_row` rows (log time over the roofline floor).
+            :func:`adaptive.policy.cost_model.candidate_row` rows (log time over the
+            roofline floor).
     """
 
     name = "parametric"
@@ -215,7 +216,8 @@ class Parametric:
         from adaptive.ops.base import DTYPE_BYTES
         scope["itemsize"] = DTYPE_BYTES.get(request.dtype, 4)
         try:
-            geo = geometries([(t, c) for t, c, _ in moves], scope, request.limits or None)
+            geo = geometries([(t, c) for t, c, _ in moves], scope, request.limits or None,
+                             request.features)
             rows = [candidate_row(request.features, request.op, t.name, c, None, None,
                                   g | work(request.op, t, c, request.features))
                     for (t, c, _), g in zip(moves, geo)]

@@ -149,11 +149,14 @@ def test_work_says_what_a_candidates_weight_form_reads_alike_for_packs_and_misse
 
 def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
     """candidate_rows builds a miss's rows with the parts every candidate shares made once;
-    each is the row ``row()`` builds alone (training's and explain()'s), key for key and in
-    the same order, with a device state and raw ptxas tables among the resources."""
+    each is the row ``row()`` builds alone from a measurement row's geometry and work
+    (training's, :func:`row_geometry`), key for key and in the same order, with a device
+    state and raw ptxas tables among the resources; the work per launched thread is the
+    input's log2 flops less log2 of the candidate's CTAs x threads."""
+    from adaptive.observation import Observation
     from adaptive.ops import OPS
-    from adaptive.policy.features import (DeviceState, candidate_rows, geometries,
-                                          kernel_resources, row, work)
+    from adaptive.policy.features import (DeviceState, candidate_rows, kernel_resources, row,
+                                          row_geometry)
     from adaptive.variants import default_registry, make_candidate
     x = rng.standard_normal((300, 700)).astype(np.float16)
     op = OPS["softmax"]
@@ -169,13 +172,17 @@ def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
     limits = {"max_threads_per_block": 1024, "max_shared_per_block": 48 * 1024,
               "sm_count": 132, "max_regs_per_sm": 65536, "max_threads_per_sm": 2048}
     got = candidate_rows("softmax", feats, cands, scope, limits, device, lookup)
-    geo = geometries([(c.variant, c.config) for c in cands], scope, limits)
+    measured = [Observation("softmax", dict(problem.dims), problem.dtype, c.variant.name,
+                            c.config, 0.1, 0.01, feats) for c in cands]
     want = [row(feats, "softmax", c.variant.name, c.config, kernel_resources(c, lookup),
-                device, g | work("softmax", c.variant, c.config, feats))
-            for c, g in zip(cands, geo)]
+                device, row_geometry(c.variant, m, limits)) for c, m in zip(cands, measured)]
     assert len(got) == len(cands) > 5
     for a, b in zip(got, want):
         assert list(a.items()) == list(b.items())
+    for r in got:
+        lanes = r["geo.log2_ctas"] + r["geo.log2_threads"]
+        assert r["geo.log2_flops_per_thread"] == pytest.approx(feats["log2_flops"] - lanes)
+    assert len({r["geo.log2_flops_per_thread"] for r in got}) >= 4   # the configs differ
     assert got[0]["res.registers"] == 40.0 and got[0]["res.known"] == 1.0
     assert got[0]["dev.sm_clock_ratio"] == 0.5 and got[1]["res.known"] == 0.0
 
@@ -198,7 +205,7 @@ def test_a_spmm_misses_work_made_once_per_form_is_each_candidates_own(rng):
     limits = {"max_threads_per_block": 1024, "max_shared_per_block": 48 * 1024,
               "sm_count": 132, "max_regs_per_sm": 65536, "max_threads_per_sm": 2048}
     got = candidate_rows("spmm", feats, cands, scope, limits)
-    geo = geometries([(c.variant, c.config) for c in cands], scope, limits)
+    geo = geometries([(c.variant, c.config) for c in cands], scope, limits, feats)
     for r, c, g in zip(got, cands, geo):
         own = work("spmm", c.variant, c.config, feats)
         assert {k: v for k, v in r.items() if k.startswith("work.")} == own, c.label

@@ -210,11 +210,21 @@ def test_geometry_features_follow_the_manifest_grid_and_the_sm_count():
     assert g["geo.log2_waves"] == pytest.approx(math.log2(ctas / 132))
     assert g["geo.tail"] == pytest.approx(ctas / 132)                 # one partial wave
     assert g["geo.log2_threads"] == pytest.approx(math.log2(128))
+    assert "geo.log2_flops_per_thread" not in g                      # no input features
     assert geometry(reg.get("gemm", "cublas"), {}, {"M": 8, "N": 8, "K": 8}, limits) == {}
     assert geometry(tc, cfg, {"M": 8, "N": 8, "K": 8}, {}) == {}      # no device: none
     row = Observation("gemm", {"M": 1000, "N": 1000, "K": 64}, "float16", "tc_mma", cfg,
                       0.1, 0.01, {})
     assert row_geometry(tc, row, limits) == g
+    # the work per launched thread: 2*M*N*K flops over 128 CTAs x 128 threads
+    feats = {"log2_flops": math.log2(2 * 1000 * 1000 * 64), "log2_bytes": 21.5}
+    per = geometry(tc, cfg, {"M": 1000, "N": 1000, "K": 64, "itemsize": 2}, limits, feats)
+    assert per["geo.log2_flops_per_thread"] == pytest.approx(
+        math.log2(2 * 1000 * 1000 * 64 / (ctas * 128)))
+    assert {k: v for k, v in per.items() if k != "geo.log2_flops_per_thread"} == g
+    row = Observation("gemm", {"M": 1000, "N": 1000, "K": 64}, "float16", "tc_mma", cfg,
+                      0.1, 0.01, feats)
+    assert row_geometry(tc, row, limits) == per
     r = candidate_row({"log2_M": 10.0}, "gemm", "tc_mma", cfg, geometry=g)
     assert r["geo.tail"] == g["geo.tail"] and r["op.log2_M"] == 10.0
 
