@@ -9,7 +9,8 @@
 # within 2% (settle_margin 0.02, new default: fewer tuning runs) and, far from every
 # measured input, explores each variant's best config before any variant's second and
 # its next configs unlike its first (both
-# from the thirty-fourth session, unmeasured on the GPU until this run)
+# from the thirty-fourth session), and the cost model reads each kernel candidate's flops
+# per launched thread (thirty-fifth session): all three unmeasured on the GPU until this run
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 extend_pack scripts/device-runs/wgmma_rest.json wgmma_rest 80 flash_wgmma
