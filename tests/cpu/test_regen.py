@@ -182,6 +182,42 @@ def test_parametric_proposes_where_the_cost_model_predicts_gains():
     assert model.rows_seen and all("op.log2_R" in r for r in model.rows_seen)
 
 
+def test_parametric_ranks_its_moves_on_the_rows_a_miss_builds():
+    """The generator's model reads each CUDA move as a miss's ranking reads that candidate
+    (the one feature builder): the op's features, the launch geometry with the flops per
+    launched thread, the config; row for row what ``candidate_rows`` gives."""
+    from adaptive.ops import OPS
+    from adaptive.policy.features import candidate_rows
+    reg = default_registry()
+    limits = {"max_threads_per_block": 1024, "max_shared_bytes": 232448, "sm_count": 132}
+    op = OPS["softmax"]
+    problem = op.problem((np.zeros((3000, 1000), np.float16),), {})
+    feats, scope = op.features(problem), problem.scope()
+    best_v = reg.get("softmax", "block_row")
+    cfg = next(c for c in best_v.space.configs(limits) if best_v.fits(scope, c))
+    req = Request(op="softmax", dims=dict(problem.dims), dtype="float16", backend="cuda",
+                  best=make_candidate(best_v, cfg), best_ms=0.05, floor_ms=0.01,
+                  limits=limits, reason="test", features=feats)
+
+    class Model:                                 # predicts no gain: records what it reads
+        rows_seen: list = []
+
+        def predict_dist(self, rows):
+            self.rows_seen += [dict(r) for r in rows]
+            return np.full(len(rows), 9.0), np.full(len(rows), 0.1)
+    model = Model()
+    Parametric(reg, model=model).propose(req, [], 4)
+    assert len(model.rows_seen) >= 8
+    for r in model.rows_seen:
+        name = next(k.split("/")[1] for k in r if k.startswith("variant="))
+        config = {k[4:]: int(v) for k, v in r.items()
+                  if k.startswith("cfg.") and not k.startswith("cfg.log2_")}
+        want = candidate_rows("softmax", feats, [make_candidate(reg.get("softmax", name),
+                                                                config)], scope, limits)[0]
+        assert r == dict(want), (name, config)
+        assert "geo.log2_flops_per_thread" in r
+
+
 def test_parametric_proposes_the_catalogue_families_the_registry_does_not_serve():
     served = _families(1)
     catalogue = _families(3)
