@@ -9,9 +9,9 @@ wherever it was made. A row is a dict of named floats in six groups:
 ``variant=``/``cfg.*``  which candidate: a one-hot of the variant, its config values (and
             their log2).
 ``geo.*``   launch geometry on this device (CTAs, waves, the last wave's fill, threads
-            per CTA, the input's flops per launched thread), from the variant's launch
-            expressions and the device's limits; absent for library and host variants and
-            when the limits are unknown.
+            per CTA, the input's flops per CTA and per launched thread), from the variant's
+            launch expressions and the device's limits; absent for library and host
+            variants and when the limits are unknown.
 ``work.*``  what the candidate does on this input beyond the op's features, from
             :meth:`adaptive.ops.base.Op.work` (spmm: the entries its weight form reads per
             non-zero, and per row); absent where the op does not say.
@@ -331,14 +331,15 @@ def geometry(variant, config: Mapping, scope: Mapping, limits: Mapping | None,
              op_features: Mapping[str, float] | None = None) -> dict[str, float]:
     """Launch-geometry features of a kernel candidate on an input: log2 of the CTAs and of
     the waves (CTAs / SMs), the last wave's fill, log2 threads per CTA; with the input's
-    ``op_features``, log2 of its flops per launched thread (the op's ``log2_flops`` less
-    log2 of CTAs x threads). A tree splits on one feature at a time, and the work each
-    thread does, which tells a split-KV decode's configs apart, is a difference of three
-    features: the shipped H200 pack's replay (10 folds by input) put decodes within 5% of
-    the best 82% -> 93% of the time with exact timings (four dealings), 82% -> 96% with
-    noisy ones (three); the bytes per thread beside it gained nothing there. ``{}`` for
-    library and host variants, or when the device's limits are unknown. For many
-    candidates of one input, :func:`geometries` is cheaper."""
+    ``op_features``, log2 of its flops per CTA and per launched thread (the op's
+    ``log2_flops`` less log2 of the CTAs, of CTAs x threads). A tree splits on one feature
+    at a time, and the work each CTA and each thread does, which tells a split-KV decode's
+    configs apart, is a difference of two and of three features. The shipped H200 pack's
+    replay (10 folds by input, four dealings, exact timings) put decodes within 5% of the
+    best 82% -> 91% of the time, prefills 96.5% -> 98.7%, softmax 93.3% -> 95.1%; the
+    bytes per thread gained nothing there. ``{}`` for library and host variants, or when
+    the device's limits are unknown. For many candidates of one input,
+    :func:`geometries` is cheaper."""
     return geometries([(variant, config)], scope, limits, op_features)[0]
 
 
@@ -346,6 +347,7 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
                op_features: Mapping[str, float] | None = None) -> list[dict[str, float]]:
     """:func:`geometry` of each (variant, config) on one input (a miss: one call)."""
     flops = (op_features or {}).get("log2_flops")
+    flops = None if flops is None else float(flops)
     sms = (limits or {}).get("sm_count")
     if not sms:
         return [{} for _ in candidates]
@@ -387,7 +389,8 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
                 "geo.log2_ctas": math.log2(ctas), "geo.log2_waves": math.log2(waves),
                 "geo.tail": waves / math.ceil(waves), "geo.log2_threads": math.log2(threads),
                 **({} if flops is None else
-                   {"geo.log2_flops_per_thread": float(flops) - math.log2(ctas * threads)})}
+                   {"geo.log2_flops_per_cta": flops - math.log2(ctas),
+                    "geo.log2_flops_per_thread": flops - math.log2(ctas * threads)})}
         out.append(geo)
     return out
 

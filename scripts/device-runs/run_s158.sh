@@ -10,7 +10,8 @@
 # measured input, explores each variant's best config before any variant's second and
 # its next configs unlike its first (both
 # from the thirty-fourth session), and the cost model reads each kernel candidate's flops
-# per launched thread (thirty-fifth session): all three unmeasured on the GPU until this run
+# per CTA and per launched thread (thirty-fifth session): all three unmeasured on the GPU
+# until this run
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 extend_pack scripts/device-runs/wgmma_rest.json wgmma_rest 80 flash_wgmma

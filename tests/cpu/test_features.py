@@ -151,8 +151,9 @@ def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
     """candidate_rows builds a miss's rows with the parts every candidate shares made once;
     each is the row ``row()`` builds alone from a measurement row's geometry and work
     (training's, :func:`row_geometry`), key for key and in the same order, with a device
-    state and raw ptxas tables among the resources; the work per launched thread is the
-    input's log2 flops less log2 of the candidate's CTAs x threads."""
+    state and raw ptxas tables among the resources; the work per CTA and per launched
+    thread is the input's log2 flops less log2 of the candidate's CTAs, of its CTAs x
+    threads."""
     from adaptive.observation import Observation
     from adaptive.ops import OPS
     from adaptive.policy.features import (DeviceState, candidate_rows, kernel_resources, row,
@@ -182,6 +183,8 @@ def test_a_misses_rows_are_the_rows_training_builds_one_by_one(rng):
     for r in got:
         lanes = r["geo.log2_ctas"] + r["geo.log2_threads"]
         assert r["geo.log2_flops_per_thread"] == pytest.approx(feats["log2_flops"] - lanes)
+        assert r["geo.log2_flops_per_cta"] == pytest.approx(
+            feats["log2_flops"] - r["geo.log2_ctas"])
     assert len({r["geo.log2_flops_per_thread"] for r in got}) >= 4   # the configs differ
     assert got[0]["res.registers"] == 40.0 and got[0]["res.known"] == 1.0
     assert got[0]["dev.sm_clock_ratio"] == 0.5 and got[1]["res.known"] == 0.0

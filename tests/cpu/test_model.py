@@ -216,12 +216,15 @@ def test_geometry_features_follow_the_manifest_grid_and_the_sm_count():
     row = Observation("gemm", {"M": 1000, "N": 1000, "K": 64}, "float16", "tc_mma", cfg,
                       0.1, 0.01, {})
     assert row_geometry(tc, row, limits) == g
-    # the work per launched thread: 2*M*N*K flops over 128 CTAs x 128 threads
+    # the work per CTA and per launched thread: 2*M*N*K flops over 128 CTAs x 128 threads
     feats = {"log2_flops": math.log2(2 * 1000 * 1000 * 64), "log2_bytes": 21.5}
     per = geometry(tc, cfg, {"M": 1000, "N": 1000, "K": 64, "itemsize": 2}, limits, feats)
     assert per["geo.log2_flops_per_thread"] == pytest.approx(
         math.log2(2 * 1000 * 1000 * 64 / (ctas * 128)))
-    assert {k: v for k, v in per.items() if k != "geo.log2_flops_per_thread"} == g
+    assert per["geo.log2_flops_per_cta"] == pytest.approx(
+        math.log2(2 * 1000 * 1000 * 64 / ctas))
+    assert {k: v for k, v in per.items()
+            if k not in ("geo.log2_flops_per_thread", "geo.log2_flops_per_cta")} == g
     row = Observation("gemm", {"M": 1000, "N": 1000, "K": 64}, "float16", "tc_mma", cfg,
                       0.1, 0.01, feats)
     assert row_geometry(tc, row, limits) == per

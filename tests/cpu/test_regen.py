@@ -185,7 +185,7 @@ def test_parametric_proposes_where_the_cost_model_predicts_gains():
 def test_parametric_ranks_its_moves_on_the_rows_a_miss_builds():
     """The generator's model reads each CUDA move as a miss's ranking reads that candidate
     (the one feature builder): the op's features, the launch geometry with the flops per
-    launched thread, the config; row for row what ``candidate_rows`` gives."""
+    CTA and per launched thread, the config; row for row what ``candidate_rows`` gives."""
     from adaptive.ops import OPS
     from adaptive.policy.features import candidate_rows
     reg = default_registry()
@@ -215,7 +215,7 @@ def test_parametric_ranks_its_moves_on_the_rows_a_miss_builds():
         want = candidate_rows("softmax", feats, [make_candidate(reg.get("softmax", name),
                                                                 config)], scope, limits)[0]
         assert r == dict(want), (name, config)
-        assert "geo.log2_flops_per_thread" in r
+        assert "geo.log2_flops_per_thread" in r and "geo.log2_flops_per_cta" in r
 
 
 def test_parametric_proposes_the_catalogue_families_the_registry_does_not_serve():
