@@ -4,6 +4,8 @@
 # the example server in both modes on that pack
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
+echo "pack sha256 $(sha256sum adaptive/packs/h200.msgpack | cut -c1-16)"
 extend_pack scripts/device-runs/wgmma_rest.json wgmma_rest 80 flash_wgmma
+echo "merged sha256 $(sha256sum /tmp/merged.msgpack | cut -c1-16)"
 rm -f "$OUT/wgmma_rest.msgpack" "$OUT/merge.log"
 serve_both 290

@@ -3,6 +3,7 @@
 # contention with this tree's policy and features
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
+use_pack
 selection 150
 contention 110
 rm -f "$OUT/contention.json"

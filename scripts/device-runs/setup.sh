@@ -164,3 +164,11 @@ contention_again() {
   timeout "$1" python3 benchmarks/gpu_contention.py --out /tmp/contention2 "${@:2}" > "$OUT/contention2.log" 2>&1
   echo "contention (again) rc=$? $((SECONDS-t0)) s"; tail -10 "$OUT/contention2.log" | cut -c1-300
 }
+
+# the merged pack the call before left on this machine (/tmp/merged.msgpack, from
+# extend_pack), put in place of the tree's, and the pack's sha256 printed, from run S158b
+# on (a fresh machine has none: the tree's pack is used, and its sha tells which)
+use_pack() {
+  [ -f /tmp/merged.msgpack ] && cp /tmp/merged.msgpack adaptive/packs/h200.msgpack
+  echo "pack sha256 $(sha256sum adaptive/packs/h200.msgpack | cut -c1-16)"
+}
