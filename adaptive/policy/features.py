@@ -170,23 +170,10 @@ def candidate_rows(op: str, op_features: Mapping[str, float], candidates: Sequen
     backend's lookup of a candidate's ptxas resources (None: the variants' own tables)."""
     state = device if isinstance(device, DeviceState) else DeviceState.from_mapping(device)
     configs = [c.config for c in candidates]
-    geo = geometries([(c.variant, cfg) for c, cfg in zip(candidates, configs)], scope, limits,
-                     op_features)
     op_part, device_part = _op_part(op_features), state.features()   # once, not per row
-    from adaptive.ops import OPS
-    known = OPS.get(op)
-    works: dict = {}   # the op's work_key -> the work it gives (equal keys, equal work)
-
-    def work_of(variant, cfg):
-        key = known.work_key(variant, cfg) if known is not None else None
-        if key is None:
-            return _work(known, variant, cfg, op_features)
-        got = works.get(key)
-        if got is None:
-            got = works[key] = _work(known, variant, cfg, op_features)
-        return got
-    return Rows(op_part, [g | work_of(c.variant, cfg) for c, cfg, g in
-                          zip(candidates, configs, geo)],
+    return Rows(op_part, shape_and_work(op, [(c.variant, cfg) for c, cfg in
+                                             zip(candidates, configs)], scope, limits,
+                                        op_features),
                 [_part_of(op, c, cfg, resources) for c, cfg in zip(candidates, configs)],
                 device_part)
 
@@ -295,6 +282,29 @@ def _part_of(op: str, candidate, config: Mapping, resources: Callable | None) ->
         _PARTS.clear()
     _PARTS[key] = (candidate.variant, part)
     return part
+
+
+def shape_and_work(op: str, candidates: Sequence[tuple], scope: Mapping,
+                   limits: Mapping | None, op_features: Mapping[str, float]
+                   ) -> list[dict[str, float]]:
+    """Each (variant, config)'s :func:`geometry` and :func:`work` on one input, in one dict:
+    the part of a row that is the candidate's on this input. A miss's rows
+    (:func:`candidate_rows`), a measurement row's (:func:`row_geometry`) and the parametric
+    regenerator's rows all come from here, so the model reads a candidate one way."""
+    from adaptive.ops import OPS
+    known = OPS.get(op)
+    works: dict = {}   # the op's work_key -> the work it gives (equal keys, equal work)
+
+    def work_of(variant, cfg):
+        key = known.work_key(variant, cfg) if known is not None else None
+        if key is None:
+            return _work(known, variant, cfg, op_features)
+        got = works.get(key)
+        if got is None:
+            got = works[key] = _work(known, variant, cfg, op_features)
+        return got
+    return [g | work_of(variant, cfg) for (variant, cfg), g in
+            zip(candidates, geometries(candidates, scope, limits, op_features))]
 
 
 def work(op: str, variant, config: Mapping, op_features: Mapping[str, float]
@@ -409,5 +419,4 @@ def row_geometry(variant, row: Observation, limits: Mapping | None) -> dict[str,
     candidate's :func:`work` (from the row's stored op features): what a row needs from
     its variant beyond the row itself."""
     scope = {**row.dims, "dtype": row.dtype, "itemsize": DTYPE_BYTES.get(row.dtype, 4)}
-    return geometry(variant, row.config, scope, limits, row.features) | work(
-        row.op, variant, row.config, row.features)
+    return shape_and_work(row.op, [(variant, row.config)], scope, limits, row.features)[0]

@@ -210,17 +210,16 @@ class Parametric:
         (removed from ``pools``); [] without a model or a prediction."""
         if self.model is None or limit < 1 or not math.isfinite(request.best_ms):
             return []
-        from adaptive.policy.features import geometries, row as candidate_row, work
+        from adaptive.policy.features import row as candidate_row, shape_and_work
         moves = [m for pool in pools.values() for m in pool]
         scope = {**request.dims, **request.stats, **request.params, "dtype": request.dtype}
         from adaptive.ops.base import DTYPE_BYTES
         scope["itemsize"] = DTYPE_BYTES.get(request.dtype, 4)
         try:
-            geo = geometries([(t, c) for t, c, _ in moves], scope, request.limits or None,
-                             request.features)
-            rows = [candidate_row(request.features, request.op, t.name, c, None, None,
-                                  g | work(request.op, t, c, request.features))
-                    for (t, c, _), g in zip(moves, geo)]
+            own = shape_and_work(request.op, [(t, c) for t, c, _ in moves], scope,
+                                 request.limits or None, request.features)
+            rows = [candidate_row(request.features, request.op, t.name, c, None, None, g)
+                    for (t, c, _), g in zip(moves, own)]
             dist = self.model.predict_dist(rows)
         except Exception:  # noqa: BLE001 (a model that cannot score these: explore instead)
             return []
