@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # run S159, first part of two (split for the 600 s call limit; the second: run_s159b.sh).
 # The whole run:
+# (S158 ran in the thirty-sixth session and its merged pack is the committed one, which
+# use_pack keeps on a fresh machine; on a warm one it takes the call before's /tmp pack)
 # run S159 (about 540 s, straight after S158 on the same machine): on S158's pack (copied
 # in from S158's $OUT as adaptive/packs/h200.msgpack before the call), first the
 # vocabulary softmax at serving batch sizes measured into it (softmax_vocab.json: 22
