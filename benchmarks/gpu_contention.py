@@ -505,7 +505,10 @@ def print_report(report: dict) -> None:
                           + (f"{v[0]:.1f}/{v[1]:.1f}" if v else "-")
                           for which, v in r["issuing_us"].items()))
         for r in c["rows"]:
-            if r["re_explorations"] and c is not report["conditions"][0]:
+            if r["ratio"] > TARGET_RATIO:   # why a row over the bar committed what it did, in full
+                print(f"  {r['input']} over the bar; its key's history: "
+                      + " | ".join(r["history"]))
+            elif r["re_explorations"] and c is not report["conditions"][0]:
                 print(f"  {r['input']}: " + " | ".join(h[:140] for h in r["history"][-3:]))
     if report["under_load"]:
         print("\nunder load, the idle choice against the choice made (both timed under load):")
