@@ -2224,3 +2224,33 @@ def test_a_first_fit_past_its_bound_or_failed_leaves_the_miss_cold(rng, monkeypa
     d.launch("softmax", y)                # a failed fit is not waited for
     assert policy.stats["first_fit_wait_s"] == waited
     assert policy.keys[list(policy.keys)[-1]].reason.startswith("cold (no model yet)")
+
+
+def test_measure_each_with_rounds_ranks_by_the_median_of_interleaved_timings(rng):
+    """MeasureEach(rounds=3): one timing that met interference (the fast candidate's first,
+    read 10x) does not decide; the candidates are timed in turn, each after a warm-up, and
+    a failed one is not timed again. rounds=1 keeps the single timing's verdict."""
+    from adaptive.policy import MeasureEach
+    ctx0, cands, x = softmax_context(rng, rows=40, cols=24)
+    fast, slow, broken = cands[0], cands[1], cands[2]
+    calls = []
+    reads = {fast.label: [5.0, 0.5, 0.5], slow.label: [1.0, 1.0, 1.0]}
+
+    def measure(c, warmup=0):
+        calls.append((c.label, warmup))
+        if c == broken:
+            return math.inf
+        return reads[c.label][sum(1 for label, _ in calls if label == c.label) - 1]
+    ctx = dataclasses.replace(ctx0, measure=measure)
+    d = MeasureEach(rounds=3).decide(ctx, [fast, slow, broken])
+    assert d.candidate == fast and dict(d.observed_ms) == {
+        fast.label: 0.5, slow.label: 1.0, broken.label: math.inf}
+    assert dict(d.samples) == {fast.label: 3, slow.label: 3, broken.label: 1}
+    assert [label for label, _ in calls] == [fast.label, slow.label, broken.label,
+                                             fast.label, slow.label, fast.label, slow.label]
+    assert all(w == 1 for _, w in calls) and "median of 3" in d.reason
+    calls.clear()
+    assert MeasureEach().decide(ctx, [fast, slow]).candidate == slow    # 5.0 against 1.0
+    for bad in (0, 2.0, True, None):
+        with pytest.raises(ValueError, match=f"rounds must be an int >= 1, got {bad!r}"):
+            MeasureEach(rounds=bad)
