@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run S161 (about 520 s, one call; in place of S159a and S159b where only one machine start
+# run S161 (about 520 s, one call, an H200 only: require_h200; in place of S159a and S159b where only one machine start
 # comes in a session): on the committed pack (S158a's), first the contention run again
 # (its idle condition missed in S158b: softmax R=2048 C=4096 fp16 committed warp_row at
 # 3.11x reg_row_cs; a row over the bar now prints its key's whole recent history, the
@@ -9,6 +9,7 @@
 # main job's mixed table on the merged pack
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
+require_h200
 use_pack
 contention 110
 grep -E "over the bar; its key's history|issuing charged so far" "$OUT/contention.log" | cut -c1-1500

@@ -172,3 +172,16 @@ use_pack() {
   [ -f /tmp/merged.msgpack ] && cp /tmp/merged.msgpack adaptive/packs/h200.msgpack
   echo "pack sha256 $(sha256sum adaptive/packs/h200.msgpack | cut -c1-16)"
 }
+
+# stop the run (exit 3) unless the GPU is an H200: the shipped pack is the H200's, and a
+# call naming nvidia-h200 may be served by an H100, where learned-shipped does not run and
+# a pack extension cannot merge (run S161 on an H100, thirty-seventh session); from run
+# S161 on: require_h200
+require_h200() {
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  case "$name" in
+    *H200*) echo "gpu: $name" ;;
+    *) echo "gpu: $name, not an H200: this run needs the H200's pack; stopped"; exit 3 ;;
+  esac
+}
