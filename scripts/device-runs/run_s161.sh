@@ -7,15 +7,10 @@
 # them), then S159a's vocabulary softmax measured into the pack (softmax_vocab.json: 22
 # inputs, 828 rows; commit $OUT/merged.msgpack as adaptive/packs/h200.msgpack), then the
 # selection and the main job's mixed table on the merged pack
-source "$(dirname "$0")/setup.sh"
-export PYTHONFAULTHANDLER=1
-require_h200
-use_pack
-contention 110
-grep -E "over the bar; its key's history|issuing charged so far" "$OUT/contention.log" | cut -c1-1500
+# its first part is run S162 (the contention, on an H200 only)
+source "$(dirname "$0")/run_s162.sh"
 extend_pack scripts/device-runs/softmax_vocab.json softmax_vocab 110
 echo "merged sha256 $(sha256sum /tmp/merged.msgpack | cut -c1-16)"
 rm -f "$OUT/softmax_vocab.msgpack" "$OUT/merge.log"
 selection 150
 mixed_table 120 s161
-rm -f "$OUT/contention.json"
