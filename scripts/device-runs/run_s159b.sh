@@ -5,6 +5,7 @@
 # warp_row at 3.1x reg_row_cs; does it repeat?); about 380 s
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
+require_h200
 use_pack
 selection 150 --learned settle_margin=None
 mixed_table 120 s159
