@@ -20,16 +20,22 @@ nvrtc_variants() {
   echo "nvrtc rc=$? $((SECONDS-t0)) s"; tail -1 "$OUT/nvrtc.log"
 }
 
-# the kernel cache filled (nvrtc_check), then the shipped pack built into /tmp/packout with
-# DEADLINE seconds for its cases and copied to $OUT and adaptive/packs/:
-#   build_pack DEADLINE
+# the kernel cache filled (nvrtc_check), then the shipped pack of this GPU (h200.msgpack on
+# an H200; from run S163 on, any card's, named by benchmarks/gpu_pack.py) built into
+# /tmp/packout with DEADLINE seconds for its cases and copied to $OUT and adaptive/packs/;
+# an unfinished build's journal goes to $OUT too (carry it back into /tmp/packout to
+# resume): build_pack DEADLINE [NVRTC_TIMEOUT]
 build_pack() {
-  nvrtc_check 90
-  local t0=$SECONDS
+  nvrtc_check "${2:-90}"
+  local t0=$SECONDS pack
   timeout $(($1 + 35)) python3 benchmarks/gpu_pack.py --deadline-s "$1" --out /tmp/packout > "$OUT/pack.log" 2>&1
   echo "pack rc=$? $((SECONDS-t0)) s"
   tail -2 "$OUT/pack.log" | cut -c1-300
-  cp /tmp/packout/h200.msgpack /tmp/packout/gpu_pack.json "$OUT/" && cp /tmp/packout/h200.msgpack adaptive/packs/h200.msgpack
+  cp /tmp/packout/*.partial "$OUT/" 2>/dev/null
+  [ -f /tmp/packout/gpu_pack.json ] || { echo "pack: no gpu_pack.json, the build did not finish"; return 1; }
+  pack=$(python3 -c "import json; print(json.load(open('/tmp/packout/gpu_pack.json'))['pack'])")
+  cp "/tmp/packout/$pack" /tmp/packout/gpu_pack.json "$OUT/" && cp "/tmp/packout/$pack" adaptive/packs/
+  echo "pack $pack sha256 $(sha256sum "/tmp/packout/$pack" | cut -c1-16)"
 }
 
 # benchmarks/gpu_server.py on the same requests in both modes, its JSON to $OUT and its
