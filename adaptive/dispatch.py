@@ -55,6 +55,20 @@ MISS_LOG = 256    # misses of each kind ("decided", "class") kept for recent_mis
 # dispatcher committed split-KV configs 0.76-0.89x SDPA on 5 decode shapes; at 1000 µs it
 # served 0.98-1.01x there (H200, run S18, docs/benchmarks.md)
 HOLD_US = 1000.0
+# an exploring sample whose gate ran out (the host took longer than HOLD_US to issue the
+# call; the backend's GateRelease.expired says so) may have been read past its gate: the
+# start event fired, and the device waited for the host's late kernels inside the pair.
+# Its reading may hold up to the issuing's excess over the hold. Where that excess is over
+# PAST_GATE_SHARE of the reading, and the window over PAST_GATE_ISSUE times the variant's
+# least recent issuing (a variant that issues slowly by nature, e.g. one that synchronises,
+# always outlasts the hold), the sample is dropped and the candidate's turn is given again,
+# at most PAST_GATE_RETRIES times per candidate in one exploration (then its samples count
+# as read). On an H100 (thirty-seventh session, no pack) a cold decode's exploring samples
+# read 2-5x their device times (SDPA from CuPy: median 0.93, least 0.16 ms; its issuing
+# 46-2,178 us) and the class committed flash2_ksplit_mma at 2.76x the best
+PAST_GATE_SHARE = 0.05
+PAST_GATE_ISSUE = 2.0
+PAST_GATE_RETRIES = 2
 # a call's host issuing, where the device waited for it, is charged as the least of the
 # last ISSUE_WINDOW issuings of its variant on inputs of its kind, the window seeded by the
 # least of ISSUE_SEED_RUNS back-to-back plain runs on its first exploring turns (ISSUE_SEEDS):
@@ -159,6 +173,9 @@ class _InputClass:
     # a candidate whose samples are all issued gets no further turn while they are
     # harvested (see Dispatcher._plan_for)
     issued: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # exploring samples per candidate dropped as read past their gate in this exploration
+    # (cleared at its commit; see PAST_GATE_RETRIES)
+    past_gate: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     # this class among every class made in the process (its plans carry it: Plan.epoch)
     serial: int = dataclasses.field(default_factory=lambda: next(_CLASS_SERIALS))
 
@@ -328,7 +345,7 @@ class Dispatcher:
         self._seeds: dict[tuple, set] = {}   # the classes that seeded each window
         self._preps: dict[tuple, collections.deque] = {}    # see _key_charge
         self.sample_every = config.get().sample_every
-        self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0}
+        self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0, "samples_past_gate": 0}
         # the newest misses of each kind (:meth:`recent_misses`): what a serving window paid
         # for. Apart, so that a flood of cheap class misses (a decode's growing key length)
         # does not push out the decisions
@@ -922,9 +939,11 @@ class Dispatcher:
                     release()
                     raise
                 try:   # tagged (plan, its issuing in ms, whether the device waited,
-                    # whether the pair was ungated on an idle stream): see harvest
+                    # whether the pair was ungated on an idle stream, its gate's release):
+                    # see harvest
                     timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6, waits,
-                                      ungated) if exploring else (plan, 0.0, None, False))
+                                      ungated, release) if exploring
+                               else (plan, 0.0, None, False, None))
                 except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                     self._events_failed(exc)
                 release()
@@ -1020,12 +1039,15 @@ class Dispatcher:
         if timer is None or not timer.pending:
             return 0
         done = timer.harvest()      # an error here reaches _sampled's guard, or the caller
-        for (plan, issue_ms, waited, ungated), time_ms in done:
-            self.feedback(plan, time_ms, issue_ms, waited, ungated)
+        for (plan, issue_ms, waited, ungated, gate), time_ms in done:
+            expired = getattr(gate, "expired", None)   # where the backend can tell
+            self.feedback(plan, time_ms, issue_ms, waited, ungated,
+                          expired is not None and expired())
         return len(done)
 
     def feedback(self, plan: Plan, time_ms: float, issue_ms: float = 0.0,
-                 waited: bool | None = None, ungated: bool = False) -> None:
+                 waited: bool | None = None, ungated: bool = False,
+                 gate_expired: bool = False) -> None:
         """Give a measured time of ``plan`` to the policy and to every listener.
 
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
@@ -1044,8 +1066,13 @@ class Dispatcher:
         (:meth:`_key_charge`). ``ungated``: ``time_ms`` was read by an ungated pair on an
         idle stream (``issue_charge`` "measured"): it holds the host's latency to the
         launch, and the call is charged the larger of it and the issuing; recorders see it
-        as read.
+        as read. ``gate_expired``: the sample's gate ran out before the call was issued
+        (the backend's ``GateRelease.expired``); the sample may then be dropped, given to
+        neither the policy nor the recorders, its candidate's turn given again
+        (:meth:`_past_gate`).
         """
+        if gate_expired and not ungated and self._past_gate(plan, time_ms, issue_ms):
+            return
         charged = time_ms
         if issue_ms > 0:
             typical = self._typical_issue(plan, issue_ms)
@@ -1073,6 +1100,36 @@ class Dispatcher:
                 recorder.timed(plan, time_ms)
             except Exception:  # noqa: BLE001 (a recorder never breaks a launch)
                 log.exception("recorder %r failed", recorder)
+
+    def _past_gate(self, plan: Plan, time_ms: float, issue_ms: float) -> bool:
+        """Whether an exploring sample of ``plan`` whose gate ran out, issued in
+        ``issue_ms``, is dropped as read past its gate (see :data:`PAST_GATE_SHARE`): its
+        possible excess over ``time_ms`` is too large, its variant does not issue that
+        slowly by nature, and its candidate has retries left in the exploration. A dropped
+        sample's turn is given again; it is counted in ``stats["samples_past_gate"]`` and
+        noted in the key's history."""
+        excess = issue_ms - HOLD_US / 1e3
+        if not excess > PAST_GATE_SHARE * time_ms:
+            return False
+        recent = tuple(self._issue_window(plan))
+        least = min(recent) if recent else 0.0
+        if issue_ms <= PAST_GATE_ISSUE * least:
+            return False
+        cand = plan.candidate
+        with self._lock:
+            cls = self._classes.get(plan.class_key)
+            if (cls is None or cls.serial != plan.epoch or not cls.decision.explore
+                    or cls.past_gate[cand] >= PAST_GATE_RETRIES):
+                return False
+            cls.past_gate[cand] += 1
+            cls.issued[cand] = max(0, cls.issued[cand] - 1)   # its turn comes again
+            self.stats["samples_past_gate"] += 1
+        self.policy.note(plan.class_key,
+                         f"a sample of {cand.label} dropped, read past its gate: issued in "
+                         f"{issue_ms:.3f} ms (the gate holds {HOLD_US / 1e3:g} ms, its "
+                         f"variant's least recent issuing {least:.3f} ms) for {time_ms:.4f} "
+                         "ms read; timed again")
+        return True
 
     def _host_bound(self, class_key: tuple, waited: bool) -> bool:
         """Count one exploring sample of ``class_key`` (``waited``: it found the device
@@ -1289,6 +1346,7 @@ class Dispatcher:
             cls.decision = decision
             if not decision.explore:     # committed: the next exploration counts anew
                 cls.issued.clear()
+                cls.past_gate.clear()
             for key in list(cls.keys):
                 old = self._plans.pop(key, None)
                 if old is None:

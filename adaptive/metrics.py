@@ -59,6 +59,15 @@ DEVICE_GAUGES = {
     "other_processes_mem_bytes": ("adaptive_gpu_other_processes_memory_bytes", "device "
                                   "memory held by other processes", 1.0),
 }
+# dispatcher counts exported per backend: (metric name, help, Dispatcher.stats key)
+PER_BACKEND_COUNTERS = (
+    ("adaptive_decision_cache_misses", "decision-cache misses (new keys decided)", "misses"),
+    ("adaptive_plan_cache_evictions", "plans evicted from the bounded plan cache "
+     "(ADAPTIVE_PLAN_CACHE_SIZE)", "plan_evictions"),
+    ("adaptive_samples_past_gate", "exploring samples dropped as read past their stream "
+     "gate (the host issued the call later than the gate holds) and timed again",
+     "samples_past_gate"),
+)
 # adaptive_* gauges that count things, so carry no unit suffix (the name checker's list)
 UNITLESS_GAUGES = ("adaptive_gpu_other_processes",)
 
@@ -204,26 +213,15 @@ class MetricsServer:
             hist.add_metric(list(key), rows, sum_s)
         yield hist
 
-        misses = CounterMetricFamily("adaptive_decision_cache_misses",
-                                     "decision-cache misses (new keys decided)",
-                                     labels=["backend"])
-        by_backend: dict[str, int] = {}
-        for d in self.dispatchers():
-            by_backend[d.backend.name] = by_backend.get(d.backend.name, 0) + d.stats["misses"]
-        for name, n in sorted(by_backend.items()):
-            misses.add_metric([name], n)
-        yield misses
-
-        evictions = CounterMetricFamily("adaptive_plan_cache_evictions",
-                                        "plans evicted from the bounded plan cache "
-                                        "(ADAPTIVE_PLAN_CACHE_SIZE)", labels=["backend"])
-        by_backend = {}
-        for d in self.dispatchers():
-            n = d.stats.get("plan_evictions", 0)
-            by_backend[d.backend.name] = by_backend.get(d.backend.name, 0) + n
-        for name, n in sorted(by_backend.items()):
-            evictions.add_metric([name], n)
-        yield evictions
+        for name, help_text, stat in PER_BACKEND_COUNTERS:
+            family = CounterMetricFamily(name, help_text, labels=["backend"])
+            by_backend: dict[str, int] = {}
+            for d in self.dispatchers():
+                n = d.stats.get(stat, 0)
+                by_backend[d.backend.name] = by_backend.get(d.backend.name, 0) + n
+            for backend, n in sorted(by_backend.items()):
+                family.add_metric([backend], n)
+            yield family
 
         regen = CounterMetricFamily("adaptive_regeneration_requests",
                                     "requests for new variants", labels=["op"])

@@ -353,6 +353,7 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
     if load:
         say(f"{name}: load running ({info})")
     stats0 = dict(d.policy.stats)
+    past_gate0 = d.stats["samples_past_gate"]
     try:
         trace, drive_s, policy_view, tables, callers, calls = _measure_condition(name, ctx)
     finally:                             # the load never outlives its condition
@@ -360,6 +361,8 @@ def run_condition(name: str, load_kind: str | None, ctx: dict) -> dict:
     t_end = time.time()
     stats = {k: v - stats0.get(k, 0) for k, v in d.policy.stats.items()
              if isinstance(v, (int, float))}
+    # exploring samples dropped as read past their gate (Dispatcher._past_gate)
+    stats["samples_past_gate"] = d.stats["samples_past_gate"] - past_gate0
     rows = []
     for s in specs:
         from adaptive.ops import OPS
@@ -473,7 +476,8 @@ def print_report(report: dict) -> None:
               f"deferred {stats.get('deferred', 0)}, decided without a model "
               f"{stats.get('cold', 0)}, waited for its first fit "
               f"{stats.get('first_fit_wait_s', 0.0):.2f} s, exploring "
-              f"{stats.get('explore_s', 0.0) * 1e3:.1f} ms")
+              f"{stats.get('explore_s', 0.0) * 1e3:.1f} ms, samples read past their gate "
+              f"(dropped, timed again) {stats.get('samples_past_gate', 0)}")
         if c.get("issue_charges"):
             print("  issuing charged so far: " + ", ".join(
                 f"{k} {ms * 1e3:.1f} us (last {n})"

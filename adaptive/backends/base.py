@@ -78,7 +78,10 @@ class Backend(Protocol):
     def gate(self, stream_ptr: int, limit_us: float) -> Callable[[], None]:
         """Hold that stream until the returned function is called, at most ``limit_us``
         (what is issued in between runs back to back, as on a busy device); the caller
-        always calls it. The host's runs are synchronous: a no-op there."""
+        always calls it. The host's runs are synchronous: a no-op there. Where the
+        backend can tell, the function has an ``expired()`` method: once the work issued
+        after the gate has completed, whether the gate ran out before its release (the
+        stream then ran ahead of the host's issuing; see :class:`GateRelease`)."""
 
     def watch_device(self, period_s: float = 0.1) -> str:
         """Start sampling the device's state (for :meth:`device_state`): "ok", or why not
@@ -102,3 +105,21 @@ class Backend(Protocol):
 
 def released() -> None:
     """The release of a gate that holds nothing (the host's, a fixed hold's)."""
+
+
+class GateRelease:
+    """A gate's release, called once what the gate holds is issued, and whether the gate
+    ran out first: ``expired()``, read once the work issued after the gate has completed
+    (the device wrote ``ticket`` into ``ring[ticket % len(ring)]`` if it did; a slot
+    overwritten by a later ticket reads as not expired)."""
+
+    __slots__ = ("_release", "_ring", "ticket")
+
+    def __init__(self, release: Callable[[], None], ring, ticket: int):
+        self._release, self._ring, self.ticket = release, ring, ticket
+
+    def __call__(self) -> None:
+        self._release()
+
+    def expired(self) -> bool:
+        return self._ring[self.ticket % len(self._ring)] == self.ticket

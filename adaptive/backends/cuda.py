@@ -29,7 +29,7 @@ import numpy as np
 
 from adaptive import nvrtc, optional
 from adaptive.backends import cuda_args
-from adaptive.backends.base import PlanIO, released
+from adaptive.backends.base import GateRelease, PlanIO, released
 from adaptive.backends import cuda_sparse  # noqa: F401 (registers spmm's w_csr_*/w_bsr* args)
 from adaptive.backends.pysource import load_entry
 from adaptive.backends.torch_streams import as_torch, cupy_stream
@@ -249,16 +249,18 @@ class CudaBackend:
                     self._gate = self._make_gate()
                 g = self._gate
         if g is not False:
-            fn, flag_ptr, flag, tickets = g
+            fn, flag_ptr, flag, tickets, ring_ptr, ring = g
             ticket = next(tickets)
             try:
                 with self._cp.cuda.Device(self.index):
                     fn((1,), (1,), (np.uint64(flag_ptr), np.uint64(ticket),
-                                    np.uint64(int(limit_us * 1e3))),
+                                    np.uint64(int(limit_us * 1e3)), np.uint64(ring_ptr),
+                                    np.uint64(len(ring))),
                        stream=_stream_ref(stream_ptr))
                 # the flag bound now: a gate turned into the fixed hold later (another
                 # thread's launch failed) still releases this one
-                return functools.partial(self._release_gate, flag, ticket)
+                return GateRelease(functools.partial(self._release_gate, flag, ticket), ring,
+                                   ticket)
             except Exception as exc:  # noqa: BLE001 (the fixed hold from now on)
                 log.warning("cuda backend: the stream gate failed to launch (%s: %s); timed "
                             "samples hold the stream for a fixed time from now on",
@@ -268,16 +270,18 @@ class CudaBackend:
         return released
 
     def _make_gate(self):
-        """(kernel, the flag's device address, the flag, tickets), or False (said once)."""
+        """(kernel, the flag's device address, the flag, tickets, the expiry ring's device
+        address, the ring), or False (said once)."""
         import ctypes
         import itertools
         cp = self._cp
         try:
             with cp.cuda.Device(self.index):
                 rt = cp.cuda.runtime
-                host = rt.hostAlloc(8, 2)                  # cudaHostAllocMapped
+                host = rt.hostAlloc(8 * (1 + GATE_RING), 2)   # cudaHostAllocMapped
+                ctypes.memset(host, 0, 8 * (1 + GATE_RING))
                 flag = ctypes.c_uint64.from_address(host)
-                flag.value = 0
+                ring = (ctypes.c_uint64 * GATE_RING).from_address(host + 8)
                 get_device_pointer = getattr(rt, "hostGetDevicePointer", None)
                 device = get_device_pointer(host, 0) if get_device_pointer else host  # UVA
                 fn = cp.RawModule(code=_GATE_SOURCE).get_function("adaptive_gate")
@@ -285,7 +289,7 @@ class CudaBackend:
             log.warning("cuda backend: no stream gate (%s: %s); timed samples hold the "
                         "stream for a fixed time instead", type(exc).__name__, exc)
             return False
-        return fn, device, flag, itertools.count(1)
+        return fn, device, flag, itertools.count(1), device + 8, ring
 
     def _release_gate(self, flag, ticket: int) -> None:
         with self._gate_lock:      # the flag only grows: ticket t releases every gate up to
@@ -483,20 +487,29 @@ extern "C" __global__ void adaptive_hold(long long cycles) {
 """
 
 # waits until the host has written a ticket at least this one's into the mapped flag, or
-# limit_ns passed (the GPU's global timer): a gate never holds a stream for longer
+# limit_ns passed (the GPU's global timer): a gate never holds a stream for longer. A gate
+# that ran out writes its ticket into its slot of the mapped ring (GateRelease.expired)
 _GATE_SOURCE = r"""
 extern "C" __global__ void adaptive_gate(const volatile unsigned long long* flag,
                                          unsigned long long ticket,
-                                         unsigned long long limit_ns) {
+                                         unsigned long long limit_ns,
+                                         volatile unsigned long long* expired,
+                                         unsigned long long ring) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     while (*flag < ticket) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 > limit_ns) return;
+        if (t - t0 > limit_ns) {
+            expired[ticket % ring] = ticket;
+            __threadfence_system();
+            return;
+        }
         __nanosleep(100);
     }
 }
 """
+# slots of the gate's expiry ring: a sample is harvested long before this many more gates
+GATE_RING = 4096
 
 
 

@@ -105,6 +105,10 @@ class Policy(Protocol):
     def forget_key(self, key: tuple) -> None:
         """The dispatcher dropped ``key`` (its plan was evicted): drop its state too."""
 
+    def note(self, key: tuple, text: str) -> None:
+        """What the dispatcher did to ``key``'s samples (one dropped as read past its
+        gate): a line for the key's history, where the policy keeps one."""
+
     def stand_in(self, ctx: Context, candidates: Sequence[Candidate]
                  ) -> tuple[Candidate, str] | None:
         """A candidate to serve a new input class's calls, untimed, while ``decide`` runs
@@ -153,6 +157,9 @@ class BasePolicy:
         return None
 
     def forget_key(self, key: tuple) -> None:
+        pass
+
+    def note(self, key: tuple, text: str) -> None:
         pass
 
     def stand_in(self, ctx: Context, candidates: Sequence[Candidate]

@@ -1211,6 +1211,12 @@ class Learned(BasePolicy):
         """The cost model (regeneration proposes where it predicts gains)."""
         return self.model
 
+    def note(self, key: tuple, text: str) -> None:
+        state = self.keys.get(key)
+        if state is not None:
+            with self._lock:
+                state.history.append(text)
+
     def forget_key(self, key: tuple) -> None:
         """Drop what the policy keeps of ``key`` (the dispatcher calls this when it evicts
         an input class's last plan, so ``keys`` is bounded by the plan cache). What the

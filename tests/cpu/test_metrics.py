@@ -5,8 +5,6 @@ gauges from a sampler reading fake NVML."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import urllib.request
 
 import numpy as np
@@ -44,7 +42,7 @@ def server():
 
 
 def test_launches_histogram_misses_regen_counted(server, rng):
-    d = Dispatcher("host", policy=MeasureEach())                     # created after the server: attached by hook
+    d = Dispatcher("host", policy=MeasureEach())   # made after the server: attached by hook
     d.sample_every = 5
     x = rng.standard_normal((13, 29)).astype(np.float32)
     a = rng.standard_normal((17, 9)).astype(np.float32)
@@ -77,6 +75,9 @@ def test_launches_histogram_misses_regen_counted(server, rng):
     assert value(got, "adaptive_kernel_time_seconds_bucket", op="softmax", variant=soft,
                  backend="host", le="+Inf") == n_soft
     assert value(got, "adaptive_decision_cache_misses_total", backend="host") >= 2
+    past = value(got, "adaptive_samples_past_gate_total", backend="host")
+    d.stats["samples_past_gate"] += 3           # (counted by a GPU's gated samples alone)
+    assert value(scrape(server), "adaptive_samples_past_gate_total", backend="host") == past + 3
     assert value(got, "adaptive_regeneration_requests_total", op="spmm") == before + 2
     labels = {k for (_, ls) in got for k, _ in ls}
     assert labels <= {"op", "variant", "backend", "le", "gpu", "UUID"}   # no shapes as labels

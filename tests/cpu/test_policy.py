@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("sklearn")
 
 import adaptive  # noqa: E402
-from adaptive.dispatch import HOLD_US, Dispatcher  # noqa: E402
+from adaptive.dispatch import HOLD_US, PAST_GATE_RETRIES, Dispatcher  # noqa: E402
 from adaptive.policy.learned import Learned, _diverse  # noqa: E402
 from adaptive.policy.cost_model import LiveModel, training_set  # noqa: E402
 from adaptive.observation import Observation  # noqa: E402
@@ -371,7 +371,10 @@ class _EventHost:
     advances the clock by its own cost; events complete only when the test says so. A run
     on an idle stream (``idle``, or waited for by ``wait_stream``) outside a gate first
     advances the clock by its ``pre`` ms: the host's latency up to its kernels' launch,
-    which an ungated event pair reads."""
+    which an ungated event pair reads. With ``gate_expires``, a gate runs out like the
+    cuda backend's after its hold and says so (its release's ``expired()``): a call issued
+    longer than that is read with the issuing's excess (the device waited for the host
+    inside the pair)."""
 
     def __new__(cls):
         from adaptive.backends.host import HostBackend
@@ -382,6 +385,7 @@ class _EventHost:
                 self.clock, self.recorded, self.synced, self.cost = 0.0, [], 0, {}
                 self.holds, self.issue_s, self.idle = [], {}, False
                 self.pre, self.gated, self.stream_waits, self._waited = {}, False, 0, False
+                self.gate_expires, self._hold_ms, self._expired = False, 0.0, [False]
 
             def prepare(self, candidate, problem, op):
                 fn = super().prepare(candidate, problem, op)
@@ -394,7 +398,11 @@ class _EventHost:
                         self.clock += self.pre.get(label, 0.0)   # the device waits
                     self._waited = False
                     issue = self.issue_s.get(label, 0.0)       # the host's issuing
-                    time.sleep(issue() if callable(issue) else issue)
+                    issue = issue() if callable(issue) else issue
+                    time.sleep(issue)
+                    if self.gated and self.gate_expires and issue * 1e3 > self._hold_ms:
+                        self.clock += issue * 1e3 - self._hold_ms   # read past the gate
+                        self._expired[0] = True
                     self.clock += self.cost[label]
                 return run
 
@@ -417,10 +425,13 @@ class _EventHost:
 
             def gate(self, stream_ptr, limit_us):
                 self.holds.append(self.clock)
-                self.gated = True
+                self.gated, self._hold_ms = True, limit_us / 1e3
+                expired = self._expired = [False]
 
                 def release():
                     self.gated = False
+                if self.gate_expires:
+                    release.expired = lambda: expired[0]
                 return release
 
             def finish(self):          # the GPU catches up
@@ -1282,6 +1293,84 @@ def test_an_exploring_sample_is_gated_until_its_call_and_end_event_are_issued(rn
     assert [o[0] for o in order] == ["gate", "release"] and order[0][1] == HOLD_US
     # the release comes after the call ran (its cost on the fake clock) and its end event
     assert order[1][1] == be.recorded[-1].t > be.recorded[-2].t
+
+
+def _past_gate_exploration(rng, stall):
+    """A class of 3 candidates explored on the fake event host (1 sample each; costs 1.0,
+    1.25 and 1.5 ms) whose gate runs out after its hold, the fastest one's gated calls
+    issued in ``stall(n)`` seconds (n: its gated calls so far, from 1). Returns the
+    dispatcher, the policy's state at the commit and the fastest candidate."""
+    be = _EventHost()
+    be.gate_expires = True
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=1,
+                     clear_margin=None, race_ratio=None, explore_budget=None,
+                     settle_margin=None)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    x = rng.standard_normal((52, 31)).astype(np.float32)
+    ref = OPS["softmax"].reference(x)
+    plan = d.plan("softmax", x)
+    explore = policy.state(plan.class_key).explore
+    assert len(explore) == 3
+    for i, c in enumerate(explore):
+        be.cost[c.label] = 1.0 + 0.25 * i
+    fastest, gated = explore[0], [0]
+
+    def issuing():
+        if not be.gated:
+            return 0.0
+        gated[0] += 1
+        return stall(gated[0])
+    be.issue_s[fastest.label] = issuing
+    for _ in range(30):
+        np.testing.assert_allclose(d.launch("softmax", x), ref, rtol=1e-5, atol=1e-6)
+        be.finish()
+        if not d.plan("softmax", x).provisional:
+            break
+    state = policy.state(plan.class_key)
+    assert state.committed is not None, "; ".join(state.history)
+    return d, state, fastest
+
+
+def test_an_exploring_sample_read_past_its_gate_is_dropped_and_timed_again(rng):
+    """An exploring sample whose call the host took longer to issue than the gate's hold
+    (a background refit holding the interpreter, a collection) is read with the host's
+    delay: the gate runs out and the device waits for the late kernels inside the pair
+    (an H100's cold decode read SDPA at 0.93 ms for 0.16 of device time and committed a
+    kernel at 2.76x the best). The sample is dropped, counted and noted in the key's
+    history, and the candidate is timed again: the class commits the fastest."""
+    d, state, fastest = _past_gate_exploration(rng, lambda n: 0.004 if n == 1 else 0.0)
+    assert state.committed == fastest, "; ".join(state.history)
+    assert list(state.observed[fastest]) == [pytest.approx(1.0)]
+    assert d.stats["samples_past_gate"] == 1
+    [line] = [h for h in state.history if "read past its gate" in h]
+    assert fastest.label in line and "the gate holds 1 ms" in line
+    issued = re.search(r"issued in ([0-9.]+) ms", line)
+    assert issued and float(issued.group(1)) >= 4.0, line    # the 4 ms stall, or more
+
+
+def test_a_candidate_read_past_its_gate_every_time_is_retimed_only_so_often(rng):
+    """A candidate whose every gated call outlasts the hold is dropped at most
+    PAST_GATE_RETRIES times in an exploration, then its reading counts: the exploration
+    ends. A variant that issues slowly by nature (its warm-up seeds a slow issuing) is
+    never dropped."""
+    d, state, fastest = _past_gate_exploration(rng, lambda n: 0.004)
+    assert d.stats["samples_past_gate"] == PAST_GATE_RETRIES
+    assert state.committed != fastest                 # its reading holds the stall
+    assert list(state.observed[fastest])[0] > 3.0
+    be = _EventHost()
+    be.gate_expires = True
+    policy = Learned(LiveModel(background=False), max_explore=3, samples=1,
+                     race_ratio=None, explore_budget=None)
+    d = Dispatcher(be, policy=policy)
+    d.sample_every = 1
+    x = rng.standard_normal((52, 31)).astype(np.float32)
+    for c in policy.state(d.plan("softmax", x).class_key).explore:
+        be.issue_s[c.label] = 0.0025           # every call, the seeds too
+    for _ in range(8):
+        d.launch("softmax", x)
+        be.finish()
+    assert not d.plan("softmax", x).provisional and d.stats["samples_past_gate"] == 0
 
 
 def test_each_candidates_first_turn_is_a_warm_up_that_seeds_its_issuing(rng):

@@ -1,9 +1,10 @@
 """The cuda backend's stream gate (``CudaBackend.gate``) without a GPU: its kernel and the
 fixed hold compile with NVRTC for sm_90; the host side hands out tickets in order, launches
-the gate with the flag's device address, its ticket and its limit in ns, releases by
-raising the mapped flag (never lowering it: a later ticket's release is not undone by an
-earlier one's), and falls back to the fixed hold where the gate cannot be made or fails
-to launch."""
+the gate with the flag's device address, its ticket, its limit in ns and the expiry ring's
+device address and size, releases by raising the mapped flag (never lowering it: a later
+ticket's release is not undone by an earlier one's), reads a gate as expired where the
+device wrote its ticket into its ring slot, and falls back to the fixed hold where the gate
+cannot be made or fails to launch."""
 
 from __future__ import annotations
 
@@ -51,12 +52,12 @@ def test_tickets_in_order_and_a_release_only_raises_the_flag():
     def kernel(grid, block, args, stream):
         types_seen.update(type(a) for a in args)
         launched.append((grid, block, tuple(int(a) for a in args), stream.ptr))
-    flag = ctypes.c_uint64(0)
-    be = _backend((kernel, 0xD000, flag, itertools.count(1)))
+    flag, ring = ctypes.c_uint64(0), (ctypes.c_uint64 * 8)()
+    be = _backend((kernel, 0xD000, flag, itertools.count(1), 0xD008, ring))
     first = be.gate(0x51, 100.0)
     second = be.gate(0x52, 250.0)
-    assert launched == [((1,), (1,), (0xD000, 1, 100_000), 0x51),
-                        ((1,), (1,), (0xD000, 2, 250_000), 0x52)]
+    assert launched == [((1,), (1,), (0xD000, 1, 100_000, 0xD008, 8), 0x51),
+                        ((1,), (1,), (0xD000, 2, 250_000, 0xD008, 8), 0x52)]
     assert types_seen == {np.uint64}           # 64-bit kernel parameters, as declared
     second()                                   # ticket 2: releases both gates
     assert flag.value == 2
@@ -66,13 +67,19 @@ def test_tickets_in_order_and_a_release_only_raises_the_flag():
     assert launched[-1][2][1] == 3 and flag.value == 2   # a new gate waits
     third()
     assert flag.value == 3 and not be.holds
-
+    # the device writes an expired gate's ticket into its slot (ticket % ring size)
+    assert not first.expired() and not second.expired()
+    ring[2] = 2
+    assert second.expired() and not first.expired()
+    ring[2] = 10                               # a later ticket's (10 % 8): not this one's
+    assert not second.expired()
 
 def test_without_mapped_memory_a_gate_is_the_fixed_hold():
     be = _backend(False)
     release = be.gate(0x77, 100.0)
     assert be.holds == [(0x77, 100.0)]
     assert release() is None and be._gate is False
+    assert not hasattr(release, "expired")     # a fixed hold cannot tell
     be.gate(0x78, 50.0)
     assert be.holds[-1] == (0x78, 50.0)
 
@@ -83,7 +90,8 @@ def test_a_gate_that_fails_to_launch_becomes_the_fixed_hold_for_good(caplog):
     def kernel(grid, block, args, stream):
         calls.append(stream.ptr)
         raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
-    be = _backend((kernel, 0xD000, ctypes.c_uint64(0), itertools.count(1)))
+    be = _backend((kernel, 0xD000, ctypes.c_uint64(0), itertools.count(1), 0xD008,
+                   (ctypes.c_uint64 * 8)()))
     caplog.set_level("WARNING")
     release = be.gate(0x51, 100.0)
     assert release() is None and be.holds == [(0x51, 100.0)] and be._gate is False

@@ -56,3 +56,26 @@ def test_peak_probe_copy_bandwidth_is_plausible(cp):
     from adaptive.backends.cuda_peaks import copy_bytes_per_s
     bw = copy_bytes_per_s(cp, nbytes=1 << 26, repeats=3)
     assert 1e11 < bw < 2e13, bw   # above 100 GB/s, below any HBM
+
+
+def test_the_stream_gate_says_whether_it_ran_out_before_its_release(backend, cp):
+    """A gate released after its hold ran out says so once the work after it has run (its
+    ticket in the mapped expiry ring); one released in time does not, nor does the one
+    after an expired one. An event pair behind an expired gate reads the host's delay."""
+    import time
+    stream = cp.cuda.get_current_stream().ptr
+    x = cp.ones(1 << 20, np.float32)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    late = backend.gate(stream, 50.0)            # released 20 ms later: runs out at 50 us
+    start.record()
+    time.sleep(0.02)
+    x += 1
+    end.record()
+    late()
+    on_time = backend.gate(stream, 200_000.0)     # released at once: holds until then
+    x += 1
+    on_time()
+    backend.synchronize()
+    assert late.expired() and not on_time.expired()
+    assert cp.cuda.get_elapsed_time(start, end) > 15.0   # the pair read the sleep
+    assert float(x[0]) == 3.0
