@@ -83,18 +83,26 @@ generate() {
   grep -E "ratio|ablation \(lockstep\)|lockstep request|profile batch|^    .* host +[+-][0-9.]+ ms \(calls" "$OUT/generate.log" | grep -v UserWarning | cut -c1-220
 }
 
+# the shipped pack of this GPU (adaptive/packs/h200.msgpack on an H200), its path printed
+# (from run S165 on): card_pack
+card_pack() {
+  python3 -c "from adaptive.dispatch import Dispatcher; from adaptive.packs.install import shipped_packs_for; print(shipped_packs_for(Dispatcher('cuda').backend.fingerprint())[0])"
+}
+
 # the inputs of SHAPES (a .json of {op: [...]}) measured as the shipped pack's were, with
-# DEADLINE seconds for their cases, merged into the shipped pack (adaptive/packs/ and $OUT;
-# commit it from $OUT), from run S109 on; with VARIANTS (comma-separated names, from run
-# S113 on) only those measured: extend_pack SHAPES NAME DEADLINE [VARIANTS]
+# DEADLINE seconds for their cases, merged into the shipped pack of this GPU (card_pack,
+# from run S165 on; adaptive/packs/ and $OUT; commit it from $OUT), from run S109 on; with
+# VARIANTS (comma-separated names, from run S113 on) only those measured:
+#   extend_pack SHAPES NAME DEADLINE [VARIANTS]
 extend_pack() {
-  local t0=$SECONDS only=()
+  local t0=$SECONDS only=() pack
   [ -n "$4" ] && only=(--variants "$4")
+  pack=$(card_pack) || return 1
   timeout $(($3 + 30)) python3 -m adaptive.cli pack build --shapes "$1" --backend cuda --warmup 2 --repeats 7 --seed 0 --cubins --deadline-s "$3" --no-progress "${only[@]}" -o "/tmp/$2.msgpack" > "$OUT/$2.log" 2>&1
   echo "$2 build rc=$? $((SECONDS-t0)) s"; tail -3 "$OUT/$2.log" | cut -c1-200
-  python3 -m adaptive.cli pack merge -o /tmp/merged.msgpack adaptive/packs/h200.msgpack "/tmp/$2.msgpack" > "$OUT/merge.log" 2>&1
-  echo "merge rc=$?"; tail -2 "$OUT/merge.log" | cut -c1-200
-  cp /tmp/merged.msgpack adaptive/packs/h200.msgpack && cp /tmp/merged.msgpack "/tmp/$2.msgpack" "$OUT/"
+  python3 -m adaptive.cli pack merge -o /tmp/merged.msgpack "$pack" "/tmp/$2.msgpack" > "$OUT/merge.log" 2>&1
+  echo "merge rc=$? into $pack"; tail -2 "$OUT/merge.log" | cut -c1-200
+  cp /tmp/merged.msgpack "$pack" && cp /tmp/merged.msgpack "/tmp/$2.msgpack" "$OUT/"
 }
 
 # benchmarks/gpu_sparse24.py (the 2:4 dispatcher bar, every token count) into $OUT, its
@@ -184,10 +192,15 @@ use_pack() {
 # a pack extension cannot merge (run S161 on an H100, thirty-seventh session); from run
 # S161 on: require_h200
 require_h200() {
+  require_gpu H200
+}
+
+# stop the run (exit 3) unless the GPU's name holds NAME (from run S165 on): require_gpu NAME
+require_gpu() {
   local name
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   case "$name" in
-    *H200*) echo "gpu: $name" ;;
-    *) echo "gpu: $name, not an H200: this run needs the H200's pack; stopped"; exit 3 ;;
+    *"$1"*) echo "gpu: $name" ;;
+    *) echo "gpu: $name, not an $1: this run needs the $1's pack; stopped"; exit 3 ;;
   esac
 }

@@ -68,7 +68,12 @@ def test_a_request_before_the_shipped_packs_fit_waits_for_it_and_is_ranked(cp, r
         call()
     cp.cuda.get_current_stream().synchronize()
     d.harvest()
-    assert state.committed is not None and policy.stats["explore_calls"] > 0, state.history
+    # it committed; a steady sample may have read a drift since (each call here waits for
+    # its result, so an idle GPU's launch latency is in the steady samples: run S164 on an
+    # H100 re-explored decode_global after "now 0.07067 ms, steady 0.0452 ms")
+    assert policy.stats["commits"] >= 1 and policy.stats["explore_calls"] > 0, state.history
+    assert state.committed is not None or state.history[-1].startswith("drift: "), \
+        state.history
     assert policy.stats["cold"] == 0
 
 
