@@ -23,13 +23,19 @@ from collections.abc import Callable
 
 log = logging.getLogger("profilers.nvml")
 
+# GPM calls of every sampler in the process, one at a time: two samplers of one device
+# (a dispatcher's and a benchmark's) reading GPM at once crashed the process in
+# nvmlGpmSampleGet while the other was in nvmlGpmMetricsGet (run S165, H100, a segfault)
+_GPM_LOCK = threading.Lock()
+
 MIN_GPM_PERIOD_S = 0.1
 
 # GPM metric id -> snapshot field; the DCGM profiling fields these mirror in brackets.
 GPM_METRICS = {
     2: "sm_active_ratio",         # NVML_GPM_METRIC_SM_UTIL        (DCGM_FI_PROF_SM_ACTIVE)
     3: "sm_occupancy_ratio",      # NVML_GPM_METRIC_SM_OCCUPANCY   (DCGM_FI_PROF_SM_OCCUPANCY)
-    5: "tensor_active_ratio",     # NVML_GPM_METRIC_ANY_TENSOR_UTIL (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)
+    5: "tensor_active_ratio",     # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    #                               (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)
     10: "dram_active_ratio",      # NVML_GPM_METRIC_DRAM_BW_UTIL   (DCGM_FI_PROF_DRAM_ACTIVE)
 }
 
@@ -195,7 +201,9 @@ class NvmlSampler:
             if not nvml.nvmlGpmQueryDeviceSupport(target).isSupportedDevice:
                 raise RuntimeError("this device has no GPM (Hopper or newer needed)")
             self._gpm_get = get or (lambda s: nvml.nvmlGpmSampleGet(target, s))
-            self._gpm_prev, self._gpm_next = nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()
+            with _GPM_LOCK:
+                self._gpm_prev = nvml.nvmlGpmSampleAlloc()
+                self._gpm_next = nvml.nvmlGpmSampleAlloc()
         except Exception as exc:  # noqa: BLE001
             status = f"GPM unavailable: {type(exc).__name__}: {exc}"
             log.warning("%s; SM activity, occupancy, tensor and DRAM activity will be missing",
@@ -258,21 +266,8 @@ class NvmlSampler:
     def _read_gpm(self, now: float) -> None:
         nvml = self._nvml
         try:
-            self._gpm_get(self._gpm_next)
-            if math.isfinite(self._gpm_prev_s):
-                request = nvml.c_nvmlGpmMetricsGet_t()
-                request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-                request.numMetrics = len(GPM_METRICS)
-                request.sample1, request.sample2 = self._gpm_prev, self._gpm_next
-                for i, metric in enumerate(GPM_METRICS):
-                    request.metrics[i].metricId = metric
-                nvml.nvmlGpmMetricsGet(request)
-                gpm = {}
-                for i, name in enumerate(GPM_METRICS.values()):
-                    m = request.metrics[i]
-                    if m.nvmlReturn == 0 and math.isfinite(m.value):
-                        gpm[name] = min(max(m.value / 100.0, 0.0), 1.0)   # GPM: percent
-                self._gpm = gpm
+            with _GPM_LOCK:
+                self._read_gpm_locked(nvml)
         except Exception as exc:  # noqa: BLE001
             self.gpm_status = f"GPM failed: {type(exc).__name__}: {exc}"
             log.warning("%s; GPM metrics stop here", self.gpm_status)
@@ -280,6 +275,25 @@ class NvmlSampler:
             return
         self._gpm_prev, self._gpm_next = self._gpm_next, self._gpm_prev
         self._gpm_prev_s = now
+
+    def _read_gpm_locked(self, nvml) -> None:
+        """One GPM sample into the next buffer and, after the first, the metrics between
+        the previous sample and it (the caller holds :data:`_GPM_LOCK`)."""
+        self._gpm_get(self._gpm_next)
+        if math.isfinite(self._gpm_prev_s):
+            request = nvml.c_nvmlGpmMetricsGet_t()
+            request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1, request.sample2 = self._gpm_prev, self._gpm_next
+            for i, metric in enumerate(GPM_METRICS):
+                request.metrics[i].metricId = metric
+            nvml.nvmlGpmMetricsGet(request)
+            gpm = {}
+            for i, name in enumerate(GPM_METRICS.values()):
+                m = request.metrics[i]
+                if m.nvmlReturn == 0 and math.isfinite(m.value):
+                    gpm[name] = min(max(m.value / 100.0, 0.0), 1.0)   # GPM: percent
+            self._gpm = gpm
 
     def at(self, time_s: float) -> DeviceState | None:
         """The newest snapshot taken at or before ``time_s`` (else the oldest one)."""
@@ -337,7 +351,8 @@ class NvmlSampler:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"NvmlSampler(device={self.device!r}, status={self.status!r}, gpm={self.gpm_status!r})"
+        return (f"NvmlSampler(device={self.device!r}, status={self.status!r}, "
+                f"gpm={self.gpm_status!r})")
 
 
 def _fn(nvml, name: str):

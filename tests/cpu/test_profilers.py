@@ -216,6 +216,49 @@ def test_gpm_metrics_need_a_window_longer_than_100ms():
     assert s.sample_once().sm_active_ratio == pytest.approx(0.9)
 
 
+def test_two_samplers_never_read_gpm_at_once():
+    """Two samplers of one device (a dispatcher's and a benchmark's) on their own threads:
+    their GPM calls run one at a time (run S165, an H100: one sampler in nvmlGpmSampleGet
+    while the other was in nvmlGpmMetricsGet crashed the process)."""
+    import threading
+    import time as _time
+
+    class Overlapping(FakeNvml):
+        def __init__(self, clock):
+            super().__init__(clock)
+            self.inside, self.most, self.lock = 0, 0, threading.Lock()
+
+        def _enter(self):
+            with self.lock:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+            _time.sleep(0.002)               # a call slow enough for the other to come
+            with self.lock:
+                self.inside -= 1
+
+        def nvmlGpmSampleGet(self, h, s):
+            self._enter()
+            return super().nvmlGpmSampleGet(h, s)
+
+        def nvmlGpmMetricsGet(self, request):
+            self._enter()
+            return super().nvmlGpmMetricsGet(request)
+    clock = FakeClock()
+    nvml = Overlapping(clock)
+    samplers = [NvmlSampler(0, gpm_period_s=0.2, nvml=nvml, clock=clock) for _ in range(2)]
+
+    def read(s):
+        for _ in range(15):
+            clock.t += 0.25
+            s.sample_once()
+    threads = [threading.Thread(target=read, args=(s,)) for s in samplers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert nvml.calls["metrics"] >= 20 and nvml.most == 1, (nvml.calls, nvml.most)
+
+
 @pytest.mark.parametrize("period", [0.1, 0.05, 0.0])
 def test_gpm_period_at_or_below_100ms_is_refused(period):
     with pytest.raises(ValueError, match="0.2 is safe"):
