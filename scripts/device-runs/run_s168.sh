@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# run S168 (about 450-520 s, one call, any Hopper card; the thirty-ninth session's first):
+# on an H200, run S161 (the contention on the H200's pack, the vocabulary softmax into it:
+# commit $OUT/merged.msgpack as adaptive/packs/h200.msgpack, then the selection and the
+# mixed table on it); on an H100, on its pack with S167's vocabulary rows (18,508 rows):
+# the selection (S166's uniform-mix read 1.078 from softmax R=64 C=32000 committed at 1.21x
+# before those rows), the main job's mixed table and the contention (exploring samples read
+# past their expired gate dropped and counted per condition)
+source "$(dirname "$0")/setup.sh"
+export PYTHONFAULTHANDLER=1
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$name" in *H200*) echo "gpu: $name"; source "$(dirname "$0")/run_s161.sh"; exit ;; esac
+require_gpu H100
+pack=$(card_pack)
+echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
+selection 150
+mixed_table 120 s168
+contention 140
+grep -E "over the bar; its key's history|policy:" "$OUT/contention.log" | cut -c1-1200
+rm -f "$OUT/contention.json"
