@@ -13,12 +13,7 @@ export PYTHONFAULTHANDLER=1
 require_gpu H100
 gpu_tests 90 tests/gpu/test_policy_cuda.py
 grep -E "^(FAILED|ERROR)|^E  .*(Assertion|still exploring)" "$OUT/tests.log" | head -8 | cut -c1-300
-pack=$(card_pack)
-mv "$pack" /tmp/aside.msgpack && echo "set aside: $pack"
-contention 150
-grep -E "over the bar; its key's history|policy:" "$OUT/contention.log" | cut -c1-1500
-rm -f "$OUT/contention.json"
-mv /tmp/aside.msgpack "$pack"
+contention_cold 150
 nvrtc_check 80
 extend_pack scripts/device-runs/h100_wide_rest.json h100_wide_rest 110
 echo "merged sha256 $(sha256sum /tmp/merged.msgpack | cut -c1-16)"

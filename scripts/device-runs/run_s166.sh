@@ -7,11 +7,5 @@
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 require_gpu H100
-pack=$(card_pack)
-echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
-mv "$pack" /tmp/aside.msgpack && echo "set aside: $pack"
-contention 150
-grep -E "over the bar; its key's history|policy:" "$OUT/contention.log" | cut -c1-1500
-rm -f "$OUT/contention.json"
-mv /tmp/aside.msgpack "$pack"
+contention_cold 150
 selection 150

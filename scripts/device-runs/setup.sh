@@ -204,3 +204,17 @@ require_gpu() {
     *) echo "gpu: $name, not an $1: this run needs the $1's pack; stopped"; exit 3 ;;
   esac
 }
+
+# benchmarks/gpu_contention.py with this GPU's shipped pack set aside (every key decided
+# cold, as on a card without a pack), its targets, the history of each row over the bar and
+# each condition's policy line printed, the pack put back (from run S165 on):
+#   contention_cold TIMEOUT [ARGS]
+contention_cold() {
+  local pack
+  pack=$(card_pack) || return 1
+  mv "$pack" /tmp/aside.msgpack && echo "set aside: $pack"
+  contention "$@"
+  grep -E "over the bar; its key's history|policy:" "$OUT/contention.log" | cut -c1-1500
+  rm -f "$OUT/contention.json"
+  mv /tmp/aside.msgpack "$pack"
+}
