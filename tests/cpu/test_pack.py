@@ -744,3 +744,72 @@ def test_cubins_refresh_compiles_what_a_build_carries_with_the_packs_compiler(tm
         refresh_cubins(pack, ["softmax/nope"])
     with pytest.raises(PackError, match="not a CUDA device"):
         refresh_cubins(packs.new_pack([v], rows, HOST_FP))
+
+
+# ---- a GPU without a shipped pack of its own ---------------------------------------------------
+
+def _shipped(tmp_path, monkeypatch, devices):
+    """Shipped packs of ``devices`` ({file stem: fingerprint}) in place of the real ones."""
+    paths = []
+    for stem, fp in devices.items():
+        path = tmp_path / f"{stem}.msgpack"
+        packs.write_pack(packs.new_pack([_variant()], [_row(r=len(paths) + 3)], fp), path)
+        paths.append(path)
+    monkeypatch.setattr("adaptive.packs.shipped_packs", lambda: sorted(paths))
+    return {p.stem: p for p in paths}
+
+
+H200_FP = {"backend": "cuda", "name": "NVIDIA H200", "cc": 90, "sm_count": 132}
+H100_FP = {"backend": "cuda", "name": "NVIDIA H100 80GB HBM3", "cc": 90, "sm_count": 132}
+A100_FP = {"backend": "cuda", "name": "NVIDIA A100-SXM4-80GB", "cc": 80, "sm_count": 108}
+
+
+def test_a_gpu_without_its_own_pack_gets_those_of_its_compute_capability(tmp_path,
+                                                                         monkeypatch):
+    """An H100 PCIe (cc 9.0, 114 SMs) has no shipped pack: the H200's and the H100 SXM's
+    (cc 9.0, 132 SMs each: a tie) serve; an A100's (cc 8.0) never does. A device with a
+    pack of its own, one with no pack of its compute capability, and the host get none."""
+    got = _shipped(tmp_path, monkeypatch, {"a100": A100_FP, "h100": H100_FP, "h200": H200_FP})
+    pcie = {"backend": "cuda", "name": "NVIDIA H100 PCIe", "cc": 90, "sm_count": 114}
+    assert install.shipped_packs_for(pcie) == []
+    assert install.shipped_packs_like(pcie) == [got["h100"], got["h200"]]
+    nvl = {**pcie, "name": "NVIDIA GH200 480GB", "sm_count": 132}
+    assert install.shipped_packs_like(nvl) == [got["h100"], got["h200"]]
+    a40 = {"backend": "cuda", "name": "NVIDIA A40", "cc": 86, "sm_count": 84}
+    assert install.shipped_packs_like(a40) == []
+    a100_40 = {**A100_FP, "name": "NVIDIA A100-SXM4-40GB"}
+    assert install.shipped_packs_like(a100_40) == [got["a100"]]
+    assert install.shipped_packs_like(H200_FP) == []          # its own pack is shipped
+    assert install.shipped_packs_like(HOST_FP) == []
+
+
+def test_the_start_loads_them_down_weighted_and_says_so_once(tmp_path, monkeypatch, caplog):
+    """At the start on such a GPU, the packs of its compute capability load with their rows
+    weighted FOREIGN_WEIGHT, one warning naming them and how to build a pack for this GPU
+    (no PackDeviceWarning per pack); a GPU with its own pack loads it alone, weight 1."""
+    import types
+    _shipped(tmp_path, monkeypatch, {"a100": A100_FP, "h100": H100_FP, "h200": H200_FP})
+
+    def started(fp):
+        reg = Registry(default_registry().variants("softmax"))
+        policy = Recording()
+        d = Dispatcher("host", registry=reg, policy=policy)   # the rows' recipient
+        backend = types.SimpleNamespace(name="cuda", fingerprint=lambda: fp)
+        caplog.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            reports = install.load_startup_packs(backend, reg)
+        assert d.registry is reg
+        return reports, policy
+    pcie = {"backend": "cuda", "name": "NVIDIA H100 PCIe", "cc": 90, "sm_count": 114}
+    caplog.set_level("WARNING", logger="adaptive")
+    reports, policy = started(pcie)
+    assert [Path(r.path).stem for r in reports] == ["h100", "h200"]
+    assert all(r.weight == packs.FOREIGN_WEIGHT and not r.same_device for r in reports)
+    assert [w for _, w in policy.given] == [packs.FOREIGN_WEIGHT] * 2
+    [warning] = [r.message for r in caplog.records if "no shipped pack" in r.message]
+    assert "NVIDIA H100 PCIe" in warning and "h100.msgpack, h200.msgpack" in warning
+    assert "benchmarks/gpu_pack.py" in warning and str(packs.FOREIGN_WEIGHT) in warning
+    reports, policy = started(H200_FP)
+    assert [Path(r.path).stem for r in reports] == ["h200"] and reports[0].weight == 1.0
+    assert not [r for r in caplog.records if "no shipped pack" in r.message]
