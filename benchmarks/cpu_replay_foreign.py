@@ -37,10 +37,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from adaptive.bench import replay as R
     from adaptive.packs.format import describe_device, read_pack
-    from adaptive.policy.cost_model import CostModel, LiveModel, training_set
+    from adaptive.policy.cost_model import LiveModel, training_set
     from adaptive.policy.features import row_geometry
     from adaptive.policy.learned import Learned, Neighbours
-    from adaptive.space import as_config
     from adaptive.variants import make_candidate
     ops = set(args.ops.split(",")) if args.ops else None
     prior, pack = read_pack(args.prior), read_pack(args.pack)
@@ -63,14 +62,7 @@ def main(argv=None) -> int:
     cases: dict[str, dict[str, list]] = {"prior": {}, "cold": {}}
     for f in sorted(set(fold.values())):
         mine = {k for k in held if fold[k] == f} if args.folds > 0 else set()
-        train = ts.subset([i for i, g in enumerate(ts.groups) if g not in mine])
-        model = CostModel().fit(train.rows, train.y, groups=train.groups)
-        near = Neighbours()
-        for k, g in prior_groups.items():
-            if k not in mine:
-                for r in g:
-                    near.add(r.op, r.dtype, r.features, r.variant, as_config(r.config),
-                             r.time_ms)
+        model, near = R.fitted_without(ts, prior_groups, mine)
         for key in (k for k in held if fold[k] == f):
             measured = [r for r in groups[key] if math.isfinite(r.time_ms) and r.time_ms > 0]
             if len(measured) < 2:

@@ -212,11 +212,10 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     (a call that met interference), seeded per input; None: every sample is the pack's
     time. The commit is still priced at the pack's time.
     """
-    from adaptive.policy.learned import Learned, Neighbours
-    from adaptive.policy.cost_model import CostModel, LiveModel, training_set
+    from adaptive.policy.learned import Learned
+    from adaptive.policy.cost_model import LiveModel, training_set
     from adaptive.policy.features import row_geometry
     from adaptive.packs.format import read_pack
-    from adaptive.space import as_config
     from adaptive.variants import make_candidate
     pack = read_pack(pack_path)
     limits = _limits(pack.fingerprint)
@@ -236,16 +235,10 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     done = 0
     for f in sorted(set(fold.values())):
         mine = {k for k in held if fold[k] == f}
-        train = ts.subset([i for i, g in enumerate(ts.groups) if g not in mine])
-        if len(train) < 2:
+        fitted = fitted_without(ts, groups, mine)
+        if fitted is None:
             continue
-        model = CostModel().fit(train.rows, train.y, groups=train.groups)
-        near = Neighbours()
-        for k, g in groups.items():
-            if k not in mine:
-                for r in g:
-                    near.add(r.op, r.dtype, r.features, r.variant, as_config(r.config),
-                             r.time_ms)
+        model, near = fitted
         for key in sorted(mine):
             done += 1
             measured = [r for r in groups[key] if math.isfinite(r.time_ms) and r.time_ms > 0]
@@ -260,6 +253,25 @@ def replay_setups(pack_path: str, setups: Sequence[bool] = (False, True),
     n_folds = 0 if len(set(fold.values())) == len(held) else folds
     return [ReplayReport(str(pack_path), names[s], tuple(cases[s]), n_folds, fold_seed)
             for s in setups]
+
+
+def fitted_without(ts, groups: dict, held: set):
+    """The model fitted on the rows of ``ts`` whose input is not in ``held``, and the
+    neighbours of those inputs (``groups``: rows by input, :func:`_group`'s keys): what
+    decides the held inputs, none of their rows in it; None with under two rows left."""
+    from adaptive.policy.cost_model import CostModel
+    from adaptive.policy.learned import Neighbours
+    from adaptive.space import as_config
+    train = ts.subset([i for i, g in enumerate(ts.groups) if g not in held])
+    if len(train) < 2:
+        return None
+    model = CostModel().fit(train.rows, train.y, groups=train.groups)
+    near = Neighbours()
+    for k, g in groups.items():
+        if k not in held:
+            for r in g:
+                near.add(r.op, r.dtype, r.features, r.variant, as_config(r.config), r.time_ms)
+    return model, near
 
 
 def _one(key, measured, model, near, anchors, variants, limits, Learned, LiveModel,

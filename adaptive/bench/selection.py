@@ -747,11 +747,16 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
     specs = list(dict.fromkeys(s for st in streams.values() for s in st)) + [
         s for s in dict.fromkeys(pack_specs) if not any(s in st for st in streams.values())]
     inputs = {s: _inputs(s, rng, be.name) for s in specs}
-    shipped = _shipped_pack(be)
-    if shipped:   # its cubins spare the table the compiles (what a server on this GPU gets)
-        from adaptive.packs.format import read_pack
-        from adaptive.packs.install import install_cubins
-        install_cubins(read_pack(shipped))
+    from adaptive.packs.format import FOREIGN_WEIGHT, read_pack
+    from adaptive.packs.install import install_cubins
+    shipped_paths, own = _shipped_packs(be)
+    # the report's name of them: another device's (a GPU with no pack of its own starts from
+    # those of its compute capability, as a server's start does) says so
+    shipped = ", ".join(Path(p).name for p in shipped_paths) + (
+        "" if own or not shipped_paths else " (another device's, rows weighted "
+        f"{FOREIGN_WEIGHT})")
+    for path in shipped_paths:   # their cubins spare the table the compiles (as a server)
+        install_cubins(read_pack(path))
     if be.name == "cuda":   # the rest compile on all cores before anything is timed
         from adaptive.packs.build import precompile
         errors = precompile("cuda", be.arch, [
@@ -780,9 +785,10 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
                     ("learned-cold", _dispatcher(be, Learned(LiveModel(), **learned))),
                     ("learned-pack", _dispatcher(be, Learned(LiveModel(), **learned),
                                                  local_pack))]
-            if shipped:
+            if shipped_paths:
                 live.append(("learned-shipped",
-                             _dispatcher(be, Learned(LiveModel(), **learned), shipped)))
+                             _dispatcher(be, Learned(LiveModel(), **learned),
+                                         *shipped_paths)))
             for label, d in live:
                 doing(f"selection: {name} stream, {label}")
                 result, choices[(label, "live")], whys[(label, "live")] = _live(
@@ -815,20 +821,24 @@ def _settle(dispatcher, timeout_s: float = 120.0) -> float:
     return time.perf_counter() - t0
 
 
-def _dispatcher(be, policy, pack: str | None = None):
+def _dispatcher(be, policy, *packs: str):
     """A dispatcher on its own registry of the built-in variants, so no pack reaches it
-    unless given here, its candidates made as a started one's; with ``pack``, loaded the
-    way a server loads one (``load_pack``), the model's first fit done before the stream
-    starts."""
+    unless given here, its candidates made as a started one's; with ``packs``, loaded the
+    way a server loads them (``load_pack``; another device's down-weighted), the model's
+    first fit done before the stream starts."""
+    import warnings
     from adaptive.dispatch import Dispatcher
-    from adaptive.packs.install import load_pack
+    from adaptive.packs.install import PackDeviceWarning, load_pack
     from adaptive.variants import default_registry
     d = Dispatcher(be, policy=policy, registry=default_registry())
     d.prepare_candidates()   # as adaptive.runtime.start does: not on each op's first miss
-    if pack is not None:
-        report = load_pack(pack, registry=d.registry, fingerprint=be.fingerprint())
+    for pack in packs:
+        with warnings.catch_warnings():   # the report names another device's packs
+            warnings.simplefilter("ignore", PackDeviceWarning)
+            report = load_pack(pack, registry=d.registry, fingerprint=be.fingerprint())
         if not report.rows:
             raise RuntimeError(f"pack {pack} gave no rows for {be.name}: {report}")
+    if packs:
         policy.model.wait()
     return d
 
@@ -844,11 +854,13 @@ def _write_pack(be, rows, path: Path) -> str:
     return str(path)
 
 
-def _shipped_pack(be) -> str | None:
-    """The shipped pack measured on this very device, if there is one."""
-    from adaptive.packs.install import shipped_packs_for
-    found = shipped_packs_for(be.fingerprint())
-    return str(found[0]) if found else None
+def _shipped_packs(be) -> tuple[list[str], bool]:
+    """The shipped packs a server on this device starts from, and whether they were
+    measured on it: its own, else those of its compute capability
+    (:func:`~adaptive.packs.install.shipped_packs_like`); ``([], False)`` where none."""
+    from adaptive.packs.install import shipped_packs_for, shipped_packs_like
+    own = shipped_packs_for(be.fingerprint())
+    return [str(p) for p in (own or shipped_packs_like(be.fingerprint()))], bool(own)
 
 
 def _row_specs(table, specs):

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# run S168 (about 450-520 s, one call, any Hopper card; the thirty-ninth session's first):
+# run S168 (about 300 s, at most 520 s by its timeouts, one call, any Hopper card; the
+# thirty-ninth session's first):
 # on an H200, run S161 (the contention on the H200's pack, the vocabulary softmax into it:
 # commit $OUT/merged.msgpack as adaptive/packs/h200.msgpack, then the selection and the
 # mixed table on it); on an H100, on its pack with S167's vocabulary rows (18,508 rows):
 # the selection (S166's uniform-mix read 1.078 from softmax R=64 C=32000 committed at 1.21x
 # before those rows), the main job's mixed table and the contention (exploring samples read
-# past their expired gate dropped and counted per condition)
+# past their expired gate dropped and counted per condition), then the selection with the
+# H100's own pack set aside: learned-shipped then starts from the H200's pack, as a GPU of
+# compute capability 9.0 with no pack of its own does (thirty-eighth session; the CPU replay
+# of H200 -> H100 read 1.000-1.045 per op against cold's 1.000-1.177)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -16,5 +20,5 @@ echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
 selection 150
 mixed_table 120 s168
 contention 140
-grep -E "over the bar; its key's history|policy:" "$OUT/contention.log" | cut -c1-1200
-rm -f "$OUT/contention.json"
+contention_lines
+selection_foreign 110

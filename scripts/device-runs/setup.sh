@@ -205,16 +205,36 @@ require_gpu() {
   esac
 }
 
-# benchmarks/gpu_contention.py with this GPU's shipped pack set aside (every key decided
-# cold, as on a card without a pack), its targets, the history of each row over the bar and
-# each condition's policy line printed, the pack put back (from run S165 on):
-#   contention_cold TIMEOUT [ARGS]
+# benchmarks/gpu_contention.py with every shipped pack set aside (every key decided cold,
+# as on a card with no pack of its compute capability either), its targets, the history of
+# each row over the bar and each condition's policy line printed, the packs put back (from
+# run S165 on; until the thirty-eighth session's shipped_packs_like, this GPU's pack alone
+# was set aside, which then left it cold): contention_cold TIMEOUT [ARGS]
 contention_cold() {
-  local pack
-  pack=$(card_pack) || return 1
-  mv "$pack" /tmp/aside.msgpack && echo "set aside: $pack"
+  mkdir -p /tmp/aside && mv adaptive/packs/*.msgpack /tmp/aside/ && echo "set aside: $(ls /tmp/aside)"
   contention "$@"
+  contention_lines
+  mv /tmp/aside/*.msgpack adaptive/packs/
+}
+
+# the contention's policy line per condition and the history of each row over the bar
+# printed, its large JSON dropped from $OUT (from run S168 on): contention_lines
+contention_lines() {
   grep -E "over the bar; its key's history|policy:" "$OUT/contention.log" | cut -c1-1500
   rm -f "$OUT/contention.json"
-  mv /tmp/aside.msgpack "$pack"
+}
+
+# benchmarks/gpu_selection.py with this GPU's own shipped pack set aside, so that
+# learned-shipped starts from the shipped packs of its compute capability, as a GPU with no
+# pack of its own does (shipped_packs_like), into $OUT/foreign and $OUT/selection_foreign.log,
+# its learned-shipped lines printed, the pack put back (from run S168 on):
+#   selection_foreign TIMEOUT
+selection_foreign() {
+  local pack t0=$SECONDS
+  pack=$(card_pack) || return 1
+  mkdir -p "$OUT/foreign" && mv "$pack" /tmp/own.msgpack && echo "set aside: $pack"
+  timeout "$1" python3 benchmarks/gpu_selection.py --out "$OUT/foreign" > "$OUT/selection_foreign.log" 2>&1
+  echo "selection (foreign packs) rc=$? $((SECONDS-t0)) s"
+  grep -E "^steady/oracle over|shipped pack|model accuracy|learned-shipped:|BEAT|NOT" "$OUT/selection_foreign.log" | cut -c1-260
+  mv /tmp/own.msgpack "$pack"
 }

@@ -781,6 +781,12 @@ def test_a_gpu_without_its_own_pack_gets_those_of_its_compute_capability(tmp_pat
     assert install.shipped_packs_like(a100_40) == [got["a100"]]
     assert install.shipped_packs_like(H200_FP) == []          # its own pack is shipped
     assert install.shipped_packs_like(HOST_FP) == []
+    # the selection benchmark's learned-shipped starts from the same packs
+    import types
+    from adaptive.bench.selection import _shipped_packs
+    on = lambda fp: _shipped_packs(types.SimpleNamespace(fingerprint=lambda: fp))  # noqa: E731
+    assert on(pcie) == ([str(got["h100"]), str(got["h200"])], False)
+    assert on(H200_FP) == ([str(got["h200"])], True) and on(HOST_FP) == ([], False)
 
 
 def test_the_start_loads_them_down_weighted_and_says_so_once(tmp_path, monkeypatch, caplog):
