@@ -59,7 +59,7 @@ HOLD_US = 1000.0
 # call; the backend's GateRelease.expired says so) may have been read past its gate: the
 # start event fired, and the device waited for the host's late kernels inside the pair.
 # Its reading may hold up to the issuing's excess over the hold. Where that excess is over
-# PAST_GATE_SHARE of the reading, and the window over PAST_GATE_ISSUE times the variant's
+# PAST_GATE_SHARE of the reading, and the issuing over PAST_GATE_ISSUE times the variant's
 # least recent issuing (a variant that issues slowly by nature, e.g. one that synchronises,
 # always outlasts the hold), the sample is dropped and the candidate's turn is given again,
 # at most PAST_GATE_RETRIES times per candidate in one exploration (then its samples count

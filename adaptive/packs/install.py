@@ -252,7 +252,9 @@ def shipped_packs_for(fingerprint: Mapping) -> list[Path]:
 def shipped_packs_like(fingerprint: Mapping) -> list[Path]:
     """Where no shipped pack was measured on the device ``fingerprint`` describes: the
     shipped packs of its backend and compute capability measured on the device nearest in
-    SM count (all of them on a tie), for their rows to serve as priors; [] for a device
+    SM count, then sharing the most words of its name (an H100 PCIe: the H100 SXM's pack
+    before the H200's), all of them on a tie, for their rows to serve as priors (each pack
+    more is a longer first fit); [] for a device
     without a compute capability (the host) or with no such pack. A model fitted on the
     H200 pack alone, each decided input held out of it, decided the H100 pack's 275 inputs
     at committed/best geomean 1.000-1.045 per op (79-100% within 5%), about what the H100's
@@ -272,10 +274,15 @@ def shipped_packs_like(fingerprint: Mapping) -> list[Path]:
             continue
         if (fp.get("backend") == fingerprint.get("backend")
                 and fp.get("cc", fp.get("compute_capability")) == cc):
-            like.append((abs(int(fp.get("sm_count", 0)) - int(fingerprint.get("sm_count", 0))),
-                         p))
+            sms = abs(int(fp.get("sm_count", 0)) - int(fingerprint.get("sm_count", 0)))
+            like.append(((sms, -len(words(fp) & words(fingerprint))), p))
     nearest = min((d for d, _ in like), default=None)
     return [p for d, p in like if d == nearest]
+
+
+def words(fingerprint: Mapping) -> set[str]:
+    """The words of a device's name, lower case ("NVIDIA H100 PCIe": nvidia, h100, pcie)."""
+    return set(str(fingerprint.get("name", "")).lower().split())
 
 
 def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadReport]:

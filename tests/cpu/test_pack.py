@@ -766,15 +766,18 @@ A100_FP = {"backend": "cuda", "name": "NVIDIA A100-SXM4-80GB", "cc": 80, "sm_cou
 
 def test_a_gpu_without_its_own_pack_gets_those_of_its_compute_capability(tmp_path,
                                                                          monkeypatch):
-    """An H100 PCIe (cc 9.0, 114 SMs) has no shipped pack: the H200's and the H100 SXM's
-    (cc 9.0, 132 SMs each: a tie) serve; an A100's (cc 8.0) never does. A device with a
-    pack of its own, one with no pack of its compute capability, and the host get none."""
+    """An H100 PCIe (cc 9.0, 114 SMs) has no shipped pack: of the H200's and the H100 SXM's
+    (cc 9.0, 132 SMs each: a tie in SMs) the H100's, which shares more of its name, serves;
+    a GH200 ties on both and gets both; an A100's (cc 8.0) never serves them. A device with
+    a pack of its own, one with no pack of its compute capability, and the host get none."""
     got = _shipped(tmp_path, monkeypatch, {"a100": A100_FP, "h100": H100_FP, "h200": H200_FP})
     pcie = {"backend": "cuda", "name": "NVIDIA H100 PCIe", "cc": 90, "sm_count": 114}
     assert install.shipped_packs_for(pcie) == []
-    assert install.shipped_packs_like(pcie) == [got["h100"], got["h200"]]
-    nvl = {**pcie, "name": "NVIDIA GH200 480GB", "sm_count": 132}
-    assert install.shipped_packs_like(nvl) == [got["h100"], got["h200"]]
+    assert install.shipped_packs_like(pcie) == [got["h100"]]
+    gh200 = {**pcie, "name": "NVIDIA GH200 480GB", "sm_count": 132}
+    assert install.shipped_packs_like(gh200) == [got["h100"], got["h200"]]
+    fewer = {**gh200, "sm_count": 120}      # nearer in SMs to neither: both still tie
+    assert install.shipped_packs_like(fewer) == [got["h100"], got["h200"]]
     a40 = {"backend": "cuda", "name": "NVIDIA A40", "cc": 86, "sm_count": 84}
     assert install.shipped_packs_like(a40) == []
     a100_40 = {**A100_FP, "name": "NVIDIA A100-SXM4-40GB"}
@@ -785,14 +788,16 @@ def test_a_gpu_without_its_own_pack_gets_those_of_its_compute_capability(tmp_pat
     import types
     from adaptive.bench.selection import _shipped_packs
     on = lambda fp: _shipped_packs(types.SimpleNamespace(fingerprint=lambda: fp))  # noqa: E731
-    assert on(pcie) == ([str(got["h100"]), str(got["h200"])], False)
+    assert on(gh200) == ([str(got["h100"]), str(got["h200"])], False)
+    assert on(pcie) == ([str(got["h100"])], False)
     assert on(H200_FP) == ([str(got["h200"])], True) and on(HOST_FP) == ([], False)
 
 
 def test_the_start_loads_them_down_weighted_and_says_so_once(tmp_path, monkeypatch, caplog):
-    """At the start on such a GPU, the packs of its compute capability load with their rows
-    weighted FOREIGN_WEIGHT, one warning naming them and how to build a pack for this GPU
-    (no PackDeviceWarning per pack); a GPU with its own pack loads it alone, weight 1."""
+    """At the start on such a GPU (a GH200), the packs of its compute capability load with
+    their rows weighted FOREIGN_WEIGHT, one warning naming them and how to build a pack for
+    this GPU (no PackDeviceWarning per pack); a GPU with its own pack loads it alone, weight
+    1."""
     import types
     _shipped(tmp_path, monkeypatch, {"a100": A100_FP, "h100": H100_FP, "h200": H200_FP})
 
@@ -807,14 +812,14 @@ def test_the_start_loads_them_down_weighted_and_says_so_once(tmp_path, monkeypat
             reports = install.load_startup_packs(backend, reg)
         assert d.registry is reg
         return reports, policy
-    pcie = {"backend": "cuda", "name": "NVIDIA H100 PCIe", "cc": 90, "sm_count": 114}
     caplog.set_level("WARNING", logger="adaptive")
-    reports, policy = started(pcie)
+    gh200 = {"backend": "cuda", "name": "NVIDIA GH200 480GB", "cc": 90, "sm_count": 132}
+    reports, policy = started(gh200)
     assert [Path(r.path).stem for r in reports] == ["h100", "h200"]
     assert all(r.weight == packs.FOREIGN_WEIGHT and not r.same_device for r in reports)
     assert [w for _, w in policy.given] == [packs.FOREIGN_WEIGHT] * 2
     [warning] = [r.message for r in caplog.records if "no shipped pack" in r.message]
-    assert "NVIDIA H100 PCIe" in warning and "h100.msgpack, h200.msgpack" in warning
+    assert "NVIDIA GH200 480GB" in warning and "h100.msgpack, h200.msgpack" in warning
     assert "benchmarks/gpu_pack.py" in warning and str(packs.FOREIGN_WEIGHT) in warning
     reports, policy = started(H200_FP)
     assert [Path(r.path).stem for r in reports] == ["h200"] and reports[0].weight == 1.0
