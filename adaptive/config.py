@@ -32,7 +32,8 @@ class Config:
     packs: str = dataclasses.field(default="", metadata={
         "env": "ADAPTIVE_PACKS", "doc": "variant packs to load at start, ':'-separated"})
     counter_log: str = dataclasses.field(default="", metadata={
-        "env": "ADAPTIVE_COUNTER_LOG", "doc": "append a counter-log record of launches to this path"})
+        "env": "ADAPTIVE_COUNTER_LOG",
+        "doc": "append a counter-log record of launches to this path"})
     counter_log_every: int = dataclasses.field(default=16, metadata={
         "env": "ADAPTIVE_COUNTER_LOG_EVERY", "doc": "counter log: time and log every Nth "
         "launch per dispatcher (1: all; the rate is written in the log)"})
@@ -57,8 +58,14 @@ class Config:
     issue_charge: str = dataclasses.field(default="sum", metadata={
         "env": "ADAPTIVE_ISSUE_CHARGE", "doc": "how exploring samples are charged the host's "
         "issuing: sum, max, regime or measured (Dispatcher.issue_charge)"})
+    sibling_packs: str = dataclasses.field(default="auto", metadata={
+        "env": "ADAPTIVE_SIBLING_PACKS", "doc": "shipped packs measured on another GPU of "
+        "this one's compute capability, loaded at the start with their rows weighted 0.25: "
+        "auto (only on a GPU with no shipped pack of its own: those of the nearest device), "
+        "on (also beside its own: every other one), off (never)"})
     sample_every: int = dataclasses.field(default=64, metadata={
-        "env": "ADAPTIVE_SAMPLE_EVERY", "doc": "time one in N warm launches for feedback (0: never)"})
+        "env": "ADAPTIVE_SAMPLE_EVERY",
+        "doc": "time one in N warm launches for feedback (0: never)"})
     plan_cache_size: int = dataclasses.field(default=4096, metadata={
         "env": "ADAPTIVE_PLAN_CACHE_SIZE", "doc": "decided plans one dispatcher keeps (oldest "
         "unsampled evicted first; pinned plans the same, prepared ones 4x)"})
@@ -72,13 +79,16 @@ class Config:
         "verified on a device; adaptive env marks them) as candidates too, on dispatchers "
         "made after it is set (1: opt in; 0: they run only where named)"})
     max_threads: int = dataclasses.field(default=0, metadata={
-        "env": "ADAPTIVE_MAX_THREADS", "doc": "host backend: largest thread count tried (0: all cores)"})
+        "env": "ADAPTIVE_MAX_THREADS",
+        "doc": "host backend: largest thread count tried (0: all cores)"})
     regen_generator: str = dataclasses.field(default="off", metadata={
         "env": "ADAPTIVE_REGEN", "doc": "background regeneration: off, parametric, hf, openai"})
     regen_threshold: float = dataclasses.field(default=0.25, metadata={
-        "env": "ADAPTIVE_REGEN_THRESHOLD", "doc": "regenerate a hot key whose efficiency stays below"})
+        "env": "ADAPTIVE_REGEN_THRESHOLD",
+        "doc": "regenerate a hot key whose efficiency stays below"})
     regen_min_samples: int = dataclasses.field(default=8, metadata={
-        "env": "ADAPTIVE_REGEN_MIN_SAMPLES", "doc": "sampled launches of a key before it can trigger"})
+        "env": "ADAPTIVE_REGEN_MIN_SAMPLES",
+        "doc": "sampled launches of a key before it can trigger"})
     regen_interval_s: float = dataclasses.field(default=300.0, metadata={
         "env": "ADAPTIVE_REGEN_INTERVAL_S", "doc": "least time between two regeneration requests"})
     regen_budget_s: float = dataclasses.field(default=600.0, metadata={
@@ -164,6 +174,7 @@ def describe() -> str:
     """One line per environment variable: name, default, doc."""
     lines = []
     for field in dataclasses.fields(Config):
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        default = (field.default if field.default is not dataclasses.MISSING
+                   else field.default_factory())
         lines.append(f"{field.metadata['env']:<28} default {default!r:<24} {field.metadata['doc']}")
     return "\n".join(lines)

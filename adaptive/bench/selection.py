@@ -753,7 +753,8 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
     # the report's name of them: another device's (a GPU with no pack of its own starts from
     # those of its compute capability, as a server's start does) says so
     shipped = ", ".join(Path(p).name for p in shipped_paths) + (
-        "" if own or not shipped_paths else " (another device's, rows weighted "
+        "" if len(shipped_paths) < 1 + own else
+        f" (another device's: {'all but the first' if own else 'all'}, rows weighted "
         f"{FOREIGN_WEIGHT})")
     for path in shipped_paths:   # their cubins spare the table the compiles (as a server)
         install_cubins(read_pack(path))
@@ -855,12 +856,12 @@ def _write_pack(be, rows, path: Path) -> str:
 
 
 def _shipped_packs(be) -> tuple[list[str], bool]:
-    """The shipped packs a server on this device starts from, and whether they were
-    measured on it: its own, else those of its compute capability
-    (:func:`~adaptive.packs.install.shipped_packs_like`); ``([], False)`` where none."""
-    from adaptive.packs.install import shipped_packs_for, shipped_packs_like
-    own = shipped_packs_for(be.fingerprint())
-    return [str(p) for p in (own or shipped_packs_like(be.fingerprint()))], bool(own)
+    """The shipped packs a server on this device starts from
+    (:func:`~adaptive.packs.install.startup_shipped`), and whether any was measured on it;
+    ``([], False)`` where none."""
+    from adaptive.packs.install import startup_shipped
+    shipped = startup_shipped(be.fingerprint())
+    return [str(p) for p, _ in shipped], any(own for _, own in shipped)
 
 
 def _row_specs(table, specs):

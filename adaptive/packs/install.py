@@ -254,30 +254,40 @@ def shipped_packs_like(fingerprint: Mapping) -> list[Path]:
     shipped packs of its backend and compute capability measured on the device nearest in
     SM count, then sharing the most words of its name (an H100 PCIe: the H100 SXM's pack
     before the H200's), all of them on a tie, for their rows to serve as priors (each pack
-    more is a longer first fit); [] for a device
-    without a compute capability (the host) or with no such pack. A model fitted on the
-    H200 pack alone, each decided input held out of it, decided the H100 pack's 275 inputs
-    at committed/best geomean 1.000-1.045 per op (79-100% within 5%), about what the H100's
-    own pack does held out (1.000-1.037), where deciding cold (no model) read 1.000-1.177
-    (15-100% within 5%); the other way round, 1.000-1.016 against cold's 1.000-1.170
+    more is a longer first fit); [] for a device without a compute capability (the host),
+    with a pack of its own, or with no such pack. A model fitted on the H200 pack alone,
+    each decided input held out of it, decided the H100 pack's 275 inputs at committed/best
+    geomean 1.000-1.045 per op (79-100% within 5%), about what the H100's own pack does
+    held out (1.000-1.037), where deciding cold (no model) read 1.000-1.177 (15-100% within
+    5%); the other way round, 1.000-1.016 against cold's 1.000-1.170
     (``benchmarks/cpu_replay_foreign.py``)."""
+    if shipped_packs_for(fingerprint):
+        return []
+    like = _siblings(fingerprint)
+    nearest = min((d for d, _ in like), default=None)
+    return [p for d, p in like if d == nearest]
+
+
+def _siblings(fingerprint: Mapping) -> list[tuple[tuple, Path]]:
+    """The shipped packs of ``fingerprint``'s backend and compute capability measured on
+    another device, each with its distance to it: (SM count difference, less the words of
+    the name shared)."""
     from adaptive.packs import shipped_packs
     cc = fingerprint.get("cc", fingerprint.get("compute_capability"))
-    if cc is None or shipped_packs_for(fingerprint):
+    if cc is None:
         return []
-    like = []
+    out = []
     for p in shipped_packs():
         try:
             fp = _cached_header(p).get("fingerprint", {})
         except PackError as exc:
             log.error("shipped pack refused: %s", exc)
             continue
-        if (fp.get("backend") == fingerprint.get("backend")
+        if (fp.get("backend") == fingerprint.get("backend") and not same_device(fp, fingerprint)
                 and fp.get("cc", fp.get("compute_capability")) == cc):
             sms = abs(int(fp.get("sm_count", 0)) - int(fingerprint.get("sm_count", 0)))
-            like.append(((sms, -len(words(fp) & words(fingerprint))), p))
-    nearest = min((d for d, _ in like), default=None)
-    return [p for d, p in like if d == nearest]
+            out.append(((sms, -len(words(fp) & words(fingerprint))), p))
+    return out
 
 
 def words(fingerprint: Mapping) -> set[str]:
@@ -285,10 +295,38 @@ def words(fingerprint: Mapping) -> set[str]:
     return set(str(fingerprint.get("name", "")).lower().split())
 
 
+SIBLING_PACKS = ("auto", "on", "off")
+
+
+def startup_shipped(fingerprint: Mapping, siblings: str | None = None
+                    ) -> list[tuple[Path, bool]]:
+    """The shipped packs a start loads for the device ``fingerprint`` describes, each with
+    whether it was measured on it: its own; with ``siblings`` (``ADAPTIVE_SIBLING_PACKS``
+    where None) "auto", where it has none, those of :func:`shipped_packs_like`; "on", every
+    other pack of its compute capability beside its own too; "off", none of another device.
+    Held out by input on the H200 pack, the H100 pack's rows beside it (weighted 0.25) moved
+    committed/best per op by -0.012 to +0.002 over three seeds of the model (attention's
+    worst 1.21-1.28x -> 1.07-1.11x), and with the H100's rows of the decided inputs kept,
+    spmm 1.025 -> 1.007 and 82% -> 95% within 5%: the packs' inputs differ (CPU replay,
+    thirty-eighth session, docs/benchmarks.md)."""
+    from adaptive import config
+    siblings = config.get().sibling_packs if siblings is None else siblings
+    if siblings not in SIBLING_PACKS:
+        raise ValueError(f"ADAPTIVE_SIBLING_PACKS={siblings!r}: expected one of "
+                         f"{', '.join(SIBLING_PACKS)}")
+    own = [(p, True) for p in shipped_packs_for(fingerprint)]
+    if siblings == "off" or (own and siblings == "auto"):
+        return own
+    if own:
+        return own + [(p, False) for _, p in sorted(_siblings(fingerprint),
+                                                     key=lambda dp: dp[0])]
+    return [(p, False) for p in shipped_packs_like(fingerprint)]
+
+
 def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadReport]:
     """``ADAPTIVE_PACKS`` and the shipped packs matching ``backend``'s device, once per
     registry and device (:func:`adaptive.runtime.start` calls this); with none matching,
-    those of its compute capability (:func:`shipped_packs_like`), their rows weighted
+    those of its compute capability (:func:`startup_shipped`), their rows weighted
     :data:`FOREIGN_WEIGHT`, said once in a warning."""
     from adaptive import config
     registry = shared_registry() if registry is None else registry
@@ -301,14 +339,18 @@ def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadRe
     for p in [p for p in config.get().packs.split(":") if p]:
         mine = _backend_of(p) == backend.name
         reports.append(load_pack(p, registry, fp if mine else None))
-    like = shipped_packs_like(fp)
-    if like:
+    shipped = startup_shipped(fp)
+    others = [p.name for p, own in shipped if not own]
+    if others and not any(own for _, own in shipped):
         log.warning("no shipped pack was measured on this GPU (%s); the shipped packs of its "
                     "compute capability serve as the model's priors, their rows weighted %s: "
                     "%s. A pack for this GPU: python benchmarks/gpu_pack.py (about 7 min on "
-                    "an H100)", describe_device(fp), FOREIGN_WEIGHT,
-                    ", ".join(p.name for p in like))
-    for p in shipped_packs_for(fp) or like:
+                    "an H100)", describe_device(fp), FOREIGN_WEIGHT, ", ".join(others))
+    elif others:
+        log.info("beside this GPU's shipped pack, those of other GPUs of its compute "
+                 "capability, their rows weighted %s (ADAPTIVE_SIBLING_PACKS=on): %s",
+                 FOREIGN_WEIGHT, ", ".join(others))
+    for p, _ in shipped:
         try:
             with warnings.catch_warnings():   # said once above, not once per pack
                 warnings.simplefilter("ignore", PackDeviceWarning)

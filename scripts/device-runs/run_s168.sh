@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run S168 (about 300 s, at most 520 s by its timeouts, one call, any Hopper card; the
+# run S168 (about 400 s, at most 560 s by its timeouts, one call, any Hopper card; the
 # thirty-ninth session's first):
 # on an H200, run S161 (the contention on the H200's pack, the vocabulary softmax into it:
 # commit $OUT/merged.msgpack as adaptive/packs/h200.msgpack, then the selection and the
@@ -9,7 +9,10 @@
 # past their expired gate dropped and counted per condition), then the selection with the
 # H100's own pack set aside: learned-shipped then starts from the H200's pack, as a GPU of
 # compute capability 9.0 with no pack of its own does (thirty-eighth session; the CPU replay
-# of H200 -> H100 read 1.000-1.045 per op against cold's 1.000-1.177)
+# of H200 -> H100 read 1.000-1.045 per op against cold's 1.000-1.177), and the selection
+# with ADAPTIVE_SIBLING_PACKS=on (the H200's pack beside the H100's own, weighted 0.25; the
+# CPU replay put the other card's rows beside a pack at -0.012 to +0.002 per op, and far
+# better where the packs' inputs differ)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -17,8 +20,9 @@ case "$name" in *H200*) echo "gpu: $name"; source "$(dirname "$0")/run_s161.sh";
 require_gpu H100
 pack=$(card_pack)
 echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
-selection 150
-mixed_table 120 s168
-contention 140
+selection 130
+mixed_table 80 s168
+contention 110
 contention_lines
-selection_foreign 110
+selection_foreign 120
+ADAPTIVE_SIBLING_PACKS=on selection_as siblings 120

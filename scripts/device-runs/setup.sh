@@ -224,17 +224,25 @@ contention_lines() {
   rm -f "$OUT/contention.json"
 }
 
-# benchmarks/gpu_selection.py with this GPU's own shipped pack set aside, so that
-# learned-shipped starts from the shipped packs of its compute capability, as a GPU with no
-# pack of its own does (shipped_packs_like), into $OUT/foreign and $OUT/selection_foreign.log,
-# its learned-shipped lines printed, the pack put back (from run S168 on):
+# benchmarks/gpu_selection.py again into $OUT/NAME and $OUT/selection_NAME.log, its overall
+# and learned-shipped lines printed (from run S168 on; the environment decides what differs,
+# e.g. ADAPTIVE_SIBLING_PACKS=on selection_as siblings 110): selection_as NAME TIMEOUT
+selection_as() {
+  local t0=$SECONDS
+  mkdir -p "$OUT/$1"
+  timeout "$2" python3 benchmarks/gpu_selection.py --out "$OUT/$1" > "$OUT/selection_$1.log" 2>&1
+  echo "selection ($1) rc=$? $((SECONDS-t0)) s"
+  grep -E "^steady/oracle over|shipped pack|model accuracy|learned-shipped:|BEAT|NOT" "$OUT/selection_$1.log" | cut -c1-260
+}
+
+# the selection with this GPU's own shipped pack set aside, so that learned-shipped starts
+# from the shipped packs of its compute capability, as a GPU with no pack of its own does
+# (shipped_packs_like), into $OUT/foreign, the pack put back (from run S168 on):
 #   selection_foreign TIMEOUT
 selection_foreign() {
-  local pack t0=$SECONDS
+  local pack
   pack=$(card_pack) || return 1
-  mkdir -p "$OUT/foreign" && mv "$pack" /tmp/own.msgpack && echo "set aside: $pack"
-  timeout "$1" python3 benchmarks/gpu_selection.py --out "$OUT/foreign" > "$OUT/selection_foreign.log" 2>&1
-  echo "selection (foreign packs) rc=$? $((SECONDS-t0)) s"
-  grep -E "^steady/oracle over|shipped pack|model accuracy|learned-shipped:|BEAT|NOT" "$OUT/selection_foreign.log" | cut -c1-260
+  mv "$pack" /tmp/own.msgpack && echo "set aside: $pack"
+  selection_as foreign "$1"
   mv /tmp/own.msgpack "$pack"
 }

@@ -793,6 +793,28 @@ def test_a_gpu_without_its_own_pack_gets_those_of_its_compute_capability(tmp_pat
     assert on(H200_FP) == ([str(got["h200"])], True) and on(HOST_FP) == ([], False)
 
 
+def test_sibling_packs_beside_a_gpus_own_pack_are_asked_for(tmp_path, monkeypatch):
+    """ADAPTIVE_SIBLING_PACKS: "auto" loads another device's packs only where the GPU has
+    none of its own; "on" also beside its own (every other pack of its compute capability,
+    nearest first); "off" never. A bad value names the accepted ones."""
+    got = _shipped(tmp_path, monkeypatch, {"a100": A100_FP, "h100": H100_FP, "h200": H200_FP})
+    pcie = {"backend": "cuda", "name": "NVIDIA H100 PCIe", "cc": 90, "sm_count": 114}
+    assert install.startup_shipped(H200_FP, "auto") == [(got["h200"], True)]
+    assert install.startup_shipped(H200_FP, "on") == [(got["h200"], True),
+                                                      (got["h100"], False)]
+    assert install.startup_shipped(H200_FP, "off") == [(got["h200"], True)]
+    assert install.startup_shipped(pcie, "auto") == [(got["h100"], False)]
+    assert install.startup_shipped(pcie, "on") == [(got["h100"], False)]
+    assert install.startup_shipped(pcie, "off") == []
+    assert install.startup_shipped(HOST_FP, "on") == []
+    with config.override(sibling_packs="on"):
+        assert install.startup_shipped(H100_FP) == [(got["h100"], True), (got["h200"], False)]
+    with pytest.raises(ValueError, match=r"ADAPTIVE_SIBLING_PACKS='all': expected one of "
+                                         r"auto, on, off"):
+        install.startup_shipped(H200_FP, "all")
+    assert config.from_env({"ADAPTIVE_SIBLING_PACKS": "on"}).sibling_packs == "on"
+
+
 def test_the_start_loads_them_down_weighted_and_says_so_once(tmp_path, monkeypatch, caplog):
     """At the start on such a GPU (a GH200), the packs of its compute capability load with
     their rows weighted FOREIGN_WEIGHT, one warning naming them and how to build a pack for
@@ -823,4 +845,9 @@ def test_the_start_loads_them_down_weighted_and_says_so_once(tmp_path, monkeypat
     assert "benchmarks/gpu_pack.py" in warning and str(packs.FOREIGN_WEIGHT) in warning
     reports, policy = started(H200_FP)
     assert [Path(r.path).stem for r in reports] == ["h200"] and reports[0].weight == 1.0
+    assert not [r for r in caplog.records if "no shipped pack" in r.message]
+    with config.override(sibling_packs="on"):   # another GPU's beside its own, 0.25
+        reports, policy = started(H200_FP)
+    assert [(Path(r.path).stem, r.weight) for r in reports] == [
+        ("h200", 1.0), ("h100", packs.FOREIGN_WEIGHT)]
     assert not [r for r in caplog.records if "no shipped pack" in r.message]
