@@ -304,11 +304,11 @@ def startup_shipped(fingerprint: Mapping, siblings: str | None = None
     whether it was measured on it: its own; with ``siblings`` (``ADAPTIVE_SIBLING_PACKS``
     where None) "auto", where it has none, those of :func:`shipped_packs_like`; "on", every
     other pack of its compute capability beside its own too; "off", none of another device.
-    Held out by input on the H200 pack, the H100 pack's rows beside it (weighted 0.25) moved
-    committed/best per op by -0.012 to +0.002 over three seeds of the model (attention's
-    worst 1.21-1.28x -> 1.07-1.11x), and with the H100's rows of the decided inputs kept,
-    spmm 1.025 -> 1.007 and 82% -> 95% within 5%: the packs' inputs differ (CPU replay,
-    thirty-eighth session, docs/benchmarks.md)."""
+    Held out by input on the H200 pack over three seeds of the model, the H100 pack's rows
+    beside its own (weighted 0.25) read committed/best 1.000-1.002 per op on inputs the
+    H100 measured (own alone: up to 1.024), and on inputs neither card measured moved
+    attention by -0.007 to +0.001 and spmm by +0.003 to +0.018: hence "auto" (the default)
+    (``benchmarks/cpu_replay_foreign.py --beside``, docs/benchmarks.md)."""
     from adaptive import config
     siblings = config.get().sibling_packs if siblings is None else siblings
     if siblings not in SIBLING_PACKS:

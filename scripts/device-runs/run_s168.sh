@@ -10,9 +10,9 @@
 # H100's own pack set aside: learned-shipped then starts from the H200's pack, as a GPU of
 # compute capability 9.0 with no pack of its own does (thirty-eighth session; the CPU replay
 # of H200 -> H100 read 1.000-1.045 per op against cold's 1.000-1.177), and the selection
-# with ADAPTIVE_SIBLING_PACKS=on (the H200's pack beside the H100's own, weighted 0.25; the
-# CPU replay put the other card's rows beside a pack at -0.012 to +0.002 per op, and far
-# better where the packs' inputs differ)
+# with ADAPTIVE_SIBLING_PACKS=on (the H200's pack beside the H100's own, weighted 0.25; in
+# the CPU replay the other card's rows took inputs it measured to 1.000-1.002 per op, and
+# moved spmm on inputs neither measured by +0.003 to +0.018)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
