@@ -30,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("-o", "--out", required=True, help="the pack file to write")
     b.add_argument("--ops", default="", help="comma-separated ops (default: all in --shapes)")
     b.add_argument("--shapes", default="default",
-                   help="a preset (quick, default) or a .json/.toml file {op: [{dims: ...}]}")
+                   help="a preset (quick, default, or wide: the shipped packs') or a "
+                        ".json/.toml file {op: [{dims: ...}]}")
     b.add_argument("--backend", default="auto", choices=("auto", "cuda", "host"))
     b.add_argument("--workers", type=int, default=None,
                    help="worker processes (default: one per GPU; one on the host backend)")

@@ -344,8 +344,10 @@ def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadRe
     if others and not any(own for _, own in shipped):
         log.warning("no shipped pack was measured on this GPU (%s); the shipped packs of its "
                     "compute capability serve as the model's priors, their rows weighted %s: "
-                    "%s. A pack for this GPU: python benchmarks/gpu_pack.py (about 7 min on "
-                    "an H100)", describe_device(fp), FOREIGN_WEIGHT, ", ".join(others))
+                    "%s. A pack for this GPU: adaptive pack build --shapes wide --cubins -o "
+                    "this-gpu.msgpack (about 10 min on an H100), then "
+                    "ADAPTIVE_PACKS=this-gpu.msgpack", describe_device(fp), FOREIGN_WEIGHT,
+                    ", ".join(others))
     elif others:
         log.info("beside this GPU's shipped pack, those of other GPUs of its compute "
                  "capability, their rows weighted %s (ADAPTIVE_SIBLING_PACKS=on): %s",

@@ -842,7 +842,8 @@ def test_the_start_loads_them_down_weighted_and_says_so_once(tmp_path, monkeypat
     assert [w for _, w in policy.given] == [packs.FOREIGN_WEIGHT] * 2
     [warning] = [r.message for r in caplog.records if "no shipped pack" in r.message]
     assert "NVIDIA GH200 480GB" in warning and "h100.msgpack, h200.msgpack" in warning
-    assert "benchmarks/gpu_pack.py" in warning and str(packs.FOREIGN_WEIGHT) in warning
+    assert "adaptive pack build --shapes wide" in warning and "ADAPTIVE_PACKS=" in warning
+    assert str(packs.FOREIGN_WEIGHT) in warning
     reports, policy = started(H200_FP)
     assert [Path(r.path).stem for r in reports] == ["h200"] and reports[0].weight == 1.0
     assert not [r for r in caplog.records if "no shipped pack" in r.message]
