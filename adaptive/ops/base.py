@@ -117,6 +117,10 @@ class Op:
     # value regimes the verifier draws (adaptive/ops/regimes.py): name -> how to draw inputs
     regimes: Mapping[str, Regime] = GENERIC
     reduction_dims: tuple[str, ...] = ()  # dims summed over (the tolerance grows with them)
+    # the used share of its candidates' last tiles is a feature of theirs (geo.tile_fill,
+    # see adaptive.policy.features.geometries): spmm's, where csr_rowsplit tiles N by
+    # LANES_N x VEC; for softmax and attention it moved their replays by noise only
+    tile_fill: bool = False
 
     def tolerance_for(self, dtype: str, dims: Mapping[str, int]) -> float:
         """The norm-wise relative tolerance at ``dims``: ``tolerance[dtype]``, grown for

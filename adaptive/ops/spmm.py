@@ -49,6 +49,7 @@ class Spmm(Op):
     dtypes = ("float16", "float32")
     regimes = matmul_regimes(sparse=True)   # accumulate, extreme, mixed, empty_rows + generic
     reduction_dims = ("K",)
+    tile_fill = True   # csr_rowsplit at N = 8 and LANES_N x VEC = 16: half its tile idle
 
     def check_shapes(self, infos, args, params):
         w, b = infos

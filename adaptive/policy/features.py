@@ -9,9 +9,10 @@ wherever it was made. A row is a dict of named floats in six groups:
 ``variant=``/``cfg.*``  which candidate: a one-hot of the variant, its config values (and
             their log2).
 ``geo.*``   launch geometry on this device (CTAs, waves, the last wave's fill, threads
-            per CTA, the input's flops per CTA and per launched thread), from the variant's
-            launch expressions and the device's limits; absent for library and host
-            variants and when the limits are unknown.
+            per CTA, the input's flops per CTA and per launched thread; for an op with
+            ``tile_fill``, the used share of the last tiles), from the variant's launch
+            expressions and the device's limits; absent for library and host variants and
+            when the limits are unknown.
 ``work.*``  what the candidate does on this input beyond the op's features, from
             :meth:`adaptive.ops.base.Op.work` (spmm: the entries its weight form reads per
             non-zero, and per row); absent where the op does not say.
@@ -39,7 +40,7 @@ from adaptive.expr import compile_expr
 from adaptive.observation import Observation
 from adaptive.ops.base import DTYPE_BYTES
 
-FEATURE_VERSION = 5   # bump when row names or meanings change: older fitted state is refused
+FEATURE_VERSION = 6   # bump when row names or meanings change: older fitted state is refused
 
 # ptxas resources of a kernel; absent (not compiled here, a library call): these values
 RESOURCE_DEFAULTS = {"registers": 0.0, "shared_bytes": 0.0, "spill_store_bytes": 0.0,
@@ -376,10 +377,12 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
         if v is None:
             v = values[key] = int(e(base | config))
         return v
+    tiles_of: dict = {}   # per variant: its grid's (extent, tile) pairs, where its op asks
     for variant, config in candidates:
         exprs = exprs_of.get(id(variant), False)
         if exprs is False:
             exprs = exprs_of[id(variant)] = _launch_exprs(variant)
+            tiles_of[id(variant)] = _tile_exprs(variant) if _tile_fill(variant) else None
         if exprs is None:
             out.append({})
             continue
@@ -401,8 +404,54 @@ def geometries(candidates: Sequence[tuple], scope: Mapping, limits: Mapping | No
                 **({} if flops is None else
                    {"geo.log2_flops_per_cta": flops - math.log2(ctas),
                     "geo.log2_flops_per_thread": flops - math.log2(ctas * threads)})}
+        tiles = tiles_of.get(id(variant))
+        if tiles is not None:
+            geo = geo | {"geo.tile_fill": _filled(tiles, lambda e: value(e, config))}
         out.append(geo)
     return out
+
+
+def _tile_fill(variant) -> bool:
+    from adaptive.ops import OPS
+    op = OPS.get(getattr(variant, "op", ""))
+    return op is not None and op.tile_fill
+
+
+def _filled(tiles, value) -> float:
+    """The used share of the last tiles: the product over ``(extent, tile)`` grid dimensions
+    of extent / (ceil(extent / tile) x tile); 1.0 where one cannot be read."""
+    fill = 1.0
+    for extent_e, tile_e in tiles:
+        try:
+            extent, tile = value(extent_e), value(tile_e)
+        except Exception:  # noqa: BLE001 (a dimension that cannot be read counts as full)
+            continue
+        if extent > 0 and tile > 0:
+            fill *= extent / (math.ceil(extent / tile) * tile)
+    return fill
+
+
+def _tile_exprs(variant) -> tuple:
+    """(extent, tile) expressions of each grid dimension of a kernel variant written as one
+    ``ceil_div(extent, tile)`` call (``ceil_div(N, LANES_N * VEC)``; not a product of two)."""
+    out = []
+    for e in (variant.launch or {}).get("grid", ()):
+        text = str(e).strip()
+        if not (text.startswith("ceil_div(") and text.endswith(")")):
+            continue
+        inner, depth, comma = text[len("ceil_div("):-1], 0, None
+        for i, ch in enumerate(inner):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth < 0:          # the call closes before the end: not one call
+                comma = None
+                break
+            if ch == "," and depth == 0 and comma is None:
+                comma = i
+        if comma is not None and depth == 0:
+            out.append((compile_expr(inner[:comma].strip()),
+                        compile_expr(inner[comma + 1:].strip())))
+    return tuple(out)
 
 
 def _launch_exprs(variant):

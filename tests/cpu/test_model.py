@@ -232,6 +232,34 @@ def test_geometry_features_follow_the_manifest_grid_and_the_sm_count():
     assert r["geo.tail"] == g["geo.tail"] and r["op.log2_M"] == 10.0
 
 
+def test_spmm_candidates_carry_the_used_share_of_their_last_tiles():
+    """An op with ``tile_fill`` (spmm) gives its kernels ``geo.tile_fill``: the product over
+    its ``ceil_div(extent, tile)`` grid dimensions of the last tile's used share.
+    ``csr_rowsplit`` at N=8 with LANES_N x VEC = 16 leaves half its tile idle; N=8 with 4 x 2
+    fills it; a nested ``ceil_div`` reads its inner extent; a grid dimension that is a
+    product of two calls is not read; other ops' candidates carry none."""
+    from adaptive.policy.features import _tile_exprs, geometry
+    from adaptive.variants import default_registry
+    reg = default_registry()
+    limits = {"sm_count": 132, "max_shared_bytes": 232448, "max_threads_per_block": 1024}
+    csr = reg.get("spmm", "csr_rowsplit")
+    scope = {"M": 2050, "N": 8, "K": 1024, "itemsize": 2}
+    wide = geometry(csr, {"VEC": 4, "LANES_N": 4, "WARPS": 4}, scope, limits)
+    assert wide["geo.tile_fill"] == pytest.approx((2050 / 2052) * (8 / 16))
+    exact = geometry(csr, {"VEC": 2, "LANES_N": 4, "WARPS": 4}, {**scope, "M": 2048}, limits)
+    assert exact["geo.tile_fill"] == 1.0
+    rows = reg.get("spmm", "bsr32_rows_mma")       # ceil_div(ceil_div(M, 32), RPC)
+    cfg = next(c for c in rows.space.all_configs() if c.get("RPC") == 2 and c["TN"] == 128)
+    g = geometry(rows, cfg, {"M": 96, "N": 200, "K": 64, "itemsize": 2}, limits)
+    assert g["geo.tile_fill"] == pytest.approx((200 / 256) * (3 / 4))
+    split = reg.get("attention", "splitkv2_mma")
+    assert len(_tile_exprs(split)) == 0            # a product of two ceil_divs, then B*Hkv
+    tc = reg.get("gemm", "tc_mma")
+    cfg = next(iter(tc.space.all_configs()))
+    assert "geo.tile_fill" not in geometry(tc, cfg, {"M": 100, "N": 100, "K": 64,
+                                                     "itemsize": 2}, limits)
+
+
 @pytest.mark.parametrize("op, dims", [("gemm", {"M": 1000, "N": 333, "K": 64}),
                                       ("softmax", {"R": 4099, "C": 1500}),
                                       ("attention", {"B": 3, "H": 8, "Hkv": 2, "Lq": 1,
