@@ -13,6 +13,8 @@
 # with ADAPTIVE_SIBLING_PACKS=on (the H200's pack beside the H100's own, weighted 0.25; in
 # the CPU replay the other card's rows took inputs it measured to 1.000-1.002 per op, and
 # moved spmm on inputs neither measured by +0.003 to +0.018)
+# The tree also ranks spmm's kernels by geo.tile_fill (the used share of their last tiles;
+# thirty-eighth session's CPU replay: the packs' spmm 0.005-0.014 closer to the best).
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
