@@ -752,10 +752,10 @@ def _run(backend: str, quick: bool, seed: int, say, learned: dict) -> SelectionR
     shipped_paths, own = _shipped_packs(be)
     # the report's name of them: another device's (a GPU with no pack of its own starts from
     # those of its compute capability, as a server's start does) says so
+    others = "all but the first" if own else "all"
     shipped = ", ".join(Path(p).name for p in shipped_paths) + (
-        "" if len(shipped_paths) < 1 + own else
-        f" (another device's: {'all but the first' if own else 'all'}, rows weighted "
-        f"{FOREIGN_WEIGHT})")
+        f" (another device's: {others}, rows weighted {FOREIGN_WEIGHT})"
+        if len(shipped_paths) > own else "")
     for path in shipped_paths:   # their cubins spare the table the compiles (as a server)
         install_cubins(read_pack(path))
     if be.name == "cuda":   # the rest compile on all cores before anything is timed

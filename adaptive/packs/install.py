@@ -261,11 +261,13 @@ def shipped_packs_like(fingerprint: Mapping) -> list[Path]:
     held out (1.000-1.037), where deciding cold (no model) read 1.000-1.177 (15-100% within
     5%); the other way round, 1.000-1.016 against cold's 1.000-1.170
     (``benchmarks/cpu_replay_foreign.py``)."""
-    if shipped_packs_for(fingerprint):
-        return []
-    like = _siblings(fingerprint)
-    nearest = min((d for d, _ in like), default=None)
-    return [p for d, p in like if d == nearest]
+    return [] if shipped_packs_for(fingerprint) else _nearest(_siblings(fingerprint))
+
+
+def _nearest(siblings: list[tuple[tuple, Path]]) -> list[Path]:
+    """Those of ``siblings`` (:func:`_siblings`) at the least distance."""
+    nearest = min((d for d, _ in siblings), default=None)
+    return [p for d, p in siblings if d == nearest]
 
 
 def _siblings(fingerprint: Mapping) -> list[tuple[tuple, Path]]:
@@ -286,11 +288,11 @@ def _siblings(fingerprint: Mapping) -> list[tuple[tuple, Path]]:
         if (fp.get("backend") == fingerprint.get("backend") and not same_device(fp, fingerprint)
                 and fp.get("cc", fp.get("compute_capability")) == cc):
             sms = abs(int(fp.get("sm_count", 0)) - int(fingerprint.get("sm_count", 0)))
-            out.append(((sms, -len(words(fp) & words(fingerprint))), p))
+            out.append(((sms, -len(_words(fp) & _words(fingerprint))), p))
     return out
 
 
-def words(fingerprint: Mapping) -> set[str]:
+def _words(fingerprint: Mapping) -> set[str]:
     """The words of a device's name, lower case ("NVIDIA H100 PCIe": nvidia, h100, pcie)."""
     return set(str(fingerprint.get("name", "")).lower().split())
 
@@ -317,10 +319,10 @@ def startup_shipped(fingerprint: Mapping, siblings: str | None = None
     own = [(p, True) for p in shipped_packs_for(fingerprint)]
     if siblings == "off" or (own and siblings == "auto"):
         return own
+    siblings = _siblings(fingerprint)
     if own:
-        return own + [(p, False) for _, p in sorted(_siblings(fingerprint),
-                                                     key=lambda dp: dp[0])]
-    return [(p, False) for p in shipped_packs_like(fingerprint)]
+        return own + [(p, False) for _, p in sorted(siblings, key=lambda dp: dp[0])]
+    return [(p, False) for p in _nearest(siblings)]
 
 
 def load_startup_packs(backend, registry: Registry | None = None) -> list[LoadReport]:

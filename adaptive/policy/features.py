@@ -32,6 +32,7 @@ or the kernel did. Nothing here imports scikit-learn.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -436,21 +437,10 @@ def _tile_exprs(variant) -> tuple:
     ``ceil_div(extent, tile)`` call (``ceil_div(N, LANES_N * VEC)``; not a product of two)."""
     out = []
     for e in (variant.launch or {}).get("grid", ()):
-        text = str(e).strip()
-        if not (text.startswith("ceil_div(") and text.endswith(")")):
-            continue
-        inner, depth, comma = text[len("ceil_div("):-1], 0, None
-        for i, ch in enumerate(inner):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth < 0:          # the call closes before the end: not one call
-                comma = None
-                break
-            if ch == "," and depth == 0 and comma is None:
-                comma = i
-        if comma is not None and depth == 0:
-            out.append((compile_expr(inner[:comma].strip()),
-                        compile_expr(inner[comma + 1:].strip())))
+        call = ast.parse(str(e), mode="eval").body
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == "ceil_div" and len(call.args) == 2):
+            out.append(tuple(compile_expr(ast.unparse(a)) for a in call.args))
     return tuple(out)
 
 
