@@ -29,6 +29,7 @@ import itertools
 import logging
 import math
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -176,11 +177,32 @@ class _InputClass:
     # exploring samples per candidate dropped as read past their gate in this exploration
     # (cleared at its commit; see PAST_GATE_RETRIES)
     past_gate: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    # what each explored candidate's samples were charged in this exploration, in a
+    # host-bound class (cleared at its commit, which notes them in the key's history, see
+    # _charges_note): [(device ms, issuing charged, new keys' preparation charged), ...]
+    charges: dict = dataclasses.field(default_factory=dict)
     # this class among every class made in the process (its plans carry it: Plan.epoch)
     serial: int = dataclasses.field(default_factory=lambda: next(_CLASS_SERIALS))
 
 
 _CLASS_SERIALS = itertools.count(1)
+
+
+def _charges_note(charges: dict) -> str:
+    """The key's history line for a host-bound exploration's charges: per candidate, the
+    medians of its samples' device times, of the issuing charged with them and of the new
+    keys' preparation charged (``_InputClass.charges``), fastest charged first."""
+    def med(xs):
+        return statistics.median(xs)
+    rows = sorted(((med([d + i + k for d, i, k in v]), c, v) for c, v in charges.items()),
+                  key=lambda r: r[0])
+    return ("charged (a host-bound class: the device's time plus the host's issuing and "
+            "new keys' preparation; medians, ms): " + "; ".join(
+                f"{c.label} {total:.4g} = device {med([d for d, _, _ in v]):.4g} "
+                f"+ issuing {med([i for _, i, _ in v]):.4g}"
+                + (f" + keys {med([k for _, _, k in v]):.4g}" if any(k for _, _, k in v)
+                   else "") + f" (n={len(v)})"
+                for total, c, v in rows))
 
 
 def _window(table: dict, key: tuple) -> collections.deque:
@@ -1073,13 +1095,14 @@ class Dispatcher:
         """
         if gate_expired and not ungated and self._past_gate(plan, time_ms, issue_ms):
             return
-        charged = time_ms
+        charged, parts = time_ms, None
         if issue_ms > 0:
             typical = self._typical_issue(plan, issue_ms)
             if waited is None or self._host_bound(plan.class_key, waited) or ungated:
                 key_ms = self._key_charge(plan)
                 charged = (self._charged(time_ms, typical, ungated) + key_ms if ungated
                            else self._charged(time_ms, typical + key_ms))
+                parts = (time_ms, charged - time_ms - key_ms, key_ms)
             elif self._issue_charge == "regime":   # the device was busy: a pipelined caller
                 charged = max(time_ms, typical)
         # a plan whose class was dropped since (forget, forget_key, eviction): its sample
@@ -1091,6 +1114,8 @@ class Dispatcher:
             # otherwise revise it in the other order, the class then rotating over what an
             # older decision asked while the policy waits for what the newer one did
             with self._feedback_lock:
+                if parts is not None and cls is not None and cls.decision.explore:
+                    cls.charges.setdefault(plan.candidate, []).append(parts)
                 update = self.policy.observe(plan.class_key, plan.candidate,
                                              charged * plan.time_scale)
                 if update is not None:
@@ -1347,6 +1372,9 @@ class Dispatcher:
             if not decision.explore:     # committed: the next exploration counts anew
                 cls.issued.clear()
                 cls.past_gate.clear()
+                charges, cls.charges = cls.charges, {}
+                if charges:
+                    self.policy.note(class_key, _charges_note(charges))
             for key in list(cls.keys):
                 old = self._plans.pop(key, None)
                 if old is None:

@@ -187,6 +187,13 @@ def wide(seed: int = 2026) -> dict:
                                     (16384, 4096), (24576, 2048), (49152, 1536),
                                     (65536, 4096)])
     softmax += _softmax("float32", [(16384, 2048), (32768, 1024)])
+    # and the vocabulary's logits at serving batch sizes, not drawn: the four draws above
+    # left fp16 C of 18,278-50,256 (where reg_row still fits) and R of 23-386 at C >= 10,000
+    # unmeasured, and run S156's uniform-mix (H200) committed block_row at 1.16x reg_row_cs
+    # on R=64 C=32000 (runs S159 and S167 measured this grid into the shipped packs)
+    softmax += _softmax("float16", [(r, c) for r in (4, 24, 128, 384)
+                                    for c in (32000, 32768, 50257, 128256)])
+    softmax += _softmax("float32", [(r, c) for r in (4, 128) for c in (16384, 32000, 128256)])
     # float32 projections and pruned weights, not drawn (every draw above is half
     # precision): the shipped pack of run S79 had no float32 spmm row and 168 float32 gemm
     # rows, and the main job's float32 stream (adaptive bench mixed, run S83) had its spmm

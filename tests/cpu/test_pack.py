@@ -580,16 +580,21 @@ def test_shipped_pack_matches_the_built_in_variants():
 def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them(
         shipped_pack_contents):
     """Attention-score rows (many rows of 1-8k keys) and vocabulary logits (few rows of
-    32k-152k) besides the log-uniform draws, which kept their values: the shipped pack
-    measured those (run S72: those alone; a rebuild measures all)."""
+    32k-152k) besides the log-uniform draws, which kept their values, and a grid of the
+    vocabulary at serving batch sizes: the shipped packs measured those (run S72: the
+    draws alone; runs S159 and S167: the vocabulary grid; a rebuild measures all)."""
     from adaptive.packs.presets import wide
     s = wide()["softmax"]
+    drawn = [tuple(sorted(c["dims"].items())) for c in s]
+    assert len(s) == 78
+    for name, pack in shipped_pack_contents.items():
+        built = {tuple(sorted(r.dims.items())) for r in pack.rows if r.op == "softmax"}
+        assert built <= set(drawn), (name, sorted(built - set(drawn)))
+        assert set(drawn[56:]) <= built, name          # the vocabulary grid (S159, S167)
     built = {tuple(sorted(r.dims.items())) for r in shipped_pack_contents["h200.msgpack"].rows
              if r.op == "softmax"}
-    drawn = [tuple(sorted(c["dims"].items())) for c in s]
-    assert len(s) == 56 and set(drawn[:30]) <= built <= set(drawn)
-    assert set(drawn[46:]) <= built            # the grid of scores (runs S107-S109)
-    grid = [(c["dims"]["R"], c["dims"]["C"]) for c in s[46:]]
+    assert set(drawn[:30]) <= built and set(drawn[46:56]) <= built   # and the scores' grid
+    grid = [(c["dims"]["R"], c["dims"]["C"]) for c in s[46:56]]
     assert all(r * c >= 2 ** 24 and 1024 <= c <= 8192 for r, c in grid), grid
     dims = [(c["dims"]["R"], c["dims"]["C"]) for c in s[30:46]]
     scores = [(r, c) for r, c in dims if r >= 4096 and 1024 <= c <= 8192]
@@ -597,6 +602,9 @@ def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them(
     assert len(scores) >= 2 and len(vocab) == 4, dims
     assert all(256 <= r <= 65536 and 128 <= c <= 8192 for r, c in dims
                if (r, c) not in vocab)
+    serving = {(c["dims"]["R"], c["dims"]["C"], c["dtype"]) for c in s[56:]}
+    assert len(serving) == 22 and (128, 32000, "float16") in serving
+    assert {r for r, _, _ in serving} == {4, 24, 128, 384}
 
 
 def test_the_wide_preset_measures_multi_head_prefills_causal_and_not(shipped_pack_contents):

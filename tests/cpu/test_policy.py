@@ -1526,6 +1526,19 @@ def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_
     charged = min(state.observed[fast])
     assert (charged >= 7.0) if device_waits else charged == pytest.approx(1.0)
     assert min(timed) == pytest.approx(1.0) and max(timed) == pytest.approx(1.5)
+    # the commit's history names what each candidate was charged, where it was host-bound:
+    # the device's time and the issuing apart, fastest charged first
+    notes = [h for h in state.history if h.startswith("charged (a host-bound class")]
+    assert len(notes) == (1 if device_waits else 0), state.history
+    if device_waits:
+        parts = re.findall(r"(\S+) ([0-9.]+) = device ([0-9.]+) \+ issuing ([0-9.]+) \(n=1\)",
+                           notes[0])
+        assert [p[0] for p in parts] == [slow.label, fast.label], notes[0]
+        by = {p[0]: [float(v) for v in p[1:]] for p in parts}
+        assert by[fast.label][1] == pytest.approx(1.0, rel=1e-3)
+        assert by[fast.label][2] >= 6.0 and by[slow.label][1] == pytest.approx(1.5, rel=1e-3)
+        for total, device, issuing in by.values():
+            assert total == pytest.approx(device + issuing, rel=1e-3)
 
 
 @pytest.mark.parametrize("rule", ["measured", "sum"])
