@@ -641,6 +641,8 @@ def _live(name, dispatcher, stream, inputs, table, sync
               if k in ("commits", "settled", "drifts", "deferred", "reopened", "explore_s",
                        "rows_s", "predict_s")}
              if isinstance(policy, Learned) else {})
+    if stats:    # exploring samples the dispatcher dropped as read past their gate
+        stats["samples_past_gate"] = dispatcher.stats.get("samples_past_gate", 0)
     return PolicyResult(name, "live", total, math.nan, math.nan, statistics.mean(firsts),
                         max(firsts), regret, explored, stats,
                         {k: list(v) for k, v in dispatcher.issue_charges().items()},

@@ -37,6 +37,8 @@ def test_every_stream_reports_every_policy_from_one_run(report):
             assert bool(r.policy_stats) == learned, r
             if learned:
                 assert r.policy_stats["commits"] >= 1 and r.policy_stats["deferred"] >= 0
+                # (the host times its calls whole: no gate, so no sample read past one)
+                assert r.policy_stats["samples_past_gate"] == 0, r.policy_stats
                 assert f"{r.policy}: commits {r.policy_stats['commits']}," in str(report)
         oracle = report.result(s.stream, "oracle")
         assert oracle.steady_ms == pytest.approx(s.oracle_ms) and oracle.steady_ratio == 1.0
