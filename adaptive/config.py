@@ -58,6 +58,11 @@ class Config:
     issue_charge: str = dataclasses.field(default="sum", metadata={
         "env": "ADAPTIVE_ISSUE_CHARGE", "doc": "how exploring samples are charged the host's "
         "issuing: sum, max, regime or measured (Dispatcher.issue_charge)"})
+    issue_clock: str = dataclasses.field(default="wall", metadata={
+        "env": "ADAPTIVE_ISSUE_CLOCK", "doc": "how the host's issuing of an exploring sample "
+        "is read for its charge: wall (elapsed time) or thread (the issuing thread's CPU "
+        "time: a background refit holding the interpreter is not counted) "
+        "(Dispatcher.issue_clock)"})
     sibling_packs: str = dataclasses.field(default="auto", metadata={
         "env": "ADAPTIVE_SIBLING_PACKS", "doc": "shipped packs measured on another GPU of "
         "this one's compute capability, loaded at the start with their rows weighted 0.25: "

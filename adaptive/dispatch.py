@@ -109,6 +109,15 @@ ISSUE_SEEDS = 3
 # S108: no better on the selection streams nor the mixed table, contention under a process
 # load 1.194) lost to it, and "max" did in S74-S75
 ISSUE_CHARGES = ("sum", "max", "regime", "measured")
+# how the issuing charged is read (Dispatcher.issue_clock): "wall", the time elapsed over
+# the call; "thread", the issuing thread's CPU time over it, which leaves out the moments
+# it waited for the interpreter (another thread, such as the policy's background refit,
+# holding it) or was descheduled. On the H200 (run S168) a class explored while the
+# shipped pack's 19,385 rows were being fitted read all four softmax candidates of R=64
+# C=32000 at 2.5-5x their device times (issuings of 25-50 us against 8-10 once the window
+# had quiet samples) and committed block_row at 1.21x reg_row. The wall clock stays what
+# tells whether a sample was read past its gate (_past_gate)
+ISSUE_CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
 
 
 @dataclasses.dataclass(eq=False)
@@ -345,6 +354,8 @@ class Dispatcher:
         self.limits = self.backend.limits()
         self._issue_charge = "sum"
         self.issue_charge = config.get().issue_charge   # checked: ADAPTIVE_ISSUE_CHARGE
+        self._issue_clock, self._issue_now = "wall", time.perf_counter_ns
+        self.issue_clock = config.get().issue_clock     # checked: ADAPTIVE_ISSUE_CLOCK
         self._plans: dict[tuple, Plan] = {}
         self._pinned: dict[tuple, Plan] = {}
         self._prepared: dict[tuple, Plan] = {}
@@ -837,6 +848,23 @@ class Dispatcher:
                                   "(Dispatcher.issue_charge, or ADAPTIVE_ISSUE_CHARGE)")
         self._issue_charge = rule
 
+    @property
+    def issue_clock(self) -> str:
+        """How the host's issuing of an exploring sample is read for its charge:
+        ``"wall"`` (the time elapsed over the call, the default) or ``"thread"`` (the
+        issuing thread's CPU time over it: waits for the interpreter, which a background
+        refit holds, are not counted); see :data:`ISSUE_CLOCKS`. The default comes from
+        ``ADAPTIVE_ISSUE_CLOCK``."""
+        return self._issue_clock
+
+    @issue_clock.setter
+    def issue_clock(self, clock: str) -> None:
+        if clock not in ISSUE_CLOCKS:
+            raise InputValueError(f"issue_clock {clock!r}; expected one of "
+                                  f"{tuple(ISSUE_CLOCKS)} (Dispatcher.issue_clock, or "
+                                  "ADAPTIVE_ISSUE_CLOCK)")
+        self._issue_clock, self._issue_now = clock, ISSUE_CLOCKS[clock]
+
     def _charged(self, time_ms: float, issue_ms: float, ungated: bool = False) -> float:
         """What a call of ``time_ms`` on the device, issued in ``issue_ms`` by a host the
         device waited for, costs the caller (``issue_charge``). ``ungated``: ``time_ms``
@@ -874,10 +902,12 @@ class Dispatcher:
                      else self.backend.device_timer(stream))
             call, issue_ms = functools.partial(plan.run, args, None), []
 
+            now = self._issue_now
+
             def issued():   # the run, and how long the host took to issue it
-                t0 = time.perf_counter_ns()
+                t0 = now()
                 call()
-                issue_ms.append((time.perf_counter_ns() - t0) / 1e6)
+                issue_ms.append((now() - t0) / 1e6)
             track = (charge_issue or self._issue_charge == "regime") and timer is not None
             m = measure(issued if track else call,
                         warmup=warmup, sync=self.backend.synchronize, timer=timer)
@@ -953,19 +983,20 @@ class Dispatcher:
                 self._start_events(timer, plan, exploring) if timer is not None
                 else (None, None, False, False))
             if slot is not None:   # GPU: an event pair, read on a later call; nothing waits
-                t0 = time.perf_counter_ns() if exploring else 0
+                now = self._issue_now
+                t0, c0 = (time.perf_counter_ns(), now()) if exploring else (0, 0)
                 try:
                     result = plan.run(args, out)
                 except BaseException:
                     timer.cancel(slot)
                     release()
                     raise
-                try:   # tagged (plan, its issuing in ms, whether the device waited,
-                    # whether the pair was ungated on an idle stream, its gate's release):
-                    # see harvest
-                    timer.stop(slot, (plan, (time.perf_counter_ns() - t0) / 1e6, waits,
-                                      ungated, release) if exploring
-                               else (plan, 0.0, None, False, None))
+                try:   # tagged (plan, its issuing in ms on the wall clock and on the
+                    # issue clock, whether the device waited, whether the pair was ungated
+                    # on an idle stream, its gate's release): see harvest
+                    timer.stop(slot, (plan, ((time.perf_counter_ns() - t0) / 1e6,
+                                             (now() - c0) / 1e6), waits, ungated, release)
+                               if exploring else (plan, (0.0, 0.0), None, False, None))
                 except Exception as exc:  # noqa: BLE001 (the timer broke, not the launch)
                     self._events_failed(exc)
                 release()
@@ -1061,15 +1092,15 @@ class Dispatcher:
         if timer is None or not timer.pending:
             return 0
         done = timer.harvest()      # an error here reaches _sampled's guard, or the caller
-        for (plan, issue_ms, waited, ungated, gate), time_ms in done:
+        for (plan, (wall_ms, issue_ms), waited, ungated, gate), time_ms in done:
             expired = getattr(gate, "expired", None)   # where the backend can tell
             self.feedback(plan, time_ms, issue_ms, waited, ungated,
-                          expired is not None and expired())
+                          expired is not None and expired(), issued_wall_ms=wall_ms)
         return len(done)
 
     def feedback(self, plan: Plan, time_ms: float, issue_ms: float = 0.0,
                  waited: bool | None = None, ungated: bool = False,
-                 gate_expired: bool = False) -> None:
+                 gate_expired: bool = False, issued_wall_ms: float | None = None) -> None:
         """Give a measured time of ``plan`` to the policy and to every listener.
 
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
@@ -1091,9 +1122,12 @@ class Dispatcher:
         as read. ``gate_expired``: the sample's gate ran out before the call was issued
         (the backend's ``GateRelease.expired``); the sample may then be dropped, given to
         neither the policy nor the recorders, its candidate's turn given again
-        (:meth:`_past_gate`).
+        (:meth:`_past_gate`). ``issued_wall_ms``: the issuing on the wall clock where
+        ``issue_ms`` was read on another (``issue_clock`` "thread"), what the gate's hold
+        is set against (None: ``issue_ms``).
         """
-        if gate_expired and not ungated and self._past_gate(plan, time_ms, issue_ms):
+        wall_ms = issue_ms if issued_wall_ms is None else issued_wall_ms
+        if gate_expired and not ungated and self._past_gate(plan, time_ms, wall_ms):
             return
         charged, parts = time_ms, None
         if issue_ms > 0:
@@ -1344,11 +1378,11 @@ class Dispatcher:
         seeded = self._seeds.setdefault((plan.candidate.variant.id, plan.problem.kind), set())
         if len(seeded) < ISSUE_SEEDS and plan.class_key not in seeded:
             seeded.add(plan.class_key)
-            times = []
+            times, now = [], self._issue_now
             for _ in range(ISSUE_SEED_RUNS):
-                t0 = time.perf_counter_ns()
+                t0 = now()
                 plan.run(args, out)
-                times.append((time.perf_counter_ns() - t0) / 1e6)
+                times.append((now() - t0) / 1e6)
             self._issue_window(plan).append(min(times))
         return result
 
