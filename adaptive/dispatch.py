@@ -126,6 +126,10 @@ ISSUE_CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
 # (its preparation over the 12-odd samples explored) against block_row's 0.008-0.016,
 # and committed block_row at 1.15-1.22x in three runs of four
 KEY_CHARGE_KEYS = 3
+# nor once its keys recur (an exploring call back to a key after another key's): S172's
+# long-burst stream, 16 fixed inputs drawn at random, charged softmax classes of several
+# shapes 2.5-9 us a call for keys that kept coming back (R=2048 C=256 committed reg_row at
+# 1.16x reg_warp, which its charges without them put first)
 
 
 @dataclasses.dataclass(eq=False)
@@ -187,6 +191,10 @@ class _InputClass:
     # keys that joined the class while it explored: in a loop whose keys change call by
     # call (a decode step's new cached length), each call of a key-bound plan pays a miss
     new_keys: int = 0
+    # [the key of the class's last exploring call, exploring calls of a key called before
+    # that came after another key's]: a class whose keys recur serves a set of shapes, not
+    # a loop of new ones (see _key_charge)
+    visits: list = dataclasses.field(default_factory=lambda: [None, 0])
     # exploring samples issued per candidate in this exploration (cleared at its commit):
     # a candidate whose samples are all issued gets no further turn while they are
     # harvested (see Dispatcher._plan_for)
@@ -589,7 +597,8 @@ class Dispatcher:
                                   epoch=cls.serial)
             prepare_ms = (time.perf_counter() - t_prep) * 1e3
             plan = (self._pending_plan(cls.decision, first) if cls.decision.pending else
-                    self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued))
+                    self._plan_for(cls.decision, first, cls.turn, cls.warmed, cls.issued,
+                                   cls.visits))
             self._plans[key] = plan
             if not decided and cls.decision.explore:
                 cls.new_keys += 1
@@ -1219,9 +1228,12 @@ class Dispatcher:
         SDPA's, whose plan the transformers integration holds by class. The rate is read
         while the class explores: keys that stop coming after a first burst (a fixed set
         of shapes) are charged as if they kept coming, and so nothing is charged before
-        :data:`KEY_CHARGE_KEYS` keys have joined (a few fixed shapes sharing a class)."""
+        :data:`KEY_CHARGE_KEYS` keys have joined (a few fixed shapes sharing a class), nor
+        once an exploring call has come back to a key after another key's (the class's
+        keys recur: a set of shapes, where a decode loop's lengths never come back)."""
         cls = self._classes.get(plan.class_key)
-        if cls is None or cls.new_keys < KEY_CHARGE_KEYS or not cls.explored:
+        if cls is None or cls.new_keys < KEY_CHARGE_KEYS or cls.visits[1] \
+                or not cls.explored:
             return 0.0
         window = self._preps.get((plan.candidate.variant.id, plan.problem.kind))
         if window is None or len(window) < 2:
@@ -1283,7 +1295,8 @@ class Dispatcher:
 
     def _plan_for(self, decision: Decision, first: Plan, turn=None,
                   warmed: set | None = None,
-                  issued: collections.Counter | None = None) -> Plan:
+                  issued: collections.Counter | None = None,
+                  visits: list | None = None) -> Plan:
         """The plan serving a decision: plain when committed, rotating while exploring.
 
         ``first`` serves the decision's first candidate (:func:`_first_of`: explored, or,
@@ -1303,6 +1316,8 @@ class Dispatcher:
         is served by ``first``, untimed, until the policy has them. Event timings are
         harvested calls later, and run S72's long-burst stream gave each of its 81
         explored candidates a fourth sample of three (336 timed calls, not 255).
+        ``visits`` (the class's ``_InputClass.visits``) counts this key's exploring calls
+        that come back to it after another key's.
         """
         plan = dataclasses.replace(first, decision=decision)
         if not decision.explore:
@@ -1320,6 +1335,7 @@ class Dispatcher:
         wanted = self.policy.samples_wanted
 
         held = [0]   # calls served untimed in a row, every candidate's samples issued
+        mine, called = first.key, [False]
 
         def untimed(p, args, out):   # a call no timing records reaches the recorders
             head = self._head
@@ -1332,6 +1348,11 @@ class Dispatcher:
             return more is not None and issued[c] < more
 
         def explore(args, out):
+            if visits is not None and visits[0] is not mine:
+                if called[0] and visits[0] is not None:   # back to this key: it recurs
+                    visits[1] += 1
+                visits[0] = mine
+            called[0] = True
             n = len(pool)
             i = next(turn) % n
             if not due(cands[i]):
@@ -1430,7 +1451,7 @@ class Dispatcher:
                     cls.keys.discard(key)
                     continue
                 self._plans[key] = self._plan_for(decision, first, cls.turn, cls.warmed,
-                                                  cls.issued)
+                                                  cls.issued, cls.visits)
             log.debug("revised %s -> %s (%s)", class_key, decision.candidate.label,
                       decision.reason)
 

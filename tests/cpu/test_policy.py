@@ -1565,8 +1565,10 @@ def test_the_thread_clock_charges_the_issuing_threads_work_not_its_waits(rng, cl
     assert d.issue_clock == clock
     assert not d.plan("softmax", x).provisional
     charged = min(state.observed[fast])
-    if clock == "wall" or spin:                       # the 6 ms are charged
-        assert charged >= 7.0 and state.committed == slow, state.history
+    if clock == "wall" or spin:                       # the 6 ms are charged (the CPU
+        # time of a 6 ms spin reads less where the thread was preempted on a busy host)
+        assert charged >= (7.0 if clock == "wall" else 5.0), state.history
+        assert state.committed == slow, state.history
     else:                                             # a wait: not the issuing's work
         assert charged < 1.5 and state.committed == fast, state.history
     assert min(timed) == pytest.approx(1.0)           # the recorders see the device time
@@ -1633,7 +1635,7 @@ def test_the_issuing_is_charged_by_the_class_not_by_each_samples_moment(rng, rul
     assert (be.stream_waits >= 2) == (rule == "measured")   # the busy moments waited for
 
 
-@pytest.mark.parametrize("keys", ["new each call", "one", "two"])
+@pytest.mark.parametrize("keys", ["new each call", "one", "two", "four recurring"])
 def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(rng, keys):
     """In a host-bound loop whose calls each bring a new key of one class (a decode step's
     new cached length), a candidate whose plan costs 40 ms to prepare for a key is charged
@@ -1642,7 +1644,9 @@ def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(rn
     (run S36: our split-KV kernel's miss, 564 us a call, against 29 us held). So do they
     with two keys of the class called in turn (two fixed shapes: run S172's softmax R=1
     and R=64 at C=32000 charged reg_row its preparation for the second key and committed
-    block_row at 1.15-1.22x): nothing is charged before KEY_CHARGE_KEYS keys have joined."""
+    block_row at 1.15-1.22x): nothing is charged before KEY_CHARGE_KEYS keys have joined.
+    Nor with four keys drawn in turn, once a call comes back to a key: keys that recur are
+    a set of shapes, not a decode loop's new lengths."""
     new_key_each_call = keys == "new each call"
     be = _EventHost()
     be.idle = True                      # host-bound: issuing and preparation charged
@@ -1664,7 +1668,8 @@ def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(rn
     # machine's other threads) cannot reorder them
     be.cost.update({fast_kernels.label: 1.0, cheap_prep.label: 11.0})
     for i in range(1, 19):
-        x = xs[i] if new_key_each_call else xs[i % 2] if keys == "two" else xs[0]
+        x = (xs[i] if new_key_each_call else xs[i % 2] if keys == "two"
+             else xs[i % 4] if keys == "four recurring" else xs[0])
         d.launch("softmax", x)
         be.finish()
         d.harvest()

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# run S174 (about 380 s, any Hopper card; the fortieth session's first call): the key
+# charge's two rules on the card's shipped pack (nothing charged before 3 keys have joined
+# a class, nor once its keys recur: S172's H200 uniform-mix committed block_row on softmax
+# R=64 C=32000 at 1.15-1.22x in three runs of four from a second key's preparation, and
+# long-burst's softmax classes paid 2.5-9 us a call for keys that kept coming back; S173
+# ran the first rule on an H100 only): the selection twice, the main job's mixed table and
+# the contention (its policy lines and any row over the bar's history)
+source "$(dirname "$0")/setup.sh"
+export PYTHONFAULTHANDLER=1
+name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "gpu: $name"
+pack=$(card_pack)
+echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
+selection_as first 125
+selection_as second 125
+mixed_table 80 s174
+contention 110
+contention_lines
