@@ -84,6 +84,16 @@ ISSUE_WINDOW = 32
 # still pay its heuristics. Run S72 (H200, CuPy arrays) issued cuBLAS's calls 2 to 8 of a
 # shape in 80-155, 23-32, then 16-23 us, against 17-19 us held: two runs seeded 23-32 us
 ISSUE_SEED_RUNS = 5
+# a compiled kernel's issuings are pooled with those of every kernel of its op launched
+# with the same arguments (issue_family): the backend's launcher for an argument list does
+# the same host work whatever the kernel, and a window of its own per variant read noise
+# as differences. On the H200 (run S172) same-argument kernels' windows read 7.5-32 us
+# apart (softmax R=64 C=32000: block_row 26.2, reg_row 19.0, reg_row_cs 31.6 us in one
+# class; split-KV decodes: splitkv2_mma 10.7-15.2 against splitkv_mma 13.3-19.2) and the
+# decode stream's busiest input committed splitkv2_mma at 1.07-1.08x splitkv_mma, the
+# faster kernel by device time. Kernels launched with other arguments (8 against 15 on
+# attention: 7.6-7.8 against 12.2-15.5 us on the H100, S171) and library calls keep their
+# own
 # the window is seeded in the first ISSUE_SEEDS input classes of its kind where the variant
 # is explored (its first config's first turn in each), not in the first alone: one seed
 # read at a bad moment stays the least of the window, as the samples only ever read
@@ -211,6 +221,17 @@ class _InputClass:
 
 
 _CLASS_SERIALS = itertools.count(1)
+
+
+def issue_family(variant: Variant) -> str:
+    """Whose host issuings ``variant``'s are pooled with (see :data:`ISSUE_WINDOW`): a
+    compiled kernel's with every kernel of its op launched with the same argument list
+    (``"softmax/kernels(x,out,R,C)"``: the launcher does the same host work for each), any
+    other variant's (a library call, a composition) are its own (its id)."""
+    if variant.language == "cuda":
+        args = ",".join(str(a) for a in variant.launch.get("args", ()))
+        return f"{variant.op}/kernels({args})"
+    return variant.id
 
 
 def _charges_note(charges: dict) -> str:
@@ -1260,11 +1281,11 @@ class Dispatcher:
         least: dict[str, float] = {}   # per variant, read once a miss (~100 candidates)
 
         def charge(candidate, device_ms: float) -> float:
-            vid = candidate.variant.id
-            issue = least.get(vid)
+            family = issue_family(candidate.variant)
+            issue = least.get(family)
             if issue is None:
-                recent = self._issued.get((vid, kind))
-                issue = least[vid] = min(tuple(recent)) if recent else 0.0
+                recent = self._issued.get((family, kind))
+                issue = least[family] = min(tuple(recent)) if recent else 0.0
             return self._charged(device_ms, issue)
         return charge
 
@@ -1276,22 +1297,26 @@ class Dispatcher:
         return min(tuple(recent))   # a copy: a harvester may append meanwhile
 
     def _issue_window(self, plan: Plan) -> collections.deque:
-        """The recent issuings of ``plan``'s variant on inputs of its kind."""
-        return _window(self._issued, (plan.candidate.variant.id, plan.problem.kind))
+        """The recent issuings of ``plan``'s variant (its :func:`issue_family`) on inputs of
+        its kind."""
+        return _window(self._issued, (issue_family(plan.candidate.variant), plan.problem.kind))
 
     def issue_charges(self) -> dict[str, tuple[int, float]]:
-        """The host issuing known for exploring samples so far, per variant and input kind
-        (``"attention/sdpa_torch/cupy"``): how many of the recent issuings are kept (at most
+        """The host issuing known for exploring samples so far, per variant (its
+        :func:`issue_family`: compiled kernels launched with the same arguments share one)
+        and input kind (``"attention/sdpa_torch/cupy"``,
+        ``"softmax/kernels(x,out,R,C)/cupy"``): how many of the recent issuings are kept (at most
         :data:`ISSUE_WINDOW`, the warm-up turns' seeds among them) and the least of them in
         ms, what the policy adds to their device times in a host-bound input class. Empty
         where nothing was measured (the host backend times its calls whole)."""
         return {k: (len(q), min(q)) for k, q in self.issue_windows_ms().items()}
 
     def issue_windows_ms(self) -> dict[str, tuple[float, ...]]:
-        """Each variant's window of recent issuings in ms, oldest first (the seeds among
-        them while kept): what :meth:`issue_charges` takes the least of."""
-        return {f"{vid}/{kind}": tuple(q) for (vid, kind), q in list(self._issued.items())
-                if q}
+        """Each variant's (:func:`issue_family`'s) window of recent issuings in ms, oldest
+        first (the seeds among them while kept): what :meth:`issue_charges` takes the least
+        of."""
+        return {f"{family}/{kind}": tuple(q)
+                for (family, kind), q in list(self._issued.items()) if q}
 
     def _plan_for(self, decision: Decision, first: Plan, turn=None,
                   warmed: set | None = None,
@@ -1405,7 +1430,8 @@ class Dispatcher:
             return self._sampled(plan, args, out, True)
         head = self._head   # untimed: the call reaches the recorders as a plain one
         result = plan.run(args, out) if head is None else head(plan, args, out)
-        seeded = self._seeds.setdefault((plan.candidate.variant.id, plan.problem.kind), set())
+        seeded = self._seeds.setdefault((issue_family(plan.candidate.variant),
+                                         plan.problem.kind), set())
         if len(seeded) < ISSUE_SEEDS and plan.class_key not in seeded:
             seeded.add(plan.class_key)
             times, now = [], self._issue_now

@@ -4,8 +4,11 @@
 # a class, nor once its keys recur: S172's H200 uniform-mix committed block_row on softmax
 # R=64 C=32000 at 1.15-1.22x in three runs of four from a second key's preparation, and
 # long-burst's softmax classes paid 2.5-9 us a call for keys that kept coming back; S173
-# ran the first rule on an H100 only): the selection twice, the main job's mixed table and
-# the contention (its policy lines and any row over the bar's history)
+# ran the first rule on an H100 only), and compiled kernels launched with the same
+# arguments sharing one window of issuings (issue_family; S172: same-argument kernels'
+# windows 7.5-32 us apart, the decode stream's busiest input committed splitkv2_mma at
+# 1.07-1.08x splitkv_mma): the selection twice, the main job's mixed table and the
+# contention (its policy lines and any row over the bar's history)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)

@@ -1723,6 +1723,57 @@ def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
                                  f"{other.variant.id}/{kind}": (1, 40.0)}
 
 
+def test_compiled_kernels_launched_with_the_same_arguments_share_one_issuing_window(rng):
+    """Our launcher does the same host work for every kernel of an op launched with the
+    same argument list, so their issuings are one window (issue_family): a young window
+    of one kernel read at a bad moment no longer charges it more than its sibling (run
+    S172, H200: block_row's window read 26 us, reg_row's 19 and reg_row_cs's 32 in one
+    class, their kernels 7-13 us). Kernels launched with other arguments, and library
+    calls, keep windows of their own."""
+    from adaptive.dispatch import issue_family
+    from adaptive.policy import MeasureEach
+    from adaptive.variants import default_registry, make_candidate
+
+    class Recording(MeasureEach):
+        def __init__(self):
+            super().__init__()
+            self.charged = []
+
+        def observe(self, key, candidate, time_ms):
+            self.charged.append((candidate.variant.name, time_ms))
+            return None
+    reg = default_registry()
+    soft = {v.name: v for v in reg.variants("softmax", "cuda")}
+    att = {v.name: v for v in reg.variants("attention", "cuda")}
+    assert issue_family(soft["reg_row"]) == issue_family(soft["block_row"]) \
+        == "softmax/kernels(x,out,R,C)"
+    assert issue_family(att["splitkv_mma"]) == issue_family(att["splitkv2_mma"])
+    assert issue_family(att["decode_global"]) != issue_family(att["splitkv_mma"])
+    assert issue_family(att["sdpa_torch"]) == "attention/sdpa_torch"      # a library's own
+    policy = Recording()
+    from adaptive.backends import get_backend
+    d = Dispatcher(get_backend("host"), policy=policy)
+    x = rng.standard_normal((9, 31)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    host = plan.candidate.variant
+    assert issue_family(host) == host.id                # a python variant: its own window
+
+    def as_(variant):
+        cfg = {k: vals[0] for k, vals in variant.space.params}
+        return dataclasses.replace(plan, candidate=make_candidate(variant, cfg))
+    reg_row, block_row = as_(soft["reg_row"]), as_(soft["block_row"])
+    policy.charged.clear()
+    d.feedback(reg_row, 0.007, 0.030)     # a bad moment: 30 us
+    d.feedback(block_row, 0.010, 0.009)   # 9 us
+    d.feedback(reg_row, 0.007, 0.031)     # charged the shared least, 9 us
+    d.feedback(plan, 0.005, 0.050)        # the host variant: a window of its own
+    assert [n for n, _ in policy.charged] == ["reg_row", "block_row", "reg_row", host.name]
+    assert [round(t, 4) for _, t in policy.charged] == [0.037, 0.019, 0.016, 0.055]
+    kind = plan.problem.kind
+    assert d.issue_charges() == {f"softmax/kernels(x,out,R,C)/{kind}": (3, 0.009),
+                                 f"{host.id}/{kind}": (1, 0.050)}
+
+
 def _clock_timer(be):
     """A device_timer for an _EventHost: a run's time on its fake GPU clock (gated: the
     run's device time; ungated: its ``pre`` too where the stream is idle)."""
