@@ -8,10 +8,7 @@
 # of 32 us against 10 us once quiet. Each selection's histories name the charges.
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu: $name"
-pack=$(card_pack)
-echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
+card_header
 ADAPTIVE_ISSUE_CLOCK=wall selection_as wall1 125
 ADAPTIVE_ISSUE_CLOCK=thread selection_as thread1 125
 ADAPTIVE_ISSUE_CLOCK=wall selection_as wall2 125

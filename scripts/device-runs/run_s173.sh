@@ -7,9 +7,6 @@
 # of four)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu: $name"
-pack=$(card_pack)
-echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
+card_header
 selection_as keys1 125
 selection_as keys2 125

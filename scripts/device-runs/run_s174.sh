@@ -11,10 +11,7 @@
 # contention (its policy lines and any row over the bar's history)
 source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
-name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "gpu: $name"
-pack=$(card_pack)
-echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
+card_header
 selection_as first 125
 selection_as second 125
 mixed_table 80 s174

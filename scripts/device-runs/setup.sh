@@ -195,6 +195,14 @@ require_h200() {
   require_gpu H200
 }
 
+# the GPU's name and its shipped pack's sha256 printed (from run S172 on): card_header
+card_header() {
+  local pack
+  echo "gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  pack=$(card_pack) || return 1
+  echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
+}
+
 # stop the run (exit 3) unless the GPU's name holds NAME (from run S165 on): require_gpu NAME
 require_gpu() {
   local name

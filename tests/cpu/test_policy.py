@@ -1683,13 +1683,9 @@ def test_a_plan_bound_to_its_key_is_charged_its_preparation_where_keys_change(rn
         assert min(state.observed[fast_kernels]) >= 30.0
 
 
-def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
-    """An exploring sample's issuing only ever reads high (a collection, a page fault, the
-    turn after another candidate's kernels) where the kernels of two configs differ by a
-    few us: each sample is charged its device time plus the least of the last ISSUE_WINDOW
-    issuings of its variant (on inputs of its kind), its own included; another variant's
-    issuings are its own."""
-    from adaptive.dispatch import ISSUE_WINDOW
+def _charges_recorded():
+    """A measure-each policy that records (variant name, ms) of each time it is charged,
+    and decides nothing from them."""
     from adaptive.policy import MeasureEach
 
     class Recording(MeasureEach):
@@ -1700,7 +1696,17 @@ def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
         def observe(self, key, candidate, time_ms):
             self.charged.append((candidate.variant.name, time_ms))
             return None
-    policy = Recording()
+    return Recording()
+
+
+def test_the_issuing_charged_is_the_least_of_the_variants_recent_issuings(rng):
+    """An exploring sample's issuing only ever reads high (a collection, a page fault, the
+    turn after another candidate's kernels) where the kernels of two configs differ by a
+    few us: each sample is charged its device time plus the least of the last ISSUE_WINDOW
+    issuings of its variant (on inputs of its kind), its own included; another variant's
+    issuings are its own."""
+    from adaptive.dispatch import ISSUE_WINDOW
+    policy = _charges_recorded()
     from adaptive.backends import get_backend
     d = Dispatcher(get_backend("host"), policy=policy)
     x = rng.standard_normal((9, 31)).astype(np.float32)
@@ -1731,17 +1737,7 @@ def test_compiled_kernels_launched_with_the_same_arguments_share_one_issuing_win
     class, their kernels 7-13 us). Kernels launched with other arguments, and library
     calls, keep windows of their own."""
     from adaptive.dispatch import issue_family
-    from adaptive.policy import MeasureEach
     from adaptive.variants import default_registry, make_candidate
-
-    class Recording(MeasureEach):
-        def __init__(self):
-            super().__init__()
-            self.charged = []
-
-        def observe(self, key, candidate, time_ms):
-            self.charged.append((candidate.variant.name, time_ms))
-            return None
     reg = default_registry()
     soft = {v.name: v for v in reg.variants("softmax", "cuda")}
     att = {v.name: v for v in reg.variants("attention", "cuda")}
@@ -1750,7 +1746,7 @@ def test_compiled_kernels_launched_with_the_same_arguments_share_one_issuing_win
     assert issue_family(att["splitkv_mma"]) == issue_family(att["splitkv2_mma"])
     assert issue_family(att["decode_global"]) != issue_family(att["splitkv_mma"])
     assert issue_family(att["sdpa_torch"]) == "attention/sdpa_torch"      # a library's own
-    policy = Recording()
+    policy = _charges_recorded()
     from adaptive.backends import get_backend
     d = Dispatcher(get_backend("host"), policy=policy)
     x = rng.standard_normal((9, 31)).astype(np.float32)
