@@ -214,7 +214,7 @@ class _InputClass:
     past_gate: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     # what each explored candidate's samples were charged in this exploration, in a
     # host-bound class (cleared at its commit, which notes them in the key's history, see
-    # _charges_note): [(device ms, issuing charged, new keys' preparation charged), ...]
+    # _charges_note): [(device ms, issuing, new keys' preparation, charged ms), ...]
     charges: dict = dataclasses.field(default_factory=dict)
     # this class among every class made in the process (its plans carry it: Plan.epoch)
     serial: int = dataclasses.field(default_factory=lambda: next(_CLASS_SERIALS))
@@ -236,19 +236,25 @@ def issue_family(variant: Variant) -> str:
 
 def _charges_note(charges: dict) -> str:
     """The key's history line for a host-bound exploration's charges: per candidate, the
-    medians of its samples' device times, of the issuing charged with them and of the new
-    keys' preparation charged (``_InputClass.charges``), fastest charged first."""
+    medians of what its samples were charged, of their device times, of the issuing and
+    of the new keys' preparation (``_InputClass.charges``), fastest charged first. Under
+    ``issue_charge`` "sum" (the default) the charge is their sum, written so; under the
+    other rules the parts follow in parentheses."""
     def med(xs):
         return statistics.median(xs)
-    rows = sorted(((med([d + i + k for d, i, k in v]), c, v) for c, v in charges.items()),
+
+    def line(total, c, v):
+        device, issuing = med([p[0] for p in v]), med([p[1] for p in v])
+        keys = med([p[2] for p in v]) if any(p[2] for p in v) else None
+        if all(math.isclose(p[3], p[0] + p[1] + p[2], rel_tol=1e-9) for p in v):
+            return (f"{c.label} {total:.4g} = device {device:.4g} + issuing {issuing:.4g}"
+                    + (f" + keys {keys:.4g}" if keys is not None else "") + f" (n={len(v)})")
+        return (f"{c.label} {total:.4g} (device {device:.4g}, issuing {issuing:.4g}"
+                + (f", keys {keys:.4g}" if keys is not None else "") + f"; n={len(v)})")
+    rows = sorted(((med([p[3] for p in v]), c, v) for c, v in charges.items()),
                   key=lambda r: r[0])
-    return ("charged (a host-bound class: the device's time plus the host's issuing and "
-            "new keys' preparation; medians, ms): " + "; ".join(
-                f"{c.label} {total:.4g} = device {med([d for d, _, _ in v]):.4g} "
-                f"+ issuing {med([i for _, i, _ in v]):.4g}"
-                + (f" + keys {med([k for _, _, k in v]):.4g}" if any(k for _, _, k in v)
-                   else "") + f" (n={len(v)})"
-                for total, c, v in rows))
+    return ("charged (a host-bound class: the device's time with the host's issuing and "
+            "new keys' preparation; medians, ms): " + "; ".join(line(*r) for r in rows))
 
 
 def _window(table: dict, key: tuple) -> collections.deque:
@@ -1174,7 +1180,7 @@ class Dispatcher:
                 key_ms = self._key_charge(plan)
                 charged = (self._charged(time_ms, typical, ungated) + key_ms if ungated
                            else self._charged(time_ms, typical + key_ms))
-                parts = (time_ms, charged - time_ms - key_ms, key_ms)
+                parts = (time_ms, typical, key_ms, charged)
             elif self._issue_charge == "regime":   # the device was busy: a pipelined caller
                 charged = max(time_ms, typical)
         # a plan whose class was dropped since (forget, forget_key, eviction): its sample
