@@ -1379,7 +1379,7 @@ class Dispatcher:
             return more is not None and issued[c] < more
 
         def explore(args, out):
-            if visits is not None and visits[0] is not mine:
+            if visits is not None and visits[0] != mine:
                 if called[0] and visits[0] is not None:   # back to this key: it recurs
                     visits[1] += 1
                 visits[0] = mine
