@@ -1284,10 +1284,14 @@ class Dispatcher:
         if self._issue_charge == "measured":
             return None
 
-        least: dict[str, float] = {}   # per variant, read once a miss (~100 candidates)
+        least: dict[str, float] = {}   # per family, read once a miss (~100 candidates)
+        families: dict[str, str] = {}  # variant id -> its issue_family, made once a miss
 
         def charge(candidate, device_ms: float) -> float:
-            family = issue_family(candidate.variant)
+            vid = candidate.variant.id
+            family = families.get(vid)
+            if family is None:
+                family = families[vid] = issue_family(candidate.variant)
             issue = least.get(family)
             if issue is None:
                 recent = self._issued.get((family, kind))
