@@ -122,11 +122,11 @@ ISSUE_CHARGES = ("sum", "max", "regime", "measured")
 # how the issuing charged is read (Dispatcher.issue_clock): "wall", the time elapsed over
 # the call; "thread", the issuing thread's CPU time over it, which leaves out the moments
 # it waited for the interpreter (another thread, such as the policy's background refit,
-# holding it) or was descheduled. On the H200 (run S168) a class explored while the
-# shipped pack's 19,385 rows were being fitted read all four softmax candidates of R=64
-# C=32000 at 2.5-5x their device times (issuings of 25-50 us against 8-10 once the window
-# had quiet samples) and committed block_row at 1.21x reg_row. The wall clock stays what
-# tells whether a sample was read past its gate (_past_gate)
+# holding it) or was descheduled. Tried for run S168's softmax R=64 C=32000, whose four
+# candidates were charged 2.5-5x their device times; S172 traced that to the key charge
+# (KEY_CHARGE_KEYS), and its A/B on the H200 (overall 1.028 and 1.046 on the thread clock,
+# 1.037 and 1.044 on the wall) decided nothing: "wall" stays the default. The wall clock
+# is what tells whether a sample was read past its gate (_past_gate) either way
 ISSUE_CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
 # a host-bound class is charged its candidates' preparation of a key per call only once
 # KEY_CHARGE_KEYS keys have joined it while it explored: a decode loop meets a new cached
@@ -134,12 +134,12 @@ ISSUE_CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
 # keys once. On the H200 (run S172) softmax R=1 and R=64 at C=32000, one class of a stream
 # of 16 fixed inputs, charged reg_row 0.018-0.040 ms a call for the one key that joined
 # (its preparation over the 12-odd samples explored) against block_row's 0.008-0.016,
-# and committed block_row at 1.15-1.22x in three runs of four
+# and committed block_row at 1.15-1.22x in three runs of four. Nor is it charged once
+# its keys recur (an exploring call back to a key after another key's, _InputClass.visits):
+# S172's long-burst stream, 16 fixed inputs drawn at random, charged softmax classes of
+# several shapes 2.5-9 us a call for keys that kept coming back (R=2048 C=256 committed
+# reg_row at 1.16x reg_warp, which its charges without them put first)
 KEY_CHARGE_KEYS = 3
-# nor once its keys recur (an exploring call back to a key after another key's): S172's
-# long-burst stream, 16 fixed inputs drawn at random, charged softmax classes of several
-# shapes 2.5-9 us a call for keys that kept coming back (R=2048 C=256 committed reg_row at
-# 1.16x reg_warp, which its charges without them put first)
 
 
 @dataclasses.dataclass(eq=False)

@@ -1553,9 +1553,8 @@ def test_the_host_issuing_is_charged_where_the_device_waited_for_it(rng, device_
 @pytest.mark.parametrize("spin", [False, True])
 def test_the_thread_clock_charges_the_issuing_threads_work_not_its_waits(rng, clock, spin):
     """In a host-bound class, the issuing charged is read on the issue clock. On the wall
-    clock a sample pays whatever delayed its call: the interpreter held by another thread
-    (a background refit: on the H200, run S168, issuings of 25-50 us against 8-10 quiet
-    ones, and block_row committed at 1.21x reg_row) as much as the issuing's own work. On
+    clock a sample pays whatever delayed its call, the interpreter held by another thread
+    (a background refit) as much as the issuing's own work. On
     the thread clock only the issuing thread's CPU time is charged: a 6 ms wait is not, a
     6 ms busy issuing is. The gate's hold is set against the wall clock either way."""
     be = _EventHost()
