@@ -50,6 +50,7 @@ class Spmm(Op):
     regimes = matmul_regimes(sparse=True)   # accumulate, extreme, mixed, empty_rows + generic
     reduction_dims = ("K",)
     tile_fill = True   # csr_rowsplit at N = 8 and LANES_N x VEC = 16: half its tile idle
+    refine_configs = 1   # see Op.refine_configs
 
     def check_shapes(self, infos, args, params):
         w, b = infos

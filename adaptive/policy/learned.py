@@ -145,6 +145,9 @@ class KeyState:
     explored: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     # this exploration was widened once already (``Learned.widen_margin``)
     widened: bool = False
+    # the configs this exploration's refinement added (``Learned.refine_configs``; once
+    # per exploration; each is left behind once a sample of it is slower than the leader)
+    refining: tuple = ()
     cap: int = 0   # most candidates explored on this key (Learned._cap, set by decide)
     # the candidates the class's calls rotate over now (a subset of ``explore``: those
     # still short of their samples); empty: all of ``explore``
@@ -283,9 +286,10 @@ class Learned(BasePolicy):
         regret_bound: explore candidates whose optimistic time is within this fraction of
             the best prediction (0.2: at most 20 % slower, optimistically).
         z: how optimistic: mean - z·sigma in log units.
-        max_explore: most candidates explored per key (cold or not); 8: on the H200
-            corpus, 4 left spmm at 1.063 committed/best, 8 at 1.027 (under 10 % of its ~105
-            candidates); the regret bound explores fewer where the model is sure.
+        max_explore: most candidates explored per key (cold or not), before a refinement's
+            (``refine_configs``); 8: on the H200 corpus, 4 left spmm at 1.063
+            committed/best, 8 at 1.027 (under 10 % of its ~105 candidates); the regret
+            bound explores fewer where the model is sure.
         anchors: explore also the fastest candidates of the nearest measured inputs
             (:class:`Neighbours`) and the baselines (each baseline variant's best-ranked
             config; without one, the best-ranked library candidate), in place of the
@@ -406,6 +410,10 @@ class Learned(BasePolicy):
             interleave, the last samples are still spent. 0.02: in the shipped H200 pack's
             replay (10 folds by input, 5% noise and outliers) prefills' tuning share 11.2%
             -> 10.5% of exhaustive autotune's, within 5% 91.2% -> 93.0%. None: off.
+        refine_configs: configs of the leader's variant timed before a commit whose leader
+            is not the model's first pick (:meth:`_refine`). None: the op's own
+            (:attr:`adaptive.ops.base.Op.refine_configs`: 1 for spmm, 0 for the others);
+            an int: that many on every op.
     """
 
     name = "learned"
@@ -421,7 +429,7 @@ class Learned(BasePolicy):
                  race_ratio: float | None = 1.3, widen_margin: float | None = 0.1,
                  explore_fraction: float | None = 0.4, clear_margin: float | None = 0.03,
                  noise_ratio: float | None = 2.0, explore_share: float | None = None,
-                 settle_margin: float | None = 0.02):
+                 settle_margin: float | None = 0.02, refine_configs: int | None = None):
         if model is None:
             from adaptive.policy.cost_model import LiveModel
             model = LiveModel()
@@ -468,6 +476,11 @@ class Learned(BasePolicy):
             raise ValueError(f"settle_margin must be a fraction >= 0 or None, got "
                              f"{settle_margin!r}")
         self.settle_margin = settle_margin
+        if refine_configs is not None and not (isinstance(refine_configs, int)
+                                               and refine_configs >= 0):
+            raise ValueError(f"refine_configs must be an int >= 0 or None (the op's own), "
+                             f"got {refine_configs!r}")
+        self.refine_configs = refine_configs
         self.variant_reach = variant_reach
         self.variant_slots = variant_slots
         self.baseline_margin = baseline_margin
@@ -868,7 +881,7 @@ class Learned(BasePolicy):
         state.committed, state.explore, state.rotation = None, explore, ()
         state.observed = {c: Samples() for c in explore}
         state.explorations += 1
-        state.widened = False
+        state.widened, state.refining = False, ()
         state.history.append(state.reason)
         return Decision(current, state.reason, explore=explore)
 
@@ -923,7 +936,7 @@ class Learned(BasePolicy):
                     f"{best.label} {fastest[best]:.4g} ms is not "
                     f"{self.baseline_margin:.0%} faster")
             best = base
-        widened = self._widen(state, fastest, best)
+        widened = self._widen(state, fastest, best) or self._refine(state, fastest, best)
         if widened is not None:
             return widened
         if math.isinf(fastest[best]):
@@ -1009,6 +1022,47 @@ class Learned(BasePolicy):
         # back to) and the newcomers; the others have their samples
         return Decision(best, state.reason, explore=(best, *extra))
 
+    def _refine(self, state: KeyState, fastest: dict, best: Candidate) -> Decision | None:
+        """Before a commit whose leader is not the model's first pick, time the next
+        configs of the leader's variant: once per exploration, the ``refine_configs``
+        best-ranked unexplored configs of that variant predicted within ``regret_bound``
+        of the leader's prediction. The measurement refuted the model's order across
+        variants, so its order among this variant's configs, which chose the ones
+        explored, is the next thing to doubt. Each is left behind (:meth:`_race`) as soon
+        as one sample of it is slower than the leader's median: it is there to beat the
+        leader, and one that cannot costs one call."""
+        count = self._refine_count(state.op)
+        if not count or state.refining or not state.predicted or not state.candidates \
+                or best == state.candidates[0] or best.variant.baseline \
+                or not math.isfinite(fastest[best]):
+            return None
+        bar = state.predicted_ms(best) * (1 + self.regret_bound)
+        left = [c for c in state.candidates if c.variant.id == best.variant.id
+                and c not in state.observed and state.predicted_ms(c) <= bar]
+        if not left:
+            return None
+        extra = state.refining = tuple(left[:count])
+        # the explored set keeps the candidates left behind: the key's cap, which a later
+        # widening reads, counts every candidate this exploration timed
+        state.explore, state.rotation = state.explore + extra, ()
+        for c in extra:
+            state.observed[c] = Samples()
+        state.reason = (f"refined by {len(extra)} ({', '.join(c.label for c in extra)}): the "
+                        f"leader {best.label} {fastest[best]:.4g} ms is not the model's first "
+                        f"pick ({state.candidates[0].label}), and its variant's next configs "
+                        f"are predicted within {self.regret_bound:.0%} of it")
+        state.history.append(state.reason)
+        return Decision(best, state.reason, explore=(best, *extra))
+
+    def _refine_count(self, op: str) -> int:
+        """Configs a refinement adds on ``op``: ``refine_configs``, else the op's own
+        (:attr:`adaptive.ops.base.Op.refine_configs`)."""
+        if self.refine_configs is not None:
+            return self.refine_configs
+        from adaptive.ops import OPS
+        known = OPS.get(op)
+        return known.refine_configs if known is not None else 0
+
     def _race(self, state: KeyState) -> list:
         """Mark the explored candidates the leader has left behind (see ``race_ratio`` and
         ``clear_margin``); the ones newly marked."""
@@ -1038,7 +1092,8 @@ class Learned(BasePolicy):
                     s.raced = True
                     out.append(c)
                 continue
-            if min(s) > bar or (len(s) >= 2 and min(s) > clear):
+            if min(s) > bar or (len(s) >= 2 and min(s) > clear) or (
+                    c in state.refining and min(s) > leader.median()):
                 s.raced = True
                 out.append(c)
         return out
@@ -1147,7 +1202,7 @@ class Learned(BasePolicy):
         state.committed, state.explore, state.rotation = None, explore, ()
         state.observed = {c: Samples() for c in explore}
         state.explorations += 1
-        state.widened = False
+        state.widened, state.refining = False, ()
         state.previous, state.revalidating = current, revalidating
         self.stats["revalidations"] += revalidating
         return Decision(current, state.reason, explore=explore)

@@ -1037,7 +1037,8 @@ def test_the_baseline_is_left_behind_only_on_two_samples_over_one_and_a_half_bar
     def raced(explore, times, race_ratio=2.0):
         policy = Learned(LiveModel(background=False), samples=3, race_ratio=race_ratio,
                          clear_margin=None)
-        state = NS(explore=explore, observed={c: Samples(times[c]) for c in explore})
+        state = NS(explore=explore, observed={c: Samples(times[c]) for c in explore},
+                   refining=())
         return {c.label for c in policy._race(state)}
     base, lead, other = cand("sdpa", baseline=True), cand("flash"), cand("flash2")
     explore = (base, lead, other)
@@ -2170,6 +2171,58 @@ def test_a_ranking_the_measurements_refute_widens_the_exploration_once(rng, refu
     assert state.committed == b
     with pytest.raises(ValueError, match="widen_margin must be a fraction >= 0 or None"):
         Learned(LiveModel(background=False), widen_margin=-0.1)
+
+
+def _explore_to_commit(policy, key, decision, truth):
+    """Feed each explored candidate its time in ``truth`` as a class's calls would, following
+    every rotation the policy hands back, until it commits; the key's state."""
+    rotation = decision.explore
+    for _ in range(100):
+        if policy.state(key).committed is not None or not rotation:
+            break
+        for c in rotation:
+            later = policy.observe(key, c, truth[c])
+            if later is not None:
+                rotation = later.explore
+                break
+    return policy.state(key)
+
+
+@pytest.mark.parametrize("case", ["faster", "slower", "first pick won", "op's own: none"])
+def test_a_leader_the_model_did_not_pick_first_has_its_next_config_timed(case):
+    """refine_configs: block_row's first config is the model's first pick, warp_row's first
+    the other explored one. When warp_row leads (the model's order across variants was
+    wrong), warp_row's next config is timed before the commit: committed when faster, left
+    behind after one sample when slower than the leader's median. When the first pick
+    leads, or the op's own count is 0 (softmax; spmm's is 1), nothing is added."""
+    ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
+    count = None if case == "op's own: none" else 1
+    policy = Learned(_FixedRanking(mean, [0.0] * len(mean)), max_explore=2, per_variant=1,
+                     anchors=False, variant_reach=0.0, explore_budget=None,
+                     refine_configs=count)
+    d = policy.decide(ctx, cands)
+    assert d.explore == (block[0], warp[0]), d.reason
+    truth = {c: 3.0 for c in cands}
+    truth.update({block[0]: 2.0, warp[0]: 1.0, warp[1]: 0.8 if case == "faster" else 1.2})
+    if case == "first pick won":
+        truth.update({block[0]: 1.0, warp[0]: 2.0})
+    state = _explore_to_commit(policy, ctx.key, d, truth)
+    if case in ("first pick won", "op's own: none"):
+        assert state.refining == () and warp[1] not in state.observed
+        assert state.committed == min(d.explore, key=truth.get), state.reason
+        assert not any(h.startswith("refined by") for h in state.history)
+        assert OPS["softmax"].refine_configs == 0 and OPS["spmm"].refine_configs == 1
+        return
+    assert state.refining == (warp[1],)
+    [note] = [h for h in state.history if h.startswith("refined by 1")]
+    assert warp[1].label in note and f"not the model's first pick ({block[0].label})" in note
+    if case == "faster":
+        assert state.committed == warp[1], state.reason
+    else:
+        assert state.committed == warp[0], state.reason
+        assert len(state.observed[warp[1]]) == 1 and state.observed[warp[1]].raced
+    with pytest.raises(ValueError, match="refine_configs must be an int >= 0 or None"):
+        Learned(LiveModel(background=False), refine_configs=-1)
 
 
 @pytest.mark.parametrize("rule,committed", [("sum", "slow"), ("max", "fast"),

@@ -27,14 +27,17 @@ def _replay(background, op: str):
 
 @pytest.mark.parametrize("op", ["gemm", "attention", "spmm"])
 def test_commits_within_the_targets(op, background):
-    """Whole-op replays of spmm (10 folds by input, fold seeds 0-5): geomean 1.014-1.020,
-    86-92 % within 5 % (90 % with the command's seed), worst 1.29-1.47x; on this slice 15 of
-    16 within 5 %. Its misses are mostly inputs of 12-16 us whose best candidate's own
+    """Whole-op replays of spmm (10 folds by input, fold seeds 0-3): geomean 1.016-1.018,
+    88-92 % within 5 % (92 % with the command's seed), worst 1.29x; on this slice 15 of 16
+    within 5 %. Its misses are mostly inputs of 12-16 us whose best candidate's own
     spread (IQR / median) is 5-12 %, and one whose best is a SIMT kernel no other input
     prefers."""
+    from adaptive.ops import OPS
     report = _replay(background, op)
     assert len(report.cases) == 16 and all(c.op == op for c in report.cases)
-    assert all(c.ratio >= 1.0 and c.explored <= 8 for c in report.cases)
+    # max_explore (8), and past it the configs a refinement adds (spmm's: 1)
+    cap = 8 + OPS[op].refine_configs
+    assert all(c.ratio >= 1.0 and c.explored <= cap for c in report.cases)
     # the targets: geomean <= 1.03, >= 90 % of inputs within 5 %, worst <= 1.5x
     assert report.geomean_ratio(op) <= 1.03, str(report)
     assert report.within(1.05, op) >= 0.90, str(report)
