@@ -216,6 +216,9 @@ class _InputClass:
     # host-bound class (cleared at its commit, which notes them in the key's history, see
     # _charges_note): [(device ms, issuing, new keys' preparation, charged ms), ...]
     charges: dict = dataclasses.field(default_factory=dict)
+    # the issuing charged per issue_family in this exploration (cleared at its commit):
+    # the family's least recent issuing when its first sample came (see Dispatcher.feedback)
+    issue_held: dict = dataclasses.field(default_factory=dict)
     # this class among every class made in the process (its plans carry it: Plan.epoch)
     serial: int = dataclasses.field(default_factory=lambda: next(_CLASS_SERIALS))
 
@@ -1150,7 +1153,8 @@ class Dispatcher:
         Any thread may call this (e.g. a harvester of CUDA event timings). When the policy
         answers with a new decision (commit, re-explore) the key's plan is swapped. Every
         recorder's ``timed`` sees ``time_ms`` too. ``issue_ms``: the host's issuing of
-        the call (its variant's least recent issuing is charged, see :data:`ISSUE_WINDOW`);
+        the call (its variant's least recent issuing is charged, see :data:`ISSUE_WINDOW`,
+        the one its family had at its first sample of the class's exploration);
         ``waited``: whether the device was waiting for the host when the call came (an
         exploring sample), or None (the caller's own account: ``issue_ms`` is charged as
         given). The policy is charged ``time_ms`` with the issuing (as ``issue_charge``
@@ -1173,9 +1177,22 @@ class Dispatcher:
         wall_ms = issue_ms if issued_wall_ms is None else issued_wall_ms
         if gate_expired and not ungated and self._past_gate(plan, time_ms, wall_ms):
             return
+        # a plan whose class was dropped since (forget, forget_key, eviction): its sample
+        # would land on the state of the class decided next; the recorders see it all the
+        # same
+        cls = self._classes.get(plan.class_key) if plan.epoch is not None else None
+        current = plan.epoch is None or (cls is not None and cls.serial == plan.epoch)
         charged, parts = time_ms, None
         if issue_ms > 0:
             typical = self._typical_issue(plan, issue_ms)
+            if current and cls is not None and cls.decision.explore:
+                # one issuing per family for the whole exploration: the window's least moves
+                # as issuings come and go (run S175, H100: decode_global's configs charged
+                # 8.5 and 35.4 us in one class, splitkv_mma's 16.5 and 39.0, and the busiest
+                # decode input committed splitkv2_mma at 1.16x splitkv_mma by a charge 15 us
+                # lower, its kernel the slower)
+                typical = cls.issue_held.setdefault(issue_family(plan.candidate.variant),
+                                                    typical)
             if waited is None or self._host_bound(plan.class_key, waited) or ungated:
                 key_ms = self._key_charge(plan)
                 charged = (self._charged(time_ms, typical, ungated) + key_ms if ungated
@@ -1183,11 +1200,7 @@ class Dispatcher:
                 parts = (time_ms, typical, key_ms, charged)
             elif self._issue_charge == "regime":   # the device was busy: a pipelined caller
                 charged = max(time_ms, typical)
-        # a plan whose class was dropped since (forget, forget_key, eviction): its sample
-        # would land on the state of the class decided next; the recorders see it all the
-        # same
-        cls = self._classes.get(plan.class_key) if plan.epoch is not None else None
-        if plan.epoch is None or (cls is not None and cls.serial == plan.epoch):
+        if current:
             # one sample at a time from observe to revise: two threads' samples of a class
             # otherwise revise it in the other order, the class then rotating over what an
             # older decision asked while the policy waits for what the newer one did
@@ -1472,6 +1485,7 @@ class Dispatcher:
             if not decision.explore:     # committed: the next exploration counts anew
                 cls.issued.clear()
                 cls.past_gate.clear()
+                cls.issue_held.clear()
                 charges, cls.charges = cls.charges, {}
                 if charges:
                     self.policy.note(class_key, _charges_note(charges))

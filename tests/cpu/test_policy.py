@@ -1769,6 +1769,45 @@ def test_compiled_kernels_launched_with_the_same_arguments_share_one_issuing_win
                                  f"{host.id}/{kind}": (1, 0.050)}
 
 
+def test_one_issuing_per_family_is_charged_for_a_whole_exploration(rng):
+    """The family's least recent issuing moves while a class explores (a lower one comes,
+    an old one leaves the window): its candidates are charged the one held when the
+    family's first sample came, so two configs of a kernel are compared by their device
+    times (run S175, H100: decode_global's configs were charged 8.5 and 35.4 us in one
+    class). Another family holds its own; the next exploration reads the window anew."""
+    from adaptive.backends import get_backend
+    from adaptive.policy import Decision
+    policy = Learned(LiveModel(background=False), max_explore=4, explore_budget=None)
+    d = Dispatcher(get_backend("host"), policy=policy)
+    x = rng.standard_normal((9, 31)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    state = policy.state(plan.class_key)
+    assert state.committed is None and len(state.explore) >= 2
+    from adaptive.variants import default_registry, make_candidate
+    host = {v.name: v for v in default_registry().variants("softmax", "host")}
+    a, b = (make_candidate(host["host_blocked"], c)
+            for c in list(host["host_blocked"].space.all_configs())[:2])
+    numpy_ = make_candidate(host["host_numpy"], {})
+    charged = []
+    policy.observe = lambda key, c, ms: charged.append((c, round(ms, 4)))   # no commit
+
+    def sample(c, device_ms, issue_ms):
+        d.feedback(dataclasses.replace(plan, candidate=c), device_ms, issue_ms, waited=True)
+    sample(a, 0.010, 0.009)      # the family's least: 9 us, held
+    sample(a, 0.010, 0.004)      # the window's least now 4 us
+    sample(b, 0.010, 0.030)
+    sample(numpy_, 0.020, 0.002)  # a family of its own: 2 us
+    sample(numpy_, 0.020, 0.001)
+    assert charged == [(a, 0.019), (a, 0.019), (b, 0.019), (numpy_, 0.022), (numpy_, 0.022)]
+    cls = d._classes[plan.class_key]
+    d._revise(plan.class_key, Decision(a, "committed"))       # the commit lets go of them
+    assert cls.issue_held == {}
+    cls.decision = Decision(a, "exploring again", explore=(a, b))
+    charged.clear()
+    sample(b, 0.010, 0.030)
+    assert charged == [(b, 0.014)]    # the window's least now
+
+
 def _clock_timer(be):
     """A device_timer for an _EventHost: a run's time on its fake GPU clock (gated: the
     run's device time; ungated: its ``pre`` too where the stream is idle)."""
