@@ -1009,18 +1009,13 @@ class Learned(BasePolicy):
         extra, _ = self._per_variant(left, room)   # model order, per_variant of each
         state.widened = True
         active = tuple(c for c in state.explore if not state.observed[c].raced)
-        state.explore, state.rotation = active + tuple(extra), ()
-        for c in extra:
-            state.observed[c] = Samples()
-        state.reason = (f"widened by {len(extra)} ({', '.join(c.label for c in extra)}): the "
-                        f"best measured {best.label} {fastest[best]:.4g} ms is "
-                        f"{fastest[best] / state.predicted_ms(best):.3g}x its prediction, "
-                        f"and they are predicted under {bar:.4g} ms at the least wrong "
-                        f"explored candidate's error ({bias:.3g}x)")
-        state.history.append(state.reason)
-        # the calls rotate over the measured best (what a failing newcomer's call falls
-        # back to) and the newcomers; the others have their samples
-        return Decision(best, state.reason, explore=(best, *extra))
+        return self._explore_more(
+            state, best, active, tuple(extra),
+            f"widened by {len(extra)} ({', '.join(c.label for c in extra)}): the best "
+            f"measured {best.label} {fastest[best]:.4g} ms is "
+            f"{fastest[best] / state.predicted_ms(best):.3g}x its prediction, and they are "
+            f"predicted under {bar:.4g} ms at the least wrong explored candidate's error "
+            f"({bias:.3g}x)")
 
     def _refine(self, state: KeyState, fastest: dict, best: Candidate) -> Decision | None:
         """Before a commit whose leader is not the model's first pick, time the next
@@ -1044,15 +1039,26 @@ class Learned(BasePolicy):
         extra = state.refining = tuple(left[:count])
         # the explored set keeps the candidates left behind: the key's cap, which a later
         # widening reads, counts every candidate this exploration timed
-        state.explore, state.rotation = state.explore + extra, ()
+        return self._explore_more(
+            state, best, state.explore, extra,
+            f"refined by {len(extra)} ({', '.join(c.label for c in extra)}): the leader "
+            f"{best.label} {fastest[best]:.4g} ms is not the model's first pick "
+            f"({state.candidates[0].label}), and its variant's next configs are predicted "
+            f"within {self.regret_bound:.0%} of it")
+
+    @staticmethod
+    def _explore_more(state: KeyState, best: Candidate, kept: tuple, extra: tuple,
+                      why: str) -> Decision:
+        """Go on exploring ``kept`` and ``extra`` (a widening's or a refinement's newcomers)
+        before the commit, noted in the key's history as ``why``. The calls rotate over the
+        measured best (what a failing newcomer's call falls back to) and the newcomers; the
+        others have their samples."""
+        state.explore, state.rotation = kept + extra, ()
         for c in extra:
             state.observed[c] = Samples()
-        state.reason = (f"refined by {len(extra)} ({', '.join(c.label for c in extra)}): the "
-                        f"leader {best.label} {fastest[best]:.4g} ms is not the model's first "
-                        f"pick ({state.candidates[0].label}), and its variant's next configs "
-                        f"are predicted within {self.regret_bound:.0%} of it")
-        state.history.append(state.reason)
-        return Decision(best, state.reason, explore=(best, *extra))
+        state.reason = why
+        state.history.append(why)
+        return Decision(best, why, explore=(best, *extra))
 
     def _refine_count(self, op: str) -> int:
         """Configs a refinement adds on ``op``: ``refine_configs``, else the op's own
