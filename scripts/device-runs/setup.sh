@@ -254,3 +254,13 @@ selection_foreign() {
   selection_as foreign "$1"
   mv /tmp/own.msgpack "$pack"
 }
+
+# the merged pack the call before left on this machine (/tmp/merged.msgpack, from
+# extend_pack) put in place of this GPU's shipped pack (card_pack), its sha256 printed
+# (from run S177b on; use_pack is the H200's alone): use_card_pack
+use_card_pack() {
+  local pack
+  pack=$(card_pack) || return 1
+  [ -f /tmp/merged.msgpack ] && cp /tmp/merged.msgpack "$pack"
+  echo "pack $pack sha256 $(sha256sum "$pack" | cut -c1-16)"
+}
