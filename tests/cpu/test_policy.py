@@ -2264,6 +2264,52 @@ def test_a_leader_the_model_did_not_pick_first_has_its_next_config_timed(case):
         Learned(LiveModel(background=False), refine_configs=-1)
 
 
+@pytest.mark.parametrize("case", ["far", "near", "far, far_refine 0"])
+def test_far_from_every_measured_input_the_leaders_config_most_unlike_it_is_timed(case):
+    """far_refine: where the model extrapolated (the nearest measured input beyond
+    far_distance) and its first pick lost, one more config of the leader's variant is timed
+    even for an op that refines none (softmax), and the one most unlike the leader comes
+    first, not the model's next: its order within the variant is extrapolated too. The
+    shipped H100 pack's replay: decode B=32 H=32 Lk=80 D=128, 4.8 from its nearest input,
+    committed decode_global NWARPS=8 UNROLL=4 at 1.55x NWARPS=4 UNROLL=1 (two values
+    unlike it), the model's next configs differing in one. Near a measured input, or with
+    far_refine 0, softmax refines nothing."""
+    from adaptive.policy.learned import Neighbours
+    from adaptive.variants import default_registry, make_candidate
+    by = {v.name: [make_candidate(v, c) for c in list(v.space.all_configs())[:6]]
+          for v in default_registry().variants("softmax", "cuda")}
+    block, reg = by["block_row"], by["reg_row"]
+    like, unlike = reg[1], reg[4]      # THREADS=128 ITEMS=2; THREADS=256 ITEMS=2
+    assert dict(reg[0].config_items) == {"THREADS": 128, "ITEMS": 1}
+    cands = block[:4] + [reg[0], like, unlike]
+    mean = [math.log(r) for r in (1.0, 1.01, 1.02, 1.03, 1.4, 1.42, 1.45)]
+    x = np.zeros((2048, 4096), np.float16)
+    op = OPS["softmax"]
+    ctx = Context(op, op.problem((x,), {}), op.key((x,), {}), lambda *_, **__: math.nan)
+    features = dict(op.features(ctx.problem))
+    name = sorted(features)[0]
+    near = Neighbours()
+    near.add("softmax", "float16", {**features, name: features[name] + (
+        1.0 if case == "near" else 5.0)}, "block_row", block[0].config, 1.0)
+    policy = Learned(_FixedRanking(mean, [0.0] * len(mean)), max_explore=2, anchors=False,
+                     explore_budget=None, **({"far_refine": 0} if "0" in case else {}))
+    policy.neighbours = near
+    d = policy.decide(ctx, cands)
+    assert d.explore == (block[0], reg[0]), d.reason
+    truth = {c: 3.0 for c in cands}
+    truth.update({block[0]: 2.0, reg[0]: 1.0, like: 0.9, unlike: 0.8})
+    state = _explore_to_commit(policy, ctx.key, d, truth)
+    assert state.far == (case != "near")
+    if case == "far":
+        assert state.refining == (unlike,), state.history
+        assert state.committed == unlike and like not in state.observed, state.reason
+    else:
+        assert state.refining == () and state.committed == reg[0], state.reason
+        assert not any(h.startswith("refined by") for h in state.history)
+    with pytest.raises(ValueError, match="far_refine must be an int >= 0"):
+        Learned(LiveModel(background=False), far_refine=-1)
+
+
 @pytest.mark.parametrize("rule,committed", [("sum", "slow"), ("max", "fast"),
                                             ("measured", "fast")])
 def test_the_issuing_charge_rule_sums_or_takes_the_larger(rng, rule, committed):

@@ -11,6 +11,7 @@ from replay_background import BACKGROUND  # noqa: E402, F401 (the replays, in th
 
 from adaptive import cli  # noqa: E402
 from adaptive.bench.replay import fold_of  # noqa: E402
+from adaptive.policy.learned import FAR_REFINE  # noqa: E402
 
 H200 = replay_background.h200_pack()
 pytestmark = pytest.mark.skipif(H200 is None, reason="no shipped H200 pack in this checkout")
@@ -78,8 +79,8 @@ def test_every_held_out_input_is_priced_from_its_own_measurements(attention, sma
     assert cases[0] == cases[1] and len(cases[0]) >= len(inputs) // 2 > 1   # both price the same
     for report in attention.values():
         assert report.folds == 2 and "2 folds by input" in str(report)
-        for c in report.cases:
-            assert c.op == "attention" and c.ratio >= 1.0 and 1 <= c.explored <= 8
+        for c in report.cases:   # max_explore, and a refinement's past it (far inputs')
+            assert c.op == "attention" and c.ratio >= 1.0 and 1 <= c.explored <= 8 + FAR_REFINE
             assert c.ratio == 1.0 or c.committed != c.best     # ties: another can be 1.0
 
 
