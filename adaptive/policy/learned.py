@@ -1061,8 +1061,7 @@ class Learned(BasePolicy):
         if count > own:   # the far refinement's: the model's order within the variant is
             # extrapolated too, so the configs most unlike the leader first
             first = dict(best.config_items)
-            extra += sorted(left[own:], key=lambda c: -sum(first.get(k) != v
-                                                           for k, v in c.config_items))
+            extra += sorted(left[own:], key=lambda c: -_unlike(first, c))
         extra = state.refining = tuple(extra[:count])
         # the explored set keeps the candidates left behind: the key's cap, which a later
         # widening reads, counts every candidate this exploration timed
@@ -1364,10 +1363,14 @@ def _config_spread(ranked: Sequence[Candidate]) -> list[Candidate]:
         by_variant.setdefault(c.variant.id, []).append(c)
     for cs in by_variant.values():
         first = dict(cs[0].config_items)
-        cs[1:] = sorted(cs[1:], key=lambda c: -sum(first.get(k) != v
-                                                   for k, v in c.config_items))
+        cs[1:] = sorted(cs[1:], key=lambda c: -_unlike(first, c))
     turns = {v: iter(cs) for v, cs in by_variant.items()}
     return [next(turns[c.variant.id]) for c in ranked]
+
+
+def _unlike(config: dict, c: Candidate) -> int:
+    """How many of ``c``'s config values differ from ``config``'s."""
+    return sum(config.get(k) != v for k, v in c.config_items)
 
 
 def _firsts(ranked) -> list[Candidate]:
