@@ -186,10 +186,13 @@ def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, s
     (Two threads running ``generate()`` in turns were tried first: on the H200 every step
     of both modes took 40-75 ms against 3-4 ms run alone, run S41.)"""
     import torch
+
+    from adaptive.integrations.static import cache_keyword
     batch, ids, mask = request
     ids_t = torch.from_numpy(ids).to(device)
     mask_t = torch.from_numpy(mask).to(device)
     pos = (mask_t.cumsum(-1) - 1).masked_fill_(mask_t == 0, 1)   # as generate() makes them
+    kws = {mode: cache_keyword(models[mode]) for mode in order}
     state = {}
     with torch.no_grad():
         for mode in order:
@@ -218,8 +221,8 @@ def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, s
                 s["mask"] = torch.cat([s["mask"], ones], dim=-1)
                 s["pos"] = s["pos"] + 1
                 out = models[mode](input_ids=s["token"], attention_mask=s["mask"],
-                                   position_ids=s["pos"], past_key_values=s["past"],
-                                   use_cache=True)
+                                   position_ids=s["pos"], use_cache=True,
+                                   **{kws[mode]: s["past"]})
                 s["past"] = out.past_key_values
                 s["token"] = out.logits[:, -1].argmax(-1, keepdim=True)
                 s["new"].append(s["token"])

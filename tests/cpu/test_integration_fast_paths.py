@@ -32,6 +32,7 @@ from adaptive.integrations import transformers as at  # noqa: E402
 from adaptive.integrations import linear as linear_mod  # noqa: E402
 from adaptive.integrations import direct as direct_mod  # noqa: E402
 from adaptive.integrations.norm import AdaptiveRMSNorm  # noqa: E402
+from adaptive.integrations.static import cache_keyword  # noqa: E402
 from adaptive.integrations.routing import HOLD_DOUBLINGS  # noqa: E402
 from adaptive.variants import Registry  # noqa: E402
 
@@ -1095,8 +1096,9 @@ def test_new_weights_loaded_in_a_direct_decode_are_the_ones_used(library):
         want = plain(ids, attention_mask=mask, use_cache=True)
         got = patched(ids, attention_mask=mask, use_cache=True)
         step = torch.randint(1, 256, (1, 1))
-        want = plain(step, past_key_values=want.past_key_values).logits
-        got = patched(step, past_key_values=got.past_key_values).logits
+        kw = cache_keyword(plain)
+        want = plain(step, **{kw: want.past_key_values}).logits
+        got = patched(step, **{kw: got.past_key_values}).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(_generate(patched, ids, mask, 8), _generate(plain, ids, mask, 8))
     assert hook.direct
@@ -1198,21 +1200,22 @@ def test_the_attention_switch_ends_at_forget_held_and_at_a_class_past_the_held_o
     with torch.no_grad():
         out = patched(ids, attention_mask=mask, use_cache=True)
         cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        kw = cache_keyword(patched)
         for _ in range(3):                       # past the first step: switched
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = patched(token, attention_mask=mask, past_key_values=cache, use_cache=True)
+            out = patched(token, attention_mask=mask, use_cache=True, **{kw: cache})
             token = out.logits[:, -1:].argmax(-1)
         assert hook.attention_on and patched.config._attn_implementation == "sdpa"
         at.forget_held()
         with _attention_impls(patched) as seen:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            patched(token, attention_mask=mask, past_key_values=cache, use_cache=True)
+            patched(token, attention_mask=mask, use_cache=True, **{kw: cache})
         assert {impl for _, impl in seen} == {at.NAME} and not hook.attention_on
         # (the first layer's call after forget_held finds the class through the dispatcher,
         # not yet as held: its memo is written by the next step's, still through ours)
         with _attention_impls(patched) as seen:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            patched(token, attention_mask=mask, past_key_values=cache, use_cache=True)
+            patched(token, attention_mask=mask, use_cache=True, **{kw: cache})
         assert {impl for _, impl in seen} == {at.NAME}
         # a step whose cached length is past the held class is not switched on the memos
         # of the class before it, nor one of another batch size

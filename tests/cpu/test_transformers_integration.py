@@ -20,7 +20,9 @@ from transformers.models.llama.modeling_llama import eager_attention_forward  # 
 
 import adaptive  # noqa: E402
 from adaptive.errors import InputTypeError, InputValueError  # noqa: E402
+from adaptive.integrations import linear as linear_mod  # noqa: E402
 from adaptive.integrations import transformers as at  # noqa: E402
+from adaptive.integrations.static import cache_keyword  # noqa: E402
 from hf_masks import transformers_masks  # noqa: E402
 
 
@@ -146,7 +148,7 @@ def test_model_logits_match_eager_through_a_kv_cache(pads):
             steps = []
             for (logits, cache), model in zip(caches, (eager, mine)):
                 steps.append(model(ids[:, lo:hi], attention_mask=mask[:, :hi],
-                                   past_key_values=cache, use_cache=True).logits)
+                                   use_cache=True, **{cache_keyword(model): cache}).logits)
             torch.testing.assert_close(steps[1], steps[0], rtol=1e-4, atol=1e-4)
 
 
@@ -237,17 +239,24 @@ def test_pruned_weights_run_as_sparse_weights_built_once(monkeypatch):
     assert modes["model.layers.0.self_attn.q_proj"] == "dense"   # not under "mlp"
     sparse = patched.model.layers[0].mlp.up_proj._sparse
     assert isinstance(sparse, adaptive.SparseWeight) and 0.1 < sparse.density < 0.3
-    calls = []
+    handles = {id(patched.model.layers[i].mlp.up_proj._sparse) for i in (0, 1)}
+    handles |= {id(patched.model.layers[i].mlp.down_proj._sparse) for i in (0, 1)}
+    calls, built = [], []
     real = at.AdaptiveLinear.forward
     monkeypatch.setattr(at.AdaptiveLinear, "forward",
                         lambda self, x: (calls.append(self._sparse), real(self, x))[1])
+    monkeypatch.setattr(linear_mod, "SparseWeight",
+                        lambda w: built.append(w) or adaptive.SparseWeight(w))
     ids = torch.randint(1, 256, (2, 8), generator=torch.Generator().manual_seed(6))
     mask = torch.ones_like(ids)
     assert torch.equal(_greedy(patched, ids, mask, 6), _greedy(plain, ids, mask, 6))
-    handles = {id(patched.model.layers[i].mlp.up_proj._sparse) for i in (0, 1)}
-    handles |= {id(patched.model.layers[i].mlp.down_proj._sparse) for i in (0, 1)}
+    # the handles made at patch time serve every call: none built again. A decode step
+    # whose layer holds torch's own matmul (its direct call) skips forward, so the count
+    # of forward calls is the prefill's at least, not one a step
+    assert not built
     assert {id(s) for s in calls if s is not None} == handles
-    assert sum(s is sparse for s in calls) == 6             # one handle, every step
+    assert 1 <= sum(s is sparse for s in calls) <= 6
+    assert patched.model.layers[0].mlp.up_proj._sparse is sparse
 
 
 def test_sparse_rules_by_predicate_and_bound():
