@@ -139,7 +139,8 @@ class Subprocess:
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      cwd=ROOT, env=env)
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, args=(lines,), daemon=True).start()
+        self._pumping = threading.Thread(target=self._pump, args=(lines,), daemon=True)
+        self._pumping.start()
         deadline = time.monotonic() + start_timeout_s
         while True:
             try:
@@ -174,6 +175,9 @@ class Subprocess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+        self._pumping.join(10)    # the child gone: its output's end reached
+        if not self._pumping.is_alive():
+            self.proc.stdout.close()
         self.log.close()
 
 

@@ -202,6 +202,7 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
     lock = threading.Lock()
     ttft, gaps, latency, lengths, errors = [], [], [], [], {}
     outputs: dict = {}          # request -> its token ids (greedy: comparable by mode)
+    conns: list = []            # every connection opened, closed when the load ends
     tokens = 0
     start = time.perf_counter()
     deadline = start + duration_s
@@ -212,12 +213,16 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
         if began > deadline:
             return
         t0 = start + req.at_s if open_loop else began
+        conn = getattr(local, "conn", None)
         try:
-            conn = getattr(local, "conn", None)
             if conn is None:
                 conn = local.conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+                with lock:
+                    conns.append(conn)
             status, stamps, _, ids = stream_completion(conn, model, req)
         except (OSError, http.client.HTTPException, ValueError) as exc:
+            if conn is not None:
+                conn.close()
             local.conn = None
             status, stamps, ids = type(exc).__name__, [], []
         done = time.perf_counter()
@@ -257,6 +262,8 @@ def run_load(url: str, stream: list[Request], concurrency: int = 8, duration_s: 
             for f in [pool.submit(client) for _ in range(concurrency)]:
                 f.result()
     elapsed = time.perf_counter() - start
+    for conn in conns:
+        conn.close()
     return _report(len(latency) + sum(errors.values()), errors, elapsed, tokens,
                    {"ttft_ms": ttft, "token_ms": [float(g) for g in gaps],
                     "latency_ms": latency, "prompt_len": lengths, "outputs": outputs})

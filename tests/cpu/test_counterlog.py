@@ -317,7 +317,7 @@ def test_cli_show_export_plot(tmp_path, rng, host, capsys):
     assert main(["log", "export", str(path), "--format", "csv", "-o",
                  str(tmp_path / "x.csv")]) == 0
     import csv
-    rows = list(csv.DictReader(open(tmp_path / "x.csv")))
+    rows = list(csv.DictReader((tmp_path / "x.csv").read_text().splitlines()))
     assert len(rows) == 12 and rows[0]["op"] == "softmax" and rows[0]["dim_C"] == "45"
     assert main(["log", "plot", str(path), "-o", str(tmp_path / "x.png")]) == 0
     assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"

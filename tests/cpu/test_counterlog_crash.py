@@ -191,9 +191,10 @@ def test_a_sigkilled_writer_leaves_a_log_that_reads_to_its_last_whole_record(tmp
         if child.poll() is None:
             os.kill(child.pid, signal.SIGKILL)
             child.wait()
-    for line in child.stdout:                                 # printed before the kill
-        i, t = line.split()
-        launched.append((int(i), float(t)))
+    with child.stdout:
+        for line in child.stdout:                             # printed before the kill
+            i, t = line.split()
+            launched.append((int(i), float(t)))
     assert child.returncode == -signal.SIGKILL
     contents = read_log(path)
     seqs = [r["seq"] for r in contents.records]

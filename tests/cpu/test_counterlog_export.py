@@ -126,7 +126,7 @@ def test_csv_rows_carry_the_record_and_its_device_state(big_log, tmp_path):
     out = tmp_path / "x.csv"
     with open(out, "w", newline="") as f:
         assert write_csv(big_log, f) == 6000
-    rows = list(csv.DictReader(open(out)))
+    rows = list(csv.DictReader(out.read_text().splitlines()))
     recs = read_log(big_log).records
     assert len(rows) == len(recs) == 6000
     for i in (0, 1, 2, 2999, 5999):
