@@ -69,6 +69,7 @@ import collections
 import contextlib
 import copy
 import gc
+import inspect
 import json
 import os
 import statistics
@@ -186,13 +187,12 @@ def run_lockstep(models: dict, order: tuple, request, device, new_tokens: int, s
     (Two threads running ``generate()`` in turns were tried first: on the H200 every step
     of both modes took 40-75 ms against 3-4 ms run alone, run S41.)"""
     import torch
-
-    from adaptive.integrations.static import cache_keyword
     batch, ids, mask = request
     ids_t = torch.from_numpy(ids).to(device)
     mask_t = torch.from_numpy(mask).to(device)
     pos = (mask_t.cumsum(-1) - 1).masked_fill_(mask_t == 0, 1)   # as generate() makes them
-    kws = {mode: cache_keyword(models[mode]) for mode in order}
+    kws = {mode: "cache" if "cache" in inspect.signature(models[mode].forward).parameters
+           else "past_key_values" for mode in order}   # a 5.x release renamed it
     state = {}
     with torch.no_grad():
         for mode in order:

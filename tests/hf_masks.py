@@ -20,3 +20,11 @@ def transformers_masks(b, lq, lk, padding, device="cpu"):
     mine = sdpa_mask(**kw, attention_mask=padding)
     theirs = eager_mask(**kw, attention_mask=padding, dtype=torch.float32)
     return mine, theirs
+
+
+def cache_keyword(model) -> str:
+    """The keyword ``model.forward`` takes its key/value cache by in the installed
+    transformers: ``"cache"`` where it has one (a 5.x release renamed it, keeping
+    ``past_key_values`` as a deprecated alias), ``"past_key_values"`` otherwise."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"

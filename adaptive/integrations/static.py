@@ -7,9 +7,9 @@ Here every input of a step sits in a buffer of its own and the cache counts its 
 positions on the device, so nothing in a step reads the host: the step can be captured
 once and replayed, its kernels issued at once.
 
-    >>> from adaptive.integrations.static import StaticDecode, cache_keyword
+    >>> from adaptive.integrations.static import StaticDecode
     >>> out = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-    ...             use_cache=True, logits_to_keep=1, **{cache_keyword(model): cache})
+    ...             past_key_values=cache, use_cache=True, logits_to_keep=1)   # prefill
     >>> tokens = out.logits[:, -1].argmax(-1)
     >>> decode = StaticDecode(model, rows=ids.shape[0], length=1024)
     >>> decode.capture()                      # CUDA: once per rows and length, warm-up first
@@ -31,15 +31,6 @@ import time
 WARM_STEPS = 64   # eager steps at most before a capture, until no key explores
 
 
-def cache_keyword(model) -> str:
-    """The keyword ``model.forward`` takes its key/value cache by in the installed
-    transformers: ``"cache"`` where it has one (5.x renamed it, keeping
-    ``past_key_values`` as a deprecated alias), ``"past_key_values"`` otherwise."""
-    import inspect
-    return "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
-
-
 class StaticDecode:
     """Greedy decode steps of ``rows`` rows of ``model`` over a static key/value cache
     ``length`` positions long (transformers' ``StaticCache``), every input of a step in a
@@ -59,18 +50,19 @@ class StaticDecode:
         rows: the batch's rows (a server's padded batch size).
         length: the cache's positions: at least a batch's prompt width plus its new
             tokens.
-
-    The step passes the cache by the installed transformers' keyword (:func:`cache_keyword`).
+        cache_kw: the model's ``forward`` keyword for its cache: ``"past_key_values"``
+            (transformers 5.x; later releases call it ``"cache"`` and keep the old name as
+            a deprecated alias).
     """
 
-    def __init__(self, model, rows: int, length: int):
+    def __init__(self, model, rows: int, length: int, cache_kw: str = "past_key_values"):
         import torch
         from transformers import StaticCache
         if rows < 1 or length < 2:
             raise ValueError(f"StaticDecode needs rows >= 1 and length >= 2, got rows={rows}, "
                              f"length={length}")
         self.torch, self.model, self.rows, self.length = torch, model, rows, length
-        self.cache_kw = cache_keyword(model)
+        self.cache_kw = cache_kw
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         first = next(model.parameters())
         dev = first.device

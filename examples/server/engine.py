@@ -623,7 +623,7 @@ class CausalLM:
         static = self._static.get((rows, length))
         if static is None:
             from adaptive.integrations.static import StaticDecode   # graphs: adaptive's
-            static = StaticDecode(self.model, rows, length)
+            static = StaticDecode(self.model, rows, length, cache_kw=self._cache_kw)
             if self.graphs is True:
                 self._capture(static)
             self._static[(rows, length)] = static

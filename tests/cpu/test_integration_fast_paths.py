@@ -32,7 +32,7 @@ from adaptive.integrations import transformers as at  # noqa: E402
 from adaptive.integrations import linear as linear_mod  # noqa: E402
 from adaptive.integrations import direct as direct_mod  # noqa: E402
 from adaptive.integrations.norm import AdaptiveRMSNorm  # noqa: E402
-from adaptive.integrations.static import cache_keyword  # noqa: E402
+from hf_masks import cache_keyword  # noqa: E402
 from adaptive.integrations.routing import HOLD_DOUBLINGS  # noqa: E402
 from adaptive.variants import Registry  # noqa: E402
 

@@ -5,8 +5,6 @@ inputs are refused naming what was expected."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import DynamicCache  # noqa: E402
 
-from adaptive.integrations.static import (  # noqa: E402
-    StaticDecode, cache_keyword, exploring_keys)
+from adaptive.integrations.static import StaticDecode, exploring_keys  # noqa: E402
+from hf_masks import cache_keyword  # noqa: E402
 # the tiny Llama pair and torch's own calls as the CPU default dispatcher's candidates
 # (few to explore), as the integration's fast-path tests make them
 from test_integration_fast_paths import _tiny_pair, library  # noqa: E402, F401
@@ -54,7 +52,9 @@ def _static_tokens(model, decode, ids, mask, positions, n):
 @pytest.mark.parametrize("patched", [False, True], ids=["plain", "patched"])
 def test_static_steps_give_generates_greedy_tokens_batch_after_batch(patched):
     model = _model(patched)
-    decode = StaticDecode(model, rows=3, length=64)
+    # the cache's keyword as this transformers calls it (a later release renamed it)
+    kw = cache_keyword(model)
+    decode = StaticDecode(model, rows=3, length=64, cache_kw=kw)
     for lengths, seed, n in (((9, 4, 13), 1, 10), ((20, 20, 2), 2, 8)):
         ids, mask, positions = _batch(lengths, seed)
         with torch.no_grad():
@@ -102,7 +102,7 @@ def test_run_reads_each_step_back_after_issuing_the_next_and_gives_steps_tokens(
     state for the next ``load`` to set."""
     model = _model(True)
     kw = cache_keyword(model)
-    decode = StaticDecode(model, rows=3, length=64)
+    decode = StaticDecode(model, rows=3, length=64, cache_kw=kw)
     ids, mask, positions = _batch((9, 4, 13), 3)
     want = _static_tokens(model, decode, ids, mask, positions, 7).tolist()
     issued = []
@@ -140,22 +140,3 @@ def test_revised_keys_counts_keys_running_another_candidate_or_dropped():
     assert revised_keys(before, {"a": "x"}) == 2          # b and c no longer planned
     table = plan_table()                                  # the process's dispatchers now
     assert isinstance(table, dict) and revised_keys(table, plan_table()) == 0
-
-
-def test_the_cache_goes_by_the_keyword_the_installed_forward_takes():
-    """transformers 5.x renamed ``forward``'s ``past_key_values`` to ``cache`` (the old
-    name a deprecated alias): the new name where a forward has it, the old one where it
-    has only that, and a real model's choice is one of its forward's parameters."""
-    class Renamed:
-        def forward(self, input_ids, cache=None, past_key_values=None):
-            pass
-
-    class Old:
-        def forward(self, input_ids, past_key_values=None, **kwargs):
-            pass
-
-    assert cache_keyword(Renamed()) == "cache"
-    assert cache_keyword(Old()) == "past_key_values"
-    model = _model(False)
-    assert cache_keyword(model) in inspect.signature(model.forward).parameters
-    assert StaticDecode(model, rows=1, length=8).cache_kw == cache_keyword(model)

@@ -22,8 +22,7 @@ import adaptive  # noqa: E402
 from adaptive.errors import InputTypeError, InputValueError  # noqa: E402
 from adaptive.integrations import linear as linear_mod  # noqa: E402
 from adaptive.integrations import transformers as at  # noqa: E402
-from adaptive.integrations.static import cache_keyword  # noqa: E402
-from hf_masks import transformers_masks  # noqa: E402
+from hf_masks import cache_keyword, transformers_masks  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
