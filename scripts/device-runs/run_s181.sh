@@ -12,6 +12,6 @@ source "$(dirname "$0")/setup.sh"
 export PYTHONFAULTHANDLER=1
 card_header
 selection_as farrefine 110
-selection_as farrefine2 110
 contention 110
 contention_lines
+selection_as farrefine2 110
