@@ -32,9 +32,9 @@ from adaptive.integrations import transformers as at  # noqa: E402
 from adaptive.integrations import linear as linear_mod  # noqa: E402
 from adaptive.integrations import direct as direct_mod  # noqa: E402
 from adaptive.integrations.norm import AdaptiveRMSNorm  # noqa: E402
-from hf_masks import cache_keyword  # noqa: E402
 from adaptive.integrations.routing import HOLD_DOUBLINGS  # noqa: E402
 from adaptive.variants import Registry  # noqa: E402
+from hf_masks import cache_keyword  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.cpu_patched_linear import library_dispatcher  # noqa: E402

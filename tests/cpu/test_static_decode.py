@@ -52,7 +52,6 @@ def _static_tokens(model, decode, ids, mask, positions, n):
 @pytest.mark.parametrize("patched", [False, True], ids=["plain", "patched"])
 def test_static_steps_give_generates_greedy_tokens_batch_after_batch(patched):
     model = _model(patched)
-    # the cache's keyword as this transformers calls it (a later release renamed it)
     kw = cache_keyword(model)
     decode = StaticDecode(model, rows=3, length=64, cache_kw=kw)
     for lengths, seed, n in (((9, 4, 13), 1, 10), ((20, 20, 2), 2, 8)):
