@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -146,31 +147,43 @@ def test_rows_name_variant_config_resources_and_device():
 
 
 def test_background_refit_swaps_whole_models(rng):
+    """A reader predicting while refits swap models always sees a whole model, and sees
+    each new one. The reader keeps the models it saw (an ``id`` alone could come back for
+    a later model once an earlier one is freed), and the writer waits, bounded, until the
+    reader has predicted with each generation, so the check holds on a loaded host."""
     ts = training_set(synthetic_rows(rng, 40))
     live = LiveModel(refit_every=8, make=lambda: CostModel(n_estimators=8))
     assert live.predict_dist(ts.rows[:3]) is None
-    errors, seen = [], set()
+    errors, seen = [], []
     stop = threading.Event()
 
     def reader():
         while not stop.is_set():
             try:
+                model = live.model
                 out = live.predict_dist(ts.rows[:3])
                 if out is not None:
-                    seen.add(id(live.model))
-                    assert out[0].shape == (3,)
+                    assert out[0].shape == (3,) and out[1].shape == (3,)
+                    if model is not None and not any(m is model for m in seen):
+                        seen.append(model)
             except Exception as exc:  # noqa: BLE001 (the test reports it)
                 errors.append(exc)
 
-    t = threading.Thread(target=reader)
+    t = threading.Thread(target=reader, daemon=True)
     t.start()
-    for i in range(0, 64, 8):
-        live.add(ts.rows[i:i + 8], ts.y[i:i + 8])
-        live.wait()
-    stop.set()
-    t.join()
+    try:
+        for i in range(0, 64, 8):
+            live.add(ts.rows[i:i + 8], ts.y[i:i + 8])
+            assert live.wait()
+            deadline = time.monotonic() + 10.0
+            while not any(m is live.model for m in seen) and time.monotonic() < deadline:
+                time.sleep(0.001)
+    finally:
+        stop.set()
+        t.join()
     assert not errors
-    assert live.generation >= 2 and len(seen) >= 2
+    assert live.generation >= 2
+    assert len(seen) >= 2 and any(m is live.model for m in seen)
     assert live.model.n_rows_ == 64
 
 
