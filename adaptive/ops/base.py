@@ -121,13 +121,14 @@ class Op:
     # see adaptive.policy.features.geometries): spmm's, where csr_rowsplit tiles N by
     # LANES_N x VEC; for softmax and attention it moved their replays by noise only
     tile_fill: bool = False
-    # configs of the leader's variant timed before a commit whose leader is not the model's
-    # first pick (adaptive.policy.learned.Learned._refine): spmm's, whose configs (tile
-    # width, warps, stages) meet the weight's block structure, which its features see only
-    # as block densities. On the H200 corpus (10 folds, dealings 0-3) spmm within 5%
-    # 88/88/82/90% -> 92/90/90/94%; softmax's and attention's replays gained at most a
-    # point there, and on the shipped H200 pack with noise softmax lost 2 points and
-    # attention's prefills paid a point more of tuning
+    # configs of the leader's variant timed before a commit
+    # (adaptive.policy.learned.Learned._refine): spmm's, whose configs (tile width, warps,
+    # stages) meet the weight's block structure, which its features see only as block
+    # densities. On the H200 corpus (10 folds, dealings 0-3) spmm within 5% 88/88/82/90%
+    # -> 92/88/88/90% where the model's first pick lost, -> 92/90/90/90% before every
+    # commit; softmax's and attention's replays gained at most a point there, and on the
+    # shipped H200 pack with noise softmax lost 2 points and attention's prefills paid a
+    # point more of tuning
     refine_configs: int = 0
 
     def tolerance_for(self, dtype: str, dims: Mapping[str, int]) -> float:

@@ -418,8 +418,8 @@ class Learned(BasePolicy):
             interleave, the last samples are still spent. 0.02: in the shipped H200 pack's
             replay (10 folds by input, 5% noise and outliers) prefills' tuning share 11.2%
             -> 10.5% of exhaustive autotune's, within 5% 91.2% -> 93.0%. None: off.
-        refine_configs: configs of the leader's variant timed before a commit whose leader
-            is not the model's first pick (:meth:`_refine`). None: the op's own
+        refine_configs: configs of the leader's variant timed before a commit
+            (:meth:`_refine`). None: the op's own
             (:attr:`adaptive.ops.base.Op.refine_configs`: 1 for spmm, 0 for the others);
             an int: that many on every op.
         far_refine: configs a refinement adds at least where the model extrapolated (the
@@ -1036,21 +1036,26 @@ class Learned(BasePolicy):
             f"({bias:.3g}x)")
 
     def _refine(self, state: KeyState, fastest: dict, best: Candidate) -> Decision | None:
-        """Before a commit whose leader is not the model's first pick, time the next
-        configs of the leader's variant: once per exploration, the ``refine_configs``
-        best-ranked unexplored configs of that variant predicted within ``regret_bound``
-        of the leader's prediction (where the model extrapolated, at least ``far_refine``:
-        those beyond the op's own count are the configs most unlike the leader). The
-        measurement refuted the model's order across variants, so its order among this
-        variant's configs, which chose the ones explored, is the next thing to doubt. Each
-        is left behind (:meth:`_race`) as soon as one sample of it is slower than the
-        leader's median: it is there to beat the leader, and one that cannot costs one
-        call."""
+        """Before a commit, time the next configs of the leader's variant: once per
+        exploration, the op's ``refine_configs`` best-ranked unexplored configs of that
+        variant predicted within ``regret_bound`` of the leader's prediction, and where the
+        model extrapolated and its first pick lost, at least ``far_refine`` (those beyond
+        the op's own count are the configs most unlike the leader). Where the first pick
+        lost, the measurement refuted the model's order across variants, so its order among
+        this variant's configs, which chose the ones explored, is the next thing to doubt.
+        Where the first pick leads, its variant's configs are the model's near-ties (spmm's
+        tile widths, warps and stages, which meet the weight's block structure its features
+        see only as block densities), and the exploration spread over variants timed only
+        some of them. Each is left behind (:meth:`_race`) as soon as one sample of it is
+        slower than the leader's median: it is there to beat the leader, and one that
+        cannot costs one call."""
+        if state.refining or not state.predicted or not state.candidates \
+                or best.variant.baseline or not math.isfinite(fastest[best]):
+            return None
         own = self._refine_count(state.op)
-        count = max(own, self.far_refine) if state.far else own
-        if not count or state.refining or not state.predicted or not state.candidates \
-                or best == state.candidates[0] or best.variant.baseline \
-                or not math.isfinite(fastest[best]):
+        first = best == state.candidates[0]
+        count = max(own, self.far_refine) if state.far and not first else own
+        if not count:
             return None
         bar = state.predicted_ms(best) * (1 + self.regret_bound)
         left = [c for c in state.candidates if c.variant.id == best.variant.id
@@ -1060,17 +1065,19 @@ class Learned(BasePolicy):
         extra = left[:own]
         if count > own:   # the far refinement's: the model's order within the variant is
             # extrapolated too, so the configs most unlike the leader first
-            first = dict(best.config_items)
-            extra += sorted(left[own:], key=lambda c: -_unlike(first, c))
+            leader = dict(best.config_items)
+            extra += sorted(left[own:], key=lambda c: -_unlike(leader, c))
         extra = state.refining = tuple(extra[:count])
         # the explored set keeps the candidates left behind: the key's cap, which a later
         # widening reads, counts every candidate this exploration timed
         return self._explore_more(
             state, best, state.explore, extra,
             f"refined by {len(extra)} ({', '.join(c.label for c in extra)}): the leader "
-            f"{best.label} {fastest[best]:.4g} ms is not the model's first pick "
-            f"({state.candidates[0].label}), and its variant's next configs are predicted "
-            f"within {self.regret_bound:.0%} of it")
+            f"{best.label} {fastest[best]:.4g} ms is "
+            + ("the model's first pick" if first else
+               f"not the model's first pick ({state.candidates[0].label})")
+            + f", and its variant's next configs are predicted within "
+            f"{self.regret_bound:.0%} of it")
 
     @staticmethod
     def _explore_more(state: KeyState, best: Candidate, kept: tuple, extra: tuple,

@@ -2227,13 +2227,15 @@ def _explore_to_commit(policy, key, decision, truth):
     return policy.state(key)
 
 
-@pytest.mark.parametrize("case", ["faster", "slower", "first pick won", "op's own: none"])
-def test_a_leader_the_model_did_not_pick_first_has_its_next_config_timed(case):
+@pytest.mark.parametrize("case", ["faster", "slower", "first pick won, next slower",
+                                  "first pick won, next faster", "op's own: none"])
+def test_the_leaders_next_config_is_timed_before_the_commit(case):
     """refine_configs: block_row's first config is the model's first pick, warp_row's first
     the other explored one. When warp_row leads (the model's order across variants was
-    wrong), warp_row's next config is timed before the commit: committed when faster, left
-    behind after one sample when slower than the leader's median. When the first pick
-    leads, or the op's own count is 0 (softmax; spmm's is 1), nothing is added."""
+    wrong), warp_row's next config is timed before the commit; when the first pick leads,
+    block_row's next (a near-tie the exploration left out). The newcomer is committed when
+    faster, left behind after one sample when slower than the leader's median. When the
+    op's own count is 0 (softmax; spmm's is 1), nothing is added."""
     ctx, cands, mean, block, warp, reg, multi = _cuda_softmax_ranking()
     count = None if case == "op's own: none" else 1
     policy = Learned(_FixedRanking(mean, [0.0] * len(mean)), max_explore=2, per_variant=1,
@@ -2243,23 +2245,28 @@ def test_a_leader_the_model_did_not_pick_first_has_its_next_config_timed(case):
     assert d.explore == (block[0], warp[0]), d.reason
     truth = {c: 3.0 for c in cands}
     truth.update({block[0]: 2.0, warp[0]: 1.0, warp[1]: 0.8 if case == "faster" else 1.2})
-    if case == "first pick won":
-        truth.update({block[0]: 1.0, warp[0]: 2.0})
+    leader, newcomer = warp[0], warp[1]
+    if case.startswith("first pick won"):
+        leader, newcomer = block[0], block[1]
+        truth.update({block[0]: 1.0, warp[0]: 2.0,
+                      block[1]: 0.8 if case.endswith("faster") else 1.2})
     state = _explore_to_commit(policy, ctx.key, d, truth)
-    if case in ("first pick won", "op's own: none"):
+    if case == "op's own: none":
         assert state.refining == () and warp[1] not in state.observed
         assert state.committed == min(d.explore, key=truth.get), state.reason
         assert not any(h.startswith("refined by") for h in state.history)
         assert OPS["softmax"].refine_configs == 0 and OPS["spmm"].refine_configs == 1
         return
-    assert state.refining == (warp[1],)
+    assert state.refining == (newcomer,)
     [note] = [h for h in state.history if h.startswith("refined by 1")]
-    assert warp[1].label in note and f"not the model's first pick ({block[0].label})" in note
-    if case == "faster":
-        assert state.committed == warp[1], state.reason
+    assert newcomer.label in note and leader.label in note
+    assert ("is the model's first pick" if leader == block[0]
+            else f"not the model's first pick ({block[0].label})") in note
+    if truth[newcomer] < truth[leader]:
+        assert state.committed == newcomer, state.reason
     else:
-        assert state.committed == warp[0], state.reason
-        assert len(state.observed[warp[1]]) == 1 and state.observed[warp[1]].raced
+        assert state.committed == leader, state.reason
+        assert len(state.observed[newcomer]) == 1 and state.observed[newcomer].raced
     with pytest.raises(ValueError, match="refine_configs must be an int >= 0 or None"):
         Learned(LiveModel(background=False), refine_configs=-1)
 
