@@ -108,6 +108,7 @@ FIRST_FIT_WAIT_S = 30.0
 # times) attention within 5% 92.5% -> 93.1%, softmax's worst 1.47x -> 1.33x
 FAR_REFINE = 1
 
+
 @dataclasses.dataclass
 class KeyState:
     """What the policy knows about one key (read by :func:`adaptive.explain`)."""
@@ -1068,16 +1069,15 @@ class Learned(BasePolicy):
             leader = dict(best.config_items)
             extra += sorted(left[own:], key=lambda c: -_unlike(leader, c))
         extra = state.refining = tuple(extra[:count])
+        pick = ("the model's first pick" if first else
+                f"not the model's first pick ({state.candidates[0].label})")
         # the explored set keeps the candidates left behind: the key's cap, which a later
         # widening reads, counts every candidate this exploration timed
         return self._explore_more(
             state, best, state.explore, extra,
             f"refined by {len(extra)} ({', '.join(c.label for c in extra)}): the leader "
-            f"{best.label} {fastest[best]:.4g} ms is "
-            + ("the model's first pick" if first else
-               f"not the model's first pick ({state.candidates[0].label})")
-            + f", and its variant's next configs are predicted within "
-            f"{self.regret_bound:.0%} of it")
+            f"{best.label} {fastest[best]:.4g} ms is {pick}, and its variant's next "
+            f"configs are predicted within {self.regret_bound:.0%} of it")
 
     @staticmethod
     def _explore_more(state: KeyState, best: Candidate, kept: tuple, extra: tuple,
