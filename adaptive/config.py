@@ -63,6 +63,10 @@ class Config:
         "is read for its charge: wall (elapsed time) or thread (the issuing thread's CPU "
         "time: a background refit holding the interpreter is not counted) "
         "(Dispatcher.issue_clock)"})
+    issue_floor: str = dataclasses.field(default="window", metadata={
+        "env": "ADAPTIVE_ISSUE_FLOOR", "doc": "what the least issuing charged to a host-bound "
+        "class's sample is taken over: window (its variant's last 32 issuings) or seeded "
+        "(those and its back-to-back seeds, kept for good) (Dispatcher.issue_floor)"})
     sibling_packs: str = dataclasses.field(default="auto", metadata={
         "env": "ADAPTIVE_SIBLING_PACKS", "doc": "shipped packs measured on another GPU of "
         "this one's compute capability, loaded at the start with their rows weighted 0.25: "

@@ -128,6 +128,16 @@ ISSUE_CHARGES = ("sum", "max", "regime", "measured")
 # 1.037 and 1.044 on the wall) decided nothing: "wall" stays the default. The wall clock
 # is what tells whether a sample was read past its gate (_past_gate) either way
 ISSUE_CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
+# what the least issuing charged is taken over (Dispatcher.issue_floor): "window", the last
+# ISSUE_WINDOW issuings of the family (its seeds among them until later issuings push them
+# out); "seeded", those and the family's seeds, kept for good. A seed is read back to back
+# and an exploring sample only ever reads higher, so a family explored more often than
+# another loses its seed first and is charged more for the same host work. On an H100 (run
+# S181, contention) flash_wgmma's family, its window full, was charged 15.1-16.3 us after
+# the stream load against flash2_ksplit_mma's 8.5 us (its window 28 issuings, its seed kept),
+# where a pinned launch issued in 15.0-15.8 against 13.0-14.1 us: the square causal prefill
+# kept flash2_ksplit_mma at 1.30x flash_wgmma's device time, 1.16x by the caller's clock
+ISSUE_FLOORS = ("window", "seeded")
 # a host-bound class is charged its candidates' preparation of a key per call only once
 # KEY_CHARGE_KEYS keys have joined it while it explored: a decode loop meets a new cached
 # length step after step (run S36), while a class of a few fixed shapes meets its other
@@ -422,6 +432,9 @@ class Dispatcher:
         self._timer_tried = False
         self._issued: dict[tuple, collections.deque] = {}   # see ISSUE_WINDOW
         self._seeds: dict[tuple, set] = {}   # the classes that seeded each window
+        self._seed_ms: dict[tuple, float] = {}   # each window's least seed (see issue_floor)
+        self._issue_floor = "window"
+        self.issue_floor = config.get().issue_floor     # checked: ADAPTIVE_ISSUE_FLOOR
         self._preps: dict[tuple, collections.deque] = {}    # see _key_charge
         self.sample_every = config.get().sample_every
         self.stats = {"misses": 0, "samples": 0, "plan_evictions": 0, "samples_past_gate": 0}
@@ -912,6 +925,21 @@ class Dispatcher:
                                   "ADAPTIVE_ISSUE_CLOCK)")
         self._issue_clock, self._issue_now = clock, ISSUE_CLOCKS[clock]
 
+    @property
+    def issue_floor(self) -> str:
+        """What the least issuing charged to a host-bound class's sample is taken over:
+        ``"window"`` (its family's last :data:`ISSUE_WINDOW` issuings, the default) or
+        ``"seeded"`` (those and the family's back-to-back seeds, kept for good); see
+        :data:`ISSUE_FLOORS`. The default comes from ``ADAPTIVE_ISSUE_FLOOR``."""
+        return self._issue_floor
+
+    @issue_floor.setter
+    def issue_floor(self, floor: str) -> None:
+        if floor not in ISSUE_FLOORS:
+            raise InputValueError(f"issue_floor {floor!r}; expected one of {ISSUE_FLOORS} "
+                                  "(Dispatcher.issue_floor, or ADAPTIVE_ISSUE_FLOOR)")
+        self._issue_floor = floor
+
     def _charged(self, time_ms: float, issue_ms: float, ungated: bool = False) -> float:
         """What a call of ``time_ms`` on the device, issued in ``issue_ms`` by a host the
         device waited for, costs the caller (``issue_charge``). ``ungated``: ``time_ms``
@@ -1307,17 +1335,28 @@ class Dispatcher:
                 family = families[vid] = issue_family(candidate.variant)
             issue = least.get(family)
             if issue is None:
-                recent = self._issued.get((family, kind))
-                issue = least[family] = min(tuple(recent)) if recent else 0.0
+                recent = tuple(self._issued.get((family, kind), ()))
+                issue = least[family] = (self._least_issue((family, kind), recent) if recent
+                                         else 0.0)
             return self._charged(device_ms, issue)
         return charge
 
     def _typical_issue(self, plan: Plan, issue_ms: float) -> float:
         """The least of the recent issuings of ``plan``'s variant on inputs of its kind,
-        ``issue_ms`` included (see :data:`ISSUE_WINDOW`)."""
-        recent = self._issue_window(plan)
+        ``issue_ms`` included (see :data:`ISSUE_WINDOW`; under :attr:`issue_floor`
+        "seeded", of them and its seeds)."""
+        key = (issue_family(plan.candidate.variant), plan.problem.kind)
+        recent = _window(self._issued, key)
         recent.append(issue_ms)
-        return min(tuple(recent))   # a copy: a harvester may append meanwhile
+        return self._least_issue(key, tuple(recent))   # a copy: a harvester may append
+
+    def _least_issue(self, key: tuple, recent: tuple) -> float:
+        """The issuing charged for the window ``key`` holding ``recent`` (see
+        :attr:`issue_floor`)."""
+        least = min(recent)
+        if self._issue_floor == "seeded":
+            least = min(least, self._seed_ms.get(key, least))
+        return least
 
     def _issue_window(self, plan: Plan) -> collections.deque:
         """The recent issuings of ``plan``'s variant (its :func:`issue_family`) on inputs of
@@ -1330,9 +1369,12 @@ class Dispatcher:
         and input kind (``"attention/sdpa_torch/cupy"``,
         ``"softmax/kernels(x,out,R,C)/cupy"``): how many of the recent issuings are kept (at most
         :data:`ISSUE_WINDOW`, the warm-up turns' seeds among them) and the least of them in
-        ms, what the policy adds to their device times in a host-bound input class. Empty
-        where nothing was measured (the host backend times its calls whole)."""
-        return {k: (len(q), min(q)) for k, q in self.issue_windows_ms().items()}
+        ms (under :attr:`issue_floor` "seeded", of them and the seeds), what the policy adds
+        to their device times in a host-bound input class. Empty where nothing was
+        measured (the host backend times its calls whole)."""
+        windows = {key: tuple(q) for key, q in list(self._issued.items())}
+        return {f"{family}/{kind}": (len(q), self._least_issue((family, kind), q))
+                for (family, kind), q in windows.items() if q}
 
     def issue_windows_ms(self) -> dict[str, tuple[float, ...]]:
         """Each variant's (:func:`issue_family`'s) window of recent issuings in ms, oldest
@@ -1462,7 +1504,9 @@ class Dispatcher:
                 t0 = now()
                 plan.run(args, out)
                 times.append((now() - t0) / 1e6)
-            self._issue_window(plan).append(min(times))
+            key = (issue_family(plan.candidate.variant), plan.problem.kind)
+            _window(self._issued, key).append(min(times))
+            self._seed_ms[key] = min(min(times), self._seed_ms.get(key, math.inf))
         return result
 
     def _prepare_like(self, plan: Plan, candidate: Candidate, args) -> Plan:

@@ -556,7 +556,7 @@ def run(args) -> dict:
         d.sample_every = args.sample_every
     d.issue_charge = args.issue_charge
     say(f"issuing charged to host-bound classes as the {args.issue_charge} of device time "
-        "and issuing")
+        f"and issuing, its least taken over the {d.issue_floor} (Dispatcher.issue_floor)")
     timer_d = Dispatcher(be, policy=MeasureEach(), registry=d.registry)
     timer_d.sample_every = 0
     rng = np.random.default_rng(args.seed)
@@ -621,7 +621,8 @@ def run(args) -> dict:
                  f"(config default {config.get().sample_every}); inputs called in a shuffled "
                  "order each round")
     report = {"device": be.name, "fingerprint": be.fingerprint(), "quick": args.quick,
-              "fraction": args.fraction, "issue_charge": args.issue_charge, "rounds": args.rounds,
+              "fraction": args.fraction, "issue_charge": args.issue_charge,
+              "issue_floor": d.issue_floor, "rounds": args.rounds,
               "oracle_rounds": args.oracle_rounds, "per_batch": args.per_batch,
               "sample_every": d.sample_every, "inputs": [input_name(s) for s in specs],
               "conditions": conditions, "under_load": compare_with_idle(conditions),

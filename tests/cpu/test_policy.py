@@ -1494,6 +1494,55 @@ def test_the_issuing_window_is_seeded_in_a_variants_first_three_input_classes(rn
     assert least[3] == least[2], least
 
 
+@pytest.mark.usefixtures("no_collections")
+@pytest.mark.parametrize("floor", ["window", "seeded"])
+def test_a_familys_seed_stays_its_floor_where_the_issue_floor_is_seeded(rng, floor):
+    """A seed is read back to back; an exploring sample only ever reads higher, so a
+    family explored more often than another loses its seed from the window first and is
+    charged more for the same host work (run S181, H100: flash_wgmma's family 15-16 us
+    against flash2_ksplit_mma's seed of 8.5 us). Under ``issue_floor`` "seeded" the least
+    charged is taken over the window and the family's seeds: a seed of 2 ms outlives
+    ISSUE_WINDOW later issuings of 6 ms; under "window" (the default) it does not."""
+    from adaptive.dispatch import ISSUE_WINDOW
+    be = _EventHost()
+    be.idle = True
+    policy = Learned(LiveModel(background=False), max_explore=2, samples=1)
+    d = Dispatcher(be, policy=policy)
+    d.issue_floor = floor
+    d.sample_every = 1
+    x = rng.standard_normal((37, 29)).astype(np.float32)
+    plan = d.plan("softmax", x)
+    a = policy.state(plan.class_key).explore[0]
+    be.issue_s[a.label] = 0.002                      # its seed's runs: 2 ms each
+    d.launch("softmax", x)                           # a's first turn: the warm-up, the seed
+    family = f"{a.variant.id}/numpy"
+    n, seed = d.issue_charges()[family]
+    assert n == 1 and 2.0 <= seed < 6.0, seed   # (the margin: a sleep's overshoot)
+    charged = []
+    policy.observe = lambda key, cand, ms: charged.append(ms)   # decides nothing
+    pa = dataclasses.replace(plan, candidate=a, epoch=None)     # no exploration's hold
+    for _ in range(ISSUE_WINDOW):
+        d.feedback(pa, 1.0, 6.0)
+    n, least = d.issue_charges()[family]
+    assert n == ISSUE_WINDOW
+    if floor == "seeded":
+        assert least == seed and charged[-1] == pytest.approx(1.0 + seed)
+    else:
+        assert least == 6.0 and charged[-1] == pytest.approx(7.0)
+
+
+def test_the_issue_floor_is_checked():
+    from adaptive import config as config_mod
+    from adaptive.backends import get_backend
+    d = Dispatcher(get_backend("host"))
+    assert d.issue_floor == "window"
+    with pytest.raises(adaptive.InputValueError,
+                       match=r"issue_floor 'least'; expected one of \('window', 'seeded'\)"):
+        d.issue_floor = "least"
+    with config_mod.override(issue_floor="seeded"):
+        assert Dispatcher(get_backend("host")).issue_floor == "seeded"
+
+
 def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float,
                    pre_ms: float = 0.0):
     """Two softmax candidates explored once each on the fake event host ``be``: the first
