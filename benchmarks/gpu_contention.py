@@ -556,7 +556,7 @@ def run(args) -> dict:
         d.sample_every = args.sample_every
     d.issue_charge = args.issue_charge
     say(f"issuing charged to host-bound classes as the {args.issue_charge} of device time "
-        f"and issuing, its least taken over the {d.issue_floor} (Dispatcher.issue_floor)")
+        f"and issuing; issue floor {d.issue_floor} (Dispatcher.issue_floor)")
     timer_d = Dispatcher(be, policy=MeasureEach(), registry=d.registry)
     timer_d.sample_every = 0
     rng = np.random.default_rng(args.seed)
