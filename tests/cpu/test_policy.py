@@ -1531,18 +1531,6 @@ def test_a_familys_seed_stays_its_floor_where_the_issue_floor_is_seeded(rng, flo
         assert least == 6.0 and charged[-1] == pytest.approx(7.0)
 
 
-def test_the_issue_floor_is_checked():
-    from adaptive import config as config_mod
-    from adaptive.backends import get_backend
-    d = Dispatcher(get_backend("host"))
-    assert d.issue_floor == "window"
-    with pytest.raises(adaptive.InputValueError,
-                       match=r"issue_floor 'least'; expected one of \('window', 'seeded'\)"):
-        d.issue_floor = "least"
-    with config_mod.override(issue_floor="seeded"):
-        assert Dispatcher(get_backend("host")).issue_floor == "seeded"
-
-
 def _fast_and_slow(rng, be, rule: str, fast_ms: float, slow_ms: float, issue_s: float,
                    pre_ms: float = 0.0):
     """Two softmax candidates explored once each on the fake event host ``be``: the first
@@ -1622,16 +1610,19 @@ def test_the_thread_clock_charges_the_issuing_threads_work_not_its_waits(rng, cl
     assert min(timed) == pytest.approx(1.0)           # the recorders see the device time
 
 
-def test_the_issue_clock_is_checked():
+@pytest.mark.parametrize("knob, default, other, bad, allowed", [
+    ("issue_clock", "wall", "thread", "cpu", r"\('wall', 'thread'\)"),
+    ("issue_floor", "window", "seeded", "least", r"\('window', 'seeded'\)")])
+def test_the_issue_clock_and_floor_are_checked(knob, default, other, bad, allowed):
     from adaptive import config as config_mod
     from adaptive.backends import get_backend
     d = Dispatcher(get_backend("host"))
-    assert d.issue_clock == "wall"
+    assert getattr(d, knob) == default
     with pytest.raises(adaptive.InputValueError,
-                       match=r"issue_clock 'cpu'; expected one of \('wall', 'thread'\)"):
-        d.issue_clock = "cpu"
-    with config_mod.override(issue_clock="thread"):
-        assert Dispatcher(get_backend("host")).issue_clock == "thread"
+                       match=rf"{knob} '{bad}'; expected one of {allowed}"):
+        setattr(d, knob, bad)
+    with config_mod.override(**{knob: other}):
+        assert getattr(Dispatcher(get_backend("host")), knob) == other
 
 
 @pytest.mark.parametrize("rule", ["measured", "sum"])
