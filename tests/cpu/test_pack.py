@@ -610,11 +610,13 @@ def test_the_wide_preset_draws_softmax_rows_as_a_transformer_makes_them(
 def test_the_wide_preset_measures_multi_head_prefills_causal_and_not(shipped_pack_contents):
     """The shipped pack's shapes: prefill attention with as many key/value heads as query
     heads (where the flash kernels run, not SDPA alone), both causal and not; the shipped
-    pack (run S72) measured every attention input the preset draws, and run S148 the causal
-    multi-head prefills of scripts/device-runs/causal_prefill_mha.json, and only those."""
+    pack (run S72) measured every attention input the preset draws, run S148 the causal
+    multi-head prefills of scripts/device-runs/causal_prefill_mha.json and run S183 the 16
+    long prefills of long_prefills.json, and only those."""
     from adaptive.packs.presets import wide
-    added = json.loads((ROOT / "scripts" / "device-runs" / "causal_prefill_mha.json")
-                       .read_text())["attention"]
+    added = [c for name in ("causal_prefill_mha.json", "long_prefills.json")
+             for c in json.loads((ROOT / "scripts" / "device-runs" / name)
+                                 .read_text())["attention"]]
     a = wide()["attention"]
     mha = [c for c in a if c["dims"]["Lq"] == c["dims"]["Lk"] > 16
            and c["dims"]["Hkv"] == c["dims"]["H"]]
