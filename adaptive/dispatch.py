@@ -136,7 +136,11 @@ ISSUE_CLOCKS = {"wall": time.perf_counter_ns, "thread": time.thread_time_ns}
 # S181, contention) flash_wgmma's family, its window full, was charged 15.1-16.3 us after
 # the stream load against flash2_ksplit_mma's 8.5 us (its window 28 issuings, its seed kept),
 # where a pinned launch issued in 15.0-15.8 against 13.0-14.1 us: the square causal prefill
-# kept flash2_ksplit_mma at 1.30x flash_wgmma's device time, 1.16x by the caller's clock
+# kept flash2_ksplit_mma at 1.30x flash_wgmma's device time, 1.16x by the caller's clock.
+# On the H200 (S183, one warm machine) the A/B decided nothing: the selection's overall
+# steady/oracle 1.019 "seeded" against 1.013 and 1.025 "window", the contention's
+# conditions 1.012-1.029 against 1.021-1.053. "window" stays the default until an A/B on
+# the H100, where the bias was seen, says otherwise
 ISSUE_FLOORS = ("window", "seeded")
 # a host-bound class is charged its candidates' preparation of a key per call only once
 # KEY_CHARGE_KEYS keys have joined it while it explored: a decode loop meets a new cached
@@ -268,6 +272,12 @@ def _charges_note(charges: dict) -> str:
                   key=lambda r: r[0])
     return ("charged (a host-bound class: the device's time with the host's issuing and "
             "new keys' preparation; medians, ms): " + "; ".join(line(*r) for r in rows))
+
+
+def _issue_key(plan: Plan) -> tuple:
+    """Whose window of issuings ``plan``'s call joins: its variant's :func:`issue_family`
+    on inputs of its kind."""
+    return issue_family(plan.candidate.variant), plan.problem.kind
 
 
 def _window(table: dict, key: tuple) -> collections.deque:
@@ -1345,7 +1355,7 @@ class Dispatcher:
         """The least of the recent issuings of ``plan``'s variant on inputs of its kind,
         ``issue_ms`` included (see :data:`ISSUE_WINDOW`; under :attr:`issue_floor`
         "seeded", of them and its seeds)."""
-        key = (issue_family(plan.candidate.variant), plan.problem.kind)
+        key = _issue_key(plan)
         recent = _window(self._issued, key)
         recent.append(issue_ms)
         return self._least_issue(key, tuple(recent))   # a copy: a harvester may append
@@ -1361,7 +1371,7 @@ class Dispatcher:
     def _issue_window(self, plan: Plan) -> collections.deque:
         """The recent issuings of ``plan``'s variant (its :func:`issue_family`) on inputs of
         its kind."""
-        return _window(self._issued, (issue_family(plan.candidate.variant), plan.problem.kind))
+        return _window(self._issued, _issue_key(plan))
 
     def issue_charges(self) -> dict[str, tuple[int, float]]:
         """The host issuing known for exploring samples so far, per variant (its
@@ -1495,8 +1505,8 @@ class Dispatcher:
             return self._sampled(plan, args, out, True)
         head = self._head   # untimed: the call reaches the recorders as a plain one
         result = plan.run(args, out) if head is None else head(plan, args, out)
-        seeded = self._seeds.setdefault((issue_family(plan.candidate.variant),
-                                         plan.problem.kind), set())
+        key = _issue_key(plan)
+        seeded = self._seeds.setdefault(key, set())
         if len(seeded) < ISSUE_SEEDS and plan.class_key not in seeded:
             seeded.add(plan.class_key)
             times, now = [], self._issue_now
@@ -1504,7 +1514,6 @@ class Dispatcher:
                 t0 = now()
                 plan.run(args, out)
                 times.append((now() - t0) / 1e6)
-            key = (issue_family(plan.candidate.variant), plan.problem.kind)
             _window(self._issued, key).append(min(times))
             self._seed_ms[key] = min(min(times), self._seed_ms.get(key, math.inf))
         return result
